@@ -1,0 +1,345 @@
+//! Command line and environment (`STOCKGATE_*`), validated into one
+//! [`Config`] before anything binds or connects.
+
+use crate::keys::KeyLayout;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The shortest `--retry-window` stockgate accepts.
+pub const MIN_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// Largest `--max-qty`: the script does arithmetic in Lua doubles, exact
+/// up to 2^53.
+pub const MAX_MAX_QTY: u64 = 1_000_000_000_000_000;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stockgate",
+    version,
+    about = "Retry-safe stock deduction on Redis: DEDUCT over RESP becomes one atomic, idempotent Lua call"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve DEDUCT on --listen, in front of the Redis given by --upstream.
+    Serve(ServeArgs),
+    /// Start a throwaway 3-primary Redis Cluster on loopback, seed demo SKUs,
+    /// and serve DEDUCT in front of it until Ctrl-C.
+    Dev(DevArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UpstreamMode {
+    /// Ask the first reachable seed (`INFO cluster`).
+    Auto,
+    Cluster,
+    Standalone,
+}
+
+/// What a DEDUCT of a sku with no stock key gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MissingStock {
+    /// An `UNKNOWNSKU` error reply: a missing key is a data fault.
+    Error,
+    /// Code 2 with remain 0: a missing key means no stock.
+    Zero,
+}
+
+impl MissingStock {
+    /// The script's ARGV spelling.
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            MissingStock::Error => "error",
+            MissingStock::Zero => "zero",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Redis seed URLs, comma-separated: redis://[user:password@]host:port
+    /// or rediss:// for TLS.
+    #[arg(
+        long,
+        env = "STOCKGATE_UPSTREAM",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub upstream: Vec<String>,
+
+    /// Cluster or a single non-cluster Redis; `auto` asks the first seed.
+    #[arg(long, env = "STOCKGATE_UPSTREAM_MODE", value_enum, default_value_t = UpstreamMode::Auto)]
+    pub upstream_mode: UpstreamMode,
+
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// How many primaries the throwaway cluster gets.
+    #[arg(long, default_value_t = 3)]
+    pub masters: usize,
+
+    /// The redis-server binary to run.
+    #[arg(long, env = "STOCKGATE_REDIS_SERVER", default_value = "redis-server")]
+    pub redis_server: PathBuf,
+
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+/// The flags `serve` and `dev` share.
+#[derive(Debug, Args, Clone)]
+pub struct ProxyArgs {
+    /// RESP address the applications connect to.
+    #[arg(long, env = "STOCKGATE_LISTEN", default_value = "127.0.0.1:6390")]
+    pub listen: SocketAddr,
+
+    /// HTTP address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "STOCKGATE_ADMIN_LISTEN", default_value = "127.0.0.1:9390")]
+    pub admin_listen: SocketAddr,
+
+    /// First part of every key stockgate builds: <prefix>:{<sku>}.
+    #[arg(long, env = "STOCKGATE_KEY_PREFIX", default_value = "stock")]
+    pub key_prefix: String,
+
+    /// TTL of every idempotency record. It must cover the callers' longest
+    /// retry and compensation window (90s, 15m, 24h, 7d, ...).
+    #[arg(long, env = "STOCKGATE_RETRY_WINDOW", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub retry_window: Duration,
+
+    /// Largest qty one DEDUCT may take.
+    #[arg(long, env = "STOCKGATE_MAX_QTY", default_value_t = 1_000_000)]
+    pub max_qty: u64,
+
+    /// What a DEDUCT of a sku without a stock key gets.
+    #[arg(long, env = "STOCKGATE_MISSING_STOCK", value_enum, default_value_t = MissingStock::Error)]
+    pub missing_stock: MissingStock,
+
+    /// Overall deadline of one request to Redis, retries and redirects
+    /// included. Past it the caller gets an UPSTREAM error.
+    #[arg(long, env = "STOCKGATE_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Deadline for opening one connection to a Redis node.
+    #[arg(long, env = "STOCKGATE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Largest request one client may send, in bytes; bigger is a protocol
+    /// error and closes the connection.
+    #[arg(long, env = "STOCKGATE_MAX_REQUEST_BYTES", default_value_t = 64 * 1024)]
+    pub max_request_bytes: usize,
+
+    /// Requests one connection may have in flight; past it stockgate stops
+    /// reading that connection until replies drain.
+    #[arg(long, env = "STOCKGATE_MAX_PIPELINE", default_value_t = 1024)]
+    pub max_pipeline: usize,
+
+    /// How long in-flight requests get to finish after Ctrl-C or SIGTERM.
+    #[arg(long, env = "STOCKGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Log format; `text` is for humans, `json` for collectors.
+    #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Where Redis is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub urls: Vec<String>,
+    pub mode: UpstreamMode,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+/// Everything the proxy needs, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: UpstreamConfig,
+    pub keys: KeyLayout,
+    pub retry_window: Duration,
+    pub max_qty: u64,
+    pub missing_stock: MissingStock,
+    pub max_request_bytes: usize,
+    pub max_pipeline: usize,
+    pub shutdown_grace: Duration,
+}
+
+impl ProxyArgs {
+    /// Checks every value and says what is wrong and why it matters.
+    pub fn validate(self, upstream: Vec<String>, mode: UpstreamMode) -> Result<Config, String> {
+        if self.retry_window < MIN_RETRY_WINDOW {
+            return Err(format!(
+                "--retry-window {} is shorter than 1 minute. Every idempotency record lives this long; \
+                 a retry that arrives after its record expired is deducted again. Set it to cover the \
+                 callers' longest retry and compensation window (24h when payment callbacks can be a day late).",
+                humantime::format_duration(self.retry_window)
+            ));
+        }
+        if self.retry_window.as_millis() > i64::MAX as u128 {
+            return Err("--retry-window is too long".into());
+        }
+        if !(1..=MAX_MAX_QTY).contains(&self.max_qty) {
+            return Err(format!(
+                "--max-qty must be from 1 to {MAX_MAX_QTY} (the script's arithmetic is exact up to 2^53)"
+            ));
+        }
+        if self.timeout < Duration::from_millis(1)
+            || self.connect_timeout < Duration::from_millis(1)
+        {
+            return Err("--timeout and --connect-timeout must be at least 1ms".into());
+        }
+        if !(512..=16 * 1024 * 1024).contains(&self.max_request_bytes) {
+            return Err("--max-request-bytes must be from 512 to 16777216".into());
+        }
+        if self.max_pipeline == 0 {
+            return Err("--max-pipeline must be at least 1".into());
+        }
+        if upstream.is_empty() {
+            return Err("--upstream needs at least one redis:// or rediss:// URL".into());
+        }
+        for url in &upstream {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(format!(
+                    "--upstream {:?} is not a redis:// or rediss:// URL",
+                    crate::upstream::redact(url)
+                ));
+            }
+        }
+        let keys = KeyLayout::new(&self.key_prefix).map_err(|e| format!("--key-prefix: {e}"))?;
+        Ok(Config {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            upstream: UpstreamConfig {
+                urls: upstream,
+                mode,
+                timeout: self.timeout,
+                connect_timeout: self.connect_timeout,
+            },
+            keys,
+            retry_window: self.retry_window,
+            max_qty: self.max_qty,
+            missing_stock: self.missing_stock,
+            max_request_bytes: self.max_request_bytes,
+            max_pipeline: self.max_pipeline,
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+impl Config {
+    /// A configuration for tests and embedding: loopback listeners on free
+    /// ports and every default, in front of `upstream`.
+    pub fn for_upstream(urls: Vec<String>) -> Config {
+        let args = ProxyArgs::parse_from_defaults();
+        let mut config = args
+            .validate(urls, UpstreamMode::Auto)
+            .expect("defaults are valid");
+        config.listen = "127.0.0.1:0".parse().expect("literal address");
+        config.admin_listen = "127.0.0.1:0".parse().expect("literal address");
+        config
+    }
+}
+
+impl ProxyArgs {
+    /// The defaults, as if no flag and no environment variable were given.
+    fn parse_from_defaults() -> ProxyArgs {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            proxy: ProxyArgs,
+        }
+        // Parse without the environment, so a STOCKGATE_* variable in the
+        // test's environment can't change the defaults.
+        let mut cmd = <Only as clap::CommandFactory>::command();
+        for arg in cmd
+            .get_arguments()
+            .map(|a| a.get_id().clone())
+            .collect::<Vec<_>>()
+        {
+            cmd = cmd.mut_arg(arg, |a| a.env(None::<&str>));
+        }
+        let matches = cmd
+            .try_get_matches_from(["stockgate"])
+            .expect("defaults parse");
+        <Only as clap::FromArgMatches>::from_arg_matches(&matches)
+            .expect("defaults parse")
+            .proxy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["stockgate", "serve", "--upstream", "redis://127.0.0.1:7000"];
+        argv.extend_from_slice(extra);
+        let Cli {
+            command: Command::Serve(serve),
+        } = Cli::try_parse_from(argv).map_err(|e| e.to_string())?
+        else {
+            unreachable!("serve was given")
+        };
+        serve.proxy.validate(serve.upstream, serve.upstream_mode)
+    }
+
+    #[test]
+    fn retry_window_accepts_human_durations() {
+        for (text, secs) in [("90s", 90), ("15m", 900), ("24h", 86_400), ("7d", 604_800)] {
+            let config = args(&["--retry-window", text]).unwrap();
+            assert_eq!(config.retry_window, Duration::from_secs(secs));
+        }
+    }
+
+    #[test]
+    fn a_retry_window_under_a_minute_is_refused_with_the_reason() {
+        let err = args(&["--retry-window", "59s"]).unwrap_err();
+        assert!(err.contains("shorter than 1 minute"), "{err}");
+        assert!(err.contains("deducted again"), "{err}");
+    }
+
+    #[test]
+    fn defaults() {
+        let config = args(&[]).unwrap();
+        assert_eq!(config.retry_window, Duration::from_secs(86_400));
+        assert_eq!(config.keys.prefix(), "stock");
+        assert_eq!(config.max_qty, 1_000_000);
+        assert_eq!(config.missing_stock, MissingStock::Error);
+        assert!(config.listen.ip().is_loopback());
+        assert_eq!(
+            Config::for_upstream(vec!["redis://x:1".into()]).max_qty,
+            1_000_000
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(args(&["--key-prefix", "a{b"]).is_err());
+        assert!(args(&["--max-qty", "0"]).is_err());
+        let err = Cli::try_parse_from(["stockgate", "serve", "--upstream", "http://x"])
+            .map(|cli| match cli.command {
+                Command::Serve(s) => s.proxy.validate(s.upstream, s.upstream_mode),
+                Command::Dev(_) => unreachable!(),
+            })
+            .unwrap()
+            .unwrap_err();
+        assert!(err.contains("not a redis:// or rediss:// URL"), "{err}");
+    }
+}

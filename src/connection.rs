@@ -1,0 +1,196 @@
+//! One client connection: requests in, replies out, in order.
+//!
+//! Pipelined requests run concurrently: every DEDUCT read from the socket
+//! goes upstream at once, without waiting for the one before, and the
+//! replies are written back in request order. Replies that are ready
+//! together leave in one write, never one flush per reply.
+//!
+//! Bounds: one request is at most `--max-request-bytes`; at most
+//! `--max-pipeline` requests are in flight; and once `MAX_OUTPUT` bytes of
+//! replies wait for a client that doesn't read, stockgate stops reading
+//! from it until it does. Memory per connection stays bounded whatever the
+//! client sends.
+
+use crate::command::{self, Action, Session};
+use crate::frame::{Protocol, Reply, RequestDecoder};
+use crate::server::Shared;
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Decoder;
+use tokio_util::sync::CancellationToken;
+
+/// Replies buffered for a client before stockgate stops reading from it.
+const MAX_OUTPUT: usize = 4 * 1024 * 1024;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 4 * 1024;
+
+/// Serves one connection until the client leaves, sends QUIT or malformed
+/// RESP, or the server drains.
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+) {
+    shared.clients.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.client_connected();
+    let id = shared.next_client_id();
+    if let Err(err) = run(stream, id, &shared, &drain).await {
+        // A client vanishing mid-request is routine; its in-flight requests
+        // still complete upstream (the script is atomic), only the replies
+        // are lost, and a retry with the same request_id gets code 1.
+        tracing::debug!(%peer, client = id, %err, "connection ended with an I/O error");
+    }
+    shared.metrics.client_disconnected();
+    shared.clients.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn run(
+    mut stream: TcpStream,
+    id: u64,
+    shared: &Shared,
+    drain: &CancellationToken,
+) -> std::io::Result<()> {
+    let (mut reader, mut writer) = stream.split();
+    let config = &shared.config;
+    let mut decoder = RequestDecoder::new(config.max_request_bytes);
+    let mut session = Session::new(id);
+    let mut input = BytesMut::new();
+    let mut output = BytesMut::new();
+    let mut in_flight: FuturesOrdered<Queued<'_>> = FuturesOrdered::new();
+    // Reading from the socket: stops at EOF and when the server drains.
+    let mut reading = true;
+    // Taking requests from the buffer: stops after QUIT or a protocol error.
+    let mut accepting = true;
+
+    loop {
+        // Turn buffered bytes into requests while the pipeline has room.
+        while accepting && in_flight.len() < config.max_pipeline {
+            let request = match decoder.decode(&mut input) {
+                Ok(Some(request)) => request,
+                Ok(None) => break,
+                Err(err) => {
+                    tracing::debug!(client = id, %err, "malformed request; closing");
+                    in_flight.push_back(Queued::ready(
+                        Reply::Error(format!("ERR {err}")),
+                        session.protocol,
+                    ));
+                    accepting = false;
+                    reading = false;
+                    break;
+                }
+            };
+            let arrived = Instant::now();
+            let queued = match command::execute(request, &mut session, shared) {
+                Action::Reply(reply) => Queued::ready(reply, session.protocol),
+                Action::Close(reply) => {
+                    accepting = false;
+                    reading = false;
+                    Queued::ready(reply, session.protocol)
+                }
+                Action::Deduct(args) => Queued::deduct(shared, args, arrived, session.protocol),
+            };
+            in_flight.push_back(queued);
+        }
+
+        // Collect every reply that is ready now, in order, without waiting.
+        while let Some(Some((reply, protocol))) = in_flight.next().now_or_never() {
+            reply.encode(protocol, &mut output);
+        }
+
+        // Done when nothing more can arrive and everything is answered. (An
+        // incomplete request left in the buffer can't be answered.)
+        if !reading && in_flight.is_empty() && output.is_empty() {
+            break;
+        }
+
+        if input.capacity() - input.len() < READ_CHUNK / 4 {
+            input.reserve(READ_CHUNK);
+        }
+        let can_read =
+            reading && in_flight.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
+        tokio::select! {
+            written = writer.write_buf(&mut output), if !output.is_empty() => {
+                if written? == 0 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+            }
+            Some((reply, protocol)) = in_flight.next(), if !in_flight.is_empty() => {
+                reply.encode(protocol, &mut output);
+            }
+            read = reader.read_buf(&mut input), if can_read => {
+                if read? == 0 {
+                    reading = false;
+                }
+            }
+            _ = drain.cancelled(), if reading => {
+                // Answer every request already read; read nothing more.
+                reading = false;
+            }
+            else => break,
+        }
+    }
+    writer.shutdown().await
+}
+
+/// One request's place in the reply order, and the protocol its reply is
+/// encoded in (fixed when the request was read: a later HELLO doesn't
+/// change it).
+struct Queued<'a> {
+    reply: Pending<'a>,
+    protocol: Protocol,
+}
+
+enum Pending<'a> {
+    Ready(Option<Reply>),
+    Running(BoxFuture<'a, Reply>),
+}
+
+impl<'a> Queued<'a> {
+    fn ready(reply: Reply, protocol: Protocol) -> Self {
+        Queued {
+            reply: Pending::Ready(Some(reply)),
+            protocol,
+        }
+    }
+
+    fn deduct(shared: &'a Shared, args: Vec<Bytes>, arrived: Instant, protocol: Protocol) -> Self {
+        let call = async move {
+            match shared.deductor.serve(&args, arrived).await {
+                Ok(outcome) => Reply::Deduct(outcome),
+                Err(fault) => Reply::Error(fault.reply_text()),
+            }
+        };
+        Queued {
+            reply: Pending::Running(call.boxed()),
+            protocol,
+        }
+    }
+}
+
+impl Future for Queued<'_> {
+    type Output = (Reply, Protocol);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let reply = match &mut this.reply {
+            Pending::Ready(reply) => reply.take().expect("a queued reply is taken once"),
+            Pending::Running(call) => match call.as_mut().poll(cx) {
+                Poll::Ready(reply) => reply,
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        Poll::Ready((reply, this.protocol))
+    }
+}

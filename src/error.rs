@@ -1,0 +1,212 @@
+//! System faults: errors classified by where they came from and what the
+//! caller may do next.
+//!
+//! A fault is never disguised as a business code. Each [`FaultKind`] decides
+//! the reply's first word, the metric label, and the advice in the text.
+//! Connection-level errors (malformed RESP and the like) are a different
+//! type, [`crate::frame::ProtocolError`]: those close the connection, these
+//! are replied to.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use std::fmt;
+use std::time::Duration;
+
+/// What went wrong outside the business rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// No answer within `--timeout`. The script may or may not have run.
+    Timeout,
+    /// Could not reach a node, or lost the connection mid-request.
+    Connection,
+    /// The cluster is down, a slot is moving (TRYAGAIN), a primary is
+    /// missing, or a node is loading its data.
+    ClusterDown,
+    /// A long script is running on the node (BUSY).
+    Busy,
+    /// Redis refused the write for lack of memory; the script did not run.
+    OutOfMemory,
+    /// stockgate has not reached the upstream yet.
+    NotReady,
+    /// A reply stockgate does not understand: an unexpected shape, or an
+    /// unexpected error from Redis.
+    BadReply,
+    /// The sku has no stock key (with `--missing-stock error`).
+    UnknownSku,
+    /// The stored data is not what the script expects (a non-integer stock,
+    /// a record of an unknown shape, a key of the wrong type).
+    BadData,
+}
+
+impl FaultKind {
+    /// Every kind, for creating the metric series at zero.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::Timeout,
+        FaultKind::Connection,
+        FaultKind::ClusterDown,
+        FaultKind::Busy,
+        FaultKind::OutOfMemory,
+        FaultKind::NotReady,
+        FaultKind::BadReply,
+        FaultKind::UnknownSku,
+        FaultKind::BadData,
+    ];
+
+    /// The `kind` label of `stockgate_upstream_errors_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FaultKind::Timeout => "timeout",
+            FaultKind::Connection => "connection",
+            FaultKind::ClusterDown => "cluster_down",
+            FaultKind::Busy => "busy",
+            FaultKind::OutOfMemory => "oom",
+            FaultKind::NotReady => "not_ready",
+            FaultKind::BadReply => "bad_reply",
+            FaultKind::UnknownSku => "unknown_sku",
+            FaultKind::BadData => "bad_data",
+        }
+    }
+
+    /// Whether the same request, retried with the same request_id, may
+    /// succeed later. Retrying is always *safe* (the script is idempotent);
+    /// this says whether it is *useful*.
+    pub fn retry_may_help(self) -> bool {
+        !matches!(self, FaultKind::UnknownSku | FaultKind::BadData)
+    }
+}
+
+/// A system fault on the way to or from Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamError {
+    pub kind: FaultKind,
+    /// The error text without its first word.
+    pub detail: String,
+}
+
+impl UpstreamError {
+    pub fn new(kind: FaultKind, detail: impl Into<String>) -> Self {
+        UpstreamError {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn timeout(deadline: Duration) -> Self {
+        UpstreamError::new(
+            FaultKind::Timeout,
+            format!("no reply from redis within {} ms", deadline.as_millis()),
+        )
+    }
+
+    /// Classifies an error from the redis crate.
+    pub fn from_redis(err: &RedisError) -> Self {
+        let text = || err.detail().unwrap_or_default().to_owned();
+        if err.is_timeout() {
+            return UpstreamError::new(FaultKind::Timeout, format!("redis timed out: {err}"));
+        }
+        match err.kind() {
+            ErrorKind::Server(server) => {
+                let kind = match server {
+                    ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ReadOnly => FaultKind::ClusterDown,
+                    _ => FaultKind::BadReply,
+                };
+                UpstreamError::new(kind, format!("redis answered {err}"))
+            }
+            ErrorKind::Extension => match err.code().unwrap_or_default() {
+                "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, text()),
+                "BADSTOCK" | "BADRECORD" | "WRONGTYPE" => UpstreamError::new(
+                    FaultKind::BadData,
+                    format!("{} {}", err.code().unwrap_or_default(), text()),
+                ),
+                "OOM" => UpstreamError::new(
+                    FaultKind::OutOfMemory,
+                    format!("redis is out of memory and refused the script: {}", text()),
+                ),
+                "BUSY" => UpstreamError::new(
+                    FaultKind::Busy,
+                    format!("redis is busy running another script: {}", text()),
+                ),
+                _ => UpstreamError::new(FaultKind::BadReply, format!("redis answered {err}")),
+            },
+            ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => {
+                UpstreamError::new(FaultKind::Connection, format!("redis unreachable: {err}"))
+            }
+            _ => UpstreamError::new(FaultKind::BadReply, format!("redis client error: {err}")),
+        }
+    }
+
+    /// The RESP error text (without the leading `-`). Its first word says
+    /// the class; the rest says whether the outcome is known and what a
+    /// retry does.
+    pub fn reply_text(&self) -> String {
+        let one_line = self.detail.replace(['\r', '\n'], " ");
+        match self.kind {
+            FaultKind::UnknownSku => format!("UNKNOWNSKU {one_line}"),
+            // The first word of the detail is the script's own code
+            // (BADSTOCK, BADRECORD, WRONGTYPE).
+            FaultKind::BadData => one_line,
+            FaultKind::BadReply => format!(
+                "BADREPLY {one_line}; the outcome may be unknown, retrying with the same request_id is safe"
+            ),
+            _ => format!(
+                "UPSTREAM {one_line}; the outcome may be unknown, retrying with the same request_id is safe"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.label(), self.detail)
+    }
+}
+
+impl std::error::Error for UpstreamError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_replies_say_a_retry_is_safe_and_never_look_like_codes() {
+        for kind in [
+            FaultKind::Timeout,
+            FaultKind::Connection,
+            FaultKind::ClusterDown,
+            FaultKind::Busy,
+            FaultKind::OutOfMemory,
+            FaultKind::NotReady,
+        ] {
+            let text = UpstreamError::new(kind, "x").reply_text();
+            assert!(text.starts_with("UPSTREAM "), "{text}");
+            assert!(text.contains("retrying with the same request_id is safe"));
+        }
+        let text = UpstreamError::new(FaultKind::BadReply, "x").reply_text();
+        assert!(text.starts_with("BADREPLY "));
+        assert!(text.contains("outcome may be unknown"));
+    }
+
+    #[test]
+    fn script_errors_are_classified_by_their_code() {
+        let unknown = redis::make_extension_error(
+            "UNKNOWNSKU".into(),
+            Some("no stock is recorded for this sku; nothing was changed".into()),
+        );
+        let e = UpstreamError::from_redis(&unknown);
+        assert_eq!(e.kind, FaultKind::UnknownSku);
+        assert_eq!(
+            e.reply_text(),
+            "UNKNOWNSKU no stock is recorded for this sku; nothing was changed"
+        );
+        let bad = redis::make_extension_error("BADSTOCK".into(), Some("not an int".into()));
+        let e = UpstreamError::from_redis(&bad);
+        assert_eq!(e.kind, FaultKind::BadData);
+        assert!(e.reply_text().starts_with("BADSTOCK not an int"));
+        assert!(!FaultKind::BadData.retry_may_help());
+    }
+}

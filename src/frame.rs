@@ -1,0 +1,568 @@
+//! RESP on the wire: framing client requests, encoding replies.
+//!
+//! # Requests
+//!
+//! Clients send a command as an array of bulk strings (`*N` then `N` times
+//! `$len`), or as one inline line (`PING\r\n`, as telnet and `nc` do).
+//! Redis itself accepts nothing else, and neither does stockgate: a nested
+//! array or any other type is a protocol error.
+//!
+//! Requests are framed here rather than with redis-protocol's decoder,
+//! because that decoder is unsafe to point at an untrusted socket: it
+//! recurses once per nesting level (64 KiB of `*1\r\n` overflows a 2 MiB
+//! thread stack and aborts the process; measured with redis-protocol 6.0),
+//! it has no size bounds, and it re-parses a partial frame from the start on
+//! every read. The framer below is flat, bounded by `max_request` bytes, and
+//! remembers how many bytes a partial frame still needs.
+//!
+//! # Replies
+//!
+//! Replies are encoded with redis-protocol, in RESP2 or RESP3 as the
+//! connection chose with `HELLO`. The hot DEDUCT reply is encoded from
+//! borrowed frames on the stack, with no allocation.
+
+use crate::outcome::DeductReply;
+use bytes::{Buf, Bytes, BytesMut};
+use redis_protocol::resp2::{encode as resp2_encode, types as resp2, types::Resp2Frame};
+use redis_protocol::resp3::{encode::complete as resp3_encode, types as resp3, types::Resp3Frame};
+use std::ops::Range;
+use tokio_util::codec::Decoder;
+
+/// Longest line for a `*N` or `$len` header, digits and CRLF included.
+const MAX_HEADER: usize = 32;
+/// Most arguments in one request. stockgate's commands take a handful.
+pub const MAX_ARGS: usize = 1024;
+
+/// A malformed request. The connection answers `-ERR Protocol error: ...`
+/// once and closes, as Redis does: after a framing error the byte stream
+/// can't be trusted to resynchronise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+/// The codec trait wants read errors to convert; the connection reads the
+/// socket itself, so this only keeps the signature honest.
+impl From<std::io::Error> for ProtocolError {
+    fn from(err: std::io::Error) -> Self {
+        ProtocolError(err.to_string())
+    }
+}
+
+/// One command: its name and arguments, as slices of the read buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub args: Vec<Bytes>,
+}
+
+impl Request {
+    /// The command name, as sent (case is the caller's).
+    pub fn name(&self) -> &[u8] {
+        &self.args[0]
+    }
+}
+
+/// Frames requests out of a connection's read buffer.
+#[derive(Debug)]
+pub struct RequestDecoder {
+    max_request: usize,
+    /// Bytes the buffered partial frame needs at least before it can be
+    /// complete; no point scanning again until then.
+    need: usize,
+}
+
+impl RequestDecoder {
+    pub fn new(max_request: usize) -> Self {
+        RequestDecoder {
+            max_request,
+            need: 0,
+        }
+    }
+}
+
+enum Scan {
+    /// A complete request: its length and the ranges of its arguments.
+    Complete(usize, Vec<Range<usize>>),
+    /// Not yet complete; the frame needs at least this many bytes.
+    Partial(usize),
+    /// Nothing but an empty line or an empty array; skip these bytes.
+    Skip(usize),
+}
+
+impl Decoder for RequestDecoder {
+    type Item = Request;
+    type Error = ProtocolError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Request>, ProtocolError> {
+        loop {
+            if src.is_empty() || src.len() < self.need {
+                return Ok(None);
+            }
+            let scan = if src[0] == b'*' {
+                scan_multibulk(src, self.max_request)?
+            } else {
+                scan_inline(src, self.max_request)?
+            };
+            match scan {
+                Scan::Complete(len, ranges) => {
+                    self.need = 0;
+                    let frame = src.split_to(len).freeze();
+                    let args = ranges.into_iter().map(|r| frame.slice(r)).collect();
+                    return Ok(Some(Request { args }));
+                }
+                Scan::Partial(need) => {
+                    self.need = need;
+                    return Ok(None);
+                }
+                Scan::Skip(len) => {
+                    self.need = 0;
+                    src.advance(len);
+                }
+            }
+        }
+    }
+}
+
+/// Reads a header line (`*3\r\n`, `$5\r\n`) at `at`: its integer and the
+/// offset after its CRLF, or `None` when the line is not complete yet.
+fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let window = &buf[at..buf.len().min(at + MAX_HEADER)];
+    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
+        return if window.len() >= MAX_HEADER {
+            Err(ProtocolError(format!("invalid {what} length")))
+        } else {
+            Ok(None)
+        };
+    };
+    if cr + 1 >= window.len() {
+        return Ok(None);
+    }
+    if window[cr + 1] != b'\n' {
+        return Err(ProtocolError(format!("invalid {what} length")));
+    }
+    let digits = &window[1..cr];
+    let value = std::str::from_utf8(digits)
+        .ok()
+        .filter(|s| !s.is_empty() && !s.starts_with('+'))
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| ProtocolError(format!("invalid {what} length")))?;
+    Ok(Some((value, at + cr + 2)))
+}
+
+fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError> {
+    let Some((count, mut at)) = header(buf, 0, "multibulk")? else {
+        return Ok(Scan::Partial(buf.len() + 1));
+    };
+    if count <= 0 {
+        // Redis ignores `*0` and `*-1` requests; so does stockgate.
+        return Ok(Scan::Skip(at));
+    }
+    if count as usize > MAX_ARGS {
+        return Err(ProtocolError("invalid multibulk length".into()));
+    }
+    let mut ranges = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if at >= buf.len() {
+            return Ok(Scan::Partial(at + 1));
+        }
+        if buf[at] != b'$' {
+            return Err(ProtocolError(format!(
+                "expected '$', got '{}'",
+                printable(buf[at])
+            )));
+        }
+        let Some((len, start)) = header(buf, at, "bulk")? else {
+            return Ok(Scan::Partial(buf.len() + 1));
+        };
+        if len < 0 || len as usize > max_request {
+            return Err(ProtocolError("invalid bulk length".into()));
+        }
+        let end = start + len as usize;
+        if end + 2 > max_request {
+            return Err(ProtocolError(format!(
+                "request larger than {max_request} bytes"
+            )));
+        }
+        if buf.len() < end + 2 {
+            return Ok(Scan::Partial(end + 2));
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(ProtocolError("bulk string not terminated by CRLF".into()));
+        }
+        ranges.push(start..end);
+        at = end + 2;
+    }
+    Ok(Scan::Complete(at, ranges))
+}
+
+fn scan_inline(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError> {
+    let window = &buf[..buf.len().min(max_request)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+        return if window.len() >= max_request {
+            Err(ProtocolError("too big inline request".into()))
+        } else {
+            Ok(Scan::Partial(buf.len() + 1))
+        };
+    };
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' {
+        nl - 1
+    } else {
+        nl
+    };
+    let mut ranges = Vec::new();
+    let mut start = None;
+    for (i, &b) in buf[..line_end].iter().enumerate() {
+        match (b.is_ascii_whitespace(), start) {
+            (false, None) => start = Some(i),
+            (true, Some(s)) => {
+                ranges.push(s..i);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        ranges.push(s..line_end);
+    }
+    if ranges.len() > MAX_ARGS {
+        return Err(ProtocolError("invalid multibulk length".into()));
+    }
+    if ranges.is_empty() {
+        return Ok(Scan::Skip(nl + 1));
+    }
+    Ok(Scan::Complete(nl + 1, ranges))
+}
+
+fn printable(b: u8) -> char {
+    if b.is_ascii_graphic() { b as char } else { '?' }
+}
+
+/// The protocol a connection speaks, chosen with `HELLO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Resp2,
+    Resp3,
+}
+
+/// A reply, independent of the protocol it will be encoded in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `+OK`, `+PONG`.
+    Simple(&'static str),
+    /// An error; the text has no leading `-`, and its first word is the code.
+    Error(String),
+    Integer(i64),
+    Bulk(Bytes),
+    /// RESP2 null bulk string `$-1`, RESP3 `_`.
+    Null,
+    Array(Vec<Reply>),
+    /// A RESP3 map; a flat key, value, key, value array in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    Deduct(DeductReply),
+}
+
+impl Reply {
+    pub fn error(text: impl Into<String>) -> Reply {
+        Reply::Error(text.into())
+    }
+
+    pub fn bulk(text: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(text.into())
+    }
+
+    /// Appends this reply to `dst`, encoded for `protocol`.
+    pub fn encode(&self, protocol: Protocol, dst: &mut BytesMut) {
+        match self {
+            // The hot path: no allocation, one pass.
+            Reply::Deduct(reply) => encode_deduct(reply, protocol, dst),
+            _ => match protocol {
+                Protocol::Resp2 => {
+                    let frame = self.to_resp2();
+                    append(dst, frame.encode_len(false), |buf| {
+                        resp2_encode::encode(buf, &frame, false)
+                    });
+                }
+                Protocol::Resp3 => {
+                    let frame = self.to_resp3();
+                    append(dst, frame.encode_len(false), |buf| {
+                        resp3_encode::encode(buf, &frame, false)
+                    });
+                }
+            },
+        }
+    }
+
+    fn to_resp2(&self) -> resp2::OwnedFrame {
+        use resp2::OwnedFrame as F;
+        match self {
+            Reply::Simple(s) => F::SimpleString(s.as_bytes().to_vec()),
+            Reply::Error(e) => F::Error(one_line(e)),
+            Reply::Integer(i) => F::Integer(*i),
+            Reply::Bulk(b) => F::BulkString(b.to_vec()),
+            Reply::Null => F::Null,
+            Reply::Array(items) => F::Array(items.iter().map(Reply::to_resp2).collect()),
+            Reply::Map(pairs) => F::Array(
+                pairs
+                    .iter()
+                    .flat_map(|(k, v)| [k.to_resp2(), v.to_resp2()])
+                    .collect(),
+            ),
+            Reply::Deduct(d) => F::Array(deduct_items(d).map(|r| r.to_resp2()).collect()),
+        }
+    }
+
+    fn to_resp3(&self) -> resp3::OwnedFrame {
+        use resp3::OwnedFrame as F;
+        match self {
+            Reply::Simple(s) => F::SimpleString {
+                data: s.as_bytes().to_vec(),
+                attributes: None,
+            },
+            Reply::Error(e) => F::SimpleError {
+                data: one_line(e),
+                attributes: None,
+            },
+            Reply::Integer(i) => F::Number {
+                data: *i,
+                attributes: None,
+            },
+            Reply::Bulk(b) => F::BlobString {
+                data: b.to_vec(),
+                attributes: None,
+            },
+            Reply::Null => F::Null,
+            Reply::Array(items) => F::Array {
+                data: items.iter().map(Reply::to_resp3).collect(),
+                attributes: None,
+            },
+            Reply::Map(pairs) => F::Map {
+                data: pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_resp3(), v.to_resp3()))
+                    .collect(),
+                attributes: None,
+            },
+            Reply::Deduct(d) => F::Array {
+                data: deduct_items(d).map(|r| r.to_resp3()).collect(),
+                attributes: None,
+            },
+        }
+    }
+}
+
+fn deduct_items(d: &DeductReply) -> impl Iterator<Item = Reply> + '_ {
+    [
+        Some(Reply::Integer(d.code as i64)),
+        Some(Reply::Integer(d.remain)),
+        Some(Reply::Bulk(d.order_no.clone())),
+        Some(Reply::Integer(d.version)),
+        d.reason.clone().map(Reply::Bulk),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// An error or simple string may not contain CR or LF.
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
+}
+
+/// Grows `dst` by `len` bytes and lets `encode` fill them.
+fn append(
+    dst: &mut BytesMut,
+    len: usize,
+    encode: impl FnOnce(&mut [u8]) -> Result<usize, redis_protocol::error::RedisProtocolError>,
+) {
+    let start = dst.len();
+    dst.resize(start + len, 0);
+    if let Err(err) = encode(&mut dst[start..]) {
+        // Only frames a server never sends (HELLO, streaming) fail to
+        // encode; a reply built here never is one. Keep the stream valid.
+        tracing::error!(%err, "reply failed to encode");
+        dst.truncate(start);
+        dst.extend_from_slice(b"-ERR internal error encoding the reply\r\n");
+    }
+}
+
+fn encode_deduct(d: &DeductReply, protocol: Protocol, dst: &mut BytesMut) {
+    let reason = d.reason.as_deref();
+    let n = if reason.is_some() { 5 } else { 4 };
+    match protocol {
+        Protocol::Resp2 => {
+            use resp2::BorrowedFrame as F;
+            let items = [
+                F::Integer(d.code as i64),
+                F::Integer(d.remain),
+                F::BulkString(&d.order_no),
+                F::Integer(d.version),
+                F::BulkString(reason.unwrap_or_default()),
+            ];
+            let frame = F::Array(&items[..n]);
+            append(dst, frame.encode_len(false), |buf| {
+                resp2_encode::encode_borrowed(buf, &frame, false)
+            });
+        }
+        Protocol::Resp3 => {
+            use resp3::BorrowedFrame as F;
+            let int = |data| F::Number {
+                data,
+                attributes: None,
+            };
+            let blob = |data| F::BlobString {
+                data,
+                attributes: None,
+            };
+            let items = [
+                int(d.code as i64),
+                int(d.remain),
+                blob(&d.order_no),
+                int(d.version),
+                blob(reason.unwrap_or_default()),
+            ];
+            let frame = F::Array {
+                data: &items[..n],
+                attributes: None,
+            };
+            append(dst, frame.encode_len(false), |buf| {
+                resp3_encode::encode_borrowed(buf, &frame, false)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::{Code, SCRIPT_VERSION};
+
+    fn decode_all(input: &[u8]) -> Result<Vec<Vec<String>>, ProtocolError> {
+        let mut decoder = RequestDecoder::new(64 * 1024);
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(req) = decoder.decode(&mut buf)? {
+            out.push(
+                req.args
+                    .iter()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn multibulk_and_inline_requests() {
+        let got =
+            decode_all(b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\nPING\r\n  \r\nDEDUCT a 1  r\n").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                vec!["ECHO", "hi"],
+                vec!["PING"],
+                vec!["DEDUCT", "a", "1", "r"]
+            ]
+        );
+        assert_eq!(
+            decode_all(b"*0\r\n*-1\r\n*1\r\n$0\r\n\r\n").unwrap(),
+            vec![vec![""]]
+        );
+    }
+
+    #[test]
+    fn partial_frames_wait_for_more_bytes() {
+        let whole = b"*3\r\n$6\r\nDEDUCT\r\n$3\r\nsku\r\n$1\r\n1\r\n";
+        for cut in 1..whole.len() {
+            let mut decoder = RequestDecoder::new(64 * 1024);
+            let mut buf = BytesMut::from(&whole[..cut]);
+            assert_eq!(decoder.decode(&mut buf).unwrap(), None, "cut at {cut}");
+            buf.extend_from_slice(&whole[cut..]);
+            let req = decoder.decode(&mut buf).unwrap().expect("complete");
+            assert_eq!(req.args.len(), 3);
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_protocol_errors() {
+        // From Redis's own protocol tests, and then some.
+        let cases: &[&[u8]] = &[
+            b"*3000000000\r\n",
+            b"*1\r\n$-10\r\n",
+            b"*1\r\n$2000000000\r\n",
+            b"*1\r\n$blabla\r\n",
+            b"*1\r\nfoo\r\n",
+            b"*1\r\n*1\r\n$1\r\na\r\n",
+            b"*1\r\n:1\r\n",
+            b"*1\r\n$1\r\nabc\r\n",
+            b"*+1\r\n$1\r\na\r\n",
+            b"*1x\r\n",
+        ];
+        for case in cases {
+            assert!(
+                decode_all(case).is_err(),
+                "{:?} should be refused",
+                String::from_utf8_lossy(case)
+            );
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_recursion() {
+        let nested = b"*1\r\n".repeat(16 * 1024);
+        let err = decode_all(&nested).unwrap_err();
+        assert_eq!(err.0, "expected '$', got '*'");
+    }
+
+    #[test]
+    fn unterminated_input_is_bounded() {
+        let mut decoder = RequestDecoder::new(64 * 1024);
+        let mut buf = BytesMut::from(&vec![0u8; 64 * 1024][..]);
+        assert_eq!(
+            decoder.decode(&mut buf).unwrap_err().0,
+            "too big inline request"
+        );
+        let mut decoder = RequestDecoder::new(64 * 1024);
+        let mut buf = BytesMut::from(&b"*1\r\n$65530\r\n"[..]);
+        buf.extend_from_slice(&[b'a'; 100]);
+        assert!(decoder.decode(&mut buf).is_err(), "over the request limit");
+    }
+
+    fn encoded(reply: &Reply, protocol: Protocol) -> String {
+        let mut buf = BytesMut::new();
+        reply.encode(protocol, &mut buf);
+        String::from_utf8(buf.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn replies_in_both_protocols() {
+        let deduct = Reply::Deduct(DeductReply {
+            code: Code::Ok,
+            remain: 9,
+            order_no: Bytes::from_static(b"ORD-1"),
+            version: SCRIPT_VERSION,
+            reason: None,
+        });
+        let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
+        assert_eq!(encoded(&deduct, Protocol::Resp2), wire);
+        assert_eq!(encoded(&deduct, Protocol::Resp3), wire);
+        let invalid = Reply::Deduct(DeductReply::invalid("qty bad"));
+        assert_eq!(
+            encoded(&invalid, Protocol::Resp2),
+            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:1\r\n$7\r\nqty bad\r\n"
+        );
+        let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
+        assert_eq!(
+            encoded(&map, Protocol::Resp2),
+            "*2\r\n$5\r\nproto\r\n:3\r\n"
+        );
+        assert_eq!(
+            encoded(&map, Protocol::Resp3),
+            "%1\r\n$5\r\nproto\r\n:3\r\n"
+        );
+        assert_eq!(encoded(&Reply::Null, Protocol::Resp2), "$-1\r\n");
+        assert_eq!(encoded(&Reply::Null, Protocol::Resp3), "_\r\n");
+        assert_eq!(
+            encoded(&Reply::error("ERR a\r\nb"), Protocol::Resp2),
+            "-ERR a  b\r\n"
+        );
+    }
+}

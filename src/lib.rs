@@ -1,0 +1,48 @@
+//! stockgate: retry-safe stock deduction on Redis.
+//!
+//! Legacy applications send `DEDUCT <sku> <qty> <request_id> [order_no]`
+//! with the Redis client they already have. stockgate validates it, builds
+//! both keys under one hash tag, and runs one atomic Lua script that checks
+//! idempotency and changes stock, answering with a business code whose
+//! meaning never changes: 0 ok, 1 duplicate, 2 insufficient stock,
+//! 3 invalid parameters. System faults are error replies, never codes.
+//!
+//! # Layout
+//!
+//! In the order one DEDUCT flows from the socket to Redis and back:
+//!
+//! - [`server`]: listeners, the accept loop, shared state, graceful drain.
+//! - [`connection`]: one client; pipelined requests in, ordered replies out.
+//! - [`frame`]: RESP framing of requests (bounded) and encoding of replies.
+//! - [`command`]: the command table, arity, connection-level commands.
+//! - [`deduct`]: DEDUCT: validate, build keys, run the script, map the reply.
+//! - [`params`]: the parameter rules (sku, qty, request_id, order_no).
+//! - [`keys`]: the key layout and hash tags; cluster slots.
+//! - [`script`]: the embedded Lua scripts (`lua/`).
+//! - [`upstream`]: the Redis Cluster or standalone client, timeouts,
+//!   NOSCRIPT recovery, readiness.
+//! - [`outcome`]: the business code table and the DEDUCT reply.
+//! - [`error`]: system faults, by source and whether a retry helps.
+//!
+//! Around it:
+//!
+//! - [`config`]: flags and `STOCKGATE_*` variables, validated.
+//! - [`metrics`]: metric names and the Prometheus exposition.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`dev`]: throwaway local Redis servers and clusters.
+
+pub mod admin;
+pub mod command;
+pub mod config;
+pub mod connection;
+pub mod deduct;
+pub mod dev;
+pub mod error;
+pub mod frame;
+pub mod keys;
+pub mod metrics;
+pub mod outcome;
+pub mod params;
+pub mod script;
+pub mod server;
+pub mod upstream;

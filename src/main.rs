@@ -1,0 +1,135 @@
+//! The `stockgate` binary: parse the config, start logging, bind, and run
+//! until a signal. See the crate docs (`src/lib.rs`) for the module map.
+
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Duration;
+use stockgate::config::{Cli, Command, Config, LogFormat, ProxyArgs, UpstreamMode};
+use stockgate::dev::{LocalCluster, RedisOptions};
+use stockgate::server::{self, Server};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("stockgate: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => {
+                init_logging(args.proxy.log_format);
+                let config = args.proxy.validate(args.upstream, args.upstream_mode)?;
+                serve(config).await
+            }
+            Command::Dev(args) => dev(args.proxy, args.masters, args.redis_server).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("stockgate: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    // rustls needs one process-wide crypto provider for rediss:// upstreams.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let grace = config.shutdown_grace;
+    let server = server::start(config).await.map_err(|e| e.to_string())?;
+    wait_for_signal().await;
+    stop(server, grace).await;
+    Ok(())
+}
+
+async fn stop(server: Server, grace: Duration) {
+    tracing::info!(grace = ?grace, "draining: no new connections, answering requests already read");
+    tokio::select! {
+        finished = server.drain(grace) => {
+            if finished {
+                tracing::info!("drained; bye");
+            }
+        }
+        _ = wait_for_signal() => tracing::warn!("second signal: exiting now"),
+    }
+}
+
+/// SIGTERM or SIGINT (Ctrl-C).
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// `stockgate dev`: a throwaway cluster, demo stock, and the proxy.
+async fn dev(
+    proxy: ProxyArgs,
+    masters: usize,
+    redis_server: std::path::PathBuf,
+) -> Result<(), String> {
+    init_logging(proxy.log_format);
+    let options = RedisOptions {
+        redis_server,
+        ..RedisOptions::default()
+    };
+    eprintln!("starting a throwaway {masters}-primary Redis Cluster on loopback...");
+    let cluster = LocalCluster::start(masters, 0, &options).map_err(|e| e.to_string())?;
+    let config = proxy.validate(cluster.seeds(), UpstreamMode::Cluster)?;
+    let demo = [("demo-1", 100), ("demo-2", 5), ("demo-3", 0)];
+    let mut conn = cluster.cluster_connection().map_err(|e| e.to_string())?;
+    for (sku, stock) in demo {
+        let sku = stockgate::params::Sku::parse(sku.into()).expect("demo sku is valid");
+        redis::cmd("SET")
+            .arg(config.keys.stock_key(&sku))
+            .arg(stock)
+            .query::<()>(&mut conn)
+            .map_err(|e| format!("seeding demo stock: {e}"))?;
+    }
+    let grace = config.shutdown_grace;
+    let server = server::start(config).await.map_err(|e| e.to_string())?;
+    if !server.wait_ready(Duration::from_secs(10)).await {
+        return Err("the proxy did not become ready within 10s".into());
+    }
+    let port = server.addr.port();
+    println!(
+        "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n\
+         Demo stock: demo-1 = 100, demo-2 = 5, demo-3 = 0. Metrics: http://{admin}/metrics\n\n\
+         Try it:\n  \
+           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 0: deducted, remain 98\n  \
+           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 1: duplicate, nothing changed\n  \
+           redis-cli -p {port} DEDUCT demo-3 1 order-1002            # 2: insufficient stock\n  \
+           redis-cli -p {port} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n\n\
+         Ctrl-C stops stockgate and the cluster.",
+        addr = server.addr,
+        admin = server.admin_addr,
+        seeds = cluster.seeds().join(", "),
+    );
+    wait_for_signal().await;
+    stop(server, grace).await;
+    drop(cluster);
+    eprintln!("cluster stopped");
+    Ok(())
+}

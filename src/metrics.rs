@@ -1,0 +1,242 @@
+//! Metric names, labels, buckets, and the Prometheus text they render to.
+//!
+//! This module is the one place that names a metric. No sku, request_id
+//! or order_no is ever a label: labels are drawn from small fixed sets.
+//!
+//! Each server owns its recorder (not the process-global one), so several
+//! servers in one process, as in the tests, keep separate counts. Every
+//! series is registered up front: counters show 0 from the first scrape,
+//! and recording a request touches a pre-resolved handle, not a registry.
+
+use crate::error::FaultKind;
+use crate::outcome::Code;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+pub const REQUESTS_TOTAL: &str = "stockgate_requests_total";
+pub const REQUEST_DURATION: &str = "stockgate_request_duration_seconds";
+pub const UPSTREAM_ERRORS_TOTAL: &str = "stockgate_upstream_errors_total";
+pub const CLIENT_CONNECTIONS: &str = "stockgate_client_connections";
+
+/// Latency buckets, in seconds: fine below a millisecond, where a healthy
+/// DEDUCT lands, and up to the longest sensible --timeout.
+const DURATION_BUCKETS: [f64; 16] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+];
+
+/// The commands that get request metrics (the `command` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandLabel {
+    Deduct,
+}
+
+impl CommandLabel {
+    const ALL: [CommandLabel; 1] = [CommandLabel::Deduct];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CommandLabel::Deduct => "deduct",
+        }
+    }
+}
+
+/// The `result` label: a business code, or `error` for any system fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultLabel {
+    Code(Code),
+    Error,
+}
+
+impl ResultLabel {
+    const COUNT: usize = Code::ALL.len() + 1;
+
+    fn all() -> impl Iterator<Item = ResultLabel> {
+        Code::ALL
+            .into_iter()
+            .map(ResultLabel::Code)
+            .chain([ResultLabel::Error])
+    }
+
+    fn index(self) -> usize {
+        match self {
+            ResultLabel::Code(code) => code as usize,
+            ResultLabel::Error => Code::ALL.len(),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultLabel::Code(code) => code.label(),
+            ResultLabel::Error => "error",
+        }
+    }
+}
+
+struct RequestSeries {
+    total: Counter,
+    duration: Histogram,
+}
+
+/// Every series stockgate exports, resolved once.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    requests: Vec<[RequestSeries; ResultLabel::COUNT]>,
+    upstream_errors: Vec<Counter>,
+    client_connections: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &DURATION_BUCKETS)
+            .expect("bucket list is not empty")
+            .build_recorder();
+        recorder.describe_counter(
+            REQUESTS_TOTAL.into(),
+            None,
+            "Requests answered, by command and result (ok, duplicate, insufficient, invalid, error).".into(),
+        );
+        recorder.describe_histogram(
+            REQUEST_DURATION.into(),
+            Some(Unit::Seconds),
+            "Time from a request's arrival to its reply, by command and result.".into(),
+        );
+        recorder.describe_counter(
+            UPSTREAM_ERRORS_TOTAL.into(),
+            None,
+            "System faults met while serving requests, by kind.".into(),
+        );
+        recorder.describe_gauge(
+            CLIENT_CONNECTIONS.into(),
+            None,
+            "Client connections open now.".into(),
+        );
+        let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let requests = CommandLabel::ALL
+            .into_iter()
+            .map(|command| {
+                let series = ResultLabel::all().map(|result| {
+                    let labels = vec![
+                        Label::new("command", command.as_str()),
+                        Label::new("result", result.as_str()),
+                    ];
+                    let total = recorder
+                        .register_counter(&Key::from_parts(REQUESTS_TOTAL, labels.clone()), &meta);
+                    total.increment(0);
+                    RequestSeries {
+                        total,
+                        duration: recorder
+                            .register_histogram(&Key::from_parts(REQUEST_DURATION, labels), &meta),
+                    }
+                });
+                let series: Vec<RequestSeries> = series.collect();
+                series
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("one series per result label"))
+            })
+            .collect();
+        let upstream_errors = FaultKind::ALL
+            .into_iter()
+            .map(|kind| {
+                let counter = recorder.register_counter(
+                    &Key::from_parts(
+                        UPSTREAM_ERRORS_TOTAL,
+                        vec![Label::new("kind", kind.label())],
+                    ),
+                    &meta,
+                );
+                counter.increment(0);
+                counter
+            })
+            .collect();
+        let client_connections =
+            recorder.register_gauge(&Key::from_name(CLIENT_CONNECTIONS), &meta);
+        client_connections.set(0.0);
+        Metrics {
+            handle: recorder.handle(),
+            requests,
+            upstream_errors,
+            client_connections,
+        }
+    }
+
+    /// Counts one answered request and its latency.
+    pub fn record_request(&self, command: CommandLabel, result: ResultLabel, elapsed: Duration) {
+        let series = &self.requests[command as usize][result.index()];
+        series.total.increment(1);
+        series.duration.record(elapsed.as_secs_f64());
+    }
+
+    pub fn record_upstream_error(&self, kind: FaultKind) {
+        let index = FaultKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .expect("every kind is registered");
+        self.upstream_errors[index].increment(1);
+    }
+
+    pub fn client_connected(&self) {
+        self.client_connections.increment(1.0);
+    }
+
+    pub fn client_disconnected(&self) {
+        self.client_connections.decrement(1.0);
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Folds recorded histogram samples into buckets. Runs every few
+    /// seconds so memory stays flat between scrapes.
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_exists_from_the_start() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        for result in ["ok", "duplicate", "insufficient", "invalid", "error"] {
+            let line =
+                format!("stockgate_requests_total{{command=\"deduct\",result=\"{result}\"}} 0");
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        assert!(text.contains("stockgate_upstream_errors_total{kind=\"timeout\"} 0"));
+        assert!(text.contains("stockgate_client_connections 0"));
+    }
+
+    #[test]
+    fn a_request_lands_in_its_series_and_a_sub_millisecond_bucket() {
+        let metrics = Metrics::new();
+        metrics.record_request(
+            CommandLabel::Deduct,
+            ResultLabel::Code(Code::Duplicate),
+            Duration::from_micros(80),
+        );
+        let text = metrics.render();
+        assert!(
+            text.contains("stockgate_requests_total{command=\"deduct\",result=\"duplicate\"} 1")
+        );
+        assert!(text.contains(
+            "stockgate_request_duration_seconds_bucket{command=\"deduct\",result=\"duplicate\",le=\"0.0001\"} 1"
+        ), "{text}");
+        assert!(text.contains(
+            "stockgate_request_duration_seconds_bucket{command=\"deduct\",result=\"duplicate\",le=\"0.00005\"} 0"
+        ), "{text}");
+    }
+}

@@ -1,0 +1,207 @@
+//! The running proxy: listeners, the accept loop, shared state, and the
+//! graceful drain.
+//!
+//! [`start`] binds both listeners (only after the config is valid), starts
+//! the upstream task, and returns a [`Server`] handle. Tests start one on
+//! `127.0.0.1:0`, use it, and drain it; `main` does the same until a signal.
+
+use crate::admin;
+use crate::config::Config;
+use crate::connection;
+use crate::deduct::Deductor;
+use crate::metrics::Metrics;
+use crate::script::LuaScript;
+use crate::upstream::Upstream;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every connection shares.
+pub struct Shared {
+    pub config: Config,
+    pub upstream: Arc<Upstream>,
+    pub deductor: Deductor,
+    pub deduct_script: Arc<LuaScript>,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+    /// The RESP port, as bound (for INFO).
+    pub local_port: u16,
+    /// Client connections open now.
+    pub clients: AtomicUsize,
+    next_client_id: AtomicU64,
+    /// Set when the drain starts: `/readyz` turns false at once.
+    pub draining: AtomicBool,
+}
+
+impl Shared {
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Ready to take traffic: upstream reachable, scripts loaded, not draining.
+    pub fn is_ready(&self) -> bool {
+        self.upstream.is_ready() && !self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// A running stockgate.
+pub struct Server {
+    /// Where clients connect (RESP).
+    pub addr: SocketAddr,
+    /// Where /metrics, /healthz and /readyz are served.
+    pub admin_addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Stops accepting and tells connections to drain.
+    drain: CancellationToken,
+    /// Stops the upstream task and the admin server.
+    stop: CancellationToken,
+    connections: TaskTracker,
+    background: TaskTracker,
+}
+
+/// Binds the listeners and starts serving.
+pub async fn start(config: Config) -> io::Result<Server> {
+    let listener = TcpListener::bind(config.listen).await.map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+    })?;
+    let admin_listener = TcpListener::bind(config.admin_listen).await.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot listen on {} (admin): {e}", config.admin_listen),
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let script = Arc::new(LuaScript::deduct());
+    let metrics = Arc::new(Metrics::new());
+    let upstream = Upstream::new(config.upstream.clone(), vec![script.clone()]);
+    let deductor = Deductor::new(&config, upstream.clone(), script.clone(), metrics.clone());
+    let shared = Arc::new(Shared {
+        config,
+        upstream: upstream.clone(),
+        deductor,
+        deduct_script: script,
+        metrics: metrics.clone(),
+        started: Instant::now(),
+        local_port: addr.port(),
+        clients: AtomicUsize::new(0),
+        next_client_id: AtomicU64::new(1),
+        draining: AtomicBool::new(false),
+    });
+
+    let drain = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let connections = TaskTracker::new();
+    let background = TaskTracker::new();
+    background.spawn(upstream.maintain(stop.clone()));
+    background.spawn(admin::serve(admin_listener, shared.clone(), stop.clone()));
+    background.spawn(upkeep(metrics, stop.clone()));
+    background.spawn(accept_loop(
+        listener,
+        shared.clone(),
+        drain.clone(),
+        connections.clone(),
+    ));
+    tracing::info!(%addr, %admin_addr, "stockgate listening");
+    Ok(Server {
+        addr,
+        admin_addr,
+        shared,
+        drain,
+        stop,
+        connections,
+        background,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+    connections: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = drain.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                // Replies are small and latency matters more than packet count.
+                let _ = stream.set_nodelay(true);
+                connections.spawn(connection::serve(
+                    stream,
+                    peer,
+                    shared.clone(),
+                    drain.clone(),
+                ));
+            }
+            Err(err) => {
+                // EMFILE and the like: back off instead of spinning.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Dropping the listener here refuses new connections during the drain.
+}
+
+/// Folds histogram samples into buckets every few seconds.
+async fn upkeep(metrics: Arc<Metrics>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => metrics.run_upkeep(),
+        }
+    }
+}
+
+impl Server {
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.shared.is_ready()
+    }
+
+    /// Waits until the upstream is ready, or `within` passes.
+    pub async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.is_ready() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.is_ready()
+    }
+
+    /// The graceful drain: readiness turns false, new connections are
+    /// refused, every request already read is answered, then connections
+    /// close. Returns false if `grace` ran out first (the rest are dropped).
+    pub async fn drain(self, grace: Duration) -> bool {
+        self.shared.draining.store(true, Ordering::Relaxed);
+        self.drain.cancel();
+        self.connections.close();
+        let finished = tokio::time::timeout(grace, self.connections.wait())
+            .await
+            .is_ok();
+        if !finished {
+            tracing::warn!(
+                open = self.shared.clients.load(Ordering::Relaxed),
+                "shutdown grace ran out; closing the remaining connections"
+            );
+        }
+        self.stop.cancel();
+        self.background.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.background.wait()).await;
+        finished
+    }
+}

@@ -1,0 +1,353 @@
+//! The Redis side: a Redis Cluster or one non-cluster Redis, reached with
+//! the `redis` crate, shared by every client connection.
+//!
+//! stockgate starts serving before Redis answers (a sidecar must not crash
+//! loop while Redis restarts); a background task connects, loads the
+//! scripts on every primary, and keeps `/readyz` truthful from then on.
+//! Until the first connection exists, requests get `UPSTREAM not ready`.
+
+use crate::config::{UpstreamConfig, UpstreamMode};
+use crate::error::{FaultKind, UpstreamError};
+use crate::script::LuaScript;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+/// How often readiness is re-checked (script present on every primary).
+const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The mode stockgate settled on, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Cluster,
+    Standalone,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Cluster => "cluster",
+            Mode::Standalone => "standalone",
+        }
+    }
+}
+
+/// One shared, multiplexed, self-reconnecting connection. Cloning it is
+/// cheap: every clone talks through the same sockets.
+#[derive(Clone)]
+enum Connection {
+    Cluster(ClusterConnection),
+    Standalone(ConnectionManager),
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Connection::Cluster(c) => cmd.query_async(c).await,
+            Connection::Standalone(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
+/// The upstream, as every part of stockgate sees it.
+pub struct Upstream {
+    config: UpstreamConfig,
+    scripts: Vec<Arc<LuaScript>>,
+    connection: OnceCell<(Mode, Connection)>,
+    ready: AtomicBool,
+    /// Why the upstream is not ready, for logs and INFO.
+    last_problem: Mutex<Option<String>>,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig, scripts: Vec<Arc<LuaScript>>) -> Arc<Upstream> {
+        Arc::new(Upstream {
+            config,
+            scripts,
+            connection: OnceCell::new(),
+            ready: AtomicBool::new(false),
+            last_problem: Mutex::new(None),
+        })
+    }
+
+    /// True once Redis is reachable and every script is loaded on every
+    /// primary; re-checked every second.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The mode, once connected.
+    pub fn mode(&self) -> Option<Mode> {
+        self.connection.get().map(|(mode, _)| *mode)
+    }
+
+    /// The seed URLs, passwords hidden.
+    pub fn seeds(&self) -> Vec<String> {
+        self.config.urls.iter().map(|u| redact(u)).collect()
+    }
+
+    /// The overall deadline of one call.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
+    /// back to EVAL there on NOSCRIPT, all within `--timeout`.
+    pub async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, UpstreamError> {
+        let Some((_, connection)) = self.connection.get() else {
+            return Err(UpstreamError::new(
+                FaultKind::NotReady,
+                "not connected to redis yet",
+            ));
+        };
+        let mut connection = connection.clone();
+        let call = async move {
+            let evalsha = script_call("EVALSHA", &script.sha, keys, args);
+            match connection.query(&evalsha).await {
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    tracing::debug!(script = script.name, "NOSCRIPT; sending the body with EVAL");
+                    let eval = script_call("EVAL", script.body, keys, args);
+                    connection.query(&eval).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
+            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
+        }
+    }
+
+    /// Connects, loads the scripts, and keeps readiness up to date until
+    /// `stop` is cancelled.
+    pub async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            let outcome = match self.connection.get() {
+                None => self.connect().await,
+                Some((_, connection)) => self.ensure_scripts(connection.clone()).await,
+            };
+            self.set_ready(outcome);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
+            }
+        }
+    }
+
+    fn set_ready(&self, outcome: Result<(), String>) {
+        let was_ready = self.ready.swap(outcome.is_ok(), Ordering::Relaxed);
+        let mut last = self.last_problem.lock().unwrap_or_else(|e| e.into_inner());
+        match outcome {
+            Ok(()) => {
+                if !was_ready {
+                    tracing::info!(
+                        mode = self.mode().map(Mode::as_str),
+                        "upstream ready: redis reachable and scripts loaded on every primary"
+                    );
+                }
+                *last = None;
+            }
+            Err(problem) => {
+                // Log a problem when it first appears or changes, not every second.
+                if was_ready || last.as_deref() != Some(problem.as_str()) {
+                    tracing::warn!(%problem, "upstream not ready");
+                }
+                *last = Some(problem);
+            }
+        }
+    }
+
+    /// Why the upstream is not ready, if it isn't.
+    pub fn problem(&self) -> Option<String> {
+        self.last_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn connect(&self) -> Result<(), String> {
+        let mode = match self.config.mode {
+            UpstreamMode::Cluster => Mode::Cluster,
+            UpstreamMode::Standalone => Mode::Standalone,
+            UpstreamMode::Auto => self.detect_mode().await?,
+        };
+        let connection = match mode {
+            Mode::Cluster => Connection::Cluster(self.connect_cluster().await?),
+            Mode::Standalone => Connection::Standalone(self.connect_standalone().await?),
+        };
+        self.ensure_scripts(connection.clone()).await?;
+        // Only this task sets the cell, so it is empty here.
+        let _ = self.connection.set((mode, connection));
+        Ok(())
+    }
+
+    /// Asks the seeds, in order, for their version and whether they run in
+    /// cluster mode. Redis 7.0 is needed for script flags (`#!lua`).
+    async fn detect_mode(&self) -> Result<Mode, String> {
+        let mut problems = Vec::new();
+        for url in &self.config.urls {
+            match self.probe(url).await {
+                Ok(mode) => return Ok(mode),
+                Err(problem) => problems.push(format!("{}: {problem}", redact(url))),
+            }
+        }
+        Err(problems.join("; "))
+    }
+
+    async fn probe(&self, url: &str) -> Result<Mode, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(Some(self.config.timeout));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .arg("cluster")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("INFO failed: {e}"))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let version = field("redis_version").unwrap_or("unknown");
+        let major: u32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if major < 7 {
+            return Err(format!(
+                "redis {version} is too old: stockgate needs Redis 7.0 or newer (script flags)"
+            ));
+        }
+        Ok(if field("cluster_enabled") == Some("1") {
+            Mode::Cluster
+        } else {
+            Mode::Standalone
+        })
+    }
+
+    async fn connect_cluster(&self) -> Result<ClusterConnection, String> {
+        // Retrying a DEDUCT is safe only because the script is idempotent:
+        // a retry after a lost reply finds the record and answers 1. That is
+        // what lets the client retry on MOVED, ASK, TRYAGAIN, CLUSTERDOWN and
+        // dropped connections at all. The crate's default backoff waits at
+        // least 1.28 s before each retry, longer than the whole --timeout;
+        // these waits are in milliseconds, 2 to 100, doubling from 8.
+        let client = ClusterClientBuilder::new(self.config.urls.clone())
+            .connection_timeout(self.config.connect_timeout)
+            .response_timeout(self.config.timeout)
+            .overall_response_timeout(Some(self.config.timeout))
+            .retries(8)
+            .min_retry_wait(2)
+            .max_retry_wait(100)
+            .retry_wait_formula(8, 2)
+            .build()
+            .map_err(|e| format!("cluster client: {e}"))?;
+        client
+            .get_async_connection()
+            .await
+            .map_err(|e| format!("cannot connect to the cluster: {e}"))
+    }
+
+    async fn connect_standalone(&self) -> Result<ConnectionManager, String> {
+        let url = &self.config.urls[0];
+        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        // The manager reconnects in the background; requests made while it
+        // is down fail at once and the caller retries with the same id.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(Some(self.config.timeout))
+            .set_number_of_retries(3)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(500));
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+    }
+
+    /// Loads every script on every primary where it is missing. In cluster
+    /// mode the crate sends SCRIPT EXISTS and SCRIPT LOAD to all primaries.
+    async fn ensure_scripts(&self, mut connection: Connection) -> Result<(), String> {
+        for script in &self.scripts {
+            let mut exists = redis::cmd("SCRIPT");
+            exists.arg("EXISTS").arg(&script.sha);
+            let present = match connection.query(&exists).await {
+                Ok(Value::Array(flags)) => flags.iter().all(|f| matches!(f, Value::Int(1))),
+                Ok(Value::Int(flag)) => flag == 1,
+                Ok(other) => return Err(format!("SCRIPT EXISTS answered {other:?}")),
+                Err(err) => return Err(format!("redis unreachable: {err}")),
+            };
+            if !present {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(script.body);
+                connection
+                    .query(&load)
+                    .await
+                    .map_err(|e| format!("SCRIPT LOAD {} failed: {e}", script.name))?;
+                tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// A URL with its password replaced by `***`, for logs and INFO.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact("redis://default:s3cret@10.0.0.1:6379/0"),
+            "redis://default:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact("rediss://:p@ss@h:1"), "rediss://:***@h:1");
+        assert!(!redact("redis://u:hunter2@h:1").contains("hunter2"));
+    }
+}
