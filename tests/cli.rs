@@ -1,0 +1,147 @@
+//! The real `stockgate` binary, configured the way operators do, driven by
+//! redis-cli.
+
+mod support;
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the process if the test fails before stopping it.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_ready(admin_port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", admin_port)) {
+            use std::io::Write;
+            let _ = write!(
+                s,
+                "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let mut response = String::new();
+            let _ = s.read_to_string(&mut response);
+            if response.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("stockgate did not become ready");
+}
+
+#[test]
+fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
+    let cluster = cluster();
+    set_stock(&cluster, "cli-sku", 10);
+    let (port, admin) = (free_port(), free_port());
+    let child = Command::new(stockgate_bin())
+        .arg("serve")
+        .env("STOCKGATE_UPSTREAM", cluster.seeds().join(","))
+        .env("STOCKGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("STOCKGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .env("STOCKGATE_RETRY_WINDOW", "2h")
+        .env("STOCKGATE_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs stockgate");
+    let mut running = Running(child);
+    wait_ready(admin);
+
+    let first = redis_cli(port, &["DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
+    assert_eq!(first, "0\n7\nORD-CLI\n1\n");
+    let again = redis_cli(port, &["-3", "DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
+    assert_eq!(again, "1\n7\nORD-CLI\n1\n");
+    let invalid = redis_cli(port, &["DEDUCT", "cli-sku", "x", "cli-2"]);
+    assert_eq!(
+        invalid,
+        "3\n-1\n\n1\nqty must be an integer from 1 to 1000000\n"
+    );
+
+    // The 2h window from the environment reached the record.
+    let mut redis = cluster.cluster_connection().unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(record_key("cli-sku", "cli-1"))
+        .query(&mut redis)
+        .unwrap();
+    assert!((7000..=7200).contains(&ttl), "TTL {ttl}");
+
+    unsafe { libc::kill(running.0.id() as i32, libc::SIGTERM) };
+    let status = running.0.wait().unwrap();
+    assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
+    let mut log = String::new();
+    running
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let first_line = log.lines().next().unwrap_or_default();
+    assert!(
+        first_line.starts_with('{'),
+        "--log-format json: {first_line}"
+    );
+    assert!(log.contains("drain"), "{log}");
+}
+
+#[test]
+fn a_retry_window_under_a_minute_is_refused_at_startup() {
+    let out = Command::new(stockgate_bin())
+        .args([
+            "serve",
+            "--upstream",
+            "redis://127.0.0.1:1",
+            "--retry-window",
+            "30s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--retry-window 30s is shorter than 1 minute"),
+        "{err}"
+    );
+    assert!(
+        err.contains("deducted again"),
+        "the message says why: {err}"
+    );
+}
+
+#[test]
+fn bad_flags_are_refused_before_anything_binds() {
+    let port = free_port();
+    let out = Command::new(stockgate_bin())
+        .args([
+            "serve",
+            "--upstream",
+            "redis://127.0.0.1:1",
+            "--key-prefix",
+            "a{b}",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--key-prefix"));
+    // Nothing was left listening.
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+}

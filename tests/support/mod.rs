@@ -1,0 +1,251 @@
+//! Shared by the integration tests: real Redis servers on loopback, a
+//! stockgate in front of them, and clients.
+//!
+//! Every test starts the servers it needs and drops them at its end; no
+//! test reaches anything but 127.0.0.1. A missing redis-server or
+//! redis-cli fails the test with the command that installs it.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use redis::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+use stockgate::config::Config;
+use stockgate::dev::{LocalCluster, LocalRedis, RedisOptions};
+use stockgate::keys::KeyLayout;
+use stockgate::params::{RequestId, Sku};
+use stockgate::server::{self, Server};
+
+const INSTALL_HINT: &str = "install Redis 7+ with `deploy/install-deps.sh` (Debian: apt-get install -y redis-server redis-tools)";
+
+/// A 3-primary cluster, no replicas.
+pub fn cluster() -> LocalCluster {
+    LocalCluster::start(3, 0, &RedisOptions::default())
+        .unwrap_or_else(|e| panic!("cannot start a test cluster: {e}"))
+}
+
+/// One non-cluster Redis.
+pub fn standalone() -> LocalRedis {
+    LocalRedis::start(&RedisOptions::default())
+        .unwrap_or_else(|e| panic!("cannot start a test redis: {e}"))
+}
+
+/// A stockgate in front of `seeds`, with test-sized settings, ready.
+pub async fn proxy(seeds: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Server {
+    let mut config = Config::for_upstream(seeds);
+    tweak(&mut config);
+    let server = server::start(config).await.expect("stockgate starts");
+    assert!(
+        server.wait_ready(Duration::from_secs(15)).await,
+        "stockgate did not become ready: {:?}",
+        server.shared().upstream.problem()
+    );
+    server
+}
+
+/// A multiplexed redis-rs connection to stockgate (RESP2, or RESP3).
+pub async fn client(server: &Server, resp3: bool) -> redis::aio::MultiplexedConnection {
+    let url = if resp3 {
+        format!("redis://{}/?protocol=resp3", server.addr)
+    } else {
+        format!("redis://{}", server.addr)
+    };
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects to stockgate")
+}
+
+/// DEDUCT through `conn`; the raw reply.
+pub async fn deduct(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sku: &str,
+    qty: &str,
+    request_id: &str,
+    order_no: Option<&str>,
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("DEDUCT");
+    cmd.arg(sku).arg(qty).arg(request_id);
+    if let Some(order_no) = order_no {
+        cmd.arg(order_no);
+    }
+    cmd.query_async(conn).await
+}
+
+/// A DEDUCT reply's first four elements, checked for type.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub code: i64,
+    pub remain: i64,
+    pub order_no: String,
+    pub version: i64,
+    pub reason: Option<String>,
+}
+
+pub fn parse(value: Value) -> Reply {
+    let Value::Array(items) = value else {
+        panic!("DEDUCT replies with an array, got {value:?}")
+    };
+    assert!(items.len() >= 4, "at least four elements: {items:?}");
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer, got {other:?}"),
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+        other => panic!("expected a bulk string, got {other:?}"),
+    };
+    Reply {
+        code: int(&items[0]),
+        remain: int(&items[1]),
+        order_no: text(&items[2]),
+        version: int(&items[3]),
+        reason: items.get(4).map(text),
+    }
+}
+
+/// The default key layout, as tests compute keys to audit Redis directly.
+pub fn layout() -> KeyLayout {
+    KeyLayout::new("stock").unwrap()
+}
+
+pub fn stock_key(sku: &str) -> Vec<u8> {
+    layout().stock_key(&Sku::parse(sku.to_owned().into()).unwrap())
+}
+
+pub fn record_key(sku: &str, request_id: &str) -> Vec<u8> {
+    layout()
+        .deduct_keys(
+            &Sku::parse(sku.to_owned().into()).unwrap(),
+            &RequestId::parse(request_id.to_owned().into()).unwrap(),
+        )
+        .record
+}
+
+/// Sets a sku's stock directly in the cluster.
+pub fn set_stock(cluster: &LocalCluster, sku: &str, stock: i64) {
+    let mut conn = cluster.cluster_connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key(sku))
+        .arg(stock)
+        .query::<()>(&mut conn)
+        .unwrap();
+}
+
+/// Reads a sku's stock directly from the cluster.
+pub fn get_stock(cluster: &LocalCluster, sku: &str) -> Option<i64> {
+    let mut conn = cluster.cluster_connection().unwrap();
+    redis::cmd("GET")
+        .arg(stock_key(sku))
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// Script calls (EVAL and EVALSHA) every primary has served so far.
+pub fn script_calls(cluster: &LocalCluster) -> u64 {
+    cluster.nodes[..cluster.masters]
+        .iter()
+        .map(|node| {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut node.connection().unwrap())
+                .unwrap();
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Runs a binary that must be installed, failing with how to install it.
+pub fn run(binary: &str, args: &[&str]) -> Output {
+    Command::new(binary)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {binary} ({e}): {INSTALL_HINT}"))
+}
+
+/// `redis-cli -p <port> args...`, its stdout.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let port = port.to_string();
+    let mut all = vec!["-h", "127.0.0.1", "-p", port.as_str()];
+    all.extend_from_slice(args);
+    let out = run("redis-cli", &all);
+    assert!(out.status.success(), "redis-cli failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A raw TCP conversation: write `request`, read until the reply holds
+/// `expect_len` bytes or the peer closes.
+pub fn raw(addr: std::net::SocketAddr, request: &[u8], expect_len: usize) -> (Vec<u8>, bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut closed = false;
+    while got.len() < expect_len {
+        match stream.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("read failed after {:?}: {e}", String::from_utf8_lossy(&got)),
+        }
+    }
+    (got, closed)
+}
+
+/// A raw TCP conversation: write `request`, read until the reply ends
+/// with `tail` (or the peer closes, or 10 s pass).
+pub fn raw_until(addr: std::net::SocketAddr, request: &[u8], tail: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(tail.as_bytes()) {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("no {tail:?} after {:?}: {e}", String::from_utf8_lossy(&got)),
+        }
+    }
+    String::from_utf8(got).unwrap()
+}
+
+/// True when the peer has closed `stream` (read returns 0 within 5 s).
+pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// The built stockgate binary.
+pub fn stockgate_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_stockgate"))
+}

@@ -1,0 +1,267 @@
+//! The Redis side: script loss, Redis down and back, readiness, metrics.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// GET `path` on the admin port: (status, body).
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: stockgate\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one exact series line in Prometheus text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_on_every_primary_is_invisible_to_clients() {
+    let cluster = cluster();
+    let skus: Vec<String> = (0..12).map(|i| format!("flush-{i}")).collect();
+    for sku in &skus {
+        set_stock(&cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    for sku in &skus {
+        assert_eq!(
+            parse(deduct(&mut conn, sku, "1", "before", None).await.unwrap()).code,
+            0
+        );
+    }
+    for node in &cluster.nodes[..cluster.masters] {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+    // Every primary has lost the script; every sku (spread over all three
+    // primaries) is still served, with no error reaching the client.
+    for sku in &skus {
+        let reply = parse(deduct(&mut conn, sku, "2", "after", None).await.unwrap());
+        assert_eq!((reply.code, reply.remain), (0, 7), "{sku}");
+        let again = parse(deduct(&mut conn, sku, "2", "after", None).await.unwrap());
+        assert_eq!(again.code, 1, "{sku}");
+    }
+    // And the fallback put the script back where it was missing.
+    let sha = stockgate::script::LuaScript::deduct().sha;
+    for node in &cluster.nodes[..cluster.masters] {
+        let exists: Vec<i64> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&sha)
+            .query(&mut node.connection().unwrap())
+            .unwrap();
+        assert_eq!(exists, vec![1], "port {}", node.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_replies_are_errors_within_the_deadline_and_service_comes_back() {
+    let mut cluster = cluster();
+    set_stock(&cluster, "outage", 5);
+    let deadline = Duration::from_millis(500);
+    let server = proxy(cluster.seeds(), |c| {
+        c.upstream.timeout = deadline;
+        c.upstream.connect_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    assert_eq!(
+        parse(deduct(&mut conn, "outage", "1", "o-0", None).await.unwrap()).code,
+        0
+    );
+
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    for i in 1..=5 {
+        let started = Instant::now();
+        let result = deduct(&mut conn, "outage", "1", &format!("o-{i}"), None).await;
+        let took = started.elapsed();
+        let err = result.expect_err("no business code while Redis is down");
+        assert_eq!(err.code(), Some("UPSTREAM"), "{err:?}");
+        let text = err.detail().unwrap();
+        assert!(
+            text.contains("retrying with the same request_id is safe"),
+            "{text}"
+        );
+        // A loose bound: it proves the request does not hang, without
+        // timing anything finer than a loaded CI machine can promise.
+        assert!(
+            took < deadline * 4 + Duration::from_secs(2),
+            "took {took:?}"
+        );
+    }
+    // Readiness notices within a few health checks.
+    let (status, body) = loop_until(Duration::from_secs(10), || {
+        let (status, body) = http_get(server.admin_addr, "/readyz");
+        (status == 503).then_some((status, body))
+    });
+    assert_eq!(status, 503, "{body}");
+
+    for node in &mut cluster.nodes {
+        node.restart().unwrap();
+    }
+    cluster
+        .wait_for("the restarted cluster", |info, _| {
+            info.contains("cluster_state:ok")
+        })
+        .unwrap();
+    assert!(
+        server.wait_ready(Duration::from_secs(20)).await,
+        "ready again without a restart"
+    );
+    // The nodes kept no data (tests run without persistence); what matters
+    // is that stockgate serves again, on the same client connection.
+    set_stock(&cluster, "outage", 5);
+    let reply = parse(
+        deduct(&mut conn, "outage", "1", "o-after", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 4));
+}
+
+fn loop_until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_redis_and_health_does_not() {
+    // Nothing listens on this port yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config =
+        stockgate::config::Config::for_upstream(vec![format!("redis://127.0.0.1:{port}")]);
+    config.upstream.connect_timeout = Duration::from_millis(200);
+    let server = stockgate::server::start(config).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(http_get(server.admin_addr, "/healthz").0, 200);
+    let (status, body) = http_get(server.admin_addr, "/readyz");
+    assert_eq!(status, 503);
+    assert!(body.starts_with("not ready: "), "{body}");
+    // Requests are refused as faults, not as codes.
+    let mut conn = client(&server, false).await;
+    let err = deduct(&mut conn, "x", "1", "r", None).await.unwrap_err();
+    assert_eq!(err.code(), Some("UPSTREAM"));
+    assert!(
+        err.detail()
+            .unwrap()
+            .starts_with("not connected to redis yet"),
+        "{err:?}"
+    );
+    assert!(server.drain(Duration::from_secs(5)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_each_result_without_user_data_in_labels() {
+    let cluster = cluster();
+    set_stock(&cluster, "metered-sku-XYZ", 1);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    deduct(
+        &mut conn,
+        "metered-sku-XYZ",
+        "1",
+        "secret-request-id",
+        Some("ORDER-SECRET"),
+    )
+    .await
+    .unwrap();
+    deduct(
+        &mut conn,
+        "metered-sku-XYZ",
+        "1",
+        "secret-request-id",
+        Some("ORDER-SECRET"),
+    )
+    .await
+    .unwrap();
+    deduct(&mut conn, "metered-sku-XYZ", "1", "another-id", None)
+        .await
+        .unwrap();
+    deduct(&mut conn, "metered-sku-XYZ", "0", "bad-qty", None)
+        .await
+        .unwrap();
+    deduct(&mut conn, "no-such-sku", "1", "r", None)
+        .await
+        .unwrap_err();
+
+    let (status, text) = http_get(server.admin_addr, "/metrics");
+    assert_eq!(status, 200);
+    let count = |result: &str| {
+        sample(
+            &text,
+            &format!("stockgate_requests_total{{command=\"deduct\",result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(count("ok"), Some(1.0));
+    assert_eq!(count("duplicate"), Some(1.0));
+    assert_eq!(count("insufficient"), Some(1.0));
+    assert_eq!(count("invalid"), Some(1.0));
+    assert_eq!(count("error"), Some(1.0));
+    assert_eq!(
+        sample(
+            &text,
+            "stockgate_upstream_errors_total{kind=\"unknown_sku\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "stockgate_client_connections"), Some(1.0));
+    assert!(text.contains("# TYPE stockgate_request_duration_seconds histogram"));
+    assert_eq!(
+        sample(
+            &text,
+            "stockgate_request_duration_seconds_count{command=\"deduct\",result=\"ok\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(text.contains("le=\"0.0005\""), "sub-millisecond buckets");
+    for secret in [
+        "metered-sku-XYZ",
+        "secret-request-id",
+        "ORDER-SECRET",
+        "another-id",
+    ] {
+        assert!(!text.contains(secret), "{secret} leaked into /metrics");
+    }
+    drop(conn);
+    loop_until(Duration::from_secs(5), || {
+        let (_, text) = http_get(server.admin_addr, "/metrics");
+        (sample(&text, "stockgate_client_connections") == Some(0.0)).then_some(())
+    });
+}
