@@ -233,9 +233,8 @@ async fn hello_switches_the_connection_to_resp3() {
         "RESP2 null before HELLO: {got:?}"
     );
     assert!(got[5..].starts_with(hello3), "{got:?}");
-    let rest = got
-        .splitn(2, "$7\r\nmodules\r\n*0\r\n")
-        .nth(1)
+    let (_, rest) = got
+        .split_once("$7\r\nmodules\r\n*0\r\n")
         .expect("HELLO 3 map ends with modules");
     let expected_rest = concat!(
         "$5\r\napp-1\r\n",
