@@ -40,8 +40,6 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
-    // rustls needs one process-wide crypto provider for rediss:// upstreams.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let filter = tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

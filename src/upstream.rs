@@ -67,6 +67,9 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn new(config: UpstreamConfig, scripts: Vec<Arc<LuaScript>>) -> Arc<Upstream> {
+        // rediss:// needs a process-wide rustls crypto provider; installing
+        // it twice is harmless (the second call reports the first).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Arc::new(Upstream {
             config,
             scripts,
