@@ -105,6 +105,7 @@ impl Deductor {
     /// Runs the script for a validated deduction.
     pub async fn apply(&self, deduct: &Deduct) -> DeductResult {
         let keys = self.keys.deduct_keys(&deduct.sku, &deduct.request_id);
+        let started = Instant::now();
         let value = self
             .upstream
             .eval(
@@ -118,8 +119,10 @@ impl Deductor {
                     self.missing_stock.as_arg().as_bytes(),
                 ],
             )
-            .await?;
-        parse_script_reply(value)
+            .await;
+        self.metrics
+            .record_upstream(CommandLabel::Deduct, started.elapsed());
+        parse_script_reply(value?)
     }
 }
 

@@ -18,6 +18,8 @@ pub const REQUESTS_TOTAL: &str = "stockgate_requests_total";
 pub const REQUEST_DURATION: &str = "stockgate_request_duration_seconds";
 pub const UPSTREAM_ERRORS_TOTAL: &str = "stockgate_upstream_errors_total";
 pub const CLIENT_CONNECTIONS: &str = "stockgate_client_connections";
+pub const UPSTREAM_DURATION: &str = "stockgate_upstream_duration_seconds";
+pub const UPSTREAM_READY: &str = "stockgate_upstream_ready";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -84,13 +86,20 @@ pub struct Metrics {
     handle: PrometheusHandle,
     requests: Vec<[RequestSeries; ResultLabel::COUNT]>,
     upstream_errors: Vec<Counter>,
+    /// Time Redis took per script call, by command (the part of a
+    /// request's latency stockgate doesn't add).
+    upstream_durations: Vec<Histogram>,
     client_connections: Gauge,
+    upstream_ready: Gauge,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &DURATION_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(UPSTREAM_DURATION.into()), &DURATION_BUCKETS)
+            })
             .expect("bucket list is not empty")
             .build_recorder();
         recorder.describe_counter(
@@ -112,6 +121,16 @@ impl Metrics {
             CLIENT_CONNECTIONS.into(),
             None,
             "Client connections open now.".into(),
+        );
+        recorder.describe_histogram(
+            UPSTREAM_DURATION.into(),
+            Some(Unit::Seconds),
+            "Time Redis took to answer one script call (retries and redirects included), by command.".into(),
+        );
+        recorder.describe_gauge(
+            UPSTREAM_READY.into(),
+            None,
+            "1 when Redis is reachable and the scripts are loaded on every primary, else 0.".into(),
         );
         let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
         let requests = CommandLabel::ALL
@@ -151,14 +170,30 @@ impl Metrics {
                 counter
             })
             .collect();
+        let upstream_durations = CommandLabel::ALL
+            .into_iter()
+            .map(|command| {
+                recorder.register_histogram(
+                    &Key::from_parts(
+                        UPSTREAM_DURATION,
+                        vec![Label::new("command", command.as_str())],
+                    ),
+                    &meta,
+                )
+            })
+            .collect();
         let client_connections =
             recorder.register_gauge(&Key::from_name(CLIENT_CONNECTIONS), &meta);
         client_connections.set(0.0);
+        let upstream_ready = recorder.register_gauge(&Key::from_name(UPSTREAM_READY), &meta);
+        upstream_ready.set(0.0);
         Metrics {
             handle: recorder.handle(),
             requests,
             upstream_errors,
+            upstream_durations,
             client_connections,
+            upstream_ready,
         }
     }
 
@@ -175,6 +210,15 @@ impl Metrics {
             .position(|k| *k == kind)
             .expect("every kind is registered");
         self.upstream_errors[index].increment(1);
+    }
+
+    /// Records how long Redis took for one script call.
+    pub fn record_upstream(&self, command: CommandLabel, elapsed: Duration) {
+        self.upstream_durations[command as usize].record(elapsed.as_secs_f64());
+    }
+
+    pub fn set_upstream_ready(&self, ready: bool) {
+        self.upstream_ready.set(if ready { 1.0 } else { 0.0 });
     }
 
     pub fn client_connected(&self) {

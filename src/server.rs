@@ -80,7 +80,11 @@ pub async fn start(config: Config) -> io::Result<Server> {
 
     let script = Arc::new(LuaScript::deduct());
     let metrics = Arc::new(Metrics::new());
-    let upstream = Upstream::new(config.upstream.clone(), vec![script.clone()]);
+    let upstream = Upstream::new(
+        config.upstream.clone(),
+        vec![script.clone()],
+        metrics.clone(),
+    );
     let deductor = Deductor::new(&config, upstream.clone(), script.clone(), metrics.clone());
     let shared = Arc::new(Shared {
         config,

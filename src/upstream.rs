@@ -8,6 +8,7 @@
 
 use crate::config::{UpstreamConfig, UpstreamMode};
 use crate::error::{FaultKind, UpstreamError};
+use crate::metrics::Metrics;
 use crate::script::LuaScript;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -61,12 +62,17 @@ pub struct Upstream {
     scripts: Vec<Arc<LuaScript>>,
     connection: OnceCell<(Mode, Connection)>,
     ready: AtomicBool,
+    metrics: Arc<Metrics>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig, scripts: Vec<Arc<LuaScript>>) -> Arc<Upstream> {
+    pub fn new(
+        config: UpstreamConfig,
+        scripts: Vec<Arc<LuaScript>>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Upstream> {
         // rediss:// needs a process-wide rustls crypto provider; installing
         // it twice is harmless (the second call reports the first).
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -75,6 +81,7 @@ impl Upstream {
             scripts,
             connection: OnceCell::new(),
             ready: AtomicBool::new(false),
+            metrics,
             last_problem: Mutex::new(None),
         })
     }
@@ -151,6 +158,7 @@ impl Upstream {
 
     fn set_ready(&self, outcome: Result<(), String>) {
         let was_ready = self.ready.swap(outcome.is_ok(), Ordering::Relaxed);
+        self.metrics.set_upstream_ready(outcome.is_ok());
         let mut last = self.last_problem.lock().unwrap_or_else(|e| e.into_inner());
         match outcome {
             Ok(()) => {
