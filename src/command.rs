@@ -8,6 +8,7 @@
 
 use crate::frame::{Protocol, Reply, Request};
 use crate::server::Shared;
+use crate::service::StockCommand;
 use bytes::Bytes;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -83,7 +84,7 @@ pub static COMMANDS: &[CommandSpec] = &[
         max_args: Some(5),
         flags: &["write", "denyoom"],
         group: "stockgate",
-        summary: "Deducts qty units of a sku's stock once per request_id. Replies [code, remain, order_no, version]: 0 ok, 1 duplicate, 2 insufficient stock, 3 invalid parameters.",
+        summary: "Deducts qty units of a sku's stock once per request_id. Replies [code, remain, order_no, version]: 0 ok, 1 duplicate, 2 insufficient stock, 3 invalid parameters, 4 revoked.",
         args: &[
             arg("sku", "string"),
             arg("qty", "integer"),
@@ -92,6 +93,50 @@ pub static COMMANDS: &[CommandSpec] = &[
         ],
         subcommands: &[],
     },
+    CommandSpec {
+        name: "revert",
+        arity: 3,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Gives back what one request_id deducted, once. Replies like DEDUCT: 0 given back, 1 already reverted, 3 invalid, 4 nothing was deducted (the id is revoked).",
+        args: &[arg("sku", "string"), arg("request_id", "string")],
+        subcommands: &[],
+    },
+    spec(
+        "stock.get",
+        2,
+        "stockgate",
+        "Returns a sku's stock, or nil when it has none.",
+        &[arg("sku", "string")],
+    ),
+    CommandSpec {
+        name: "stock.set",
+        arity: 3,
+        max_args: None,
+        flags: &["write", "admin"],
+        group: "stockgate",
+        summary: "Sets a sku's stock (needs --admin-commands).",
+        args: &[arg("sku", "string"), arg("qty", "integer")],
+        subcommands: &[],
+    },
+    CommandSpec {
+        name: "stock.add",
+        arity: 3,
+        max_args: None,
+        flags: &["write", "admin"],
+        group: "stockgate",
+        summary: "Adds a signed delta to a sku's stock, never below 0 (needs --admin-commands).",
+        args: &[arg("sku", "string"), arg("delta", "integer")],
+        subcommands: &[],
+    },
+    spec(
+        "stock.status",
+        3,
+        "stockgate",
+        "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED), qty, order_no and remaining TTL.",
+        &[arg("sku", "string"), arg("request_id", "string")],
+    ),
     spec(
         "ping",
         -1,
@@ -241,14 +286,14 @@ impl Session {
 pub enum Action {
     /// Reply now (in order with the others).
     Reply(Reply),
-    /// Run a DEDUCT; the arguments after the name.
-    Deduct(Vec<Bytes>),
+    /// Run a stock command against Redis; the arguments after the name.
+    Stock(StockCommand, Vec<Bytes>),
     /// Reply, then close the connection (QUIT).
     Close(Reply),
 }
 
 /// Decides what one request does. Connection-level commands run here, on
-/// the spot; DEDUCT is handed back to run against Redis.
+/// the spot; stock commands are handed back to run against Redis.
 pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Action {
     let name = request.name();
     let Some(spec) = COMMANDS
@@ -261,12 +306,21 @@ pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Acti
         return Action::Reply(wrong_arity(spec.name));
     }
     let args = &request.args[1..];
+    let stock = match spec.name {
+        "deduct" => Some(StockCommand::Deduct),
+        "revert" => Some(StockCommand::Revert),
+        "stock.get" => Some(StockCommand::Get),
+        "stock.set" => Some(StockCommand::Set),
+        "stock.add" => Some(StockCommand::Add),
+        "stock.status" => Some(StockCommand::Status),
+        _ => None,
+    };
+    if let Some(command) = stock {
+        let mut args = request.args;
+        args.remove(0);
+        return Action::Stock(command, args);
+    }
     let reply = match spec.name {
-        "deduct" => {
-            let mut args = request.args;
-            args.remove(0);
-            return Action::Deduct(args);
-        }
         "quit" => return Action::Close(Reply::Simple("OK")),
         "ping" => match args.first() {
             Some(message) => Reply::Bulk(message.clone()),
@@ -588,7 +642,7 @@ fn info(shared: &Shared, args: &[Bytes]) -> String {
         let _ = write!(
             out,
             "# Stockgate\r\nscript_sha:{}\r\nupstream_mode:{}\r\nupstream_ready:{}\r\nupstream_seeds:{}\r\nkey_prefix:{}\r\nretry_window_seconds:{}\r\n\r\n",
-            shared.deduct_script.sha,
+            shared.service.scripts().deduct.sha,
             upstream.mode().map_or("unknown", |m| m.as_str()),
             u8::from(upstream.is_ready()),
             upstream.seeds().join(","),

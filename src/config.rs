@@ -152,6 +152,16 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Allow STOCK.SET and STOCK.ADD, which change stock outside the order
+    /// flow (restocking, corrections). Off by default.
+    #[arg(long, env = "STOCKGATE_ADMIN_COMMANDS", action = clap::ArgAction::SetTrue)]
+    pub admin_commands: bool,
+
+    /// Refuse (code 3) time-ordered request_ids (ULID, UUIDv7) older than
+    /// the retry window: their record may have expired.
+    #[arg(long, env = "STOCKGATE_REJECT_STALE_IDS", action = clap::ArgAction::SetTrue)]
+    pub reject_stale_ids: bool,
+
     /// Log format; `text` is for humans, `json` for collectors.
     #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -179,6 +189,8 @@ pub struct Config {
     pub max_request_bytes: usize,
     pub max_pipeline: usize,
     pub shutdown_grace: Duration,
+    pub admin_commands: bool,
+    pub reject_stale_ids: bool,
 }
 
 impl ProxyArgs {
@@ -239,6 +251,8 @@ impl ProxyArgs {
             max_request_bytes: self.max_request_bytes,
             max_pipeline: self.max_pipeline,
             shutdown_grace: self.shutdown_grace,
+            admin_commands: self.admin_commands,
+            reject_stale_ids: self.reject_stale_ids,
         })
     }
 }

@@ -14,6 +14,7 @@
 use crate::command::{self, Action, Session};
 use crate::frame::{Protocol, Reply, RequestDecoder};
 use crate::server::Shared;
+use crate::service::StockCommand;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -99,7 +100,9 @@ async fn run(
                     reading = false;
                     Queued::ready(reply, session.protocol)
                 }
-                Action::Deduct(args) => Queued::deduct(shared, args, arrived, session.protocol),
+                Action::Stock(command, args) => {
+                    Queued::stock(shared, command, args, arrived, session.protocol)
+                }
             };
             in_flight.push_back(queued);
         }
@@ -165,13 +168,14 @@ impl<'a> Queued<'a> {
         }
     }
 
-    fn deduct(shared: &'a Shared, args: Vec<Bytes>, arrived: Instant, protocol: Protocol) -> Self {
-        let call = async move {
-            match shared.deductor.serve(&args, arrived).await {
-                Ok(outcome) => Reply::Deduct(outcome),
-                Err(fault) => Reply::Error(fault.reply_text()),
-            }
-        };
+    fn stock(
+        shared: &'a Shared,
+        command: StockCommand,
+        args: Vec<Bytes>,
+        arrived: Instant,
+        protocol: Protocol,
+    ) -> Self {
+        let call = async move { shared.service.serve(command, &args, arrived).await };
         Queued {
             reply: Pending::Running(call.boxed()),
             protocol,

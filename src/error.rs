@@ -35,11 +35,13 @@ pub enum FaultKind {
     /// The stored data is not what the script expects (a non-integer stock,
     /// a record of an unknown shape, a key of the wrong type).
     BadData,
+    /// A script refused an operator's change (STOCK.ADD below zero).
+    Refused,
 }
 
 impl FaultKind {
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -49,6 +51,7 @@ impl FaultKind {
         FaultKind::BadReply,
         FaultKind::UnknownSku,
         FaultKind::BadData,
+        FaultKind::Refused,
     ];
 
     /// The `kind` label of `stockgate_upstream_errors_total`.
@@ -63,6 +66,7 @@ impl FaultKind {
             FaultKind::BadReply => "bad_reply",
             FaultKind::UnknownSku => "unknown_sku",
             FaultKind::BadData => "bad_data",
+            FaultKind::Refused => "refused",
         }
     }
 
@@ -70,7 +74,10 @@ impl FaultKind {
     /// succeed later. Retrying is always *safe* (the script is idempotent);
     /// this says whether it is *useful*.
     pub fn retry_may_help(self) -> bool {
-        !matches!(self, FaultKind::UnknownSku | FaultKind::BadData)
+        !matches!(
+            self,
+            FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused
+        )
     }
 }
 
@@ -123,6 +130,9 @@ impl UpstreamError {
                     FaultKind::BadData,
                     format!("{} {}", err.code().unwrap_or_default(), text()),
                 ),
+                "NEGATIVE" => {
+                    UpstreamError::new(FaultKind::Refused, format!("NEGATIVE {}", text()))
+                }
                 "OOM" => UpstreamError::new(
                     FaultKind::OutOfMemory,
                     format!("redis is out of memory and refused the script: {}", text()),
@@ -148,8 +158,8 @@ impl UpstreamError {
         match self.kind {
             FaultKind::UnknownSku => format!("UNKNOWNSKU {one_line}"),
             // The first word of the detail is the script's own code
-            // (BADSTOCK, BADRECORD, WRONGTYPE).
-            FaultKind::BadData => one_line,
+            // (BADSTOCK, BADRECORD, WRONGTYPE, NEGATIVE).
+            FaultKind::BadData | FaultKind::Refused => one_line,
             FaultKind::BadReply => format!(
                 "BADREPLY {one_line}; the outcome may be unknown, retrying with the same request_id is safe"
             ),

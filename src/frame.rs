@@ -21,7 +21,7 @@
 //! connection chose with `HELLO`. The hot DEDUCT reply is encoded from
 //! borrowed frames on the stack, with no allocation.
 
-use crate::outcome::DeductReply;
+use crate::outcome::StockReply;
 use bytes::{Buf, Bytes, BytesMut};
 use redis_protocol::resp2::{encode as resp2_encode, types as resp2, types::Resp2Frame};
 use redis_protocol::resp3::{encode::complete as resp3_encode, types as resp3, types::Resp3Frame};
@@ -257,7 +257,8 @@ pub enum Reply {
     Array(Vec<Reply>),
     /// A RESP3 map; a flat key, value, key, value array in RESP2.
     Map(Vec<(Reply, Reply)>),
-    Deduct(DeductReply),
+    /// The reply to DEDUCT or REVERT.
+    Stock(StockReply),
 }
 
 impl Reply {
@@ -273,7 +274,7 @@ impl Reply {
     pub fn encode(&self, protocol: Protocol, dst: &mut BytesMut) {
         match self {
             // The hot path: no allocation, one pass.
-            Reply::Deduct(reply) => encode_deduct(reply, protocol, dst),
+            Reply::Stock(reply) => encode_stock(reply, protocol, dst),
             _ => match protocol {
                 Protocol::Resp2 => {
                     let frame = self.to_resp2();
@@ -306,7 +307,7 @@ impl Reply {
                     .flat_map(|(k, v)| [k.to_resp2(), v.to_resp2()])
                     .collect(),
             ),
-            Reply::Deduct(d) => F::Array(deduct_items(d).map(|r| r.to_resp2()).collect()),
+            Reply::Stock(d) => F::Array(stock_items(d).map(|r| r.to_resp2()).collect()),
         }
     }
 
@@ -341,15 +342,15 @@ impl Reply {
                     .collect(),
                 attributes: None,
             },
-            Reply::Deduct(d) => F::Array {
-                data: deduct_items(d).map(|r| r.to_resp3()).collect(),
+            Reply::Stock(d) => F::Array {
+                data: stock_items(d).map(|r| r.to_resp3()).collect(),
                 attributes: None,
             },
         }
     }
 }
 
-fn deduct_items(d: &DeductReply) -> impl Iterator<Item = Reply> + '_ {
+fn stock_items(d: &StockReply) -> impl Iterator<Item = Reply> + '_ {
     [
         Some(Reply::Integer(d.code as i64)),
         Some(Reply::Integer(d.remain)),
@@ -383,7 +384,7 @@ fn append(
     }
 }
 
-fn encode_deduct(d: &DeductReply, protocol: Protocol, dst: &mut BytesMut) {
+fn encode_stock(d: &StockReply, protocol: Protocol, dst: &mut BytesMut) {
     let reason = d.reason.as_deref();
     let n = if reason.is_some() { 5 } else { 4 };
     match protocol {
@@ -432,7 +433,7 @@ fn encode_deduct(d: &DeductReply, protocol: Protocol, dst: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::{Code, SCRIPT_VERSION};
+    use crate::outcome::Code;
 
     fn decode_all(input: &[u8]) -> Result<Vec<Vec<String>>, ProtocolError> {
         let mut decoder = RequestDecoder::new(64 * 1024);
@@ -534,20 +535,20 @@ mod tests {
 
     #[test]
     fn replies_in_both_protocols() {
-        let deduct = Reply::Deduct(DeductReply {
+        let deduct = Reply::Stock(StockReply {
             code: Code::Ok,
             remain: 9,
             order_no: Bytes::from_static(b"ORD-1"),
-            version: SCRIPT_VERSION,
+            version: 1,
             reason: None,
         });
         let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
         assert_eq!(encoded(&deduct, Protocol::Resp2), wire);
         assert_eq!(encoded(&deduct, Protocol::Resp3), wire);
-        let invalid = Reply::Deduct(DeductReply::invalid("qty bad"));
+        let invalid = Reply::Stock(StockReply::invalid("qty bad"));
         assert_eq!(
             encoded(&invalid, Protocol::Resp2),
-            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:1\r\n$7\r\nqty bad\r\n"
+            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$7\r\nqty bad\r\n"
         );
         let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
         assert_eq!(

@@ -15,10 +15,13 @@
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
 //! - [`frame`]: RESP framing of requests (bounded) and encoding of replies.
 //! - [`command`]: the command table, arity, connection-level commands.
-//! - [`deduct`]: DEDUCT: validate, build keys, run the script, map the reply.
-//! - [`params`]: the parameter rules (sku, qty, request_id, order_no).
+//! - [`service`]: every stock command: validate, build keys, run the
+//!   script, map the reply, record metrics.
+//! - [`deduct`], [`revert`]: those commands' arguments.
+//! - [`params`]: the parameter rules (sku, qty, request_id, order_no, ...).
 //! - [`keys`]: the key layout and hash tags; cluster slots.
-//! - [`script`]: the embedded Lua scripts (`lua/`).
+//! - [`script`]: the embedded Lua scripts (`lua/`), with the state machine
+//!   of a request in `lua/revert.lua`.
 //! - [`upstream`]: the Redis Cluster or standalone client, timeouts,
 //!   NOSCRIPT recovery, readiness.
 //! - [`outcome`]: the business code table and the DEDUCT reply.
@@ -43,6 +46,8 @@ pub mod keys;
 pub mod metrics;
 pub mod outcome;
 pub mod params;
+pub mod revert;
 pub mod script;
 pub mod server;
+pub mod service;
 pub mod upstream;

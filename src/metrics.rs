@@ -32,14 +32,16 @@ const DURATION_BUCKETS: [f64; 16] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommandLabel {
     Deduct,
+    Revert,
 }
 
 impl CommandLabel {
-    const ALL: [CommandLabel; 1] = [CommandLabel::Deduct];
+    const ALL: [CommandLabel; 2] = [CommandLabel::Deduct, CommandLabel::Revert];
 
     fn as_str(self) -> &'static str {
         match self {
             CommandLabel::Deduct => "deduct",
+            CommandLabel::Revert => "revert",
         }
     }
 }
@@ -105,7 +107,7 @@ impl Metrics {
         recorder.describe_counter(
             REQUESTS_TOTAL.into(),
             None,
-            "Requests answered, by command and result (ok, duplicate, insufficient, invalid, error).".into(),
+            "Requests answered, by command and result (ok, duplicate, insufficient, invalid, revoked, error).".into(),
         );
         recorder.describe_histogram(
             REQUEST_DURATION.into(),
@@ -255,10 +257,20 @@ mod tests {
     fn every_series_exists_from_the_start() {
         let metrics = Metrics::new();
         let text = metrics.render();
-        for result in ["ok", "duplicate", "insufficient", "invalid", "error"] {
-            let line =
-                format!("stockgate_requests_total{{command=\"deduct\",result=\"{result}\"}} 0");
-            assert!(text.contains(&line), "missing {line} in\n{text}");
+        for command in ["deduct", "revert"] {
+            for result in [
+                "ok",
+                "duplicate",
+                "insufficient",
+                "invalid",
+                "revoked",
+                "error",
+            ] {
+                let line = format!(
+                    "stockgate_requests_total{{command=\"{command}\",result=\"{result}\"}} 0"
+                );
+                assert!(text.contains(&line), "missing {line} in\n{text}");
+            }
         }
         assert!(text.contains("stockgate_upstream_errors_total{kind=\"timeout\"} 0"));
         assert!(text.contains("stockgate_client_connections 0"));

@@ -1,19 +1,24 @@
-//! The business code table, and the reply DEDUCT gives for each code.
+//! The business code table, and the reply DEDUCT and REVERT give.
 //!
 //! This module is the one place that knows what each code means. A code's
 //! meaning never changes once published; new information is added as new
-//! reply elements or new codes, never by redefining one.
+//! reply elements or new codes, never by redefining one (code 4 came later
+//! and left 0 to 3 as they were).
 
+use crate::error::{FaultKind, UpstreamError};
 use bytes::Bytes;
+use redis::Value;
 
-/// The script version this build of stockgate ships (the fourth reply element).
-pub const SCRIPT_VERSION: i64 = 1;
+/// The version of the script set this build ships (the fourth reply
+/// element); `lua/common.lua` says the same, and a test checks they agree.
+/// 1: DEDUCT only. 2: REVERT and code 4.
+pub const SCRIPT_VERSION: i64 = 2;
 
 /// A business outcome: what happened to the stock. System faults are never
-/// a `Code`; they are [`crate::error::UpstreamError`]s.
+/// a `Code`; they are [`UpstreamError`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Code {
-    /// Deducted. `remain` is the stock after this call.
+    /// Done: deducted (DEDUCT) or given back (REVERT).
     Ok = 0,
     /// This request_id was already applied; nothing changed.
     Duplicate = 1,
@@ -21,11 +26,20 @@ pub enum Code {
     Insufficient = 2,
     /// Invalid parameters; nothing changed.
     Invalid = 3,
+    /// The request_id was revoked: reverted, or revoked by a REVERT that
+    /// came before any DEDUCT. It never deducts.
+    Revoked = 4,
 }
 
 impl Code {
     /// Every code, in numeric order.
-    pub const ALL: [Code; 4] = [Code::Ok, Code::Duplicate, Code::Insufficient, Code::Invalid];
+    pub const ALL: [Code; 5] = [
+        Code::Ok,
+        Code::Duplicate,
+        Code::Insufficient,
+        Code::Invalid,
+        Code::Revoked,
+    ];
 
     /// The code a script reply carries, if this build knows it.
     pub fn from_wire(code: i64) -> Option<Code> {
@@ -39,36 +53,82 @@ impl Code {
             Code::Duplicate => "duplicate",
             Code::Insufficient => "insufficient",
             Code::Invalid => "invalid",
+            Code::Revoked => "revoked",
         }
     }
 }
 
-/// The reply to one DEDUCT: `[code, remain, order_no, version]`, plus a
-/// human reason for code 3.
+/// The reply to one DEDUCT or REVERT: `[code, remain, order_no, version]`,
+/// plus a human reason for code 3.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeductReply {
+pub struct StockReply {
     pub code: Code,
-    /// Stock after the call (code 0), the current stock (codes 1 and 2), or
+    /// Stock after the call (code 0), the current stock (other codes), or
     /// -1 when not known.
     pub remain: i64,
-    /// Code 0: the order_no given; code 1: the one stored by the first call;
-    /// otherwise empty.
+    /// The order_no of the deduction this reply is about (see the README's
+    /// contract table); empty when there is none.
     pub order_no: Bytes,
     pub version: i64,
     /// Why the parameters were refused (code 3 only).
     pub reason: Option<Bytes>,
 }
 
-impl DeductReply {
+impl StockReply {
     /// A code 3 decided by stockgate before anything is sent to Redis.
     pub fn invalid(reason: impl Into<Bytes>) -> Self {
-        DeductReply {
+        StockReply {
             code: Code::Invalid,
             remain: -1,
             order_no: Bytes::new(),
             version: SCRIPT_VERSION,
             reason: Some(reason.into()),
         }
+    }
+
+    /// Maps a script's reply, checking its shape. Elements after the fifth
+    /// are ignored, so a newer script that appends some still works; anything
+    /// else unexpected is a BADREPLY, never a guessed code.
+    pub fn from_script(value: Value) -> Result<StockReply, UpstreamError> {
+        let bad = |why: &str, value: &Value| {
+            let mut shown = format!("{value:?}");
+            shown.truncate(200);
+            UpstreamError::new(FaultKind::BadReply, format!("script reply {why}: {shown}"))
+        };
+        let Value::Array(items) = &value else {
+            return Err(bad("is not an array", &value));
+        };
+        if items.len() < 4 {
+            return Err(bad("has fewer than 4 elements", &value));
+        }
+        let int = |v: &Value| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+            Value::SimpleString(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+            _ => None,
+        };
+        let code = int(&items[0])
+            .and_then(Code::from_wire)
+            .ok_or_else(|| bad("has an unknown code", &value))?;
+        let remain = int(&items[1]).ok_or_else(|| bad("has a non-integer remain", &value))?;
+        let order_no = text(&items[2]).ok_or_else(|| bad("has a non-string order_no", &value))?;
+        let version = int(&items[3])
+            .filter(|v| *v >= 1)
+            .ok_or_else(|| bad("has no valid version", &value))?;
+        let reason = match items.get(4) {
+            Some(v) => Some(text(v).ok_or_else(|| bad("has a non-string reason", &value))?),
+            None => None,
+        };
+        Ok(StockReply {
+            code,
+            remain,
+            order_no,
+            version,
+            reason,
+        })
     }
 }
 
@@ -82,7 +142,56 @@ mod tests {
         assert_eq!(Code::from_wire(1), Some(Code::Duplicate));
         assert_eq!(Code::from_wire(2), Some(Code::Insufficient));
         assert_eq!(Code::from_wire(3), Some(Code::Invalid));
-        assert_eq!(Code::from_wire(4), None);
+        assert_eq!(Code::from_wire(4), Some(Code::Revoked));
+        assert_eq!(Code::from_wire(5), None);
         assert_eq!(Code::from_wire(-1), None);
+    }
+
+    #[test]
+    fn script_replies_map_to_codes_and_extra_elements_are_ignored() {
+        let reply = StockReply::from_script(Value::Array(vec![
+            Value::Int(1),
+            Value::Int(7),
+            Value::BulkString(b"ORD".to_vec()),
+            Value::Int(1),
+            Value::BulkString(b"appended later".to_vec()),
+            Value::Int(99),
+        ]))
+        .unwrap();
+        assert_eq!(reply.code, Code::Duplicate);
+        assert_eq!(reply.remain, 7);
+        assert_eq!(&reply.order_no[..], b"ORD");
+        assert_eq!(
+            reply.version, 1,
+            "an older script's reply is still understood"
+        );
+    }
+
+    #[test]
+    fn odd_script_replies_are_bad_replies_not_codes() {
+        let four = |code: Value, version: Value| {
+            Value::Array(vec![
+                code,
+                Value::Int(1),
+                Value::BulkString(vec![]),
+                version,
+            ])
+        };
+        let odd = [
+            Value::Okay,
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(1),
+                Value::BulkString(vec![]),
+            ]),
+            four(Value::Int(9), Value::Int(1)),
+            four(Value::BulkString(b"0".to_vec()), Value::Int(1)),
+            four(Value::Int(0), Value::Int(0)),
+        ];
+        for value in odd {
+            let err = StockReply::from_script(value).unwrap_err();
+            assert_eq!(err.kind, FaultKind::BadReply);
+            assert!(err.reply_text().starts_with("BADREPLY script reply"));
+        }
     }
 }

@@ -6,9 +6,13 @@
 
 use bytes::Bytes;
 use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Longest sku, request_id or order_no, in bytes.
 pub const MAX_FIELD_LEN: usize = 128;
+
+/// Largest stock the scripts handle exactly: Lua numbers are doubles.
+pub const MAX_STOCK: i64 = 9_007_199_254_740_991;
 
 /// A parameter that breaks its rules; the text is the code-3 reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +74,99 @@ impl RequestId {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// When the id says it was made, if it is a time-ordered id: a ULID
+    /// (26 Crockford base32 characters, the first 10 a millisecond time) or
+    /// a UUIDv7 (the first 48 bits a millisecond time).
+    pub fn embedded_time(&self) -> Option<SystemTime> {
+        let millis = ulid_millis(&self.0).or_else(|| uuid_v7_millis(&self.0))?;
+        UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+    }
+}
+
+fn ulid_millis(id: &[u8]) -> Option<u64> {
+    const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    if id.len() != 26 {
+        return None;
+    }
+    let mut digits = id.iter().map(|c| {
+        CROCKFORD
+            .iter()
+            .position(|d| *d == c.to_ascii_uppercase())
+            .map(|v| v as u64)
+    });
+    // All 26 must be base32 for this to be a ULID at all.
+    let values: Vec<u64> = digits.by_ref().collect::<Option<_>>()?;
+    // 10 characters carry 50 bits; a ULID's time is 48, so the first is 0-7.
+    if values[0] > 7 {
+        return None;
+    }
+    Some(values[..10].iter().fold(0, |acc, v| acc << 5 | v))
+}
+
+fn uuid_v7_millis(id: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(id).ok()?;
+    let groups: Vec<&str> = text.split('-').collect();
+    let shape = [8, 4, 4, 4, 12];
+    if groups.len() != 5 || groups.iter().zip(shape).any(|(g, n)| g.len() != n) {
+        return None;
+    }
+    if !groups
+        .iter()
+        .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return None;
+    }
+    let version = groups[2].as_bytes()[0];
+    let variant = groups[3].as_bytes()[0].to_ascii_lowercase();
+    if version != b'7' || !matches!(variant, b'8' | b'9' | b'a' | b'b') {
+        return None;
+    }
+    u64::from_str_radix(&format!("{}{}", groups[0], groups[1]), 16).ok()
+}
+
+/// A stock level to set: a canonical decimal integer from 0 to
+/// [`MAX_STOCK`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StockLevel(pub i64);
+
+impl StockLevel {
+    pub fn parse(text: &[u8]) -> Result<StockLevel, InvalidParam> {
+        match canonical_int(text) {
+            Some(v) if (0..=MAX_STOCK).contains(&v) => Ok(StockLevel(v)),
+            _ => Err(InvalidParam(format!(
+                "stock must be an integer from 0 to {MAX_STOCK}"
+            ))),
+        }
+    }
+}
+
+/// A signed change of stock, |delta| at most [`MAX_STOCK`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delta(pub i64);
+
+impl Delta {
+    pub fn parse(text: &[u8]) -> Result<Delta, InvalidParam> {
+        match canonical_int(text) {
+            Some(v) if (-MAX_STOCK..=MAX_STOCK).contains(&v) => Ok(Delta(v)),
+            _ => Err(InvalidParam(format!(
+                "delta must be an integer from -{MAX_STOCK} to {MAX_STOCK}"
+            ))),
+        }
+    }
+}
+
+/// A decimal integer in canonical spelling: an optional `-`, no `+`, no
+/// leading zero (`0` itself is fine, `-0` is not).
+fn canonical_int(text: &[u8]) -> Option<i64> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    let canonical = !digits.is_empty()
+        && digits.len() <= 16
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits == b"0" && digits.len() == text.len() || digits[0] != b'0');
+    canonical
+        .then(|| std::str::from_utf8(text).ok()?.parse().ok())
+        .flatten()
 }
 
 /// Units to deduct: a canonical decimal integer from 1 to the configured
@@ -171,6 +268,50 @@ mod tests {
         ] {
             let err = Qty::parse(b(bad), 10).unwrap_err();
             assert_eq!(err.0, "qty must be an integer from 1 to 10", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn time_ordered_ids_reveal_their_time() {
+        let id = |s: &str| RequestId::parse(b(s)).unwrap();
+        let millis = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis();
+        // The ULID spec's example id; its first 10 characters decode to
+        // 1469922850259 ms, 2016-07-30T23:54:10.259Z.
+        assert_eq!(
+            millis(id("01ARZ3NDEKTSV4RRFFQ69G5FAV").embedded_time().unwrap()),
+            1_469_922_850_259
+        );
+        assert_eq!(
+            millis(id("01arz3ndektsv4rrffq69g5fav").embedded_time().unwrap()),
+            1_469_922_850_259
+        );
+        // RFC 9562's UUIDv7 example: 017F22E2-79B0-7CC3-98C4-DC0C0C07398F
+        // is 0x017F22E279B0 = 1645557742000 ms.
+        let v7 = id("017f22e2-79b0-7cc3-98c4-dc0c0c07398f");
+        assert_eq!(millis(v7.embedded_time().unwrap()), 1_645_557_742_000);
+        for other in [
+            "order-20261129-001",
+            "550e8400-e29b-41d4-a716-446655440000", // UUIDv4: no time
+            "81ARZ3NDEKTSV4RRFFQ69G5FAV",           // over 48 bits
+            "01ARZ3NDEKTSV4RRFFQ69G5FA",            // 25 characters
+            "01ARZ3NDEKTSV4RRFFQ69G5FAU",           // U is not Crockford
+        ] {
+            assert_eq!(id(other).embedded_time(), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn stock_levels_and_deltas() {
+        assert_eq!(StockLevel::parse(b"0").unwrap().0, 0);
+        assert_eq!(StockLevel::parse(b"9007199254740991").unwrap().0, MAX_STOCK);
+        for bad in [&b"-1"[..], b"01", b"", b"9007199254740992", b"1e3", b"-0"] {
+            assert!(StockLevel::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(Delta::parse(b"-5").unwrap().0, -5);
+        assert_eq!(Delta::parse(b"7").unwrap().0, 7);
+        assert_eq!(Delta::parse(b"0").unwrap().0, 0);
+        for bad in [&b"+5"[..], b"-05", b"--1", b"-", b"x"] {
+            assert!(Delta::parse(bad).is_err(), "{bad:?}");
         }
     }
 

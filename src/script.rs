@@ -1,5 +1,11 @@
 //! The Lua scripts stockgate runs, embedded in the binary.
 //!
+//! Each script file in `lua/` starts with its `#!lua` line and a header
+//! documenting KEYS, ARGV and every reply, then a `--@common` line where
+//! `lua/common.lua` (the helpers every script shares: argument rules, the
+//! key layout check, the record format) is spliced in. The SHA is taken of
+//! the spliced text, which is what Redis runs.
+//!
 //! Each script is loaded on every primary at startup (readiness waits for
 //! it) and called with EVALSHA. When a node answers NOSCRIPT (after a
 //! restart, a failover, or `SCRIPT FLUSH`), the call is sent again as EVAL
@@ -8,39 +14,90 @@
 //! unlike re-loading on every primary, which fails while a failover is under
 //! way.
 
+use std::sync::Arc;
+
+const COMMON: &str = include_str!("../lua/common.lua");
+const MARKER: &str = "--@common\n";
+
 /// One embedded script: its body and SHA1 digest (what EVALSHA names).
 #[derive(Debug)]
 pub struct LuaScript {
     pub name: &'static str,
-    pub body: &'static str,
+    pub body: String,
     pub sha: String,
 }
 
 impl LuaScript {
-    fn new(name: &'static str, body: &'static str) -> Self {
-        LuaScript {
-            name,
-            body,
-            sha: redis::Script::new(body).get_hash().to_owned(),
+    fn new(name: &'static str, source: &'static str) -> Arc<Self> {
+        assert!(
+            source.contains(MARKER),
+            "lua/{name}.lua lacks its --@common line"
+        );
+        let body = source.replacen(MARKER, COMMON, 1);
+        let sha = redis::Script::new(&body).get_hash().to_owned();
+        Arc::new(LuaScript { name, body, sha })
+    }
+}
+
+/// Every script stockgate runs.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    pub deduct: Arc<LuaScript>,
+    pub revert: Arc<LuaScript>,
+    pub stock_add: Arc<LuaScript>,
+    pub status: Arc<LuaScript>,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        Scripts {
+            deduct: LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
+            revert: LuaScript::new("revert", include_str!("../lua/revert.lua")),
+            stock_add: LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
+            status: LuaScript::new("status", include_str!("../lua/status.lua")),
         }
     }
 
-    /// `lua/deduct.lua`: see its header for KEYS, ARGV and replies.
-    pub fn deduct() -> Self {
-        LuaScript::new("deduct", include_str!("../lua/deduct.lua"))
+    /// All of them, for loading and checking.
+    pub fn all(&self) -> Vec<Arc<LuaScript>> {
+        vec![
+            self.deduct.clone(),
+            self.revert.clone(),
+            self.stock_add.clone(),
+            self.status.clone(),
+        ]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts::new()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::SCRIPT_VERSION;
 
     #[test]
-    fn the_script_declares_itself_a_redis7_script() {
-        let script = LuaScript::deduct();
-        // Without the shebang, Redis would run it on a replica until its
-        // first write, and would not refuse it up front when out of memory.
-        assert_eq!(script.body.lines().next(), Some("#!lua"));
-        assert_eq!(script.sha.len(), 40);
+    fn every_script_declares_itself_a_redis7_script() {
+        for script in Scripts::new().all() {
+            // Without the shebang, Redis would run it on a replica until its
+            // first write, and would not refuse it up front when out of memory.
+            assert!(script.body.starts_with("#!lua"), "{}", script.name);
+            assert!(!script.body.contains(MARKER), "{}", script.name);
+            assert!(
+                script.body.contains("local function read_stock"),
+                "{}",
+                script.name
+            );
+            assert_eq!(script.sha.len(), 40);
+        }
+    }
+
+    #[test]
+    fn the_scripts_and_stockgate_agree_on_the_version() {
+        assert!(COMMON.contains(&format!("local VERSION = {SCRIPT_VERSION}\n")));
     }
 }

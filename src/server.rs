@@ -8,9 +8,9 @@
 use crate::admin;
 use crate::config::Config;
 use crate::connection;
-use crate::deduct::Deductor;
 use crate::metrics::Metrics;
-use crate::script::LuaScript;
+use crate::script::Scripts;
+use crate::service::StockService;
 use crate::upstream::Upstream;
 use std::io;
 use std::net::SocketAddr;
@@ -25,8 +25,7 @@ use tokio_util::task::TaskTracker;
 pub struct Shared {
     pub config: Config,
     pub upstream: Arc<Upstream>,
-    pub deductor: Deductor,
-    pub deduct_script: Arc<LuaScript>,
+    pub service: StockService,
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     /// The RESP port, as bound (for INFO).
@@ -78,19 +77,14 @@ pub async fn start(config: Config) -> io::Result<Server> {
     let addr = listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
 
-    let script = Arc::new(LuaScript::deduct());
+    let scripts = Scripts::new();
     let metrics = Arc::new(Metrics::new());
-    let upstream = Upstream::new(
-        config.upstream.clone(),
-        vec![script.clone()],
-        metrics.clone(),
-    );
-    let deductor = Deductor::new(&config, upstream.clone(), script.clone(), metrics.clone());
+    let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
+    let service = StockService::new(&config, upstream.clone(), scripts, metrics.clone());
     let shared = Arc::new(Shared {
         config,
         upstream: upstream.clone(),
-        deductor,
-        deduct_script: script,
+        service,
         metrics: metrics.clone(),
         started: Instant::now(),
         local_port: addr.port(),

@@ -107,6 +107,26 @@ impl Upstream {
         self.config.timeout
     }
 
+    /// Sends one command, routed by its key, within `--timeout`.
+    pub async fn query(&self, cmd: &Cmd) -> Result<Value, UpstreamError> {
+        let mut connection = self.connection()?;
+        match tokio::time::timeout(self.config.timeout, connection.query(cmd)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
+            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
+        }
+    }
+
+    fn connection(&self) -> Result<Connection, UpstreamError> {
+        match self.connection.get() {
+            Some((_, connection)) => Ok(connection.clone()),
+            None => Err(UpstreamError::new(
+                FaultKind::NotReady,
+                "not connected to redis yet",
+            )),
+        }
+    }
+
     /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
     /// back to EVAL there on NOSCRIPT, all within `--timeout`.
     pub async fn eval(
@@ -115,19 +135,13 @@ impl Upstream {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, UpstreamError> {
-        let Some((_, connection)) = self.connection.get() else {
-            return Err(UpstreamError::new(
-                FaultKind::NotReady,
-                "not connected to redis yet",
-            ));
-        };
-        let mut connection = connection.clone();
+        let mut connection = self.connection()?;
         let call = async move {
             let evalsha = script_call("EVALSHA", &script.sha, keys, args);
             match connection.query(&evalsha).await {
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     tracing::debug!(script = script.name, "NOSCRIPT; sending the body with EVAL");
-                    let eval = script_call("EVAL", script.body, keys, args);
+                    let eval = script_call("EVAL", &script.body, keys, args);
                     connection.query(&eval).await
                 }
                 other => other,
@@ -308,7 +322,7 @@ impl Upstream {
             };
             if !present {
                 let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(script.body);
+                load.arg("LOAD").arg(&script.body);
                 connection
                     .query(&load)
                     .await

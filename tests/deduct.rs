@@ -27,7 +27,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 0,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 1,
+                version: 2,
                 reason: None
             }
         );
@@ -45,7 +45,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 1,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 1,
+                version: 2,
                 reason: None
             }
         );
@@ -61,7 +61,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 2,
                 remain: 3,
                 order_no: "".into(),
-                version: 1,
+                version: 2,
                 reason: None
             }
         );
@@ -70,7 +70,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
         assert_eq!(invalid.code, 3);
         assert_eq!(invalid.remain, -1);
         assert_eq!(invalid.order_no, "");
-        assert_eq!(invalid.version, 1);
+        assert_eq!(invalid.version, 2);
         assert_eq!(
             invalid.reason.as_deref(),
             Some("qty must be an integer from 1 to 1000000")

@@ -37,13 +37,13 @@ async fn pipelined_mixed_commands_are_answered_in_order() {
     }
     let expected = concat!(
         "+PONG\r\n",
-        "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:1\r\n",
+        "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:2\r\n",
         "$7\r\nbetween\r\n",
         "-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n",
-        "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:1\r\n",
-        "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:1\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
-        "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:1\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:1\r\n",
+        "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:2\r\n",
+        "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
+        "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:2\r\n",
+        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n",
         "$4\r\nlast\r\n",
     );
     let (got, closed) = raw(server.addr, &request, expected.len());
@@ -82,7 +82,7 @@ async fn a_deep_pipeline_of_deducts_is_answered_in_request_order() {
         let n = stream.read(&mut buf).unwrap();
         assert!(n > 0, "closed early");
         got.extend_from_slice(&buf[..n]);
-        // Each reply is "*4\r\n:0\r\n:<remain>\r\n$<n>\r\nO<i>\r\n:1\r\n".
+        // Each reply is "*4\r\n:0\r\n:<remain>\r\n$<n>\r\nO<i>\r\n:2\r\n".
         replies = String::from_utf8_lossy(&got)
             .split("*4\r\n:0\r\n:")
             .skip(1)
@@ -202,7 +202,7 @@ async fn inline_commands_work_for_telnet_and_nc() {
     let cluster = cluster();
     set_stock(&cluster, "inline", 3);
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let expected = "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:1\r\n";
+    let expected = "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n";
     let (got, _) = raw(server.addr, b"PING\r\ndeduct inline 1 i1\n", expected.len());
     assert_eq!(String::from_utf8_lossy(&got), expected);
 }
@@ -238,7 +238,7 @@ async fn hello_switches_the_connection_to_resp3() {
         .expect("HELLO 3 map ends with modules");
     let expected_rest = concat!(
         "$5\r\napp-1\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:1\r\n",
+        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n",
         "*14\r\n",
     );
     assert!(rest.starts_with(expected_rest), "{rest:?}");
@@ -317,7 +317,7 @@ async fn info_has_the_fields_clients_check() {
     assert_eq!(info.get::<i64>("upstream_ready"), Some(1));
     assert!(info.get::<i64>("connected_clients").unwrap() >= 1);
     let sha: String = info.get("script_sha").unwrap();
-    assert_eq!(sha, stockgate::script::LuaScript::deduct().sha);
+    assert_eq!(sha, stockgate::script::Scripts::new().deduct.sha);
     let only: String = redis::cmd("INFO")
         .arg("persistence")
         .query_async(&mut conn)

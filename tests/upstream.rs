@@ -65,7 +65,7 @@ async fn script_flush_on_every_primary_is_invisible_to_clients() {
         assert_eq!(again.code, 1, "{sku}");
     }
     // And the fallback put the script back where it was missing.
-    let sha = stockgate::script::LuaScript::deduct().sha;
+    let sha = stockgate::script::Scripts::new().deduct.sha.clone();
     for node in &cluster.nodes[..cluster.masters] {
         let exists: Vec<i64> = redis::cmd("SCRIPT")
             .arg("EXISTS")
