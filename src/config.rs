@@ -32,6 +32,50 @@ pub enum Command {
     /// Start a throwaway 3-primary Redis Cluster on loopback, seed demo SKUs,
     /// and serve DEDUCT in front of it until Ctrl-C.
     Dev(DevArgs),
+    /// Load or dump stock in bulk (CSV `sku,qty`).
+    #[command(subcommand)]
+    Stock(StockAction),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StockAction {
+    /// Load `sku,qty` rows from a CSV file into Redis, pipelined by slot.
+    Import(ImportArgs),
+    /// Write every sku's stock under the key prefix as `sku,qty` CSV.
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The CSV file: one `sku,qty` row per line, an optional `sku,qty` header.
+    pub file: PathBuf,
+
+    /// Check every row and report, but write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Pipelines in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Where to write the CSV (standard output when absent).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,8 +111,9 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Args)]
-pub struct ServeArgs {
+/// Where Redis is.
+#[derive(Debug, Args, Clone)]
+pub struct UpstreamArgs {
     /// Redis seed URLs, comma-separated: redis://[user:password@]host:port
     /// or rediss:// for TLS.
     #[arg(
@@ -82,6 +127,12 @@ pub struct ServeArgs {
     /// Cluster or a single non-cluster Redis; `auto` asks the first seed.
     #[arg(long, env = "STOCKGATE_UPSTREAM_MODE", value_enum, default_value_t = UpstreamMode::Auto)]
     pub upstream_mode: UpstreamMode,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
 
     #[command(flatten)]
     pub proxy: ProxyArgs,
@@ -101,9 +152,30 @@ pub struct DevArgs {
     pub proxy: ProxyArgs,
 }
 
+/// How stockgate names keys and talks to Redis: every command that reaches
+/// Redis shares these.
+#[derive(Debug, Args, Clone)]
+pub struct RedisArgs {
+    /// First part of every key stockgate builds: <prefix>:{<sku>}.
+    #[arg(long, env = "STOCKGATE_KEY_PREFIX", default_value = "stock")]
+    pub key_prefix: String,
+
+    /// Overall deadline of one request to Redis, retries and redirects
+    /// included. Past it the caller gets an UPSTREAM error.
+    #[arg(long, env = "STOCKGATE_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Deadline for opening one connection to a Redis node.
+    #[arg(long, env = "STOCKGATE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+}
+
 /// The flags `serve` and `dev` share.
 #[derive(Debug, Args, Clone)]
 pub struct ProxyArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
     /// RESP address the applications connect to.
     #[arg(long, env = "STOCKGATE_LISTEN", default_value = "127.0.0.1:6390")]
     pub listen: SocketAddr,
@@ -111,10 +183,6 @@ pub struct ProxyArgs {
     /// HTTP address of /metrics, /healthz and /readyz.
     #[arg(long, env = "STOCKGATE_ADMIN_LISTEN", default_value = "127.0.0.1:9390")]
     pub admin_listen: SocketAddr,
-
-    /// First part of every key stockgate builds: <prefix>:{<sku>}.
-    #[arg(long, env = "STOCKGATE_KEY_PREFIX", default_value = "stock")]
-    pub key_prefix: String,
 
     /// TTL of every idempotency record. It must cover the callers' longest
     /// retry and compensation window (90s, 15m, 24h, 7d, ...).
@@ -128,15 +196,6 @@ pub struct ProxyArgs {
     /// What a DEDUCT of a sku without a stock key gets.
     #[arg(long, env = "STOCKGATE_MISSING_STOCK", value_enum, default_value_t = MissingStock::Error)]
     pub missing_stock: MissingStock,
-
-    /// Overall deadline of one request to Redis, retries and redirects
-    /// included. Past it the caller gets an UPSTREAM error.
-    #[arg(long, env = "STOCKGATE_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-
-    /// Deadline for opening one connection to a Redis node.
-    #[arg(long, env = "STOCKGATE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub connect_timeout: Duration,
 
     /// Largest request one client may send, in bytes; bigger is a protocol
     /// error and closes the connection.
@@ -193,9 +252,39 @@ pub struct Config {
     pub reject_stale_ids: bool,
 }
 
+impl RedisArgs {
+    /// Checks the upstream URLs, timeouts and key prefix.
+    pub fn validate(self, upstream: UpstreamArgs) -> Result<(UpstreamConfig, KeyLayout), String> {
+        if self.timeout < Duration::from_millis(1)
+            || self.connect_timeout < Duration::from_millis(1)
+        {
+            return Err("--timeout and --connect-timeout must be at least 1ms".into());
+        }
+        if upstream.upstream.is_empty() {
+            return Err("--upstream needs at least one redis:// or rediss:// URL".into());
+        }
+        for url in &upstream.upstream {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(format!(
+                    "--upstream {:?} is not a redis:// or rediss:// URL",
+                    crate::upstream::redact(url)
+                ));
+            }
+        }
+        let keys = KeyLayout::new(&self.key_prefix).map_err(|e| format!("--key-prefix: {e}"))?;
+        let config = UpstreamConfig {
+            urls: upstream.upstream,
+            mode: upstream.upstream_mode,
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+        };
+        Ok((config, keys))
+    }
+}
+
 impl ProxyArgs {
     /// Checks every value and says what is wrong and why it matters.
-    pub fn validate(self, upstream: Vec<String>, mode: UpstreamMode) -> Result<Config, String> {
+    pub fn validate(self, upstream: UpstreamArgs) -> Result<Config, String> {
         if self.retry_window < MIN_RETRY_WINDOW {
             return Err(format!(
                 "--retry-window {} is shorter than 1 minute. Every idempotency record lives this long; \
@@ -212,38 +301,17 @@ impl ProxyArgs {
                 "--max-qty must be from 1 to {MAX_MAX_QTY} (the script's arithmetic is exact up to 2^53)"
             ));
         }
-        if self.timeout < Duration::from_millis(1)
-            || self.connect_timeout < Duration::from_millis(1)
-        {
-            return Err("--timeout and --connect-timeout must be at least 1ms".into());
-        }
         if !(512..=16 * 1024 * 1024).contains(&self.max_request_bytes) {
             return Err("--max-request-bytes must be from 512 to 16777216".into());
         }
         if self.max_pipeline == 0 {
             return Err("--max-pipeline must be at least 1".into());
         }
-        if upstream.is_empty() {
-            return Err("--upstream needs at least one redis:// or rediss:// URL".into());
-        }
-        for url in &upstream {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(format!(
-                    "--upstream {:?} is not a redis:// or rediss:// URL",
-                    crate::upstream::redact(url)
-                ));
-            }
-        }
-        let keys = KeyLayout::new(&self.key_prefix).map_err(|e| format!("--key-prefix: {e}"))?;
+        let (upstream, keys) = self.redis.validate(upstream)?;
         Ok(Config {
             listen: self.listen,
             admin_listen: self.admin_listen,
-            upstream: UpstreamConfig {
-                urls: upstream,
-                mode,
-                timeout: self.timeout,
-                connect_timeout: self.connect_timeout,
-            },
+            upstream,
             keys,
             retry_window: self.retry_window,
             max_qty: self.max_qty,
@@ -262,9 +330,11 @@ impl Config {
     /// ports and every default, in front of `upstream`.
     pub fn for_upstream(urls: Vec<String>) -> Config {
         let args = ProxyArgs::parse_from_defaults();
-        let mut config = args
-            .validate(urls, UpstreamMode::Auto)
-            .expect("defaults are valid");
+        let upstream = UpstreamArgs {
+            upstream: urls,
+            upstream_mode: UpstreamMode::Auto,
+        };
+        let mut config = args.validate(upstream).expect("defaults are valid");
         config.listen = "127.0.0.1:0".parse().expect("literal address");
         config.admin_listen = "127.0.0.1:0".parse().expect("literal address");
         config
@@ -311,7 +381,7 @@ mod tests {
         else {
             unreachable!("serve was given")
         };
-        serve.proxy.validate(serve.upstream, serve.upstream_mode)
+        serve.proxy.validate(serve.upstream)
     }
 
     #[test]
@@ -349,8 +419,8 @@ mod tests {
         assert!(args(&["--max-qty", "0"]).is_err());
         let err = Cli::try_parse_from(["stockgate", "serve", "--upstream", "http://x"])
             .map(|cli| match cli.command {
-                Command::Serve(s) => s.proxy.validate(s.upstream, s.upstream_mode),
-                Command::Dev(_) => unreachable!(),
+                Command::Serve(s) => s.proxy.validate(s.upstream),
+                _ => unreachable!(),
             })
             .unwrap()
             .unwrap_err();

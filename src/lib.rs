@@ -33,8 +33,10 @@
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`dev`]: throwaway local Redis servers and clusters.
+//! - [`bulk`]: `stockgate stock import|export`.
 
 pub mod admin;
+pub mod bulk;
 pub mod command;
 pub mod config;
 pub mod connection;

@@ -4,9 +4,14 @@
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Duration;
-use stockgate::config::{Cli, Command, Config, LogFormat, ProxyArgs, UpstreamMode};
+use stockgate::config::{
+    Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, StockAction, UpstreamArgs,
+    UpstreamMode,
+};
 use stockgate::dev::{LocalCluster, RedisOptions};
+use stockgate::metrics::Metrics;
 use stockgate::server::{self, Server};
+use stockgate::upstream::Upstream;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -24,10 +29,18 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => {
                 init_logging(args.proxy.log_format);
-                let config = args.proxy.validate(args.upstream, args.upstream_mode)?;
+                let config = args.proxy.validate(args.upstream)?;
                 serve(config).await
             }
             Command::Dev(args) => dev(args.proxy, args.masters, args.redis_server).await,
+            Command::Stock(StockAction::Import(args)) => {
+                init_logging(LogFormat::Text);
+                import(args).await
+            }
+            Command::Stock(StockAction::Export(args)) => {
+                init_logging(LogFormat::Text);
+                export(args).await
+            }
         }
     });
     match result {
@@ -95,7 +108,10 @@ async fn dev(
     };
     eprintln!("starting a throwaway {masters}-primary Redis Cluster on loopback...");
     let cluster = LocalCluster::start(masters, 0, &options).map_err(|e| e.to_string())?;
-    let config = proxy.validate(cluster.seeds(), UpstreamMode::Cluster)?;
+    let config = proxy.validate(UpstreamArgs {
+        upstream: cluster.seeds(),
+        upstream_mode: UpstreamMode::Cluster,
+    })?;
     let demo = [("demo-1", 100), ("demo-2", 5), ("demo-3", 0)];
     let mut conn = cluster.cluster_connection().map_err(|e| e.to_string())?;
     for (sku, stock) in demo {
@@ -129,5 +145,63 @@ async fn dev(
     stop(server, grace).await;
     drop(cluster);
     eprintln!("cluster stopped");
+    Ok(())
+}
+
+/// Connects to Redis for a one-shot tool.
+async fn connect(
+    upstream: UpstreamArgs,
+    redis: stockgate::config::RedisArgs,
+) -> Result<(std::sync::Arc<Upstream>, stockgate::keys::KeyLayout), String> {
+    let (config, keys) = redis.validate(upstream)?;
+    let upstream = Upstream::new(config, vec![], std::sync::Arc::new(Metrics::new()));
+    upstream.connect_once().await?;
+    Ok((upstream, keys))
+}
+
+/// `stockgate stock import <file.csv>`
+async fn import(args: ImportArgs) -> Result<(), String> {
+    let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let report =
+        stockgate::bulk::import(&upstream, &keys, &args.file, args.dry_run, args.concurrency)
+            .await?;
+    let secs = report.elapsed.as_secs_f64();
+    eprintln!(
+        "{}: {} rows read, {} {}, {} skipped as invalid, {} failed to write, in {secs:.1}s ({:.0} rows/s)",
+        args.file.display(),
+        report.rows,
+        if args.dry_run {
+            report.rows - report.invalid
+        } else {
+            report.written
+        },
+        if args.dry_run {
+            "would be written (dry run)"
+        } else {
+            "written"
+        },
+        report.invalid,
+        report.failed,
+        report.rows as f64 / secs.max(0.001),
+    );
+    if report.is_clean() {
+        Ok(())
+    } else {
+        Err("some rows were not imported; see the lines above".into())
+    }
+}
+
+/// `stockgate stock export`
+async fn export(args: ExportArgs) -> Result<(), String> {
+    let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let rows = match &args.output {
+        Some(path) => {
+            let file =
+                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            stockgate::bulk::export(&upstream, &keys, std::io::BufWriter::new(file)).await?
+        }
+        None => stockgate::bulk::export(&upstream, &keys, std::io::stdout().lock()).await?,
+    };
+    eprintln!("exported {rows} skus");
     Ok(())
 }

@@ -13,6 +13,7 @@ use crate::script::LuaScript;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,20 @@ impl Connection {
             Connection::Standalone(c) => cmd.query_async(c).await,
         }
     }
+
+    async fn pipeline(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Connection::Cluster(c) => pipe.query_async(c).await,
+            Connection::Standalone(c) => pipe.query_async(c).await,
+        }
+    }
+}
+
+/// A primary, as `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub host: String,
+    pub port: u16,
 }
 
 /// The upstream, as every part of stockgate sees it.
@@ -125,6 +140,87 @@ impl Upstream {
                 "not connected to redis yet",
             )),
         }
+    }
+
+    /// Sends a pipeline whose commands all name keys of one slot (in
+    /// cluster mode it goes to that slot's primary), within `--timeout`.
+    pub async fn pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, UpstreamError> {
+        let mut connection = self.connection()?;
+        match tokio::time::timeout(self.config.timeout, connection.pipeline(pipe)).await {
+            Ok(Ok(values)) => Ok(values),
+            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
+            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
+        }
+    }
+
+    /// The primaries serving slots now (the one server in standalone mode).
+    pub async fn primaries(&self) -> Result<Vec<Node>, UpstreamError> {
+        let mut connection = self.connection()?;
+        let Connection::Cluster(_) = &connection else {
+            let url = redis::Client::open(self.config.urls[0].as_str())
+                .map_err(|e| UpstreamError::from_redis(&e))?;
+            let addr = url.get_connection_info().addr().to_string();
+            let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), "6379"));
+            return Ok(vec![Node {
+                host: host.to_owned(),
+                port: port.parse().unwrap_or(6379),
+            }]);
+        };
+        let slots = connection
+            .query(redis::cmd("CLUSTER").arg("SLOTS"))
+            .await
+            .map_err(|e| UpstreamError::from_redis(&e))?;
+        let mut nodes = Vec::new();
+        if let Value::Array(ranges) = slots {
+            for range in ranges {
+                let Value::Array(items) = range else { continue };
+                let Some(Value::Array(primary)) = items.get(2) else {
+                    continue;
+                };
+                if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+                    (primary.first(), primary.get(1))
+                {
+                    let node = Node {
+                        host: String::from_utf8_lossy(host).into_owned(),
+                        port: *port as u16,
+                    };
+                    if !nodes.contains(&node) {
+                        nodes.push(node);
+                    }
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Sends one command to one primary (SCAN, which walks one node's keys).
+    pub async fn query_node(&self, cmd: &Cmd, node: &Node) -> Result<Value, UpstreamError> {
+        let mut connection = self.connection()?;
+        let call = async {
+            match &mut connection {
+                Connection::Cluster(c) => {
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: node.host.clone(),
+                        port: node.port,
+                    });
+                    c.route_command(cmd.clone(), route).await
+                }
+                Connection::Standalone(c) => cmd.query_async(c).await,
+            }
+        };
+        match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
+            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
+        }
+    }
+
+    /// Connects once, without the readiness loop (for one-shot tools).
+    pub async fn connect_once(&self) -> Result<Mode, String> {
+        if self.connection.get().is_none() {
+            self.connect().await?;
+        }
+        Ok(self.mode().expect("connected"))
     }
 
     /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
