@@ -638,14 +638,32 @@ fn info(shared: &Shared, args: &[Bytes]) -> String {
     if wanted("replication") {
         out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
     }
+    if wanted("stats") {
+        out.push_str("# Stats\r\n");
+        for (command, result, count) in shared.metrics.request_totals() {
+            let _ = write!(out, "{command}_{result}:{count}\r\n");
+        }
+        for (kind, count) in shared.metrics.upstream_error_totals() {
+            let _ = write!(out, "upstream_errors_{kind}:{count}\r\n");
+        }
+        out.push_str("\r\n");
+    }
     if wanted("stockgate") {
         let _ = write!(
             out,
-            "# Stockgate\r\nscript_sha:{}\r\nupstream_mode:{}\r\nupstream_ready:{}\r\nupstream_seeds:{}\r\nkey_prefix:{}\r\nretry_window_seconds:{}\r\n\r\n",
+            "# Stockgate\r\nscript_version:{}\r\nscript_sha:{}\r\nrevert_script_sha:{}\r\nupstream_mode:{}\r\nupstream_ready:{}\r\nupstream_seeds:{}\r\nupstream_primaries:{}\r\nkey_prefix:{}\r\nretry_window_seconds:{}\r\n\r\n",
+            crate::outcome::SCRIPT_VERSION,
             shared.service.scripts().deduct.sha,
+            shared.service.scripts().revert.sha,
             upstream.mode().map_or("unknown", |m| m.as_str()),
             u8::from(upstream.is_ready()),
             upstream.seeds().join(","),
+            upstream
+                .nodes()
+                .iter()
+                .map(|n| format!("{}:{}", n.host, n.port))
+                .collect::<Vec<_>>()
+                .join(","),
             shared.config.keys.prefix(),
             shared.config.retry_window.as_secs(),
         );

@@ -32,6 +32,9 @@ pub enum Command {
     /// Start a throwaway 3-primary Redis Cluster on loopback, seed demo SKUs,
     /// and serve DEDUCT in front of it until Ctrl-C.
     Dev(DevArgs),
+    /// Check the upstream before a deploy: version, cluster state, slots,
+    /// scripts, key slots, eviction policy, timeouts. Exits 1 on any FAIL.
+    Check(CheckArgs),
     /// Load or dump stock in bulk (CSV `sku,qty`).
     #[command(subcommand)]
     Stock(StockAction),
@@ -58,6 +61,15 @@ pub struct ImportArgs {
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
 
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
     #[command(flatten)]
     pub upstream: UpstreamArgs,
 
@@ -103,6 +115,16 @@ impl MissingStock {
             MissingStock::Zero => "zero",
         }
     }
+}
+
+/// Which requests get an access-log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccessLog {
+    /// Every DEDUCT and REVERT.
+    All,
+    /// Only those that ended in a system fault.
+    Errors,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,6 +246,11 @@ pub struct ProxyArgs {
     /// Log format; `text` is for humans, `json` for collectors.
     #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// An access-log line (request_id, stock key, qty, code or error kind,
+    /// latency) for every DEDUCT and REVERT, only the faulty ones, or none.
+    #[arg(long, env = "STOCKGATE_ACCESS_LOG", value_enum, default_value_t = AccessLog::Errors)]
+    pub access_log: AccessLog,
 }
 
 /// Where Redis is and how to talk to it.
@@ -250,6 +277,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub admin_commands: bool,
     pub reject_stale_ids: bool,
+    pub access_log: AccessLog,
 }
 
 impl RedisArgs {
@@ -321,6 +349,7 @@ impl ProxyArgs {
             shutdown_grace: self.shutdown_grace,
             admin_commands: self.admin_commands,
             reject_stale_ids: self.reject_stale_ids,
+            access_log: self.access_log,
         })
     }
 }

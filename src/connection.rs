@@ -70,8 +70,10 @@ async fn run(
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
     let mut in_flight: FuturesOrdered<Queued<'_>> = FuturesOrdered::new();
-    // Reading from the socket: stops at EOF and when the server drains.
+    // Reading from the socket: stops at EOF, and once a drain has taken in
+    // what the client had already sent.
     let mut reading = true;
+    let mut draining = false;
     // Taking requests from the buffer: stops after QUIT or a protocol error.
     let mut accepting = true;
 
@@ -123,6 +125,18 @@ async fn run(
         }
         let can_read =
             reading && in_flight.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
+        if draining && can_read {
+            // Draining: take in what the client sent before the signal (it
+            // is in the socket buffer now), without waiting for more. Every
+            // request read is answered; then the connection closes.
+            match reader.try_read_buf(&mut input) {
+                Ok(0) => reading = false,
+                Ok(_) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => reading = false,
+                Err(err) => return Err(err),
+            }
+            continue;
+        }
         tokio::select! {
             written = writer.write_buf(&mut output), if !output.is_empty() => {
                 if written? == 0 {
@@ -132,14 +146,13 @@ async fn run(
             Some((reply, protocol)) = in_flight.next(), if !in_flight.is_empty() => {
                 reply.encode(protocol, &mut output);
             }
-            read = reader.read_buf(&mut input), if can_read => {
+            read = reader.read_buf(&mut input), if can_read && !draining => {
                 if read? == 0 {
                     reading = false;
                 }
             }
-            _ = drain.cancelled(), if reading => {
-                // Answer every request already read; read nothing more.
-                reading = false;
+            _ = drain.cancelled(), if reading && !draining => {
+                draining = true;
             }
             else => break,
         }

@@ -34,9 +34,11 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`dev`]: throwaway local Redis servers and clusters.
 //! - [`bulk`]: `stockgate stock import|export`.
+//! - [`check`]: `stockgate check`, the doctor.
 
 pub mod admin;
 pub mod bulk;
+pub mod check;
 pub mod command;
 pub mod config;
 pub mod connection;

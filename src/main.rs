@@ -5,8 +5,8 @@ use clap::Parser;
 use std::process::ExitCode;
 use std::time::Duration;
 use stockgate::config::{
-    Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, StockAction, UpstreamArgs,
-    UpstreamMode,
+    CheckArgs, Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, StockAction,
+    UpstreamArgs, UpstreamMode,
 };
 use stockgate::dev::{LocalCluster, RedisOptions};
 use stockgate::metrics::Metrics;
@@ -28,17 +28,21 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => {
-                init_logging(args.proxy.log_format);
+                let _logs = init_logging(args.proxy.log_format);
                 let config = args.proxy.validate(args.upstream)?;
                 serve(config).await
             }
             Command::Dev(args) => dev(args.proxy, args.masters, args.redis_server).await,
+            Command::Check(args) => {
+                let _logs = init_logging(LogFormat::Text);
+                check(args).await
+            }
             Command::Stock(StockAction::Import(args)) => {
-                init_logging(LogFormat::Text);
+                let _logs = init_logging(LogFormat::Text);
                 import(args).await
             }
             Command::Stock(StockAction::Export(args)) => {
-                init_logging(LogFormat::Text);
+                let _logs = init_logging(LogFormat::Text);
                 export(args).await
             }
         }
@@ -52,28 +56,44 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs go to stderr through a writer thread: the request path only
+/// formats a line and queues it, and never waits on the terminal or the log
+/// collector. When the queue is full, lines are dropped rather than slowing
+/// requests down. Keep the guard alive: dropping it flushes the queue.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    use std::io::IsTerminal;
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+    guard
 }
 
 async fn serve(config: Config) -> Result<(), String> {
     let grace = config.shutdown_grace;
     let server = server::start(config).await.map_err(|e| e.to_string())?;
-    wait_for_signal().await;
-    stop(server, grace).await;
+    let signal = wait_for_signal().await;
+    stop(server, signal, grace).await;
     Ok(())
 }
 
-async fn stop(server: Server, grace: Duration) {
-    tracing::info!(grace = ?grace, "draining: no new connections, answering requests already read");
+/// SIGTERM drains: readiness off, no new connections, every request
+/// already read answered, then exit, within `grace`. SIGINT (Ctrl-C) stops
+/// at once. A second signal during a drain exits at once too.
+async fn stop(server: Server, signal: Signal, grace: Duration) {
+    if signal == Signal::Interrupt {
+        tracing::info!("SIGINT: stopping now");
+        server.stop_now();
+        return;
+    }
+    tracing::info!(grace = ?grace, "SIGTERM: draining; no new connections, answering requests already read");
     tokio::select! {
         finished = server.drain(grace) => {
             if finished {
@@ -84,14 +104,19 @@ async fn stop(server: Server, grace: Duration) {
     }
 }
 
-/// SIGTERM or SIGINT (Ctrl-C).
-async fn wait_for_signal() {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    Terminate,
+    Interrupt,
+}
+
+async fn wait_for_signal() -> Signal {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+        _ = term.recv() => Signal::Terminate,
+        _ = int.recv() => Signal::Interrupt,
     }
 }
 
@@ -101,7 +126,7 @@ async fn dev(
     masters: usize,
     redis_server: std::path::PathBuf,
 ) -> Result<(), String> {
-    init_logging(proxy.log_format);
+    let _logs = init_logging(proxy.log_format);
     let options = RedisOptions {
         redis_server,
         ..RedisOptions::default()
@@ -141,8 +166,8 @@ async fn dev(
         admin = server.admin_addr,
         seeds = cluster.seeds().join(", "),
     );
-    wait_for_signal().await;
-    stop(server, grace).await;
+    let signal = wait_for_signal().await;
+    stop(server, signal, grace).await;
     drop(cluster);
     eprintln!("cluster stopped");
     Ok(())
@@ -204,4 +229,36 @@ async fn export(args: ExportArgs) -> Result<(), String> {
     };
     eprintln!("exported {rows} skus");
     Ok(())
+}
+
+/// `stockgate check`
+async fn check(args: CheckArgs) -> Result<(), String> {
+    let timeout = args.redis.timeout;
+    let (config, keys) = args.redis.validate(args.upstream)?;
+    println!(
+        "stockgate check: {}",
+        config
+            .urls
+            .iter()
+            .map(|u| stockgate::upstream::redact(u))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let upstream = Upstream::new(config, vec![], std::sync::Arc::new(Metrics::new()));
+    let findings = stockgate::check::run(&upstream, &keys, timeout).await;
+    let count = |v| findings.iter().filter(|f| f.verdict == v).count();
+    let (warns, fails) = (
+        count(stockgate::check::Verdict::Warn),
+        count(stockgate::check::Verdict::Fail),
+    );
+    println!(
+        "{} checks: {} passed, {warns} warnings, {fails} failures",
+        findings.len(),
+        findings.len() - warns - fails
+    );
+    if fails > 0 {
+        Err(format!("{fails} check(s) failed"))
+    } else {
+        Ok(())
+    }
 }

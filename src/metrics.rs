@@ -12,6 +12,7 @@ use crate::error::FaultKind;
 use crate::outcome::Code;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub const REQUESTS_TOTAL: &str = "stockgate_requests_total";
@@ -38,7 +39,7 @@ pub enum CommandLabel {
 impl CommandLabel {
     const ALL: [CommandLabel; 2] = [CommandLabel::Deduct, CommandLabel::Revert];
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             CommandLabel::Deduct => "deduct",
             CommandLabel::Revert => "revert",
@@ -81,13 +82,15 @@ impl ResultLabel {
 struct RequestSeries {
     total: Counter,
     duration: Histogram,
+    /// The same count, readable: INFO reports it.
+    count: AtomicU64,
 }
 
 /// Every series stockgate exports, resolved once.
 pub struct Metrics {
     handle: PrometheusHandle,
     requests: Vec<[RequestSeries; ResultLabel::COUNT]>,
-    upstream_errors: Vec<Counter>,
+    upstream_errors: Vec<(Counter, AtomicU64)>,
     /// Time Redis took per script call, by command (the part of a
     /// request's latency stockgate doesn't add).
     upstream_durations: Vec<Histogram>,
@@ -147,6 +150,7 @@ impl Metrics {
                         .register_counter(&Key::from_parts(REQUESTS_TOTAL, labels.clone()), &meta);
                     total.increment(0);
                     RequestSeries {
+                        count: AtomicU64::new(0),
                         total,
                         duration: recorder
                             .register_histogram(&Key::from_parts(REQUEST_DURATION, labels), &meta),
@@ -169,7 +173,7 @@ impl Metrics {
                     &meta,
                 );
                 counter.increment(0);
-                counter
+                (counter, AtomicU64::new(0))
             })
             .collect();
         let upstream_durations = CommandLabel::ALL
@@ -203,6 +207,7 @@ impl Metrics {
     pub fn record_request(&self, command: CommandLabel, result: ResultLabel, elapsed: Duration) {
         let series = &self.requests[command as usize][result.index()];
         series.total.increment(1);
+        series.count.fetch_add(1, Ordering::Relaxed);
         series.duration.record(elapsed.as_secs_f64());
     }
 
@@ -211,7 +216,35 @@ impl Metrics {
             .iter()
             .position(|k| *k == kind)
             .expect("every kind is registered");
-        self.upstream_errors[index].increment(1);
+        let (counter, count) = &self.upstream_errors[index];
+        counter.increment(1);
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests answered so far, as `(command, result, count)`.
+    pub fn request_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
+        CommandLabel::ALL
+            .into_iter()
+            .flat_map(|command| {
+                ResultLabel::all().map(move |result| {
+                    let series = &self.requests[command as usize][result.index()];
+                    (
+                        command.as_str(),
+                        result.as_str(),
+                        series.count.load(Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// System faults so far, as `(kind, count)`.
+    pub fn upstream_error_totals(&self) -> Vec<(&'static str, u64)> {
+        FaultKind::ALL
+            .into_iter()
+            .zip(&self.upstream_errors)
+            .map(|(kind, (_, count))| (kind.label(), count.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Records how long Redis took for one script call.

@@ -181,6 +181,15 @@ impl Server {
         self.is_ready()
     }
 
+    /// The fast stop: readiness off, listeners and connections dropped now,
+    /// in-flight requests abandoned (their scripts still run or not, as
+    /// Redis decides; callers retry with the same request_id).
+    pub fn stop_now(self) {
+        self.shared.draining.store(true, Ordering::Relaxed);
+        self.drain.cancel();
+        self.stop.cancel();
+    }
+
     /// The graceful drain: readiness turns false, new connections are
     /// refused, every request already read is answered, then connections
     /// close. Returns false if `grace` ran out first (the rest are dropped).

@@ -9,7 +9,7 @@
 //!   outside the order flow, so they need `--admin-commands`, and each one is
 //!   written to the audit log.
 
-use crate::config::{Config, MissingStock};
+use crate::config::{AccessLog, Config, MissingStock};
 use crate::deduct::Deduct;
 use crate::error::UpstreamError;
 use crate::frame::Reply;
@@ -51,6 +51,7 @@ pub struct StockService {
     missing_stock: MissingStock,
     reject_stale_ids: bool,
     admin_commands: bool,
+    access_log: AccessLog,
     metrics: Arc<Metrics>,
 }
 
@@ -72,6 +73,7 @@ impl StockService {
             missing_stock: config.missing_stock,
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
+            access_log: config.access_log,
             metrics,
         }
     }
@@ -102,7 +104,7 @@ impl StockService {
             Ok(deduct) => self.apply_deduct(&deduct).await,
             Err(invalid) => Ok(StockReply::invalid(invalid.0)),
         };
-        self.record(CommandLabel::Deduct, &result, arrived);
+        self.record(CommandLabel::Deduct, args, &result, arrived);
         result
     }
 
@@ -112,11 +114,19 @@ impl StockService {
             Ok(revert) => self.apply_revert(&revert).await,
             Err(invalid) => Ok(StockReply::invalid(invalid.0)),
         };
-        self.record(CommandLabel::Revert, &result, arrived);
+        self.record(CommandLabel::Revert, args, &result, arrived);
         result
     }
 
-    fn record(&self, command: CommandLabel, result: &StockResult, arrived: Instant) {
+    /// Metrics and the access log for one answered request.
+    fn record(
+        &self,
+        command: CommandLabel,
+        args: &[Bytes],
+        result: &StockResult,
+        arrived: Instant,
+    ) {
+        let elapsed = arrived.elapsed();
         let label = match result {
             Ok(reply) => ResultLabel::Code(reply.code),
             Err(fault) => {
@@ -124,8 +134,50 @@ impl StockService {
                 ResultLabel::Error
             }
         };
-        self.metrics
-            .record_request(command, label, arrived.elapsed());
+        self.metrics.record_request(command, label, elapsed);
+        let wanted = match self.access_log {
+            AccessLog::All => true,
+            AccessLog::Errors => result.is_err(),
+            AccessLog::Off => false,
+        };
+        if wanted {
+            self.access_log_line(command, args, result, elapsed);
+        }
+    }
+
+    /// One access-log line, as the design asks: request_id, stock key, qty,
+    /// code or error kind, latency. Nothing else the caller sent (no
+    /// order_no). Fields are cut at 128 bytes, as valid ones are.
+    fn access_log_line(
+        &self,
+        command: CommandLabel,
+        args: &[Bytes],
+        result: &StockResult,
+        elapsed: Duration,
+    ) {
+        let field = |i: usize| {
+            args.get(i)
+                .map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
+        };
+        let (request_id, qty) = match command {
+            CommandLabel::Deduct => (field(2), field(1)),
+            CommandLabel::Revert => (field(1), None),
+        };
+        let key = field(0).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
+        let (code, error) = match result {
+            Ok(reply) => (Some(reply.code as i64), None),
+            Err(fault) => (None, Some(fault.kind.label())),
+        };
+        tracing::info!(
+            target: "stockgate::access",
+            command = command.as_str(),
+            request_id,
+            key,
+            qty,
+            code,
+            error,
+            latency_us = elapsed.as_micros() as u64,
+        );
     }
 
     /// Runs the DEDUCT script for a validated deduction.

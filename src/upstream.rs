@@ -64,6 +64,15 @@ impl Connection {
     }
 }
 
+/// Whether a primary may evict keys stockgate needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// `noeviction`, or no memory limit at all.
+    Safe(String),
+    /// The policy that can evict.
+    Risky(String),
+}
+
 /// A primary, as `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Node {
@@ -78,6 +87,8 @@ pub struct Upstream {
     connection: OnceCell<(Mode, Connection)>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The primaries at the last health check, for INFO.
+    nodes: Mutex<Vec<Node>>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
 }
@@ -97,6 +108,7 @@ impl Upstream {
             connection: OnceCell::new(),
             ready: AtomicBool::new(false),
             metrics,
+            nodes: Mutex::new(Vec::new()),
             last_problem: Mutex::new(None),
         })
     }
@@ -258,6 +270,11 @@ impl Upstream {
                 None => self.connect().await,
                 Some((_, connection)) => self.ensure_scripts(connection.clone()).await,
             };
+            if outcome.is_ok()
+                && let Ok(nodes) = self.primaries().await
+            {
+                *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = nodes;
+            }
             self.set_ready(outcome);
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -290,6 +307,11 @@ impl Upstream {
         }
     }
 
+    /// The primaries seen at the last health check.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Why the upstream is not ready, if it isn't.
     pub fn problem(&self) -> Option<String> {
         self.last_problem
@@ -311,7 +333,57 @@ impl Upstream {
         self.ensure_scripts(connection.clone()).await?;
         // Only this task sets the cell, so it is empty here.
         let _ = self.connection.set((mode, connection));
+        self.warn_about_eviction().await;
         Ok(())
+    }
+
+    /// Logs a warning for each primary whose eviction policy can lose data:
+    /// `volatile-*` policies evict exactly the idempotency records (the only
+    /// keys with a TTL), so a retry would deduct again; `allkeys-*` can evict
+    /// stock. `stockgate check` explains the same, as a FAIL.
+    async fn warn_about_eviction(&self) {
+        let Ok(nodes) = self.primaries().await else {
+            return;
+        };
+        for node in nodes {
+            match self.eviction(&node).await {
+                Ok(Eviction::Safe(_)) => {}
+                Ok(Eviction::Risky(policy)) => tracing::warn!(
+                    node = %format!("{}:{}", node.host, node.port),
+                    policy,
+                    "maxmemory-policy can evict idempotency records (volatile-*) or stock (allkeys-*); use noeviction"
+                ),
+                Err(err) => tracing::debug!(%err, "cannot read maxmemory-policy"),
+            }
+        }
+    }
+
+    /// A primary's eviction settings.
+    pub async fn eviction(&self, node: &Node) -> Result<Eviction, UpstreamError> {
+        let setting = |name: &'static str| async move {
+            let mut get = redis::cmd("CONFIG");
+            get.arg("GET").arg(name);
+            let reply = self.query_node(&get, node).await?;
+            let value = match reply {
+                Value::Array(items) => items.into_iter().nth(1),
+                Value::Map(pairs) => pairs.into_iter().next().map(|(_, v)| v),
+                _ => None,
+            };
+            match value {
+                Some(Value::BulkString(v)) => Ok(String::from_utf8_lossy(&v).into_owned()),
+                _ => Err(UpstreamError::new(
+                    FaultKind::BadReply,
+                    format!("CONFIG GET {name} answered an unexpected shape"),
+                )),
+            }
+        };
+        let policy = setting("maxmemory-policy").await?;
+        let maxmemory = setting("maxmemory").await?;
+        Ok(if policy == "noeviction" || maxmemory == "0" {
+            Eviction::Safe(format!("maxmemory {maxmemory}, maxmemory-policy {policy}"))
+        } else {
+            Eviction::Risky(policy)
+        })
     }
 
     /// Asks the seeds, in order, for their version and whether they run in

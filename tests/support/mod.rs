@@ -52,9 +52,16 @@ pub async fn client(server: &Server, resp3: bool) -> redis::aio::MultiplexedConn
     } else {
         format!("redis://{}", server.addr)
     };
+    // The crate's default response timeout is 500 ms, shorter than
+    // stockgate's own 1 s deadline: on a busy CI machine the client would
+    // give up first. Tests want stockgate's answer, so wait generously; only
+    // a real hang fails.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(10)));
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("connects to stockgate")
 }

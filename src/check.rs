@@ -1,0 +1,552 @@
+//! `stockgate check`: a doctor for the upstream, before a deploy or in CI.
+//!
+//! Connects with the same flags as the proxy and prints one line per check,
+//! PASS, WARN or FAIL, with what it found and, when it isn't a PASS, why it
+//! matters. Nothing it does writes to Redis: the script is run against a
+//! probe sku that has no stock, which makes it answer UNKNOWNSKU after
+//! every check and before any write.
+
+use crate::config::MissingStock;
+use crate::error::FaultKind;
+use crate::keys::{KeyLayout, SLOTS, slot};
+use crate::params::{RequestId, Sku};
+use crate::script::Scripts;
+use crate::upstream::{Eviction, Mode, Node, Upstream};
+use redis::Value;
+use std::fmt;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "PASS",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        })
+    }
+}
+
+/// One line of the report.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub verdict: Verdict,
+    pub check: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}  {:<16} {}", self.verdict, self.check, self.detail)
+    }
+}
+
+struct Report(Vec<Finding>);
+
+impl Report {
+    fn add(&mut self, verdict: Verdict, check: &'static str, detail: impl Into<String>) {
+        let finding = Finding {
+            verdict,
+            check,
+            detail: detail.into(),
+        };
+        println!("{finding}");
+        self.0.push(finding);
+    }
+}
+
+/// Runs every check, printing each line as it is decided.
+pub async fn run(upstream: &Upstream, keys: &KeyLayout, timeout: Duration) -> Vec<Finding> {
+    let mut report = Report(Vec::new());
+    let mode = match upstream.connect_once().await {
+        Ok(mode) => mode,
+        Err(problem) => {
+            report.add(Verdict::Fail, "connect", problem);
+            return report.0;
+        }
+    };
+    let nodes = match upstream.primaries().await {
+        Ok(nodes) if !nodes.is_empty() => nodes,
+        Ok(_) => {
+            report.add(Verdict::Fail, "connect", "no primary serves any slot");
+            return report.0;
+        }
+        Err(err) => {
+            report.add(Verdict::Fail, "connect", err.detail);
+            return report.0;
+        }
+    };
+    report.add(
+        Verdict::Pass,
+        "connect",
+        format!(
+            "{} mode, {} primar{}: {}",
+            mode.as_str(),
+            nodes.len(),
+            if nodes.len() == 1 { "y" } else { "ies" },
+            list(&nodes)
+        ),
+    );
+    versions(upstream, &nodes, &mut report).await;
+    if mode == Mode::Cluster {
+        cluster_state(upstream, &nodes, &mut report).await;
+        replicas(upstream, &mut report).await;
+    }
+    scripts(upstream, keys, &nodes, mode, &mut report).await;
+    key_slots(upstream, keys, mode, &mut report).await;
+    eviction(upstream, &nodes, &mut report).await;
+    if mode == Mode::Cluster {
+        node_timeout(upstream, &nodes[0], timeout, &mut report).await;
+    }
+    report.0
+}
+
+fn list(nodes: &[Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("{}:{}", n.host, n.port))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn text(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Value::VerbatimString { text, .. } => Some(text),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+async fn info(upstream: &Upstream, node: &Node, section: &[&str]) -> Result<String, String> {
+    let mut cmd = redis::cmd(section[0]);
+    cmd.arg(&section[1..]);
+    let reply = upstream
+        .query_node(&cmd, node)
+        .await
+        .map_err(|e| e.detail)?;
+    text(reply).ok_or_else(|| format!("{} answered an unexpected shape", section.join(" ")))
+}
+
+async fn versions(upstream: &Upstream, nodes: &[Node], report: &mut Report) {
+    let mut found = Vec::new();
+    for node in nodes {
+        match info(upstream, node, &["INFO", "server"]).await {
+            Ok(text) => found.push((
+                node,
+                field(&text, "redis_version")
+                    .unwrap_or("unknown")
+                    .to_owned(),
+            )),
+            Err(err) => {
+                report.add(
+                    Verdict::Fail,
+                    "redis version",
+                    format!("{}:{}: {err}", node.host, node.port),
+                );
+                return;
+            }
+        }
+    }
+    let old: Vec<String> = found
+        .iter()
+        .filter(|(_, v)| {
+            v.split('.')
+                .next()
+                .and_then(|m| m.parse::<u32>().ok())
+                .unwrap_or(0)
+                < 7
+        })
+        .map(|(n, v)| format!("{}:{} runs {v}", n.host, n.port))
+        .collect();
+    if old.is_empty() {
+        let mut versions: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
+        versions.dedup();
+        report.add(
+            Verdict::Pass,
+            "redis version",
+            format!("{} on every primary", versions.join(", ")),
+        );
+    } else {
+        report.add(
+            Verdict::Fail,
+            "redis version",
+            format!(
+                "{}: stockgate needs Redis 7.0 or newer (script flags)",
+                old.join("; ")
+            ),
+        );
+    }
+}
+
+async fn cluster_state(upstream: &Upstream, nodes: &[Node], report: &mut Report) {
+    let mut bad_state = Vec::new();
+    let mut slots_ok = u32::MAX;
+    for node in nodes {
+        match info(upstream, node, &["CLUSTER", "INFO"]).await {
+            Ok(text) => {
+                if field(&text, "cluster_state") != Some("ok") {
+                    bad_state.push(format!(
+                        "{}:{} says {}",
+                        node.host,
+                        node.port,
+                        field(&text, "cluster_state").unwrap_or("?")
+                    ));
+                }
+                let ok = field(&text, "cluster_slots_ok")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                slots_ok = slots_ok.min(ok);
+            }
+            Err(err) => bad_state.push(format!("{}:{}: {err}", node.host, node.port)),
+        }
+    }
+    if bad_state.is_empty() {
+        report.add(Verdict::Pass, "cluster state", "ok on every primary");
+    } else {
+        report.add(Verdict::Fail, "cluster state", bad_state.join("; "));
+    }
+    if slots_ok == SLOTS as u32 {
+        report.add(Verdict::Pass, "slots", "all 16384 slots are served");
+    } else {
+        report.add(
+            Verdict::Fail,
+            "slots",
+            format!("only {slots_ok} of 16384 slots are served: DEDUCTs for the others fail"),
+        );
+    }
+}
+
+/// Primaries without a replica can't fail over: their slots stay down
+/// until the node comes back.
+async fn replicas(upstream: &Upstream, report: &mut Report) {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("NODES");
+    let Ok(Some(nodes)) = upstream.query(&cmd).await.map(text) else {
+        report.add(Verdict::Warn, "replicas", "CLUSTER NODES could not be read");
+        return;
+    };
+    let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+    let primaries: Vec<&Vec<&str>> = lines
+        .iter()
+        .filter(|f| f.len() > 8 && f[2].contains("master"))
+        .collect();
+    let lonely: Vec<String> = primaries
+        .iter()
+        .filter(|p| {
+            !lines
+                .iter()
+                .any(|f| f.len() > 3 && f[3] == p[0] && f[2].contains("slave"))
+        })
+        .map(|p| p[1].split('@').next().unwrap_or(p[1]).to_owned())
+        .collect();
+    if lonely.is_empty() {
+        report.add(
+            Verdict::Pass,
+            "replicas",
+            "every primary has a replica to fail over to",
+        );
+    } else {
+        report.add(
+            Verdict::Warn,
+            "replicas",
+            format!(
+                "{} ha{} no replica: if it fails, its slots stay down until it returns",
+                lonely.join(", "),
+                if lonely.len() == 1 { "s" } else { "ve" }
+            ),
+        );
+    }
+}
+
+/// Loads every script on every primary, then runs DEDUCT on each primary
+/// against a probe sku it owns that has no stock: a healthy script checks
+/// everything and answers UNKNOWNSKU, writing nothing.
+async fn scripts(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    nodes: &[Node],
+    mode: Mode,
+    report: &mut Report,
+) {
+    let scripts = Scripts::new();
+    for node in nodes {
+        for script in scripts.all() {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(&script.body);
+            match upstream.query_node(&load, node).await.map(text) {
+                Ok(Some(sha)) if sha == script.sha => {}
+                Ok(other) => {
+                    report.add(
+                        Verdict::Fail,
+                        "scripts",
+                        format!(
+                            "{}:{}: SCRIPT LOAD {} answered {other:?}",
+                            node.host, node.port, script.name
+                        ),
+                    );
+                    return;
+                }
+                Err(err) => {
+                    report.add(
+                        Verdict::Fail,
+                        "scripts",
+                        format!(
+                            "{}:{}: SCRIPT LOAD {}: {}",
+                            node.host, node.port, script.name, err.detail
+                        ),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+    let owners = match slot_owners(upstream, mode).await {
+        Ok(owners) => owners,
+        Err(err) => {
+            report.add(
+                Verdict::Fail,
+                "scripts",
+                format!("cannot read the slot map: {err}"),
+            );
+            return;
+        }
+    };
+    for node in nodes {
+        let probe = (0..100_000).find_map(|i| {
+            let sku = Sku::parse(format!("stockgate-check-{i}").into()).ok()?;
+            let owner = owners
+                .iter()
+                .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot(&keys.stock_key(&sku))));
+            (mode == Mode::Standalone || owner.is_some_and(|(_, _, n)| n == node)).then_some(sku)
+        });
+        let Some(sku) = probe else {
+            report.add(
+                Verdict::Fail,
+                "scripts",
+                format!("{}:{} owns no slot", node.host, node.port),
+            );
+            return;
+        };
+        let id = RequestId::parse("stockgate-check".into()).expect("valid id");
+        let probe_keys = keys.deduct_keys(&sku, &id);
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(&probe_keys.stock).arg(&probe_keys.record);
+        if !matches!(upstream.query(&exists).await, Ok(Value::Int(0))) {
+            report.add(
+                Verdict::Warn,
+                "scripts",
+                format!(
+                    "probe keys under {} exist; skipped the run on {}:{}",
+                    String::from_utf8_lossy(&probe_keys.stock),
+                    node.host,
+                    node.port
+                ),
+            );
+            continue;
+        }
+        let run = upstream
+            .eval(
+                &scripts.deduct,
+                &[&probe_keys.stock, &probe_keys.record],
+                &[
+                    b"1",
+                    b"",
+                    b"86400000",
+                    b"1000000",
+                    MissingStock::Error.as_arg().as_bytes(),
+                ],
+            )
+            .await;
+        match run {
+            Err(err) if err.kind == FaultKind::UnknownSku => {}
+            other => {
+                report.add(
+                    Verdict::Fail,
+                    "scripts",
+                    format!(
+                        "{}:{}: a probe DEDUCT answered {other:?}, expected UNKNOWNSKU",
+                        node.host, node.port
+                    ),
+                );
+                return;
+            }
+        }
+    }
+    report.add(
+        Verdict::Pass,
+        "scripts",
+        format!("{} scripts load and DEDUCT runs on every primary (a probe without stock, nothing written)", scripts.all().len()),
+    );
+}
+
+async fn slot_owners(upstream: &Upstream, mode: Mode) -> Result<Vec<(u16, u16, Node)>, String> {
+    if mode == Mode::Standalone {
+        return Ok(Vec::new());
+    }
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let Value::Array(ranges) = upstream.query(&cmd).await.map_err(|e| e.detail)? else {
+        return Err("CLUSTER SLOTS answered an unexpected shape".into());
+    };
+    let mut owners = Vec::new();
+    for range in ranges {
+        let Value::Array(items) = range else { continue };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(primary))) =
+            (items.first(), items.get(1), items.get(2))
+        else {
+            continue;
+        };
+        if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (primary.first(), primary.get(1))
+        {
+            owners.push((
+                *lo as u16,
+                *hi as u16,
+                Node {
+                    host: String::from_utf8_lossy(host).into_owned(),
+                    port: *port as u16,
+                },
+            ));
+        }
+    }
+    Ok(owners)
+}
+
+/// Both key shapes hash to one slot, by stockgate's CRC16 and by Redis's.
+async fn key_slots(upstream: &Upstream, keys: &KeyLayout, mode: Mode, report: &mut Report) {
+    let sku = Sku::parse("SKU-10086".into()).expect("valid sku");
+    let id = RequestId::parse("order-20261129-001".into()).expect("valid id");
+    let both = keys.deduct_keys(&sku, &id);
+    let ours = (slot(&both.stock), slot(&both.record));
+    if ours.0 != ours.1 {
+        report.add(
+            Verdict::Fail,
+            "key slots",
+            "stock key and record hash to different slots",
+        );
+        return;
+    }
+    if mode == Mode::Cluster {
+        let keyslot = |key: Vec<u8>| async move {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("KEYSLOT").arg(key);
+            match upstream.query(&cmd).await {
+                Ok(Value::Int(s)) => Some(s as u16),
+                _ => None,
+            }
+        };
+        let theirs = (
+            keyslot(both.stock.clone()).await,
+            keyslot(both.record.clone()).await,
+        );
+        if theirs != (Some(ours.0), Some(ours.1)) {
+            report.add(
+                Verdict::Fail,
+                "key slots",
+                format!("Redis puts them in slots {theirs:?}, stockgate in {ours:?}"),
+            );
+            return;
+        }
+    }
+    report.add(
+        Verdict::Pass,
+        "key slots",
+        format!(
+            "{} and {} share slot {}",
+            String::from_utf8_lossy(&both.stock),
+            String::from_utf8_lossy(&both.record),
+            ours.0
+        ),
+    );
+}
+
+async fn eviction(upstream: &Upstream, nodes: &[Node], report: &mut Report) {
+    let mut risky = Vec::new();
+    let mut unknown = Vec::new();
+    for node in nodes {
+        match upstream.eviction(node).await {
+            Ok(Eviction::Safe(_)) => {}
+            Ok(Eviction::Risky(policy)) => {
+                risky.push(format!("{}:{} uses {policy}", node.host, node.port))
+            }
+            Err(err) => unknown.push(format!("{}:{}: {}", node.host, node.port, err.detail)),
+        }
+    }
+    if !risky.is_empty() {
+        report.add(
+            Verdict::Fail,
+            "eviction",
+            format!(
+                "{}. Use maxmemory-policy noeviction: volatile-* policies evict exactly the idempotency records \
+                 (the only keys with a TTL), so a retry deducts again; allkeys-* can evict stock itself",
+                risky.join("; ")
+            ),
+        );
+    } else if !unknown.is_empty() {
+        report.add(
+            Verdict::Warn,
+            "eviction",
+            format!(
+                "cannot read CONFIG ({}); make sure maxmemory-policy is noeviction",
+                unknown.join("; ")
+            ),
+        );
+    } else {
+        report.add(
+            Verdict::Pass,
+            "eviction",
+            "noeviction (or no memory limit) on every primary",
+        );
+    }
+}
+
+/// A failed primary's slots answer errors for about cluster-node-timeout,
+/// until a replica is promoted. A request waits at most --timeout.
+async fn node_timeout(upstream: &Upstream, node: &Node, timeout: Duration, report: &mut Report) {
+    let mut get = redis::cmd("CONFIG");
+    get.arg("GET").arg("cluster-node-timeout");
+    let value = match upstream.query_node(&get, node).await {
+        Ok(Value::Array(items)) => items.into_iter().nth(1).and_then(text),
+        Ok(Value::Map(pairs)) => pairs.into_iter().next().and_then(|(_, v)| text(v)),
+        _ => None,
+    };
+    let Some(node_timeout) = value.and_then(|v| v.parse::<u64>().ok()) else {
+        report.add(
+            Verdict::Warn,
+            "node timeout",
+            "cannot read cluster-node-timeout",
+        );
+        return;
+    };
+    let ms = timeout.as_millis() as u64;
+    if ms < node_timeout {
+        report.add(
+            Verdict::Warn,
+            "node timeout",
+            format!(
+                "cluster-node-timeout is {node_timeout} ms and --timeout {ms} ms: while a failed primary is \
+                 being replaced (about cluster-node-timeout), requests for its slots get UPSTREAM errors \
+                 and callers must retry with the same request_id (safe)"
+            ),
+        );
+    } else {
+        report.add(
+            Verdict::Pass,
+            "node timeout",
+            format!("--timeout {ms} ms covers cluster-node-timeout {node_timeout} ms: requests can wait through a failover"),
+        );
+    }
+}

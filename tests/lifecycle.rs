@@ -1,0 +1,374 @@
+//! Lifecycle and operations: drain, fast stop, access log, INFO, `check`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stockgate::dev::{LocalRedis, RedisOptions};
+use support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cmd(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+/// A stockgate process, killed if the test ends early. Its stderr is read
+/// all along, as a log collector would: a pipe nobody reads fills up at
+/// 64 KiB, and then the log writer can only drop lines.
+struct Proc {
+    child: Child,
+    log: Option<std::thread::JoinHandle<String>>,
+    port: u16,
+    admin: u16,
+}
+
+impl Proc {
+    fn start(seeds: &[String], extra: &[&str]) -> Proc {
+        let (port, admin) = (free_port(), free_port());
+        let child = Command::new(stockgate_bin())
+            .arg("serve")
+            .args(["--upstream", &seeds.join(",")])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runs stockgate");
+        let mut child = child;
+        let mut stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = stderr.read_to_string(&mut log);
+            log
+        });
+        let proc = Proc {
+            child,
+            log: Some(log),
+            port,
+            admin,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_status(admin, "/readyz") != Some(200) {
+            assert!(Instant::now() < deadline, "stockgate did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        proc
+    }
+
+    fn signal(&self, signal: i32) {
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Waits for the exit; the status and everything logged.
+    fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().unwrap();
+        let log = self.log.take().unwrap().join().unwrap();
+        (status, log)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    response.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn sigterm_answers_every_request_already_sent_then_exits_zero() {
+    let cluster = cluster();
+    set_stock(&cluster, "drain", 1_000_000);
+    let proc = Proc::start(&cluster.seeds(), &["--shutdown-grace", "20s"]);
+
+    let mut idle = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
+    let mut busy = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let burst: Vec<u8> = (0..1000)
+        .flat_map(|i| cmd(&["DEDUCT", "drain", "1", &format!("d-{i}")]))
+        .collect();
+    busy.write_all(&burst).unwrap();
+    // The first reply shows stockgate is working through the burst.
+    let mut first = [0u8; 1];
+    busy.read_exact(&mut first).unwrap();
+    proc.signal(libc::SIGTERM);
+
+    let mut replies = first.to_vec();
+    busy.read_to_end(&mut replies).unwrap();
+    let text = String::from_utf8(replies).unwrap();
+    let count = text.matches("*4\r\n:0\r\n").count();
+    assert_eq!(
+        count,
+        1000,
+        "every request sent before SIGTERM is answered:\n{}",
+        &text[..text.len().min(300)]
+    );
+    assert!(closed_by_peer(&mut idle), "idle connections are closed");
+    assert!(
+        TcpStream::connect(("127.0.0.1", proc.port)).is_err(),
+        "no new connections once the drain has begun"
+    );
+    let (status, log) = proc.finish();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("SIGTERM: draining"), "{log}");
+    assert_eq!(get_stock(&cluster, "drain"), Some(1_000_000 - 1000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
+    // A standalone Redis we can stall with DEBUG SLEEP, so requests are
+    // still waiting on Redis when the drain begins.
+    let redis = LocalRedis::start(&RedisOptions {
+        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
+        ..RedisOptions::default()
+    })
+    .unwrap();
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("slow"))
+        .arg(10)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let server = proxy(vec![redis.url()], |c| {
+        c.upstream.timeout = Duration::from_secs(10)
+    })
+    .await;
+    let admin = server.admin_addr.port();
+    let stall = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1.5")
+            .query::<()>(&mut direct)
+            .unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let mut conn = client(&server, false).await;
+    let pending = tokio::spawn(async move { deduct(&mut conn, "slow", "1", "slow-1", None).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let drain = tokio::spawn(server.drain(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        tokio::task::spawn_blocking(move || http_status(admin, "/readyz"))
+            .await
+            .unwrap(),
+        Some(503),
+        "readiness is false from the moment the drain begins"
+    );
+    let reply = parse(
+        pending
+            .await
+            .unwrap()
+            .expect("the in-flight request completes"),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 9));
+    assert!(drain.await.unwrap(), "drained within the grace");
+    stall.join().unwrap();
+}
+
+#[test]
+fn sigint_stops_at_once() {
+    let cluster = cluster();
+    let proc = Proc::start(&cluster.seeds(), &["--shutdown-grace", "60s"]);
+    let mut idle = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
+    idle.write_all(b"PING\r\n").unwrap();
+    let mut pong = [0u8; 7];
+    idle.read_exact(&mut pong).unwrap();
+    proc.signal(libc::SIGINT);
+    let (status, log) = proc.finish();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("SIGINT: stopping now"), "{log}");
+}
+
+#[test]
+fn the_access_log_has_the_designs_fields_and_nothing_more() {
+    let cluster = cluster();
+    set_stock(&cluster, "logged", 5);
+    for (mode, expect_ok_line) in [("all", true), ("errors", false), ("off", false)] {
+        let proc = Proc::start(
+            &cluster.seeds(),
+            &["--log-format", "json", "--access-log", mode],
+        );
+        let port = proc.port;
+        let id = format!("req-{mode}");
+        redis_cli(port, &["DEDUCT", "logged", "1", &id, "ORDER-SECRET-42"]);
+        redis_cli(port, &["DEDUCT", "nope", "1", &id]);
+        proc.signal(libc::SIGTERM);
+        let (status, log) = proc.finish();
+        assert!(status.success());
+        let access: Vec<serde_json::Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "stockgate::access")
+            .collect();
+        let ok_line = access.iter().find(|v| v["fields"]["code"] == 0);
+        let err_line = access
+            .iter()
+            .find(|v| v["fields"]["error"] == "unknown_sku");
+        assert_eq!(
+            ok_line.is_some(),
+            expect_ok_line,
+            "--access-log {mode}: {log}"
+        );
+        assert_eq!(
+            err_line.is_some(),
+            mode != "off",
+            "--access-log {mode}: {log}"
+        );
+        if let Some(line) = ok_line {
+            let f = &line["fields"];
+            assert_eq!(f["request_id"], id.as_str());
+            assert_eq!(f["key"], "stock:{logged}");
+            assert_eq!(f["qty"], "1");
+            assert_eq!(f["command"], "deduct");
+            assert!(f["latency_us"].as_u64().unwrap() > 0);
+        }
+        assert!(
+            !log.contains("ORDER-SECRET-42"),
+            "the order_no never reaches the log"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_reports_totals_and_the_upstream() {
+    let cluster = cluster();
+    set_stock(&cluster, "info", 1);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    deduct(&mut conn, "info", "1", "i1", None).await.unwrap();
+    deduct(&mut conn, "info", "1", "i1", None).await.unwrap();
+    deduct(&mut conn, "info", "1", "i2", None).await.unwrap();
+    deduct(&mut conn, "missing", "1", "i3", None)
+        .await
+        .unwrap_err();
+    redis::cmd("REVERT")
+        .arg("info")
+        .arg("i1")
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap();
+    let info: redis::InfoDict = redis::cmd("INFO").query_async(&mut conn).await.unwrap();
+    for (key, want) in [
+        ("deduct_ok", 1),
+        ("deduct_duplicate", 1),
+        ("deduct_insufficient", 1),
+        ("deduct_error", 1),
+        ("revert_ok", 1),
+        ("upstream_errors_unknown_sku", 1),
+        ("script_version", 2),
+    ] {
+        assert_eq!(info.get::<i64>(key), Some(want), "{key}");
+    }
+    assert!(info.get::<i64>("uptime_in_seconds").is_some());
+    assert_eq!(
+        info.get::<String>("stockgate_version").as_deref(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    let primaries: String = info.get("upstream_primaries").unwrap();
+    assert_eq!(primaries.split(',').count(), 3, "{primaries}");
+}
+
+fn check(seeds: &[String]) -> (bool, String) {
+    let out = Command::new(stockgate_bin())
+        .args(["check", "--upstream", &seeds.join(",")])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn check_passes_a_healthy_cluster_and_fails_a_risky_eviction_policy() {
+    let cluster = cluster();
+    let (ok, report) = check(&cluster.seeds());
+    assert!(ok, "{report}");
+    for line in [
+        "PASS  connect          cluster mode, 3 primaries",
+        "PASS  redis version    7.",
+        "PASS  cluster state    ok on every primary",
+        "PASS  slots            all 16384 slots are served",
+        "PASS  scripts",
+        "PASS  key slots",
+        "PASS  eviction",
+        "WARN  replicas",
+        "WARN  node timeout",
+    ] {
+        assert!(report.contains(line), "missing {line:?} in\n{report}");
+    }
+    // The probe wrote nothing.
+    let mut redis = cluster.cluster_connection().unwrap();
+    for node in &cluster.nodes {
+        let size: i64 = redis::cmd("DBSIZE")
+            .query(&mut node.connection().unwrap())
+            .unwrap();
+        assert_eq!(size, 0, "check wrote to port {}", node.port);
+    }
+    let _ = &mut redis;
+
+    let mut node = cluster.nodes[1].connection().unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1gb")
+        .query::<()>(&mut node)
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query::<()>(&mut node)
+        .unwrap();
+    let (ok, report) = check(&cluster.seeds());
+    assert!(!ok, "a FAIL exits non-zero:\n{report}");
+    assert!(report.contains("FAIL  eviction"), "{report}");
+    assert!(
+        report.contains("evict exactly the idempotency records"),
+        "{report}"
+    );
+}
+
+#[test]
+fn check_understands_a_standalone_redis_and_an_unreachable_one() {
+    let redis = standalone();
+    let (ok, report) = check(&[redis.url()]);
+    assert!(ok, "{report}");
+    assert!(
+        report.contains("PASS  connect          standalone mode, 1 primary"),
+        "{report}"
+    );
+    assert!(!report.contains("cluster state"), "{report}");
+    let port = free_port();
+    let (ok, report) = check(&[format!("redis://127.0.0.1:{port}")]);
+    assert!(!ok);
+    assert!(report.contains("FAIL  connect"), "{report}");
+}
