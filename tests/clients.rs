@@ -1,0 +1,898 @@
+//! Real client libraries against stockgate, used the way applications use
+//! them: default settings, DEDUCT sent as a custom command.
+//!
+//! Every test starts a Redis Cluster and an in-process stockgate (see
+//! `tests/support`), runs a real client as a subprocess against it and
+//! compares **every field of every reply** (code, remain, order_no,
+//! version, and reason for code 3, or the error text) with what stockgate
+//! owes, then reads Redis directly to check what was written.
+//!
+//! # Plans
+//!
+//! - The *codes plan*: one DEDUCT at a time, giving codes 0, 1, 2, 3 (a bad
+//!   qty, and a request_id reused with another qty) and an `UNKNOWNSKU`
+//!   error, with and without order_no.
+//! - The *pipeline plan*: 100 independent DEDUCTs (one sku each, spread over
+//!   the cluster's slots) sent at once, every reply checked in order. Each
+//!   reply is known in advance because no two touch the same sku: stockgate
+//!   promises the order of replies, not the order of execution.
+//!
+//! # Clients
+//!
+//! Installed from their registries on first use into
+//! `<target>/client-envs/<name>`, reused until their manifest changes:
+//! Python clients in a venv from hash-pinned requirements
+//! (`tests/clients/python/*.txt`), Node clients with `npm ci` from a
+//! committed lockfile (`tests/clients/node/<name>/`). A missing `python3`,
+//! `npm`, `redis-cli` or `redis-benchmark` fails the test with how to
+//! install it. The drivers (`tests/clients/{python,node}/driver.*`) only
+//! run commands and print typed replies as JSON; all judging is here.
+//!
+//! A recording relay ([`Tap`]) between client and stockgate captures the
+//! handshake each client really sends on connect, so the protocol column
+//! of the README's support table is tested, not assumed.
+//!
+//! Go (go-redis) and Java (Jedis, Lettuce) can't be installed here; their
+//! handshakes are replayed as bytes taken from their source, cited where
+//! they are defined.
+//!
+//! The Python and Node examples (`examples/python`, `examples/node`) run
+//! here too, for every outcome, including a retry after a client timeout.
+//!
+//! # Layout
+//!
+//! This file holds the tests and what each client is pinned to;
+//! `clients/install.rs` installs and runs clients, `clients/plans.rs` builds
+//! plans and compares replies, `clients/wire.rs` has the recording relay
+//! and the raw RESP conversation used for replays.
+
+#[path = "clients/install.rs"]
+mod install;
+#[path = "clients/plans.rs"]
+mod plans;
+mod support;
+#[path = "clients/wire.rs"]
+mod wire;
+
+use install::*;
+use plans::*;
+use redis::Value;
+use serde_json::{Value as Json, json};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use stockgate::dev::LocalCluster;
+use stockgate::server::Server;
+use support::*;
+use wire::*;
+
+// ---------------------------------------------------------------------------
+// The clients under test
+// ---------------------------------------------------------------------------
+
+/// redis-py 5: RESP2 by default; announces itself with CLIENT SETINFO.
+const REDIS_PY_5: Pinned = Pinned {
+    name: "redis-py-5",
+    runtime: Runtime::Python {
+        requirements: "redis-py-5.txt",
+    },
+    version: "5.3.1",
+    handshake: &[
+        &["CLIENT", "SETINFO", "LIB-NAME", "redis-py"],
+        &["CLIENT", "SETINFO", "LIB-VER", "5.3.1"],
+    ],
+    error_class: "ResponseError",
+};
+
+/// redis-py 8 (newest): RESP3 by default (`HELLO 3`), then asks for
+/// maintenance notifications, which stockgate refuses with an error that
+/// redis-py's default "auto" mode ignores.
+const REDIS_PY_8: Pinned = Pinned {
+    name: "redis-py-8",
+    runtime: Runtime::Python {
+        requirements: "redis-py-8.txt",
+    },
+    version: "8.1.0",
+    handshake: &[
+        &["HELLO", "3"],
+        &[
+            "CLIENT",
+            "MAINT_NOTIFICATIONS",
+            "ON",
+            "moving-endpoint-type",
+            "internal-ip",
+        ],
+        &["CLIENT", "SETINFO", "LIB-NAME", "redis-py"],
+        &["CLIENT", "SETINFO", "LIB-VER", "8.1.0"],
+    ],
+    error_class: "ResponseError",
+};
+
+/// ioredis 5: RESP2; its ready check sends INFO and waits for `loading:0`.
+const IOREDIS_5: Pinned = Pinned {
+    name: "ioredis5",
+    runtime: Runtime::Node {
+        library: "ioredis",
+        min_node: 12,
+    },
+    version: "5.11.1",
+    handshake: &[
+        &["client", "SETINFO", "LIB-NAME", "ioredis"],
+        &["client", "SETINFO", "LIB-VER", "5.11.1"],
+        &["info"],
+    ],
+    error_class: "ReplyError",
+};
+
+/// ioredis 6: RESP3 by default (`hello 3`), then the same ready check.
+/// Errors are `SimpleError`, a subclass of `ReplyError` named "ReplyError".
+const IOREDIS_6: Pinned = Pinned {
+    name: "ioredis6",
+    runtime: Runtime::Node {
+        library: "ioredis",
+        min_node: 20,
+    },
+    version: "6.0.0",
+    handshake: &[
+        &["hello", "3"],
+        &["client", "SETINFO", "LIB-VER", "6.0.0"],
+        &["client", "SETINFO", "LIB-NAME", "ioredis"],
+        &["info"],
+    ],
+    error_class: "SimpleError",
+};
+
+/// node-redis 4: RESP2. It reports the version of @redis/client it was
+/// released with (1.6.0), not the installed 1.6.1.
+const NODE_REDIS_4: Pinned = Pinned {
+    name: "node-redis4",
+    runtime: Runtime::Node {
+        library: "redis",
+        min_node: 14,
+    },
+    version: "4.7.1",
+    handshake: &[
+        &["CLIENT", "SETINFO", "LIB-NAME", "node-redis"],
+        &["CLIENT", "SETINFO", "LIB-VER", "1.6.0"],
+    ],
+    error_class: "ErrorReply",
+};
+
+/// node-redis 6 (newest): RESP3 by default (`HELLO 3`), then asks for
+/// maintenance notifications (refused; ignored by its default mode).
+const NODE_REDIS_6: Pinned = Pinned {
+    name: "node-redis6",
+    runtime: Runtime::Node {
+        library: "redis",
+        min_node: 20,
+    },
+    version: "6.3.1",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "LIB-VER", "6.3.1"],
+        &["CLIENT", "SETINFO", "LIB-NAME", "node-redis"],
+        &[
+            "CLIENT",
+            "MAINT_NOTIFICATIONS",
+            "ON",
+            "moving-endpoint-type",
+            "external-ip",
+        ],
+    ],
+    error_class: "SimpleError",
+};
+
+#[test]
+fn redis_py_5_resp2_plain_pool_and_pipeline() {
+    check_driver_client(&REDIS_PY_5, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn redis_py_8_resp3_plain_pool_and_pipeline() {
+    check_driver_client(&REDIS_PY_8, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn ioredis_5_resp2_call_and_pipeline() {
+    check_driver_client(&IOREDIS_5, &["plain", "pipeline"]);
+}
+
+#[test]
+fn ioredis_6_resp3_call_and_pipeline() {
+    check_driver_client(&IOREDIS_6, &["plain", "pipeline"]);
+}
+
+#[test]
+fn node_redis_4_resp2_send_command_and_pipeline() {
+    check_driver_client(&NODE_REDIS_4, &["plain", "pipeline"]);
+}
+
+#[test]
+fn node_redis_6_resp3_send_command_and_pipeline() {
+    check_driver_client(&NODE_REDIS_6, &["plain", "pipeline"]);
+}
+
+/// Runs `client`'s driver in each mode against a fresh cluster and
+/// stockgate, checking replies, handshake and what Redis holds afterwards.
+fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
+    // Install while the cluster starts (the cluster must start on this
+    // thread: its servers die with the thread that spawned them).
+    let install = std::thread::spawn(move || installed(client));
+    let cluster = cluster();
+    let env = install
+        .join()
+        .unwrap_or_else(|_| panic!("installing {}", client.name));
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        for mode in modes {
+            let tag = format!("{}-{mode}", client.name);
+            let plan = match *mode {
+                "pipeline" => pipeline_plan(&cluster, &server, &tag).await,
+                _ => codes_plan(&cluster, &tag),
+            };
+            let tap = Tap::start(server.addr, false).await;
+            let out = env.drive(tap.addr.port(), mode, &plan.commands).await;
+            assert_eq!(
+                out.version, client.version,
+                "{}: the env holds another version",
+                client.name
+            );
+            assert_replies(&tag, &out.replies, &plan.expected(client.error_class));
+            plan.audit(&cluster);
+
+            let sent = tap.commands();
+            let first = &sent[0];
+            let handshake: Vec<Vec<String>> = first
+                .iter()
+                .take_while(|c| !is_deduct(c))
+                .cloned()
+                .collect();
+            let mut expected = strings(client.handshake);
+            if *mode == "pool" {
+                // The pool health-checks a new connection before anything
+                // else, handshake included (a RESP2 PING before HELLO 3).
+                expected.insert(0, vec!["PING".to_owned()]);
+            }
+            assert_eq!(handshake, expected, "{tag}: handshake on connect");
+            if *mode == "pool" {
+                // health_check_interval: an idle pooled connection is
+                // PINGed before it is reused, i.e. before every DEDUCT
+                // after the first one on it.
+                let deducts: Vec<usize> = positions(first, is_deduct);
+                assert_eq!(deducts.len(), plan.commands.len(), "{tag}: one connection");
+                for &at in &deducts[1..] {
+                    assert!(
+                        first[at - 1][0].eq_ignore_ascii_case("ping"),
+                        "{tag}: no health-check PING before command {at}: {first:?}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// redis-cli and redis-benchmark
+// ---------------------------------------------------------------------------
+
+/// One-shot redis-cli in its three output styles: raw (what scripts
+/// read), `--no-raw` (types shown) over RESP2, and `-3 --no-raw` over
+/// RESP3 (`HELLO 3` first).
+#[test]
+fn redis_cli_one_shot_raw_typed_and_resp3() {
+    let cluster = cluster();
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        let port = server.addr.port();
+        for (flags, typed) in [
+            (&[][..], false),
+            (&["--no-raw"][..], true),
+            (&["-3", "--no-raw"][..], true),
+        ] {
+            let tag = format!("cli{}", flags.concat());
+            let plan = codes_plan(&cluster, &tag);
+            for (command, expected) in plan.commands.iter().zip(plan.expected("")) {
+                let mut args: Vec<&str> = flags.to_vec();
+                args.extend(command.iter().map(String::as_str));
+                assert_eq!(
+                    redis_cli(port, &args),
+                    cli_text(&expected, typed),
+                    "redis-cli {args:?}"
+                );
+            }
+            plan.audit(&cluster);
+        }
+    });
+}
+
+/// `redis-cli --pipe` streams raw RESP and only counts replies; it prints
+/// error replies to stderr. Every reply's effect is then checked in Redis.
+#[test]
+fn redis_cli_pipe_mode_sends_the_pipeline_plan() {
+    let cluster = cluster();
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        let plan = pipeline_plan(&cluster, &server, "cli-pipe").await;
+        let mut input = Vec::new();
+        for command in &plan.commands {
+            input.extend_from_slice(&resp(command));
+        }
+        let port = server.addr.port().to_string();
+        let out = run_with_stdin(
+            "redis-cli",
+            &["-h", "127.0.0.1", "-p", &port, "--pipe"],
+            &input,
+        )
+        .await;
+        let expected = plan.expected("");
+        let errors: Vec<&str> = expected
+            .iter()
+            .filter_map(|r| r.get("error").and_then(Json::as_str))
+            .collect();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.ends_with(&format!(
+                "errors: {}, replies: {}\n",
+                errors.len(),
+                plan.commands.len()
+            )),
+            "{stdout}"
+        );
+        // redis-cli --pipe exits 1 when any reply was an error.
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().collect::<Vec<_>>(), errors);
+        plan.audit(&cluster);
+    });
+}
+
+/// redis-benchmark with DEDUCT as a custom command. `__rand_int__` (with
+/// `-r`) becomes a 12-digit number, new at each occurrence, so it goes in
+/// the request_id only: some ids repeat (duplicates), and the stock runs
+/// out (insufficient). Whatever the mix, the books must balance.
+#[test]
+fn redis_benchmark_custom_deduct_keeps_the_books_balanced() {
+    const REQUESTS: u64 = 2000;
+    const STOCK: i64 = 1500;
+    let cluster = cluster();
+    set_stocks(&cluster, &[("bench".to_owned(), STOCK)]);
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        let port = server.addr.port().to_string();
+        let n = REQUESTS.to_string();
+        let out = run_with_stdin(
+            "redis-benchmark",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-c",
+                "8",
+                "-n",
+                &n,
+                "-P",
+                "4",
+                "-r",
+                "50000",
+                "-q",
+                "DEDUCT",
+                "bench",
+                "1",
+                "bench-__rand_int__",
+            ],
+            b"",
+        )
+        .await;
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("DEDUCT bench 1 bench-__rand_int__"),
+            "{out:?}"
+        );
+
+        let counts = deduct_counts(server.admin_addr).await;
+        let stock = get_stock(&cluster, "bench").unwrap();
+        let records = scan_records(&cluster, "bench");
+        // Every request got a business answer; none was refused or failed.
+        assert_eq!(counts["invalid"] + counts["error"], 0, "{counts:?}");
+        assert_eq!(
+            counts["ok"] + counts["duplicate"] + counts["insufficient"],
+            REQUESTS,
+            "{counts:?}"
+        );
+        assert!(counts["insufficient"] > 0, "the stock ran out: {counts:?}");
+        // Each success wrote one record of qty 1 and took one unit.
+        for (key, value) in &records {
+            let id = key.rsplit(':').next().unwrap();
+            assert!(
+                id.len() == "bench-".len() + 12
+                    && id["bench-".len()..].bytes().all(|b| b.is_ascii_digit()),
+                "__rand_int__ is substituted: {key}"
+            );
+            assert_eq!(value, "D:1:", "{key}");
+        }
+        let deducted: i64 = records
+            .iter()
+            .map(|(_, v)| v.split(':').nth(1).unwrap().parse::<i64>().unwrap())
+            .sum();
+        assert_eq!(STOCK - stock, deducted);
+        assert_eq!(deducted as u64, counts["ok"]);
+        assert_eq!(stock, 0, "more distinct ids than stock");
+    });
+}
+
+/// What one-shot redis-cli prints for `reply`: raw, or with types.
+fn cli_text(reply: &Json, typed: bool) -> String {
+    if let Some(error) = reply.get("error") {
+        let error = error.as_str().unwrap();
+        return if typed {
+            format!("(error) {error}\n")
+        } else {
+            format!("{error}\n\n")
+        };
+    }
+    let mut out = String::new();
+    for (i, field) in reply.as_array().unwrap().iter().enumerate() {
+        let text = match (field.get("int"), field.get("str")) {
+            (Some(n), _) if typed => format!("(integer) {n}"),
+            (Some(n), _) => n.to_string(),
+            (_, Some(s)) if typed => format!("{s}"),
+            (_, Some(s)) => s.as_str().unwrap().to_owned(),
+            _ => unreachable!("{field}"),
+        };
+        if typed {
+            out.push_str(&format!("{}) {text}\n", i + 1));
+        } else {
+            out.push_str(&format!("{text}\n"));
+        }
+    }
+    out
+}
+
+/// Every idempotency record of `sku`, found with SCAN on every primary.
+fn scan_records(cluster: &LocalCluster, sku: &str) -> Vec<(String, String)> {
+    let pattern = format!("{}:req:*", String::from_utf8(stock_key(sku)).unwrap());
+    let mut found = Vec::new();
+    for node in &cluster.nodes[..cluster.masters] {
+        let mut conn = node.connection().unwrap();
+        let keys: Vec<String> = redis::cmd("SCAN")
+            .cursor_arg(0)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .clone()
+            .iter(&mut conn)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for key in keys {
+            let value: String = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+            found.push((key, value));
+        }
+    }
+    found
+}
+
+/// `stockgate_requests_total{command="deduct",result=...}` from /metrics.
+async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
+    let text = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(admin).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    })
+    .await
+    .unwrap();
+    let prefix = "stockgate_requests_total{command=\"deduct\",result=\"";
+    text.lines()
+        .filter_map(|line| {
+            let (result, count) = line.strip_prefix(prefix)?.split_once("\"} ")?;
+            Some((result.to_owned(), count.parse().ok()?))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// The redis crate (Rust)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
+    let cluster = cluster();
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        for resp3 in [false, true] {
+            let tag = format!("rs-{}", if resp3 { "resp3" } else { "resp2" });
+            let tap = Tap::start(server.addr, false).await;
+            let url = format!(
+                "redis://{}{}",
+                tap.addr,
+                if resp3 { "/?protocol=resp3" } else { "" }
+            );
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connects through the tap");
+
+            let plan = codes_plan(&cluster, &tag);
+            let mut replies = Vec::new();
+            for command in &plan.commands {
+                let mut cmd = redis::cmd(&command[0]);
+                for arg in &command[1..] {
+                    cmd.arg(arg);
+                }
+                replies.push(match cmd.query_async::<Value>(&mut conn).await {
+                    Ok(value) => typed(&value, "RedisError"),
+                    Err(err) => json!({
+                        "error": format!("{} {}", err.code().unwrap(), err.detail().unwrap()),
+                        "class": "RedisError",
+                    }),
+                });
+            }
+            assert_replies(&tag, &replies, &plan.expected("RedisError"));
+            plan.audit(&cluster);
+            let handshake: Vec<Vec<String>> = tap.commands()[0]
+                .iter()
+                .take_while(|c| !is_deduct(c))
+                .cloned()
+                .collect();
+            let mut expected = vec![
+                vec!["CLIENT", "SETINFO", "LIB-NAME", "redis-rs"],
+                vec!["CLIENT", "SETINFO", "LIB-VER", "1.8.1"],
+            ];
+            if resp3 {
+                expected.insert(0, vec!["HELLO", "3"]);
+            }
+            assert_eq!(handshake, expected, "{tag}: redis-rs handshake");
+
+            let plan = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for command in &plan.commands {
+                pipe.cmd(&command[0]).arg(&command[1..]);
+            }
+            let values: Vec<Value> = pipe.query_async(&mut conn).await.unwrap();
+            let replies: Vec<Json> = values.iter().map(|v| typed(v, "RedisError")).collect();
+            assert_replies(&tag, &replies, &plan.expected("RedisError"));
+            plan.audit(&cluster);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Go and Java: handshakes replayed as bytes
+// ---------------------------------------------------------------------------
+
+/// What one client library writes on a new connection, and how many
+/// replies it reads before writing more.
+struct Replay {
+    client: &'static str,
+    steps: &'static [(&'static [u8], usize)],
+    /// What the client demands of each handshake reply.
+    check: fn(&[Value]),
+}
+
+/// go-redis v9.14.0 with `redis.NewClient(&redis.Options{Addr: ...})`.
+///
+/// Source: redis/go-redis v9.14.0, as vendored in grafana/grafana at
+/// `vendor/github.com/redis/go-redis/v9/`: `options.go` `init()` sets
+/// `Protocol = 3` when unset; `redis.go` `initConn` sends
+/// `conn.Hello(ctx, 3, "", "", "")`, which `commands.go` `Hello` writes as
+/// lowercase `hello 3`, reading the reply as a map
+/// (`MapStringInterfaceCmd`); any reply that is not a Redis error reply
+/// fails the connection. Then it pipelines `client setinfo LIB-NAME
+/// go-redis(<suffix>,<go version>)` and `client setinfo LIB-VER <version>`
+/// (`ClientSetInfo`), ignoring Redis errors. The Go version here is an
+/// example of what `runtime.Version()` gives.
+const GO_REDIS_9: Replay = Replay {
+    client: "go-redis v9.14.0",
+    steps: &[
+        (b"*2\r\n$5\r\nhello\r\n$1\r\n3\r\n", 1),
+        (
+            b"*4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$8\r\nLIB-NAME\r\n$19\r\ngo-redis(,go1.24.6)\r\n\
+              *4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$7\r\nLIB-VER\r\n$6\r\n9.14.0\r\n",
+            2,
+        ),
+    ],
+    check: |replies| {
+        hello_map(&replies[0]);
+        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
+    },
+};
+
+/// Jedis 5.2.0 with `new Jedis(host, port)` or `new JedisPooled(host, port)`
+/// (no protocol, no password configured).
+///
+/// Source: redis/jedis `src/main/java/redis/clients/jedis/Connection.java`
+/// (5.x, commit a4737e0): `initializeFromClientConfig` calls `helloOrAuth`,
+/// which sends nothing when neither protocol nor password is set (RESP2, no
+/// HELLO); it then writes `CLIENT SETINFO LIB-NAME jedis` and `CLIENT
+/// SETINFO LIB-VER <version>` back to back and reads both replies with
+/// `getMany`, which collects error replies instead of throwing.
+const JEDIS_5: Replay = Replay {
+    client: "Jedis 5.2.0",
+    steps: &[(
+        b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$5\r\njedis\r\n\
+          *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nLIB-VER\r\n$5\r\n5.2.0\r\n",
+        2,
+    )],
+    check: |replies| assert_eq!(replies, &[Value::Okay, Value::Okay]),
+};
+
+/// Lettuce 6 (6.3 and later) with `RedisClient.create("redis://host:port")`.
+///
+/// Source: redis/lettuce `src/main/java/io/lettuce/core/RedisHandshake.java`:
+/// with no protocol configured, `tryHandshakeResp3` sends `HELLO 3` and
+/// falls back to RESP2 only on `ERR unknown command` (6.0, commit b4263f1);
+/// on success it casts the reply map's fields, `(Long) id`,
+/// `(String) mode`, `(String) version`, `(String) role`, so a wrong type
+/// fails the connection with a ClassCastException. Then
+/// `applyConnectionMetadata` pipelines `CLIENT SETINFO lib-name Lettuce`
+/// and `CLIENT SETINFO lib-ver <version>`, failures ignored (commit
+/// 00eec0c; `applyConnectionMetadataSafely`).
+const LETTUCE_6: Replay = Replay {
+    client: "Lettuce 6.6.0",
+    steps: &[
+        (b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n", 1),
+        (
+            b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nlib-name\r\n$7\r\nLettuce\r\n\
+              *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nlib-ver\r\n$13\r\n6.6.0.RELEASE\r\n",
+            2,
+        ),
+    ],
+    check: |replies| {
+        let fields = hello_map(&replies[0]);
+        assert!(matches!(fields["id"], Value::Int(_)), "(Long) id");
+        for key in ["mode", "version", "role"] {
+            assert!(
+                matches!(fields[key], Value::BulkString(_)),
+                "(String) {key}: {:?}",
+                fields[key]
+            );
+        }
+        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
+    },
+};
+
+#[test]
+fn go_redis_9_handshake_replayed() {
+    check_replay(&GO_REDIS_9);
+}
+
+#[test]
+fn jedis_5_handshake_replayed() {
+    check_replay(&JEDIS_5);
+}
+
+#[test]
+fn lettuce_6_handshake_replayed() {
+    check_replay(&LETTUCE_6);
+}
+
+/// A RESP3 HELLO reply as go-redis and Lettuce read it: a map of
+/// bulk-string keys, `proto` 3.
+fn hello_map(reply: &Value) -> HashMap<String, &Value> {
+    let Value::Map(entries) = reply else {
+        panic!("HELLO 3 must answer a RESP3 map, got {reply:?}")
+    };
+    let fields: HashMap<String, &Value> = entries
+        .iter()
+        .map(|(k, v)| match k {
+            Value::BulkString(k) => (String::from_utf8(k.clone()).unwrap(), v),
+            other => panic!("map keys must be strings, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(fields["proto"], &Value::Int(3));
+    fields
+}
+
+/// Replays `replay`'s handshake on one connection, then the codes plan
+/// one command at a time and the pipeline plan in one write, as these
+/// clients do for synchronous calls and pipelines.
+fn check_replay(replay: &'static Replay) {
+    let cluster = cluster();
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        let tag = replay.client.replace([' ', '.'], "-");
+        let codes = codes_plan(&cluster, &tag);
+        let pipeline = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
+        let addr = server.addr;
+        let (handshake, replies, piped) = tokio::task::spawn_blocking(move || {
+            let mut wire = Wire::connect(addr);
+            let mut handshake = Vec::new();
+            for (bytes, replies) in replay.steps {
+                wire.send(bytes);
+                handshake.extend((0..*replies).map(|_| wire.reply()));
+            }
+            let replies: Vec<Value> = codes
+                .commands
+                .iter()
+                .map(|c| {
+                    wire.send(&resp(c));
+                    wire.reply()
+                })
+                .collect();
+            let all: Vec<u8> = pipeline.commands.iter().flat_map(|c| resp(c)).collect();
+            wire.send(&all);
+            let piped: Vec<Value> = pipeline.commands.iter().map(|_| wire.reply()).collect();
+            (handshake, (codes, replies), (pipeline, piped))
+        })
+        .await
+        .unwrap();
+        (replay.check)(&handshake);
+        for (plan, values) in [replies, piped] {
+            let typed: Vec<Json> = values.iter().map(|v| typed(v, "ServerError")).collect();
+            assert_replies(replay.client, &typed, &plan.expected("ServerError"));
+            plan.audit(&cluster);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// The examples
+// ---------------------------------------------------------------------------
+
+#[test]
+fn python_example_handles_every_outcome() {
+    let requirements = read("examples/python/requirements.txt");
+    assert!(
+        requirements
+            .lines()
+            .any(|l| l == format!("redis=={}", REDIS_PY_8.version)),
+        "examples/python/requirements.txt must pin the redis-py the test runs"
+    );
+    check_example(&REDIS_PY_8, "examples/python/deduct.py");
+}
+
+#[test]
+fn node_example_handles_every_outcome() {
+    let manifest = read("examples/node/package.json");
+    assert!(
+        manifest.contains(&format!("\"ioredis\": \"{}\"", IOREDIS_5.version)),
+        "examples/node/package.json must pin the ioredis the test runs"
+    );
+    check_example(&IOREDIS_5, "examples/node/deduct.js");
+}
+
+/// Runs an example once per outcome and checks what it prints and exits
+/// with. The timeout case goes through a [`Tap`] that swallows the reply
+/// to the first DEDUCT (after stockgate applied it), so the example times
+/// out, retries with the same request_id, and gets code 1.
+fn check_example(client: &'static Pinned, script: &str) {
+    let install = std::thread::spawn(move || installed(client));
+    let cluster = cluster();
+    let env = install.join().unwrap();
+    let tag = client.name;
+    let sku = format!("{tag}-ex");
+    let order = format!("ORD-{tag}");
+    let id = |n: u32| format!("{tag}-ex-{n}");
+    set_stocks(&cluster, &[(sku.clone(), 10)]);
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |_| {}).await;
+        // A stockgate whose Redis is gone answers UPSTREAM at once.
+        let dead = server_without_redis().await;
+        let black_hole = Tap::start(server.addr, true).await;
+        let retry = |why: &str, n: u32| {
+            format!("attempt {n} of 3: {why}; retrying with the same request_id")
+        };
+        let upstream = "UPSTREAM not connected to redis yet; \
+                        the outcome may be unknown, retrying with the same request_id is safe";
+        let cases = [
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "3", &id(1), &order]),
+                prints: vec![format!("proceed: deducted, 7 left, order_no \"{order}\"")],
+                proceeds: true,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "3", &id(1), &order]),
+                prints: vec![format!(
+                    "proceed: already deducted by an earlier attempt, 7 left, order_no \"{order}\""
+                )],
+                proceeds: true,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "8", &id(2)]),
+                prints: vec![
+                    "fail the order: insufficient stock (7 left); nothing was deducted".into(),
+                ],
+                proceeds: false,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "0", &id(3)]),
+                prints: vec![format!("fix the request: {QTY_REASON}")],
+                proceeds: false,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&format!("{tag}-unstocked"), "1", &id(4)]),
+                prints: vec![format!("fail the order and alert: {UNKNOWN_SKU}")],
+                proceeds: false,
+            },
+            Example {
+                to: dead.addr,
+                args: owned(&[&sku, "1", &id(5)]),
+                prints: vec![
+                    retry(upstream, 1),
+                    retry(upstream, 2),
+                    retry(upstream, 3),
+                    "unknown: no answer after 3 attempts; \
+                     park the order and retry later with the same request_id"
+                        .into(),
+                ],
+                proceeds: false,
+            },
+            Example {
+                to: black_hole.addr,
+                args: owned(&[&sku, "2", &id(6), &order]),
+                prints: vec![
+                    retry("timed out", 1),
+                    format!(
+                        "proceed: already deducted by an earlier attempt, 5 left, order_no \"{order}\""
+                    ),
+                ],
+                proceeds: true,
+            },
+        ];
+        for case in cases {
+            let mut command = env.command(&repo_path(script));
+            command
+                .args(["--port", &case.to.port().to_string()])
+                .args(&case.args);
+            let out = finish(command, &[]).await;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                stdout.lines().collect::<Vec<_>>(),
+                case.prints,
+                "{script} {:?}; stderr: {}",
+                case.args,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
+        }
+        // The timed-out attempt and its retry took the stock once.
+        assert_eq!(get_stock(&cluster, &sku), Some(5));
+        let mut redis = cluster.cluster_connection().unwrap();
+        let record: Option<String> = redis::cmd("GET")
+            .arg(record_key(&sku, &id(6)))
+            .query(&mut redis)
+            .unwrap();
+        assert_eq!(record, Some(format!("D:2:{order}")));
+    });
+}
+
+/// One run of an example: where it connects, its arguments, the lines it
+/// must print and whether it must exit 0 (the order proceeds).
+struct Example {
+    to: SocketAddr,
+    args: Vec<String>,
+    prints: Vec<String>,
+    proceeds: bool,
+}
+
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// A stockgate whose upstream is a loopback port nobody listens on.
+async fn server_without_redis() -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = stockgate::config::Config::for_upstream(vec![format!("redis://127.0.0.1:{port}")]);
+    stockgate::server::start(config)
+        .await
+        .expect("stockgate starts")
+}
