@@ -32,7 +32,6 @@ struct Proc {
     child: Child,
     log: Option<std::thread::JoinHandle<String>>,
     port: u16,
-    admin: u16,
 }
 
 impl Proc {
@@ -59,7 +58,6 @@ impl Proc {
             child,
             log: Some(log),
             port,
-            admin,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while http_status(admin, "/readyz") != Some(200) {
