@@ -202,6 +202,11 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_LISTEN", default_value = "127.0.0.1:6390")]
     pub listen: SocketAddr,
 
+    /// Serve the HTTP/JSON API (POST /v1/deduct, /v1/revert) here. Off
+    /// unless given; the bare flag means 127.0.0.1:8390.
+    #[arg(long, env = "STOCKGATE_HTTP_LISTEN", num_args = 0..=1, default_missing_value = "127.0.0.1:8390")]
+    pub http_listen: Option<SocketAddr>,
+
     /// HTTP address of /metrics, /healthz and /readyz.
     #[arg(long, env = "STOCKGATE_ADMIN_LISTEN", default_value = "127.0.0.1:9390")]
     pub admin_listen: SocketAddr,
@@ -267,6 +272,7 @@ pub struct UpstreamConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    pub http_listen: Option<SocketAddr>,
     pub upstream: UpstreamConfig,
     pub keys: KeyLayout,
     pub retry_window: Duration,
@@ -339,6 +345,7 @@ impl ProxyArgs {
         Ok(Config {
             listen: self.listen,
             admin_listen: self.admin_listen,
+            http_listen: self.http_listen,
             upstream,
             keys,
             retry_window: self.retry_window,

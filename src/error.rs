@@ -39,7 +39,37 @@ pub enum FaultKind {
     Refused,
 }
 
+/// The three classes of fault, by what they mean for the caller. The RESP
+/// error's first word and the HTTP status both follow from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultClass {
+    /// Redis couldn't be asked or didn't answer in time; the outcome may be
+    /// unknown, a retry with the same request_id is safe and may succeed.
+    /// RESP `-UPSTREAM`, HTTP 503.
+    Unavailable,
+    /// Redis answered something stockgate can't read; outcome may be
+    /// unknown. RESP `-BADREPLY`, HTTP 500.
+    BadReply,
+    /// The data says no (unknown sku, corrupt value, a refused change);
+    /// nothing changed and a retry won't help. RESP: the script's own
+    /// code, HTTP 500.
+    Data,
+}
+
 impl FaultKind {
+    pub fn class(self) -> FaultClass {
+        match self {
+            FaultKind::Timeout
+            | FaultKind::Connection
+            | FaultKind::ClusterDown
+            | FaultKind::Busy
+            | FaultKind::OutOfMemory
+            | FaultKind::NotReady => FaultClass::Unavailable,
+            FaultKind::BadReply => FaultClass::BadReply,
+            FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
+        }
+    }
+
     /// Every kind, for creating the metric series at zero.
     pub const ALL: [FaultKind; 10] = [
         FaultKind::Timeout,
@@ -74,10 +104,7 @@ impl FaultKind {
     /// succeed later. Retrying is always *safe* (the script is idempotent);
     /// this says whether it is *useful*.
     pub fn retry_may_help(self) -> bool {
-        !matches!(
-            self,
-            FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused
-        )
+        self.class() != FaultClass::Data
     }
 }
 
@@ -155,15 +182,15 @@ impl UpstreamError {
     /// retry does.
     pub fn reply_text(&self) -> String {
         let one_line = self.detail.replace(['\r', '\n'], " ");
-        match self.kind {
-            FaultKind::UnknownSku => format!("UNKNOWNSKU {one_line}"),
+        match (self.kind.class(), self.kind) {
+            (FaultClass::Data, FaultKind::UnknownSku) => format!("UNKNOWNSKU {one_line}"),
             // The first word of the detail is the script's own code
             // (BADSTOCK, BADRECORD, WRONGTYPE, NEGATIVE).
-            FaultKind::BadData | FaultKind::Refused => one_line,
-            FaultKind::BadReply => format!(
+            (FaultClass::Data, _) => one_line,
+            (FaultClass::BadReply, _) => format!(
                 "BADREPLY {one_line}; the outcome may be unknown, retrying with the same request_id is safe"
             ),
-            _ => format!(
+            (FaultClass::Unavailable, _) => format!(
                 "UPSTREAM {one_line}; the outcome may be unknown, retrying with the same request_id is safe"
             ),
         }

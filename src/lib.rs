@@ -32,6 +32,7 @@
 //! - [`config`]: flags and `STOCKGATE_*` variables, validated.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`http`]: the HTTP/JSON API, through the same stock service.
 //! - [`dev`]: throwaway local Redis servers and clusters.
 //! - [`bulk`]: `stockgate stock import|export`.
 //! - [`check`]: `stockgate check`, the doctor.
@@ -46,6 +47,7 @@ pub mod deduct;
 pub mod dev;
 pub mod error;
 pub mod frame;
+pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod outcome;

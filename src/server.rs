@@ -8,6 +8,7 @@
 use crate::admin;
 use crate::config::Config;
 use crate::connection;
+use crate::http;
 use crate::metrics::Metrics;
 use crate::script::Scripts;
 use crate::service::StockService;
@@ -54,6 +55,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// Where /metrics, /healthz and /readyz are served.
     pub admin_addr: SocketAddr,
+    /// Where the HTTP/JSON API is served, if enabled.
+    pub http_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     /// Stops accepting and tells connections to drain.
     drain: CancellationToken,
@@ -74,8 +77,18 @@ pub async fn start(config: Config) -> io::Result<Server> {
             format!("cannot listen on {} (admin): {e}", config.admin_listen),
         )
     })?;
+    let http_listener = match config.http_listen {
+        Some(http) => Some(TcpListener::bind(http).await.map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {http} (http): {e}"))
+        })?),
+        None => None,
+    };
     let addr = listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
+    let http_addr = match &http_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
 
     let scripts = Scripts::new();
     let metrics = Arc::new(Metrics::new());
@@ -100,16 +113,21 @@ pub async fn start(config: Config) -> io::Result<Server> {
     background.spawn(upstream.maintain(stop.clone()));
     background.spawn(admin::serve(admin_listener, shared.clone(), stop.clone()));
     background.spawn(upkeep(metrics, stop.clone()));
+    if let Some(http_listener) = http_listener {
+        // Tracked with the connections: the drain waits for its requests.
+        connections.spawn(http::serve(http_listener, shared.clone(), drain.clone()));
+    }
     background.spawn(accept_loop(
         listener,
         shared.clone(),
         drain.clone(),
         connections.clone(),
     ));
-    tracing::info!(%addr, %admin_addr, "stockgate listening");
+    tracing::info!(%addr, %admin_addr, http = ?http_addr, "stockgate listening");
     Ok(Server {
         addr,
         admin_addr,
+        http_addr,
         shared,
         drain,
         stop,

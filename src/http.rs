@@ -1,0 +1,229 @@
+//! The HTTP/JSON face, for callers without a Redis client: gateways, retry
+//! middleware, monitors. Off unless `--http-listen` is set.
+//!
+//! ```text
+//! POST /v1/deduct  {"sku": "...", "qty": 1, "request_id": "...", "order_no": "..."}
+//! POST /v1/revert  {"sku": "...", "request_id": "..."}
+//! ```
+//!
+//! Requests go through the same [`StockService`] as RESP: one validation,
+//! one script call, one set of metrics. The business code says what happened
+//! to the stock; the HTTP status lets generic infrastructure route, retry
+//! and alert. A business outcome is never a 5xx and a fault is never a 4xx
+//! or a 200. `deploy/openapi.yaml` describes it all.
+//!
+//! | outcome | status |
+//! |---|---|
+//! | code 0, 1 (`"duplicate": true`) | 200 |
+//! | code 2, 4 | 409 |
+//! | code 3 | 400 |
+//! | malformed JSON, missing field, wrong type, body over 16 KiB | 400 `{"error"}`; Redis is not called |
+//! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
+//! | unknown sku, corrupt data, bad script reply, internal fault | 500 `{"error"}` |
+//!
+//! [`StockService`]: crate::service::StockService
+
+use crate::error::{FaultClass, UpstreamError};
+use crate::outcome::{Code, StockReply};
+use crate::server::Shared;
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body; more is a 400 before anything is parsed.
+pub const MAX_BODY: usize = 16 * 1024;
+
+/// Seconds a 503 asks the caller to wait before retrying.
+const RETRY_AFTER_SECS: u64 = 1;
+
+/// Serves until `drain` is cancelled, then finishes the requests in flight.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: CancellationToken) {
+    let app = Router::new()
+        .route("/v1/deduct", post(deduct))
+        .route("/v1/revert", post(revert))
+        .with_state(shared);
+    if let Err(err) = axum::serve(listener, app)
+        .with_graceful_shutdown(drain.cancelled_owned())
+        .await
+    {
+        tracing::error!(%err, "http server stopped");
+    }
+}
+
+#[derive(Deserialize)]
+struct DeductBody {
+    sku: String,
+    qty: u64,
+    request_id: String,
+    #[serde(default)]
+    order_no: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RevertBody {
+    sku: String,
+    request_id: String,
+}
+
+/// The body of every business outcome.
+#[derive(Serialize)]
+struct OutcomeBody<'a> {
+    code: i64,
+    remain: i64,
+    order_no: &'a str,
+    /// Present, and true, only for code 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duplicate: Option<bool>,
+    version: i64,
+    /// Why the parameters were refused (code 3 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_safe: Option<bool>,
+}
+
+async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    let body: DeductBody = match read_json(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let mut args = vec![
+        Bytes::from(body.sku),
+        Bytes::from(body.qty.to_string()),
+        Bytes::from(body.request_id),
+    ];
+    args.extend(body.order_no.map(Bytes::from));
+    respond(shared.service.deduct(&args, arrived).await)
+}
+
+async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    let body: RevertBody = match read_json(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
+    respond(shared.service.revert(&args, arrived).await)
+}
+
+/// Reads at most [`MAX_BODY`] bytes and parses them; anything wrong is a
+/// 400 with the reason, and the stock service is never called.
+async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, Response> {
+    let bytes = to_bytes(request.into_body(), MAX_BODY).await.map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &format!("request body is larger than {MAX_BODY} bytes, or unreadable"),
+            None,
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|err| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid request body: {err}"),
+            None,
+        )
+    })
+}
+
+/// The HTTP status of a business code: never a 5xx.
+pub fn status_for(code: Code) -> StatusCode {
+    match code {
+        Code::Ok | Code::Duplicate => StatusCode::OK,
+        Code::Insufficient | Code::Revoked => StatusCode::CONFLICT,
+        Code::Invalid => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn respond(result: Result<StockReply, UpstreamError>) -> Response {
+    match result {
+        Ok(reply) => {
+            let body = OutcomeBody {
+                code: reply.code as i64,
+                remain: reply.remain,
+                order_no: std::str::from_utf8(&reply.order_no).unwrap_or(""),
+                duplicate: (reply.code == Code::Duplicate).then_some(true),
+                version: reply.version,
+                reason: reply
+                    .reason
+                    .as_deref()
+                    .and_then(|r| std::str::from_utf8(r).ok()),
+            };
+            json(status_for(reply.code), &body)
+        }
+        Err(fault) => {
+            let text = fault.reply_text();
+            match fault.kind.class() {
+                FaultClass::Unavailable => {
+                    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, &text, Some(true));
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+                    response
+                }
+                FaultClass::BadReply | FaultClass::Data => {
+                    error(StatusCode::INTERNAL_SERVER_ERROR, &text, None)
+                }
+            }
+        }
+    }
+}
+
+fn error(status: StatusCode, text: &str, retry_safe: Option<bool>) -> Response {
+    json(
+        status,
+        &ErrorBody {
+            error: text,
+            retry_safe,
+        },
+    )
+}
+
+/// Serializes `body`; a failure to serialize is a 500, never a business
+/// code.
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(bytes),
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::error!(%err, "response failed to serialize");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "application/json")],
+                Body::from(r#"{"error":"internal error: the response could not be serialized"}"#),
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn business_codes_never_map_to_5xx() {
+        for code in Code::ALL {
+            assert!(status_for(code).is_success() || status_for(code).is_client_error());
+        }
+        assert_eq!(status_for(Code::Revoked), StatusCode::CONFLICT);
+    }
+}
