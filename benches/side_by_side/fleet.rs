@@ -134,6 +134,25 @@ impl Proc {
         }
     }
 
+    /// What the process logged (stockgate runs at `warn`, nutcracker at
+    /// `-v 4`, warnings: so any line is worth reading), summed up in one
+    /// line, or `None` when the log is empty.
+    pub fn log_summary(&self) -> Option<String> {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+        let first = lines.first()?;
+        let mut shown: String = first.chars().take(300).collect();
+        if lines.len() > 1 {
+            let last: String = lines[lines.len() - 1].chars().take(300).collect();
+            shown = format!("{shown} ... last: {last}");
+        }
+        Some(format!(
+            "{}: {} log lines; first: {shown}",
+            self.name,
+            lines.len()
+        ))
+    }
+
     /// Fails loudly if the process has died.
     pub fn check_alive(&mut self) {
         if let Some(why) = self.exited() {

@@ -10,10 +10,11 @@ use bytes::{Buf, BytesMut};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A reply that takes longer than this fails the run: something is stuck.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,7 +84,10 @@ pub struct RunOutcome {
     pub codes: [u64; 4],
     pub errors: u64,
     pub first_error: Option<String>,
+    /// From the first request to the last reply.
     pub elapsed: Duration,
+    /// Opening every connection, before the clock started.
+    pub connecting: Duration,
     pub streams: Vec<TcpStream>,
 }
 
@@ -99,10 +103,17 @@ pub fn histogram() -> Histogram<u64> {
 }
 
 /// Opens one connection per `addr`, a bounded number at a time.
+///
+/// Each connection gets its own loopback source address (127.1.x.y, one of
+/// 4,000): all clients of a 10,000-connection run, plus the TIME_WAIT
+/// sockets of earlier runs, would otherwise share one source address and
+/// its ~28,000 ephemeral ports towards one server port, and `connect`
+/// slows to seconds hunting for a free port. That would measure the
+/// client's kernel, not the proxy.
 pub async fn connect_all(addrs: &[SocketAddr]) -> std::io::Result<Vec<TcpStream>> {
-    stream::iter(addrs.iter().copied())
-        .map(|addr| async move {
-            let stream = TcpStream::connect(addr).await.map_err(|e| {
+    stream::iter(addrs.iter().copied().enumerate())
+        .map(|(i, addr)| async move {
+            let stream = connect_from(source_ip(i), addr).await.map_err(|e| {
                 std::io::Error::new(e.kind(), format!("cannot connect to {addr}: {e}"))
             })?;
             stream.set_nodelay(true)?;
@@ -111,6 +122,30 @@ pub async fn connect_all(addrs: &[SocketAddr]) -> std::io::Result<Vec<TcpStream>
         .buffered(CONNECT_CONCURRENCY)
         .try_collect()
         .await
+}
+
+fn source_ip(i: usize) -> Ipv4Addr {
+    let k = i % 4000;
+    Ipv4Addr::new(127, 1, (k / 250) as u8, (k % 250 + 1) as u8)
+}
+
+async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    // Let connect() pick the port for the whole 4-tuple, rather than bind()
+    // reserving one for the source address alone.
+    let on: libc::c_int = 1;
+    // SAFETY: a valid fd and a c_int option of the right size.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    socket.bind(SocketAddr::from((source, 0)))?;
+    socket.connect(addr).await
 }
 
 /// Runs `conns` with `depth` requests in flight on each. `probe` is called
@@ -122,7 +157,9 @@ pub async fn run<P>(
     mut probe: impl FnMut() -> P,
 ) -> Result<(RunOutcome, P, P), String> {
     let addrs: Vec<SocketAddr> = conns.iter().map(|c| c.addr).collect();
+    let connecting = Instant::now();
     let streams = connect_all(&addrs).await.map_err(|e| e.to_string())?;
+    let connecting = connecting.elapsed();
     let before = probe();
     let started = Instant::now();
     let tasks: Vec<_> = conns
@@ -136,6 +173,7 @@ pub async fn run<P>(
         errors: 0,
         first_error: None,
         elapsed: Duration::ZERO,
+        connecting,
         streams: Vec::with_capacity(tasks.len()),
     };
     let mut last = started;

@@ -13,8 +13,11 @@
 //!    same time, all held open: RSS and peak; every reply must be code 0
 //!    and Redis must show exactly that many deductions;
 //! 5. all leave: RSS once the proxy has seen them go;
-//! 6. steps 4 and 5 again, to tell allocator retention (flat) from a leak
-//!    (growing).
+//! 6. steps 4 and 5 again (`BENCH_MANY_ROUNDS` times in all), to tell
+//!    allocator retention (flat) from a leak (growing).
+//!
+//! For context, the same burst of concurrent clients then goes straight to
+//! Redis (direct-cluster, direct-standalone): how long Redis itself takes.
 //!
 //! The harness raises its own `RLIMIT_NOFILE` soft limit to the hard limit
 //! with `setrlimit`, and the proxies inherit it. Kubernetes has no pod
@@ -23,6 +26,7 @@
 //! the soft limit in the process at start, or in the entrypoint with
 //! `ulimit -n`.
 
+use crate::Measured;
 use crate::fleet::{self, Memory};
 use crate::loadgen::{self, Conn};
 use crate::{Fleet, Knobs, Target, TargetId, measure, plan};
@@ -55,6 +59,8 @@ struct Result {
     left: Vec<Memory>,
     many_count: usize,
     notes: Vec<String>,
+    /// A check failed: the benchmark exits non-zero after the table.
+    failed: bool,
 }
 
 pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet, fd_limit: u64) {
@@ -85,7 +91,9 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet, 
                     addr: proxy.addr,
                     clients: Box::new(|| None),
                 };
-                scenarios(runtime, knobs, fleet, &subject, many)
+                let mut result = scenarios(runtime, knobs, fleet, &subject, many);
+                result.notes.extend(proxy.proc.log_summary());
+                result
             }
             _ => {
                 let proxy = fleet.start_stockgate(
@@ -99,12 +107,26 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet, 
                     addr: proxy.addr,
                     clients: Box::new(|| proxy.client_connections()),
                 };
-                scenarios(runtime, knobs, fleet, &subject, many)
+                let mut result = scenarios(runtime, knobs, fleet, &subject, many);
+                result.notes.extend(proxy.proc.log_summary());
+                result
             }
         };
         results.push(result);
     }
-    println!("{}", table(knobs, &results));
+    let context = direct_bursts(runtime, fleet, many);
+    println!("{}{}", table(knobs, &results), context.join("\n"));
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| r.failed)
+        .map(|r| r.id.name())
+        .collect();
+    if !failed.is_empty() {
+        panic!(
+            "memory scenarios failed their checks for {}: see the notes above",
+            failed.join(", ")
+        );
+    }
 }
 
 fn scenarios(
@@ -136,7 +158,7 @@ fn scenarios(
     db.reset();
     let per_conn = (knobs.requests / 10).div_ceil(knobs.connections).max(1);
     let conns = plan(&target, db, knobs.connections, per_conn, &next_tag(), 1);
-    drop(measure(runtime, &target, db, conns, 1));
+    drop(measure(runtime, &target, db, conns, 1).checked());
     settle(subject, &mut notes);
     let warm = fleet::memory(subject.pid);
 
@@ -148,20 +170,19 @@ fn scenarios(
         .unwrap_or_else(|e| panic!("{}: {idle_count} idle clients: {e}", subject.id.name()));
     db.reset();
     let conns = plan(&target, db, knobs.connections, per_conn, &next_tag(), 2);
-    let (_, outcome) = measure(runtime, &target, db, conns, 1);
+    let (_, outcome) = measure(runtime, &target, db, conns, 1).checked();
     let idle_clients = fleet::memory(subject.pid);
     drop((idle_streams, outcome));
     settle(subject, &mut notes);
 
     // 4-6. Many concurrent clients, one DEDUCT each, twice.
     let (mut many_mem, mut left) = (Vec::new(), Vec::new());
-    for round in 0..2 {
+    let mut failed = false;
+    for round in 0..knobs.many_rounds.max(1) {
         fleet::reset_peak(subject.pid);
         db.reset();
-        let conns: Vec<Conn> = plan(&target, db, many, 1, &next_tag(), 3 + round);
-        let started = Instant::now();
-        let (_, outcome) = measure(runtime, &target, db, conns, 1);
-        let served = started.elapsed();
+        let conns: Vec<Conn> = plan(&target, db, many, 1, &next_tag(), 3 + round as u64);
+        let measured = measure(runtime, &target, db, conns, 1);
         many_mem.push(fleet::memory(subject.pid));
         if let Some(open) = (subject.clients)()
             && open != many as u64
@@ -170,11 +191,12 @@ fn scenarios(
                 "round {round}: stockgate_client_connections was {open} with {many} clients connected"
             ));
         }
-        if round == 0 {
-            notes.push(format!(
-                "{many} clients connected and answered in {served:.1?}"
-            ));
+        notes.push(format!("round {round}: {}", burst(&measured)));
+        if let Some(problem) = &measured.problem {
+            notes.push(format!("round {round}: FAILED: {problem}"));
+            failed = true;
         }
+        let outcome = measured.outcome;
         drop(outcome);
         settle(subject, &mut notes);
         left.push(fleet::memory(subject.pid));
@@ -188,7 +210,48 @@ fn scenarios(
         left,
         many_count: many,
         notes,
+        failed,
     }
+}
+
+/// How a burst of clients went: connecting, answering, latency.
+fn burst(measured: &Measured) -> String {
+    let run = &measured.run;
+    format!(
+        "{} clients connected in {:.1?}, all answered {:.1?} later; latency p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        run.requests,
+        measured.outcome.connecting,
+        measured.outcome.elapsed,
+        run.p50_us / 1e3,
+        run.p99_us / 1e3,
+        run.max_us / 1e3
+    )
+}
+
+/// The same burst straight to Redis: what the proxies are up against.
+fn direct_bursts(runtime: &tokio::runtime::Runtime, fleet: &mut Fleet, many: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    for id in [TargetId::DirectCluster, TargetId::DirectStandalone] {
+        let target = Target {
+            id,
+            shape: crate::Shape::Evalsha,
+            routes: fleet.routes(id, None),
+            proxy: None,
+        };
+        let db = fleet.db(id);
+        db.reset();
+        let conns = plan(&target, db, many, 1, &format!("d{}", id.name()), 99);
+        let measured = measure(runtime, &target, db, conns, 1);
+        notes.push(format!(
+            "- {} (no proxy, for context): {}",
+            id.name(),
+            burst(&measured)
+        ));
+        if let Some(problem) = measured.problem {
+            notes.push(format!("- {}: FAILED: {problem}", id.name()));
+        }
+    }
+    notes
 }
 
 /// Waits until the proxy has seen every client go (stockgate says so in
@@ -243,21 +306,28 @@ fn mib(kib: u64) -> String {
 fn table(knobs: &Knobs, results: &[Result]) -> String {
     let mut out = String::new();
     let many = results.first().map_or(knobs.many_clients, |r| r.many_count);
+    let rounds = results.first().map_or(1, |r| r.many.len());
     let _ = write!(
         out,
         "\n**Memory** (RSS in MiB; peak = VmHWM since the step began):\n\n\
          | proxy | idle after start | warm, 0 clients | {idle} clients ({active} active) | peak | \
-         {many} clients | peak | all left | {many} again | all left again | KiB per client |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         {many} clients | peak | all left | {many} clients, left, x{rounds} | KiB per client |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
         idle = knobs.idle_clients,
         active = knobs.connections,
     );
     for r in results {
         let per_client =
             (r.many[0].rss_kib as f64 - r.warm.rss_kib as f64) / r.many_count.max(1) as f64;
+        let each: Vec<String> = r
+            .many
+            .iter()
+            .zip(&r.left)
+            .map(|(m, l)| format!("{}, {}", mib(m.rss_kib), mib(l.rss_kib)))
+            .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {per_client:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {per_client:.1} |",
             r.id.name(),
             mib(r.idle.rss_kib),
             mib(r.warm.rss_kib),
@@ -266,13 +336,14 @@ fn table(knobs: &Knobs, results: &[Result]) -> String {
             mib(r.many[0].rss_kib),
             mib(r.many[0].peak_kib),
             mib(r.left[0].rss_kib),
-            mib(r.many[1].rss_kib),
-            mib(r.left[1].rss_kib),
+            each.join("; "),
         );
     }
-    out.push_str(
+    let _ = writeln!(
+        out,
         "\nKiB per client: (RSS with all clients connected - warm RSS) / clients. Every client's \
-         DEDUCT was checked against Redis.\n",
+         DEDUCT was checked against Redis. The x{rounds} column: RSS with the clients connected, and \
+         after they left, per round.\n",
     );
     for r in results {
         for note in &r.notes {
