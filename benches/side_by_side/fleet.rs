@@ -333,7 +333,6 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
 /// The Redis servers one target writes to (a cluster's primaries, or one
 /// standalone), the skus seeded on each, and the audit after a row.
 pub struct Db {
-    pub name: &'static str,
     nodes: Vec<Node>,
     /// Every sku's name and the index of the node that owns its slot.
     pub skus: Vec<(String, usize)>,
@@ -358,12 +357,7 @@ pub struct Applied {
 impl Db {
     /// `ports` are the primaries (one for a standalone Redis); a sku goes to
     /// the primary `owner(slot)` names.
-    pub fn new(
-        name: &'static str,
-        ports: &[u16],
-        sku_count: usize,
-        owner: impl Fn(u16) -> usize,
-    ) -> Db {
+    pub fn new(ports: &[u16], sku_count: usize, owner: impl Fn(u16) -> usize) -> Db {
         let layout = KeyLayout::new("stock").expect("stockgate's default prefix");
         let nodes = ports
             .iter()
@@ -380,16 +374,11 @@ impl Db {
             })
             .collect();
         Db {
-            name,
             nodes,
             skus,
             layout,
             script: LuaScript::deduct(),
         }
-    }
-
-    pub fn node_count(&self) -> usize {
-        self.nodes.len()
     }
 
     pub fn ports(&self) -> Vec<u16> {

@@ -68,7 +68,7 @@
 //! | `BENCH_MANY_CLIENTS` | 10000 | memory: concurrent clients, one DEDUCT each |
 //! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
-//! | `BENCH_NUTCRACKER_BIN` | `nutcracker` | |
+//! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
 mod fleet;
 mod loadgen;
@@ -200,7 +200,15 @@ impl Knobs {
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_stockgate"))),
             nutcracker_bin: std::env::var_os("BENCH_NUTCRACKER_BIN")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("nutcracker")),
+                .unwrap_or_else(|| {
+                    // Debian installs it in /usr/sbin, which a user's PATH may lack.
+                    let debian = PathBuf::from("/usr/sbin/nutcracker");
+                    if debian.exists() {
+                        debian
+                    } else {
+                        PathBuf::from("nutcracker")
+                    }
+                }),
         };
         assert!(
             knobs.requests >= knobs.connections,
@@ -429,13 +437,8 @@ impl Fleet {
             .iter()
             .map(|n| n.port)
             .collect();
-        let cluster_db = Db::new(
-            "cluster",
-            &primaries,
-            knobs.skus,
-            fleet::slot_owner(&primaries),
-        );
-        let standalone_db = Db::new("standalone", &[standalone.node.port], knobs.skus, |_| 0);
+        let cluster_db = Db::new(&primaries, knobs.skus, fleet::slot_owner(&primaries));
+        let standalone_db = Db::new(&[standalone.node.port], knobs.skus, |_| 0);
         let dir = tempfile::Builder::new()
             .prefix("stockgate-bench-")
             .tempdir()
