@@ -16,7 +16,7 @@ use std::hint::black_box;
 use stockgate::deduct::Deduct;
 use stockgate::frame::{Protocol, Reply, RequestDecoder};
 use stockgate::keys::{self, KeyLayout};
-use stockgate::outcome::{Code, DeductReply, SCRIPT_VERSION};
+use stockgate::outcome::{Code, SCRIPT_VERSION, StockReply};
 use tokio_util::codec::Decoder;
 
 /// The decoder's bound, as stockgate's default `--max-request-bytes`.
@@ -41,8 +41,8 @@ fn args() -> Vec<Bytes> {
     request.args[1..].to_vec()
 }
 
-fn ok_reply() -> DeductReply {
-    DeductReply {
+fn ok_reply() -> StockReply {
+    StockReply {
         code: Code::Ok,
         remain: 999_958,
         order_no: Bytes::from_static(b"ORD-20261129-0000042"),
@@ -101,7 +101,7 @@ fn keys_and_slot(c: &mut Criterion) {
 fn encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("encode");
     for (name, protocol) in [("RESP2", Protocol::Resp2), ("RESP3", Protocol::Resp3)] {
-        let reply = Reply::Deduct(ok_reply());
+        let reply = Reply::Stock(ok_reply());
         let mut buf = BytesMut::with_capacity(256);
         group.bench_function(format!("deduct reply {name}"), |b| {
             b.iter(|| {
@@ -130,11 +130,11 @@ fn whole_path(c: &mut Criterion) {
                 black_box(keys::slot(&keys.stock));
                 black_box(&keys);
                 out.clear();
-                let reply = DeductReply {
+                let reply = StockReply {
                     order_no: deduct.order_no.into_bytes(),
                     ..ok_reply()
                 };
-                Reply::Deduct(reply).encode(Protocol::Resp2, &mut out);
+                Reply::Stock(reply).encode(Protocol::Resp2, &mut out);
                 black_box(out.len())
             },
             BatchSize::SmallInput,

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use stockgate::keys::{self, KeyLayout};
 use stockgate::params::Sku;
-use stockgate::script::LuaScript;
+use stockgate::script::{LuaScript, Scripts};
 
 /// Stock every sku starts each row with: far more than any row deducts,
 /// so every reply is code 0, and within Lua's exact integer range.
@@ -337,7 +337,7 @@ pub struct Db {
     /// Every sku's name and the index of the node that owns its slot.
     pub skus: Vec<(String, usize)>,
     layout: KeyLayout,
-    script: LuaScript,
+    script: std::sync::Arc<LuaScript>,
 }
 
 struct Node {
@@ -377,7 +377,7 @@ impl Db {
             nodes,
             skus,
             layout,
-            script: LuaScript::deduct(),
+            script: Scripts::new().deduct,
         }
     }
 
@@ -403,7 +403,7 @@ impl Db {
                 .unwrap_or_else(|e| panic!("FLUSHALL on {}: {e}", node.port));
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(self.script.body)
+                .arg(&self.script.body)
                 .query(&mut node.conn)
                 .unwrap_or_else(|e| panic!("SCRIPT LOAD on {}: {e}", node.port));
             assert_eq!(sha, self.script.sha, "the script's SHA1");
