@@ -6,7 +6,9 @@
 //! names are matched case-insensitively. An unknown command gets Redis's
 //! own error and the connection stays open.
 
+use crate::auth::{NOAUTH, Password, WRONGPASS};
 use crate::frame::{Protocol, Reply, Request};
+use crate::metrics::Metrics;
 use crate::server::Shared;
 use crate::service::StockCommand;
 use bytes::Bytes;
@@ -268,18 +270,27 @@ pub struct Session {
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
     pub lib_version: Option<Bytes>,
+    /// True once the client gave the password, or from the start when
+    /// stockgate asks none.
+    pub authenticated: bool,
 }
 
 impl Session {
-    pub fn new(id: u64) -> Session {
+    pub fn new(id: u64, authenticated: bool) -> Session {
         Session {
             id,
             protocol: Protocol::Resp2,
             name: None,
             lib_name: None,
             lib_version: None,
+            authenticated,
         }
     }
+}
+
+/// What an unauthenticated client may do, as in Redis.
+fn allowed_before_auth(name: &str) -> bool {
+    matches!(name, "auth" | "hello" | "ping" | "quit")
 }
 
 /// What the connection does with one request.
@@ -302,10 +313,14 @@ pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Acti
     else {
         return Action::Reply(unknown_command(&request.args));
     };
+    if !session.authenticated && !allowed_before_auth(spec.name) {
+        return Action::Reply(Reply::error(NOAUTH));
+    }
     if !arity_ok(spec, request.args.len()) {
         return Action::Reply(wrong_arity(spec.name));
     }
     let args = &request.args[1..];
+    let password = shared.config.password.as_ref();
     let stock = match spec.name {
         "deduct" => Some(StockCommand::Deduct),
         "revert" => Some(StockCommand::Revert),
@@ -327,8 +342,8 @@ pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Acti
             None => Reply::Simple("PONG"),
         },
         "echo" => Reply::Bulk(args[0].clone()),
-        "hello" => hello(args, session),
-        "auth" => auth(args),
+        "hello" => hello(args, session, password, &shared.metrics),
+        "auth" => auth(args, session, password, &shared.metrics),
         "select" => match &args[0][..] {
             b"0" => Reply::Simple("OK"),
             _ => Reply::error("ERR DB index is out of range"),
@@ -391,7 +406,12 @@ fn sanitize(arg: &[u8], max: usize) -> String {
 }
 
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`
-fn hello(args: &[Bytes], session: &mut Session) -> Reply {
+fn hello(
+    args: &[Bytes],
+    session: &mut Session,
+    password: Option<&Password>,
+    metrics: &Metrics,
+) -> Reply {
     let mut protocol = session.protocol;
     let mut rest = args;
     if let Some(version) = args.first() {
@@ -406,11 +426,10 @@ fn hello(args: &[Bytes], session: &mut Session) -> Reply {
         rest = &args[1..];
     }
     let mut setname = None;
+    let mut credentials = None;
     while let Some(option) = rest.first() {
         if option.eq_ignore_ascii_case(b"AUTH") && rest.len() >= 3 {
-            // stockgate asks no password of its clients (client auth is a
-            // separate, later option); like Redis's default `nopass` user,
-            // it accepts the credentials a client sends.
+            credentials = Some((&rest[1], &rest[2]));
             rest = &rest[3..];
         } else if option.eq_ignore_ascii_case(b"SETNAME") && rest.len() >= 2 {
             setname = Some(rest[1].clone());
@@ -422,12 +441,30 @@ fn hello(args: &[Bytes], session: &mut Session) -> Reply {
             ));
         }
     }
+    // Without a password configured, any credentials are accepted, as
+    // Redis's default `nopass` user does.
+    if let Some(password) = password {
+        match credentials {
+            Some((user, pass)) if password.accepts(Some(user), pass) => {}
+            Some(_) => {
+                metrics.auth_failed();
+                return Reply::error(WRONGPASS);
+            }
+            None if !session.authenticated => {
+                return Reply::error(
+                    "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+                );
+            }
+            None => {}
+        }
+    }
     if let Some(name) = setname {
         if let Err(reply) = check_client_name(&name) {
             return reply;
         }
         session.name = (!name.is_empty()).then_some(name);
     }
+    session.authenticated = true;
     session.protocol = protocol;
     Reply::Map(vec![
         (Reply::bulk("server"), Reply::bulk("stockgate")),
@@ -443,15 +480,33 @@ fn hello(args: &[Bytes], session: &mut Session) -> Reply {
     ])
 }
 
-/// `AUTH [username] password`. stockgate has no client password yet, so
-/// it answers as a Redis without one does.
-fn auth(args: &[Bytes]) -> Reply {
-    match args.len() {
-        1 => Reply::error(
-            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-        ),
-        2 => Reply::Simple("OK"),
-        _ => Reply::error("ERR syntax error"),
+/// `AUTH [username] password`. Without a password configured it answers
+/// as a Redis without one does.
+fn auth(
+    args: &[Bytes],
+    session: &mut Session,
+    password: Option<&Password>,
+    metrics: &Metrics,
+) -> Reply {
+    let (user, pass) = match args {
+        [pass] => (None, pass),
+        [user, pass] => (Some(&user[..]), pass),
+        _ => return Reply::error("ERR syntax error"),
+    };
+    let Some(password) = password else {
+        return match user {
+            None => Reply::error(
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            ),
+            Some(_) => Reply::Simple("OK"),
+        };
+    };
+    if password.accepts(user, pass) {
+        session.authenticated = true;
+        Reply::Simple("OK")
+    } else {
+        metrics.auth_failed();
+        Reply::error(WRONGPASS)
     }
 }
 
@@ -703,7 +758,8 @@ mod tests {
 
     #[test]
     fn hello_switches_protocol_and_names_the_connection() {
-        let mut session = Session::new(7);
+        let mut session = Session::new(7, true);
+        let metrics = Metrics::new();
         let reply = hello(
             &[
                 Bytes::from_static(b"3"),
@@ -711,6 +767,8 @@ mod tests {
                 Bytes::from_static(b"app"),
             ],
             &mut session,
+            None,
+            &metrics,
         );
         assert_eq!(session.protocol, Protocol::Resp3);
         assert_eq!(session.name.as_deref(), Some(&b"app"[..]));
@@ -720,7 +778,7 @@ mod tests {
         assert!(fields.contains(&(Reply::bulk("proto"), Reply::Integer(3))));
         assert!(fields.contains(&(Reply::bulk("id"), Reply::Integer(7))));
         assert_eq!(
-            hello(&[Bytes::from_static(b"4")], &mut session),
+            hello(&[Bytes::from_static(b"4")], &mut session, None, &metrics),
             Reply::error("NOPROTO unsupported protocol version")
         );
         assert_eq!(

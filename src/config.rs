@@ -1,6 +1,7 @@
 //! Command line and environment (`STOCKGATE_*`), validated into one
 //! [`Config`] before anything binds or connects.
 
+use crate::auth::Password;
 use crate::keys::KeyLayout;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -187,6 +188,28 @@ pub struct RedisArgs {
     #[arg(long, env = "STOCKGATE_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
+    /// CA certificate (PEM) that signs the Redis servers' certificates, for
+    /// rediss:// upstreams; the system's roots when absent.
+    #[arg(long, env = "STOCKGATE_UPSTREAM_TLS_CA")]
+    pub upstream_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for Redis servers that require one
+    /// (tls-auth-clients yes); needs --upstream-tls-key.
+    #[arg(
+        long,
+        env = "STOCKGATE_UPSTREAM_TLS_CERT",
+        requires = "upstream_tls_key"
+    )]
+    pub upstream_tls_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "STOCKGATE_UPSTREAM_TLS_KEY",
+        requires = "upstream_tls_cert"
+    )]
+    pub upstream_tls_key: Option<PathBuf>,
+
     /// Deadline for opening one connection to a Redis node.
     #[arg(long, env = "STOCKGATE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
@@ -249,6 +272,37 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_WAIT_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub wait_timeout: Duration,
 
+    /// Password clients must give (AUTH, HELLO ... AUTH, or HTTP
+    /// `Authorization: Bearer`). Prefer --requirepass-file or the
+    /// environment: a flag shows in the process list.
+    #[arg(
+        long,
+        env = "STOCKGATE_REQUIREPASS",
+        hide_env_values = true,
+        conflicts_with = "requirepass_file"
+    )]
+    pub requirepass: Option<String>,
+
+    /// A file holding the client password (a trailing newline is ignored),
+    /// e.g. a mounted Kubernetes Secret.
+    #[arg(long, env = "STOCKGATE_REQUIREPASS_FILE")]
+    pub requirepass_file: Option<PathBuf>,
+
+    /// Listen on a non-loopback address without a client password. Without
+    /// this flag stockgate refuses to, as Redis's protected mode does.
+    #[arg(long, env = "STOCKGATE_ALLOW_UNAUTHENTICATED_REMOTE", action = clap::ArgAction::SetTrue)]
+    pub allow_unauthenticated_remote: bool,
+
+    /// Client connections served at once; one more is told `-ERR max number
+    /// of clients reached` and closed.
+    #[arg(long, env = "STOCKGATE_MAX_CLIENTS", default_value_t = 16_384)]
+    pub max_clients: usize,
+
+    /// Close a client connection idle this long (nothing sent, nothing in
+    /// flight). 0 keeps idle connections open, as Redis does by default.
+    #[arg(long, env = "STOCKGATE_IDLE_TIMEOUT", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
     /// Allow STOCK.SET and STOCK.ADD, which change stock outside the order
     /// flow (restocking, corrections). Off by default.
     #[arg(long, env = "STOCKGATE_ADMIN_COMMANDS", action = clap::ArgAction::SetTrue)]
@@ -278,6 +332,24 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// `--wait-replicas`, when on.
     pub durability: Option<Durability>,
+    /// Certificates for rediss:// upstreams, from the --upstream-tls-* files.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The upstream TLS material; `Debug` never shows it (a client key is a
+/// secret).
+#[derive(Clone)]
+pub struct TlsFiles(pub redis::TlsCertificates);
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TlsFiles {{ ca: {}, client certificate: {} }}",
+            self.0.root_cert.is_some(),
+            self.0.client_tls.is_some()
+        )
+    }
 }
 
 /// How many replicas must confirm a write, and how long to wait for them.
@@ -304,6 +376,11 @@ pub struct Config {
     pub admin_commands: bool,
     pub reject_stale_ids: bool,
     pub access_log: AccessLog,
+    /// The password clients must give; none means no authentication.
+    pub password: Option<Password>,
+    pub max_clients: usize,
+    /// Close connections idle this long; `None` never does.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl RedisArgs {
@@ -326,12 +403,38 @@ impl RedisArgs {
             }
         }
         let keys = KeyLayout::new(&self.key_prefix).map_err(|e| format!("--key-prefix: {e}"))?;
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+        };
+        let tls = if self.upstream_tls_ca.is_some() || self.upstream_tls_cert.is_some() {
+            let client_tls = match (&self.upstream_tls_cert, &self.upstream_tls_key) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read("--upstream-tls-cert", cert)?,
+                    client_key: read("--upstream-tls-key", key)?,
+                }),
+                _ => None,
+            };
+            let root_cert = match &self.upstream_tls_ca {
+                Some(ca) => Some(read("--upstream-tls-ca", ca)?),
+                None => None,
+            };
+            Some(TlsFiles(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            }))
+        } else {
+            None
+        };
+        if tls.is_some() && !upstream.upstream.iter().all(|u| u.starts_with("rediss://")) {
+            return Err("--upstream-tls-* need rediss:// upstream URLs".into());
+        }
         let config = UpstreamConfig {
             urls: upstream.upstream,
             mode: upstream.upstream_mode,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
             durability: None,
+            tls,
         };
         Ok((config, keys))
     }
@@ -369,6 +472,34 @@ impl ProxyArgs {
                 humantime::format_duration(self.redis.timeout)
             ));
         }
+        let password = match (&self.requirepass, &self.requirepass_file) {
+            (Some(pw), _) => Password::new(pw.as_bytes()),
+            (None, Some(path)) => {
+                let text = std::fs::read(path)
+                    .map_err(|e| format!("--requirepass-file {}: {e}", path.display()))?;
+                let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
+                let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
+                Some(Password::new(trimmed).ok_or("--requirepass-file is empty")?)
+            }
+            (None, None) => None,
+        };
+        // Protected mode, as Redis has it: a stock service reachable from
+        // the network without a password lets anyone deduct.
+        if password.is_none() && !self.allow_unauthenticated_remote {
+            let exposed = std::iter::once(("--listen", self.listen))
+                .chain(self.http_listen.map(|a| ("--http-listen", a)))
+                .find(|(_, addr)| !addr.ip().is_loopback());
+            if let Some((flag, addr)) = exposed {
+                return Err(format!(
+                    "refusing to serve {flag} {addr} without a client password: anyone who can reach it \
+                     could deduct stock. Set --requirepass-file (or --requirepass), listen on a loopback \
+                     address, or pass --allow-unauthenticated-remote if the network is trusted"
+                ));
+            }
+        }
+        if self.max_clients == 0 {
+            return Err("--max-clients must be at least 1".into());
+        }
         let (mut upstream, keys) = self.redis.validate(upstream)?;
         upstream.durability = (self.wait_replicas > 0).then_some(Durability {
             replicas: self.wait_replicas,
@@ -389,6 +520,9 @@ impl ProxyArgs {
             admin_commands: self.admin_commands,
             reject_stale_ids: self.reject_stale_ids,
             access_log: self.access_log,
+            password,
+            max_clients: self.max_clients,
+            idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
         })
     }
 }

@@ -35,6 +35,8 @@ pub struct RedisOptions {
     pub node_timeout_ms: u64,
     /// More `--name value` arguments for every node.
     pub extra_args: Vec<String>,
+    /// `requirepass` (and `masterauth`) for every node; URLs carry it.
+    pub password: Option<String>,
 }
 
 impl Default for RedisOptions {
@@ -43,6 +45,7 @@ impl Default for RedisOptions {
             redis_server: PathBuf::from("redis-server"),
             node_timeout_ms: 2000,
             extra_args: Vec::new(),
+            password: None,
         }
     }
 }
@@ -108,6 +111,12 @@ impl RedisNode {
                 .arg("--cluster-node-timeout")
                 .arg(self.options.node_timeout_ms.to_string());
         }
+        if let Some(password) = &self.options.password {
+            cmd.arg("--requirepass")
+                .arg(password)
+                .arg("--masterauth")
+                .arg(password);
+        }
         cmd.args(&self.options.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -163,7 +172,10 @@ impl RedisNode {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.options.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// A plain (non-cluster) client for this one node.

@@ -96,8 +96,38 @@ struct ErrorBody<'a> {
     retry_safe: Option<bool>,
 }
 
+/// With a client password set, every request needs
+/// `Authorization: Bearer <password>`; otherwise 401, before the body is read.
+fn authorize(shared: &Shared, request: &Request) -> Result<(), Response> {
+    let Some(password) = &shared.config.password else {
+        return Ok(());
+    };
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if token.is_some_and(|t| password.matches(t)) {
+        return Ok(());
+    }
+    if token.is_some() {
+        shared.metrics.auth_failed();
+    }
+    let mut response = error(
+        StatusCode::UNAUTHORIZED,
+        "NOAUTH send the client password as Authorization: Bearer <password>",
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Err(response)
+}
+
 async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
+    if let Err(response) = authorize(&shared, &request) {
+        return response;
+    }
     let body: DeductBody = match read_json(request).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -113,6 +143,9 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
 
 async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
+    if let Err(response) = authorize(&shared, &request) {
+        return response;
+    }
     let body: RevertBody = match read_json(request).await {
         Ok(body) => body,
         Err(response) => return response,

@@ -32,12 +32,14 @@
 //! - [`config`]: flags and `STOCKGATE_*` variables, validated.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`auth`]: client passwords.
 //! - [`http`]: the HTTP/JSON API, through the same stock service.
 //! - [`dev`]: throwaway local Redis servers and clusters.
 //! - [`bulk`]: `stockgate stock import|export`.
 //! - [`check`]: `stockgate check`, the doctor.
 
 pub mod admin;
+pub mod auth;
 pub mod bulk;
 pub mod check;
 pub mod command;

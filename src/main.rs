@@ -2,6 +2,12 @@
 //! until a signal. See the crate docs (`src/lib.rs`) for the module map.
 
 use clap::Parser;
+
+/// mimalloc rather than glibc's malloc: after 10,000 clients came and
+/// went, glibc kept the freed memory (RSS stayed at 63-67 MiB against an
+/// 8 MiB baseline, measured by benches/side_by_side); mimalloc returns it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 use std::time::Duration;
 use stockgate::config::{

@@ -21,6 +21,7 @@ pub const UPSTREAM_ERRORS_TOTAL: &str = "stockgate_upstream_errors_total";
 pub const CLIENT_CONNECTIONS: &str = "stockgate_client_connections";
 pub const UPSTREAM_DURATION: &str = "stockgate_upstream_duration_seconds";
 pub const UPSTREAM_READY: &str = "stockgate_upstream_ready";
+pub const AUTH_FAILURES_TOTAL: &str = "stockgate_auth_failures_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -96,6 +97,7 @@ pub struct Metrics {
     upstream_durations: Vec<Histogram>,
     client_connections: Gauge,
     upstream_ready: Gauge,
+    auth_failures: Counter,
 }
 
 impl Metrics {
@@ -193,6 +195,13 @@ impl Metrics {
         client_connections.set(0.0);
         let upstream_ready = recorder.register_gauge(&Key::from_name(UPSTREAM_READY), &meta);
         upstream_ready.set(0.0);
+        recorder.describe_counter(
+            AUTH_FAILURES_TOTAL.into(),
+            None,
+            "Wrong passwords given by clients (AUTH, HELLO AUTH, HTTP Bearer).".into(),
+        );
+        let auth_failures = recorder.register_counter(&Key::from_name(AUTH_FAILURES_TOTAL), &meta);
+        auth_failures.increment(0);
         Metrics {
             handle: recorder.handle(),
             requests,
@@ -200,6 +209,7 @@ impl Metrics {
             upstream_durations,
             client_connections,
             upstream_ready,
+            auth_failures,
         }
     }
 
@@ -254,6 +264,10 @@ impl Metrics {
 
     pub fn set_upstream_ready(&self, ready: bool) {
         self.upstream_ready.set(if ready { 1.0 } else { 0.0 });
+    }
+
+    pub fn auth_failed(&self) {
+        self.auth_failures.increment(1);
     }
 
     pub fn client_connected(&self) {

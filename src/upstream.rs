@@ -489,15 +489,24 @@ impl Upstream {
         Err(problems.join("; "))
     }
 
+    /// A client for one URL, with the --upstream-tls-* certificates.
+    fn client(&self, url: &str) -> Result<redis::Client, String> {
+        match &self.config.tls {
+            Some(tls) => redis::Client::build_with_tls(url, tls.0.clone()),
+            None => redis::Client::open(url),
+        }
+        .map_err(|e| format!("{}: {}", redact(url), explain(&e)))
+    }
+
     async fn probe(&self, url: &str) -> Result<Mode, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let client = self.client(url)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connect_timeout))
             .set_response_timeout(Some(self.config.timeout));
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+            .map_err(|e| format!("cannot connect: {}", explain(&e)))?;
         let info: String = redis::cmd("INFO")
             .arg("server")
             .arg("cluster")
@@ -534,7 +543,11 @@ impl Upstream {
         // dropped connections at all. The crate's default backoff waits at
         // least 1.28 s before each retry, longer than the whole --timeout;
         // these waits are in milliseconds, 2 to 100, doubling from 8.
-        let client = ClusterClientBuilder::new(self.config.urls.clone())
+        let mut builder = ClusterClientBuilder::new(self.config.urls.clone());
+        if let Some(tls) = &self.config.tls {
+            builder = builder.certs(tls.0.clone());
+        }
+        let client = builder
             .connection_timeout(self.config.connect_timeout)
             .response_timeout(self.config.timeout)
             .overall_response_timeout(Some(self.config.timeout))
@@ -547,12 +560,12 @@ impl Upstream {
         client
             .get_async_connection()
             .await
-            .map_err(|e| format!("cannot connect to the cluster: {e}"))
+            .map_err(|e| format!("cannot connect to the cluster: {}", explain(&e)))
     }
 
     async fn connect_standalone(&self) -> Result<ConnectionManager, String> {
         let url = &self.config.urls[0];
-        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let client = self.client(url)?;
         // The manager reconnects in the background; requests made while it
         // is down fail at once and the caller retries with the same id.
         let config = ConnectionManagerConfig::new()
@@ -563,7 +576,7 @@ impl Upstream {
             .set_max_delay(Duration::from_millis(500));
         ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+            .map_err(|e| format!("cannot connect to {}: {}", redact(url), explain(&e)))
     }
 
     /// Loads every script on every primary where it is missing. In cluster
@@ -602,6 +615,27 @@ fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd 
         cmd.arg(*arg);
     }
     cmd
+}
+
+/// An error from connecting, with a hint where the cause is a usual
+/// mistake.
+fn explain(err: &RedisError) -> String {
+    let text = err.to_string();
+    if text.contains("UnknownIssuer") {
+        format!(
+            "{text} (TLS: the server's certificate is not signed by --upstream-tls-ca, or by the system's roots when that flag is absent)"
+        )
+    } else if text.contains("UnsupportedCertVersion") {
+        format!(
+            "{text} (TLS: certificates must be X.509 v3; an openssl certificate signed without -extfile is v1)"
+        )
+    } else if text.contains("NotValidForName") {
+        format!("{text} (TLS: the server's certificate does not name the host in the upstream URL)")
+    } else if text.contains("WRONGPASS") || text.contains("NOAUTH") {
+        format!("{text} (check the user:password in the upstream URL)")
+    } else {
+        text
+    }
 }
 
 /// A URL with its password replaced by `***`, for logs and INFO.

@@ -1,0 +1,539 @@
+//! Client authentication, protected mode, limits, TLS to Redis, and
+//! secrets kept out of logs, INFO and metrics.
+
+mod support;
+
+use redis::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use stockgate::auth::Password;
+use stockgate::dev::{LocalRedis, RedisOptions};
+use support::*;
+
+fn cmd(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_but_auth_hello_ping_quit_needs_the_password() {
+    let cluster = cluster();
+    set_stock(&cluster, "guarded", 5);
+    let server = proxy(cluster.seeds(), |c| c.password = Password::new("client-pw")).await;
+    let mut request = Vec::new();
+    for args in [
+        &["PING"][..],
+        &["DEDUCT", "guarded", "1", "a"],
+        &["INFO"],
+        &["CLIENT", "SETNAME", "x"],
+        &["HELLO", "3"],
+        &["AUTH", "wrong"],
+        &["AUTH", "admin", "client-pw"],
+        &["HELLO", "3", "AUTH", "default", "wrong"],
+        &["AUTH", "client-pw"],
+        &["DEDUCT", "guarded", "1", "a"],
+        &["QUIT"],
+    ] {
+        request.extend_from_slice(&cmd(args));
+    }
+    let got = raw_until(server.addr, &request, "+OK\r\n+OK\r\n");
+    let expected = [
+        "+PONG",
+        "-NOAUTH Authentication required.",
+        "-NOAUTH Authentication required.",
+        "-NOAUTH Authentication required.",
+        "-NOAUTH HELLO must be called with the client already authenticated",
+        "-WRONGPASS invalid username-password pair or user is disabled.",
+        "-WRONGPASS invalid username-password pair or user is disabled.",
+        "-WRONGPASS invalid username-password pair or user is disabled.",
+        "+OK",
+        "*4",
+    ];
+    let lines: Vec<&str> = got.split("\r\n").collect();
+    let mut at = 0;
+    for want in expected {
+        while !lines[at].starts_with(want.split(' ').next().unwrap())
+            || !lines[at].starts_with(want)
+        {
+            at += 1;
+            assert!(at < lines.len(), "{want:?} missing in {got:?}");
+        }
+        at += 1;
+    }
+    assert_eq!(
+        get_stock(&cluster, "guarded"),
+        Some(4),
+        "only the authenticated DEDUCT ran"
+    );
+    let metrics = server.shared().metrics.render();
+    assert!(
+        metrics.contains("stockgate_auth_failures_total 3"),
+        "{metrics}"
+    );
+
+    // Real clients authenticate the usual way: the password in the URL.
+    for resp3 in [false, true] {
+        let url = format!(
+            "redis://:client-pw@{}{}",
+            server.addr,
+            if resp3 { "/?protocol=resp3" } else { "" }
+        );
+        let mut conn = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let reply = parse(
+            deduct(&mut conn, "guarded", "1", &format!("url-{resp3}"), None)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(reply.code, 0);
+    }
+    let wrong = redis::Client::open(format!("redis://:nope@{}", server.addr))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await;
+    assert!(wrong.is_err(), "a wrong password is refused at connect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_needs_the_password_as_a_bearer_token() {
+    let cluster = cluster();
+    set_stock(&cluster, "web-guarded", 5);
+    let server = proxy(cluster.seeds(), |c| {
+        c.password = Password::new("client-pw");
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let http = server.http_addr.unwrap();
+    let send = |auth: Option<&str>| {
+        let body = r#"{"sku":"web-guarded","qty":1,"request_id":"h1"}"#;
+        let mut s = TcpStream::connect(http).unwrap();
+        let auth = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "POST /v1/deduct HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        response
+    };
+    for auth in [None, Some("Bearer wrong"), Some("Basic Y2xpZW50LXB3")] {
+        let response = send(auth);
+        assert!(response.starts_with("HTTP/1.1 401"), "{auth:?}: {response}");
+        assert!(
+            response
+                .to_ascii_lowercase()
+                .contains("www-authenticate: bearer")
+        );
+    }
+    assert_eq!(get_stock(&cluster, "web-guarded"), Some(5));
+    let response = send(Some("Bearer client-pw"));
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(get_stock(&cluster, "web-guarded"), Some(4));
+}
+
+#[test]
+fn protected_mode_refuses_a_public_listener_without_a_password() {
+    let out = Command::new(stockgate_bin())
+        .args([
+            "serve",
+            "--upstream",
+            "redis://127.0.0.1:1",
+            "--listen",
+            "0.0.0.0:6390",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to serve --listen 0.0.0.0:6390 without a client password"),
+        "{err}"
+    );
+    assert!(err.contains("--allow-unauthenticated-remote"), "{err}");
+    let out = Command::new(stockgate_bin())
+        .args([
+            "serve",
+            "--upstream",
+            "redis://127.0.0.1:1",
+            "--http-listen",
+            "0.0.0.0:8390",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--http-listen 0.0.0.0:8390"));
+
+    // With the flag, or a password, the configuration is accepted (checked
+    // without binding: tests stay on loopback).
+    use clap::Parser;
+    for extra in [
+        &["--allow-unauthenticated-remote"][..],
+        &["--requirepass", "pw"],
+    ] {
+        let mut argv = vec![
+            "stockgate",
+            "serve",
+            "--upstream",
+            "redis://127.0.0.1:1",
+            "--listen",
+            "0.0.0.0:6390",
+        ];
+        argv.extend_from_slice(extra);
+        let stockgate::config::Cli {
+            command: stockgate::config::Command::Serve(args),
+        } = stockgate::config::Cli::try_parse_from(argv).unwrap()
+        else {
+            unreachable!()
+        };
+        assert!(args.proxy.validate(args.upstream).is_ok(), "{extra:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_clients_refuses_the_one_too_many_and_idle_clients_time_out() {
+    let cluster = cluster();
+    let server = proxy(cluster.seeds(), |c| {
+        c.max_clients = 2;
+        c.idle_timeout = Some(Duration::from_millis(500));
+    })
+    .await;
+    let mut a = TcpStream::connect(server.addr).unwrap();
+    let mut b = TcpStream::connect(server.addr).unwrap();
+    for s in [&mut a, &mut b] {
+        s.write_all(b"PING\r\n").unwrap();
+        let mut pong = [0u8; 7];
+        s.read_exact(&mut pong).unwrap();
+    }
+    let (got, closed) = raw(server.addr, b"PING\r\n", 1000);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR max number of clients reached\r\n"
+    );
+    assert!(closed);
+
+    // `a` keeps talking; `b` goes quiet and is closed after the idle timeout.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        a.write_all(b"PING\r\n").unwrap();
+        let mut pong = [0u8; 7];
+        a.read_exact(&mut pong).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed_by_peer(&mut b), "the idle connection was closed");
+    // Its place is free again.
+    let (got, _) = raw(server.addr, b"PING\r\n", 7);
+    assert_eq!(String::from_utf8_lossy(&got), "+PONG\r\n");
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate,
+/// made with openssl for this test.
+fn certificates(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap_or_else(|e| panic!("openssl is needed ({e}): apt-get install -y openssl"));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for ca in ["ca", "other-ca"] {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{ca}.key"),
+            "-out",
+            &format!("{ca}.crt"),
+            "-days",
+            "1",
+            "-subj",
+            &format!("/CN={ca}"),
+        ]);
+    }
+    // Both get v3 extensions: rustls refuses X.509 v1 certificates.
+    std::fs::write(dir.join("server.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for name in ["server", "client"] {
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        let mut args = vec![
+            "x509",
+            "-req",
+            "-in",
+            "",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "",
+            "-days",
+            "1",
+        ];
+        let (csr, crt, cnf) = (
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.cnf"),
+        );
+        args[3] = &csr;
+        args[10] = &crt;
+        args.extend_from_slice(&["-extfile", &cnf]);
+        openssl(&args);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_redis_with_a_ca_and_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_owned();
+    let redis = LocalRedis::start(&RedisOptions {
+        extra_args: vec![
+            "--tls-port".into(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            path("server.crt"),
+            "--tls-key-file".into(),
+            path("server.key"),
+            "--tls-ca-cert-file".into(),
+            path("ca.crt"),
+            "--tls-auth-clients".into(),
+            "yes".into(),
+        ],
+        ..RedisOptions::default()
+    })
+    .expect("redis-server with TLS (Debian's is built with it)");
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("tls-sku"))
+        .arg(3)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let config = |ca: &str, client_cert: bool| {
+        use clap::Parser;
+        let mut argv = vec![
+            "stockgate".to_owned(),
+            "serve".into(),
+            "--upstream".into(),
+            url.clone(),
+            "--upstream-tls-ca".into(),
+            path(ca),
+            "--connect-timeout".into(),
+            "500ms".into(),
+        ];
+        if client_cert {
+            argv.extend([
+                "--upstream-tls-cert".into(),
+                path("client.crt"),
+                "--upstream-tls-key".into(),
+                path("client.key"),
+            ]);
+        }
+        let stockgate::config::Cli {
+            command: stockgate::config::Command::Serve(args),
+        } = stockgate::config::Cli::try_parse_from(argv).unwrap()
+        else {
+            unreachable!()
+        };
+        let mut config = args.proxy.validate(args.upstream).unwrap();
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.admin_listen = "127.0.0.1:0".parse().unwrap();
+        config
+    };
+
+    let server = stockgate::server::start(config("ca.crt", true))
+        .await
+        .unwrap();
+    assert!(
+        server.wait_ready(Duration::from_secs(15)).await,
+        "{:?}",
+        server.shared().upstream.problem()
+    );
+    let mut conn = client(&server, false).await;
+    let reply = parse(deduct(&mut conn, "tls-sku", "1", "t1", None).await.unwrap());
+    assert_eq!((reply.code, reply.remain), (0, 2));
+    assert!(server.drain(Duration::from_secs(5)).await);
+
+    // A CA that didn't sign the server's certificate: a clear reason.
+    let wrong = stockgate::server::start(config("other-ca.crt", true))
+        .await
+        .unwrap();
+    assert!(!wrong.wait_ready(Duration::from_secs(3)).await);
+    let problem = wrong.shared().upstream.problem().unwrap_or_default();
+    assert!(
+        problem.contains("not signed by --upstream-tls-ca"),
+        "{problem}"
+    );
+    assert!(wrong.drain(Duration::from_secs(5)).await);
+
+    // The server requires a client certificate; without one, no connection.
+    let anonymous = stockgate::server::start(config("ca.crt", false))
+        .await
+        .unwrap();
+    assert!(
+        !anonymous.wait_ready(Duration::from_secs(3)).await,
+        "tls-auth-clients yes refuses us"
+    );
+    assert!(anonymous.drain(Duration::from_secs(5)).await);
+    let _ = Value::Nil;
+}
+
+#[test]
+fn secrets_never_reach_logs_info_or_metrics() {
+    const UPSTREAM_SECRET: &str = "upstream-Secret-8472";
+    const CLIENT_SECRET: &str = "client-Secret-1931";
+    let redis = LocalRedis::start(&RedisOptions {
+        password: Some(UPSTREAM_SECRET.into()),
+        ..RedisOptions::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pw_file = dir.path().join("client-password");
+    std::fs::write(&pw_file, format!("{CLIENT_SECRET}\n")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(stockgate_bin())
+        .arg("serve")
+        .env("STOCKGATE_UPSTREAM", redis.url())
+        .env("STOCKGATE_REQUIREPASS_FILE", &pw_file)
+        .env("STOCKGATE_LOG", "debug")
+        .env("STOCKGATE_ACCESS_LOG", "all")
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed if an assertion below fails first.
+    let mut child = KillOnDrop(child);
+    let mut stderr = child.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = stderr.read_to_string(&mut log);
+        log
+    });
+    let mut ready = false;
+    for _ in 0..200 {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)) {
+            let _ = write!(
+                s,
+                "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let mut r = String::new();
+            let _ = s.read_to_string(&mut r);
+            if r.starts_with("HTTP/1.1 200") {
+                ready = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        ready,
+        "stockgate authenticated to Redis with the URL's password"
+    );
+    // PING is allowed before AUTH, as in Redis; INFO is not.
+    let wrong = redis_cli(port, &["-a", "not-it", "--no-auth-warning", "INFO"]);
+    assert!(
+        wrong.contains("WRONGPASS") || wrong.contains("NOAUTH"),
+        "{wrong}"
+    );
+    let info = redis_cli(port, &["-a", CLIENT_SECRET, "--no-auth-warning", "INFO"]);
+    assert!(
+        info.contains("upstream_seeds:redis://:***@127.0.0.1"),
+        "{info}"
+    );
+    redis_cli(
+        port,
+        &[
+            "-a",
+            CLIENT_SECRET,
+            "--no-auth-warning",
+            "DEDUCT",
+            "nope",
+            "1",
+            "r",
+        ],
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut metrics = String::new();
+    s.read_to_string(&mut metrics).unwrap();
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
+    let log = log.join().unwrap();
+    assert!(
+        log.contains("client connected"),
+        "the log ran at debug level:\n{log}"
+    );
+    for (what, text) in [("log", &log), ("INFO", &info), ("/metrics", &metrics)] {
+        for secret in [UPSTREAM_SECRET, CLIENT_SECRET] {
+            assert!(
+                !text.contains(secret),
+                "{secret} leaked into the {what}:\n{text}"
+            );
+        }
+    }
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
