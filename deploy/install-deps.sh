@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
 # Installs what stockgate's dev mode and tests need beyond the Rust
-# toolchain: Redis 7+ (redis-server, redis-cli) from Debian's packages.
-# Idempotent: does nothing when a recent enough Redis is already there.
+# toolchain, from Debian's packages:
+#
+# - redis-server, redis-tools: Redis 7+ (the dev cluster, the integration
+#   tests, redis-cli and redis-benchmark for deploy/measure.sh).
+# - prometheus: the `prometheus` server and `promtool`. tests/deploy.rs
+#   checks the alert rules with `promtool check rules` / `promtool test
+#   rules`, lints a live /metrics with `promtool check metrics`, and scrapes
+#   a live stockgate with a real Prometheus on a free loopback port.
+#   Installed without recommends (no node exporter). Note: on a machine
+#   with a running init system Debian's package also enables a `prometheus`
+#   service on :9090; the tests don't use it (`systemctl disable --now
+#   prometheus` if you don't want it).
+#
+# Idempotent: installs only what is missing.
 set -euo pipefail
 
 redis_major() {
     redis-server --version 2>/dev/null | sed -n 's/.*v=\([0-9]*\)\..*/\1/p'
 }
 
-if command -v redis-cli >/dev/null && [ "$(redis_major || echo 0)" -ge 7 ] 2>/dev/null; then
+packages=()
+if ! command -v redis-cli >/dev/null || ! [ "$(redis_major || echo 0)" -ge 7 ] 2>/dev/null; then
+    packages+=(redis-server redis-tools)
+fi
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    packages+=(prometheus)
+fi
+if [ "${#packages[@]}" -eq 0 ]; then
     exit 0
 fi
 
-echo "installing redis-server and redis-tools (Redis 7+) from Debian's packages..." >&2
+echo "installing ${packages[*]} from Debian's packages..." >&2
 if [ "$(id -u)" -eq 0 ]; then
     sudo=""
 elif command -v sudo >/dev/null; then
     sudo="sudo"
 else
-    echo "need root or sudo to run: apt-get install -y redis-server redis-tools" >&2
+    echo "need root or sudo to run: apt-get install -y --no-install-recommends ${packages[*]}" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 
 major="$(redis_major || echo 0)"
 if [ "${major:-0}" -lt 7 ]; then
