@@ -1,21 +1,28 @@
 //! Real client libraries against stockgate, used the way applications use
-//! them: default settings, DEDUCT sent as a custom command.
+//! them: default settings, DEDUCT and REVERT sent as custom commands.
 //!
 //! Every test starts a Redis Cluster and an in-process stockgate (see
 //! `tests/support`), runs a real client as a subprocess against it and
 //! compares **every field of every reply** (code, remain, order_no,
 //! version, and reason for code 3, or the error text) with what stockgate
-//! owes, then reads Redis directly to check what was written.
+//! owes, then reads Redis directly to check what was written: stock, and
+//! each idempotency record (`D:<qty>:<order_no>`, `R:<qty>:<order_no>`,
+//! `V:0:`, or none) with its TTL.
 //!
 //! # Plans
 //!
-//! - The *codes plan*: one DEDUCT at a time, giving codes 0, 1, 2, 3 (a bad
-//!   qty, and a request_id reused with another qty) and an `UNKNOWNSKU`
-//!   error, with and without order_no.
-//! - The *pipeline plan*: 100 independent DEDUCTs (one sku each, spread over
-//!   the cluster's slots) sent at once, every reply checked in order. Each
-//!   reply is known in advance because no two touch the same sku: stockgate
-//!   promises the order of replies, not the order of execution.
+//! - The *codes plan*: one command at a time. DEDUCT codes 0, 1, 2, 3 (a
+//!   bad qty, and a request_id reused with another qty) and an
+//!   `UNKNOWNSKU` error, with and without order_no; then REVERT: a
+//!   deduction given back (0, stock back, its order_no), reverted again
+//!   (1), DEDUCTed again (4); an id never deducted (4), then DEDUCTed (4)
+//!   and reverted again (1); a bad request_id (3).
+//! - The *pipeline plan*: 100 independent DEDUCTs and REVERTs (one sku
+//!   each, spread over the cluster's slots) sent at once, every reply
+//!   checked in order. Each reply is known in advance because no two touch
+//!   the same sku (states a REVERT or a duplicate needs are set up through
+//!   stockgate beforehand): stockgate promises the order of replies, not the
+//!   order of execution.
 //!
 //! # Clients
 //!
@@ -37,7 +44,8 @@
 //! they are defined.
 //!
 //! The Python and Node examples (`examples/python`, `examples/node`) run
-//! here too, for every outcome, including a retry after a client timeout.
+//! here too, for every outcome of DEDUCT and of REVERT, including a retry
+//! after a client timeout.
 //!
 //! # Layout
 //!
@@ -244,7 +252,7 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             let first = &sent[0];
             let handshake: Vec<Vec<String>> = first
                 .iter()
-                .take_while(|c| !is_deduct(c))
+                .take_while(|c| !is_stock_command(c))
                 .cloned()
                 .collect();
             let mut expected = strings(client.handshake);
@@ -256,11 +264,11 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             assert_eq!(handshake, expected, "{tag}: handshake on connect");
             if *mode == "pool" {
                 // health_check_interval: an idle pooled connection is
-                // PINGed before it is reused, i.e. before every DEDUCT
+                // PINGed before it is reused, i.e. before every command
                 // after the first one on it.
-                let deducts: Vec<usize> = positions(first, is_deduct);
-                assert_eq!(deducts.len(), plan.commands.len(), "{tag}: one connection");
-                for &at in &deducts[1..] {
+                let planned: Vec<usize> = positions(first, is_stock_command);
+                assert_eq!(planned.len(), plan.commands.len(), "{tag}: one connection");
+                for &at in &planned[1..] {
                     assert!(
                         first[at - 1][0].eq_ignore_ascii_case("ping"),
                         "{tag}: no health-check PING before command {at}: {first:?}"
@@ -540,7 +548,7 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
             plan.audit(&cluster);
             let handshake: Vec<Vec<String>> = tap.commands()[0]
                 .iter()
-                .take_while(|c| !is_deduct(c))
+                .take_while(|c| !is_stock_command(c))
                 .cloned()
                 .collect();
             let mut expected = vec![
