@@ -769,10 +769,11 @@ fn node_example_handles_every_outcome() {
     check_example(&IOREDIS_5, "examples/node/deduct.js");
 }
 
-/// Runs an example once per outcome and checks what it prints and exits
-/// with. The timeout case goes through a [`Tap`] that swallows the reply
-/// to the first DEDUCT (after stockgate applied it), so the example times
-/// out, retries with the same request_id, and gets code 1.
+/// Runs an example once per outcome of DEDUCT, then of REVERT (`--revert`),
+/// and checks what it prints and exits with. Each timeout case goes
+/// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT
+/// (after stockgate applied it), so the example times out, retries with the
+/// same request_id, and gets code 1.
 fn check_example(client: &'static Pinned, script: &str) {
     let install = std::thread::spawn(move || installed(client));
     let cluster = cluster();
@@ -787,11 +788,18 @@ fn check_example(client: &'static Pinned, script: &str) {
         // A stockgate whose Redis is gone answers UPSTREAM at once.
         let dead = server_without_redis().await;
         let black_hole = Tap::start(server.addr, true).await;
+        let revert_black_hole = Tap::start(server.addr, true).await;
         let retry = |why: &str, n: u32| {
             format!("attempt {n} of 3: {why}; retrying with the same request_id")
         };
         let upstream = "UPSTREAM not connected to redis yet; \
                         the outcome may be unknown, retrying with the same request_id is safe";
+        let revoked = |left: u32| {
+            format!(
+                "stop: this request_id was reverted or revoked ({left} left); nothing was deducted. \
+                 If the order must go ahead after all, use a new request_id"
+            )
+        };
         let cases = [
             Example {
                 to: server.addr,
@@ -851,6 +859,75 @@ fn check_example(client: &'static Pinned, script: &str) {
                 ],
                 proceeds: true,
             },
+            // Compensation: stock is 5 here.
+            Example {
+                to: server.addr,
+                args: owned(&["--revert", &sku, &id(1)]),
+                prints: vec![format!(
+                    "compensated: given back, 8 in stock, order_no \"{order}\""
+                )],
+                proceeds: true,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&["--revert", &sku, &id(1)]),
+                prints: vec![format!(
+                    "compensated: already done by an earlier attempt, 8 in stock, order_no \"{order}\""
+                )],
+                proceeds: true,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "3", &id(1), &order]),
+                prints: vec![revoked(8)],
+                proceeds: false,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&["--revert", &sku, &id(7)]),
+                prints: vec![
+                    "compensated: nothing had been deducted; the request_id is revoked, \
+                     so a late DEDUCT of it takes nothing"
+                        .into(),
+                ],
+                proceeds: true,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&[&sku, "1", &id(7), &order]),
+                prints: vec![revoked(8)],
+                proceeds: false,
+            },
+            Example {
+                to: server.addr,
+                args: owned(&["--revert", &sku, &format!("{{{}}}", id(8))]),
+                prints: vec![format!("fix the request: {REQUEST_ID_REASON}")],
+                proceeds: false,
+            },
+            Example {
+                to: dead.addr,
+                args: owned(&["--revert", &sku, &id(6)]),
+                prints: vec![
+                    retry(upstream, 1),
+                    retry(upstream, 2),
+                    retry(upstream, 3),
+                    "unknown: no answer after 3 attempts; \
+                     keep the compensation pending and retry REVERT later with the same request_id"
+                        .into(),
+                ],
+                proceeds: false,
+            },
+            Example {
+                to: revert_black_hole.addr,
+                args: owned(&["--revert", &sku, &id(6)]),
+                prints: vec![
+                    retry("timed out", 1),
+                    format!(
+                        "compensated: already done by an earlier attempt, 10 in stock, order_no \"{order}\""
+                    ),
+                ],
+                proceeds: true,
+            },
         ];
         for case in cases {
             let mut command = env.command(&repo_path(script));
@@ -868,14 +945,20 @@ fn check_example(client: &'static Pinned, script: &str) {
             );
             assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
         }
-        // The timed-out attempt and its retry took the stock once.
-        assert_eq!(get_stock(&cluster, &sku), Some(5));
+        // The timed-out attempts and their retries took and gave back once.
+        assert_eq!(get_stock(&cluster, &sku), Some(10));
         let mut redis = cluster.cluster_connection().unwrap();
-        let record: Option<String> = redis::cmd("GET")
-            .arg(record_key(&sku, &id(6)))
-            .query(&mut redis)
-            .unwrap();
-        assert_eq!(record, Some(format!("D:2:{order}")));
+        for (n, expected) in [
+            (1, format!("R:3:{order}")),
+            (6, format!("R:2:{order}")),
+            (7, "V:0:".to_owned()),
+        ] {
+            let record: Option<String> = redis::cmd("GET")
+                .arg(record_key(&sku, &id(n)))
+                .query(&mut redis)
+                .unwrap();
+            assert_eq!(record, Some(expected), "record of {}", id(n));
+        }
     });
 }
 
