@@ -29,7 +29,7 @@ import redis
 
 # Short, so the pool's health check fires between the driver's commands
 # without making the test slow.
-HEALTH_CHECK_INTERVAL = 0.05
+HEALTH_CHECK_INTERVAL = 0.02
 
 
 def typed(value):
