@@ -45,7 +45,7 @@
 //!
 //! The Python and Node examples (`examples/python`, `examples/node`) run
 //! here too, for every outcome of DEDUCT and of REVERT, including a retry
-//! after a client timeout.
+//! after a client timeout. The Rust examples run in `tests/examples.rs`.
 //!
 //! # Layout
 //!
