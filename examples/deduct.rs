@@ -1,19 +1,34 @@
-//! DEDUCT from Rust with the `redis` crate, handling every outcome.
+//! DEDUCT and REVERT from Rust with the `redis` crate, handling every
+//! outcome.
 //!
 //! Run it against `deploy/dev.sh` (which seeds demo-1 with 100 units):
 //!
 //! ```text
 //! cargo run --example deduct -- 127.0.0.1:6390 demo-1 2 order-1001
+//! cargo run --example deduct -- --revert 127.0.0.1:6390 demo-1 order-1001
 //! ```
+//!
+//! The first takes 2 units for order line order-1001 (run it twice: the
+//! second is a retry, "already deducted", nothing taken again). The second
+//! gives them back, as the order service does when the payment fails or the
+//! order is cancelled; it is safe to repeat, and safe even when the
+//! DEDUCT's outcome is unknown. `examples/order_flow.rs` runs many orders
+//! this way and reconciles the stock.
 
 use redis::{RedisError, Value};
 
 /// What the order service does next, decided by the reply alone.
 enum Next {
-    /// Deducted now (code 0) or earlier by this same request (code 1).
+    /// DEDUCT: deducted now (code 0) or earlier by this same request (1).
     Proceed { remain: i64, order_no: String },
-    /// Code 2: not enough stock. Nothing changed; fail the order.
+    /// DEDUCT code 2: not enough stock. Nothing changed; fail the order.
     FailOrder,
+    /// DEDUCT code 4: this id was reverted or revoked, so the order was
+    /// cancelled. Nothing changed; a new order needs a new request_id.
+    Cancelled,
+    /// REVERT code 0 (given back), 1 (an earlier REVERT did it) or 4
+    /// (nothing had been deducted; the id is now revoked): done either way.
+    Compensated(String),
     /// Code 3: a bug in the caller. Nothing changed; don't retry as is.
     FixRequest(String),
     /// A system fault: the outcome may be unknown. Retry with the SAME
@@ -24,13 +39,15 @@ enum Next {
     Escalate(String),
 }
 
-fn classify(reply: Result<Value, RedisError>) -> Next {
+fn classify(command: &str, reply: Result<Value, RedisError>) -> Next {
     let items = match reply {
         Ok(Value::Array(items)) if items.len() >= 4 => items,
         Ok(other) => return Next::RetrySameId(format!("unexpected reply {other:?}")),
         Err(err) => {
             return match err.code() {
                 Some("UPSTREAM") | Some("BADREPLY") => Next::RetrySameId(err.to_string()),
+                // No error code: a timeout or a dropped connection.
+                None => Next::RetrySameId(err.to_string()),
                 _ => Next::Escalate(err.to_string()),
             };
         }
@@ -41,36 +58,44 @@ fn classify(reply: Result<Value, RedisError>) -> Next {
         _ => String::new(),
     };
     // Only the first four elements are fixed; ignore any extra ones.
-    match int(&items[0]) {
-        0 | 1 => Next::Proceed {
-            remain: int(&items[1]),
-            order_no: text(&items[2]),
-        },
-        2 => Next::FailOrder,
-        3 => Next::FixRequest(items.get(4).map(text).unwrap_or_default()),
-        code => Next::Escalate(format!("unknown code {code}: upgrade this client")),
+    let (remain, order_no) = (int(&items[1]), text(&items[2]));
+    match (command, int(&items[0])) {
+        ("DEDUCT", 0 | 1) => Next::Proceed { remain, order_no },
+        ("DEDUCT", 2) => Next::FailOrder,
+        ("DEDUCT", 4) => Next::Cancelled,
+        // The qty given back comes from stockgate's record, not from us.
+        ("REVERT", 0) => Next::Compensated(format!("given back: {remain} in stock")),
+        ("REVERT", 1) => Next::Compensated(format!("done by an earlier REVERT: {remain} in stock")),
+        ("REVERT", 4) => Next::Compensated("nothing had been deducted; the id is revoked".into()),
+        (_, 3) => Next::FixRequest(items.get(4).map(text).unwrap_or_default()),
+        (_, code) => Next::Escalate(format!("unknown code {code}: upgrade this client")),
     }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> redis::RedisResult<()> {
-    let mut args = std::env::args().skip(1);
-    let addr = args.next().unwrap_or_else(|| "127.0.0.1:6390".into());
-    let sku = args.next().unwrap_or_else(|| "demo-1".into());
-    let qty = args.next().unwrap_or_else(|| "1".into());
-    let request_id = args.next().unwrap_or_else(|| "example-request-1".into());
+    let mut args = std::env::args().skip(1).peekable();
+    let revert = args.next_if(|a| a == "--revert").is_some();
+    let mut arg = |default: &str| args.next().unwrap_or_else(|| default.into());
+    let addr = arg("127.0.0.1:6390");
+    let sku = arg("demo-1");
+    let name = if revert { "REVERT" } else { "DEDUCT" };
+    let mut cmd = redis::cmd(name);
+    cmd.arg(&sku);
+    if revert {
+        // No qty: REVERT gives back what the DEDUCT recorded.
+        cmd.arg(arg("example-request-1"));
+    } else {
+        let qty = arg("1");
+        cmd.arg(qty)
+            .arg(arg("example-request-1"))
+            .arg("ORD-EXAMPLE");
+    }
 
     let client = redis::Client::open(format!("redis://{addr}"))?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     for attempt in 1..=3 {
-        let reply = redis::cmd("DEDUCT")
-            .arg(&sku)
-            .arg(&qty)
-            .arg(&request_id)
-            .arg("ORD-EXAMPLE")
-            .query_async(&mut conn)
-            .await;
-        match classify(reply) {
+        match classify(name, cmd.query_async(&mut conn).await) {
             Next::RetrySameId(why) => {
                 eprintln!("attempt {attempt}: {why}; retrying with the same request_id");
                 tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
@@ -83,6 +108,14 @@ async fn main() -> redis::RedisResult<()> {
                 println!("insufficient stock: fail the order");
                 return Ok(());
             }
+            Next::Cancelled => {
+                println!("reverted or revoked earlier: the order was cancelled, don't proceed");
+                return Ok(());
+            }
+            Next::Compensated(what) => {
+                println!("compensation done: {what}");
+                return Ok(());
+            }
             Next::FixRequest(reason) => {
                 println!("invalid request: {reason}");
                 return Ok(());
@@ -93,6 +126,6 @@ async fn main() -> redis::RedisResult<()> {
             }
         }
     }
-    println!("still unknown after 3 attempts: park the order and retry later with the same id");
+    println!("still unknown after 3 attempts: park it and retry later with the same request_id");
     Ok(())
 }

@@ -1,21 +1,28 @@
 //! Real client libraries against stockgate, used the way applications use
-//! them: default settings, DEDUCT sent as a custom command.
+//! them: default settings, DEDUCT and REVERT sent as custom commands.
 //!
 //! Every test starts a Redis Cluster and an in-process stockgate (see
 //! `tests/support`), runs a real client as a subprocess against it and
 //! compares **every field of every reply** (code, remain, order_no,
 //! version, and reason for code 3, or the error text) with what stockgate
-//! owes, then reads Redis directly to check what was written.
+//! owes, then reads Redis directly to check what was written: stock, and
+//! each idempotency record (`D:<qty>:<order_no>`, `R:<qty>:<order_no>`,
+//! `V:0:`, or none) with its TTL.
 //!
 //! # Plans
 //!
-//! - The *codes plan*: one DEDUCT at a time, giving codes 0, 1, 2, 3 (a bad
-//!   qty, and a request_id reused with another qty) and an `UNKNOWNSKU`
-//!   error, with and without order_no.
-//! - The *pipeline plan*: 100 independent DEDUCTs (one sku each, spread over
-//!   the cluster's slots) sent at once, every reply checked in order. Each
-//!   reply is known in advance because no two touch the same sku: stockgate
-//!   promises the order of replies, not the order of execution.
+//! - The *codes plan*: one command at a time. DEDUCT codes 0, 1, 2, 3 (a
+//!   bad qty, and a request_id reused with another qty) and an
+//!   `UNKNOWNSKU` error, with and without order_no; then REVERT: a
+//!   deduction given back (0, stock back, its order_no), reverted again
+//!   (1), DEDUCTed again (4); an id never deducted (4), then DEDUCTed (4)
+//!   and reverted again (1); a bad request_id (3).
+//! - The *pipeline plan*: 100 independent DEDUCTs and REVERTs (one sku
+//!   each, spread over the cluster's slots) sent at once, every reply
+//!   checked in order. Each reply is known in advance because no two touch
+//!   the same sku (states a REVERT or a duplicate needs are set up through
+//!   stockgate beforehand): stockgate promises the order of replies, not the
+//!   order of execution.
 //!
 //! # Clients
 //!
@@ -37,7 +44,8 @@
 //! they are defined.
 //!
 //! The Python and Node examples (`examples/python`, `examples/node`) run
-//! here too, for every outcome, including a retry after a client timeout.
+//! here too, for every outcome of DEDUCT and of REVERT, including a retry
+//! after a client timeout. The Rust examples run in `tests/examples.rs`.
 //!
 //! # Layout
 //!
@@ -54,6 +62,7 @@ mod support;
 #[path = "clients/wire.rs"]
 mod wire;
 
+use futures_util::future::join_all;
 use install::*;
 use plans::*;
 use redis::Value;
@@ -244,7 +253,7 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             let first = &sent[0];
             let handshake: Vec<Vec<String>> = first
                 .iter()
-                .take_while(|c| !is_deduct(c))
+                .take_while(|c| !is_stock_command(c))
                 .cloned()
                 .collect();
             let mut expected = strings(client.handshake);
@@ -256,11 +265,11 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             assert_eq!(handshake, expected, "{tag}: handshake on connect");
             if *mode == "pool" {
                 // health_check_interval: an idle pooled connection is
-                // PINGed before it is reused, i.e. before every DEDUCT
+                // PINGed before it is reused, i.e. before every command
                 // after the first one on it.
-                let deducts: Vec<usize> = positions(first, is_deduct);
-                assert_eq!(deducts.len(), plan.commands.len(), "{tag}: one connection");
-                for &at in &deducts[1..] {
+                let planned: Vec<usize> = positions(first, is_stock_command);
+                assert_eq!(planned.len(), plan.commands.len(), "{tag}: one connection");
+                for &at in &planned[1..] {
                     assert!(
                         first[at - 1][0].eq_ignore_ascii_case("ping"),
                         "{tag}: no health-check PING before command {at}: {first:?}"
@@ -540,7 +549,7 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
             plan.audit(&cluster);
             let handshake: Vec<Vec<String>> = tap.commands()[0]
                 .iter()
-                .take_while(|c| !is_deduct(c))
+                .take_while(|c| !is_stock_command(c))
                 .cloned()
                 .collect();
             let mut expected = vec![
@@ -761,68 +770,165 @@ fn node_example_handles_every_outcome() {
     check_example(&IOREDIS_5, "examples/node/deduct.js");
 }
 
-/// Runs an example once per outcome and checks what it prints and exits
-/// with. The timeout case goes through a [`Tap`] that swallows the reply
-/// to the first DEDUCT (after stockgate applied it), so the example times
-/// out, retries with the same request_id, and gets code 1.
+/// Runs an example once per outcome of DEDUCT and of REVERT (`--revert`),
+/// and checks what it prints and exits with. Each timeout case goes
+/// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT
+/// (after stockgate applied it), so the example times out, retries with the
+/// same request_id, and gets code 1.
+///
+/// The cases run in lanes at once, each on its own sku, to keep the test
+/// short; within a lane they run in order, so every `left` and `in stock`
+/// figure is known.
 fn check_example(client: &'static Pinned, script: &str) {
     let install = std::thread::spawn(move || installed(client));
     let cluster = cluster();
     let env = install.join().unwrap();
     let tag = client.name;
     let sku = format!("{tag}-ex");
+    let refunds = format!("{tag}-ex-refunds");
+    let lossy = format!("{tag}-ex-lossy");
+    let lossy_revert = format!("{tag}-ex-lossy-revert");
     let order = format!("ORD-{tag}");
     let id = |n: u32| format!("{tag}-ex-{n}");
-    set_stocks(&cluster, &[(sku.clone(), 10)]);
+    let stocks = [&sku, &refunds, &lossy, &lossy_revert].map(|s| (s.clone(), 10));
+    set_stocks(&cluster, &stocks);
     runtime().block_on(async {
         let server = proxy(cluster.seeds(), |_| {}).await;
         // A stockgate whose Redis is gone answers UPSTREAM at once.
         let dead = server_without_redis().await;
-        let black_hole = Tap::start(server.addr, true).await;
+        let deduct_black_hole = Tap::start(server.addr, true).await;
+        let revert_black_hole = Tap::start(server.addr, true).await;
         let retry = |why: &str, n: u32| {
             format!("attempt {n} of 3: {why}; retrying with the same request_id")
         };
         let upstream = "UPSTREAM not connected to redis yet; \
                         the outcome may be unknown, retrying with the same request_id is safe";
-        let cases = [
-            Example {
-                to: server.addr,
-                args: owned(&[&sku, "3", &id(1), &order]),
-                prints: vec![format!("proceed: deducted, 7 left, order_no \"{order}\"")],
-                proceeds: true,
-            },
-            Example {
-                to: server.addr,
-                args: owned(&[&sku, "3", &id(1), &order]),
-                prints: vec![format!(
+        let revoked = |left: u32| {
+            format!(
+                "stop: this request_id was reverted or revoked ({left} left); nothing was deducted. \
+                 If the order must go ahead after all, use a new request_id"
+            )
+        };
+        let case = |to: SocketAddr, args: &[&str], prints: &[String], proceeds: bool| Example {
+            to,
+            args: owned(args),
+            prints: prints.to_vec(),
+            proceeds,
+        };
+        let every_code = vec![
+            case(
+                server.addr,
+                &[&sku, "3", &id(1), &order],
+                &[format!("proceed: deducted, 7 left, order_no \"{order}\"")],
+                true,
+            ),
+            case(
+                server.addr,
+                &[&sku, "3", &id(1), &order],
+                &[format!(
                     "proceed: already deducted by an earlier attempt, 7 left, order_no \"{order}\""
                 )],
-                proceeds: true,
-            },
-            Example {
-                to: server.addr,
-                args: owned(&[&sku, "8", &id(2)]),
-                prints: vec![
-                    "fail the order: insufficient stock (7 left); nothing was deducted".into(),
+                true,
+            ),
+            case(
+                server.addr,
+                &[&sku, "8", &id(2)],
+                &["fail the order: insufficient stock (7 left); nothing was deducted".into()],
+                false,
+            ),
+            case(
+                server.addr,
+                &[&sku, "0", &id(3)],
+                &[format!("fix the request: {QTY_REASON}")],
+                false,
+            ),
+            case(
+                server.addr,
+                &[&format!("{tag}-unstocked"), "1", &id(4)],
+                &[format!("fail the order and alert: {UNKNOWN_SKU}")],
+                false,
+            ),
+        ];
+        // Compensation, on its own sku: give back a deduction, again, then
+        // DEDUCT it again; revoke an id never deducted, then DEDUCT it.
+        let compensation = vec![
+            case(
+                server.addr,
+                &[&refunds, "3", &id(1), &order],
+                &[format!("proceed: deducted, 7 left, order_no \"{order}\"")],
+                true,
+            ),
+            case(
+                server.addr,
+                &["--revert", &refunds, &id(1)],
+                &[format!(
+                    "compensated: given back, 10 in stock, order_no \"{order}\""
+                )],
+                true,
+            ),
+            case(
+                server.addr,
+                &["--revert", &refunds, &id(1)],
+                &[format!(
+                    "compensated: already done by an earlier attempt, 10 in stock, order_no \"{order}\""
+                )],
+                true,
+            ),
+            case(server.addr, &[&refunds, "3", &id(1), &order], &[revoked(10)], false),
+            // An id never deducted: revoked, then its DEDUCT is refused.
+            case(
+                server.addr,
+                &["--revert", &refunds, &id(7)],
+                &["compensated: nothing had been deducted; the request_id is revoked, \
+                   so a late DEDUCT of it takes nothing"
+                    .into()],
+                true,
+            ),
+            case(server.addr, &[&refunds, "1", &id(7), &order], &[revoked(10)], false),
+            case(
+                server.addr,
+                &["--revert", &refunds, &format!("{{{}}}", id(8))],
+                &[format!("fix the request: {REQUEST_ID_REASON}")],
+                false,
+            ),
+        ];
+        // Replies lost after stockgate applied the command: a DEDUCT's, and
+        // a REVERT's (of a deduction made first), each on its own sku.
+        let lost_deduct = vec![case(
+            deduct_black_hole.addr,
+            &[&lossy, "2", &id(6), &order],
+            &[
+                retry("timed out", 1),
+                format!(
+                    "proceed: already deducted by an earlier attempt, 8 left, order_no \"{order}\""
+                ),
+            ],
+            true,
+        )];
+        let lost_revert = vec![
+            case(
+                server.addr,
+                &[&lossy_revert, "2", &id(9), &order],
+                &[format!("proceed: deducted, 8 left, order_no \"{order}\"")],
+                true,
+            ),
+            case(
+                revert_black_hole.addr,
+                &["--revert", &lossy_revert, &id(9)],
+                &[
+                    retry("timed out", 1),
+                    format!(
+                        "compensated: already done by an earlier attempt, 10 in stock, order_no \"{order}\""
+                    ),
                 ],
-                proceeds: false,
-            },
-            Example {
-                to: server.addr,
-                args: owned(&[&sku, "0", &id(3)]),
-                prints: vec![format!("fix the request: {QTY_REASON}")],
-                proceeds: false,
-            },
-            Example {
-                to: server.addr,
-                args: owned(&[&format!("{tag}-unstocked"), "1", &id(4)]),
-                prints: vec![format!("fail the order and alert: {UNKNOWN_SKU}")],
-                proceeds: false,
-            },
-            Example {
-                to: dead.addr,
-                args: owned(&[&sku, "1", &id(5)]),
-                prints: vec![
+                true,
+            ),
+        ];
+        let no_redis = vec![
+            case(
+                dead.addr,
+                &[&sku, "1", &id(5)],
+                &[
                     retry(upstream, 1),
                     retry(upstream, 2),
                     retry(upstream, 3),
@@ -830,44 +936,67 @@ fn check_example(client: &'static Pinned, script: &str) {
                      park the order and retry later with the same request_id"
                         .into(),
                 ],
-                proceeds: false,
-            },
-            Example {
-                to: black_hole.addr,
-                args: owned(&[&sku, "2", &id(6), &order]),
-                prints: vec![
-                    retry("timed out", 1),
-                    format!(
-                        "proceed: already deducted by an earlier attempt, 5 left, order_no \"{order}\""
-                    ),
+                false,
+            ),
+            case(
+                dead.addr,
+                &["--revert", &sku, &id(5)],
+                &[
+                    retry(upstream, 1),
+                    retry(upstream, 2),
+                    retry(upstream, 3),
+                    "unknown: no answer after 3 attempts; \
+                     keep the compensation pending and retry REVERT later with the same request_id"
+                        .into(),
                 ],
-                proceeds: true,
-            },
+                false,
+            ),
         ];
-        for case in cases {
-            let mut command = env.command(&repo_path(script));
-            command
-                .args(["--port", &case.to.port().to_string()])
-                .args(&case.args);
-            let out = finish(command, &[]).await;
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(
-                stdout.lines().collect::<Vec<_>>(),
-                case.prints,
-                "{script} {:?}; stderr: {}",
-                case.args,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
-        }
-        // The timed-out attempt and its retry took the stock once.
-        assert_eq!(get_stock(&cluster, &sku), Some(5));
+        let env = &env;
+        let lanes = [every_code, compensation, lost_deduct, lost_revert, no_redis];
+        join_all(lanes.map(|lane| async move {
+            for case in lane {
+                let mut command = env.command(&repo_path(script));
+                command
+                    .args(["--port", &case.to.port().to_string()])
+                    .args(&case.args);
+                let out = finish(command, &[]).await;
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert_eq!(
+                    stdout.lines().collect::<Vec<_>>(),
+                    case.prints,
+                    "{script} {:?}; stderr: {}",
+                    case.args,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
+            }
+        }))
+        .await;
+
+        // What Redis holds: a lost reply's command and its retry applied
+        // once, a REVERT gave back its DEDUCT's qty, nothing else written.
+        assert_eq!(get_stock(&cluster, &sku), Some(7));
+        assert_eq!(get_stock(&cluster, &refunds), Some(10));
+        assert_eq!(get_stock(&cluster, &lossy), Some(8));
+        assert_eq!(get_stock(&cluster, &lossy_revert), Some(10));
         let mut redis = cluster.cluster_connection().unwrap();
-        let record: Option<String> = redis::cmd("GET")
-            .arg(record_key(&sku, &id(6)))
-            .query(&mut redis)
-            .unwrap();
-        assert_eq!(record, Some(format!("D:2:{order}")));
+        for (sku, n, expected) in [
+            (&sku, 1, format!("D:3:{order}")),
+            (&sku, 2, String::new()),
+            (&sku, 5, String::new()),
+            (&refunds, 1, format!("R:3:{order}")),
+            (&refunds, 7, "V:0:".to_owned()),
+            (&lossy, 6, format!("D:2:{order}")),
+            (&lossy_revert, 9, format!("R:2:{order}")),
+        ] {
+            let record: Option<String> = redis::cmd("GET")
+                .arg(record_key(sku, &id(n)))
+                .query(&mut redis)
+                .unwrap();
+            let expected = Some(expected).filter(|e| !e.is_empty());
+            assert_eq!(record, expected, "record of {sku} {}", id(n));
+        }
     });
 }
 

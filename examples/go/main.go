@@ -1,4 +1,4 @@
-// DEDUCT from Go with go-redis v9, handling every outcome.
+// DEDUCT and REVERT from Go with go-redis v9, handling every outcome.
 //
 // NOT COMPILED IN THIS REPOSITORY'S CI: no Go toolchain or module proxy is
 // available where stockgate is built. What go-redis v9 sends on connect
@@ -11,9 +11,13 @@
 //
 //	cd examples/go && go mod tidy
 //	go run . demo-1 2 order-1001 ORD-1001
+//	go run . -revert demo-1 order-1001
 //
-// Run it twice: the second run is a retry of the same request_id and
-// answers "already deducted" without taking stock again.
+// The first takes 2 units for order line order-1001; run it twice and the
+// second run is a retry of the same request_id: "already deducted", nothing
+// taken again. The second gives them back, as the order service does when
+// the payment fails or the order is cancelled; it is safe to repeat, and
+// safe even when the DEDUCT's outcome is unknown.
 package main
 
 import (
@@ -33,40 +37,54 @@ const attempts = 3
 // retry means the outcome is unknown: try again with the SAME request_id.
 const retry = "retry"
 
-// deductOnce sends one DEDUCT and says what to do next, and why.
+// fault says what an error means for DEDUCT and REVERT alike: retry,
+// "fix the request" or "alert", and why.
+func fault(err error) (string, string) {
+	var serverErr redis.Error
+	if !errors.As(err, &serverErr) {
+		// A timeout or a broken connection: the request may or may not
+		// have reached stockgate and Redis. Retrying with the SAME
+		// request_id is safe: if the first attempt was applied, the retry
+		// answers code 1 and changes nothing.
+		return retry, err.Error()
+	}
+	// Server error replies start with their class.
+	msg := serverErr.Error()
+	switch kind, _, _ := strings.Cut(msg, " "); kind {
+	case "UPSTREAM", "BADREPLY":
+		// stockgate could not get a clear answer from Redis; same as a timeout.
+		return retry, msg
+	case "UNKNOWNSKU", "BADSTOCK", "BADRECORD", "WRONGTYPE":
+		// The stock was never loaded, or the data is corrupt: nothing
+		// changed, retrying won't help, a human must look.
+		return "alert", msg
+	default:
+		// ERR ...: wrong arity or the like, a bug in this caller.
+		return "fix the request", msg
+	}
+}
+
+// fields reads the four fixed elements of a reply; later versions may
+// append more.
+func fields(reply []interface{}) (code, remain int64, order string) {
+	code, _ = reply[0].(int64)
+	remain, _ = reply[1].(int64)
+	order, _ = reply[2].(string)
+	return code, remain, order
+}
+
+// deductOnce sends one DEDUCT, taking stock for an order line, and says
+// what to do next, and why.
 func deductOnce(ctx context.Context, rdb *redis.Client, sku, qty, requestID, orderNo string) (string, string) {
 	reply, err := rdb.Do(ctx, "DEDUCT", sku, qty, requestID, orderNo).Slice()
 	if err != nil {
-		var serverErr redis.Error
-		if !errors.As(err, &serverErr) {
-			// A timeout or a broken connection: the request may or may not
-			// have reached stockgate and Redis. Retrying with the SAME
-			// request_id is safe: if the first attempt deducted, the retry
-			// answers code 1 and takes nothing.
-			return retry, err.Error()
+		action, why := fault(err)
+		if action == "alert" {
+			action = "fail the order and alert"
 		}
-		// Server error replies start with their class.
-		msg := serverErr.Error()
-		switch kind, _, _ := strings.Cut(msg, " "); kind {
-		case "UPSTREAM", "BADREPLY":
-			// stockgate could not get a clear answer from Redis; same as a timeout.
-			return retry, msg
-		case "UNKNOWNSKU":
-			// The sku's stock was never loaded: nothing changed, but a human must look.
-			return "fail the order and alert", msg
-		case "BADSTOCK", "BADRECORD", "WRONGTYPE":
-			// Corrupt data in Redis: nothing changed; retrying won't help.
-			return "fail the order and alert an operator", msg
-		default:
-			// ERR ...: wrong arity or the like, a bug in this caller.
-			return "fix the request", msg
-		}
+		return action, why
 	}
-
-	// Only the first four elements are fixed; later versions may add more.
-	code, _ := reply[0].(int64)
-	remain, _ := reply[1].(int64)
-	order, _ := reply[2].(string)
+	code, remain, order := fields(reply)
 	switch code {
 	case 0:
 		return "proceed", fmt.Sprintf("deducted, %d left, order_no %q", remain, order)
@@ -80,8 +98,41 @@ func deductOnce(ctx context.Context, rdb *redis.Client, sku, qty, requestID, ord
 		// Retrying the same request gives 3 again: fix the caller.
 		reason, _ := reply[4].(string)
 		return "fix the request", reason
+	case 4:
+		// A REVERT of this request_id came first: the order was cancelled.
+		// Nothing was deducted, and this id never will be.
+		return "stop", fmt.Sprintf("this request_id was reverted or revoked (%d left); nothing was deducted. "+
+			"If the order must go ahead after all, use a new request_id", remain)
 	default:
 		return "fail the order and alert", fmt.Sprintf("unknown code %d: upgrade this client", code)
+	}
+}
+
+// revertOnce sends one REVERT, giving back what requestID deducted because
+// the payment failed or the order was cancelled, and says what to do next,
+// and why. On "alert" the compensation is not done: keep it pending.
+func revertOnce(ctx context.Context, rdb *redis.Client, sku, requestID string) (string, string) {
+	reply, err := rdb.Do(ctx, "REVERT", sku, requestID).Slice()
+	if err != nil {
+		return fault(err)
+	}
+	code, remain, order := fields(reply)
+	switch code {
+	case 0:
+		// The qty came from stockgate's record of the DEDUCT, not from us.
+		return "compensated", fmt.Sprintf("given back, %d in stock, order_no %q", remain, order)
+	case 1:
+		// An earlier REVERT of this id (a retried or timed-out call) did it.
+		return "compensated", fmt.Sprintf("already done by an earlier attempt, %d in stock, order_no %q", remain, order)
+	case 4:
+		// The DEDUCT never happened (it failed, or never arrived). The id
+		// is now revoked, so if that DEDUCT arrives late it takes nothing.
+		return "compensated", "nothing had been deducted; the request_id is revoked, so a late DEDUCT of it takes nothing"
+	case 3:
+		reason, _ := reply[4].(string)
+		return "fix the request", reason
+	default:
+		return "alert", fmt.Sprintf("unknown code %d: upgrade this client", code)
 	}
 }
 
@@ -89,15 +140,13 @@ func main() {
 	host := flag.String("host", "127.0.0.1", "stockgate host")
 	port := flag.Int("port", 6390, "stockgate port")
 	timeout := flag.Duration("timeout", 2*time.Second, "how long to wait for one reply")
+	revert := flag.Bool("revert", false, "give back what REQUEST_ID deducted: -revert SKU REQUEST_ID")
 	flag.Parse()
 	args := flag.Args()
-	if len(args) < 3 {
+	if (*revert && len(args) != 2) || (!*revert && (len(args) < 3 || len(args) > 4)) {
 		fmt.Fprintln(os.Stderr, "usage: go run . [-host H] [-port P] [-timeout 2s] SKU QTY REQUEST_ID [ORDER_NO]")
+		fmt.Fprintln(os.Stderr, "       go run . [-host H] [-port P] [-timeout 2s] -revert SKU REQUEST_ID")
 		os.Exit(2)
-	}
-	sku, qty, requestID, orderNo := args[0], args[1], args[2], ""
-	if len(args) > 3 {
-		orderNo = args[3]
 	}
 
 	rdb := redis.NewClient(&redis.Options{
@@ -113,11 +162,25 @@ func main() {
 	defer rdb.Close()
 
 	ctx := context.Background()
+	var once func() (string, string)
+	done, later := "proceed", "park the order and retry later with the same request_id"
+	if *revert {
+		once = func() (string, string) { return revertOnce(ctx, rdb, args[0], args[1]) }
+		done, later = "compensated", "keep the compensation pending and retry REVERT later with the same request_id"
+	} else {
+		orderNo := ""
+		if len(args) > 3 {
+			orderNo = args[3]
+		}
+		once = func() (string, string) { return deductOnce(ctx, rdb, args[0], args[1], args[2], orderNo) }
+	}
+
 	for attempt := 1; attempt <= attempts; attempt++ {
-		action, why := deductOnce(ctx, rdb, sku, qty, requestID, orderNo)
+		action, why := once()
 		if action != retry {
 			fmt.Printf("%s: %s\n", action, why)
-			if action != "proceed" {
+			if action != done {
+				rdb.Close()
 				os.Exit(1)
 			}
 			return
@@ -125,8 +188,10 @@ func main() {
 		fmt.Printf("attempt %d of %d: %s; retrying with the same request_id\n", attempt, attempts, why)
 		time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
 	}
-	// Still unknown: keep the order pending and retry later with the same
-	// request_id (within stockgate's --retry-window, 24h by default).
-	fmt.Printf("unknown: no answer after %d attempts; park the order and retry later with the same request_id\n", attempts)
+	// Still unknown. Keep it and retry later with the same request_id (within
+	// stockgate's --retry-window, 24h by default). To cancel an order whose
+	// DEDUCT stays unknown, REVERT it: that settles it either way.
+	fmt.Printf("unknown: no answer after %d attempts; %s\n", attempts, later)
+	rdb.Close()
 	os.Exit(1)
 }

@@ -1,4 +1,5 @@
-// DEDUCT from Java (8 or later) with Jedis 5, handling every outcome.
+// DEDUCT and REVERT from Java (8 or later) with Jedis 5, handling every
+// outcome.
 //
 // NOT COMPILED IN THIS REPOSITORY'S CI: Maven Central is not reachable
 // where stockgate is built, so Jedis can't be fetched. What Jedis 5 sends
@@ -13,11 +14,17 @@
 // (which seeds demo-1 with 100 units):
 //
 //     java -cp "$JEDIS_CLASSPATH" Deduct.java demo-1 2 order-1001 ORD-1001
+//     java -cp "$JEDIS_CLASSPATH" Deduct.java --revert demo-1 order-1001
 //
-// Run it twice: the second run is a retry of the same request_id and
-// answers "already deducted" without taking stock again.
+// The first takes 2 units for order line order-1001; run it twice and the
+// second run is a retry of the same request_id: "already deducted", nothing
+// taken again. The second gives them back, as the order service does when
+// the payment fails or the order is cancelled; it is safe to repeat, and
+// safe even when the DEDUCT's outcome is unknown.
 
+import java.util.Arrays;
 import java.util.List;
+import java.util.function.Supplier;
 import redis.clients.jedis.DefaultJedisClientConfig;
 import redis.clients.jedis.HostAndPort;
 import redis.clients.jedis.JedisPooled;
@@ -31,6 +38,7 @@ public class Deduct {
     // The outcome is unknown: try again with the SAME request_id.
     static final String RETRY = "retry";
     static final ProtocolCommand DEDUCT = () -> SafeEncoder.encode("DEDUCT");
+    static final ProtocolCommand REVERT = () -> SafeEncoder.encode("REVERT");
 
     /** What the order service does next, and why. */
     static final class Next {
@@ -43,42 +51,46 @@ public class Deduct {
         }
     }
 
-    /** One DEDUCT: what to do next, and why. */
-    static Next deductOnce(JedisPooled jedis, String sku, String qty, String requestId, String orderNo) {
-        Object reply;
-        try {
-            reply = jedis.sendCommand(DEDUCT, sku, qty, requestId, orderNo);
-        } catch (JedisConnectionException e) {
+    /** What a Jedis exception means for DEDUCT and REVERT alike. */
+    static Next fault(RuntimeException e) {
+        if (e instanceof JedisConnectionException) {
             // A timeout or a broken connection: the request may or may not
             // have reached stockgate and Redis. Retrying with the SAME
-            // request_id is safe: if the first attempt deducted, the retry
-            // answers code 1 and takes nothing.
+            // request_id is safe: if the first attempt was applied, the
+            // retry answers code 1 and changes nothing.
             return new Next(RETRY, e.getMessage());
-        } catch (JedisDataException e) {
-            // Server error replies start with their class.
-            String msg = e.getMessage();
-            String kind = msg.split(" ", 2)[0];
-            switch (kind) {
-                case "UPSTREAM":
-                case "BADREPLY":
-                    // stockgate could not get a clear answer from Redis; same as a timeout.
-                    return new Next(RETRY, msg);
-                case "UNKNOWNSKU":
-                    // The sku's stock was never loaded: nothing changed, but a human must look.
-                    return new Next("fail the order and alert", msg);
-                case "BADSTOCK":
-                case "BADRECORD":
-                case "WRONGTYPE":
-                    // Corrupt data in Redis: nothing changed; retrying won't help.
-                    return new Next("fail the order and alert an operator", msg);
-                default:
-                    // ERR ...: wrong arity or the like, a bug in this caller.
-                    return new Next("fix the request", msg);
-            }
+        }
+        // Server error replies start with their class.
+        String msg = e.getMessage();
+        switch (msg.split(" ", 2)[0]) {
+            case "UPSTREAM":
+            case "BADREPLY":
+                // stockgate could not get a clear answer from Redis; same as a timeout.
+                return new Next(RETRY, msg);
+            case "UNKNOWNSKU":
+            case "BADSTOCK":
+            case "BADRECORD":
+            case "WRONGTYPE":
+                // The stock was never loaded, or the data is corrupt: nothing
+                // changed, retrying won't help, a human must look.
+                return new Next("alert", msg);
+            default:
+                // ERR ...: wrong arity or the like, a bug in this caller.
+                return new Next("fix the request", msg);
+        }
+    }
+
+    /** One DEDUCT: take stock for an order line. */
+    static Next deductOnce(JedisPooled jedis, String sku, String qty, String requestId, String orderNo) {
+        List<?> fields;
+        try {
+            fields = (List<?>) jedis.sendCommand(DEDUCT, sku, qty, requestId, orderNo);
+        } catch (JedisConnectionException | JedisDataException e) {
+            Next next = fault(e);
+            return next.action.equals("alert") ? new Next("fail the order and alert", next.why) : next;
         }
 
         // Only the first four elements are fixed; later versions may add more.
-        List<?> fields = (List<?>) reply;
         long code = (Long) fields.get(0);
         long remain = (Long) fields.get(1);
         String order = SafeEncoder.encode((byte[]) fields.get(2));
@@ -98,16 +110,61 @@ public class Deduct {
             // Retrying the same request gives 3 again: fix the caller.
             return new Next("fix the request", SafeEncoder.encode((byte[]) fields.get(4)));
         }
+        if (code == 4) {
+            // A REVERT of this request_id came first: the order was cancelled.
+            // Nothing was deducted, and this id never will be.
+            return new Next("stop", "this request_id was reverted or revoked (" + remain
+                + " left); nothing was deducted. If the order must go ahead after all, use a new request_id");
+        }
         return new Next("fail the order and alert", "unknown code " + code + ": upgrade this client");
     }
 
-    public static void main(String[] args) throws InterruptedException {
-        if (args.length < 3) {
-            System.err.println("usage: java Deduct.java SKU QTY REQUEST_ID [ORDER_NO]  (env STOCKGATE_PORT, default 6390)");
+    /**
+     * One REVERT: give back what requestId deducted, because the payment
+     * failed or the order was cancelled. On "alert" the compensation is not
+     * done: keep it pending.
+     */
+    static Next revertOnce(JedisPooled jedis, String sku, String requestId) {
+        List<?> fields;
+        try {
+            fields = (List<?>) jedis.sendCommand(REVERT, sku, requestId);
+        } catch (JedisConnectionException | JedisDataException e) {
+            return fault(e);
+        }
+
+        long code = (Long) fields.get(0);
+        long remain = (Long) fields.get(1);
+        String order = SafeEncoder.encode((byte[]) fields.get(2));
+        if (code == 0) {
+            // The qty came from stockgate's record of the DEDUCT, not from us.
+            return new Next("compensated", "given back, " + remain + " in stock, order_no \"" + order + "\"");
+        }
+        if (code == 1) {
+            // An earlier REVERT of this id (a retried or timed-out call) did it.
+            return new Next("compensated",
+                "already done by an earlier attempt, " + remain + " in stock, order_no \"" + order + "\"");
+        }
+        if (code == 4) {
+            // The DEDUCT never happened (it failed, or never arrived). The id
+            // is now revoked, so if that DEDUCT arrives late it takes nothing.
+            return new Next("compensated",
+                "nothing had been deducted; the request_id is revoked, so a late DEDUCT of it takes nothing");
+        }
+        if (code == 3) {
+            return new Next("fix the request", SafeEncoder.encode((byte[]) fields.get(4)));
+        }
+        return new Next("alert", "unknown code " + code + ": upgrade this client");
+    }
+
+    public static void main(String[] argv) throws InterruptedException {
+        boolean revert = argv.length > 0 && argv[0].equals("--revert");
+        final String[] args = revert ? Arrays.copyOfRange(argv, 1, argv.length) : argv;
+        if (revert ? args.length != 2 : args.length < 3 || args.length > 4) {
+            System.err.println("usage: java Deduct.java SKU QTY REQUEST_ID [ORDER_NO]");
+            System.err.println("       java Deduct.java --revert SKU REQUEST_ID");
+            System.err.println("(env STOCKGATE_PORT, default 6390)");
             System.exit(2);
         }
-        String sku = args[0], qty = args[1], requestId = args[2];
-        String orderNo = args.length > 3 ? args[3] : "";
         int port = Integer.parseInt(System.getenv().getOrDefault("STOCKGATE_PORT", "6390"));
 
         DefaultJedisClientConfig config = DefaultJedisClientConfig.builder()
@@ -116,21 +173,35 @@ public class Deduct {
             .socketTimeoutMillis(2000)
             .build();
         try (JedisPooled jedis = new JedisPooled(new HostAndPort("127.0.0.1", port), config)) {
+            Supplier<Next> once;
+            String done;
+            String later;
+            if (revert) {
+                once = () -> revertOnce(jedis, args[0], args[1]);
+                done = "compensated";
+                later = "keep the compensation pending and retry REVERT later with the same request_id";
+            } else {
+                String orderNo = args.length > 3 ? args[3] : "";
+                once = () -> deductOnce(jedis, args[0], args[1], args[2], orderNo);
+                done = "proceed";
+                later = "park the order and retry later with the same request_id";
+            }
             for (int attempt = 1; attempt <= ATTEMPTS; attempt++) {
-                Next next = deductOnce(jedis, sku, qty, requestId, orderNo);
+                Next next = once.get();
                 if (!next.action.equals(RETRY)) {
                     System.out.println(next.action + ": " + next.why);
-                    System.exit(next.action.equals("proceed") ? 0 : 1);
+                    System.exit(next.action.equals(done) ? 0 : 1);
                 }
                 System.out.println("attempt " + attempt + " of " + ATTEMPTS + ": " + next.why
                     + "; retrying with the same request_id");
                 Thread.sleep(100L * attempt);
             }
+            // Still unknown. Keep it and retry later with the same request_id
+            // (within stockgate's --retry-window, 24h by default). To cancel an
+            // order whose DEDUCT stays unknown, REVERT it: that settles it
+            // either way.
+            System.out.println("unknown: no answer after " + ATTEMPTS + " attempts; " + later);
         }
-        // Still unknown: keep the order pending and retry later with the same
-        // request_id (within stockgate's --retry-window, 24h by default).
-        System.out.println("unknown: no answer after " + ATTEMPTS
-            + " attempts; park the order and retry later with the same request_id");
         System.exit(1);
     }
 }

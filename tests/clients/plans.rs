@@ -1,5 +1,6 @@
-//! Plans: the DEDUCTs a test sends, the reply stockgate owes for each (in
-//! the typed JSON the drivers print), and what Redis must hold afterwards.
+//! Plans: the DEDUCTs and REVERTs a test sends, the reply stockgate owes for
+//! each (in the typed JSON the drivers print), and what Redis must hold
+//! afterwards.
 
 use crate::support::*;
 use redis::Value;
@@ -53,8 +54,18 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// `DEDUCT <sku> <qty> <request_id> [order_no]`.
     pub fn deduct(&mut self, args: &[&str], owed: Owed) {
-        let mut command = vec!["DEDUCT".to_owned()];
+        self.push("DEDUCT", args, owed);
+    }
+
+    /// `REVERT <sku> <request_id>`.
+    pub fn revert(&mut self, args: &[&str], owed: Owed) {
+        self.push("REVERT", args, owed);
+    }
+
+    fn push(&mut self, name: &str, args: &[&str], owed: Owed) {
+        let mut command = vec![name.to_owned()];
         command.extend(args.iter().map(|a| a.to_string()));
         self.commands.push(command);
         self.owed.push(owed);
@@ -108,8 +119,12 @@ impl Plan {
     }
 }
 
-/// One DEDUCT at a time: codes 0, 1, 2, 3 (twice) and UNKNOWNSKU, with and
-/// without order_no, on skus named after `tag`.
+/// One command at a time on skus named after `tag`. DEDUCT: codes 0, 1,
+/// 2, 3 (a bad qty, and a request_id reused with another qty) and
+/// UNKNOWNSKU, with and without order_no. REVERT: a deduction given back
+/// (0, with its order_no, and without one), reverted again (1), then
+/// DEDUCTed again (4); an id never deducted (4, empty rollback), then
+/// DEDUCTed (4, hanging) and reverted again (1); a bad request_id (3).
 pub fn codes_plan(cluster: &LocalCluster, tag: &str) -> Plan {
     let sku = format!("{tag}-sku");
     let unstocked = format!("{tag}-unstocked");
@@ -128,77 +143,139 @@ pub fn codes_plan(cluster: &LocalCluster, tag: &str) -> Plan {
     plan.deduct(&[&unstocked, "1", &id(4)], Owed::Error(UNKNOWN_SKU));
     plan.deduct(&[&sku, "7", &id(5)], reply(0, 0, ""));
     plan.deduct(&[&sku, "7", &id(5)], reply(1, 0, ""));
-    plan.stocks = vec![(sku.clone(), Some(0)), (unstocked, None)];
+
+    // The qty comes back from the record; remain is the stock after it.
+    plan.revert(&[&sku, &id(1)], reply(0, 3, &order));
+    plan.revert(&[&sku, &id(1)], reply(1, 3, &order));
+    plan.deduct(&[&sku, "3", &id(1), &order], reply(4, 3, ""));
+    plan.revert(&[&sku, &id(6)], reply(4, 3, ""));
+    plan.deduct(&[&sku, "1", &id(6), &order], reply(4, 3, ""));
+    plan.revert(&[&sku, &id(6)], reply(1, 3, ""));
+    plan.revert(&[&sku, &id(5)], reply(0, 10, ""));
+    plan.revert(
+        &[&sku, &format!("{{{}}}", id(7))],
+        invalid(-1, REQUEST_ID_REASON),
+    );
+
+    plan.stocks = vec![(sku.clone(), Some(10)), (unstocked, None)];
     plan.records = vec![
-        (sku.clone(), id(1), Some(format!("D:3:{order}"))),
+        (sku.clone(), id(1), Some(format!("R:3:{order}"))),
         (sku.clone(), id(2), None),
         (sku.clone(), id(3), None),
-        (sku, id(5), Some("D:7:".to_owned())),
+        (sku.clone(), id(5), Some("R:7:".to_owned())),
+        (sku, id(6), Some("V:0:".to_owned())),
     ];
     plan
 }
 
-/// 100 independent DEDUCTs, one sku each: code 0, code 2 (empty stock),
-/// code 1 (applied through stockgate beforehand), code 3 for a bad qty and
-/// a bad request_id, and UNKNOWNSKU.
+/// What a pipeline plan's sku went through before the pipeline is sent.
+enum Before {
+    /// DEDUCT qty 2 of 5.
+    Deducted,
+    /// DEDUCT qty 2 of 5, then REVERT.
+    Reverted,
+    /// REVERT only: the id is revoked.
+    Revoked,
+}
+
+/// 100 independent commands, one sku each (its stock 5 unless said):
+/// DEDUCT code 0, code 2 (empty stock), code 1 (deducted beforehand),
+/// code 4 (revoked beforehand), code 3 for a bad qty and a bad request_id,
+/// UNKNOWNSKU; REVERT code 0 (deducted beforehand), code 1 (reverted
+/// beforehand), code 4 (never deducted), code 3 for a bad request_id.
+/// "Beforehand" goes through stockgate too, before the pipeline.
 pub async fn pipeline_plan(cluster: &LocalCluster, server: &Server, tag: &str) -> Plan {
     let mut plan = Plan::default();
     let mut stocks = Vec::new();
-    let mut applied_before = Vec::new();
+    let mut before = Vec::new();
     for i in 0..100 {
         let sku = format!("{tag}-p{i}");
         let id = format!("{tag}-p{i}-req");
         let order = format!("ORD-{tag}-{i}");
-        match i % 10 {
-            0..=5 => {
-                let stock = i % 7;
-                stocks.push((sku.clone(), stock));
-                if stock > 0 {
-                    plan.deduct(&[&sku, "1", &id, &order], reply(0, stock - 1, &order));
-                    plan.stocks.push((sku.clone(), Some(stock - 1)));
-                    plan.records.push((sku, id, Some(format!("D:1:{order}"))));
-                } else {
-                    plan.deduct(&[&sku, "1", &id, &order], reply(2, 0, ""));
-                    plan.stocks.push((sku.clone(), Some(0)));
-                    plan.records.push((sku, id, None));
-                }
+        let bad_id = format!("{{{id}}}");
+        // Alternate tens of the plan send different commands in one slot.
+        let odd_ten = (i / 10) % 2 == 1;
+        let stock = if i % 10 <= 3 { i % 7 } else { 5 };
+        let (stock_after, record) = match i % 10 {
+            0..=3 if stock > 0 => {
+                plan.deduct(&[&sku, "1", &id, &order], reply(0, stock - 1, &order));
+                (stock - 1, Some(format!("D:1:{order}")))
+            }
+            0..=3 => {
+                plan.deduct(&[&sku, "1", &id, &order], reply(2, 0, ""));
+                (0, None)
+            }
+            4 => {
+                before.push((sku.clone(), id.clone(), order.clone(), Before::Deducted));
+                plan.revert(&[&sku, &id], reply(0, 5, &order));
+                (5, Some(format!("R:2:{order}")))
+            }
+            5 => {
+                plan.revert(&[&sku, &id], reply(4, 5, ""));
+                (5, Some("V:0:".to_owned()))
+            }
+            6 if odd_ten => {
+                before.push((sku.clone(), id.clone(), order.clone(), Before::Reverted));
+                plan.revert(&[&sku, &id], reply(1, 5, &order));
+                (5, Some(format!("R:2:{order}")))
             }
             6 => {
-                stocks.push((sku.clone(), 5));
-                applied_before.push((sku.clone(), id.clone(), order.clone()));
+                before.push((sku.clone(), id.clone(), order.clone(), Before::Deducted));
                 plan.deduct(&[&sku, "2", &id, &order], reply(1, 3, &order));
-                plan.stocks.push((sku.clone(), Some(3)));
-                plan.records.push((sku, id, Some(format!("D:2:{order}"))));
+                (3, Some(format!("D:2:{order}")))
+            }
+            7 if odd_ten => {
+                before.push((sku.clone(), id.clone(), order.clone(), Before::Revoked));
+                plan.deduct(&[&sku, "2", &id, &order], reply(4, 5, ""));
+                (5, Some("V:0:".to_owned()))
             }
             7 => {
-                stocks.push((sku.clone(), 5));
                 plan.deduct(&[&sku, "0", &id, &order], invalid(-1, QTY_REASON));
-                plan.stocks.push((sku.clone(), Some(5)));
-                plan.records.push((sku, id, None));
+                (5, None)
             }
             8 => {
+                if odd_ten {
+                    plan.revert(&[&sku, &bad_id], invalid(-1, REQUEST_ID_REASON));
+                } else {
+                    plan.deduct(&[&sku, "1", &bad_id], invalid(-1, REQUEST_ID_REASON));
+                }
                 stocks.push((sku.clone(), 5));
-                plan.deduct(
-                    &[&sku, "1", &format!("{{{id}}}")],
-                    invalid(-1, REQUEST_ID_REASON),
-                );
                 plan.stocks.push((sku, Some(5)));
+                continue;
             }
             _ => {
                 plan.deduct(&[&sku, "1", &id], Owed::Error(UNKNOWN_SKU));
                 plan.stocks.push((sku, None));
+                continue;
             }
-        }
+        };
+        stocks.push((sku.clone(), stock));
+        plan.stocks.push((sku.clone(), Some(stock_after)));
+        plan.records.push((sku, id, record));
     }
     set_stocks(cluster, &stocks);
     let mut conn = client(server, false).await;
-    for (sku, id, order) in applied_before {
-        let first = parse(
-            deduct(&mut conn, &sku, "2", &id, Some(&order))
-                .await
-                .unwrap(),
-        );
-        assert_eq!((first.code, first.remain), (0, 3), "{sku}");
+    for (sku, id, order, state) in before {
+        let mut steps = Vec::new();
+        if !matches!(state, Before::Revoked) {
+            let deducted = deduct(&mut conn, &sku, "2", &id, Some(&order)).await;
+            steps.push(parse(deducted.unwrap()));
+        }
+        if !matches!(state, Before::Deducted) {
+            let reverted = redis::cmd("REVERT")
+                .arg(&sku)
+                .arg(&id)
+                .query_async(&mut conn)
+                .await;
+            steps.push(parse(reverted.unwrap()));
+        }
+        let codes: Vec<(i64, i64)> = steps.iter().map(|r| (r.code, r.remain)).collect();
+        let expected: &[(i64, i64)] = match state {
+            Before::Deducted => &[(0, 3)],
+            Before::Reverted => &[(0, 3), (0, 5)],
+            Before::Revoked => &[(4, 5)],
+        };
+        assert_eq!(codes, expected, "{sku}: set up beforehand");
     }
     plan
 }
@@ -240,7 +317,7 @@ pub fn typed(value: &Value, error_class: &str) -> Json {
             "error": format!("{} {}", err.code(), err.details().unwrap_or_default()),
             "class": error_class,
         }),
-        other => panic!("DEDUCT never answers {other:?}"),
+        other => panic!("DEDUCT and REVERT never answer {other:?}"),
     }
 }
 
@@ -251,8 +328,11 @@ pub fn strings(commands: &[&[&str]]) -> Vec<Vec<String>> {
         .collect()
 }
 
-pub fn is_deduct(command: &[String]) -> bool {
-    command[0].eq_ignore_ascii_case("deduct")
+/// DEDUCT or REVERT: a command of a plan, not of a client's handshake.
+pub fn is_stock_command(command: &[String]) -> bool {
+    ["deduct", "revert"]
+        .iter()
+        .any(|name| command[0].eq_ignore_ascii_case(name))
 }
 
 pub fn positions(commands: &[Vec<String>], which: fn(&[String]) -> bool) -> Vec<usize> {

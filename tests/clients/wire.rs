@@ -1,7 +1,7 @@
 //! On the wire: a recording relay between a client and stockgate, and a
 //! raw RESP conversation for replaying bytes.
 
-use crate::plans::is_deduct;
+use crate::plans::is_stock_command;
 use bytes::BytesMut;
 use redis::Value;
 use std::io::{BufReader, Write};
@@ -16,8 +16,9 @@ use tokio_util::codec::Decoder;
 
 /// Relays connections to stockgate on loopback and records what each
 /// client sent. With `black_hole`, the first connection to send a DEDUCT
-/// gets no bytes back from then on (the DEDUCT still reaches stockgate and
-/// is applied), as when a reply is lost on a dead network path.
+/// or REVERT gets no bytes back from then on (the command still reaches
+/// stockgate and is applied), as when a reply is lost on a dead network
+/// path.
 pub struct Tap {
     pub addr: SocketAddr,
     /// What each connection's client sent, connections in accept order.
@@ -87,7 +88,7 @@ async fn relay(
                     record.extend_from_slice(&buf[..n]);
                     // Decide before forwarding, so the reply can't slip through.
                     if black_hole.load(Ordering::SeqCst)
-                        && requests(&record).iter().any(|c| is_deduct(c))
+                        && requests(&record).iter().any(|c| is_stock_command(c))
                         && black_hole.swap(false, Ordering::SeqCst)
                     {
                         swallow.store(true, Ordering::SeqCst);

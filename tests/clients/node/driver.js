@@ -1,5 +1,5 @@
-// Runs DEDUCTs through ioredis or node-redis and prints every reply, typed,
-// as JSON.
+// Runs DEDUCTs and REVERTs through ioredis or node-redis and prints every
+// reply, typed, as JSON.
 //
 // tests/clients.rs starts a Redis Cluster and stockgate, then runs
 //
@@ -7,7 +7,8 @@
 //
 // where <env> holds one pinned client installed with `npm ci` from
 // tests/clients/node/<name>/. LIBRARY is `ioredis` or `redis` (node-redis).
-// plan.json is {"commands": [["DEDUCT", "sku", "3", "req-1", "ORD-1"], ...]}.
+// plan.json is {"commands": [["DEDUCT", "sku", "3", "req-1", "ORD-1"],
+// ["REVERT", "sku", "req-1"], ...]}.
 // MODE:
 //
 // - plain:    the library's default client, one command at a time

@@ -1,11 +1,12 @@
-"""Runs DEDUCTs through redis-py and prints every reply, typed, as JSON.
+"""Runs DEDUCTs and REVERTs through redis-py and prints every reply, typed, as JSON.
 
 tests/clients.rs starts a Redis Cluster and stockgate, then runs
 
     python driver.py PORT MODE < plan.json
 
 with the python of a venv holding one pinned redis-py. plan.json is
-{"commands": [["DEDUCT", "sku", "3", "req-1", "ORD-1"], ...]}. MODE:
+{"commands": [["DEDUCT", "sku", "3", "req-1", "ORD-1"],
+["REVERT", "sku", "req-1"], ...]}. MODE:
 
 - plain:    redis.Redis(host, port), all defaults; one command at a time.
 - pool:     an explicit ConnectionPool with health_check_interval, so the
@@ -28,14 +29,14 @@ import redis
 
 # Short, so the pool's health check fires between the driver's commands
 # without making the test slow.
-HEALTH_CHECK_INTERVAL = 0.05
+HEALTH_CHECK_INTERVAL = 0.02
 
 
 def typed(value):
     if isinstance(value, BaseException):
         return {"error": str(value), "class": type(value).__name__}
     if isinstance(value, bool):
-        # redis-py turns some status replies into True; DEDUCT never should.
+        # redis-py turns some status replies into True; DEDUCT and REVERT never should.
         return {"bool": value}
     if isinstance(value, int):
         return {"int": value}
