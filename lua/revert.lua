@@ -13,7 +13,8 @@ Each (sku, request_id) is a small state machine kept in its idempotency
 record (format in lua/common.lua), always with the retry-window TTL:
 
   state now   DEDUCT                          REVERT
-  none        deduct -> DEDUCTED, 0 (or 2)    -> REVOKED, 4
+  none        deduct -> DEDUCTED, 0 (or 2)    -> REVOKED, 4 (UNKNOWNSKU when
+                                              the sku has no stock at all)
   DEDUCTED    1 (duplicate)                   give qty back -> REVERTED, 0
   REVERTED    4 (revoked)                     1 (duplicate)
   REVOKED     4                               1
@@ -38,7 +39,10 @@ Replies, the same shape as DEDUCT's:
                                    is now refused by DEDUCT
 (stock is -1 where it was not read or the stock key is missing.)
 Error replies (nothing changed):
-  UNKNOWNSKU ...  DEDUCTED record, but the stock key is gone and ARGV[2] is "error"
+  UNKNOWNSKU ...  the stock key does not exist and ARGV[2] is "error": a
+                  REVERT naming a sku with no stock is far likelier a wrong
+                  sku than an empty rollback, and answering 4 ("nothing to
+                  give back") would let the real deduction go unreturned
   BADSTOCK ...    the stock value is not an integer
   BADRECORD ...   the record has a shape this version can't read
 ]]
@@ -67,6 +71,9 @@ end
 
 local record = redis.call('GET', record_key)
 if not record then
+  if stock == nil and missing ~= 'zero' then
+    return redis.error_reply(UNKNOWNSKU)
+  end
   -- Empty rollback: nothing to give back, but remember the id so a late
   -- DEDUCT of it is refused instead of deducting after its cancel.
   redis.call('SET', record_key, 'V:0:', 'PX', window)

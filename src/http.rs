@@ -98,16 +98,14 @@ struct ErrorBody<'a> {
 
 /// With a client password set, every request needs
 /// `Authorization: Bearer <password>`; otherwise 401, before the body is read.
-fn authorize(shared: &Shared, request: &Request) -> Result<(), Response> {
-    let Some(password) = &shared.config.password else {
-        return Ok(());
-    };
+fn authorize(shared: &Shared, request: &Request) -> Option<Response> {
+    let password = shared.config.password.as_ref()?;
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
     if token.is_some_and(|t| password.matches(t)) {
-        return Ok(());
+        return None;
     }
     if token.is_some() {
         shared.metrics.auth_failed();
@@ -120,13 +118,13 @@ fn authorize(shared: &Shared, request: &Request) -> Result<(), Response> {
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Err(response)
+    Some(response)
 }
 
 async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
-    if let Err(response) = authorize(&shared, &request) {
-        return response;
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
     }
     let body: DeductBody = match read_json(request).await {
         Ok(body) => body,
@@ -143,8 +141,8 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
 
 async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
-    if let Err(response) = authorize(&shared, &request) {
-        return response;
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
     }
     let body: RevertBody = match read_json(request).await {
         Ok(body) => body,

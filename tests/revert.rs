@@ -486,3 +486,38 @@ async fn stale_time_ordered_ids_are_refused_when_asked() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_revert_naming_a_sku_without_stock_is_unknownsku_not_done() {
+    let cluster = cluster();
+    set_stock(&cluster, "real-sku", 10);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    parse(
+        deduct(&mut conn, "real-sku", "3", "typo", None)
+            .await
+            .unwrap(),
+    );
+    // The caller mistypes the sku: "nothing to give back" (4) would close
+    // the books while 3 units stay deducted. It must be an error.
+    let err = revert(&mut conn, "reel-sku", "typo").await.unwrap_err();
+    assert_eq!(err.code(), Some("UNKNOWNSKU"), "{err:?}");
+    assert_eq!(
+        record(&cluster, "reel-sku", "typo").0,
+        None,
+        "nothing was written"
+    );
+    // With --missing-stock zero a missing sku means no stock, and the
+    // empty rollback is recorded as usual.
+    let lenient = proxy(cluster.seeds(), |c| {
+        c.missing_stock = stockgate::config::MissingStock::Zero
+    })
+    .await;
+    let mut conn = client(&lenient, false).await;
+    let reply = parse(revert(&mut conn, "reel-sku", "typo").await.unwrap());
+    assert_eq!((reply.code, reply.remain), (4, -1));
+    assert_eq!(
+        record(&cluster, "reel-sku", "typo").0.as_deref(),
+        Some("V:0:")
+    );
+}
