@@ -12,6 +12,12 @@
 #   with a running init system Debian's package also enables a `prometheus`
 #   service on :9090; the tests don't use it (`systemctl disable --now
 #   prometheus` if you don't want it).
+# - openssl: tests/security.rs makes a CA and certificates for TLS to Redis.
+# - python3 with venv and pip, nodejs and npm: tests/clients.rs and
+#   tests/http.rs install real clients (redis-py, ioredis, node-redis) and
+#   schemathesis from PyPI and npm into target/client-envs/. Only installed
+#   when missing; the newest ioredis and node-redis want Node.js 20, which
+#   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
 #
 # Idempotent: installs only what is missing.
 set -euo pipefail
@@ -26,6 +32,13 @@ if ! command -v redis-cli >/dev/null || ! [ "$(redis_major || echo 0)" -ge 7 ] 2
 fi
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     packages+=(prometheus)
+fi
+command -v openssl >/dev/null || packages+=(openssl)
+if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+    packages+=(python3 python3-venv python3-pip)
+fi
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    packages+=(nodejs npm)
 fi
 if [ "${#packages[@]}" -eq 0 ]; then
     exit 0
