@@ -313,6 +313,10 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_REJECT_STALE_IDS", action = clap::ArgAction::SetTrue)]
     pub reject_stale_ids: bool,
 
+    /// Threads serving clients and Redis. 1 runs everything on one thread.
+    #[arg(long, env = "STOCKGATE_WORKER_THREADS", default_value_t = 2)]
+    pub worker_threads: usize,
+
     /// Log format; `text` is for humans, `json` for collectors.
     #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

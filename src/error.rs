@@ -7,7 +7,7 @@
 //! type, [`crate::frame::ProtocolError`]: those close the connection, these
 //! are replied to.
 
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{ErrorKind, RedisError};
 use std::fmt;
 use std::time::Duration;
 
@@ -139,48 +139,64 @@ impl UpstreamError {
 
     /// Classifies an error from the redis crate.
     pub fn from_redis(err: &RedisError) -> Self {
-        let text = || err.detail().unwrap_or_default().to_owned();
         if err.is_timeout() {
             return UpstreamError::new(FaultKind::Timeout, format!("redis timed out: {err}"));
         }
         match err.kind() {
-            ErrorKind::Server(server) => {
-                let kind = match server {
-                    ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::BusyLoading
-                    | ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-                    | ServerErrorKind::ReadOnly => FaultKind::ClusterDown,
-                    _ => FaultKind::BadReply,
-                };
-                UpstreamError::new(kind, format!("redis answered {err}"))
-            }
-            ErrorKind::Extension => match err.code().unwrap_or_default() {
-                "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, text()),
-                "BADSTOCK" | "BADRECORD" | "WRONGTYPE" => UpstreamError::new(
-                    FaultKind::BadData,
-                    format!("{} {}", err.code().unwrap_or_default(), text()),
-                ),
-                "NEGATIVE" => {
-                    UpstreamError::new(FaultKind::Refused, format!("NEGATIVE {}", text()))
-                }
-                "OOM" => UpstreamError::new(
-                    FaultKind::OutOfMemory,
-                    format!("redis is out of memory and refused the script: {}", text()),
-                ),
-                "BUSY" => UpstreamError::new(
-                    FaultKind::Busy,
-                    format!("redis is busy running another script: {}", text()),
-                ),
-                _ => UpstreamError::new(FaultKind::BadReply, format!("redis answered {err}")),
-            },
+            ErrorKind::Server(_) | ErrorKind::Extension => UpstreamError::from_server_error(
+                err.code().unwrap_or_default(),
+                err.detail().unwrap_or_default(),
+            ),
             ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => {
                 UpstreamError::new(FaultKind::Connection, format!("redis unreachable: {err}"))
             }
             _ => UpstreamError::new(FaultKind::BadReply, format!("redis client error: {err}")),
         }
+    }
+
+    /// Classifies an error reply from Redis by its first word, `code`.
+    pub fn from_server_error(code: &str, detail: &str) -> Self {
+        match code {
+            "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, detail),
+            "BADSTOCK" | "BADRECORD" | "WRONGTYPE" => {
+                UpstreamError::new(FaultKind::BadData, format!("{code} {detail}"))
+            }
+            "NEGATIVE" => UpstreamError::new(FaultKind::Refused, format!("NEGATIVE {detail}")),
+            "OOM" => UpstreamError::new(
+                FaultKind::OutOfMemory,
+                format!("redis is out of memory and refused the script: {detail}"),
+            ),
+            "BUSY" => UpstreamError::new(
+                FaultKind::Busy,
+                format!("redis is busy running another script: {detail}"),
+            ),
+            "CLUSTERDOWN" | "MASTERDOWN" | "TRYAGAIN" | "LOADING" | "MOVED" | "ASK"
+            | "READONLY" => UpstreamError::new(
+                FaultKind::ClusterDown,
+                format!("redis answered {code} {detail}"),
+            ),
+            _ => UpstreamError::new(
+                FaultKind::BadReply,
+                format!("redis answered {code} {detail}"),
+            ),
+        }
+    }
+
+    /// Whether an error reply only means "ask again elsewhere or later"
+    /// (a redirect, a moving slot, a failover, a lost script): the redis
+    /// crate's cluster client knows how to follow these.
+    pub fn is_redirect(code: &str) -> bool {
+        matches!(
+            code,
+            "MOVED"
+                | "ASK"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "MASTERDOWN"
+                | "LOADING"
+                | "READONLY"
+                | "NOSCRIPT"
+        )
     }
 
     /// The RESP error text (without the leading `-`). Its first word says

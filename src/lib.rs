@@ -24,6 +24,8 @@
 //!   of a request in `lua/revert.lua`.
 //! - [`upstream`]: the Redis Cluster or standalone client, timeouts,
 //!   NOSCRIPT recovery, readiness.
+//! - [`pipeline`]: the hot path to Redis, one pipelined connection per
+//!   primary, falling back to [`upstream`]'s client on anything unusual.
 //! - [`outcome`]: the business code table and the DEDUCT reply.
 //! - [`error`]: system faults, by source and whether a retry helps.
 //!
@@ -54,6 +56,7 @@ pub mod keys;
 pub mod metrics;
 pub mod outcome;
 pub mod params;
+pub mod pipeline;
 pub mod revert;
 pub mod script;
 pub mod server;

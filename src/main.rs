@@ -16,10 +16,21 @@ use stockgate::upstream::Upstream;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_files_limit();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let threads = match &cli.command {
+        Command::Serve(args) => args.proxy.worker_threads,
+        Command::Dev(args) => args.proxy.worker_threads,
+        _ => 1,
+    };
+    // One thread: every task on one core, so a client's task and the Redis
+    // connection's task never wake each other across threads.
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("stockgate: cannot start the runtime: {err}");

@@ -8,6 +8,7 @@
 use crate::error::{FaultKind, UpstreamError};
 use bytes::Bytes;
 use redis::Value;
+use redis_protocol::resp2::types::BytesFrame;
 
 /// The version of the script set this build ships (the fourth reply
 /// element); `lua/common.lua` says the same, and a test checks they agree.
@@ -86,40 +87,65 @@ impl StockReply {
         }
     }
 
-    /// Maps a script's reply, checking its shape. Elements after the fifth
-    /// are ignored, so a newer script that appends some still works; anything
-    /// else unexpected is a BADREPLY, never a guessed code.
+    /// Maps a script's reply from the redis crate, checking its shape.
     pub fn from_script(value: Value) -> Result<StockReply, UpstreamError> {
-        let bad = |why: &str, value: &Value| {
-            let mut shown = format!("{value:?}");
-            shown.truncate(200);
-            UpstreamError::new(FaultKind::BadReply, format!("script reply {why}: {shown}"))
-        };
+        let shown = || format!("{value:?}");
         let Value::Array(items) = &value else {
-            return Err(bad("is not an array", &value));
+            return Err(bad_reply("is not an array", shown));
         };
-        if items.len() < 4 {
-            return Err(bad("has fewer than 4 elements", &value));
+        let fields = items.iter().map(|item| match item {
+            Value::Int(i) => Field::Int(*i),
+            Value::BulkString(b) => Field::Text(Bytes::copy_from_slice(b)),
+            Value::SimpleString(s) => Field::Text(Bytes::copy_from_slice(s.as_bytes())),
+            _ => Field::Other,
+        });
+        StockReply::from_fields(fields.collect(), shown)
+    }
+
+    /// Maps a script's reply as the node pipes decode it, without copying.
+    pub fn from_frame(frame: BytesFrame) -> Result<StockReply, UpstreamError> {
+        let shown = || format!("{frame:?}");
+        let BytesFrame::Array(items) = &frame else {
+            return Err(bad_reply("is not an array", shown));
+        };
+        let fields = items.iter().map(|item| match item {
+            BytesFrame::Integer(i) => Field::Int(*i),
+            BytesFrame::BulkString(b) | BytesFrame::SimpleString(b) => Field::Text(b.clone()),
+            _ => Field::Other,
+        });
+        StockReply::from_fields(fields.collect(), shown)
+    }
+
+    /// Checks the shape. Elements after the fifth are ignored, so a newer
+    /// script that appends some still works; anything else unexpected is a
+    /// BADREPLY, never a guessed code.
+    fn from_fields(
+        fields: Vec<Field>,
+        shown: impl Fn() -> String,
+    ) -> Result<StockReply, UpstreamError> {
+        if fields.len() < 4 {
+            return Err(bad_reply("has fewer than 4 elements", shown));
         }
-        let int = |v: &Value| match v {
-            Value::Int(i) => Some(*i),
+        let int = |f: &Field| match f {
+            Field::Int(i) => Some(*i),
             _ => None,
         };
-        let text = |v: &Value| match v {
-            Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
-            Value::SimpleString(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+        let text = |f: &Field| match f {
+            Field::Text(b) => Some(b.clone()),
             _ => None,
         };
-        let code = int(&items[0])
+        let code = int(&fields[0])
             .and_then(Code::from_wire)
-            .ok_or_else(|| bad("has an unknown code", &value))?;
-        let remain = int(&items[1]).ok_or_else(|| bad("has a non-integer remain", &value))?;
-        let order_no = text(&items[2]).ok_or_else(|| bad("has a non-string order_no", &value))?;
-        let version = int(&items[3])
+            .ok_or_else(|| bad_reply("has an unknown code", &shown))?;
+        let remain =
+            int(&fields[1]).ok_or_else(|| bad_reply("has a non-integer remain", &shown))?;
+        let order_no =
+            text(&fields[2]).ok_or_else(|| bad_reply("has a non-string order_no", &shown))?;
+        let version = int(&fields[3])
             .filter(|v| *v >= 1)
-            .ok_or_else(|| bad("has no valid version", &value))?;
-        let reason = match items.get(4) {
-            Some(v) => Some(text(v).ok_or_else(|| bad("has a non-string reason", &value))?),
+            .ok_or_else(|| bad_reply("has no valid version", &shown))?;
+        let reason = match fields.get(4) {
+            Some(f) => Some(text(f).ok_or_else(|| bad_reply("has a non-string reason", &shown))?),
             None => None,
         };
         Ok(StockReply {
@@ -130,6 +156,19 @@ impl StockReply {
             reason,
         })
     }
+}
+
+/// One element of a script's reply, whichever client decoded it.
+enum Field {
+    Int(i64),
+    Text(Bytes),
+    Other,
+}
+
+fn bad_reply(why: &str, shown: impl Fn() -> String) -> UpstreamError {
+    let mut shown = shown();
+    shown.truncate(200);
+    UpstreamError::new(FaultKind::BadReply, format!("script reply {why}: {shown}"))
 }
 
 #[cfg(test)]

@@ -184,11 +184,11 @@ impl StockService {
     pub async fn apply_deduct(&self, deduct: &Deduct) -> StockResult {
         let keys = self.keys.deduct_keys(&deduct.sku, &deduct.request_id);
         let started = Instant::now();
-        let value = self
+        let reply = self
             .upstream
-            .eval(
+            .eval_stock(
                 &self.scripts.deduct,
-                &[&keys.stock, &keys.record],
+                [&keys.stock, &keys.record],
                 &[
                     deduct.qty.as_bytes(),
                     deduct.order_no.as_bytes(),
@@ -200,18 +200,18 @@ impl StockService {
             .await;
         self.metrics
             .record_upstream(CommandLabel::Deduct, started.elapsed());
-        StockReply::from_script(value?)
+        reply
     }
 
     /// Runs the REVERT script for a validated revert.
     pub async fn apply_revert(&self, revert: &Revert) -> StockResult {
         let keys = self.keys.deduct_keys(&revert.sku, &revert.request_id);
         let started = Instant::now();
-        let value = self
+        let reply = self
             .upstream
-            .eval(
+            .eval_stock(
                 &self.scripts.revert,
-                &[&keys.stock, &keys.record],
+                [&keys.stock, &keys.record],
                 &[
                     self.retry_window_arg.as_bytes(),
                     self.missing_stock.as_arg().as_bytes(),
@@ -220,7 +220,7 @@ impl StockService {
             .await;
         self.metrics
             .record_upstream(CommandLabel::Revert, started.elapsed());
-        StockReply::from_script(value?)
+        reply
     }
 
     /// With `--reject-stale-ids`, refuses a time-ordered request_id (ULID,

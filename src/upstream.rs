@@ -9,6 +9,8 @@
 use crate::config::{UpstreamConfig, UpstreamMode};
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Metrics;
+use crate::outcome::StockReply;
+use crate::pipeline::{Login, PipeError, Pipelines};
 use crate::script::LuaScript;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -103,6 +105,9 @@ pub struct Upstream {
     metrics: Arc<Metrics>,
     /// The primaries at the last health check, for INFO.
     nodes: Mutex<Vec<Node>>,
+    /// The hot path for DEDUCT and REVERT (`crate::pipeline`); none for
+    /// TLS upstreams and with --wait-replicas, which use the redis crate.
+    pipelines: Option<Pipelines>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
 }
@@ -116,6 +121,20 @@ impl Upstream {
         // rediss:// needs a process-wide rustls crypto provider; installing
         // it twice is harmless (the second call reports the first).
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let plain = config.urls.iter().all(|u| u.starts_with("redis://"));
+        let pipelines = (plain && config.durability.is_none()).then(|| {
+            let login = redis::IntoConnectionInfo::into_connection_info(config.urls[0].as_str())
+                .map(|info| {
+                    let settings = info.redis_settings();
+                    Login {
+                        username: settings.username().map(str::to_owned),
+                        password: settings.password().map(str::to_owned),
+                        db: settings.db(),
+                    }
+                })
+                .unwrap_or_default();
+            Pipelines::new(login, config.connect_timeout)
+        });
         Arc::new(Upstream {
             config,
             scripts,
@@ -123,6 +142,7 @@ impl Upstream {
             ready: AtomicBool::new(false),
             metrics,
             nodes: Mutex::new(Vec::new()),
+            pipelines,
             last_problem: Mutex::new(None),
         })
     }
@@ -249,6 +269,108 @@ impl Upstream {
         Ok(self.mode().expect("connected"))
     }
 
+    /// Rebuilds the node pipes' slot table from CLUSTER SLOTS (or the one
+    /// standalone server).
+    async fn refresh_routes(&self) {
+        let Some(pipelines) = &self.pipelines else {
+            return;
+        };
+        let ranges = match self.mode() {
+            Some(Mode::Standalone) => match self.primaries().await {
+                Ok(nodes) => nodes
+                    .into_iter()
+                    .take(1)
+                    .map(|n| (0, crate::keys::SLOTS - 1, format!("{}:{}", n.host, n.port)))
+                    .collect(),
+                Err(_) => return,
+            },
+            Some(Mode::Cluster) => {
+                let mut slots = redis::cmd("CLUSTER");
+                slots.arg("SLOTS");
+                match self.query(&slots).await {
+                    Ok(Value::Array(ranges)) => ranges
+                        .into_iter()
+                        .filter_map(|range| {
+                            let Value::Array(items) = range else {
+                                return None;
+                            };
+                            let (
+                                Some(Value::Int(lo)),
+                                Some(Value::Int(hi)),
+                                Some(Value::Array(primary)),
+                            ) = (items.first(), items.get(1), items.get(2))
+                            else {
+                                return None;
+                            };
+                            let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+                                (primary.first(), primary.get(1))
+                            else {
+                                return None;
+                            };
+                            Some((
+                                *lo as u16,
+                                *hi as u16,
+                                format!("{}:{port}", String::from_utf8_lossy(host)),
+                            ))
+                        })
+                        .collect::<Vec<_>>(),
+                    _ => return,
+                }
+            }
+            None => return,
+        };
+        pipelines.set_routes(&ranges);
+    }
+
+    /// Runs DEDUCT or REVERT: through the primary's node pipe when there is
+    /// one, else (or when the pipe meets a redirect, a lost script or a lost
+    /// connection) through the redis crate, with what is left of
+    /// `--timeout`. Running it twice is safe: the scripts are idempotent.
+    pub async fn eval_stock(
+        &self,
+        script: &LuaScript,
+        keys: [&[u8]; 2],
+        args: &[&[u8]],
+    ) -> Result<StockReply, UpstreamError> {
+        let started = tokio::time::Instant::now();
+        if let (Some(pipelines), Some(_)) = (&self.pipelines, self.connection.get()) {
+            let mut command: [&[u8]; 12] = [b""; 12];
+            let head: [&[u8]; 5] = [b"EVALSHA", script.sha.as_bytes(), b"2", keys[0], keys[1]];
+            let len = head.len() + args.len().min(7);
+            command[..5].copy_from_slice(&head);
+            command[5..len].copy_from_slice(&args[..len - 5]);
+            let request = crate::pipeline::encode_command(&command[..len]);
+            let slot = crate::keys::slot(keys[0]);
+            match pipelines
+                .call(slot, request, started + self.config.timeout)
+                .await
+            {
+                Ok(frame) => match frame {
+                    redis_protocol::resp2::types::BytesFrame::Error(text) => {
+                        let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                        if !UpstreamError::is_redirect(code) {
+                            return Err(UpstreamError::from_server_error(code, detail));
+                        }
+                        if code == "MOVED" {
+                            pipelines.mark_stale();
+                        }
+                    }
+                    reply => return StockReply::from_frame(reply),
+                },
+                Err(PipeError::Timeout) => return Err(UpstreamError::timeout(self.config.timeout)),
+                Err(PipeError::Lost) => {}
+            }
+        }
+        let left = self.config.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(UpstreamError::timeout(self.config.timeout));
+        }
+        let value = self
+            .eval_within(script, keys.as_slice(), args, left)
+            .await?;
+        StockReply::from_script(value)
+    }
+
     /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
     /// back to EVAL there on NOSCRIPT, all within `--timeout`.
     pub async fn eval(
@@ -256,6 +378,18 @@ impl Upstream {
         script: &LuaScript,
         keys: &[&[u8]],
         args: &[&[u8]],
+    ) -> Result<Value, UpstreamError> {
+        self.eval_within(script, keys, args, self.config.timeout)
+            .await
+    }
+
+    /// `eval`, within `budget`.
+    async fn eval_within(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        budget: Duration,
     ) -> Result<Value, UpstreamError> {
         if let Some(durability) = self.config.durability {
             return self.eval_durably(script, keys, args, durability).await;
@@ -272,7 +406,7 @@ impl Upstream {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.config.timeout, call).await {
+        match tokio::time::timeout(budget, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
             Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
@@ -360,10 +494,11 @@ impl Upstream {
                 None => self.connect().await,
                 Some((_, connection)) => self.ensure_scripts(connection.clone()).await,
             };
-            if outcome.is_ok()
-                && let Ok(nodes) = self.primaries().await
-            {
-                *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = nodes;
+            if outcome.is_ok() {
+                if let Ok(nodes) = self.primaries().await {
+                    *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = nodes;
+                }
+                self.refresh_routes().await;
             }
             self.set_ready(outcome);
             tokio::select! {
