@@ -317,7 +317,9 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_WORKER_THREADS", default_value_t = 2)]
     pub worker_threads: usize,
 
-    /// Log format; `text` is for humans, `json` for collectors.
+    /// Log format; `text` is for humans, `json` for collectors. The level
+    /// comes from STOCKGATE_LOG (info by default; e.g. debug, or
+    /// stockgate=debug,stockgate::access=info).
     #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 

@@ -22,6 +22,8 @@ pub const CLIENT_CONNECTIONS: &str = "stockgate_client_connections";
 pub const UPSTREAM_DURATION: &str = "stockgate_upstream_duration_seconds";
 pub const UPSTREAM_READY: &str = "stockgate_upstream_ready";
 pub const AUTH_FAILURES_TOTAL: &str = "stockgate_auth_failures_total";
+pub const UPSTREAM_READY_CHANGES_TOTAL: &str = "stockgate_upstream_ready_changes_total";
+pub const BUILD_INFO: &str = "stockgate_build_info";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -97,6 +99,7 @@ pub struct Metrics {
     upstream_durations: Vec<Histogram>,
     client_connections: Gauge,
     upstream_ready: Gauge,
+    upstream_ready_changes: Counter,
     auth_failures: Counter,
 }
 
@@ -202,6 +205,31 @@ impl Metrics {
         );
         let auth_failures = recorder.register_counter(&Key::from_name(AUTH_FAILURES_TOTAL), &meta);
         auth_failures.increment(0);
+        recorder.describe_counter(
+            UPSTREAM_READY_CHANGES_TOTAL.into(),
+            None,
+            "Times readiness flipped; counts flaps shorter than a scrape, which the gauge can't show.".into(),
+        );
+        let upstream_ready_changes =
+            recorder.register_counter(&Key::from_name(UPSTREAM_READY_CHANGES_TOTAL), &meta);
+        upstream_ready_changes.increment(0);
+        recorder.describe_gauge(
+            BUILD_INFO.into(),
+            None,
+            "Always 1; the labels say which stockgate and which script set run here.".into(),
+        );
+        recorder
+            .register_gauge(
+                &Key::from_parts(
+                    BUILD_INFO,
+                    vec![
+                        Label::new("version", env!("CARGO_PKG_VERSION")),
+                        Label::new("script_version", crate::outcome::SCRIPT_VERSION.to_string()),
+                    ],
+                ),
+                &meta,
+            )
+            .set(1.0);
         Metrics {
             handle: recorder.handle(),
             requests,
@@ -209,6 +237,7 @@ impl Metrics {
             upstream_durations,
             client_connections,
             upstream_ready,
+            upstream_ready_changes,
             auth_failures,
         }
     }
@@ -262,8 +291,12 @@ impl Metrics {
         self.upstream_durations[command as usize].record(elapsed.as_secs_f64());
     }
 
-    pub fn set_upstream_ready(&self, ready: bool) {
+    /// Records readiness; `changed` says it flipped since the last check.
+    pub fn set_upstream_ready(&self, ready: bool, changed: bool) {
         self.upstream_ready.set(if ready { 1.0 } else { 0.0 });
+        if changed {
+            self.upstream_ready_changes.increment(1);
+        }
     }
 
     pub fn auth_failed(&self) {

@@ -510,7 +510,8 @@ impl Upstream {
 
     fn set_ready(&self, outcome: Result<(), String>) {
         let was_ready = self.ready.swap(outcome.is_ok(), Ordering::Relaxed);
-        self.metrics.set_upstream_ready(outcome.is_ok());
+        self.metrics
+            .set_upstream_ready(outcome.is_ok(), was_ready != outcome.is_ok());
         let mut last = self.last_problem.lock().unwrap_or_else(|e| e.into_inner());
         match outcome {
             Ok(()) => {

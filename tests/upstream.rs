@@ -141,6 +141,10 @@ async fn with_redis_down_replies_are_errors_within_the_deadline_and_service_come
             .unwrap(),
     );
     assert_eq!((reply.code, reply.remain), (0, 4));
+    // Ready at start, not ready in the outage, ready again: three flips.
+    let text = server.shared().metrics.render();
+    let flips = sample(&text, "stockgate_upstream_ready_changes_total").unwrap();
+    assert!(flips >= 3.0, "{flips} readiness changes counted");
 }
 
 fn loop_until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -251,6 +255,11 @@ async fn metrics_count_each_result_without_user_data_in_labels() {
         Some(1.0)
     );
     assert!(text.contains("le=\"0.0005\""), "sub-millisecond buckets");
+    let build = format!(
+        "stockgate_build_info{{version=\"{}\",script_version=\"2\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&build), "{build} missing");
     for secret in [
         "metered-sku-XYZ",
         "secret-request-id",
