@@ -36,6 +36,22 @@ local function keys_follow_layout(stock_key, record_key)
     and not string.find(request_id, '[{}]')
 end
 
+-- The checks DEDUCT and REVERT share: the window, the missing-stock mode
+-- and the key layout. Returns the window, or nil and the code-3 reason.
+local function shared_args(stock_key, record_key, window_arg, missing)
+  local window = window_ms(window_arg)
+  if not window then
+    return nil, 'retry window must be at least 60000 ms'
+  end
+  if missing ~= 'error' and missing ~= 'zero' then
+    return nil, 'missing-stock mode must be "error" or "zero"'
+  end
+  if not keys_follow_layout(stock_key, record_key) then
+    return nil, 'keys do not follow the stockgate key layout'
+  end
+  return window
+end
+
 -- The stock: nil when the key is missing, false when it is not an exact
 -- integer, otherwise the number.
 local function read_stock(stock_key)

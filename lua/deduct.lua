@@ -60,15 +60,9 @@ end
 if type(order_no) ~= 'string' or #order_no > 128 or string.find(order_no, '[^ -~]') then
   return invalid('order_no must be at most 128 printable ASCII bytes')
 end
-local window = window_ms(window_arg)
+local window, why = shared_args(stock_key, record_key, window_arg, missing)
 if not window then
-  return invalid('retry window must be at least 60000 ms')
-end
-if missing ~= 'error' and missing ~= 'zero' then
-  return invalid('missing-stock mode must be "error" or "zero"')
-end
-if not keys_follow_layout(stock_key, record_key) then
-  return invalid('keys do not follow the stockgate key layout')
+  return invalid(why)
 end
 
 local stock = read_stock(stock_key)

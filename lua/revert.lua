@@ -51,17 +51,11 @@ Error replies (nothing changed):
 
 local stock_key = KEYS[1]
 local record_key = KEYS[2]
-local window = window_ms(ARGV[1])
 local missing = ARGV[2]
 
+local window, why = shared_args(stock_key, record_key, ARGV[1], missing)
 if not window then
-  return {3, -1, '', VERSION, 'retry window must be at least 60000 ms'}
-end
-if missing ~= 'error' and missing ~= 'zero' then
-  return {3, -1, '', VERSION, 'missing-stock mode must be "error" or "zero"'}
-end
-if not keys_follow_layout(stock_key, record_key) then
-  return {3, -1, '', VERSION, 'keys do not follow the stockgate key layout'}
+  return {3, -1, '', VERSION, why}
 end
 
 local stock = read_stock(stock_key)

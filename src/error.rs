@@ -233,14 +233,10 @@ mod tests {
 
     #[test]
     fn fault_replies_say_a_retry_is_safe_and_never_look_like_codes() {
-        for kind in [
-            FaultKind::Timeout,
-            FaultKind::Connection,
-            FaultKind::ClusterDown,
-            FaultKind::Busy,
-            FaultKind::OutOfMemory,
-            FaultKind::NotReady,
-        ] {
+        let unavailable = FaultKind::ALL
+            .into_iter()
+            .filter(|k| k.class() == FaultClass::Unavailable);
+        for kind in unavailable {
             let text = UpstreamError::new(kind, "x").reply_text();
             assert!(text.starts_with("UPSTREAM "), "{text}");
             assert!(text.contains("retrying with the same request_id is safe"));

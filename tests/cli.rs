@@ -5,16 +5,7 @@ mod support;
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use support::*;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Kills the process if the test fails before stopping it.
 struct Running(Child);
@@ -24,26 +15,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn wait_ready(admin_port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", admin_port)) {
-            use std::io::Write;
-            let _ = write!(
-                s,
-                "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            );
-            let mut response = String::new();
-            let _ = s.read_to_string(&mut response);
-            if response.starts_with("HTTP/1.1 200") {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("stockgate did not become ready");
 }
 
 #[test]
@@ -63,7 +34,7 @@ fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
         .spawn()
         .expect("runs stockgate");
     let mut running = Running(child);
-    wait_ready(admin);
+    wait_ready_http(admin);
 
     let first = redis_cli(port, &["DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
     assert_eq!(first, "0\n7\nORD-CLI\n2\n");

@@ -9,22 +9,6 @@ use std::time::{Duration, Instant};
 use stockgate::dev::{LocalRedis, RedisOptions};
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn cmd(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-    }
-    out
-}
-
 /// A stockgate process, killed if the test ends early. Its stderr is read
 /// all along, as a log collector would: a pipe nobody reads fills up at
 /// 64 KiB, and then the log writer can only drop lines.
@@ -86,19 +70,6 @@ impl Drop for Proc {
     }
 }
 
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    response.split(' ').nth(1)?.parse().ok()
-}
-
 #[test]
 fn sigterm_answers_every_request_already_sent_then_exits_zero() {
     let cluster = cluster();
@@ -110,7 +81,7 @@ fn sigterm_answers_every_request_already_sent_then_exits_zero() {
     busy.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let burst: Vec<u8> = (0..1000)
-        .flat_map(|i| cmd(&["DEDUCT", "drain", "1", &format!("d-{i}")]))
+        .flat_map(|i| encode_request(&["DEDUCT", "drain", "1", &format!("d-{i}")]))
         .collect();
     busy.write_all(&burst).unwrap();
     // The first reply shows stockgate is working through the burst.

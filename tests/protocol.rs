@@ -8,14 +8,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::*;
 
-fn cmd(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_mixed_commands_are_answered_in_order() {
     let cluster = cluster();
@@ -33,7 +25,7 @@ async fn pipelined_mixed_commands_are_answered_in_order() {
         &["deduct", "pipe", "1", "p4"],
         &["PING", "last"],
     ] {
-        request.extend_from_slice(&cmd(args));
+        request.extend_from_slice(&encode_request(args));
     }
     let expected = concat!(
         "+PONG\r\n",
@@ -59,7 +51,7 @@ async fn a_deep_pipeline_of_deducts_is_answered_in_request_order() {
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut request = Vec::new();
     for i in 0..2000 {
-        request.extend_from_slice(&cmd(&[
+        request.extend_from_slice(&encode_request(&[
             "DEDUCT",
             "deep",
             "1",
@@ -114,10 +106,12 @@ async fn unknown_commands_keep_the_connection_open() {
     let cluster = cluster();
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut stream = TcpStream::connect(server.addr).unwrap();
-    stream.write_all(&cmd(&["GET", "foo"])).unwrap();
-    stream.write_all(&cmd(&["FLUSHALL"])).unwrap();
-    stream.write_all(&cmd(&["CLIENT", "KILL", "x"])).unwrap();
-    stream.write_all(&cmd(&["PING"])).unwrap();
+    stream.write_all(&encode_request(&["GET", "foo"])).unwrap();
+    stream.write_all(&encode_request(&["FLUSHALL"])).unwrap();
+    stream
+        .write_all(&encode_request(&["CLIENT", "KILL", "x"]))
+        .unwrap();
+    stream.write_all(&encode_request(&["PING"])).unwrap();
     let expected = concat!(
         "-ERR unknown command 'GET', with args beginning with: 'foo' \r\n",
         "-ERR unknown command 'FLUSHALL', with args beginning with: \r\n",
@@ -146,7 +140,7 @@ async fn malformed_resp_gets_one_protocol_error_then_a_close() {
     ];
     for (input, message) in cases {
         // A valid request first: it is answered before the bad one closes.
-        let mut request = cmd(&["PING"]);
+        let mut request = encode_request(&["PING"]);
         request.extend_from_slice(input);
         let expected = format!("+PONG\r\n-ERR Protocol error: {message}\r\n");
         let (got, _) = raw(server.addr, &request, expected.len());
@@ -168,7 +162,7 @@ async fn absurd_sizes_are_refused_and_the_server_carries_on() {
 
     // A request over 64 KiB.
     let big = "x".repeat(70 * 1024);
-    let (got, closed) = raw(server.addr, &cmd(&["ECHO", &big]), 1 << 20);
+    let (got, closed) = raw(server.addr, &encode_request(&["ECHO", &big]), 1 << 20);
     assert!(closed);
     assert!(
         String::from_utf8_lossy(&got).starts_with("-ERR Protocol error: "),
@@ -212,16 +206,16 @@ async fn hello_switches_the_connection_to_resp3() {
     let cluster = cluster();
     set_stock(&cluster, "hello", 3);
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let mut request = cmd(&["CLIENT", "GETNAME"]);
-    request.extend_from_slice(&cmd(&[
+    let mut request = encode_request(&["CLIENT", "GETNAME"]);
+    request.extend_from_slice(&encode_request(&[
         "HELLO", "3", "AUTH", "default", "pw", "SETNAME", "app-1",
     ]));
-    request.extend_from_slice(&cmd(&["CLIENT", "GETNAME"]));
-    request.extend_from_slice(&cmd(&["DEDUCT", "hello", "1", "h1"]));
-    request.extend_from_slice(&cmd(&["HELLO", "2"]));
-    request.extend_from_slice(&cmd(&["CLIENT", "SETNAME", ""]));
-    request.extend_from_slice(&cmd(&["CLIENT", "GETNAME"]));
-    request.extend_from_slice(&cmd(&["HELLO", "4"]));
+    request.extend_from_slice(&encode_request(&["CLIENT", "GETNAME"]));
+    request.extend_from_slice(&encode_request(&["DEDUCT", "hello", "1", "h1"]));
+    request.extend_from_slice(&encode_request(&["HELLO", "2"]));
+    request.extend_from_slice(&encode_request(&["CLIENT", "SETNAME", ""]));
+    request.extend_from_slice(&encode_request(&["CLIENT", "GETNAME"]));
+    request.extend_from_slice(&encode_request(&["HELLO", "4"]));
     let hello3 = "%7\r\n$6\r\nserver\r\n$9\r\nstockgate\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n";
     let got = raw_until(
         server.addr,
@@ -252,9 +246,9 @@ async fn hello_switches_the_connection_to_resp3() {
 async fn resp3_nulls_and_maps() {
     let cluster = cluster();
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let mut request = cmd(&["HELLO", "3"]);
-    request.extend_from_slice(&cmd(&["CLIENT", "GETNAME"]));
-    request.extend_from_slice(&cmd(&["PING"]));
+    let mut request = encode_request(&["HELLO", "3"]);
+    request.extend_from_slice(&encode_request(&["CLIENT", "GETNAME"]));
+    request.extend_from_slice(&encode_request(&["PING"]));
     let got = raw_until(server.addr, &request, "+PONG\r\n");
     assert!(got.ends_with("_\r\n+PONG\r\n"), "{got:?}");
 }
@@ -263,9 +257,9 @@ async fn resp3_nulls_and_maps() {
 async fn quit_answers_ok_and_closes() {
     let cluster = cluster();
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let mut request = cmd(&["PING"]);
-    request.extend_from_slice(&cmd(&["QUIT"]));
-    request.extend_from_slice(&cmd(&["PING"]));
+    let mut request = encode_request(&["PING"]);
+    request.extend_from_slice(&encode_request(&["QUIT"]));
+    request.extend_from_slice(&encode_request(&["PING"]));
     let (got, closed) = raw(server.addr, &request, 1000);
     assert_eq!(String::from_utf8_lossy(&got), "+PONG\r\n+OK\r\n");
     assert!(closed);

@@ -13,14 +13,6 @@ use stockgate::auth::Password;
 use stockgate::dev::{LocalRedis, RedisOptions};
 use support::*;
 
-fn cmd(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_but_auth_hello_ping_quit_needs_the_password() {
     let cluster = cluster();
@@ -40,7 +32,7 @@ async fn every_command_but_auth_hello_ping_quit_needs_the_password() {
         &["DEDUCT", "guarded", "1", "a"],
         &["QUIT"],
     ] {
-        request.extend_from_slice(&cmd(args));
+        request.extend_from_slice(&encode_request(args));
     }
     let got = raw_until(server.addr, &request, "+OK\r\n+OK\r\n");
     let expected = [

@@ -252,6 +252,50 @@ pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
     }
 }
 
+/// A request as clients send it: an array of bulk strings.
+pub fn encode_request(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status of `GET path` on a loopback HTTP port, if it answers.
+pub fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    response.split(' ').nth(1)?.parse().ok()
+}
+
+/// Waits until `GET /readyz` on the admin port answers 200.
+pub fn wait_ready_http(admin_port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while http_status(admin_port, "/readyz") != Some(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stockgate did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The built stockgate binary.
 pub fn stockgate_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_stockgate"))
