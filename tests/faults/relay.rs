@@ -1,0 +1,181 @@
+//! A fault-injecting TCP relay, placed in front of one Redis node (which
+//! then announces the relay's port, so every cluster client goes through
+//! it). Its modes act like a network does, never like something TCP can't
+//! do: bytes are delayed or held, never dropped from the middle of a live
+//! stream (that would misalign a pipelined client's replies, a fault no
+//! real network produces). A connection is cut whole.
+//!
+//! - [`Mode::Pass`]: forward both ways.
+//! - [`Mode::Delay`]: hold every chunk for a while before forwarding it.
+//! - [`Mode::Blackhole`]: forward nothing, either way, and open no new
+//!   upstream connection (held bytes flow again on [`Mode::Pass`]), as a
+//!   partition that heals before TCP gives up.
+//! - [`Mode::LoseReplies`]: requests pass, and the first reply bytes that
+//!   come back are thrown away with the connection: the command ran, its
+//!   reply was lost.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Pass,
+    Delay(Duration),
+    Blackhole,
+    LoseReplies,
+}
+
+/// What went through, for checking that clients really use the relay.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub accepted: AtomicU64,
+    pub bytes_to_node: AtomicU64,
+    pub bytes_to_client: AtomicU64,
+    pub replies_lost: AtomicU64,
+}
+
+pub struct Relay {
+    pub port: u16,
+    pub stats: Arc<Stats>,
+    mode: watch::Sender<Mode>,
+    stop: CancellationToken,
+}
+
+impl Relay {
+    /// Listens on a free loopback port and relays to `target`.
+    pub async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let port = listener.local_addr().expect("addr").port();
+        let (mode, _) = watch::channel(Mode::Pass);
+        let stats = Arc::new(Stats::default());
+        let stop = CancellationToken::new();
+        let relay = Relay {
+            port,
+            stats: stats.clone(),
+            mode: mode.clone(),
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                stats.accepted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(relay_one(
+                    client,
+                    target,
+                    mode.subscribe(),
+                    stats.clone(),
+                    stop.child_token(),
+                ));
+            }
+        });
+        relay
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn relay_one(
+    client: TcpStream,
+    target: SocketAddr,
+    mut mode: watch::Receiver<Mode>,
+    stats: Arc<Stats>,
+    cut: CancellationToken,
+) {
+    // A blackhole answers no SYN: hold the client until it heals.
+    if mode.wait_for(|m| *m != Mode::Blackhole).await.is_err() {
+        return;
+    }
+    let Ok(node) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = node.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (node_read, node_write) = node.into_split();
+    let up = pump(
+        client_read,
+        node_write,
+        mode.clone(),
+        stats.clone(),
+        cut.clone(),
+        Direction::ToNode,
+    );
+    let down = pump(
+        node_read,
+        client_write,
+        mode,
+        stats,
+        cut.clone(),
+        Direction::ToClient,
+    );
+    // Either side ending (or a cut) ends the connection: dropping both
+    // halves closes both sockets.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = cut.cancelled() => {}
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToNode,
+    ToClient,
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    stats: Arc<Stats>,
+    cut: CancellationToken,
+    direction: Direction,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Hold the bytes while the hole lasts; they flow again on Pass.
+        let current = match mode.wait_for(|m| *m != Mode::Blackhole).await {
+            Ok(m) => *m,
+            Err(_) => return,
+        };
+        match current {
+            Mode::LoseReplies if direction == Direction::ToClient => {
+                stats.replies_lost.fetch_add(1, Ordering::Relaxed);
+                cut.cancel();
+                return;
+            }
+            Mode::Delay(d) => tokio::time::sleep(d).await,
+            _ => {}
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        let counter = match direction {
+            Direction::ToNode => &stats.bytes_to_node,
+            Direction::ToClient => &stats.bytes_to_client,
+        };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
