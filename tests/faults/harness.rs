@@ -189,7 +189,8 @@ pub fn seed(cluster: &LocalCluster, skus: &[String], stock: i64) {
 /// on the source, MIGRATE of the keys in batches of `batch` (pausing `pace`
 /// between batches, to keep the slot in motion long enough for traffic to
 /// meet it), then SETSLOT NODE on both and on every other primary.
-/// Returns how long the slot was in migration and how many keys moved.
+/// The slot stays in migration at least `hold`. Returns how long the slot
+/// was in migration and how many keys moved.
 pub fn migrate_slot(
     cluster: &LocalCluster,
     slot: u16,
@@ -197,6 +198,7 @@ pub fn migrate_slot(
     to: usize,
     batch: usize,
     pace: Duration,
+    hold: Duration,
 ) -> (Duration, usize) {
     let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
     let (source_id, target_id) = (node_id(source), node_id(target));
@@ -240,6 +242,9 @@ pub fn migrate_slot(
             .query::<()>(&mut src)
             .expect("MIGRATE");
         std::thread::sleep(pace);
+    }
+    if let Some(rest) = hold.checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
     }
     // The target first, so the slot is never owned by nobody; then the
     // source, which stops redirecting with ASK; then the rest.

@@ -26,3 +26,4 @@ mod harness;
 mod relay;
 
 mod failover;
+mod reshard;
