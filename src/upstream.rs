@@ -443,12 +443,13 @@ impl Upstream {
         // what lets the client retry on MOVED, ASK, TRYAGAIN, CLUSTERDOWN and
         // dropped connections at all. The crate's default backoff waits at
         // least 1.28 s before each retry, longer than the whole --timeout;
-        // these waits are in milliseconds, 2 to 100, doubling from 8.
+        // these waits are in milliseconds, 2 to 100, doubling from 8. The
+        // deadline, not the retry count, ends the retries: see cluster_retries.
         let client = ClusterClientBuilder::new(self.config.urls.clone())
             .connection_timeout(self.config.connect_timeout)
             .response_timeout(self.config.timeout)
             .overall_response_timeout(Some(self.config.timeout))
-            .retries(8)
+            .retries(cluster_retries(self.config.timeout))
             .min_retry_wait(2)
             .max_retry_wait(100)
             .retry_wait_formula(8, 2)
@@ -502,6 +503,21 @@ impl Upstream {
     }
 }
 
+/// How many retries the cluster client may make within `deadline`.
+///
+/// redis-rs spends one retry per MOVED or ASK hop and per TRYAGAIN, and
+/// sleeps (2 to 100 ms, jittered, about 50 on average) before only some of
+/// them: while a slot moves, a new request goes source (ASK), target
+/// (TRYAGAIN), sleep, and again. A fixed 8 retries lasted 150 to 400 ms, so
+/// a slot move or failover shorter than `--timeout` still reached clients as
+/// `-UPSTREAM TryAgain`. Two retries per average sleep over the whole
+/// deadline let the deadline decide; the overall response timeout still
+/// ends every request on time.
+fn cluster_retries(deadline: Duration) -> u32 {
+    let sleeps = deadline.as_millis() / 50;
+    (2 * sleeps + 4).clamp(8, 10_000) as u32
+}
+
 fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(keys.len());
@@ -532,6 +548,13 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_last_as_long_as_the_deadline() {
+        assert_eq!(cluster_retries(Duration::from_secs(1)), 44);
+        assert_eq!(cluster_retries(Duration::from_millis(100)), 8);
+        assert_eq!(cluster_retries(Duration::from_secs(3600)), 10_000);
+    }
 
     #[test]
     fn passwords_never_reach_logs() {
