@@ -157,6 +157,23 @@ pub fn slot_ranges(node: &RedisNode) -> Option<Vec<(u16, u16, u16)>> {
         .collect()
 }
 
+/// The slot ranges `node` itself serves as primary (its `myself` line of
+/// CLUSTER NODES), whatever port it announces.
+pub fn own_slots(node: &RedisNode) -> Vec<(u16, u16)> {
+    let nodes = text(node, &["CLUSTER", "NODES"]).unwrap_or_default();
+    let Some(line) = nodes.lines().find(|l| l.contains("myself")) else {
+        return Vec::new();
+    };
+    line.split_whitespace()
+        .skip(8)
+        .filter(|f| !f.starts_with('['))
+        .filter_map(|f| match f.split_once('-') {
+            Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+            None => f.parse().ok().map(|s| (s, s)),
+        })
+        .collect()
+}
+
 /// The slot of a sku's keys.
 pub fn sku_slot(sku: &str) -> u16 {
     stockgate::keys::slot(&crate::support::stock_key(sku))

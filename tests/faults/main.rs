@@ -26,4 +26,5 @@ mod harness;
 mod relay;
 
 mod failover;
+mod network;
 mod reshard;

@@ -10,14 +10,16 @@
 //! - [`Mode::Blackhole`]: forward nothing, either way, and open no new
 //!   upstream connection (held bytes flow again on [`Mode::Pass`]), as a
 //!   partition that heals before TCP gives up.
-//! - [`Mode::LoseReplies`]: requests pass, and the first reply bytes that
-//!   come back are thrown away with the connection: the command ran, its
-//!   reply was lost.
+//! - [`Mode::LoseReplies`]: requests pass; once a script call (EVAL or
+//!   EVALSHA) has gone to the node on a connection, the next reply bytes
+//!   that come back are thrown away with the connection: the command ran,
+//!   its reply was lost. (Other replies pass, so a client's handshake on a
+//!   new connection still works and its retry reaches Redis again.)
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -110,12 +112,13 @@ async fn relay_one(
     let _ = node.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (node_read, node_write) = node.into_split();
+    let script_sent = Arc::new(AtomicBool::new(false));
     let up = pump(
         client_read,
         node_write,
         mode.clone(),
         stats.clone(),
-        cut.clone(),
+        (cut.clone(), script_sent.clone()),
         Direction::ToNode,
     );
     let down = pump(
@@ -123,7 +126,7 @@ async fn relay_one(
         client_write,
         mode,
         stats,
-        cut.clone(),
+        (cut.clone(), script_sent),
         Direction::ToClient,
     );
     // Either side ending (or a cut) ends the connection: dropping both
@@ -146,36 +149,63 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
     stats: Arc<Stats>,
-    cut: CancellationToken,
+    (cut, script_sent): (CancellationToken, Arc<AtomicBool>),
     direction: Direction,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Hold the bytes while the hole lasts; they flow again on Pass.
-        let current = match mode.wait_for(|m| *m != Mode::Blackhole).await {
-            Ok(m) => *m,
-            Err(_) => return,
-        };
-        match current {
-            Mode::LoseReplies if direction == Direction::ToClient => {
-                stats.replies_lost.fetch_add(1, Ordering::Relaxed);
-                cut.cancel();
+    // The reader stamps each chunk with when it may leave; the writer sends
+    // it then. So Delay adds latency without limiting throughput, and order
+    // is kept.
+    let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let counter = stats.clone();
+    let writer = async move {
+        while let Some((due, chunk)) = queued.recv().await {
+            tokio::time::sleep_until(due.into()).await;
+            if to.write_all(&chunk).await.is_err() {
                 return;
             }
-            Mode::Delay(d) => tokio::time::sleep(d).await,
-            _ => {}
+            let bytes = match direction {
+                Direction::ToNode => &counter.bytes_to_node,
+                Direction::ToClient => &counter.bytes_to_client,
+            };
+            bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Hold the bytes while the hole lasts; they flow again on Pass.
+            let current = match mode.wait_for(|m| *m != Mode::Blackhole).await {
+                Ok(m) => *m,
+                Err(_) => return,
+            };
+            let due = match current {
+                Mode::LoseReplies
+                    if direction == Direction::ToClient && script_sent.load(Ordering::SeqCst) =>
+                {
+                    stats.replies_lost.fetch_add(1, Ordering::Relaxed);
+                    cut.cancel();
+                    return;
+                }
+                Mode::LoseReplies
+                    if direction == Direction::ToNode
+                        && buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL")) =>
+                {
+                    script_sent.store(true, Ordering::SeqCst);
+                    Instant::now()
+                }
+                Mode::Delay(d) => Instant::now() + d,
+                _ => Instant::now(),
+            };
+            if queue.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        let counter = match direction {
-            Direction::ToNode => &stats.bytes_to_node,
-            Direction::ToClient => &stats.bytes_to_client,
-        };
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
+    };
+    // The writer ends when the reader (and so the queue) is gone and the
+    // queue is drained.
+    tokio::join!(reader, writer);
 }
