@@ -615,6 +615,43 @@ impl History {
     }
 }
 
+/// Conservation alone, for skus changed by requests the test did not
+/// record (clients that left mid-request): per sku, `initial` − final =
+/// Σ qty of DEDUCTED records. The violations, if any.
+pub fn conservation(
+    cluster: &LocalCluster,
+    name: &str,
+    skus: &[String],
+    initial: i64,
+) -> Vec<String> {
+    let mut workload = Workload::new(name, skus.to_vec(), crate::harness::TIMEOUT);
+    workload.initial_stock = initial;
+    let state = FinalState::read(cluster, &workload);
+    let mut violations = state.violations.clone();
+    for sku in skus {
+        let recorded: i64 = state
+            .records
+            .iter()
+            .filter(|((s, _), _)| s == sku)
+            .filter_map(|(_, (value, _))| {
+                value
+                    .strip_prefix("D:")?
+                    .split(':')
+                    .next()?
+                    .parse::<i64>()
+                    .ok()
+            })
+            .sum();
+        match state.stock.get(sku) {
+            Some(stock) if initial - stock == recorded && *stock >= 0 => {}
+            other => violations.push(format!(
+                "{sku}: stock {other:?}, DEDUCTED records hold {recorded} of {initial}"
+            )),
+        }
+    }
+    violations
+}
+
 /// What the audit tolerates.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Policy {
@@ -747,10 +784,14 @@ impl State {
     /// How far along the state machine (none → DEDUCTED → REVERTED; none →
     /// REVOKED): a record "behind" the replies lost an acknowledged write.
     fn is_behind(self, expected: &[State]) -> bool {
-        expected.iter().all(|e| match (self, e) {
-            (State::None, State::Deducted | State::Reverted | State::Revoked) => true,
-            (State::Deducted, State::Reverted) => true,
-            _ => false,
+        expected.iter().all(|e| {
+            matches!(
+                (self, e),
+                (
+                    State::None,
+                    State::Deducted | State::Reverted | State::Revoked
+                ) | (State::Deducted, State::Reverted)
+            )
         })
     }
 }
@@ -829,14 +870,6 @@ impl Audit {
             );
         }
     }
-
-    pub fn errors(&self) -> usize {
-        self.by_label
-            .iter()
-            .filter(|(k, _)| !k.starts_with("code"))
-            .map(|(_, v)| v)
-            .sum()
-    }
 }
 
 fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
@@ -849,10 +882,11 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
     for a in &history.attempts {
         let what = || {
             format!(
-                "{:?} {} {} (retry {}) at {}",
+                "{:?} {} {} (client {}, retry {}) at {}",
                 a.op,
                 w.skus[a.sku],
                 a.id,
+                a.client,
                 a.retry,
                 history.at(a.started)
             )

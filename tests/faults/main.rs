@@ -25,6 +25,8 @@ mod checker;
 mod harness;
 mod relay;
 
+mod clients;
 mod failover;
+mod limits;
 mod network;
 mod reshard;
