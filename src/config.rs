@@ -238,6 +238,17 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Confirm that each write (a deduction, a revert) reached this many
+    /// replicas before answering: WAIT is sent after the script, on the same
+    /// node, in one pipeline. Fewer in time is an UPSTREAM error (retry with
+    /// the same request_id). 0 turns it off.
+    #[arg(long, env = "STOCKGATE_WAIT_REPLICAS", default_value_t = 0)]
+    pub wait_replicas: u32,
+
+    /// How long WAIT may wait for the replicas (within --timeout).
+    #[arg(long, env = "STOCKGATE_WAIT_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub wait_timeout: Duration,
+
     /// Allow STOCK.SET and STOCK.ADD, which change stock outside the order
     /// flow (restocking, corrections). Off by default.
     #[arg(long, env = "STOCKGATE_ADMIN_COMMANDS", action = clap::ArgAction::SetTrue)]
@@ -265,6 +276,15 @@ pub struct UpstreamConfig {
     pub mode: UpstreamMode,
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// `--wait-replicas`, when on.
+    pub durability: Option<Durability>,
+}
+
+/// How many replicas must confirm a write, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durability {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 /// Everything the proxy needs, checked.
@@ -311,6 +331,7 @@ impl RedisArgs {
             mode: upstream.upstream_mode,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
+            durability: None,
         };
         Ok((config, keys))
     }
@@ -341,7 +362,18 @@ impl ProxyArgs {
         if self.max_pipeline == 0 {
             return Err("--max-pipeline must be at least 1".into());
         }
-        let (upstream, keys) = self.redis.validate(upstream)?;
+        if self.wait_replicas > 0 && self.wait_timeout >= self.redis.timeout {
+            return Err(format!(
+                "--wait-timeout ({}) must be shorter than --timeout ({}): WAIT runs within the request's deadline",
+                humantime::format_duration(self.wait_timeout),
+                humantime::format_duration(self.redis.timeout)
+            ));
+        }
+        let (mut upstream, keys) = self.redis.validate(upstream)?;
+        upstream.durability = (self.wait_replicas > 0).then_some(Durability {
+            replicas: self.wait_replicas,
+            timeout: self.wait_timeout,
+        });
         Ok(Config {
             listen: self.listen,
             admin_listen: self.admin_listen,

@@ -37,6 +37,9 @@ pub enum FaultKind {
     BadData,
     /// A script refused an operator's change (STOCK.ADD below zero).
     Refused,
+    /// With `--wait-replicas`, fewer replicas than asked confirmed the
+    /// write in time: it happened on the primary but may be lost with it.
+    NotReplicated,
 }
 
 /// The three classes of fault, by what they mean for the caller. The RESP
@@ -64,14 +67,15 @@ impl FaultKind {
             | FaultKind::ClusterDown
             | FaultKind::Busy
             | FaultKind::OutOfMemory
-            | FaultKind::NotReady => FaultClass::Unavailable,
+            | FaultKind::NotReady
+            | FaultKind::NotReplicated => FaultClass::Unavailable,
             FaultKind::BadReply => FaultClass::BadReply,
             FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
         }
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -82,6 +86,7 @@ impl FaultKind {
         FaultKind::UnknownSku,
         FaultKind::BadData,
         FaultKind::Refused,
+        FaultKind::NotReplicated,
     ];
 
     /// The `kind` label of `stockgate_upstream_errors_total`.
@@ -97,6 +102,7 @@ impl FaultKind {
             FaultKind::UnknownSku => "unknown_sku",
             FaultKind::BadData => "bad_data",
             FaultKind::Refused => "refused",
+            FaultKind::NotReplicated => "not_replicated",
         }
     }
 

@@ -56,6 +56,20 @@ impl Connection {
         }
     }
 
+    /// A pipeline's replies one by one: a command's error reply comes back
+    /// as `Value::ServerError` in its place, not as the pipeline's error.
+    async fn packed(
+        &mut self,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, RedisError> {
+        use redis::aio::ConnectionLike;
+        match self {
+            Connection::Cluster(c) => c.req_packed_commands(pipe, 0, count).await,
+            Connection::Standalone(c) => c.req_packed_commands(pipe, 0, count).await,
+        }
+    }
+
     async fn pipeline(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
         match self {
             Connection::Cluster(c) => pipe.query_async(c).await,
@@ -243,6 +257,9 @@ impl Upstream {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, UpstreamError> {
+        if let Some(durability) = self.config.durability {
+            return self.eval_durably(script, keys, args, durability).await;
+        }
         let mut connection = self.connection()?;
         let call = async move {
             let evalsha = script_call("EVALSHA", &script.sha, keys, args);
@@ -260,6 +277,79 @@ impl Upstream {
             Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
             Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
         }
+    }
+
+    /// `eval`, then WAIT on the same node in the same pipeline: a reply that
+    /// wrote (code 0, and REVERT's code 4) stands only once `replicas`
+    /// replicas confirmed it. Replies that wrote nothing pass as they are.
+    async fn eval_durably(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        durability: crate::config::Durability,
+    ) -> Result<Value, UpstreamError> {
+        let mut connection = self.connection()?;
+        let wait_ms = durability.timeout.as_millis() as u64;
+        let call = async move {
+            let pipeline = |verb: &str, script_text: &str| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(script_call(verb, script_text, keys, args))
+                    .cmd("WAIT")
+                    .arg(durability.replicas)
+                    .arg(wait_ms);
+                pipe
+            };
+            let mut replies = connection
+                .packed(&pipeline("EVALSHA", &script.sha), 2)
+                .await?;
+            let noscript = matches!(&replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript));
+            if noscript {
+                replies = connection
+                    .packed(&pipeline("EVAL", &script.body), 2)
+                    .await?;
+            }
+            Ok::<_, RedisError>(replies)
+        };
+        let replies = match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
+            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
+        };
+        let mut replies = replies.into_iter();
+        let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {
+            return Err(UpstreamError::new(
+                FaultKind::BadReply,
+                "the script and WAIT pipeline answered too few replies",
+            ));
+        };
+        let reply = reply
+            .extract_error()
+            .map_err(|e| UpstreamError::from_redis(&e))?;
+        let wrote = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0)))
+            || (script.name == "revert" && matches!(items.first(), Some(Value::Int(4)))));
+        if wrote {
+            let confirmed = match acks {
+                Value::Int(n) => n,
+                other => {
+                    return Err(UpstreamError::from_redis(
+                        &other.extract_error().err().unwrap_or_else(|| {
+                            RedisError::from((ErrorKind::Parse, "WAIT answered a non-integer"))
+                        }),
+                    ));
+                }
+            };
+            if confirmed < i64::from(durability.replicas) {
+                return Err(UpstreamError::new(
+                    FaultKind::NotReplicated,
+                    format!(
+                        "not replicated: {confirmed} of {} replicas confirmed the write within {wait_ms} ms, so it may be lost if its primary fails",
+                        durability.replicas
+                    ),
+                ));
+            }
+        }
+        Ok(reply)
     }
 
     /// Connects, loads the scripts, and keeps readiness up to date until

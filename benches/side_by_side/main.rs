@@ -1,0 +1,644 @@
+//! stockgate side by side with Redis direct and with twemproxy, end to end
+//! on loopback, with one load generator and one load shape for every target.
+//!
+//! ```sh
+//! deploy/bench.sh                                   # installs Redis + nutcracker, then runs all
+//! cargo bench --bench side_by_side                  # throughput table, then memory scenarios
+//! cargo bench --bench side_by_side -- throughput    # only the table
+//! cargo bench --bench side_by_side -- memory        # only the memory scenarios
+//! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
+//! ```
+//!
+//! Needs `redis-server` 7+ and `nutcracker` (twemproxy) on the PATH:
+//! `deploy/install-deps.sh && deploy/install-bench-deps.sh`. Under
+//! `cargo test --all-targets` this binary is built and exits at once.
+//!
+//! # What runs
+//!
+//! A 3-primary Redis Cluster and one standalone Redis (`stockgate::dev`),
+//! two stockgate processes (the binary cargo builds for this bench, i.e.
+//! the release profile; `BENCH_STOCKGATE_BIN` picks another), one in front
+//! of each, and nutcracker in front of the standalone Redis. Targets:
+//!
+//! - `direct-cluster`: EVALSHA of stockgate's own script to the primary
+//!   owning the slot. Connections are counted like every other target's:
+//!   `BENCH_CONNECTIONS` in all, connection `i` goes to primary `i % 3` and
+//!   only carries skus of that primary's slots (as a cluster client's
+//!   per-node connection would), so the total in flight is the same
+//!   `connections × depth` as through a proxy.
+//! - `stockgate-cluster`: DEDUCT through stockgate to that cluster.
+//! - `direct-standalone`: the same EVALSHA to the standalone Redis.
+//! - `twemproxy-standalone`: the same EVALSHA through nutcracker.
+//! - `stockgate-standalone`: DEDUCT through a second stockgate.
+//!
+//! Every request deducts 1 from a random one of `BENCH_SKUS` skus with a
+//! request_id never used before (`<row>-<connection>-<n>`) and an
+//! order_no. EVALSHA takes exactly the KEYS and ARGV stockgate sends
+//! (`stockgate::keys::KeyLayout` builds the keys; default retry window,
+//! max qty and missing-stock mode).
+//!
+//! # Each row
+//!
+//! Every node is flushed, the script loaded and every sku seeded with
+//! [`fleet::START_STOCK`]. The requests are encoded, all connections
+//! opened, then the clock starts. Afterwards the harness checks, in Redis,
+//! that the idempotency records created and the total stock decrease both
+//! equal the code-0 replies seen, and that every reply was code 0; any
+//! difference stops the run with an error.
+//!
+//! CPU per request is `(utime + stime)` from `/proc/<pid>/stat` (10 ms
+//! ticks) over the measured interval, divided by the requests; Redis's
+//! comes from `INFO cpu` (summed over the primaries), the load generator's
+//! from its own `/proc/self/stat`. Peak RSS is `VmHWM` from
+//! `/proc/<pid>/status`, reset through `clear_refs` before every row.
+//! Targets are interleaved (rotated each repetition) to spread noise, and
+//! the table shows the median of `BENCH_REPEATS` runs.
+//!
+//! # Knobs (environment)
+//!
+//! | variable | default | |
+//! |---|---|---|
+//! | `BENCH_REQUESTS` | 200000 | requests per row |
+//! | `BENCH_REPEATS` | 3 | runs of each (target, depth) |
+//! | `BENCH_CONNECTIONS` | 50 | client connections |
+//! | `BENCH_DEPTHS` | `1,16` | requests in flight per connection |
+//! | `BENCH_SKUS` | 1000 | |
+//! | `BENCH_TARGETS` | all | comma-separated target names |
+//! | `BENCH_IDLE_CLIENTS` | 1000 | memory: clients connected (of which `BENCH_CONNECTIONS` active) |
+//! | `BENCH_MANY_CLIENTS` | 10000 | memory: concurrent clients, one DEDUCT each |
+//! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
+//! | `BENCH_STOCKGATE_BIN` | this build's | |
+//! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
+
+mod fleet;
+mod loadgen;
+mod memory;
+mod report;
+
+use fleet::{Db, Proc, Stockgate, Twemproxy};
+use loadgen::{Conn, Encoded};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Instant;
+use stockgate::dev::{LocalCluster, LocalRedis, RedisOptions};
+use stockgate::params::{RequestId, Sku};
+
+/// The script arguments stockgate sends with its defaults (`--retry-window
+/// 24h`, `--max-qty 1000000`, `--missing-stock error`).
+const RETRY_WINDOW_MS: &[u8] = b"86400000";
+const MAX_QTY: &[u8] = b"1000000";
+const MISSING_STOCK: &[u8] = b"error";
+
+/// The targets, in the order the table lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetId {
+    DirectCluster,
+    StockgateCluster,
+    DirectStandalone,
+    TwemproxyStandalone,
+    StockgateStandalone,
+}
+
+impl TargetId {
+    pub const ALL: [TargetId; 5] = [
+        TargetId::DirectCluster,
+        TargetId::StockgateCluster,
+        TargetId::DirectStandalone,
+        TargetId::TwemproxyStandalone,
+        TargetId::StockgateStandalone,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetId::DirectCluster => "direct-cluster",
+            TargetId::StockgateCluster => "stockgate-cluster",
+            TargetId::DirectStandalone => "direct-standalone",
+            TargetId::TwemproxyStandalone => "twemproxy-standalone",
+            TargetId::StockgateStandalone => "stockgate-standalone",
+        }
+    }
+
+    fn on_cluster(self) -> bool {
+        matches!(self, TargetId::DirectCluster | TargetId::StockgateCluster)
+    }
+}
+
+/// What goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `EVALSHA <sha> 2 <stock key> <record key> <qty> <order_no> ...`
+    Evalsha,
+    /// `DEDUCT <sku> <qty> <request_id> <order_no>`
+    Deduct,
+}
+
+/// Where a target's connections go.
+pub struct Target {
+    pub id: TargetId,
+    pub shape: Shape,
+    /// Connection `i` connects to `routes[i % routes.len()]` and picks skus
+    /// from that route's list (indices into the db's skus).
+    pub routes: Vec<(SocketAddr, Vec<usize>)>,
+    /// The proxy's pid, when there is one.
+    pub proxy: Option<u32>,
+}
+
+/// The environment knobs.
+pub struct Knobs {
+    pub requests: usize,
+    pub repeats: usize,
+    pub connections: usize,
+    pub depths: Vec<usize>,
+    pub skus: usize,
+    pub targets: Vec<TargetId>,
+    pub idle_clients: usize,
+    pub many_clients: usize,
+    pub many_rounds: usize,
+    pub stockgate_bin: PathBuf,
+    pub nutcracker_bin: PathBuf,
+}
+
+impl Knobs {
+    fn from_env() -> Knobs {
+        fn num(name: &str, default: usize) -> usize {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+                Err(_) => default,
+            }
+        }
+        let depths = std::env::var("BENCH_DEPTHS").unwrap_or_else(|_| "1,16".into());
+        let targets = match std::env::var("BENCH_TARGETS") {
+            Ok(list) => list
+                .split(',')
+                .map(|name| {
+                    *TargetId::ALL
+                        .iter()
+                        .find(|t| t.name() == name.trim())
+                        .unwrap_or_else(|| panic!("unknown target {name:?} in BENCH_TARGETS"))
+                })
+                .collect(),
+            Err(_) => TargetId::ALL.to_vec(),
+        };
+        let knobs = Knobs {
+            requests: num("BENCH_REQUESTS", 200_000),
+            repeats: num("BENCH_REPEATS", 3).max(1),
+            connections: num("BENCH_CONNECTIONS", 50).max(1),
+            depths: depths
+                .split(',')
+                .map(|d| d.trim().parse().expect("BENCH_DEPTHS: numbers"))
+                .collect(),
+            skus: num("BENCH_SKUS", 1000).max(1),
+            targets,
+            idle_clients: num("BENCH_IDLE_CLIENTS", 1000),
+            many_clients: num("BENCH_MANY_CLIENTS", 10_000),
+            many_rounds: num("BENCH_MANY_ROUNDS", 3),
+            stockgate_bin: std::env::var_os("BENCH_STOCKGATE_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_stockgate"))),
+            nutcracker_bin: std::env::var_os("BENCH_NUTCRACKER_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    // Debian installs it in /usr/sbin, which a user's PATH may lack.
+                    let debian = PathBuf::from("/usr/sbin/nutcracker");
+                    if debian.exists() {
+                        debian
+                    } else {
+                        PathBuf::from("nutcracker")
+                    }
+                }),
+        };
+        assert!(
+            knobs.requests >= knobs.connections,
+            "BENCH_REQUESTS must be at least BENCH_CONNECTIONS"
+        );
+        knobs
+    }
+}
+
+/// A small deterministic generator (SplitMix64): each row's choice of skus
+/// is reproducible and costs nothing measurable.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// Encodes the requests of one row: `per_conn` on each of `conns`
+/// connections, request_ids prefixed with `tag`.
+pub fn plan(
+    target: &Target,
+    db: &Db,
+    conns: usize,
+    per_conn: usize,
+    tag: &str,
+    seed: u64,
+) -> Vec<Conn> {
+    let qty = b"1";
+    (0..conns)
+        .map(|c| {
+            let (addr, skus) = &target.routes[c % target.routes.len()];
+            assert!(!skus.is_empty(), "a route without skus");
+            let mut rng = Rng::new(seed ^ ((c as u64) << 32));
+            let mut requests = Encoded::default();
+            for n in 0..per_conn {
+                let sku = &db.skus[skus[rng.below(skus.len())]].0;
+                let request_id = format!("{tag}-{c}-{n}");
+                let order_no = format!("ORD-{c}-{n}");
+                match target.shape {
+                    Shape::Deduct => requests.push(&[
+                        b"DEDUCT",
+                        sku.as_bytes(),
+                        qty,
+                        request_id.as_bytes(),
+                        order_no.as_bytes(),
+                    ]),
+                    Shape::Evalsha => {
+                        let keys = db.layout().deduct_keys(
+                            &Sku::parse(sku.clone().into()).expect("valid sku"),
+                            &RequestId::parse(request_id.into()).expect("valid request_id"),
+                        );
+                        requests.push(&[
+                            b"EVALSHA",
+                            db.sha().as_bytes(),
+                            b"2",
+                            &keys.stock,
+                            &keys.record,
+                            qty,
+                            order_no.as_bytes(),
+                            RETRY_WINDOW_MS,
+                            MAX_QTY,
+                            MISSING_STOCK,
+                        ]);
+                    }
+                }
+            }
+            Conn {
+                addr: *addr,
+                requests,
+            }
+        })
+        .collect()
+}
+
+/// CPU counters at one instant.
+pub struct Probe {
+    pub proxy: Option<f64>,
+    pub redis: f64,
+    pub loadgen: f64,
+}
+
+pub fn probe(proxy: Option<u32>, db: &mut Db) -> Probe {
+    Probe {
+        proxy: proxy.map(fleet::cpu_seconds),
+        redis: db.cpu_seconds(),
+        loadgen: fleet::cpu_seconds(std::process::id()),
+    }
+}
+
+/// One measured run of one target at one depth.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub target: TargetId,
+    pub depth: usize,
+    pub requests: u64,
+    pub seconds: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub proxy_cpu_us: Option<f64>,
+    pub proxy_peak_mib: Option<f64>,
+    pub redis_cpu_us: f64,
+    pub loadgen_cpu_us: f64,
+}
+
+impl Run {
+    pub fn throughput(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+}
+
+/// One run and what the harness found wrong with it, if anything.
+pub struct Measured {
+    pub run: Run,
+    pub outcome: loadgen::RunOutcome,
+    /// Replies other than code 0, or Redis applying a different number of
+    /// deductions than the clients saw.
+    pub problem: Option<String>,
+}
+
+impl Measured {
+    /// The run, or a panic that says what went wrong.
+    pub fn checked(self) -> (Run, loadgen::RunOutcome) {
+        if let Some(problem) = self.problem {
+            panic!("{problem}");
+        }
+        (self.run, self.outcome)
+    }
+}
+
+/// Runs the requests of `conns` against `target`, then checks that every
+/// reply was code 0 and that Redis applied exactly the code-0 replies.
+pub fn measure(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    db: &mut Db,
+    conns: Vec<Conn>,
+    depth: usize,
+) -> Measured {
+    let requests: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
+    if let Some(pid) = target.proxy {
+        fleet::reset_peak(pid);
+    }
+    let (outcome, before, after) = runtime
+        .block_on(loadgen::run(conns, depth, || probe(target.proxy, db)))
+        .unwrap_or_else(|e| panic!("{}: the load generator failed: {e}", target.id.name()));
+    let name = target.id.name();
+    assert_eq!(outcome.replies(), requests, "{name}: replies counted");
+    let applied = db.audit();
+    let mut problems = Vec::new();
+    if outcome.errors != 0 || outcome.codes[0] != requests {
+        problems.push(format!(
+            "expected {requests} code-0 replies, got codes {:?} and {} errors (first: {:?})",
+            outcome.codes, outcome.errors, outcome.first_error
+        ));
+    }
+    if applied.records != outcome.codes[0] || applied.stock_decrease != outcome.codes[0] {
+        problems.push(format!(
+            "Redis applied {} deductions ({} records created), the clients saw {} (code 0)",
+            applied.stock_decrease, applied.records, outcome.codes[0]
+        ));
+    }
+    let per = |seconds: f64| seconds * 1e6 / requests as f64;
+    let run = Run {
+        target: target.id,
+        depth,
+        requests,
+        seconds: outcome.elapsed.as_secs_f64(),
+        p50_us: outcome.latency.value_at_quantile(0.50) as f64 / 1e3,
+        p99_us: outcome.latency.value_at_quantile(0.99) as f64 / 1e3,
+        max_us: outcome.latency.max() as f64 / 1e3,
+        proxy_cpu_us: before.proxy.zip(after.proxy).map(|(b, a)| per(a - b)),
+        proxy_peak_mib: target
+            .proxy
+            .map(|pid| fleet::memory(pid).peak_kib as f64 / 1024.0),
+        redis_cpu_us: per(after.redis - before.redis),
+        loadgen_cpu_us: per(after.loadgen - before.loadgen),
+    };
+    Measured {
+        run,
+        outcome,
+        problem: (!problems.is_empty())
+            .then(|| format!("{name}, depth {depth}: {}", problems.join("; "))),
+    }
+}
+
+/// Everything the benchmark starts, stopped when dropped.
+pub struct Fleet {
+    pub cluster: LocalCluster,
+    pub standalone: LocalRedis,
+    pub cluster_db: Db,
+    pub standalone_db: Db,
+    pub dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn start(knobs: &Knobs) -> Fleet {
+        // Clients come from many loopback addresses (see
+        // `loadgen::connect_all`), which protected mode would refuse; the
+        // servers still listen on 127.0.0.1 only. Room for the memory
+        // scenarios' clients, plus the harness's own.
+        let options = RedisOptions {
+            extra_args: vec![
+                "--protected-mode".into(),
+                "no".into(),
+                "--maxclients".into(),
+                (knobs.many_clients.max(knobs.idle_clients) + 1000).to_string(),
+            ],
+            ..RedisOptions::default()
+        };
+        let cluster = LocalCluster::start(3, 0, &options)
+            .unwrap_or_else(|e| panic!("cannot start the Redis Cluster: {e}"));
+        let standalone = LocalRedis::start(&options)
+            .unwrap_or_else(|e| panic!("cannot start the standalone Redis: {e}"));
+        let primaries: Vec<u16> = cluster.nodes[..cluster.masters]
+            .iter()
+            .map(|n| n.port)
+            .collect();
+        let cluster_db = Db::new(&primaries, knobs.skus, fleet::slot_owner(&primaries));
+        let standalone_db = Db::new(&[standalone.node.port], knobs.skus, |_| 0);
+        let dir = tempfile::Builder::new()
+            .prefix("stockgate-bench-")
+            .tempdir()
+            .expect("a temp dir");
+        Fleet {
+            cluster,
+            standalone,
+            cluster_db,
+            standalone_db,
+            dir,
+        }
+    }
+
+    pub fn db(&mut self, id: TargetId) -> &mut Db {
+        if id.on_cluster() {
+            &mut self.cluster_db
+        } else {
+            &mut self.standalone_db
+        }
+    }
+
+    pub fn start_stockgate(&self, knobs: &Knobs, name: &str, on_cluster: bool) -> Stockgate {
+        let (seeds, mode) = if on_cluster {
+            (self.cluster.seeds(), "cluster")
+        } else {
+            (vec![self.standalone.url()], "standalone")
+        };
+        Stockgate::start(&knobs.stockgate_bin, name, &seeds, mode, self.dir.path())
+    }
+
+    pub fn start_twemproxy(&self, knobs: &Knobs, name: &str) -> Twemproxy {
+        Twemproxy::start(
+            &knobs.nutcracker_bin,
+            name,
+            self.standalone.node.port,
+            self.dir.path(),
+        )
+    }
+
+    /// Where a target's connections go: one proxy address, or (direct to
+    /// the cluster) one route per primary with the skus it owns.
+    pub fn routes(&self, id: TargetId, proxy: Option<SocketAddr>) -> Vec<(SocketAddr, Vec<usize>)> {
+        let db = if id.on_cluster() {
+            &self.cluster_db
+        } else {
+            &self.standalone_db
+        };
+        let all: Vec<usize> = (0..db.skus.len()).collect();
+        match (id, proxy) {
+            (_, Some(addr)) => vec![(addr, all)],
+            (TargetId::DirectCluster, None) => db
+                .ports()
+                .into_iter()
+                .enumerate()
+                .map(|(node, port)| {
+                    let owned = all
+                        .iter()
+                        .copied()
+                        .filter(|&s| db.skus[s].1 == node)
+                        .collect();
+                    (SocketAddr::from(([127, 0, 0, 1], port)), owned)
+                })
+                .collect(),
+            (_, None) => vec![(SocketAddr::from(([127, 0, 0, 1], db.ports()[0])), all)],
+        }
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs bench
+    // binaries without it, and this one is far too heavy for a test run.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") {
+        println!("side_by_side: skipped (run it with `cargo bench --bench side_by_side`)");
+        return;
+    }
+    let modes: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |mode: &str| modes.is_empty() || modes.contains(&mode);
+    loadgen::self_check();
+    let knobs = Knobs::from_env();
+    let fd_limit = fleet::raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+
+    println!("{}", report::machine(fd_limit, &knobs));
+    let started = Instant::now();
+    let mut fleet = Fleet::start(&knobs);
+    if wants("throughput") {
+        throughput(&runtime, &knobs, &mut fleet);
+    }
+    if wants("memory") {
+        memory::run(&runtime, &knobs, &mut fleet, fd_limit);
+    }
+    eprintln!("done in {:.0?}", started.elapsed());
+}
+
+/// The side-by-side table.
+fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
+    let wanted = |id: TargetId| knobs.targets.contains(&id);
+    let mut stockgate_cluster = wanted(TargetId::StockgateCluster)
+        .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true));
+    let mut stockgate_standalone = wanted(TargetId::StockgateStandalone)
+        .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false));
+    let mut twemproxy = wanted(TargetId::TwemproxyStandalone)
+        .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone"));
+    let proxy_of = |id: TargetId| -> Option<(SocketAddr, u32)> {
+        match id {
+            TargetId::StockgateCluster => stockgate_cluster.as_ref().map(|s| (s.addr, s.proc.pid)),
+            TargetId::StockgateStandalone => {
+                stockgate_standalone.as_ref().map(|s| (s.addr, s.proc.pid))
+            }
+            TargetId::TwemproxyStandalone => twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
+            _ => None,
+        }
+    };
+    let targets: Vec<Target> = knobs
+        .targets
+        .iter()
+        .map(|&id| {
+            let proxy = proxy_of(id);
+            Target {
+                id,
+                shape: match id {
+                    TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
+                    _ => Shape::Evalsha,
+                },
+                routes: fleet.routes(id, proxy.map(|p| p.0)),
+                proxy: proxy.map(|p| p.1),
+            }
+        })
+        .collect();
+
+    let per_conn = knobs.requests.div_ceil(knobs.connections);
+    let mut row = 0u64;
+    // A short unreported warm-up per target: connections, script caches,
+    // allocator pools.
+    for target in &targets {
+        let db = fleet.db(target.id);
+        db.reset();
+        let conns = plan(
+            target,
+            db,
+            knobs.connections,
+            (per_conn / 10).max(1),
+            &format!("w{row}"),
+            row,
+        );
+        measure(runtime, target, db, conns, 16).checked();
+        row += 1;
+    }
+    let mut runs = Vec::new();
+    for repeat in 0..knobs.repeats {
+        for &depth in &knobs.depths {
+            for k in 0..targets.len() {
+                let target = &targets[(k + repeat) % targets.len()];
+                let db = fleet.db(target.id);
+                db.reset();
+                let conns = plan(
+                    target,
+                    db,
+                    knobs.connections,
+                    per_conn,
+                    &format!("r{row}"),
+                    row,
+                );
+                let (run, _) = measure(runtime, target, db, conns, depth).checked();
+                eprintln!("{}", report::progress(repeat, &run));
+                runs.push(run);
+                row += 1;
+                for proc in [
+                    stockgate_cluster.as_mut().map(|s| &mut s.proc),
+                    stockgate_standalone.as_mut().map(|s| &mut s.proc),
+                    twemproxy.as_mut().map(|t| &mut t.proc),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    Proc::check_alive(proc);
+                }
+            }
+        }
+    }
+    println!("{}", report::table(knobs, &runs));
+    let logs: Vec<String> = [
+        stockgate_cluster.as_ref().map(|s| &s.proc),
+        stockgate_standalone.as_ref().map(|s| &s.proc),
+        twemproxy.as_ref().map(|t| &t.proc),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(Proc::log_summary)
+    .map(|line| format!("- {line}"))
+    .collect();
+    if !logs.is_empty() {
+        println!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"));
+    }
+}
