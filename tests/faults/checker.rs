@@ -241,6 +241,7 @@ pub fn fault_kind(word: &str, text: &str) -> &'static str {
         "UPSTREAM" if has("no reply from redis within") || has("timed out") => "timeout",
         "UPSTREAM" if has("busy") => "busy",
         "UPSTREAM" if has("out of memory") => "oom",
+        "UPSTREAM" if has("not replicated") => "not_replicated",
         "UPSTREAM" if has("unreachable") => "connection",
         "UPSTREAM" if has("tryagain") => "tryagain",
         "UPSTREAM" if has("clusterdown") || has("cluster is down") => "clusterdown",

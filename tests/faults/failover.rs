@@ -24,9 +24,19 @@ fn report_recovery(
     injected: Instant,
     promoted: Instant,
 ) -> Instant {
-    let first = fault
-        .first_code_after(promoted, |_| true)
-        .expect("the shard serves again after the promotion");
+    let Some(first) = fault.first_code_after(promoted, |_| true) else {
+        panic!(
+            "[{name}] the shard never served after the promotion; its errors relative to the fault: {}; last ones: {:?}",
+            fault.error_spans(injected),
+            fault
+                .attempts
+                .iter()
+                .rev()
+                .take(3)
+                .map(|a| &a.outcome)
+                .collect::<Vec<_>>()
+        );
+    };
     let last_before = fault.last_code_before(injected, |_| true);
     eprintln!(
         "[{name}] fault at {}; replica promoted {} later; first success on the shard {} after the promotion ({:?} {} -> code {:?}, that attempt took {}); shard unavailable for {}",

@@ -12,6 +12,7 @@
 use redis::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use stockgate::config::Durability;
 use stockgate::dev::{LocalCluster, RedisNode, RedisOptions};
 use stockgate::server::Server;
 
@@ -51,11 +52,35 @@ pub fn replica_of(cluster: &LocalCluster, m: usize) -> usize {
     cluster.masters + m
 }
 
-/// A stockgate in front of `cluster`, ready, with `--timeout` = `timeout`.
+/// `--wait-replicas 1 --wait-timeout 200ms`, as a test may ask for it.
+pub const WAIT_ONE: Durability = Durability {
+    replicas: 1,
+    timeout: Duration::from_millis(200),
+};
+
+/// `STOCKGATE_FAULT_WAIT=1` runs every fault with `--wait-replicas 1`.
+pub fn wait_from_env() -> Option<Durability> {
+    std::env::var("STOCKGATE_FAULT_WAIT")
+        .is_ok_and(|v| !v.is_empty() && v != "0")
+        .then_some(WAIT_ONE)
+}
+
+/// A stockgate in front of `cluster`, ready, with `--timeout` = `timeout`
+/// (and `--wait-replicas 1` if `STOCKGATE_FAULT_WAIT` asks).
 pub async fn stockgate(seeds: Vec<String>, timeout: Duration) -> Server {
+    stockgate_with(seeds, timeout, wait_from_env()).await
+}
+
+/// A stockgate with `--wait-replicas` as given.
+pub async fn stockgate_with(
+    seeds: Vec<String>,
+    timeout: Duration,
+    durability: Option<Durability>,
+) -> Server {
     crate::support::proxy(seeds, |c| {
         c.upstream.timeout = timeout;
         c.upstream.connect_timeout = Duration::from_millis(500);
+        c.upstream.durability = durability;
     })
     .await
 }

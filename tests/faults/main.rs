@@ -26,6 +26,7 @@ mod harness;
 mod relay;
 
 mod clients;
+mod durability;
 mod failover;
 mod limits;
 mod network;

@@ -10,6 +10,10 @@
 //! - [`Mode::Blackhole`]: forward nothing, either way, and open no new
 //!   upstream connection (held bytes flow again on [`Mode::Pass`]), as a
 //!   partition that heals before TCP gives up.
+//! - [`Mode::Partition`]: clients pass, but a replica's replication link
+//!   (a connection that sent REPLCONF or PSYNC) is cut, and cut again each
+//!   time the replica reconnects: the primary goes on acknowledging writes
+//!   its replica never gets.
 //! - [`Mode::LoseReplies`]: requests pass; once a script call (EVAL or
 //!   EVALSHA) has gone to the node on a connection, the next reply bytes
 //!   that come back are thrown away with the connection: the command ran,
@@ -30,6 +34,7 @@ pub enum Mode {
     Pass,
     Delay(Duration),
     Blackhole,
+    Partition,
     LoseReplies,
 }
 
@@ -113,12 +118,13 @@ async fn relay_one(
     let (client_read, client_write) = client.into_split();
     let (node_read, node_write) = node.into_split();
     let script_sent = Arc::new(AtomicBool::new(false));
+    let replication = Arc::new(AtomicBool::new(false));
     let up = pump(
         client_read,
         node_write,
         mode.clone(),
         stats.clone(),
-        (cut.clone(), script_sent.clone()),
+        (cut.clone(), script_sent.clone(), replication.clone()),
         Direction::ToNode,
     );
     let down = pump(
@@ -126,7 +132,7 @@ async fn relay_one(
         client_write,
         mode,
         stats,
-        (cut.clone(), script_sent),
+        (cut.clone(), script_sent, replication),
         Direction::ToClient,
     );
     // Either side ending (or a cut) ends the connection: dropping both
@@ -149,7 +155,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
     stats: Arc<Stats>,
-    (cut, script_sent): (CancellationToken, Arc<AtomicBool>),
+    (cut, script_sent, replication): (CancellationToken, Arc<AtomicBool>, Arc<AtomicBool>),
     direction: Direction,
 ) {
     // The reader stamps each chunk with when it may leave; the writer sends
@@ -172,16 +178,39 @@ async fn pump(
     };
     let reader = async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let partitioned = |m: &Mode| *m == Mode::Partition && replication.load(Ordering::SeqCst);
         loop {
-            let n = match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
+            let n = tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                changed = mode.changed() => {
+                    if changed.is_err() || partitioned(&mode.borrow_and_update()) {
+                        cut.cancel();
+                        return;
+                    }
+                    continue;
+                }
             };
+            if direction == Direction::ToNode
+                && [&b"REPLCONF"[..], b"PSYNC"].iter().any(|word| {
+                    buf[..n]
+                        .windows(word.len())
+                        .any(|w| w.eq_ignore_ascii_case(word))
+                })
+            {
+                replication.store(true, Ordering::SeqCst);
+            }
             // Hold the bytes while the hole lasts; they flow again on Pass.
             let current = match mode.wait_for(|m| *m != Mode::Blackhole).await {
                 Ok(m) => *m,
                 Err(_) => return,
             };
+            if partitioned(&current) {
+                cut.cancel();
+                return;
+            }
             let due = match current {
                 Mode::LoseReplies
                     if direction == Direction::ToClient && script_sent.load(Ordering::SeqCst) =>
