@@ -280,8 +280,16 @@ impl Upstream {
     }
 
     /// `eval`, then WAIT on the same node in the same pipeline: a reply that
-    /// wrote (code 0, and REVERT's code 4) stands only once `replicas`
-    /// replicas confirmed it. Replies that wrote nothing pass as they are.
+    /// states the request's record (codes 0, 1 and 4: it wrote it now, or
+    /// reports what an earlier call wrote) stands only once `replicas`
+    /// replicas confirmed it. Codes 2 and 3 state nothing and pass.
+    ///
+    /// A duplicate (1) must wait too: the retry of a write answered `not
+    /// replicated` finds the record on the primary and would otherwise be
+    /// acknowledged while no replica has it, and a failover then loses an
+    /// acknowledged deduction. WAIT covers the writes this connection made,
+    /// and every call to a node shares one connection, so it covers the
+    /// earlier call's write unless that came through another connection.
     async fn eval_durably(
         &self,
         script: &LuaScript,
@@ -326,9 +334,8 @@ impl Upstream {
         let reply = reply
             .extract_error()
             .map_err(|e| UpstreamError::from_redis(&e))?;
-        let wrote = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0)))
-            || (script.name == "revert" && matches!(items.first(), Some(Value::Int(4)))));
-        if wrote {
+        let states_record = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0 | 1 | 4))));
+        if states_record {
             let confirmed = match acks {
                 Value::Int(n) => n,
                 other => {
