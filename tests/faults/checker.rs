@@ -783,9 +783,12 @@ impl State {
     }
 
     /// How far along the state machine (none → DEDUCTED → REVERTED; none →
-    /// REVOKED): a record "behind" the replies lost an acknowledged write.
+    /// REVOKED): a record "behind" a state the replies allow lost an
+    /// acknowledged write. (After a DEDUCT 4, say, the replies allow REVERTED
+    /// or REVOKED; a DEDUCTED record is behind the first: the REVERT was
+    /// acknowledged, then lost.)
     fn is_behind(self, expected: &[State]) -> bool {
-        expected.iter().all(|e| {
+        expected.iter().any(|e| {
             matches!(
                 (self, e),
                 (

@@ -70,22 +70,7 @@ async fn failover_after_replication_cut(name: &str, wait: Option<Durability>) ->
     let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
     // The old primary comes back (empty: no persistence here) and rejoins
     // as the new primary's replica.
-    cluster.nodes[victim]
-        .restart()
-        .expect("old primary restarts");
-    let rejoined = Instant::now() + Duration::from_secs(30);
-    while info_field(&cluster.nodes[replica], "replication", "connected_slaves").as_deref()
-        != Some("1")
-        || info_field(&cluster.nodes[victim], "replication", "master_link_status").as_deref()
-            != Some("up")
-    {
-        assert!(
-            Instant::now() < rejoined,
-            "the old primary rejoins as a replica"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let replicated_again = Instant::now();
+    let replicated_again = rejoin(&mut cluster, victim, replica);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
@@ -235,5 +220,53 @@ async fn a_retry_is_not_acknowledged_before_its_write_is_replicated() {
             crate::support::parse(value)
         ),
     }
+    server.stop_now();
+}
+
+/// With `--wait-replicas`, a shard whose replica is gone should answer
+/// each write `-UPSTREAM not replicated` after `--wait-timeout`, and go on
+/// serving as fast as that. It doesn't: WAIT blocks the connection it is
+/// sent on, and every call to a node shares one multiplexed connection, so
+/// each unconfirmed write holds all the others for the whole wait-timeout.
+/// The shard falls to about 1/wait-timeout requests a second and most
+/// requests time out at `--timeout` instead. (Ignored until stockgate
+/// sends WAIT on connections of its own; run with `--ignored`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "stockgate bug: WAIT blocks the one shared connection per node; see the comment"]
+async fn without_a_replica_writes_fail_fast_as_not_replicated() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(2000, &[]);
+    let victim = 0;
+    let (mut fault, rest) = lanes(&cluster, "noreplica", victim);
+    fault.settle_within = Duration::from_secs(5);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let server = stockgate_with(cluster.seeds(), TIMEOUT, Some(WAIT_ONE)).await;
+    let replica = replica_of(&cluster, victim);
+    cluster.nodes[replica].kill();
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+    eprintln!(
+        "[noreplica] this shard: {:?}, {}; other shards: {:?}",
+        fault_history.by_label(fault_history.attempts.iter()),
+        fault_history.latency(fault_history.attempts.iter()),
+        rest_history.by_label(rest_history.attempts.iter()),
+    );
+    let slow: Vec<_> = fault_history
+        .attempts
+        .iter()
+        .filter(|a| a.outcome.label() != "not_replicated")
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "{} of {} requests were not a fast 'not replicated': {:?}",
+        slow.len(),
+        fault_history.attempts.len(),
+        fault_history.by_label(slow.iter().copied())
+    );
     server.stop_now();
 }

@@ -94,9 +94,16 @@ async fn killed_primary_replica_promoted_stockgate_recovers() {
     cluster.nodes[victim].kill();
     let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
     tokio::time::sleep(phase()).await;
+    // The crashed node comes back as the new primary's replica (with
+    // STOCKGATE_FAULT_WAIT=1, writes on this shard wait for that).
+    let rejoined = rejoin(&mut cluster, victim, replica);
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
     report_recovery("kill", &fault_history, &rest_history, killed, promoted);
+    eprintln!(
+        "[kill] the old primary rejoined as a replica {} after the promotion",
+        ms(rejoined - promoted)
+    );
     let policy = Policy {
         allow_lost_acks: true,
     };
@@ -231,6 +238,10 @@ async fn lost_scripts_are_reloaded_without_client_errors() {
     cluster.nodes[victim].kill();
     let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
     tokio::time::sleep(phase()).await;
+    if wait_from_env().is_some() {
+        // Writes on this shard need a replica to confirm them again.
+        rejoin(&mut cluster, victim, replica);
+    }
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
     let flush_window = |h: &History| {

@@ -122,6 +122,25 @@ pub fn wait_promoted(node: &RedisNode, within: Duration) -> Instant {
     }
 }
 
+/// Restarts the killed node `old` (empty: no persistence) and waits until
+/// it has rejoined as the replica of `new`, the primary promoted in its
+/// place; returns when the link is up.
+pub fn rejoin(cluster: &mut LocalCluster, old: usize, new: usize) -> Instant {
+    cluster.nodes[old].restart().expect("old primary restarts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while info_field(&cluster.nodes[new], "replication", "connected_slaves").as_deref() != Some("1")
+        || info_field(&cluster.nodes[old], "replication", "master_link_status").as_deref()
+            != Some("up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old primary rejoins as a replica"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Instant::now()
+}
+
 /// Waits until every running node says `cluster_state:ok`, all 16384 slots
 /// are served, and all agree on each slot's primary.
 pub fn wait_stable(cluster: &LocalCluster) {

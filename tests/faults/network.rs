@@ -246,9 +246,19 @@ async fn whole_upstream_down_then_back() {
     let errors: Vec<&&Attempt> = during.iter().filter(|a| !a.outcome.is_code()).collect();
     let mut took: Vec<Duration> = errors.iter().map(|a| a.took).collect();
     took.sort_unstable();
-    let first = history
-        .first_code_after(back, |_| true)
-        .expect("served again");
+    let Some(first) = history.first_code_after(back, |_| true) else {
+        let mut probe = crate::support::client(&server, false).await;
+        let now = crate::support::deduct(&mut probe, &load.skus[0], "1", "probe-after", None).await;
+        panic!(
+            "[outage] never served again after the cluster came back; errors relative to its return: {}; last: {:?}; stockgate ready {} ({:?}), primaries {:?}; a DEDUCT now: {now:?}; slots as node 0 sees them: {:?}",
+            history.error_spans(back),
+            history.attempts.last().map(|a| &a.outcome),
+            server.is_ready(),
+            server.shared().upstream.problem(),
+            server.shared().upstream.nodes(),
+            slot_ranges(&cluster.nodes[0]),
+        );
+    };
     eprintln!(
         "[outage] all 6 nodes down for {}: {} errors {:?}, error latency p50 {} max {} (bound {}); readiness off after {:?}",
         ms(restarting - down),
