@@ -203,7 +203,8 @@ async fn black_holed_node_latency_and_lost_replies() {
 
 /// Fault 6: every Redis node killed, then restarted (with an append-only
 /// file, so the data survives): errors come fast, never a code, and the
-/// same stockgate serves again without a restart.
+/// same stockgate serves again without a restart. The long variant goes
+/// down and back six times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_upstream_down_then_back() {
     let _serial = SERIAL.lock().await;
@@ -211,79 +212,87 @@ async fn whole_upstream_down_then_back() {
     let skus = skus_on_every_primary(&cluster, "outage", 8);
     let load = Workload::new("outage", skus, TIMEOUT);
     load.seed(&cluster);
+    let probe_sku = skus_on_every_primary(&cluster, "outage_probe", 1);
+    seed(&cluster, &probe_sku, 1_000_000);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let running = load.start(server.addr).await;
+    let mut probe = crate::support::client(&server, false).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    let down = Instant::now();
-    for node in &mut cluster.nodes {
-        node.kill();
-    }
-    let outage = if long_faults() {
-        Duration::from_secs(15)
+    let (cycles, outage) = if long_faults() {
+        (6, Duration::from_millis(2000))
     } else {
-        Duration::from_millis(3000)
+        (1, Duration::from_millis(3000))
     };
-    let mut unready_after = None;
-    while down.elapsed() < outage {
-        if unready_after.is_none() && !server.is_ready() {
-            unready_after = Some(down.elapsed());
+    let mut windows = Vec::new();
+    for cycle in 0..cycles {
+        let down = Instant::now();
+        for node in &mut cluster.nodes {
+            node.kill();
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let mut unready_after = None;
+        while down.elapsed() < outage {
+            if unready_after.is_none() && !server.is_ready() {
+                unready_after = Some(down.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let restarting = Instant::now();
+        for node in &mut cluster.nodes {
+            node.restart().expect("node restarts");
+        }
+        wait_stable(&cluster);
+        let back = Instant::now();
+        // Every primary serves again through the same stockgate, soon.
+        for sku in &probe_sku {
+            let id = format!("probe-{cycle}");
+            loop {
+                match crate::support::deduct(&mut probe, sku, "1", &id, None).await {
+                    Ok(_) => break,
+                    Err(err) if back.elapsed() > Duration::from_secs(15) => panic!(
+                        "[outage] cycle {cycle}: {sku} not served 15 s after the cluster came back: {err:?}; stockgate ready {} ({:?}), primaries {:?}; slots as node 0 sees them: {:?}",
+                        server.is_ready(),
+                        server.shared().upstream.problem(),
+                        server.shared().upstream.nodes(),
+                        slot_ranges(&cluster.nodes[0]),
+                    ),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        let served = back.elapsed();
+        let ready = server.wait_ready(Duration::from_secs(20)).await;
+        assert!(ready, "ready again without a restart");
+        windows.push((down, restarting, back, served, unready_after));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
     }
-    let restarting = Instant::now();
-    for node in &mut cluster.nodes {
-        node.restart().expect("node restarts");
-    }
-    wait_stable(&cluster);
-    let back = Instant::now();
-    let ready = server.wait_ready(Duration::from_secs(20)).await;
-    let ready_after = back.elapsed();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     let history = running.stop().await;
 
-    let during = between(&history, down, restarting);
-    let errors: Vec<&&Attempt> = during.iter().filter(|a| !a.outcome.is_code()).collect();
-    let mut took: Vec<Duration> = errors.iter().map(|a| a.took).collect();
-    took.sort_unstable();
-    let Some(first) = history.first_code_after(back, |_| true) else {
-        let mut probe = crate::support::client(&server, false).await;
-        let now = crate::support::deduct(&mut probe, &load.skus[0], "1", "probe-after", None).await;
-        panic!(
-            "[outage] never served again after the cluster came back; errors relative to its return: {}; last: {:?}; stockgate ready {} ({:?}), primaries {:?}; a DEDUCT now: {now:?}; slots as node 0 sees them: {:?}",
-            history.error_spans(back),
-            history.attempts.last().map(|a| &a.outcome),
-            server.is_ready(),
-            server.shared().upstream.problem(),
-            server.shared().upstream.nodes(),
-            slot_ranges(&cluster.nodes[0]),
+    for (down, restarting, back, served, unready_after) in windows {
+        let during = between(&history, down, restarting);
+        let errors: Vec<&&Attempt> = during.iter().filter(|a| !a.outcome.is_code()).collect();
+        let mut took: Vec<Duration> = errors.iter().map(|a| a.took).collect();
+        took.sort_unstable();
+        eprintln!(
+            "[outage] all 6 nodes down for {}: {} errors {:?}, error latency p50 {} max {} (bound {}); readiness off after {:?}; restarted and stable {} later; every primary served again {} after that",
+            ms(restarting - down),
+            errors.len(),
+            history.by_label(errors.iter().copied().copied()),
+            ms(took.get(took.len() / 2).copied().unwrap_or_default()),
+            ms(took.last().copied().unwrap_or_default()),
+            ms(no_hang_bound(TIMEOUT)),
+            unready_after,
+            ms(back - restarting),
+            ms(served),
         );
-    };
-    eprintln!(
-        "[outage] all 6 nodes down for {}: {} errors {:?}, error latency p50 {} max {} (bound {}); readiness off after {:?}",
-        ms(restarting - down),
-        errors.len(),
-        history.by_label(errors.iter().copied().copied()),
-        ms(took.get(took.len() / 2).copied().unwrap_or_default()),
-        ms(took.last().copied().unwrap_or_default()),
-        ms(no_hang_bound(TIMEOUT)),
-        unready_after,
-    );
-    eprintln!(
-        "[outage] restarted and stable {} after the restart began; first success {} after that ({:?}), /readyz 200 after {}",
-        ms(back - restarting),
-        ms(first.ended().saturating_duration_since(back)),
-        first.outcome.label(),
-        ms(ready_after),
-    );
-    assert!(ready, "ready again without a restart");
-    assert!(!errors.is_empty(), "the outage produced errors");
-    assert!(
-        errors
-            .iter()
-            .all(|a| matches!(&a.outcome, Outcome::Fault { word, .. } if word == "UPSTREAM")),
-        "every error during the outage is UPSTREAM"
-    );
+        assert!(!errors.is_empty(), "the outage produced errors");
+        assert!(
+            errors
+                .iter()
+                .all(|a| matches!(&a.outcome, Outcome::Fault { word, .. } if word == "UPSTREAM")),
+            "every error during the outage is UPSTREAM"
+        );
+    }
     history.audit(&cluster, Policy::default()).assert_green();
     server.stop_now();
 }
