@@ -16,13 +16,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 /// How often readiness is re-checked (script present on every primary).
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a cluster connection may fail its health checks before a fresh
+/// one is tried in its place (see [`Upstream::maintain`]).
+const REPLACE_AFTER: Duration = Duration::from_secs(5);
 
 /// The mode stockgate settled on, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +101,8 @@ pub struct Node {
 pub struct Upstream {
     config: UpstreamConfig,
     scripts: Vec<Arc<LuaScript>>,
-    connection: OnceCell<(Mode, Connection)>,
+    /// Set by the first successful connect; replaced only when it is stuck.
+    connection: RwLock<Option<(Mode, Connection)>>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     /// The primaries at the last health check, for INFO.
@@ -119,7 +123,7 @@ impl Upstream {
         Arc::new(Upstream {
             config,
             scripts,
-            connection: OnceCell::new(),
+            connection: RwLock::new(None),
             ready: AtomicBool::new(false),
             metrics,
             nodes: Mutex::new(Vec::new()),
@@ -135,7 +139,15 @@ impl Upstream {
 
     /// The mode, once connected.
     pub fn mode(&self) -> Option<Mode> {
-        self.connection.get().map(|(mode, _)| *mode)
+        self.current().map(|(mode, _)| mode)
+    }
+
+    /// The connection now (a cheap clone: clones share the sockets).
+    fn current(&self) -> Option<(Mode, Connection)> {
+        self.connection
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The seed URLs, passwords hidden.
@@ -159,8 +171,8 @@ impl Upstream {
     }
 
     fn connection(&self) -> Result<Connection, UpstreamError> {
-        match self.connection.get() {
-            Some((_, connection)) => Ok(connection.clone()),
+        match self.current() {
+            Some((_, connection)) => Ok(connection),
             None => Err(UpstreamError::new(
                 FaultKind::NotReady,
                 "not connected to redis yet",
@@ -243,7 +255,7 @@ impl Upstream {
 
     /// Connects once, without the readiness loop (for one-shot tools).
     pub async fn connect_once(&self) -> Result<Mode, String> {
-        if self.connection.get().is_none() {
+        if self.current().is_none() {
             self.connect().await?;
         }
         Ok(self.mode().expect("connected"))
@@ -361,12 +373,44 @@ impl Upstream {
 
     /// Connects, loads the scripts, and keeps readiness up to date until
     /// `stop` is cancelled.
+    ///
+    /// A cluster connection that has failed every check for
+    /// [`REPLACE_AFTER`] is replaced by a fresh one, if a fresh one works:
+    /// after every node went down and came back, redis-rs's cluster client
+    /// can stay stuck answering "No connections found" for good (its slot
+    /// refresh retries its own emptied connection map and never goes back
+    /// to the seeds), so stockgate would never serve again without a
+    /// restart (tests/faults network::whole_upstream_down_then_back, long
+    /// variant, about one outage in twenty).
     pub async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let mut failing_since: Option<std::time::Instant> = None;
         loop {
-            let outcome = match self.connection.get() {
+            let outcome = match self.current() {
                 None => self.connect().await,
-                Some((_, connection)) => self.ensure_scripts(connection.clone()).await,
+                Some((mode, connection)) => match self.ensure_scripts(connection).await {
+                    Ok(()) => Ok(()),
+                    Err(problem) => {
+                        let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                        if mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
+                            match self.connect().await {
+                                Ok(()) => {
+                                    tracing::warn!(
+                                        %problem,
+                                        "replaced a cluster connection that kept failing while a fresh one works"
+                                    );
+                                    Ok(())
+                                }
+                                Err(_) => Err(problem),
+                            }
+                        } else {
+                            Err(problem)
+                        }
+                    }
+                },
             };
+            if outcome.is_ok() {
+                failing_since = None;
+            }
             if outcome.is_ok()
                 && let Ok(nodes) = self.primaries().await
             {
@@ -428,8 +472,9 @@ impl Upstream {
             Mode::Standalone => Connection::Standalone(self.connect_standalone().await?),
         };
         self.ensure_scripts(connection.clone()).await?;
-        // Only this task sets the cell, so it is empty here.
-        let _ = self.connection.set((mode, connection));
+        // The first connection, or one that replaces a stuck one; requests
+        // in flight keep the old one until they finish.
+        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some((mode, connection));
         self.warn_about_eviction().await;
         Ok(())
     }
