@@ -18,13 +18,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 /// How often readiness is re-checked (script present on every primary).
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a cluster connection may fail its health checks before a fresh
+/// one is tried in its place (see [`Upstream::maintain`]).
+const REPLACE_AFTER: Duration = Duration::from_secs(5);
 
 /// The mode stockgate settled on, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +103,8 @@ pub struct Node {
 pub struct Upstream {
     config: UpstreamConfig,
     scripts: Vec<Arc<LuaScript>>,
-    connection: OnceCell<(Mode, Connection)>,
+    /// Set by the first successful connect; replaced only when it is stuck.
+    connection: RwLock<Option<(Mode, Connection)>>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     /// The primaries at the last health check, for INFO.
@@ -138,7 +142,7 @@ impl Upstream {
         Arc::new(Upstream {
             config,
             scripts,
-            connection: OnceCell::new(),
+            connection: RwLock::new(None),
             ready: AtomicBool::new(false),
             metrics,
             nodes: Mutex::new(Vec::new()),
@@ -155,7 +159,15 @@ impl Upstream {
 
     /// The mode, once connected.
     pub fn mode(&self) -> Option<Mode> {
-        self.connection.get().map(|(mode, _)| *mode)
+        self.current().map(|(mode, _)| mode)
+    }
+
+    /// The connection now (a cheap clone: clones share the sockets).
+    fn current(&self) -> Option<(Mode, Connection)> {
+        self.connection
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The seed URLs, passwords hidden.
@@ -179,8 +191,8 @@ impl Upstream {
     }
 
     fn connection(&self) -> Result<Connection, UpstreamError> {
-        match self.connection.get() {
-            Some((_, connection)) => Ok(connection.clone()),
+        match self.current() {
+            Some((_, connection)) => Ok(connection),
             None => Err(UpstreamError::new(
                 FaultKind::NotReady,
                 "not connected to redis yet",
@@ -263,7 +275,7 @@ impl Upstream {
 
     /// Connects once, without the readiness loop (for one-shot tools).
     pub async fn connect_once(&self) -> Result<Mode, String> {
-        if self.connection.get().is_none() {
+        if self.current().is_none() {
             self.connect().await?;
         }
         Ok(self.mode().expect("connected"))
@@ -333,7 +345,7 @@ impl Upstream {
         args: &[&[u8]],
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
-        if let (Some(pipelines), Some(_)) = (&self.pipelines, self.connection.get()) {
+        if let Some(pipelines) = &self.pipelines {
             let mut command: [&[u8]; 12] = [b""; 12];
             let head: [&[u8]; 5] = [b"EVALSHA", script.sha.as_bytes(), b"2", keys[0], keys[1]];
             let len = head.len() + args.len().min(7);
@@ -414,8 +426,16 @@ impl Upstream {
     }
 
     /// `eval`, then WAIT on the same node in the same pipeline: a reply that
-    /// wrote (code 0, and REVERT's code 4) stands only once `replicas`
-    /// replicas confirmed it. Replies that wrote nothing pass as they are.
+    /// states the request's record (codes 0, 1 and 4: it wrote it now, or
+    /// reports what an earlier call wrote) stands only once `replicas`
+    /// replicas confirmed it. Codes 2 and 3 state nothing and pass.
+    ///
+    /// A duplicate (1) must wait too: the retry of a write answered `not
+    /// replicated` finds the record on the primary and would otherwise be
+    /// acknowledged while no replica has it, and a failover then loses an
+    /// acknowledged deduction. WAIT covers the writes this connection made,
+    /// and every call to a node shares one connection, so it covers the
+    /// earlier call's write unless that came through another connection.
     async fn eval_durably(
         &self,
         script: &LuaScript,
@@ -460,9 +480,8 @@ impl Upstream {
         let reply = reply
             .extract_error()
             .map_err(|e| UpstreamError::from_redis(&e))?;
-        let wrote = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0)))
-            || (script.name == "revert" && matches!(items.first(), Some(Value::Int(4)))));
-        if wrote {
+        let states_record = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0 | 1 | 4))));
+        if states_record {
             let confirmed = match acks {
                 Value::Int(n) => n,
                 other => {
@@ -488,13 +507,43 @@ impl Upstream {
 
     /// Connects, loads the scripts, and keeps readiness up to date until
     /// `stop` is cancelled.
+    ///
+    /// A cluster connection that has failed every check for
+    /// [`REPLACE_AFTER`] is replaced by a fresh one, if a fresh one works:
+    /// after every node went down and came back, redis-rs's cluster client
+    /// can stay stuck answering "No connections found" for good (its slot
+    /// refresh retries its own emptied connection map and never goes back
+    /// to the seeds), so stockgate would never serve again without a
+    /// restart (tests/faults network::whole_upstream_down_then_back, long
+    /// variant, about one outage in twenty).
     pub async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let mut failing_since: Option<std::time::Instant> = None;
         loop {
-            let outcome = match self.connection.get() {
+            let outcome = match self.current() {
                 None => self.connect().await,
-                Some((_, connection)) => self.ensure_scripts(connection.clone()).await,
+                Some((mode, connection)) => match self.ensure_scripts(connection).await {
+                    Ok(()) => Ok(()),
+                    Err(problem) => {
+                        let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                        if mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
+                            match self.connect().await {
+                                Ok(()) => {
+                                    tracing::warn!(
+                                        %problem,
+                                        "replaced a cluster connection that kept failing while a fresh one works"
+                                    );
+                                    Ok(())
+                                }
+                                Err(_) => Err(problem),
+                            }
+                        } else {
+                            Err(problem)
+                        }
+                    }
+                },
             };
             if outcome.is_ok() {
+                failing_since = None;
                 if let Ok(nodes) = self.primaries().await {
                     *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = nodes;
                 }
@@ -557,8 +606,9 @@ impl Upstream {
             Mode::Standalone => Connection::Standalone(self.connect_standalone().await?),
         };
         self.ensure_scripts(connection.clone()).await?;
-        // Only this task sets the cell, so it is empty here.
-        let _ = self.connection.set((mode, connection));
+        // The first connection, or one that replaces a stuck one; requests
+        // in flight keep the old one until they finish.
+        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some((mode, connection));
         self.warn_about_eviction().await;
         Ok(())
     }
@@ -678,7 +728,8 @@ impl Upstream {
         // what lets the client retry on MOVED, ASK, TRYAGAIN, CLUSTERDOWN and
         // dropped connections at all. The crate's default backoff waits at
         // least 1.28 s before each retry, longer than the whole --timeout;
-        // these waits are in milliseconds, 2 to 100, doubling from 8.
+        // these waits are in milliseconds, 2 to 100, doubling from 8. The
+        // deadline, not the retry count, ends the retries: see cluster_retries.
         let mut builder = ClusterClientBuilder::new(self.config.urls.clone());
         if let Some(tls) = &self.config.tls {
             builder = builder.certs(tls.0.clone());
@@ -687,7 +738,7 @@ impl Upstream {
             .connection_timeout(self.config.connect_timeout)
             .response_timeout(self.config.timeout)
             .overall_response_timeout(Some(self.config.timeout))
-            .retries(8)
+            .retries(cluster_retries(self.config.timeout))
             .min_retry_wait(2)
             .max_retry_wait(100)
             .retry_wait_formula(8, 2)
@@ -741,6 +792,21 @@ impl Upstream {
     }
 }
 
+/// How many retries the cluster client may make within `deadline`.
+///
+/// redis-rs spends one retry per MOVED or ASK hop and per TRYAGAIN, and
+/// sleeps (2 to 100 ms, jittered, about 50 on average) before only some of
+/// them: while a slot moves, a new request goes source (ASK), target
+/// (TRYAGAIN), sleep, and again. A fixed 8 retries lasted 150 to 400 ms, so
+/// a slot move or failover shorter than `--timeout` still reached clients as
+/// `-UPSTREAM TryAgain`. Two retries per average sleep over the whole
+/// deadline let the deadline decide; the overall response timeout still
+/// ends every request on time.
+fn cluster_retries(deadline: Duration) -> u32 {
+    let sleeps = deadline.as_millis() / 50;
+    (2 * sleeps + 4).clamp(8, 10_000) as u32
+}
+
 fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(keys.len());
@@ -792,6 +858,13 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_last_as_long_as_the_deadline() {
+        assert_eq!(cluster_retries(Duration::from_secs(1)), 44);
+        assert_eq!(cluster_retries(Duration::from_millis(100)), 8);
+        assert_eq!(cluster_retries(Duration::from_secs(3600)), 10_000);
+    }
 
     #[test]
     fn passwords_never_reach_logs() {

@@ -56,19 +56,48 @@ async fn writes_wait_for_replicas_and_unconfirmed_ones_are_retryable_errors() {
         text.contains("retrying with the same request_id is safe"),
         "{text}"
     );
-    // The retry finds the write on the primary: a duplicate, stock changed once.
-    let retry = parse(deduct(&mut conn, "durable", "3", "w2", None).await.unwrap());
-    assert_eq!((retry.code, retry.remain), (1, 5));
-    // Replies that wrote nothing don't wait: insufficient stock still answers.
+    // The retry finds the write on the primary, but no replica has it yet:
+    // acknowledging it (code 1) would let a failover lose an acknowledged
+    // deduction, so it is still not replicated. The stock changed once.
+    let err = deduct(&mut conn, "durable", "3", "w2", None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.detail().unwrap().starts_with("not replicated"),
+        "{err:?}"
+    );
+    let mut primary = cluster.nodes[0].connection().unwrap();
+    let stock: i64 = redis::cmd("GET")
+        .arg(stock_key("durable"))
+        .query(&mut primary)
+        .unwrap();
+    assert_eq!(stock, 5);
+    // Replies that state nothing don't wait: insufficient stock still
+    // answers with no replica.
     let short = parse(
         deduct(&mut conn, "durable", "99", "w3", None)
             .await
             .unwrap(),
     );
     assert_eq!(short.code, 2);
+    // Once a replica has it, the retry is a duplicate.
+    cluster.nodes[1].restart().unwrap();
+    let mut retry = None;
+    for _ in 0..100 {
+        if let Ok(value) = deduct(&mut conn, "durable", "3", "w2", None).await {
+            retry = Some(parse(value));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let retry = retry.expect("confirmed once the replica is back");
+    assert_eq!((retry.code, retry.remain), (1, 5));
     let metrics = server.shared().metrics.render();
-    assert!(
-        metrics.contains("stockgate_upstream_errors_total{kind=\"not_replicated\"} 1"),
-        "{metrics}"
-    );
+    // The write and its retry, at least (more while the replica resyncs).
+    let not_replicated: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("stockgate_upstream_errors_total{kind=\"not_replicated\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(not_replicated >= 2.0, "{metrics}");
 }

@@ -1,0 +1,315 @@
+//! Primaries that go away: a crash (`kill -9`) and a manual `CLUSTER
+//! FAILOVER`, and the scripts a primary loses or a promoted replica never
+//! had.
+
+use crate::checker::{History, Policy};
+use crate::harness::*;
+use std::time::{Duration, Instant};
+
+/// How long the load runs before and after a fault.
+fn phase() -> Duration {
+    if long_faults() {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(1500)
+    }
+}
+
+/// Prints how the shard of `fault` recovered after `promoted`, and what
+/// the other shards saw meanwhile; returns the first success's end.
+fn report_recovery(
+    name: &str,
+    fault: &History,
+    rest: &History,
+    injected: Instant,
+    promoted: Instant,
+) -> Instant {
+    let Some(first) = fault.first_code_after(promoted, |_| true) else {
+        panic!(
+            "[{name}] the shard never served after the promotion; its errors relative to the fault: {}; last ones: {:?}",
+            fault.error_spans(injected),
+            fault
+                .attempts
+                .iter()
+                .rev()
+                .take(3)
+                .map(|a| &a.outcome)
+                .collect::<Vec<_>>()
+        );
+    };
+    let last_before = fault.last_code_before(injected, |_| true);
+    eprintln!(
+        "[{name}] fault at {}; replica promoted {} later; first success on the shard {} after the promotion ({:?} {} -> code {:?}, that attempt took {}); shard unavailable for {}",
+        fault.at(injected),
+        ms(promoted - injected),
+        ms(first.ended().saturating_duration_since(promoted)),
+        first.op,
+        first.id,
+        first.outcome.code(),
+        ms(first.took),
+        ms(first.ended() - last_before.map_or(injected, |a| a.ended())),
+    );
+    eprintln!(
+        "[{name}] errors on the shard, by kind, with when they came relative to the fault: {}",
+        fault.error_spans(injected)
+    );
+    fn window(h: &History, from: Instant, to: Instant) -> Vec<&crate::checker::Attempt> {
+        h.attempts
+            .iter()
+            .filter(|a| a.started >= from && a.started < to)
+            .collect()
+    }
+    let window = |h| window(h, injected, promoted);
+    eprintln!(
+        "[{name}] between the fault and the promotion: this shard {:?}; other shards {:?}, latency {}",
+        fault.by_label(window(fault).into_iter()),
+        rest.by_label(window(rest).into_iter()),
+        rest.latency(window(rest).into_iter()),
+    );
+    first.ended()
+}
+
+/// Fault 1: a primary is killed under load; its replica is promoted and
+/// stockgate finds it by itself. Prints the time from promotion to the
+/// first success on that shard, and the acknowledged changes the
+/// asynchronous failover lost (counted, not failed: Redis Cluster may lose
+/// them by design; `--wait-replicas` is the answer to that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_primary_replica_promoted_stockgate_recovers() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(1000, &[]);
+    let victim = 0;
+    let (fault, rest) = lanes(&cluster, "kill", victim);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    tokio::time::sleep(phase()).await;
+
+    let replica = replica_of(&cluster, victim);
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
+    tokio::time::sleep(phase()).await;
+    // The crashed node comes back as the new primary's replica (with
+    // STOCKGATE_FAULT_WAIT=1, writes on this shard wait for that).
+    let rejoined = rejoin(&mut cluster, victim, replica);
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+
+    report_recovery("kill", &fault_history, &rest_history, killed, promoted);
+    eprintln!(
+        "[kill] the old primary rejoined as a replica {} after the promotion",
+        ms(rejoined - promoted)
+    );
+    let policy = Policy {
+        allow_lost_acks: true,
+    };
+    let audit = fault_history.audit(&cluster, policy);
+    audit.assert_green();
+    eprintln!(
+        "[kill] acknowledged changes lost in the failover (async replication): {}",
+        audit.lost_acks
+    );
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}
+
+/// Fault 2: `CLUSTER FAILOVER` on a replica under load. The old primary
+/// becomes a replica, and stockgate's next DEDUCT for that shard still goes
+/// to it: the script's `#!lua` flags make the replica answer MOVED (not
+/// READONLY after running half a script), and the cluster client follows.
+/// A manual failover waits for the replica to catch up, so nothing
+/// acknowledged may be lost: the audit is strict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(1000, &[]);
+    let victim = 0;
+    let (fault, rest) = lanes(&cluster, "failover", victim);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    tokio::time::sleep(phase()).await;
+
+    let (old, new) = (
+        &cluster.nodes[victim],
+        &cluster.nodes[replica_of(&cluster, victim)],
+    );
+    let moved_before = error_stat(old, "MOVED");
+    let asked = Instant::now();
+    let reply = text(new, &["CLUSTER", "FAILOVER"]);
+    assert_eq!(reply.as_deref(), Some("OK"), "CLUSTER FAILOVER");
+    let promoted = wait_promoted(new, Duration::from_secs(30));
+    let demoted_by = Instant::now() + Duration::from_secs(10);
+    while is_primary(old) {
+        assert!(Instant::now() < demoted_by, "the old primary stepped down");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tokio::time::sleep(phase()).await;
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+
+    report_recovery("failover", &fault_history, &rest_history, asked, promoted);
+    let first_deduct = fault_history
+        .attempts
+        .iter()
+        .find(|a| a.ended() >= promoted && a.op == crate::checker::Op::Deduct)
+        .expect("a DEDUCT after the failover");
+    let moved = error_stat(old, "MOVED") - moved_before;
+    eprintln!(
+        "[failover] first DEDUCT after the switch: {} -> {} in {}; the old primary answered MOVED {moved} times, READONLY {} times",
+        first_deduct.id,
+        first_deduct.outcome.label(),
+        ms(first_deduct.took),
+        error_stat(old, "READONLY"),
+    );
+    assert!(
+        moved > 0,
+        "requests reached the old primary and were redirected"
+    );
+    assert_eq!(
+        error_stat(old, "READONLY"),
+        0,
+        "no script ran on the demoted primary"
+    );
+    fault_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}
+
+/// Fault 4: NOSCRIPT. First `SCRIPT FLUSH` on a primary under load: the
+/// EVAL fallback hides it completely (no error at all). Then a primary is
+/// killed: its replica never had the script (SCRIPT LOAD is not replicated
+/// in Redis 7), and once promoted it serves without a client ever seeing
+/// NOSCRIPT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_scripts_are_reloaded_without_client_errors() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(1000, &[]);
+    let victim = 1;
+    let (fault, rest) = lanes(&cluster, "noscript", victim);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let sha = stockgate::script::Scripts::new().deduct.sha.clone();
+    let replica = replica_of(&cluster, victim);
+    // stockgate's SCRIPT LOAD reaches replicas too (the cluster client
+    // sends it to every node it knows), but a replica restarted or added
+    // since has none: play that replica.
+    assert_eq!(
+        text(&cluster.nodes[replica], &["SCRIPT", "FLUSH"]).as_deref(),
+        Some("OK")
+    );
+    assert!(
+        !has_script(&cluster.nodes[replica], &sha),
+        "the replica has no script before its promotion"
+    );
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    tokio::time::sleep(phase()).await;
+
+    // SCRIPT FLUSH on a primary of the other lane.
+    let flushed = Instant::now();
+    assert_eq!(
+        text(&cluster.nodes[0], &["SCRIPT", "FLUSH"]).as_deref(),
+        Some("OK")
+    );
+    tokio::time::sleep(phase()).await;
+    assert!(
+        has_script(&cluster.nodes[0], &sha),
+        "the fallback cached the script again"
+    );
+
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
+    tokio::time::sleep(phase()).await;
+    if wait_from_env().is_some() {
+        // Writes on this shard need a replica to confirm them again.
+        rejoin(&mut cluster, victim, replica);
+    }
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+
+    let flush_window = |h: &History| {
+        h.attempts
+            .iter()
+            .filter(|a| a.started >= flushed && a.ended() < killed)
+            .filter(|a| !a.outcome.is_code())
+            .count()
+    };
+    eprintln!(
+        "[noscript] after SCRIPT FLUSH on :{}: it answered NOSCRIPT {} times, clients saw {} errors (this lane) + {} (other lane) in {} requests",
+        cluster.nodes[0].port,
+        error_stat(&cluster.nodes[0], "NOSCRIPT"),
+        flush_window(&fault_history),
+        flush_window(&rest_history),
+        fault_history
+            .attempts
+            .iter()
+            .chain(&rest_history.attempts)
+            .filter(|a| a.started >= flushed && a.ended() < killed)
+            .count()
+    );
+    assert_eq!(
+        flush_window(&fault_history) + flush_window(&rest_history),
+        0
+    );
+
+    let served = report_recovery("noscript", &fault_history, &rest_history, killed, promoted);
+    let after: Vec<_> = fault_history
+        .attempts
+        .iter()
+        .filter(|a| a.started >= served)
+        .collect();
+    let errors_after = after.iter().filter(|a| !a.outcome.is_code()).count();
+    eprintln!(
+        "[noscript] promoted replica :{} answered NOSCRIPT {} times (hidden by the EVAL fallback) and has the script now: {}; after its first success, {} requests, {} errors",
+        cluster.nodes[replica].port,
+        error_stat(&cluster.nodes[replica], "NOSCRIPT"),
+        has_script(&cluster.nodes[replica], &sha),
+        after.len(),
+        errors_after
+    );
+    assert_eq!(
+        errors_after, 0,
+        "the promoted replica serves without errors"
+    );
+    let noscript = fault_history
+        .attempts
+        .iter()
+        .chain(&rest_history.attempts)
+        .filter(|a| match &a.outcome {
+            crate::checker::Outcome::Fault { text, .. } => {
+                text.to_ascii_lowercase().contains("noscript")
+            }
+            _ => false,
+        })
+        .count();
+    assert_eq!(noscript, 0, "NOSCRIPT never reaches a client");
+    fault_history
+        .audit(
+            &cluster,
+            Policy {
+                allow_lost_acks: true,
+            },
+        )
+        .assert_green();
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}

@@ -1,0 +1,298 @@
+//! The network between stockgate and Redis: a node behind a faulty relay
+//! (latency, a black hole, replies lost after the command ran), and the
+//! whole upstream down and back.
+
+use crate::checker::{Attempt, History, Op, Outcome, Policy, Workload};
+use crate::harness::*;
+use crate::relay::{Mode, Relay};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The attempts that started in `[from, to)`.
+fn between(h: &History, from: Instant, to: Instant) -> Vec<&Attempt> {
+    h.attempts
+        .iter()
+        .filter(|a| a.started >= from && a.started < to)
+        .collect()
+}
+
+/// Fault 5: one primary behind a relay that every client goes through
+/// (the node announces the relay's port). Latency, then a black hole, then
+/// replies lost after the command ran. Errors come within the no-hang
+/// bound, the other shards are untouched, and a request whose reply was
+/// lost gets code 1 on its retry, its stock changed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_node_latency_and_lost_replies() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let victim = 0;
+    let (fault, rest) = lanes(&cluster, "relay", victim);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let probe_sku = &skus_where(&cluster, "relay_probe", 1, |o| o == victim)[0];
+    seed(&cluster, std::slice::from_ref(probe_sku), 100);
+    let relay = Relay::start(
+        format!("127.0.0.1:{}", cluster.nodes[victim].port)
+            .parse()
+            .unwrap(),
+    )
+    .await;
+    announce_port(&cluster, victim, relay.port);
+    let announced = slot_ranges(&cluster.nodes[1]).expect("slots");
+    assert!(
+        announced.iter().any(|r| r.2 == relay.port),
+        "CLUSTER SLOTS names the relay: {announced:?}"
+    );
+    // Seeds without the node's own port: stockgate learns the relay's from
+    // the slot map, as any cluster client would.
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, n)| n.url())
+        .collect();
+    let server = stockgate(seeds, TIMEOUT).await;
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    let long = long_faults();
+    let step = |short: u64| Duration::from_millis(if long { short * 4 } else { short });
+    tokio::time::sleep(step(1000)).await;
+    let through = relay.stats.bytes_to_node.load(Ordering::Relaxed);
+    eprintln!(
+        "[relay] node :{} announces relay :{}; after 1 s of load the relay had {} connections and carried {through} bytes to the node",
+        cluster.nodes[victim].port,
+        relay.port,
+        relay.stats.accepted.load(Ordering::Relaxed),
+    );
+    assert!(through > 0, "stockgate reaches the node through the relay");
+
+    let added = Duration::from_millis(200);
+    let delay_from = Instant::now();
+    relay.set(Mode::Delay(added));
+    tokio::time::sleep(step(1500)).await;
+    relay.set(Mode::Pass);
+    let delay_to = Instant::now();
+    tokio::time::sleep(step(500)).await;
+
+    let hole_from = Instant::now();
+    relay.set(Mode::Blackhole);
+    tokio::time::sleep(step(2500)).await;
+    relay.set(Mode::Pass);
+    let hole_to = Instant::now();
+    tokio::time::sleep(step(1000)).await;
+
+    let lose_from = Instant::now();
+    relay.set(Mode::LoseReplies);
+    // The probe: DEDUCTs on a sku of that shard until one fails although
+    // Redis (read directly, not through the relay) holds its record: the
+    // command ran and its reply was lost. (An attempt can also fail before
+    // its bytes left, on a connection the relay had just cut.)
+    let mut probe = crate::support::client(&server, false).await;
+    let mut node = cluster.nodes[victim].connection().expect("node");
+    let mut lost_probe = None;
+    for i in 0..5 {
+        let id = format!("probe-{i}");
+        let reply = crate::support::deduct(&mut probe, probe_sku, "7", &id, None).await;
+        let record: Option<String> = redis::cmd("GET")
+            .arg(crate::support::record_key(probe_sku, &id))
+            .query(&mut node)
+            .expect("GET record");
+        match (reply, record) {
+            (Err(err), Some(record)) => {
+                assert_eq!(err.code(), Some("UPSTREAM"), "{err:?}");
+                assert_eq!(record, "D:7:");
+                lost_probe = Some(id);
+                break;
+            }
+            // Not applied, or answered: settle it after the heal.
+            (_, _) => continue,
+        }
+    }
+    tokio::time::sleep(step(1000)).await;
+    relay.set(Mode::Pass);
+    let lose_to = Instant::now();
+    tokio::time::sleep(step(1500)).await;
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+
+    // Latency.
+    let before: Vec<&Attempt> = between(&fault_history, fault_history.started, delay_from);
+    eprintln!(
+        "[relay] +{} per chunk: this shard before {} | during {} | other shards during {}",
+        ms(added),
+        fault_history.latency(before.into_iter()),
+        fault_history.latency(between(&fault_history, delay_from, delay_to).into_iter()),
+        rest_history.latency(between(&rest_history, delay_from, delay_to).into_iter()),
+    );
+    // Black hole.
+    let hole = between(&fault_history, hole_from, hole_to);
+    let hole_errors: Vec<&&Attempt> = hole.iter().filter(|a| !a.outcome.is_code()).collect();
+    let others = between(&rest_history, hole_from, hole_to);
+    eprintln!(
+        "[relay] black hole for {}: this shard {:?}, slowest error {} (bound {}); other shards {:?} {}",
+        ms(hole_to - hole_from),
+        fault_history.by_label(hole.iter().copied()),
+        ms(hole_errors.iter().map(|a| a.took).max().unwrap_or_default()),
+        ms(no_hang_bound(TIMEOUT)),
+        rest_history.by_label(others.iter().copied()),
+        rest_history.latency(others.iter().copied()),
+    );
+    assert!(!hole_errors.is_empty(), "the black hole produced errors");
+    assert!(
+        others.iter().all(|a| a.outcome.is_code()),
+        "other shards unaffected by the black hole"
+    );
+    // Lost replies: an id whose attempt failed during the cut, and whose
+    // retry answered 1 (applied by the attempt whose reply was lost).
+    let failed: HashSet<&str> = between(&fault_history, lose_from, lose_to)
+        .iter()
+        .filter(|a| a.op == Op::Deduct && !a.outcome.is_code())
+        .map(|a| &*a.id)
+        .collect();
+    let answered_one = fault_history
+        .attempts
+        .iter()
+        .filter(|a| a.op == Op::Deduct && a.retry > 0 && failed.contains(&*a.id))
+        .filter(|a| a.outcome.code() == Some(1))
+        .count();
+    eprintln!(
+        "[relay] lost replies for {}: the relay cut {} replies; {} DEDUCTs failed, {} of them answered 1 on a retry",
+        ms(lose_to - lose_from),
+        relay.stats.replies_lost.load(Ordering::Relaxed),
+        failed.len(),
+        answered_one,
+    );
+    assert!(answered_one > 0, "a lost reply's retry answers 1");
+    let lost_probe = lost_probe.expect("a probe whose command ran and whose reply was lost");
+    let mut stock_before = 100;
+    for i in 0..5 {
+        let id = format!("probe-{i}");
+        let reply = crate::support::parse(
+            crate::support::deduct(&mut probe, probe_sku, "7", &id, None)
+                .await
+                .unwrap(),
+        );
+        if id == lost_probe {
+            assert_eq!(reply.code, 1, "the lost reply's retry: {reply:?}");
+            eprintln!(
+                "[relay] probe {id}: -UPSTREAM while Redis held D:7:, then code {} remain {} on the retry",
+                reply.code, reply.remain
+            );
+            break;
+        }
+        assert!(matches!(reply.code, 0 | 1), "{reply:?}");
+        stock_before -= 7;
+    }
+    let stock: i64 = redis::cmd("GET")
+        .arg(crate::support::stock_key(probe_sku))
+        .query(&mut node)
+        .expect("GET stock");
+    assert_eq!(stock, stock_before - 7, "each probe deducted once");
+
+    fault_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}
+
+/// Fault 6: every Redis node killed, then restarted (with an append-only
+/// file, so the data survives): errors come fast, never a code, and the
+/// same stockgate serves again without a restart. The long variant goes
+/// down and back six times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_upstream_down_then_back() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(2000, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let skus = skus_on_every_primary(&cluster, "outage", 8);
+    let load = Workload::new("outage", skus, TIMEOUT);
+    load.seed(&cluster);
+    let probe_sku = skus_on_every_primary(&cluster, "outage_probe", 1);
+    seed(&cluster, &probe_sku, 1_000_000);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let running = load.start(server.addr).await;
+    let mut probe = crate::support::client(&server, false).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let (cycles, outage) = if long_faults() {
+        (6, Duration::from_millis(2000))
+    } else {
+        (1, Duration::from_millis(3000))
+    };
+    let mut windows = Vec::new();
+    for cycle in 0..cycles {
+        let down = Instant::now();
+        for node in &mut cluster.nodes {
+            node.kill();
+        }
+        let mut unready_after = None;
+        while down.elapsed() < outage {
+            if unready_after.is_none() && !server.is_ready() {
+                unready_after = Some(down.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let restarting = Instant::now();
+        for node in &mut cluster.nodes {
+            node.restart().expect("node restarts");
+        }
+        wait_stable(&cluster);
+        let back = Instant::now();
+        // Every primary serves again through the same stockgate, soon.
+        for sku in &probe_sku {
+            let id = format!("probe-{cycle}");
+            loop {
+                match crate::support::deduct(&mut probe, sku, "1", &id, None).await {
+                    Ok(_) => break,
+                    Err(err) if back.elapsed() > Duration::from_secs(15) => panic!(
+                        "[outage] cycle {cycle}: {sku} not served 15 s after the cluster came back: {err:?}; stockgate ready {} ({:?}), primaries {:?}; slots as node 0 sees them: {:?}",
+                        server.is_ready(),
+                        server.shared().upstream.problem(),
+                        server.shared().upstream.nodes(),
+                        slot_ranges(&cluster.nodes[0]),
+                    ),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        let served = back.elapsed();
+        let ready = server.wait_ready(Duration::from_secs(20)).await;
+        assert!(ready, "ready again without a restart");
+        windows.push((down, restarting, back, served, unready_after));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    let history = running.stop().await;
+
+    for (down, restarting, back, served, unready_after) in windows {
+        let during = between(&history, down, restarting);
+        let errors: Vec<&&Attempt> = during.iter().filter(|a| !a.outcome.is_code()).collect();
+        let mut took: Vec<Duration> = errors.iter().map(|a| a.took).collect();
+        took.sort_unstable();
+        eprintln!(
+            "[outage] all 6 nodes down for {}: {} errors {:?}, error latency p50 {} max {} (bound {}); readiness off after {:?}; restarted and stable {} later; every primary served again {} after that",
+            ms(restarting - down),
+            errors.len(),
+            history.by_label(errors.iter().copied().copied()),
+            ms(took.get(took.len() / 2).copied().unwrap_or_default()),
+            ms(took.last().copied().unwrap_or_default()),
+            ms(no_hang_bound(TIMEOUT)),
+            unready_after,
+            ms(back - restarting),
+            ms(served),
+        );
+        assert!(!errors.is_empty(), "the outage produced errors");
+        assert!(
+            errors
+                .iter()
+                .all(|a| matches!(&a.outcome, Outcome::Fault { word, .. } if word == "UPSTREAM")),
+            "every error during the outage is UPSTREAM"
+        );
+    }
+    history.audit(&cluster, Policy::default()).assert_green();
+    server.stop_now();
+}

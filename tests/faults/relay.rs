@@ -1,0 +1,240 @@
+//! A fault-injecting TCP relay, placed in front of one Redis node (which
+//! then announces the relay's port, so every cluster client goes through
+//! it). Its modes act like a network does, never like something TCP can't
+//! do: bytes are delayed or held, never dropped from the middle of a live
+//! stream (that would misalign a pipelined client's replies, a fault no
+//! real network produces). A connection is cut whole.
+//!
+//! - [`Mode::Pass`]: forward both ways.
+//! - [`Mode::Delay`]: hold every chunk for a while before forwarding it.
+//! - [`Mode::Blackhole`]: forward nothing, either way, and open no new
+//!   upstream connection (held bytes flow again on [`Mode::Pass`]), as a
+//!   partition that heals before TCP gives up.
+//! - [`Mode::Partition`]: clients pass, but a replica's replication link
+//!   (a connection that sent REPLCONF or PSYNC) is cut, and cut again each
+//!   time the replica reconnects: the primary goes on acknowledging writes
+//!   its replica never gets.
+//! - [`Mode::LoseReplies`]: requests pass; once a script call (EVAL or
+//!   EVALSHA) has gone to the node on a connection, the next reply bytes
+//!   that come back are thrown away with the connection: the command ran,
+//!   its reply was lost. (Other replies pass, so a client's handshake on a
+//!   new connection still works and its retry reaches Redis again.)
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Pass,
+    Delay(Duration),
+    Blackhole,
+    Partition,
+    LoseReplies,
+}
+
+/// What went through, for checking that clients really use the relay.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub accepted: AtomicU64,
+    pub bytes_to_node: AtomicU64,
+    pub bytes_to_client: AtomicU64,
+    pub replies_lost: AtomicU64,
+}
+
+pub struct Relay {
+    pub port: u16,
+    pub stats: Arc<Stats>,
+    mode: watch::Sender<Mode>,
+    stop: CancellationToken,
+}
+
+impl Relay {
+    /// Listens on a free loopback port and relays to `target`.
+    pub async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let port = listener.local_addr().expect("addr").port();
+        let (mode, _) = watch::channel(Mode::Pass);
+        let stats = Arc::new(Stats::default());
+        let stop = CancellationToken::new();
+        let relay = Relay {
+            port,
+            stats: stats.clone(),
+            mode: mode.clone(),
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                stats.accepted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(relay_one(
+                    client,
+                    target,
+                    mode.subscribe(),
+                    stats.clone(),
+                    stop.child_token(),
+                ));
+            }
+        });
+        relay
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn relay_one(
+    client: TcpStream,
+    target: SocketAddr,
+    mut mode: watch::Receiver<Mode>,
+    stats: Arc<Stats>,
+    cut: CancellationToken,
+) {
+    // A blackhole answers no SYN: hold the client until it heals.
+    if mode.wait_for(|m| *m != Mode::Blackhole).await.is_err() {
+        return;
+    }
+    let Ok(node) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = node.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (node_read, node_write) = node.into_split();
+    let script_sent = Arc::new(AtomicBool::new(false));
+    let replication = Arc::new(AtomicBool::new(false));
+    let up = pump(
+        client_read,
+        node_write,
+        mode.clone(),
+        stats.clone(),
+        (cut.clone(), script_sent.clone(), replication.clone()),
+        Direction::ToNode,
+    );
+    let down = pump(
+        node_read,
+        client_write,
+        mode,
+        stats,
+        (cut.clone(), script_sent, replication),
+        Direction::ToClient,
+    );
+    // Either side ending (or a cut) ends the connection: dropping both
+    // halves closes both sockets.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = cut.cancelled() => {}
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToNode,
+    ToClient,
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    stats: Arc<Stats>,
+    (cut, script_sent, replication): (CancellationToken, Arc<AtomicBool>, Arc<AtomicBool>),
+    direction: Direction,
+) {
+    // The reader stamps each chunk with when it may leave; the writer sends
+    // it then. So Delay adds latency without limiting throughput, and order
+    // is kept.
+    let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let counter = stats.clone();
+    let writer = async move {
+        while let Some((due, chunk)) = queued.recv().await {
+            tokio::time::sleep_until(due.into()).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+            let bytes = match direction {
+                Direction::ToNode => &counter.bytes_to_node,
+                Direction::ToClient => &counter.bytes_to_client,
+            };
+            bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let partitioned = |m: &Mode| *m == Mode::Partition && replication.load(Ordering::SeqCst);
+        loop {
+            let n = tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                changed = mode.changed() => {
+                    if changed.is_err() || partitioned(&mode.borrow_and_update()) {
+                        cut.cancel();
+                        return;
+                    }
+                    continue;
+                }
+            };
+            if direction == Direction::ToNode
+                && [&b"REPLCONF"[..], b"PSYNC"].iter().any(|word| {
+                    buf[..n]
+                        .windows(word.len())
+                        .any(|w| w.eq_ignore_ascii_case(word))
+                })
+            {
+                replication.store(true, Ordering::SeqCst);
+            }
+            // Hold the bytes while the hole lasts; they flow again on Pass.
+            let current = match mode.wait_for(|m| *m != Mode::Blackhole).await {
+                Ok(m) => *m,
+                Err(_) => return,
+            };
+            if partitioned(&current) {
+                cut.cancel();
+                return;
+            }
+            let due = match current {
+                Mode::LoseReplies
+                    if direction == Direction::ToClient && script_sent.load(Ordering::SeqCst) =>
+                {
+                    stats.replies_lost.fetch_add(1, Ordering::Relaxed);
+                    cut.cancel();
+                    return;
+                }
+                Mode::LoseReplies
+                    if direction == Direction::ToNode
+                        && buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL")) =>
+                {
+                    script_sent.store(true, Ordering::SeqCst);
+                    Instant::now()
+                }
+                Mode::Delay(d) => Instant::now() + d,
+                _ => Instant::now(),
+            };
+            if queue.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    // The writer ends when the reader (and so the queue) is gone and the
+    // queue is drained.
+    tokio::join!(reader, writer);
+}

@@ -1,0 +1,176 @@
+//! Fault 3: live resharding of busy skus' slots under load.
+//!
+//! While a slot moves, a new request's idempotency record does not exist
+//! anywhere yet, so the source answers TRYAGAIN (some of the script's keys
+//! here, some not) or ASK (none here), and the target answers TRYAGAIN to
+//! an ASKING script whose record is missing, until the move finishes. The
+//! cluster client retries all of them within `--timeout`; the script never
+//! runs on a node holding only part of its keys. The added latency is
+//! measured and printed, not asserted.
+
+use crate::checker::{Attempt, History, Policy};
+use crate::harness::*;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_resharding_of_busy_slots() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let (source, target) = (0, 1);
+    let (fault, rest) = lanes(&cluster, "reshard", source);
+    fault.seed(&cluster);
+    rest.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
+    let (rounds, batch, pace) = if long_faults() {
+        (fault.skus.len(), 10, Duration::from_millis(50))
+    } else {
+        (4, 20, Duration::from_millis(20))
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let counters = |node: usize| {
+        (
+            error_stat(&cluster.nodes[node], "ASK"),
+            error_stat(&cluster.nodes[node], "TRYAGAIN"),
+            error_stat(&cluster.nodes[node], "MOVED"),
+        )
+    };
+    let (src_before, dst_before) = (counters(source), counters(target));
+    // Move the busy skus' slots one at a time, each while its sku is loaded.
+    let mut moves = Vec::new();
+    for sku in fault.skus.iter().take(rounds) {
+        let slot = sku_slot(sku);
+        let started = Instant::now();
+        let (took, keys) =
+            migrate_slot(&cluster, slot, source, target, batch, pace, Duration::ZERO);
+        moves.push((sku.clone(), slot, started, started + took, keys));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
+
+    let (src_after, dst_after) = (counters(source), counters(target));
+    eprintln!(
+        "[reshard] source :{} answered ASK {}, TRYAGAIN {}, MOVED {}; target :{} answered TRYAGAIN {}, MOVED {}",
+        cluster.nodes[source].port,
+        src_after.0 - src_before.0,
+        src_after.1 - src_before.1,
+        src_after.2 - src_before.2,
+        cluster.nodes[target].port,
+        dst_after.1 - dst_before.1,
+        dst_after.2 - dst_before.2,
+    );
+    let first_move = moves[0].2;
+    for (sku, slot, from, to, keys) in &moves {
+        let on = |a: &&Attempt| fault_history.sku_name(a.sku) == sku;
+        let before: Vec<&Attempt> = fault_history
+            .attempts
+            .iter()
+            .filter(on)
+            .filter(|a| a.ended() < first_move)
+            .collect();
+        let during: Vec<&Attempt> = fault_history
+            .attempts
+            .iter()
+            .filter(on)
+            .filter(|a| a.ended() >= *from && a.started <= *to)
+            .collect();
+        let after: Vec<&Attempt> = fault_history
+            .attempts
+            .iter()
+            .filter(on)
+            .filter(|a| a.started > *to)
+            .collect();
+        eprintln!(
+            "[reshard] {sku} slot {slot}: {keys} keys moved in {}; latency before {} | while moving {} {:?} | after {}",
+            ms(*to - *from),
+            fault_history.latency(before.into_iter()),
+            fault_history.latency(during.iter().copied()),
+            fault_history.by_label(during.iter().copied()),
+            fault_history.latency(after.into_iter()),
+        );
+        assert_eq!(
+            owner(&cluster, *slot),
+            target,
+            "slot {slot} now served by the target"
+        );
+    }
+    let moving = |h: &History| {
+        h.latency(
+            h.attempts
+                .iter()
+                .filter(|a| a.started >= first_move && a.started <= moves.last().unwrap().3),
+        )
+    };
+    eprintln!(
+        "[reshard] while slots moved, other skus of the source: {}; other primaries: {}",
+        moving(&fault_history),
+        moving(&rest_history)
+    );
+    fault_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}
+
+/// A slot move shorter than `--timeout` must cost latency, not errors: the
+/// deadline, "redirects and retries included", decides when to give up,
+/// not the count of ASK and TRYAGAIN hops on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let (source, target) = (0, 1);
+    let timeout = Duration::from_secs(2);
+    let skus = skus_where(&cluster, "shortmove", 1, |o| o == source);
+    let mut load = crate::checker::Workload::new("shortmove", skus.clone(), timeout);
+    load.clients = 8;
+    load.seed(&cluster);
+    let server = stockgate(cluster.seeds(), timeout).await;
+    let running = load.start(server.addr).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let hold = Duration::from_millis(600);
+    let started = Instant::now();
+    let (took, keys) = migrate_slot(
+        &cluster,
+        sku_slot(&skus[0]),
+        source,
+        target,
+        1000,
+        Duration::ZERO,
+        hold,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let history = running.stop().await;
+    let during: Vec<&Attempt> = history
+        .attempts
+        .iter()
+        .filter(|a| a.ended() >= started && a.started <= started + took)
+        .collect();
+    eprintln!(
+        "[shortmove] {keys} keys, slot in migration for {} (--timeout {}); requests meanwhile: {} {:?}",
+        ms(took),
+        ms(timeout),
+        history.latency(during.iter().copied()),
+        history.by_label(during.iter().copied()),
+    );
+    history.audit(&cluster, Policy::default()).assert_green();
+    assert_eq!(
+        history
+            .attempts
+            .iter()
+            .filter(|a| !a.outcome.is_code())
+            .count(),
+        0,
+        "errors while the slot moved: {}",
+        history.error_spans(started)
+    );
+    server.stop_now();
+}
