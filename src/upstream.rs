@@ -6,7 +6,7 @@
 //! scripts on every primary, and keeps `/readyz` truthful from then on.
 //! Until the first connection exists, requests get `UPSTREAM not ready`.
 
-use crate::config::{UpstreamConfig, UpstreamMode};
+use crate::config::{Durability, UpstreamConfig, UpstreamMode};
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Metrics;
 use crate::outcome::StockReply;
@@ -126,7 +126,7 @@ impl Upstream {
         // it twice is harmless (the second call reports the first).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let plain = config.urls.iter().all(|u| u.starts_with("redis://"));
-        let pipelines = (plain && config.durability.is_none()).then(|| {
+        let pipelines = plain.then(|| {
             let login = redis::IntoConnectionInfo::into_connection_info(config.urls[0].as_str())
                 .map(|info| {
                     let settings = info.redis_settings();
@@ -137,7 +137,12 @@ impl Upstream {
                     }
                 })
                 .unwrap_or_default();
-            Pipelines::new(login, config.connect_timeout)
+            Pipelines::new(
+                login,
+                config.connect_timeout,
+                config.timeout,
+                config.durability,
+            )
         });
         Arc::new(Upstream {
             config,
@@ -357,7 +362,7 @@ impl Upstream {
                 .call(slot, request, started + self.config.timeout)
                 .await
             {
-                Ok(frame) => match frame {
+                Ok(answer) => match answer.frame {
                     redis_protocol::resp2::types::BytesFrame::Error(text) => {
                         let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
                         if !UpstreamError::is_redirect(code) {
@@ -367,7 +372,15 @@ impl Upstream {
                             pipelines.mark_stale();
                         }
                     }
-                    reply => return StockReply::from_frame(reply),
+                    frame => {
+                        let reply = StockReply::from_frame(frame)?;
+                        if let (Some(durability), Some(confirmed)) =
+                            (self.config.durability, answer.replicas)
+                        {
+                            replicated(reply.code as i64, confirmed, durability)?;
+                        }
+                        return Ok(reply);
+                    }
                 },
                 Err(PipeError::Timeout) => return Err(UpstreamError::timeout(self.config.timeout)),
                 Err(PipeError::Lost) => {}
@@ -480,27 +493,15 @@ impl Upstream {
         let reply = reply
             .extract_error()
             .map_err(|e| UpstreamError::from_redis(&e))?;
-        let states_record = matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(0 | 1 | 4))));
-        if states_record {
+        if let Value::Array(items) = &reply
+            && let Some(Value::Int(code)) = items.first()
+        {
             let confirmed = match acks {
                 Value::Int(n) => n,
-                other => {
-                    return Err(UpstreamError::from_redis(
-                        &other.extract_error().err().unwrap_or_else(|| {
-                            RedisError::from((ErrorKind::Parse, "WAIT answered a non-integer"))
-                        }),
-                    ));
-                }
+                // WAIT itself failed: nothing is confirmed.
+                _ => -1,
             };
-            if confirmed < i64::from(durability.replicas) {
-                return Err(UpstreamError::new(
-                    FaultKind::NotReplicated,
-                    format!(
-                        "not replicated: {confirmed} of {} replicas confirmed the write within {wait_ms} ms, so it may be lost if its primary fails",
-                        durability.replicas
-                    ),
-                ));
-            }
+            replicated(*code, confirmed, durability)?;
         }
         Ok(reply)
     }
@@ -805,6 +806,25 @@ impl Upstream {
 fn cluster_retries(deadline: Duration) -> u32 {
     let sleeps = deadline.as_millis() / 50;
     (2 * sleeps + 4).clamp(8, 10_000) as u32
+}
+
+/// With `--wait-replicas`, a reply that reports the request's record
+/// (code 0: written now; 1 and 4: written before, perhaps through another
+/// connection, perhaps lost in a failover since) stands only once enough
+/// replicas confirmed it. Codes 2 and 3 wrote nothing and pass.
+fn replicated(code: i64, confirmed: i64, durability: Durability) -> Result<(), UpstreamError> {
+    if !matches!(code, 0 | 1 | 4) || confirmed >= i64::from(durability.replicas) {
+        return Ok(());
+    }
+    Err(UpstreamError::new(
+        FaultKind::NotReplicated,
+        format!(
+            "not replicated: {} of {} replicas confirmed the write within {} ms, so it may be lost if its primary fails",
+            confirmed.max(0),
+            durability.replicas,
+            durability.timeout.as_millis()
+        ),
+    ))
 }
 
 fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
