@@ -162,7 +162,7 @@ fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError>
     let mut ranges = Vec::with_capacity(count as usize);
     for _ in 0..count {
         if at >= buf.len() {
-            return Ok(Scan::Partial(at + 1));
+            return partial(at + 1, max_request);
         }
         if buf[at] != b'$' {
             return Err(ProtocolError(format!(
@@ -171,7 +171,7 @@ fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError>
             )));
         }
         let Some((len, start)) = header(buf, at, "bulk")? else {
-            return Ok(Scan::Partial(buf.len() + 1));
+            return partial(buf.len() + 1, max_request);
         };
         if len < 0 || len as usize > max_request {
             return Err(ProtocolError("invalid bulk length".into()));
@@ -192,6 +192,18 @@ fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError>
         at = end + 2;
     }
     Ok(Scan::Complete(at, ranges))
+}
+
+/// A frame that is not complete yet and needs at least `need` bytes: one
+/// that can only end past `max_request` is refused now, not after more
+/// bytes were buffered for it.
+fn partial(need: usize, max_request: usize) -> Result<Scan, ProtocolError> {
+    if need > max_request {
+        return Err(ProtocolError(format!(
+            "request larger than {max_request} bytes"
+        )));
+    }
+    Ok(Scan::Partial(need))
 }
 
 fn scan_inline(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError> {
@@ -525,6 +537,41 @@ mod tests {
         let mut buf = BytesMut::from(&b"*1\r\n$65530\r\n"[..]);
         buf.extend_from_slice(&[b'a'; 100]);
         assert!(decoder.decode(&mut buf).is_err(), "over the request limit");
+    }
+
+    #[test]
+    fn a_frame_that_can_only_end_past_the_limit_is_refused_at_once() {
+        // Found by the fuzzer (tests/fuzz): 512 bytes of a 3-argument
+        // request whose second bulk ends exactly at the limit. The frame
+        // can't complete within 512 bytes, so waiting for the third is
+        // buffering past --max-request-bytes.
+        let mut whole = b"*3\r\n$4\r\nECHO\r\n$490\r\n".to_vec();
+        whole.extend_from_slice(&[b'z'; 490]);
+        whole.extend_from_slice(b"\r\n");
+        assert_eq!(whole.len(), 512);
+        for tail in [&b""[..], b"$", b"$1", b"$1\r"] {
+            let mut decoder = RequestDecoder::new(512);
+            let mut buf = BytesMut::from(&whole[..]);
+            buf.extend_from_slice(tail);
+            assert_eq!(
+                decoder.decode(&mut buf),
+                Err(ProtocolError("request larger than 512 bytes".into())),
+                "with {:?} after the second bulk",
+                String::from_utf8_lossy(tail)
+            );
+        }
+        // One byte less is a frame that may still fit: it waits.
+        let mut decoder = RequestDecoder::new(513);
+        let mut buf = BytesMut::from(&whole[..]);
+        assert_eq!(decoder.decode(&mut buf), Ok(None));
+        // And a request of exactly the limit is served.
+        let mut exact = b"*2\r\n$4\r\nECHO\r\n$490\r\n".to_vec();
+        exact.extend_from_slice(&[b'z'; 490]);
+        exact.extend_from_slice(b"\r\n");
+        let limit = exact.len();
+        let mut decoder = RequestDecoder::new(limit);
+        let mut buf = BytesMut::from(&exact[..]);
+        assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().args.len(), 2);
     }
 
     fn encoded(reply: &Reply, protocol: Protocol) -> String {
