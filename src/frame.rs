@@ -68,6 +68,31 @@ pub struct RequestDecoder {
     /// Bytes the buffered partial frame needs at least before it can be
     /// complete; no point scanning again until then.
     need: usize,
+    /// How far the buffered partial frame was scanned, so that the next
+    /// read goes on from there instead of scanning it all again: a client
+    /// trickling a frame one byte per read would otherwise cost time
+    /// quadratic in its size (measured before this was kept: 0.6 s of CPU
+    /// for one 64 KiB inline line, 160 s for 1 MiB).
+    progress: Progress,
+    /// The buffer's length when `progress` was saved; a shorter buffer is
+    /// not the one it was saved for.
+    scanned_len: usize,
+}
+
+/// What is known of the buffered partial frame.
+#[derive(Debug, Default)]
+enum Progress {
+    #[default]
+    None,
+    /// An inline line: these first bytes hold no LF.
+    Inline { searched: usize },
+    /// A multibulk frame of `count` arguments: `ranges` were read, and the
+    /// next bulk header starts at `at`.
+    Multibulk {
+        count: usize,
+        ranges: Vec<Range<usize>>,
+        at: usize,
+    },
 }
 
 impl RequestDecoder {
@@ -75,7 +100,16 @@ impl RequestDecoder {
         RequestDecoder {
             max_request,
             need: 0,
+            progress: Progress::None,
+            scanned_len: 0,
         }
+    }
+
+    /// Done with the frame at the front of the buffer.
+    fn forget(&mut self) {
+        self.need = 0;
+        self.progress = Progress::None;
+        self.scanned_len = 0;
     }
 }
 
@@ -94,27 +128,32 @@ impl Decoder for RequestDecoder {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Request>, ProtocolError> {
         loop {
+            if src.len() < self.scanned_len {
+                self.forget();
+            }
             if src.is_empty() || src.len() < self.need {
                 return Ok(None);
             }
             let scan = if src[0] == b'*' {
-                scan_multibulk(src, self.max_request)?
+                scan_multibulk(src, self.max_request, &mut self.progress)
             } else {
-                scan_inline(src, self.max_request)?
+                scan_inline(src, self.max_request, &mut self.progress)
             };
+            let scan = scan.inspect_err(|_| self.forget())?;
             match scan {
                 Scan::Complete(len, ranges) => {
-                    self.need = 0;
+                    self.forget();
                     let frame = src.split_to(len).freeze();
                     let args = ranges.into_iter().map(|r| frame.slice(r)).collect();
                     return Ok(Some(Request { args }));
                 }
                 Scan::Partial(need) => {
                     self.need = need;
+                    self.scanned_len = src.len();
                     return Ok(None);
                 }
                 Scan::Skip(len) => {
-                    self.need = 0;
+                    self.forget();
                     src.advance(len);
                 }
             }
@@ -148,29 +187,44 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
     Ok(Some((value, at + cr + 2)))
 }
 
-fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError> {
-    let Some((count, mut at)) = header(buf, 0, "multibulk")? else {
-        return Ok(Scan::Partial(buf.len() + 1));
-    };
-    if count <= 0 {
-        // Redis ignores `*0` and `*-1` requests; so does stockgate.
-        return Ok(Scan::Skip(at));
-    }
-    if count as usize > MAX_ARGS {
-        return Err(ProtocolError("invalid multibulk length".into()));
-    }
-    let mut ranges = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        if at >= buf.len() {
-            return partial(at + 1, max_request);
+fn scan_multibulk(
+    buf: &[u8],
+    max_request: usize,
+    progress: &mut Progress,
+) -> Result<Scan, ProtocolError> {
+    if !matches!(progress, Progress::Multibulk { .. }) {
+        let Some((count, at)) = header(buf, 0, "multibulk")? else {
+            return Ok(Scan::Partial(buf.len() + 1));
+        };
+        if count <= 0 {
+            // Redis ignores `*0` and `*-1` requests; so does stockgate.
+            return Ok(Scan::Skip(at));
         }
-        if buf[at] != b'$' {
+        if count as usize > MAX_ARGS {
+            return Err(ProtocolError("invalid multibulk length".into()));
+        }
+        *progress = Progress::Multibulk {
+            count: count as usize,
+            ranges: Vec::with_capacity(count as usize),
+            at,
+        };
+    }
+    let Progress::Multibulk { count, ranges, at } = progress else {
+        unreachable!("a multibulk scan was set up just above");
+    };
+    // Each bulk read is kept in `progress`: a partial frame is never
+    // scanned twice, only its unfinished bulk header or bulk.
+    while ranges.len() < *count {
+        if *at >= buf.len() {
+            return partial(*at + 1, max_request);
+        }
+        if buf[*at] != b'$' {
             return Err(ProtocolError(format!(
                 "expected '$', got '{}'",
-                printable(buf[at])
+                printable(buf[*at])
             )));
         }
-        let Some((len, start)) = header(buf, at, "bulk")? else {
+        let Some((len, start)) = header(buf, *at, "bulk")? else {
             return partial(buf.len() + 1, max_request);
         };
         if len < 0 || len as usize > max_request {
@@ -189,9 +243,9 @@ fn scan_multibulk(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError>
             return Err(ProtocolError("bulk string not terminated by CRLF".into()));
         }
         ranges.push(start..end);
-        at = end + 2;
+        *at = end + 2;
     }
-    Ok(Scan::Complete(at, ranges))
+    Ok(Scan::Complete(*at, std::mem::take(ranges)))
 }
 
 /// A frame that is not complete yet and needs at least `need` bytes: one
@@ -206,12 +260,28 @@ fn partial(need: usize, max_request: usize) -> Result<Scan, ProtocolError> {
     Ok(Scan::Partial(need))
 }
 
-fn scan_inline(buf: &[u8], max_request: usize) -> Result<Scan, ProtocolError> {
+fn scan_inline(
+    buf: &[u8],
+    max_request: usize,
+    progress: &mut Progress,
+) -> Result<Scan, ProtocolError> {
     let window = &buf[..buf.len().min(max_request)];
-    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+    // Bytes searched on an earlier read hold no LF; go on after them.
+    let from = match *progress {
+        Progress::Inline { searched } => searched.min(window.len()),
+        _ => 0,
+    };
+    let Some(nl) = window[from..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| from + i)
+    else {
         return if window.len() >= max_request {
             Err(ProtocolError("too big inline request".into()))
         } else {
+            *progress = Progress::Inline {
+                searched: window.len(),
+            };
             Ok(Scan::Partial(buf.len() + 1))
         };
     };
@@ -572,6 +642,43 @@ mod tests {
         let mut decoder = RequestDecoder::new(limit);
         let mut buf = BytesMut::from(&exact[..]);
         assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().args.len(), 2);
+    }
+
+    #[test]
+    fn a_request_trickled_byte_by_byte_costs_linear_time() {
+        // A client may send one byte per read. Scanning the whole partial
+        // frame again on every read made that quadratic: 6 s of CPU (debug
+        // build; 0.6 s release) for one 64 KiB inline line, or for a 32 KiB
+        // multibulk frame of long bulk headers, and minutes past 1 MiB.
+        let max = 64 * 1024;
+        let mut multibulk = b"*1024\r\n".to_vec();
+        for _ in 0..1023 {
+            multibulk.extend_from_slice(b"$00000000000000000000000001\r\na\r\n");
+        }
+        // The stream, what completes it, and its arguments' count and last.
+        let cases: [(Vec<u8>, &[u8], usize, &[u8]); 2] = [
+            (vec![b'a'; max - 1], b"\n", 1, &[b'a'; 64 * 1024 - 1]),
+            (multibulk, b"$1\r\nb\r\n", 1024, b"b"),
+        ];
+        for (stream, end, args, last) in cases {
+            let started = std::time::Instant::now();
+            let mut decoder = RequestDecoder::new(max);
+            let mut buf = BytesMut::new();
+            for &byte in &stream {
+                buf.extend_from_slice(&[byte]);
+                assert_eq!(decoder.decode(&mut buf), Ok(None));
+            }
+            buf.extend_from_slice(end);
+            let request = decoder.decode(&mut buf).unwrap().expect("complete");
+            assert_eq!(request.args.len(), args);
+            assert_eq!(request.args[args - 1], last);
+            let took = started.elapsed();
+            assert!(
+                took < std::time::Duration::from_secs(1),
+                "{} bytes one at a time took {took:?}",
+                stream.len()
+            );
+        }
     }
 
     fn encoded(reply: &Reply, protocol: Protocol) -> String {
