@@ -173,7 +173,13 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
         };
     };
     if cr + 1 >= window.len() {
-        return Ok(None);
+        // The LF is still to come; unless the window is full, and then it
+        // would be past MAX_HEADER: no later byte can make this a header.
+        return if window.len() >= MAX_HEADER {
+            Err(ProtocolError(format!("invalid {what} length")))
+        } else {
+            Ok(None)
+        };
     }
     if window[cr + 1] != b'\n' {
         return Err(ProtocolError(format!("invalid {what} length")));
@@ -642,6 +648,39 @@ mod tests {
         let mut decoder = RequestDecoder::new(limit);
         let mut buf = BytesMut::from(&exact[..]);
         assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().args.len(), 2);
+    }
+
+    #[test]
+    fn a_header_line_past_its_limit_is_refused_whatever_follows() {
+        // Found by the fuzzer (tests/fuzz): a header whose CR is its 32nd
+        // byte looked unfinished for ever (its LF would be the 33rd), so the
+        // decoder waited, buffering whatever came next without bound.
+        for (head, what) in [("*", "multibulk"), ("*1\r\n$", "bulk")] {
+            let mut stream = head.as_bytes().to_vec();
+            stream.extend_from_slice(&[b'1'; 30]);
+            stream.extend_from_slice(b"\r\n");
+            stream.extend_from_slice(&[b'x'; 100 * 1024]);
+            let mut decoder = RequestDecoder::new(64 * 1024);
+            let mut buf = BytesMut::new();
+            let mut result = Ok(None);
+            for chunk in stream.chunks(7) {
+                buf.extend_from_slice(chunk);
+                result = decoder.decode(&mut buf);
+                if result.is_err() {
+                    break;
+                }
+                assert!(buf.len() < 64, "{} bytes buffered for a header", buf.len());
+            }
+            assert_eq!(
+                result,
+                Err(ProtocolError(format!("invalid {what} length"))),
+                "{head:?}"
+            );
+        }
+        // 29 digits still fit: `*`, the digits and CRLF are 32 bytes.
+        let mut decoder = RequestDecoder::new(64 * 1024);
+        let mut buf = BytesMut::from(&b"*00000000000000000000000000001\r\n$4\r\nPING\r\n"[..]);
+        assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().args.len(), 1);
     }
 
     #[test]
