@@ -39,6 +39,29 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Everything a connection needs, for `config`, before anything
+    /// connects: the upstream task is not started, so stock commands answer
+    /// `NOTREADY`-class errors until [`Upstream::maintain`] runs. `start`
+    /// builds its state with this; the fuzz target runs commands against it
+    /// without a Redis.
+    pub fn new(config: Config, local_port: u16) -> Shared {
+        let scripts = Scripts::new();
+        let metrics = Arc::new(Metrics::new());
+        let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
+        let service = StockService::new(&config, upstream.clone(), scripts, metrics.clone());
+        Shared {
+            config,
+            upstream,
+            service,
+            metrics,
+            started: Instant::now(),
+            local_port,
+            clients: AtomicUsize::new(0),
+            next_client_id: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+        }
+    }
+
     pub fn next_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -107,21 +130,9 @@ pub async fn start(config: Config) -> io::Result<Server> {
         None => None,
     };
 
-    let scripts = Scripts::new();
-    let metrics = Arc::new(Metrics::new());
-    let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
-    let service = StockService::new(&config, upstream.clone(), scripts, metrics.clone());
-    let shared = Arc::new(Shared {
-        config,
-        upstream: upstream.clone(),
-        service,
-        metrics: metrics.clone(),
-        started: Instant::now(),
-        local_port: addr.port(),
-        clients: AtomicUsize::new(0),
-        next_client_id: AtomicU64::new(1),
-        draining: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared::new(config, addr.port()));
+    let upstream = shared.upstream.clone();
+    let metrics = shared.metrics.clone();
 
     let drain = CancellationToken::new();
     let stop = CancellationToken::new();

@@ -1,0 +1,576 @@
+//! The request path under hostile input, and the invariants it must keep.
+//!
+//! One implementation for both drivers: the coverage-guided fuzz target
+//! (`tests/fuzz/fuzz_targets/resp.rs`, see `tests/fuzz/README.md`) and the
+//! proptest pass in the normal suite (`tests/fuzz_props.rs`), which include
+//! this file with `#[path]`.
+//!
+//! [`check`] plays one connection as `connection::run` does: the bytes
+//! arrive in the given chunks, each read is followed by `decode` until it
+//! answers `None`, every request goes through `command::execute`, stock
+//! commands through the stock service (against an upstream that never
+//! connects, so they are answered at once: code 3 for bad arguments, a
+//! not-ready error otherwise), and every reply is encoded in the protocol
+//! the session speaks then. It panics, with the reason, when an invariant
+//! breaks:
+//!
+//! - nothing panics, and no stock command waits (its future is ready on the
+//!   first poll: nothing may hang without an upstream);
+//! - after `decode` answers `None`, fewer than `max_request` bytes are
+//!   buffered: a frame that could only complete past the limit is refused;
+//! - a malformed stream ends in one `Protocol error: ...`, answered as
+//!   `-ERR Protocol error: ...`, and nothing after it is read;
+//! - every request has a name, and its arguments are, in order, slices of
+//!   the bytes the decoder consumed for it (inline ones with no whitespace);
+//! - how the stream is split into reads changes nothing: the requests and
+//!   the error are those of decoding it whole;
+//! - every reply decodes back with redis-protocol's own decoder of the
+//!   session's protocol, to exactly its bytes, and encodes again to the same
+//!   bytes; error replies are one line;
+//! - the parameter parsers accept exactly their documented rules, and what
+//!   they accept spells back to the bytes sent (canonical integers).
+
+#![allow(dead_code)] // each driver uses its own part
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+use stockgate::auth::Password;
+use stockgate::command::{self, Action, Session};
+use stockgate::config::{AccessLog, Config};
+use stockgate::deduct::Deduct;
+use stockgate::frame::{Protocol, ProtocolError, Reply, Request, RequestDecoder};
+use stockgate::outcome::Code;
+use stockgate::params::{
+    Delta, MAX_FIELD_LEN, MAX_STOCK, OrderNo, Qty, RequestId, Sku, StockLevel,
+};
+use stockgate::revert::Revert;
+use stockgate::server::Shared;
+use stockgate::service::StockCommand;
+use tokio_util::codec::Decoder;
+
+/// The password of the locked-down server.
+pub const PASSWORD: &[u8] = b"fuzz-secret";
+/// The locked-down server's `--max-qty`, small enough to reach.
+pub const LOCKED_MAX_QTY: u64 = 1000;
+
+/// The state of two servers, built once per process, never connected:
+/// the defaults, and a locked-down one (password, admin commands, stale-id
+/// rejection, the full access log, a small max qty).
+pub fn shared(locked: bool) -> &'static Shared {
+    static OPEN: OnceLock<Shared> = OnceLock::new();
+    static LOCKED: OnceLock<Shared> = OnceLock::new();
+    let cell = if locked { &LOCKED } else { &OPEN };
+    cell.get_or_init(|| {
+        // Port 1 on loopback: nothing is ever sent there, the upstream task
+        // is not started.
+        let mut config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
+        if locked {
+            config.password = Password::new(PASSWORD);
+            config.admin_commands = true;
+            config.reject_stale_ids = true;
+            config.access_log = AccessLog::All;
+            config.max_qty = LOCKED_MAX_QTY;
+        }
+        Shared::new(config, 6380)
+    })
+}
+
+/// One connection's worth of input.
+pub struct Case<'a> {
+    pub stream: &'a [u8],
+    pub max_request: usize,
+    /// Lengths of the reads; the rest of the stream arrives in one last read.
+    pub reads: Vec<usize>,
+    pub locked: bool,
+}
+
+/// What one case came to, for the drivers' statistics.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The requests decoded, as their arguments.
+    pub decoded: Vec<Vec<Bytes>>,
+    pub requests: usize,
+    pub replies: usize,
+    pub protocol_error: bool,
+    pub quit: bool,
+}
+
+/// Decodes `stream` as one read: the reference the split reads must match.
+pub fn decode_whole(stream: &[u8], max_request: usize) -> (Vec<Request>, Option<ProtocolError>) {
+    let mut decoder = RequestDecoder::new(max_request);
+    let mut buf = BytesMut::from(stream);
+    let mut requests = Vec::new();
+    loop {
+        match decoder.decode(&mut buf) {
+            Ok(Some(request)) => requests.push(request),
+            Ok(None) => return (requests, None),
+            Err(err) => return (requests, Some(err)),
+        }
+    }
+}
+
+/// Runs one case and checks every invariant (see the module docs).
+pub fn check(case: &Case<'_>) -> Outcome {
+    let shared = shared(case.locked);
+    let (whole, whole_err) = decode_whole(case.stream, case.max_request);
+
+    let mut decoder = RequestDecoder::new(case.max_request);
+    let mut session = Session::new(7, shared.config.password.is_none());
+    let mut input = BytesMut::new();
+    let mut output = BytesMut::new();
+    let mut outcome = Outcome::default();
+    let mut fed = 0;
+    let mut reads = case
+        .reads
+        .iter()
+        .copied()
+        .chain(std::iter::once(usize::MAX));
+
+    'connection: while fed < case.stream.len() {
+        let len = reads.next().unwrap_or(usize::MAX).max(1);
+        let chunk = &case.stream[fed..fed.saturating_add(len).min(case.stream.len())];
+        input.extend_from_slice(chunk);
+        fed += chunk.len();
+        loop {
+            let before = fed - input.len();
+            match decoder.decode(&mut input) {
+                Ok(Some(request)) => {
+                    let after = fed - input.len();
+                    check_request(&request, &case.stream[before..after]);
+                    assert!(
+                        outcome.requests < whole.len() && whole[outcome.requests] == request,
+                        "request {} differs from decoding the stream whole: {request:?}",
+                        outcome.requests
+                    );
+                    outcome.requests += 1;
+                    outcome.decoded.push(request.args.clone());
+                    match run_request(request, &mut session, shared) {
+                        (reply, true) => {
+                            emit(&reply, session.protocol, &mut output, &mut outcome);
+                            outcome.quit = true;
+                            break 'connection;
+                        }
+                        (reply, false) => emit(&reply, session.protocol, &mut output, &mut outcome),
+                    }
+                }
+                Ok(None) => {
+                    assert!(
+                        input.len() < case.max_request,
+                        "{} bytes buffered for an incomplete request, max_request is {}",
+                        input.len(),
+                        case.max_request
+                    );
+                    break;
+                }
+                Err(err) => {
+                    assert!(
+                        err.to_string().starts_with("Protocol error: "),
+                        "decode error {err:?} is not a protocol error"
+                    );
+                    assert_eq!(
+                        Some(&err),
+                        whole_err.as_ref(),
+                        "the error differs from decoding the stream whole"
+                    );
+                    assert_eq!(outcome.requests, whole.len(), "requests before the error");
+                    let reply = Reply::Error(format!("ERR {err}"));
+                    emit(&reply, session.protocol, &mut output, &mut outcome);
+                    outcome.protocol_error = true;
+                    break 'connection;
+                }
+            }
+        }
+    }
+    // The server folds latency samples into buckets every few seconds;
+    // without it they pile up over millions of cases.
+    static CASES: AtomicUsize = AtomicUsize::new(0);
+    if CASES.fetch_add(1, Ordering::Relaxed).is_multiple_of(64) {
+        shared.metrics.run_upkeep();
+    }
+    if !outcome.quit && !outcome.protocol_error {
+        assert!(
+            whole_err.is_none() && outcome.requests == whole.len(),
+            "split reads ended with {} requests and no error; whole: {} requests, error {whole_err:?}",
+            outcome.requests,
+            whole.len()
+        );
+    }
+    outcome
+}
+
+/// A request's shape, against the bytes consumed to frame it.
+fn check_request(request: &Request, consumed: &[u8]) {
+    assert!(!request.args.is_empty(), "a request without a name");
+    assert!(
+        request.args.len() <= stockgate::frame::MAX_ARGS,
+        "{} arguments",
+        request.args.len()
+    );
+    let shown = || String::from_utf8_lossy(consumed).into_owned();
+    // Blank lines and empty arrays (`*0`, `*-1`) are skipped before it.
+    let mut at = 0;
+    let frame = loop {
+        let rest = &consumed[at..];
+        let line = find(rest, b"\n").unwrap_or_else(|| panic!("no line in {:?}", shown()));
+        if rest[0] == b'*' {
+            let count = std::str::from_utf8(&rest[1..line.saturating_sub(1)])
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or_else(|| panic!("bad multibulk header in {:?}", shown()));
+            if count > 0 {
+                break rest;
+            }
+        } else if !rest[..line].iter().all(u8::is_ascii_whitespace) {
+            break rest;
+        }
+        at += line + 1;
+    };
+    if frame[0] == b'*' {
+        // A multibulk request: the arguments are its bulk strings, in
+        // order, each `$len` giving its length, and nothing after them.
+        let mut at = find(frame, b"\r\n").expect("header") + 2;
+        for arg in &request.args {
+            assert_eq!(frame[at], b'$', "bulk header expected in {:?}", shown());
+            let header = at + find(&frame[at..], b"\r\n").expect("bulk header");
+            // Spelled as Rust reads an i64: `$01` and `$-0` are taken
+            // (Redis refuses them; harmless, the length is still exact).
+            let len = std::str::from_utf8(&frame[at + 1..header])
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok());
+            assert_eq!(len, Some(arg.len() as i64), "bulk length in {:?}", shown());
+            at = header + 2;
+            assert_eq!(&frame[at..at + arg.len()], &arg[..], "argument bytes");
+            at += arg.len();
+            assert_eq!(&frame[at..at + 2], b"\r\n", "argument not followed by CRLF");
+            at += 2;
+        }
+        assert_eq!(
+            at,
+            frame.len(),
+            "bytes consumed past the request in {:?}",
+            shown()
+        );
+    } else {
+        // An inline request: the arguments are its line, split at whitespace.
+        assert_eq!(
+            frame.last(),
+            Some(&b'\n'),
+            "unterminated line {:?}",
+            shown()
+        );
+        let words: Vec<&[u8]> = frame[..frame.len() - 1]
+            .split(u8::is_ascii_whitespace)
+            .filter(|w| !w.is_empty())
+            .collect();
+        let args: Vec<&[u8]> = request.args.iter().map(|a| &a[..]).collect();
+        assert_eq!(args, words, "inline request from {:?}", shown());
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Runs one request as the connection does: the reply, and whether the
+/// connection closes after it.
+fn run_request(request: Request, session: &mut Session, shared: &Shared) -> (Reply, bool) {
+    check_params(&request.args[1..], shared.config.max_qty);
+    match command::execute(request, session, shared) {
+        Action::Reply(reply) => (reply, false),
+        Action::Close(reply) => (reply, true),
+        Action::Stock(command, args) => {
+            let reply = shared
+                .service
+                .serve(command, &args, Instant::now())
+                .now_or_never()
+                .unwrap_or_else(|| {
+                    panic!("{command:?} waited with no upstream; it must answer at once")
+                });
+            check_stock_reply(command, &args, &reply, shared);
+            (reply, false)
+        }
+    }
+}
+
+/// Without an upstream, a stock command is refused for its arguments
+/// (code 3, or an `ERR` for the admin commands) exactly when they break
+/// the rules, and otherwise fails as not ready. Never a success.
+fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, shared: &Shared) {
+    let config = &shared.config;
+    let invalid_reason = match command {
+        StockCommand::Deduct => Deduct::parse(args, config.max_qty).err(),
+        StockCommand::Revert => Revert::parse(args).err(),
+        _ => None,
+    };
+    match (command, reply) {
+        (StockCommand::Deduct | StockCommand::Revert, Reply::Stock(stock)) => {
+            assert_eq!(stock.code, Code::Invalid, "{command:?} {args:?}: {stock:?}");
+            assert_eq!(stock.remain, -1);
+            assert!(stock.order_no.is_empty());
+            let reason = stock.reason.as_deref().expect("code 3 says why");
+            match invalid_reason {
+                Some(invalid) => assert_eq!(reason, invalid.0.as_bytes()),
+                // Valid arguments are refused only for a stale id.
+                None => assert!(
+                    config.reject_stale_ids
+                        && reason.starts_with(b"request_id is a time-ordered id"),
+                    "{command:?} {args:?} refused: {}",
+                    String::from_utf8_lossy(reason)
+                ),
+            }
+        }
+        (StockCommand::Deduct | StockCommand::Revert, Reply::Error(text)) => {
+            assert!(
+                invalid_reason.is_none(),
+                "{command:?} {args:?} has bad arguments ({invalid_reason:?}) but got {text}"
+            );
+        }
+        (StockCommand::Deduct | StockCommand::Revert, other) => {
+            panic!("{command:?} answered {other:?} without an upstream")
+        }
+        (_, Reply::Error(_)) => {}
+        (_, other) => panic!("{command:?} answered {other:?} without an upstream"),
+    }
+}
+
+/// Encodes one reply as the connection does, and checks it decodes back.
+fn emit(reply: &Reply, protocol: Protocol, output: &mut BytesMut, outcome: &mut Outcome) {
+    let start = output.len();
+    reply.encode(protocol, output);
+    check_encoded(reply, protocol, &output[start..]);
+    outcome.replies += 1;
+    // A real connection writes these out; keep the buffer from growing
+    // across a long case.
+    if output.len() > 1 << 20 {
+        output.clear();
+    }
+}
+
+/// `wire` is one reply: it decodes, with the decoder of `protocol`, to a
+/// frame of exactly its length, and that frame is the reply's meaning
+/// (errors on one line). RESP3 maps are compared as maps: redis-protocol's
+/// decoder does not keep their order.
+pub fn check_encoded(reply: &Reply, protocol: Protocol, wire: &[u8]) {
+    let shown = || String::from_utf8_lossy(wire).into_owned();
+    match protocol {
+        Protocol::Resp2 => {
+            let (frame, len) = redis_protocol::resp2::decode::decode(wire)
+                .unwrap_or_else(|e| panic!("{reply:?} encoded to invalid RESP2 {:?}: {e}", shown()))
+                .unwrap_or_else(|| {
+                    panic!("{reply:?} encoded to an incomplete frame {:?}", shown())
+                });
+            assert_eq!(
+                len,
+                wire.len(),
+                "{reply:?} encoded to more than one frame: {:?}",
+                shown()
+            );
+            assert_eq!(
+                frame,
+                resp2_frame(reply),
+                "{reply:?} encoded as {:?}",
+                shown()
+            );
+        }
+        Protocol::Resp3 => {
+            let (frame, len) = redis_protocol::resp3::decode::complete::decode(wire)
+                .unwrap_or_else(|e| panic!("{reply:?} encoded to invalid RESP3 {:?}: {e}", shown()))
+                .unwrap_or_else(|| {
+                    panic!("{reply:?} encoded to an incomplete frame {:?}", shown())
+                });
+            assert_eq!(
+                len,
+                wire.len(),
+                "{reply:?} encoded to more than one frame: {:?}",
+                shown()
+            );
+            assert_eq!(
+                frame,
+                resp3_frame(reply),
+                "{reply:?} encoded as {:?}",
+                shown()
+            );
+        }
+    }
+}
+
+/// What an error reply says on the wire: one line.
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
+}
+
+/// `[code, remain, order_no, version]`, and the reason when there is one.
+fn stock_items(stock: &stockgate::outcome::StockReply) -> Vec<Reply> {
+    let mut items = vec![
+        Reply::Integer(stock.code as i64),
+        Reply::Integer(stock.remain),
+        Reply::Bulk(stock.order_no.clone()),
+        Reply::Integer(stock.version),
+    ];
+    items.extend(stock.reason.clone().map(Reply::Bulk));
+    items
+}
+
+/// The RESP2 frame a reply means (maps are flat arrays).
+pub fn resp2_frame(reply: &Reply) -> redis_protocol::resp2::types::OwnedFrame {
+    use redis_protocol::resp2::types::OwnedFrame as F;
+    match reply {
+        Reply::Simple(s) => F::SimpleString(s.as_bytes().to_vec()),
+        Reply::Error(e) => F::Error(one_line(e)),
+        Reply::Integer(i) => F::Integer(*i),
+        Reply::Bulk(b) => F::BulkString(b.to_vec()),
+        Reply::Null => F::Null,
+        Reply::Array(items) => F::Array(items.iter().map(resp2_frame).collect()),
+        Reply::Map(pairs) => F::Array(
+            pairs
+                .iter()
+                .flat_map(|(k, v)| [resp2_frame(k), resp2_frame(v)])
+                .collect(),
+        ),
+        Reply::Stock(stock) => F::Array(stock_items(stock).iter().map(resp2_frame).collect()),
+    }
+}
+
+/// The RESP3 frame a reply means.
+pub fn resp3_frame(reply: &Reply) -> redis_protocol::resp3::types::OwnedFrame {
+    use redis_protocol::resp3::types::OwnedFrame as F;
+    match reply {
+        Reply::Simple(s) => F::SimpleString {
+            data: s.as_bytes().to_vec(),
+            attributes: None,
+        },
+        Reply::Error(e) => F::SimpleError {
+            data: one_line(e),
+            attributes: None,
+        },
+        Reply::Integer(i) => F::Number {
+            data: *i,
+            attributes: None,
+        },
+        Reply::Bulk(b) => F::BlobString {
+            data: b.to_vec(),
+            attributes: None,
+        },
+        Reply::Null => F::Null,
+        Reply::Array(items) => F::Array {
+            data: items.iter().map(resp3_frame).collect(),
+            attributes: None,
+        },
+        Reply::Map(pairs) => F::Map {
+            data: pairs
+                .iter()
+                .map(|(k, v)| (resp3_frame(k), resp3_frame(v)))
+                .collect(),
+            attributes: None,
+        },
+        Reply::Stock(stock) => F::Array {
+            data: stock_items(stock).iter().map(resp3_frame).collect(),
+            attributes: None,
+        },
+    }
+}
+
+/// Every parameter parser over every argument: accepted exactly by its
+/// rules, and what is accepted spells back to the bytes sent.
+pub fn check_params(args: &[Bytes], max_qty: u64) {
+    for arg in args {
+        let token = (1..=MAX_FIELD_LEN).contains(&arg.len())
+            && arg
+                .iter()
+                .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        match Sku::parse(arg.clone()) {
+            Ok(sku) => {
+                assert!(token, "sku {arg:?} accepted");
+                assert_eq!(sku.as_bytes(), &arg[..]);
+            }
+            Err(_) => assert!(!token, "sku {arg:?} refused"),
+        }
+        match RequestId::parse(arg.clone()) {
+            Ok(id) => {
+                assert!(token, "request_id {arg:?} accepted");
+                assert_eq!(id.as_bytes(), &arg[..]);
+                let _ = id.embedded_time();
+            }
+            Err(_) => assert!(!token, "request_id {arg:?} refused"),
+        }
+        let printable =
+            arg.len() <= MAX_FIELD_LEN && arg.iter().all(|&b| (b' '..=b'~').contains(&b));
+        match OrderNo::parse(arg.clone()) {
+            Ok(order_no) => {
+                assert!(printable, "order_no {arg:?} accepted");
+                assert_eq!(order_no.as_bytes(), &arg[..]);
+            }
+            Err(_) => assert!(!printable, "order_no {arg:?} refused"),
+        }
+        // What the standard library reads, spelled canonically.
+        let canonical = std::str::from_utf8(arg)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .filter(|v| v.to_string().as_bytes() == &arg[..]);
+        let qty_ok = canonical.filter(|&v| v >= 1 && (v as u64) <= max_qty);
+        match Qty::parse(arg.clone(), max_qty) {
+            Ok(qty) => {
+                assert_eq!(Some(qty.get() as i64), qty_ok, "qty {arg:?} accepted");
+                assert_eq!(qty.as_bytes(), &arg[..]);
+            }
+            Err(_) => assert_eq!(qty_ok, None, "qty {arg:?} refused"),
+        }
+        let level_ok = canonical.filter(|v| (0..=MAX_STOCK).contains(v));
+        match StockLevel::parse(arg) {
+            Ok(level) => assert_eq!(Some(level.0), level_ok, "stock {arg:?} accepted"),
+            Err(_) => assert_eq!(level_ok, None, "stock {arg:?} refused"),
+        }
+        let delta_ok = canonical.filter(|v| (-MAX_STOCK..=MAX_STOCK).contains(v));
+        match Delta::parse(arg) {
+            Ok(delta) => assert_eq!(Some(delta.0), delta_ok, "delta {arg:?} accepted"),
+            Err(_) => assert_eq!(delta_ok, None, "delta {arg:?} refused"),
+        }
+    }
+}
+
+/// The fuzz target's input: four control bytes, then the stream.
+///
+/// - byte 0: bit 0 picks the locked-down server; bits 1-2 how reads are
+///   split (0 one read, 1 one byte at a time, 2 reads of 1-16 bytes,
+///   3 reads of 1-512 bytes);
+/// - byte 1: `max_request` is 512 + 8 × byte 1 (512 to 2552; 512 is the
+///   smallest `--max-request-bytes`);
+/// - bytes 2-3: the seed of the read lengths.
+pub fn case_from_bytes(data: &[u8]) -> Option<Case<'_>> {
+    let (&[flags, size, s0, s1], stream) = data.split_first_chunk::<4>()?;
+    let mut state = u32::from(u16::from_le_bytes([s0, s1])) | 0x1_0000;
+    let mut next = move || {
+        // xorshift32: cheap, and the same reads for the same input.
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state as usize
+    };
+    let reads = match (flags >> 1) & 3 {
+        0 => Vec::new(),
+        1 => vec![1; stream.len()],
+        mode => {
+            let most = if mode == 2 { 16 } else { 512 };
+            let mut reads = Vec::new();
+            let mut total = 0;
+            while total < stream.len() {
+                let len = 1 + next() % most;
+                reads.push(len);
+                total += len;
+            }
+            reads
+        }
+    };
+    Some(Case {
+        stream,
+        max_request: 512 + 8 * usize::from(size),
+        reads,
+        locked: flags & 1 == 1,
+    })
+}
