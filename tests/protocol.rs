@@ -361,3 +361,48 @@ async fn interactive_redis_cli_survives_command_docs_and_deducts() {
     assert!(text.contains("group:\u{1b}[0m stockgate"), "{text}");
     assert_eq!(get_stock(&cluster, "tty"), Some(1));
 }
+
+/// Redis's "1 GB bulk header trickled in slowly" case: the header is
+/// refused as soon as its line ends, without waiting for (or reserving
+/// room for) the body it announces, and other clients are served while
+/// the bytes trickle in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_bulk_header_trickled_in_is_refused_when_its_line_ends() {
+    let cluster = cluster();
+    set_stock(&cluster, "trickle", 5);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let addr = server.addr;
+    let rss_before = rss_kib();
+    let header = b"*2\r\n$6\r\nDEDUCT\r\n$1073741824\r\n".to_vec();
+    let trickle = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        for (i, byte) in header.iter().enumerate() {
+            stream.write_all(&[*byte]).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            if i == header.len() / 2 {
+                // Halfway through, another client is served as usual.
+                let reply = redis_cli(addr.port(), &["DEDUCT", "trickle", "1", "t1"]);
+                assert_eq!(reply.lines().next(), Some("0"), "{reply}");
+            }
+        }
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).unwrap();
+        String::from_utf8_lossy(&got).into_owned()
+    });
+    let got = trickle.await.unwrap();
+    assert_eq!(got, "-ERR Protocol error: invalid bulk length\r\n");
+    assert_eq!(get_stock(&cluster, "trickle"), Some(4));
+    let grown = rss_kib().saturating_sub(rss_before);
+    assert!(grown < 32 * 1024, "RSS grew by {grown} KiB");
+}
+
+/// This test process's resident set (the proxy runs in it).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}

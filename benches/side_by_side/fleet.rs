@@ -221,6 +221,11 @@ impl Stockgate {
                 .arg(addr.to_string())
                 .arg("--admin-listen")
                 .arg(admin.to_string());
+            // Extra flags to compare settings in one run, e.g.
+            // BENCH_STOCKGATE_ARGS="--worker-threads 1".
+            if let Ok(extra) = std::env::var("BENCH_STOCKGATE_ARGS") {
+                cmd.args(extra.split_whitespace());
+            }
             let log = dir.join(format!("{name}-{attempt}.log"));
             let mut proc = Proc::spawn(name, cmd, log)
                 .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));

@@ -68,6 +68,7 @@
 //! | `BENCH_MANY_CLIENTS` | 10000 | memory: concurrent clients, one DEDUCT each |
 //! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
+//! | `BENCH_STOCKGATE_ARGS` | none | extra `stockgate serve` flags, split at whitespace |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
 mod fleet;
