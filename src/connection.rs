@@ -189,7 +189,7 @@ fn read_available(reader: &ReadHalf<'_>, input: &mut BytesMut) -> std::io::Resul
     if input.capacity() - input.len() < READ_CHUNK / 4 {
         input.reserve(READ_CHUNK);
     }
-    reader.try_read_buf(input)
+    crate::net::try_read(reader.as_ref(), input)
 }
 
 /// One request's place in the reply order, and the protocol its reply is

@@ -13,6 +13,7 @@
 //!
 //! - [`server`]: listeners, the accept loop, shared state, graceful drain.
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
+//! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded) and encoding of replies.
 //! - [`command`]: the command table, arity, connection-level commands.
 //! - [`service`]: every stock command: validate, build keys, run the
@@ -54,6 +55,7 @@ pub mod frame;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod net;
 pub mod outcome;
 pub mod params;
 pub mod pipeline;

@@ -448,7 +448,7 @@ async fn serve(
     inbox: &mut mpsc::UnboundedReceiver<Call>,
     settings: &PipeSettings,
 ) -> std::io::Result<()> {
-    let (mut reader, mut writer) = stream.split();
+    let (reader, mut writer) = stream.split();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut talk = Conversation {
         in_flight: VecDeque::new(),
@@ -489,7 +489,7 @@ async fn serve(
                 Some(call) => talk.queue(call),
                 None => closed = true,
             },
-            read = reader.read_buf(&mut input), if !talk.in_flight.is_empty() => {
+            read = crate::net::read(reader.as_ref(), &mut input), if !talk.in_flight.is_empty() => {
                 match read {
                     Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
                     Ok(_) => last_heard = Instant::now(),
