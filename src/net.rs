@@ -49,3 +49,107 @@ pub async fn read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+    use tokio::time::timeout;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    /// A liveness bound, not a timing assertion: a lost wakeup would hang.
+    const STUCK: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn bytes_after_a_short_read_still_wake_the_reader() {
+        let (mut client, server) = pair().await;
+        let mut buf = BytesMut::with_capacity(1024);
+        client.write_all(b"first").await.unwrap();
+        assert_eq!(
+            timeout(STUCK, read(&server, &mut buf))
+                .await
+                .unwrap()
+                .unwrap(),
+            5
+        );
+        // Readiness was cleared by the short read; nothing is there now.
+        assert_eq!(
+            try_read(&server, &mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        let later = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            client.write_all(b"second").await.unwrap();
+            client
+        });
+        assert_eq!(
+            timeout(STUCK, read(&server, &mut buf))
+                .await
+                .unwrap()
+                .unwrap(),
+            6
+        );
+        assert_eq!(&buf[..], b"firstsecond");
+        drop(later.await.unwrap());
+        assert_eq!(
+            timeout(STUCK, read(&server, &mut buf))
+                .await
+                .unwrap()
+                .unwrap(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn end_of_stream_behind_the_last_bytes_is_seen() {
+        let (mut client, server) = pair().await;
+        client.write_all(b"bye").await.unwrap();
+        client.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut buf = BytesMut::with_capacity(1024);
+        assert_eq!(
+            timeout(STUCK, read(&server, &mut buf))
+                .await
+                .unwrap()
+                .unwrap(),
+            3
+        );
+        assert_eq!(
+            timeout(STUCK, read(&server, &mut buf))
+                .await
+                .unwrap()
+                .unwrap(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_buffer_is_not_taken_for_an_empty_socket() {
+        let (mut client, server) = pair().await;
+        client.write_all(&[7u8; 100]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut buf = BytesMut::with_capacity(64);
+        let room = buf.capacity();
+        let first = timeout(STUCK, read(&server, &mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first, room, "a read that fills the room");
+        buf.reserve(1024);
+        let rest = timeout(STUCK, read(&server, &mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first + rest, 100);
+    }
+}
