@@ -23,8 +23,6 @@ async fn failover_after_replication_cut(name: &str, wait: Option<Durability>) ->
     let victim = 0;
     let replica = replica_of(&cluster, victim);
     let (fault, rest) = lanes(&cluster, name, victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     // The primary behind a relay: its replica reconnects to the announced
     // port, so the replication link goes through the relay too.
     let relay = Relay::start(

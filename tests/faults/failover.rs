@@ -80,8 +80,6 @@ async fn killed_primary_replica_promoted_stockgate_recovers() {
     let mut cluster = cluster(1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, "kill", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -131,8 +129,6 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
     let cluster = cluster(1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, "failover", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -200,8 +196,6 @@ async fn lost_scripts_are_reloaded_without_client_errors() {
     let mut cluster = cluster(1000, &[]);
     let victim = 1;
     let (fault, rest) = lanes(&cluster, "noscript", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let sha = stockgate::script::Scripts::new().deduct.sha.clone();
     let replica = replica_of(&cluster, victim);

@@ -452,7 +452,7 @@ pub fn skus_where(
 /// Two loads: one on the skus of primary `victim` (named `name`), one on
 /// the other primaries' skus (`<name>_rest`), each with its own clients,
 /// so a client stuck retrying on the faulted shard never slows the
-/// measurement of the others.
+/// measurement of the others. Both lanes' stock is seeded.
 pub fn lanes(cluster: &LocalCluster, name: &str, victim: usize) -> (Workload, Workload) {
     let mut fault = Workload::new(
         name,
@@ -468,6 +468,8 @@ pub fn lanes(cluster: &LocalCluster, name: &str, victim: usize) -> (Workload, Wo
     fault.clients = 12;
     rest.clients = 12;
     rest.seed = fault.seed.wrapping_add(1);
+    fault.seed(cluster);
+    rest.seed(cluster);
     (fault, rest)
 }
 

@@ -40,8 +40,6 @@ async fn out_of_memory_primary_writes_nothing() {
     let cluster = cluster(2000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, "oom", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -123,8 +121,6 @@ async fn busy_script_on_one_shard() {
     let cluster = cluster(2000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, "busy", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,

@@ -28,8 +28,6 @@ async fn black_holed_node_latency_and_lost_replies() {
     let cluster = cluster(2000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, "relay", victim);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let probe_sku = &skus_where(&cluster, "relay_probe", 1, |o| o == victim)[0];
     seed(&cluster, std::slice::from_ref(probe_sku), 100);
     let relay = Relay::start(

@@ -18,8 +18,6 @@ async fn live_resharding_of_busy_slots() {
     let cluster = cluster(2000, &[]);
     let (source, target) = (0, 1);
     let (fault, rest) = lanes(&cluster, "reshard", source);
-    fault.seed(&cluster);
-    rest.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
