@@ -7,8 +7,9 @@
 //! own error and the connection stays open.
 
 use crate::auth::{NOAUTH, Password, WRONGPASS};
-use crate::frame::{Protocol, Reply, Request};
+use crate::frame::Request;
 use crate::metrics::Metrics;
+use crate::reply::{Protocol, Reply};
 use crate::server::Shared;
 use crate::service::StockCommand;
 use bytes::Bytes;

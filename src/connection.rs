@@ -12,7 +12,8 @@
 //! client sends.
 
 use crate::command::{self, Action, Session};
-use crate::frame::{Protocol, Reply, RequestDecoder};
+use crate::frame::RequestDecoder;
+use crate::reply::{Protocol, Reply};
 use crate::server::Shared;
 use crate::service::StockCommand;
 use bytes::{Bytes, BytesMut};

@@ -1,4 +1,5 @@
-//! RESP on the wire: framing client requests, encoding replies.
+//! RESP on the way in: framing client requests. (Replies, and the
+//! commands sent to Redis, are written by [`crate::reply`].)
 //!
 //! # Requests
 //!
@@ -14,17 +15,8 @@
 //! it has no size bounds, and it re-parses a partial frame from the start on
 //! every read. The framer below is flat, bounded by `max_request` bytes, and
 //! remembers how many bytes a partial frame still needs.
-//!
-//! # Replies
-//!
-//! Replies are encoded with redis-protocol, in RESP2 or RESP3 as the
-//! connection chose with `HELLO`. The hot DEDUCT reply is encoded from
-//! borrowed frames on the stack, with no allocation.
 
-use crate::outcome::StockReply;
 use bytes::{Buf, Bytes, BytesMut};
-use redis_protocol::resp2::{encode as resp2_encode, types as resp2, types::Resp2Frame};
-use redis_protocol::resp3::{encode::complete as resp3_encode, types as resp3, types::Resp3Frame};
 use std::ops::Range;
 use tokio_util::codec::Decoder;
 
@@ -324,204 +316,9 @@ fn printable(b: u8) -> char {
     if b.is_ascii_graphic() { b as char } else { '?' }
 }
 
-/// The protocol a connection speaks, chosen with `HELLO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Resp2,
-    Resp3,
-}
-
-/// A reply, independent of the protocol it will be encoded in.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
-    /// `+OK`, `+PONG`.
-    Simple(&'static str),
-    /// An error; the text has no leading `-`, and its first word is the code.
-    Error(String),
-    Integer(i64),
-    Bulk(Bytes),
-    /// RESP2 null bulk string `$-1`, RESP3 `_`.
-    Null,
-    Array(Vec<Reply>),
-    /// A RESP3 map; a flat key, value, key, value array in RESP2.
-    Map(Vec<(Reply, Reply)>),
-    /// The reply to DEDUCT or REVERT.
-    Stock(StockReply),
-}
-
-impl Reply {
-    pub fn error(text: impl Into<String>) -> Reply {
-        Reply::Error(text.into())
-    }
-
-    pub fn bulk(text: impl Into<Bytes>) -> Reply {
-        Reply::Bulk(text.into())
-    }
-
-    /// Appends this reply to `dst`, encoded for `protocol`.
-    pub fn encode(&self, protocol: Protocol, dst: &mut BytesMut) {
-        match self {
-            // The hot path: no allocation, one pass.
-            Reply::Stock(reply) => encode_stock(reply, protocol, dst),
-            _ => match protocol {
-                Protocol::Resp2 => {
-                    let frame = self.to_resp2();
-                    append(dst, frame.encode_len(false), |buf| {
-                        resp2_encode::encode(buf, &frame, false)
-                    });
-                }
-                Protocol::Resp3 => {
-                    let frame = self.to_resp3();
-                    append(dst, frame.encode_len(false), |buf| {
-                        resp3_encode::encode(buf, &frame, false)
-                    });
-                }
-            },
-        }
-    }
-
-    fn to_resp2(&self) -> resp2::OwnedFrame {
-        use resp2::OwnedFrame as F;
-        match self {
-            Reply::Simple(s) => F::SimpleString(s.as_bytes().to_vec()),
-            Reply::Error(e) => F::Error(one_line(e)),
-            Reply::Integer(i) => F::Integer(*i),
-            Reply::Bulk(b) => F::BulkString(b.to_vec()),
-            Reply::Null => F::Null,
-            Reply::Array(items) => F::Array(items.iter().map(Reply::to_resp2).collect()),
-            Reply::Map(pairs) => F::Array(
-                pairs
-                    .iter()
-                    .flat_map(|(k, v)| [k.to_resp2(), v.to_resp2()])
-                    .collect(),
-            ),
-            Reply::Stock(d) => F::Array(stock_items(d).map(|r| r.to_resp2()).collect()),
-        }
-    }
-
-    fn to_resp3(&self) -> resp3::OwnedFrame {
-        use resp3::OwnedFrame as F;
-        match self {
-            Reply::Simple(s) => F::SimpleString {
-                data: s.as_bytes().to_vec(),
-                attributes: None,
-            },
-            Reply::Error(e) => F::SimpleError {
-                data: one_line(e),
-                attributes: None,
-            },
-            Reply::Integer(i) => F::Number {
-                data: *i,
-                attributes: None,
-            },
-            Reply::Bulk(b) => F::BlobString {
-                data: b.to_vec(),
-                attributes: None,
-            },
-            Reply::Null => F::Null,
-            Reply::Array(items) => F::Array {
-                data: items.iter().map(Reply::to_resp3).collect(),
-                attributes: None,
-            },
-            Reply::Map(pairs) => F::Map {
-                data: pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_resp3(), v.to_resp3()))
-                    .collect(),
-                attributes: None,
-            },
-            Reply::Stock(d) => F::Array {
-                data: stock_items(d).map(|r| r.to_resp3()).collect(),
-                attributes: None,
-            },
-        }
-    }
-}
-
-fn stock_items(d: &StockReply) -> impl Iterator<Item = Reply> + '_ {
-    [
-        Some(Reply::Integer(d.code as i64)),
-        Some(Reply::Integer(d.remain)),
-        Some(Reply::Bulk(d.order_no.clone())),
-        Some(Reply::Integer(d.version)),
-        d.reason.clone().map(Reply::Bulk),
-    ]
-    .into_iter()
-    .flatten()
-}
-
-/// An error or simple string may not contain CR or LF.
-fn one_line(text: &str) -> String {
-    text.replace(['\r', '\n'], " ")
-}
-
-/// Grows `dst` by `len` bytes and lets `encode` fill them.
-fn append(
-    dst: &mut BytesMut,
-    len: usize,
-    encode: impl FnOnce(&mut [u8]) -> Result<usize, redis_protocol::error::RedisProtocolError>,
-) {
-    let start = dst.len();
-    dst.resize(start + len, 0);
-    if let Err(err) = encode(&mut dst[start..]) {
-        // Only frames a server never sends (HELLO, streaming) fail to
-        // encode; a reply built here never is one. Keep the stream valid.
-        tracing::error!(%err, "reply failed to encode");
-        dst.truncate(start);
-        dst.extend_from_slice(b"-ERR internal error encoding the reply\r\n");
-    }
-}
-
-fn encode_stock(d: &StockReply, protocol: Protocol, dst: &mut BytesMut) {
-    let reason = d.reason.as_deref();
-    let n = if reason.is_some() { 5 } else { 4 };
-    match protocol {
-        Protocol::Resp2 => {
-            use resp2::BorrowedFrame as F;
-            let items = [
-                F::Integer(d.code as i64),
-                F::Integer(d.remain),
-                F::BulkString(&d.order_no),
-                F::Integer(d.version),
-                F::BulkString(reason.unwrap_or_default()),
-            ];
-            let frame = F::Array(&items[..n]);
-            append(dst, frame.encode_len(false), |buf| {
-                resp2_encode::encode_borrowed(buf, &frame, false)
-            });
-        }
-        Protocol::Resp3 => {
-            use resp3::BorrowedFrame as F;
-            let int = |data| F::Number {
-                data,
-                attributes: None,
-            };
-            let blob = |data| F::BlobString {
-                data,
-                attributes: None,
-            };
-            let items = [
-                int(d.code as i64),
-                int(d.remain),
-                blob(&d.order_no),
-                int(d.version),
-                blob(reason.unwrap_or_default()),
-            ];
-            let frame = F::Array {
-                data: &items[..n],
-                attributes: None,
-            };
-            append(dst, frame.encode_len(false), |buf| {
-                resp3_encode::encode_borrowed(buf, &frame, false)
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::Code;
 
     fn decode_all(input: &[u8]) -> Result<Vec<Vec<String>>, ProtocolError> {
         let mut decoder = RequestDecoder::new(64 * 1024);
@@ -719,45 +516,5 @@ mod tests {
                 stream.len()
             );
         }
-    }
-
-    fn encoded(reply: &Reply, protocol: Protocol) -> String {
-        let mut buf = BytesMut::new();
-        reply.encode(protocol, &mut buf);
-        String::from_utf8(buf.to_vec()).unwrap()
-    }
-
-    #[test]
-    fn replies_in_both_protocols() {
-        let deduct = Reply::Stock(StockReply {
-            code: Code::Ok,
-            remain: 9,
-            order_no: Bytes::from_static(b"ORD-1"),
-            version: 1,
-            reason: None,
-        });
-        let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
-        assert_eq!(encoded(&deduct, Protocol::Resp2), wire);
-        assert_eq!(encoded(&deduct, Protocol::Resp3), wire);
-        let invalid = Reply::Stock(StockReply::invalid("qty bad"));
-        assert_eq!(
-            encoded(&invalid, Protocol::Resp2),
-            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$7\r\nqty bad\r\n"
-        );
-        let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
-        assert_eq!(
-            encoded(&map, Protocol::Resp2),
-            "*2\r\n$5\r\nproto\r\n:3\r\n"
-        );
-        assert_eq!(
-            encoded(&map, Protocol::Resp3),
-            "%1\r\n$5\r\nproto\r\n:3\r\n"
-        );
-        assert_eq!(encoded(&Reply::Null, Protocol::Resp2), "$-1\r\n");
-        assert_eq!(encoded(&Reply::Null, Protocol::Resp3), "_\r\n");
-        assert_eq!(
-            encoded(&Reply::error("ERR a\r\nb"), Protocol::Resp2),
-            "-ERR a  b\r\n"
-        );
     }
 }

@@ -14,7 +14,7 @@
 //! - [`server`]: listeners, the accept loop, shared state, graceful drain.
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
 //! - [`net`]: socket reads without the `recv` that only says "empty".
-//! - [`frame`]: RESP framing of requests (bounded) and encoding of replies.
+//! - [`frame`]: RESP framing of requests (bounded, flat).
 //! - [`command`]: the command table, arity, connection-level commands.
 //! - [`service`]: every stock command: validate, build keys, run the
 //!   script, map the reply, record metrics.
@@ -28,6 +28,7 @@
 //! - [`pipeline`]: the hot path to Redis, one pipelined connection per
 //!   primary, falling back to [`upstream`]'s client on anything unusual.
 //! - [`outcome`]: the business code table and the DEDUCT reply.
+//! - [`reply`]: replies (and commands to Redis) written as exact RESP bytes.
 //! - [`error`]: system faults, by source and whether a retry helps.
 //!
 //! Around it:
@@ -59,6 +60,7 @@ pub mod net;
 pub mod outcome;
 pub mod params;
 pub mod pipeline;
+pub mod reply;
 pub mod revert;
 pub mod script;
 pub mod server;

@@ -33,11 +33,11 @@
 
 use crate::config::Durability;
 use crate::keys::SLOTS;
+use crate::reply::encode_command;
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use redis_protocol::resp2::decode::decode_bytes_mut;
-use redis_protocol::resp2::encode::encode_borrowed;
-use redis_protocol::resp2::types::{BorrowedFrame, BytesFrame};
+use redis_protocol::resp2::types::BytesFrame;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -220,20 +220,6 @@ impl Pipelines {
         };
         pipe.call(request, deadline).await
     }
-}
-
-/// Encodes a command of bulk strings (EVALSHA and its arguments).
-pub fn encode_command(args: &[&[u8]]) -> Bytes {
-    let mut frames: [BorrowedFrame<'_>; 12] = std::array::from_fn(|_| BorrowedFrame::Null);
-    for (frame, arg) in frames.iter_mut().zip(args) {
-        *frame = BorrowedFrame::BulkString(arg);
-    }
-    let command = BorrowedFrame::Array(&frames[..args.len().min(12)]);
-    let mut buf = BytesMut::zeroed(command.encode_len(false));
-    // Bulk strings in an array always encode; the buffer has the exact size.
-    let written = encode_borrowed(&mut buf, &command, false).unwrap_or(0);
-    buf.truncate(written);
-    buf.freeze()
 }
 
 /// What the connection owes, in order.
@@ -531,18 +517,4 @@ async fn serve(
     };
     talk.fail();
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_encode_as_arrays_of_bulk_strings() {
-        let bytes = encode_command(&[b"EVALSHA", b"abc", b"2", b"k1", b"k2"]);
-        assert_eq!(
-            &bytes[..],
-            b"*5\r\n$7\r\nEVALSHA\r\n$3\r\nabc\r\n$1\r\n2\r\n$2\r\nk1\r\n$2\r\nk2\r\n"
-        );
-    }
 }

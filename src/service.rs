@@ -12,11 +12,11 @@
 use crate::config::{AccessLog, Config, MissingStock};
 use crate::deduct::Deduct;
 use crate::error::UpstreamError;
-use crate::frame::Reply;
 use crate::keys::KeyLayout;
 use crate::metrics::{CommandLabel, Metrics, ResultLabel};
 use crate::outcome::StockReply;
 use crate::params::{Delta, InvalidParam, RequestId, Sku, StockLevel};
+use crate::reply::Reply;
 use crate::revert::Revert;
 use crate::script::Scripts;
 use crate::upstream::Upstream;

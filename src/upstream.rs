@@ -351,12 +351,9 @@ impl Upstream {
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
         if let Some(pipelines) = &self.pipelines {
-            let mut command: [&[u8]; 12] = [b""; 12];
-            let head: [&[u8]; 5] = [b"EVALSHA", script.sha.as_bytes(), b"2", keys[0], keys[1]];
-            let len = head.len() + args.len().min(7);
-            command[..5].copy_from_slice(&head);
-            command[5..len].copy_from_slice(&args[..len - 5]);
-            let request = crate::pipeline::encode_command(&command[..len]);
+            let mut request = bytes::BytesMut::with_capacity(256);
+            crate::reply::evalsha(&mut request, &script.sha, &keys, args);
+            let request = request.freeze();
             let slot = crate::keys::slot(keys[0]);
             match pipelines
                 .call(slot, request, started + self.config.timeout)

@@ -383,3 +383,74 @@ async fn a_standalone_redis_works_the_same() {
         .unwrap();
     assert_eq!(stock, 1);
 }
+
+#[tokio::test]
+async fn remains_near_powers_of_ten_reach_the_client_byte_exact() {
+    // Issue 11: with stock 10^15, the reply carrying remain 999999999999998
+    // was followed by a stray NUL, and the next pipelined reply was misread.
+    use std::io::{Read, Write};
+    use tokio_util::codec::Decoder as _;
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("sku:7"))
+        .arg(1_000_000_000_000_000_i64)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let server = proxy(vec![redis.url()], |c| {
+        c.max_qty = stockgate::config::MAX_MAX_QTY;
+    })
+    .await;
+    // Remains 10^15 - 2, - 3, - 4, then 10^14 - 1.
+    let qtys = ["2", "1", "1", "899999999999997"];
+    let mut pipelined = Vec::new();
+    for (i, qty) in qtys.iter().enumerate() {
+        pipelined.extend(encode_request(&[
+            "DEDUCT",
+            "sku:7",
+            qty,
+            &format!("big-{i}"),
+        ]));
+    }
+    let addr = server.addr;
+    // Blocking socket I/O off the runtime thread, which serves stockgate.
+    let remains = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.write_all(&pipelined).unwrap();
+        let mut codec = redis::ValueCodec::default();
+        let mut wire = bytes::BytesMut::new();
+        let mut remains = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while remains.len() < qtys.len() {
+            match codec.decode(&mut wire).unwrap() {
+                Some(value) => {
+                    let reply = parse(value);
+                    assert_eq!(reply.code, 0, "{reply:?}");
+                    remains.push(reply.remain);
+                }
+                None => {
+                    let n = stream.read(&mut chunk).unwrap();
+                    assert!(n > 0, "stockgate closed after {remains:?}");
+                    assert!(!chunk[..n].contains(&0), "a NUL byte on the wire");
+                    wire.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+        assert!(wire.is_empty(), "bytes left over: {wire:?}");
+        remains
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        remains,
+        [
+            999_999_999_999_998,
+            999_999_999_999_997,
+            999_999_999_999_996,
+            99_999_999_999_999
+        ]
+    );
+}

@@ -13,8 +13,8 @@ mod harness;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use stockgate::frame::{Protocol, Reply};
 use stockgate::outcome::{Code, StockReply};
+use stockgate::reply::{Protocol, Reply};
 
 /// Command names, the real ones most of the time.
 fn name() -> impl Strategy<Value = Vec<u8>> {
@@ -108,6 +108,13 @@ fn hostile_case() -> impl Strategy<Value = (Vec<u8>, Vec<usize>, usize, bool)> {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Replies built from random bytes (every integer a reply can hold)
+    /// parse back exactly with both decoders.
+    #[test]
+    fn replies_built_from_any_bytes_parse_back_exactly(program in prop::collection::vec(any::<u8>(), 0..512)) {
+        harness::check_reply_program(&program);
+    }
 
     /// Hostile streams: every invariant of the harness holds.
     #[test]

@@ -26,7 +26,11 @@
 //!   the error are those of decoding it whole;
 //! - every reply decodes back with redis-protocol's own decoder of the
 //!   session's protocol, to exactly its bytes, and encodes again to the same
-//!   bytes; error replies are one line;
+//!   bytes; error replies are one line; and the redis crate's parser, an
+//!   independent one, reads it as one value with no byte left over;
+//! - the same holds for replies built from the input itself
+//!   ([`check_reply_program`]), which reach integers the request path
+//!   can't (every i64 a remain or a version may hold);
 //! - the parameter parsers accept exactly their documented rules, and what
 //!   they accept spells back to the bytes sent (canonical integers).
 
@@ -41,11 +45,12 @@ use stockgate::auth::Password;
 use stockgate::command::{self, Action, Session};
 use stockgate::config::{AccessLog, Config};
 use stockgate::deduct::Deduct;
-use stockgate::frame::{Protocol, ProtocolError, Reply, Request, RequestDecoder};
+use stockgate::frame::{ProtocolError, Request, RequestDecoder};
 use stockgate::outcome::Code;
 use stockgate::params::{
     Delta, MAX_FIELD_LEN, MAX_STOCK, OrderNo, Qty, RequestId, Sku, StockLevel,
 };
+use stockgate::reply::{Protocol, Reply};
 use stockgate::revert::Revert;
 use stockgate::server::Shared;
 use stockgate::service::StockCommand;
@@ -344,6 +349,7 @@ fn emit(reply: &Reply, protocol: Protocol, output: &mut BytesMut, outcome: &mut 
     let start = output.len();
     reply.encode(protocol, output);
     check_encoded(reply, protocol, &output[start..]);
+    check_parsed_independently(reply, protocol, &output[start..]);
     outcome.replies += 1;
     // A real connection writes these out; keep the buffer from growing
     // across a long case.
@@ -396,6 +402,165 @@ pub fn check_encoded(reply: &Reply, protocol: Protocol, wire: &[u8]) {
                 "{reply:?} encoded as {:?}",
                 shown()
             );
+        }
+    }
+}
+
+/// The same reply, parsed by a second, independent parser (the redis
+/// crate's): one value that takes exactly the reply's bytes, and has the
+/// reply's shape.
+pub fn check_parsed_independently(reply: &Reply, protocol: Protocol, wire: &[u8]) {
+    use tokio_util::codec::Decoder as _;
+    let shown = || String::from_utf8_lossy(wire).into_owned();
+    let mut buf = BytesMut::from(wire);
+    let value = redis::ValueCodec::default()
+        .decode(&mut buf)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{reply:?} does not parse with the redis crate ({e}): {:?}",
+                shown()
+            )
+        })
+        .unwrap_or_else(|| panic!("{reply:?} is incomplete for the redis crate: {:?}", shown()));
+    assert!(
+        buf.is_empty(),
+        "{reply:?} left {} bytes over for the redis crate: {:?}",
+        buf.len(),
+        shown()
+    );
+    assert_same_shape(reply, protocol, &value);
+}
+
+fn assert_same_shape(reply: &Reply, protocol: Protocol, value: &redis::Value) {
+    use redis::Value as V;
+    match (reply, value) {
+        (Reply::Simple("OK"), V::Okay) => {}
+        (Reply::Simple(s), V::SimpleString(v)) => assert_eq!(s, v),
+        (Reply::Error(_), V::ServerError(_)) => {}
+        (Reply::Integer(n), V::Int(v)) => assert_eq!(n, v, "{reply:?}"),
+        (Reply::Bulk(b), V::BulkString(v)) => assert_eq!(&b[..], &v[..]),
+        (Reply::Null, V::Nil) => {}
+        (Reply::Array(items), V::Array(values)) => {
+            assert_eq!(items.len(), values.len(), "{reply:?}");
+            for (item, value) in items.iter().zip(values) {
+                assert_same_shape(item, protocol, value);
+            }
+        }
+        (Reply::Map(pairs), V::Map(values)) if protocol == Protocol::Resp3 => {
+            assert_eq!(pairs.len(), values.len(), "{reply:?}");
+            for ((k, v), (pk, pv)) in pairs.iter().zip(values) {
+                assert_same_shape(k, protocol, pk);
+                assert_same_shape(v, protocol, pv);
+            }
+        }
+        (Reply::Map(pairs), V::Array(values)) if protocol == Protocol::Resp2 => {
+            assert_eq!(pairs.len() * 2, values.len(), "{reply:?}");
+        }
+        (Reply::Stock(stock), V::Array(values)) => {
+            let items = stock_items(stock);
+            assert_eq!(items.len(), values.len(), "{reply:?}");
+            for (item, value) in items.iter().zip(values) {
+                assert_same_shape(item, protocol, value);
+            }
+        }
+        _ => panic!("{reply:?} parsed by the redis crate as {value:?}"),
+    }
+}
+
+/// Builds replies out of `program` and checks that what stockgate writes
+/// for each, in both protocols, parses exactly (with redis-protocol's
+/// decoder and the redis crate's). The request path alone never reaches
+/// most integers (without Redis, a remain is always -1); this does, so the
+/// fuzzer searches the encoder over every value a reply can hold.
+///
+/// The program is read a byte at a time: `b % 8` picks an integer (the next
+/// 8 bytes, little-endian), a bulk (a length byte, then bytes), a null, a
+/// simple string, an error (a length byte, then text), a stock reply (code,
+/// remain, order_no, version, reason), an array or a map (a count byte, then
+/// that many replies, or values under distinct bulk keys, at most 4 levels
+/// deep).
+pub fn check_reply_program(program: &[u8]) {
+    let mut at = 0;
+    while at < program.len() {
+        let reply = build_reply(program, &mut at, 0);
+        for protocol in [Protocol::Resp2, Protocol::Resp3] {
+            let mut wire = BytesMut::new();
+            reply.encode(protocol, &mut wire);
+            check_encoded(&reply, protocol, &wire);
+            check_parsed_independently(&reply, protocol, &wire);
+        }
+    }
+}
+
+fn take<'a>(program: &'a [u8], at: &mut usize, len: usize) -> &'a [u8] {
+    let start = (*at).min(program.len());
+    let end = start.saturating_add(len).min(program.len());
+    *at = end;
+    &program[start..end]
+}
+
+fn take_i64(program: &[u8], at: &mut usize) -> i64 {
+    let mut raw = [0u8; 8];
+    let got = take(program, at, 8);
+    raw[..got.len()].copy_from_slice(got);
+    i64::from_le_bytes(raw)
+}
+
+fn take_byte(program: &[u8], at: &mut usize) -> u8 {
+    take(program, at, 1).first().copied().unwrap_or(0)
+}
+
+fn build_reply(program: &[u8], at: &mut usize, depth: usize) -> Reply {
+    let op = take_byte(program, at);
+    match op % 8 {
+        0 => Reply::Integer(take_i64(program, at)),
+        1 => {
+            let len = usize::from(take_byte(program, at));
+            Reply::Bulk(Bytes::copy_from_slice(take(program, at, len)))
+        }
+        2 => Reply::Null,
+        3 => Reply::Simple(["OK", "PONG", "optional"][usize::from(op / 8) % 3]),
+        4 => {
+            let len = usize::from(take_byte(program, at) % 64);
+            let text = String::from_utf8_lossy(take(program, at, len)).into_owned();
+            Reply::Error(format!("ERR {text}"))
+        }
+        5 => {
+            let code = Code::ALL[usize::from(take_byte(program, at)) % Code::ALL.len()];
+            let remain = take_i64(program, at);
+            let len = usize::from(take_byte(program, at) % 130);
+            let order_no = Bytes::copy_from_slice(take(program, at, len));
+            let version = take_i64(program, at);
+            let reason = (op & 0x80 != 0).then(|| {
+                let len = usize::from(take_byte(program, at));
+                Bytes::copy_from_slice(take(program, at, len))
+            });
+            Reply::Stock(stockgate::outcome::StockReply {
+                code,
+                remain,
+                order_no,
+                version,
+                reason,
+            })
+        }
+        kind => {
+            let count = if depth >= 4 {
+                0
+            } else {
+                usize::from(take_byte(program, at) % 8)
+            };
+            let mut next = || build_reply(program, at, depth + 1);
+            if kind == 6 {
+                Reply::Array((0..count).map(|_| next()).collect())
+            } else {
+                // Keys as stockgate writes them: distinct bulk strings
+                // (redis-protocol's RESP3 decoder keeps maps in a hash map).
+                Reply::Map(
+                    (0..count)
+                        .map(|i| (Reply::bulk(format!("key-{i}")), next()))
+                        .collect(),
+                )
+            }
         }
     }
 }

@@ -34,4 +34,6 @@ fuzz_target!(|data: &[u8]| {
     if let Some(case) = harness::case_from_bytes(data) {
         harness::check(&case);
     }
+    // The same bytes, read as replies to write: the encoder over every value.
+    harness::check_reply_program(data);
 });

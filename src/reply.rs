@@ -1,0 +1,266 @@
+//! RESP on the way out: replies to clients, and the commands stockgate
+//! sends to Redis, written byte for byte.
+//!
+//! Every header, length and integer is written with its exact decimal
+//! spelling ([`itoa`]) straight into the output buffer, and the buffer
+//! grows by exactly what was written. redis-protocol's encoders are not
+//! used here: they size their output with `encode_len()`, whose digit count
+//! comes from a floating-point `log10` and is one too high near powers of
+//! ten (999999999999998 counts 16 digits). A buffer grown by that estimate
+//! kept a NUL byte after the reply, and every later reply on the connection
+//! was misread (issue 11). `tests/reply_props.rs` parses every kind of reply
+//! back with the redis crate's parser and checks no byte is left over.
+
+use crate::outcome::StockReply;
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// The protocol a connection speaks, chosen with `HELLO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Resp2,
+    Resp3,
+}
+
+/// A reply, independent of the protocol it will be encoded in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `+OK`, `+PONG`.
+    Simple(&'static str),
+    /// An error; the text has no leading `-`, and its first word is the code.
+    Error(String),
+    Integer(i64),
+    Bulk(Bytes),
+    /// RESP2 null bulk string `$-1`, RESP3 `_`.
+    Null,
+    Array(Vec<Reply>),
+    /// A RESP3 map; a flat key, value, key, value array in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// The reply to a stock command (DEDUCT, REVERT, ...).
+    Stock(StockReply),
+}
+
+impl Reply {
+    pub fn error(text: impl Into<String>) -> Reply {
+        Reply::Error(text.into())
+    }
+
+    pub fn bulk(text: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(text.into())
+    }
+
+    /// Appends this reply to `dst`, encoded for `protocol`.
+    pub fn encode(&self, protocol: Protocol, dst: &mut BytesMut) {
+        match self {
+            Reply::Simple(text) => line(dst, b'+', text.as_bytes()),
+            Reply::Error(text) => line(dst, b'-', text.as_bytes()),
+            Reply::Integer(n) => integer(dst, *n),
+            Reply::Bulk(data) => bulk(dst, data),
+            Reply::Null => match protocol {
+                Protocol::Resp2 => dst.extend_from_slice(b"$-1\r\n"),
+                Protocol::Resp3 => dst.extend_from_slice(b"_\r\n"),
+            },
+            Reply::Array(items) => {
+                header(dst, b'*', items.len());
+                for item in items {
+                    item.encode(protocol, dst);
+                }
+            }
+            Reply::Map(pairs) => {
+                match protocol {
+                    Protocol::Resp2 => header(dst, b'*', pairs.len() * 2),
+                    Protocol::Resp3 => header(dst, b'%', pairs.len()),
+                }
+                for (key, value) in pairs {
+                    key.encode(protocol, dst);
+                    value.encode(protocol, dst);
+                }
+            }
+            // The hot path: no allocation, one pass; the same in both
+            // protocols (an array of integers and bulk strings).
+            Reply::Stock(reply) => stock(dst, reply),
+        }
+    }
+}
+
+fn stock(dst: &mut BytesMut, reply: &StockReply) {
+    let reason = reply.reason.as_deref();
+    header(dst, b'*', if reason.is_some() { 5 } else { 4 });
+    integer(dst, reply.code as i64);
+    integer(dst, reply.remain);
+    bulk(dst, &reply.order_no);
+    integer(dst, reply.version);
+    if let Some(reason) = reason {
+        bulk(dst, reason);
+    }
+}
+
+/// `+text` or `-text`: one line, so CR and LF become spaces.
+fn line(dst: &mut BytesMut, kind: u8, text: &[u8]) {
+    dst.reserve(text.len() + 3);
+    dst.put_u8(kind);
+    for &byte in text {
+        dst.put_u8(if byte == b'\r' || byte == b'\n' {
+            b' '
+        } else {
+            byte
+        });
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// `:<n>`
+fn integer(dst: &mut BytesMut, n: i64) {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n).as_bytes();
+    dst.reserve(digits.len() + 3);
+    dst.put_u8(b':');
+    dst.extend_from_slice(digits);
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// `*<n>`, `%<n>`, `$<n>`: a type byte and a length.
+fn header(dst: &mut BytesMut, kind: u8, len: usize) {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(len).as_bytes();
+    dst.reserve(digits.len() + 3);
+    dst.put_u8(kind);
+    dst.extend_from_slice(digits);
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// `$<len>` and the bytes.
+fn bulk(dst: &mut BytesMut, data: &[u8]) {
+    header(dst, b'$', data.len());
+    dst.reserve(data.len() + 2);
+    dst.extend_from_slice(data);
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// Appends a command to `dst` as Redis wants it: an array of bulk strings.
+/// Infallible: nothing a caller passes can make it write other bytes than
+/// it counts, so the replies on a pipelined connection stay matched to
+/// their requests.
+pub fn command(dst: &mut BytesMut, args: &[&[u8]]) {
+    header(dst, b'*', args.len());
+    for arg in args {
+        bulk(dst, arg);
+    }
+}
+
+/// Appends `EVALSHA <sha> <numkeys> <keys...> <args...>` to `dst`, every
+/// key and argument kept (no fixed-size copy in between).
+pub fn evalsha(dst: &mut BytesMut, sha: &str, keys: &[&[u8]], args: &[&[u8]]) {
+    header(dst, b'*', 3 + keys.len() + args.len());
+    bulk(dst, b"EVALSHA");
+    bulk(dst, sha.as_bytes());
+    let mut count = itoa::Buffer::new();
+    bulk(dst, count.format(keys.len()).as_bytes());
+    for part in keys.iter().chain(args) {
+        bulk(dst, part);
+    }
+}
+
+/// [`command`], as its own buffer.
+pub fn encode_command(args: &[&[u8]]) -> Bytes {
+    let mut dst = BytesMut::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+    command(&mut dst, args);
+    dst.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Code;
+
+    fn encoded(reply: &Reply, protocol: Protocol) -> String {
+        let mut buf = BytesMut::new();
+        reply.encode(protocol, &mut buf);
+        String::from_utf8(buf.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn replies_in_both_protocols() {
+        let deduct = Reply::Stock(StockReply {
+            code: Code::Ok,
+            remain: 9,
+            order_no: Bytes::from_static(b"ORD-1"),
+            version: 1,
+            reason: None,
+        });
+        let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
+        assert_eq!(encoded(&deduct, Protocol::Resp2), wire);
+        assert_eq!(encoded(&deduct, Protocol::Resp3), wire);
+        let invalid = Reply::Stock(StockReply::invalid("qty bad"));
+        assert_eq!(
+            encoded(&invalid, Protocol::Resp2),
+            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$7\r\nqty bad\r\n"
+        );
+        let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
+        assert_eq!(
+            encoded(&map, Protocol::Resp2),
+            "*2\r\n$5\r\nproto\r\n:3\r\n"
+        );
+        assert_eq!(
+            encoded(&map, Protocol::Resp3),
+            "%1\r\n$5\r\nproto\r\n:3\r\n"
+        );
+        assert_eq!(encoded(&Reply::Null, Protocol::Resp2), "$-1\r\n");
+        assert_eq!(encoded(&Reply::Null, Protocol::Resp3), "_\r\n");
+        assert_eq!(
+            encoded(&Reply::error("ERR a\r\nb"), Protocol::Resp2),
+            "-ERR a  b\r\n"
+        );
+    }
+
+    #[test]
+    fn integers_near_powers_of_ten_are_spelled_exactly() {
+        // The integers whose digits redis-protocol's log10 estimate
+        // miscounts: the NUL byte of issue 11 followed the first one.
+        for n in [
+            999_999_999_999_998_i64,
+            999_999_999_999_999,
+            9_999_999_999_999_999,
+            -999_999_999_999_998,
+            i64::MAX,
+            i64::MIN,
+            0,
+        ] {
+            let reply = Reply::Stock(StockReply {
+                code: Code::Ok,
+                remain: n,
+                order_no: Bytes::new(),
+                version: 2,
+                reason: None,
+            });
+            assert_eq!(
+                encoded(&reply, Protocol::Resp2),
+                format!("*4\r\n:0\r\n:{n}\r\n$0\r\n\r\n:2\r\n")
+            );
+            assert_eq!(
+                encoded(&Reply::Integer(n), Protocol::Resp3),
+                format!(":{n}\r\n")
+            );
+        }
+    }
+
+    #[test]
+    fn commands_encode_as_arrays_of_bulk_strings() {
+        let bytes = encode_command(&[b"EVALSHA", b"abc", b"2", b"k1", b"k2"]);
+        assert_eq!(
+            &bytes[..],
+            b"*5\r\n$7\r\nEVALSHA\r\n$3\r\nabc\r\n$1\r\n2\r\n$2\r\nk1\r\n$2\r\nk2\r\n"
+        );
+        let long = vec![b'x'; 999_999];
+        let bytes = encode_command(&[&long]);
+        assert!(bytes.starts_with(b"*1\r\n$999999\r\nxxx"));
+        assert_eq!(bytes.len(), 4 + 9 + 999_999 + 2);
+        // Every argument is kept, however many there are.
+        let args: Vec<Vec<u8>> = (0..20).map(|i| i.to_string().into_bytes()).collect();
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let mut dst = BytesMut::new();
+        evalsha(&mut dst, "abc", &[b"k1", b"k2"], &args);
+        let mut expected = vec![&b"EVALSHA"[..], b"abc", b"2", b"k1", b"k2"];
+        expected.extend(&args);
+        assert_eq!(dst.freeze(), encode_command(&expected));
+    }
+}
