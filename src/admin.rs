@@ -5,7 +5,7 @@
 //! Redis is reachable, the scripts are loaded on every primary, and no
 //! drain has started.
 
-use crate::server::Shared;
+use crate::state::Shared;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};

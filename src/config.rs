@@ -408,7 +408,7 @@ impl RedisArgs {
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 return Err(format!(
                     "--upstream {:?} is not a redis:// or rediss:// URL",
-                    crate::upstream::redact(url)
+                    crate::redact::redact(url)
                 ));
             }
         }

@@ -14,8 +14,8 @@
 use crate::command::{self, Action, Session};
 use crate::frame::RequestDecoder;
 use crate::reply::{Protocol, Reply};
-use crate::server::Shared;
 use crate::service::StockCommand;
+use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;

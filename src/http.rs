@@ -25,7 +25,7 @@
 
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
-use crate::server::Shared;
+use crate::state::Shared;
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};

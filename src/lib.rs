@@ -11,7 +11,8 @@
 //!
 //! In the order one DEDUCT flows from the socket to Redis and back:
 //!
-//! - [`server`]: listeners, the accept loop, shared state, graceful drain.
+//! - [`server`]: listeners, the accept loop, graceful drain.
+//! - [`state`]: what every connection and face shares.
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
 //! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded, flat).
@@ -34,6 +35,7 @@
 //! Around it:
 //!
 //! - [`config`]: flags and `STOCKGATE_*` variables, validated.
+//! - [`redact`]: passwords kept out of logs, INFO and `check`.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`auth`]: client passwords.
@@ -60,9 +62,11 @@ pub mod net;
 pub mod outcome;
 pub mod params;
 pub mod pipeline;
+pub mod redact;
 pub mod reply;
 pub mod revert;
 pub mod script;
 pub mod server;
 pub mod service;
+pub mod state;
 pub mod upstream;

@@ -271,7 +271,7 @@ async fn check(args: CheckArgs) -> Result<(), String> {
         config
             .urls
             .iter()
-            .map(|u| stockgate::upstream::redact(u))
+            .map(|u| stockgate::redact::redact(u))
             .collect::<Vec<_>>()
             .join(", ")
     );

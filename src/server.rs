@@ -1,5 +1,4 @@
-//! The running proxy: listeners, the accept loop, shared state, and the
-//! graceful drain.
+//! The running proxy: listeners, the accept loop, and the graceful drain.
 //!
 //! [`start`] binds both listeners (only after the config is valid), starts
 //! the upstream task, and returns a [`Server`] handle. Tests start one on
@@ -10,67 +9,15 @@ use crate::config::Config;
 use crate::connection;
 use crate::http;
 use crate::metrics::Metrics;
-use crate::script::Scripts;
-use crate::service::StockService;
-use crate::upstream::Upstream;
+use crate::state::Shared;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// What every connection shares.
-pub struct Shared {
-    pub config: Config,
-    pub upstream: Arc<Upstream>,
-    pub service: StockService,
-    pub metrics: Arc<Metrics>,
-    pub started: Instant,
-    /// The RESP port, as bound (for INFO).
-    pub local_port: u16,
-    /// Client connections open now.
-    pub clients: AtomicUsize,
-    next_client_id: AtomicU64,
-    /// Set when the drain starts: `/readyz` turns false at once.
-    pub draining: AtomicBool,
-}
-
-impl Shared {
-    /// Everything a connection needs, for `config`, before anything
-    /// connects: the upstream task is not started, so stock commands answer
-    /// `NOTREADY`-class errors until [`Upstream::maintain`] runs. `start`
-    /// builds its state with this; the fuzz target runs commands against it
-    /// without a Redis.
-    pub fn new(config: Config, local_port: u16) -> Shared {
-        let scripts = Scripts::new();
-        let metrics = Arc::new(Metrics::new());
-        let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
-        let service = StockService::new(&config, upstream.clone(), scripts, metrics.clone());
-        Shared {
-            config,
-            upstream,
-            service,
-            metrics,
-            started: Instant::now(),
-            local_port,
-            clients: AtomicUsize::new(0),
-            next_client_id: AtomicU64::new(1),
-            draining: AtomicBool::new(false),
-        }
-    }
-
-    pub fn next_client_id(&self) -> u64 {
-        self.next_client_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Ready to take traffic: upstream reachable, scripts loaded, not draining.
-    pub fn is_ready(&self) -> bool {
-        self.upstream.is_ready() && !self.draining.load(Ordering::Relaxed)
-    }
-}
 
 /// A running stockgate.
 pub struct Server {

@@ -17,7 +17,7 @@ use stockgate::config::Config;
 use stockgate::frame::Request;
 use stockgate::outcome::{Code, StockReply};
 use stockgate::reply::{Protocol, Reply};
-use stockgate::server::Shared;
+use stockgate::state::Shared;
 use tokio_util::codec::Decoder;
 
 /// Integers, mostly the ones whose decimal length is easy to get wrong.

@@ -52,8 +52,8 @@ use stockgate::params::{
 };
 use stockgate::reply::{Protocol, Reply};
 use stockgate::revert::Revert;
-use stockgate::server::Shared;
 use stockgate::service::StockCommand;
+use stockgate::state::Shared;
 use tokio_util::codec::Decoder;
 
 /// The password of the locked-down server.
