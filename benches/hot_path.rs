@@ -13,11 +13,11 @@
 use bytes::{Bytes, BytesMut};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
-use stockgate::deduct::Deduct;
 use stockgate::frame::RequestDecoder;
 use stockgate::keys::{self, KeyLayout};
 use stockgate::outcome::{Code, SCRIPT_VERSION, StockReply};
 use stockgate::reply::{Protocol, Reply};
+use stockgate::stock::deduct::Deduct;
 use tokio_util::codec::Decoder;
 
 /// The decoder's bound, as stockgate's default `--max-request-bytes`.

@@ -11,11 +11,12 @@
 //! from it until it does. Memory per connection stays bounded whatever the
 //! client sends.
 
-use crate::command::{self, Action, Session};
+use crate::command::{self, Action};
 use crate::frame::RequestDecoder;
 use crate::reply::{Protocol, Reply};
-use crate::service::StockCommand;
+use crate::session::Session;
 use crate::state::Shared;
+use crate::stock::StockCommand;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;

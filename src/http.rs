@@ -21,7 +21,7 @@
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
 //! | unknown sku, corrupt data, bad script reply, internal fault | 500 `{"error"}` |
 //!
-//! [`StockService`]: crate::service::StockService
+//! [`StockService`]: crate::stock::StockService
 
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};

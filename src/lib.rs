@@ -16,10 +16,12 @@
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
 //! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded, flat).
-//! - [`command`]: the command table, arity, connection-level commands.
-//! - [`service`]: every stock command: validate, build keys, run the
-//!   script, map the reply, record metrics.
-//! - [`deduct`], [`revert`]: those commands' arguments.
+//! - [`command`]: the command table, the password gate, arity, dispatch.
+//! - [`session`]: connection-level commands (HELLO, AUTH, CLIENT, INFO,
+//!   COMMAND, PING, ...), answered on the spot.
+//! - [`stock`]: the stock service, one file per stock command (DEDUCT,
+//!   REVERT, STOCK.*): validate, build keys, run the script, map the
+//!   reply, record metrics.
 //! - [`params`]: the parameter rules (sku, qty, request_id, order_no, ...).
 //! - [`keys`]: the key layout and hash tags; cluster slots.
 //! - [`script`]: the embedded Lua scripts (`lua/`), with the state machine
@@ -51,7 +53,6 @@ pub mod check;
 pub mod command;
 pub mod config;
 pub mod connection;
-pub mod deduct;
 pub mod dev;
 pub mod error;
 pub mod frame;
@@ -64,9 +65,9 @@ pub mod params;
 pub mod pipeline;
 pub mod redact;
 pub mod reply;
-pub mod revert;
 pub mod script;
 pub mod server;
-pub mod service;
+pub mod session;
 pub mod state;
+pub mod stock;
 pub mod upstream;

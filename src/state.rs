@@ -8,7 +8,7 @@
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::script::Scripts;
-use crate::service::StockService;
+use crate::stock::StockService;
 use crate::upstream::Upstream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

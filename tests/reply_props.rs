@@ -12,11 +12,12 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use redis::Value;
 use std::sync::OnceLock;
-use stockgate::command::{self, Action, Session};
+use stockgate::command::{self, Action};
 use stockgate::config::Config;
 use stockgate::frame::Request;
 use stockgate::outcome::{Code, StockReply};
 use stockgate::reply::{Protocol, Reply};
+use stockgate::session::Session;
 use stockgate::state::Shared;
 use tokio_util::codec::Decoder;
 

@@ -42,18 +42,19 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use stockgate::auth::Password;
-use stockgate::command::{self, Action, Session};
+use stockgate::command::{self, Action};
 use stockgate::config::{AccessLog, Config};
-use stockgate::deduct::Deduct;
 use stockgate::frame::{ProtocolError, Request, RequestDecoder};
 use stockgate::outcome::Code;
 use stockgate::params::{
     Delta, MAX_FIELD_LEN, MAX_STOCK, OrderNo, Qty, RequestId, Sku, StockLevel,
 };
 use stockgate::reply::{Protocol, Reply};
-use stockgate::revert::Revert;
-use stockgate::service::StockCommand;
+use stockgate::session::Session;
 use stockgate::state::Shared;
+use stockgate::stock::StockCommand;
+use stockgate::stock::deduct::Deduct;
+use stockgate::stock::revert::Revert;
 use tokio_util::codec::Decoder;
 
 /// The password of the locked-down server.

@@ -1,0 +1,100 @@
+//! From a request to what to do with it: the command table, the password
+//! gate, arity checks, and dispatch.
+//!
+//! [`COMMANDS`] is the one place that lists the commands stockgate serves;
+//! each command describes itself (its [`CommandSpec`]) in its own file,
+//! under [`crate::stock`] or [`crate::session`]. Names are matched
+//! case-insensitively. An unknown command gets Redis's own error and the
+//! connection stays open.
+
+pub mod spec;
+
+use crate::auth::NOAUTH;
+use crate::frame::Request;
+use crate::reply::Reply;
+use crate::session::{Session, basics, client, hello, info, introspection};
+use crate::state::Shared;
+use crate::stock::{self, StockCommand};
+use bytes::Bytes;
+use spec::{Call, CommandSpec, Serve, unknown_command, wrong_arity};
+
+/// Every command stockgate serves, in the order `COMMAND` lists them.
+pub static COMMANDS: &[CommandSpec] = &[
+    stock::deduct::SPEC,
+    stock::revert::SPEC,
+    stock::admin::GET,
+    stock::admin::SET,
+    stock::admin::ADD,
+    stock::status::SPEC,
+    basics::PING,
+    basics::ECHO,
+    hello::HELLO,
+    hello::AUTH,
+    client::CLIENT,
+    basics::SELECT,
+    basics::QUIT,
+    info::INFO,
+    introspection::COMMAND,
+];
+
+/// What an unauthenticated client may do, as in Redis.
+fn allowed_before_auth(name: &str) -> bool {
+    matches!(name, "auth" | "hello" | "ping" | "quit")
+}
+
+/// What the connection does with one request.
+pub enum Action {
+    /// Reply now (in order with the others).
+    Reply(Reply),
+    /// Run a stock command against Redis; the arguments after the name.
+    Stock(StockCommand, Vec<Bytes>),
+    /// Reply, then close the connection (QUIT).
+    Close(Reply),
+}
+
+/// Decides what one request does. Connection-level commands run here, on
+/// the spot; stock commands are handed back to run against Redis.
+pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Action {
+    let name = request.name();
+    let Some(spec) = COMMANDS
+        .iter()
+        .find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+    else {
+        return Action::Reply(unknown_command(&request.args));
+    };
+    if !session.authenticated && !allowed_before_auth(spec.name) {
+        return Action::Reply(Reply::error(NOAUTH));
+    }
+    if !spec.arity_ok(request.args.len()) {
+        return Action::Reply(wrong_arity(spec.name));
+    }
+    match spec.serve {
+        Serve::Stock(command) => {
+            let mut args = request.args;
+            args.remove(0);
+            Action::Stock(command, args)
+        }
+        Serve::Session(serve) => Action::Reply(serve(&mut Call {
+            spec,
+            args: &request.args[1..],
+            session,
+            shared,
+            table: COMMANDS,
+        })),
+        Serve::Quit => Action::Close(Reply::Simple("OK")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_listed_once_in_lowercase() {
+        let mut names: Vec<&str> = COMMANDS.iter().map(|c| c.name).collect();
+        assert!(names.iter().all(|n| *n == n.to_ascii_lowercase()));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COMMANDS.len());
+    }
+}

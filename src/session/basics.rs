@@ -1,0 +1,70 @@
+//! PING, ECHO, SELECT and QUIT: what clients send to check a connection.
+//!
+//! # Format
+//!
+//! ```text
+//! PING [message]
+//! ECHO <message>
+//! SELECT <index>      only 0: stockgate has one database
+//! QUIT
+//! ```
+
+use crate::command::spec::{Call, CommandSpec, Serve, arg, optional, session};
+use crate::reply::Reply;
+
+pub const PING: CommandSpec = session(
+    "ping",
+    -1,
+    "connection",
+    "Returns PONG, or the message.",
+    &[optional("message", "string")],
+    ping,
+);
+
+pub const ECHO: CommandSpec = session(
+    "echo",
+    2,
+    "connection",
+    "Returns the message.",
+    &[arg("message", "string")],
+    echo,
+);
+
+pub const SELECT: CommandSpec = session(
+    "select",
+    2,
+    "connection",
+    "Selects database 0, the only one.",
+    &[arg("index", "integer")],
+    select,
+);
+
+pub const QUIT: CommandSpec = CommandSpec {
+    serve: Serve::Quit,
+    ..session(
+        "quit",
+        -1,
+        "connection",
+        "Closes the connection.",
+        &[],
+        |_| Reply::Simple("OK"),
+    )
+};
+
+fn ping(call: &mut Call<'_>) -> Reply {
+    match call.args.first() {
+        Some(message) => Reply::Bulk(message.clone()),
+        None => Reply::Simple("PONG"),
+    }
+}
+
+fn echo(call: &mut Call<'_>) -> Reply {
+    Reply::Bulk(call.args[0].clone())
+}
+
+fn select(call: &mut Call<'_>) -> Reply {
+    match &call.args[0][..] {
+        b"0" => Reply::Simple("OK"),
+        _ => Reply::error("ERR DB index is out of range"),
+    }
+}

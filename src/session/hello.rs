@@ -1,0 +1,200 @@
+//! HELLO and AUTH: the protocol a connection speaks, its password, its name.
+//!
+//! # Format
+//!
+//! ```text
+//! HELLO [protover [AUTH username password] [SETNAME clientname]]
+//! AUTH [username] password
+//! ```
+//!
+//! Without `--requirepass`, stockgate behaves like Redis's default `nopass`
+//! user: it accepts any credentials in `HELLO ... AUTH`, and answers a
+//! one-argument `AUTH` as a passwordless Redis does.
+
+use super::client::check_client_name;
+use super::{REDIS_COMPAT_VERSION, Session, keep};
+use crate::auth::{Password, WRONGPASS};
+use crate::command::spec::{Call, CommandSpec, arg, optional, sanitize, session};
+use crate::metrics::Metrics;
+use crate::reply::{Protocol, Reply};
+use bytes::Bytes;
+
+pub const HELLO: CommandSpec = session(
+    "hello",
+    -1,
+    "connection",
+    "Handshakes: picks RESP2 or RESP3, authenticates, names the connection.",
+    &[optional("protover", "integer")],
+    |call| {
+        let password = call.shared.config.password.as_ref();
+        hello(call.args, call.session, password, &call.shared.metrics)
+    },
+);
+
+pub const AUTH: CommandSpec = session(
+    "auth",
+    -2,
+    "connection",
+    "Authenticates the connection.",
+    &[optional("username", "string"), arg("password", "string")],
+    auth,
+);
+
+fn hello(
+    args: &[Bytes],
+    session: &mut Session,
+    password: Option<&Password>,
+    metrics: &Metrics,
+) -> Reply {
+    let mut protocol = session.protocol;
+    let mut rest = args;
+    if let Some(version) = args.first() {
+        protocol = match &version[..] {
+            b"2" => Protocol::Resp2,
+            b"3" => Protocol::Resp3,
+            _ if std::str::from_utf8(version).is_ok_and(|v| v.parse::<i64>().is_ok()) => {
+                return Reply::error("NOPROTO unsupported protocol version");
+            }
+            _ => return Reply::error("ERR Protocol version is not an integer or out of range"),
+        };
+        rest = &args[1..];
+    }
+    let mut setname = None;
+    let mut credentials = None;
+    while let Some(option) = rest.first() {
+        if option.eq_ignore_ascii_case(b"AUTH") && rest.len() >= 3 {
+            credentials = Some((&rest[1], &rest[2]));
+            rest = &rest[3..];
+        } else if option.eq_ignore_ascii_case(b"SETNAME") && rest.len() >= 2 {
+            setname = Some(&rest[1]);
+            rest = &rest[2..];
+        } else {
+            return Reply::error(format!(
+                "ERR Syntax error in HELLO option '{}'",
+                sanitize(option, 64)
+            ));
+        }
+    }
+    // Without a password configured, any credentials are accepted, as
+    // Redis's default `nopass` user does.
+    if let Some(password) = password {
+        match credentials {
+            Some((user, pass)) if password.accepts(Some(user), pass) => {}
+            Some(_) => {
+                metrics.auth_failed();
+                return Reply::error(WRONGPASS);
+            }
+            None if !session.authenticated => {
+                return Reply::error(
+                    "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+                );
+            }
+            None => {}
+        }
+    }
+    if let Some(name) = setname {
+        if let Err(reply) = check_client_name(name) {
+            return reply;
+        }
+        session.name = (!name.is_empty()).then(|| keep(name));
+    }
+    session.authenticated = true;
+    session.protocol = protocol;
+    Reply::Map(vec![
+        (Reply::bulk("server"), Reply::bulk("stockgate")),
+        (Reply::bulk("version"), Reply::bulk(REDIS_COMPAT_VERSION)),
+        (
+            Reply::bulk("proto"),
+            Reply::Integer(if protocol == Protocol::Resp3 { 3 } else { 2 }),
+        ),
+        (Reply::bulk("id"), Reply::Integer(session.id as i64)),
+        (Reply::bulk("mode"), Reply::bulk("standalone")),
+        (Reply::bulk("role"), Reply::bulk("master")),
+        (Reply::bulk("modules"), Reply::Array(vec![])),
+    ])
+}
+
+/// Without a password configured it answers as a Redis without one does.
+fn auth(call: &mut Call<'_>) -> Reply {
+    let (user, pass) = match call.args {
+        [pass] => (None, pass),
+        [user, pass] => (Some(&user[..]), pass),
+        _ => return Reply::error("ERR syntax error"),
+    };
+    let Some(password) = call.shared.config.password.as_ref() else {
+        return match user {
+            None => Reply::error(
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            ),
+            Some(_) => Reply::Simple("OK"),
+        };
+    };
+    if password.accepts(user, pass) {
+        call.session.authenticated = true;
+        Reply::Simple("OK")
+    } else {
+        call.shared.metrics.auth_failed();
+        Reply::error(WRONGPASS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_switches_protocol_and_names_the_connection() {
+        let mut session = Session::new(7, true);
+        let metrics = Metrics::new();
+        let reply = hello(
+            &[
+                Bytes::from_static(b"3"),
+                Bytes::from_static(b"setname"),
+                Bytes::from_static(b"app"),
+            ],
+            &mut session,
+            None,
+            &metrics,
+        );
+        assert_eq!(session.protocol, Protocol::Resp3);
+        assert_eq!(session.name.as_deref(), Some(&b"app"[..]));
+        let Reply::Map(fields) = reply else {
+            panic!("HELLO replies with a map")
+        };
+        assert!(fields.contains(&(Reply::bulk("proto"), Reply::Integer(3))));
+        assert!(fields.contains(&(Reply::bulk("id"), Reply::Integer(7))));
+        assert_eq!(
+            hello(&[Bytes::from_static(b"4")], &mut session, None, &metrics),
+            Reply::error("NOPROTO unsupported protocol version")
+        );
+        assert_eq!(
+            session.protocol,
+            Protocol::Resp3,
+            "a refused HELLO changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_name_is_a_copy_that_does_not_pin_the_read_buffer() {
+        // A 4 KiB read buffer, as a connection has, holding the request.
+        let buffer = Bytes::from(vec![b'n'; 4096]);
+        let name = buffer.slice(100..110);
+        let mut session = Session::new(1, true);
+        hello(
+            &[
+                Bytes::from_static(b"3"),
+                Bytes::from_static(b"SETNAME"),
+                name,
+            ],
+            &mut session,
+            None,
+            &Metrics::new(),
+        );
+        let kept = session.name.expect("named");
+        assert_eq!(&kept[..], &[b'n'; 10][..]);
+        // A slice would share the 4 KiB allocation with `buffer`, still
+        // alive here; a copy owns exactly its bytes.
+        assert!(kept.is_unique(), "the name is a copy, not a slice");
+        drop(buffer);
+    }
+}

@@ -1,0 +1,189 @@
+//! COMMAND and its subcommands: the command table, describing itself.
+//!
+//! # Format
+//!
+//! ```text
+//! COMMAND
+//! COMMAND COUNT
+//! COMMAND LIST
+//! COMMAND INFO [command-name ...]
+//! COMMAND DOCS [command-name ...]
+//! ```
+//!
+//! redis-cli builds its hints and `help DEDUCT` from COMMAND DOCS.
+
+use crate::command::spec::{Call, CommandSpec, Serve, optional, serve_subcommand, session};
+use crate::reply::Reply;
+
+pub const COMMAND: CommandSpec = CommandSpec {
+    name: "command",
+    arity: -1,
+    max_args: None,
+    flags: &[],
+    group: "server",
+    summary: "Describes the commands stockgate serves.",
+    args: &[],
+    subcommands: &[
+        session(
+            "command|count",
+            2,
+            "server",
+            "Returns the number of commands.",
+            &[],
+            |call| Reply::Integer(call.table.len() as i64),
+        ),
+        session(
+            "command|docs",
+            -2,
+            "server",
+            "Returns documentation about commands.",
+            &[optional("command-name", "string")],
+            docs,
+        ),
+        session(
+            "command|info",
+            -2,
+            "server",
+            "Returns information about commands.",
+            &[optional("command-name", "string")],
+            info,
+        ),
+        session(
+            "command|list",
+            -2,
+            "server",
+            "Returns the names of the commands.",
+            &[],
+            |call| Reply::Array(call.table.iter().map(|c| Reply::bulk(c.name)).collect()),
+        ),
+    ],
+    serve: Serve::Session(|call| {
+        if call.args.is_empty() {
+            Reply::Array(call.table.iter().map(command_info).collect())
+        } else {
+            serve_subcommand(call)
+        }
+    }),
+};
+
+fn find<'t>(table: &'t [CommandSpec], name: &[u8]) -> Option<&'t CommandSpec> {
+    table
+        .iter()
+        .find(|c| name.eq_ignore_ascii_case(c.name.as_bytes()))
+}
+
+fn info(call: &mut Call<'_>) -> Reply {
+    Reply::Array(
+        call.args
+            .iter()
+            .map(|name| find(call.table, name).map_or(Reply::Null, command_info))
+            .collect(),
+    )
+}
+
+fn docs(call: &mut Call<'_>) -> Reply {
+    let wanted = |spec: &&CommandSpec| {
+        call.args.is_empty()
+            || call
+                .args
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(spec.name.as_bytes()))
+    };
+    Reply::Map(
+        call.table
+            .iter()
+            .filter(wanted)
+            .map(|c| (Reply::bulk(c.name), command_docs(c)))
+            .collect(),
+    )
+}
+
+/// One `COMMAND` entry: name, arity, flags, first key, last key, step,
+/// ACL categories, tips, key specs, subcommands. DEDUCT names no key
+/// arguments: stockgate builds the keys itself.
+fn command_info(spec: &CommandSpec) -> Reply {
+    let statuses =
+        |list: &[&'static str]| Reply::Array(list.iter().map(|s| Reply::Simple(s)).collect());
+    Reply::Array(vec![
+        Reply::bulk(spec.display_name()),
+        Reply::Integer(spec.arity),
+        statuses(spec.flags),
+        Reply::Integer(0),
+        Reply::Integer(0),
+        Reply::Integer(0),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(vec![]),
+        Reply::Array(spec.subcommands.iter().map(command_info).collect()),
+    ])
+}
+
+/// One `COMMAND DOCS` entry. redis-cli builds its hints from these and
+/// asserts on their types: every field a bulk string, argument flags status
+/// strings, every argument with a `type`.
+fn command_docs(spec: &CommandSpec) -> Reply {
+    let mut fields = vec![
+        (Reply::bulk("summary"), Reply::bulk(spec.summary)),
+        (Reply::bulk("since"), Reply::bulk("1.0.0")),
+        (Reply::bulk("group"), Reply::bulk(spec.group)),
+        (Reply::bulk("complexity"), Reply::bulk("O(1)")),
+    ];
+    if !spec.args.is_empty() {
+        let args = spec
+            .args
+            .iter()
+            .map(|a| {
+                let mut arg = vec![
+                    (Reply::bulk("name"), Reply::bulk(a.name)),
+                    (Reply::bulk("type"), Reply::bulk(a.kind)),
+                ];
+                if a.optional {
+                    arg.push((
+                        Reply::bulk("flags"),
+                        Reply::Array(vec![Reply::Simple("optional")]),
+                    ));
+                }
+                Reply::Map(arg)
+            })
+            .collect();
+        fields.push((Reply::bulk("arguments"), Reply::Array(args)));
+    }
+    if !spec.subcommands.is_empty() {
+        let subs = spec
+            .subcommands
+            .iter()
+            .map(|s| (Reply::bulk(s.name), command_docs(s)))
+            .collect();
+        fields.push((Reply::bulk("subcommands"), Reply::Map(subs)));
+    }
+    Reply::Map(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::COMMANDS;
+
+    #[test]
+    fn docs_cover_every_command_with_the_types_redis_cli_asserts() {
+        let entries: Vec<_> = COMMANDS
+            .iter()
+            .map(|c| (Reply::bulk(c.name), command_docs(c)))
+            .collect();
+        assert!(entries.len() >= 10);
+        for (name, doc) in entries {
+            assert!(matches!(name, Reply::Bulk(_)));
+            let Reply::Map(fields) = doc else {
+                panic!("each doc is a map")
+            };
+            for key in ["summary", "since", "group"] {
+                assert!(
+                    fields
+                        .iter()
+                        .any(|(k, v)| *k == Reply::bulk(key) && matches!(v, Reply::Bulk(_))),
+                    "{key}"
+                );
+            }
+        }
+    }
+}

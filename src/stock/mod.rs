@@ -1,0 +1,184 @@
+//! The stock service: every command that touches stock goes through here,
+//! whichever door it came in by (RESP or HTTP). One file per command, each
+//! with its format, its arguments, its script call and its reply:
+//!
+//! - [`deduct`]: DEDUCT, the hot path.
+//! - [`revert`]: REVERT, compensation.
+//! - [`admin`]: STOCK.GET, STOCK.SET, STOCK.ADD: reading, restocking and
+//!   correcting stock (SET and ADD need `--admin-commands`, and each is
+//!   written to the audit log).
+//! - [`status`]: STOCK.STATUS: one request's record, for support.
+//!
+//! What they share lives here: the service's settings, the metrics and the
+//! access log of each answered request, and the stale-id check.
+
+pub mod admin;
+pub mod deduct;
+pub mod revert;
+pub mod status;
+
+use crate::config::{AccessLog, Config, MissingStock};
+use crate::error::UpstreamError;
+use crate::keys::KeyLayout;
+use crate::metrics::{CommandLabel, Metrics, ResultLabel};
+use crate::outcome::StockReply;
+use crate::params::{InvalidParam, RequestId};
+use crate::reply::Reply;
+use crate::script::Scripts;
+use crate::upstream::Upstream;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The commands this service serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StockCommand {
+    Deduct,
+    Revert,
+    Get,
+    Set,
+    Add,
+    Status,
+}
+
+/// What one DEDUCT or REVERT came to.
+pub type StockResult = Result<StockReply, UpstreamError>;
+
+pub struct StockService {
+    upstream: Arc<Upstream>,
+    scripts: Scripts,
+    keys: KeyLayout,
+    max_qty: u64,
+    retry_window: Duration,
+    /// Script arguments that never change, spelled once at startup.
+    max_qty_arg: String,
+    retry_window_arg: String,
+    missing_stock: MissingStock,
+    reject_stale_ids: bool,
+    admin_commands: bool,
+    access_log: AccessLog,
+    metrics: Arc<Metrics>,
+}
+
+impl StockService {
+    pub fn new(
+        config: &Config,
+        upstream: Arc<Upstream>,
+        scripts: Scripts,
+        metrics: Arc<Metrics>,
+    ) -> StockService {
+        StockService {
+            upstream,
+            scripts,
+            keys: config.keys.clone(),
+            max_qty: config.max_qty,
+            retry_window: config.retry_window,
+            max_qty_arg: config.max_qty.to_string(),
+            retry_window_arg: config.retry_window.as_millis().to_string(),
+            missing_stock: config.missing_stock,
+            reject_stale_ids: config.reject_stale_ids,
+            admin_commands: config.admin_commands,
+            access_log: config.access_log,
+            metrics,
+        }
+    }
+
+    pub fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    /// Serves one command whose arguments (after the name) are `args`, as
+    /// the RESP reply. `arrived` is when the request was read.
+    pub async fn serve(&self, command: StockCommand, args: &[Bytes], arrived: Instant) -> Reply {
+        let result = match command {
+            StockCommand::Deduct => self.deduct(args, arrived).await,
+            StockCommand::Revert => self.revert(args, arrived).await,
+            StockCommand::Get => return self.get(args).await,
+            StockCommand::Set => return self.set(args).await,
+            StockCommand::Add => return self.add(args).await,
+            StockCommand::Status => return self.status(args).await,
+        };
+        match result {
+            Ok(reply) => Reply::Stock(reply),
+            Err(fault) => Reply::Error(fault.reply_text()),
+        }
+    }
+
+    /// Metrics and the access log for one answered request.
+    fn record(&self, entry: AccessEntry<'_>, result: &StockResult, arrived: Instant) {
+        let elapsed = arrived.elapsed();
+        let label = match result {
+            Ok(reply) => ResultLabel::Code(reply.code),
+            Err(fault) => {
+                self.metrics.record_upstream_error(fault.kind);
+                ResultLabel::Error
+            }
+        };
+        self.metrics.record_request(entry.command, label, elapsed);
+        let wanted = match self.access_log {
+            AccessLog::All => true,
+            AccessLog::Errors => result.is_err(),
+            AccessLog::Off => false,
+        };
+        if wanted {
+            self.access_log_line(entry, result, elapsed);
+        }
+    }
+
+    /// One access-log line, as the design asks: request_id, stock key, qty,
+    /// code or error kind, latency. Nothing else the caller sent (no
+    /// order_no). Fields are cut at 128 bytes, as valid ones are.
+    fn access_log_line(&self, entry: AccessEntry<'_>, result: &StockResult, elapsed: Duration) {
+        let field = |a: Option<&Bytes>| {
+            a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
+        };
+        let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
+        let (code, error) = match result {
+            Ok(reply) => (Some(reply.code as i64), None),
+            Err(fault) => (None, Some(fault.kind.label())),
+        };
+        tracing::info!(
+            target: "stockgate::access",
+            command = entry.command.as_str(),
+            request_id = field(entry.request_id),
+            key,
+            qty = field(entry.qty),
+            code,
+            error,
+            latency_us = elapsed.as_micros() as u64,
+        );
+    }
+
+    /// With `--reject-stale-ids`, refuses a time-ordered request_id (ULID,
+    /// UUIDv7) made longer ago than the retry window, less a margin for
+    /// clock skew: its record may already have expired, so stockgate could
+    /// no longer tell a retry from a new request.
+    fn fresh(&self, request_id: &RequestId) -> Result<(), InvalidParam> {
+        if !self.reject_stale_ids {
+            return Ok(());
+        }
+        let Some(made) = request_id.embedded_time() else {
+            return Ok(());
+        };
+        let age = SystemTime::now()
+            .duration_since(made)
+            .unwrap_or(Duration::ZERO);
+        let margin = (self.retry_window / 10).min(Duration::from_secs(300));
+        if age > self.retry_window - margin {
+            return Err(InvalidParam(format!(
+                "request_id is a time-ordered id made {} ago, older than the retry window allows; its record may have expired",
+                humantime::format_duration(Duration::from_secs(age.as_secs()))
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the access log says of one request: the arguments as sent (they
+/// may be invalid), by meaning.
+struct AccessEntry<'a> {
+    command: CommandLabel,
+    sku: Option<&'a Bytes>,
+    request_id: Option<&'a Bytes>,
+    qty: Option<&'a Bytes>,
+}

@@ -1,0 +1,82 @@
+//! STOCK.STATUS: the state of one request, for reconciliation and support.
+//!
+//! # Format
+//!
+//! ```text
+//! STOCK.STATUS <sku> <request_id>
+//! ```
+//!
+//! Replies a map: `state` (none, DEDUCTED, REVERTED, REVOKED), `qty`,
+//! `order_no`, `ttl_ms` (the record's remaining TTL; -2 when there is no
+//! record) and `stock`. Reads only (`lua/status.lua`).
+
+use super::{StockCommand, StockService};
+use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::params::{RequestId, Sku};
+use crate::reply::Reply;
+use bytes::Bytes;
+use redis::Value;
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "stock.status",
+    arity: 3,
+    max_args: None,
+    flags: &["fast"],
+    group: "stockgate",
+    summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED), qty, order_no and remaining TTL.",
+    args: &[arg("sku", "string"), arg("request_id", "string")],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::Status),
+};
+
+impl StockService {
+    /// `STOCK.STATUS <sku> <request_id>`
+    pub(super) async fn status(&self, args: &[Bytes]) -> Reply {
+        let parsed = Sku::parse(args[0].clone())
+            .and_then(|sku| Ok((sku, RequestId::parse(args[1].clone())?)));
+        let (sku, request_id) = match parsed {
+            Ok(parsed) => parsed,
+            Err(invalid) => return Reply::error(format!("ERR {invalid}")),
+        };
+        let keys = self.keys.deduct_keys(&sku, &request_id);
+        match self
+            .upstream
+            .eval(&self.scripts.status, &[&keys.stock, &keys.record], &[])
+            .await
+        {
+            Ok(value) => status_reply(value),
+            Err(fault) => Reply::Error(fault.reply_text()),
+        }
+    }
+}
+
+/// The status script's `{state, qty, order_no, ttl_ms, stock}` as a map.
+fn status_reply(value: Value) -> Reply {
+    let Value::Array(items) = value else {
+        return Reply::error("BADREPLY STOCK.STATUS answered an unexpected shape");
+    };
+    let field = |i: usize| items.get(i).cloned().unwrap_or(Value::Nil);
+    let text = |v: Value| match v {
+        Value::BulkString(b) => Reply::Bulk(b.into()),
+        Value::SimpleString(s) => Reply::Bulk(s.into_bytes().into()),
+        _ => Reply::Null,
+    };
+    let int = |v: Value| match v {
+        Value::Int(i) => Reply::Integer(i),
+        _ => Reply::Null,
+    };
+    let stock = match field(4) {
+        Value::BulkString(raw) => std::str::from_utf8(&raw)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Reply::Null, Reply::Integer),
+        _ => Reply::Null,
+    };
+    Reply::Map(vec![
+        (Reply::bulk("state"), text(field(0))),
+        (Reply::bulk("qty"), int(field(1))),
+        (Reply::bulk("order_no"), text(field(2))),
+        (Reply::bulk("ttl_ms"), int(field(3))),
+        (Reply::bulk("stock"), stock),
+    ])
+}
