@@ -1,0 +1,210 @@
+//! Running scripts: DEDUCT and REVERT through the node pipes when they
+//! can, and through the redis crate (redirects, retries, NOSCRIPT → EVAL,
+//! `--wait-replicas` per request) when they can't, always within the
+//! request's one `--timeout`.
+
+use super::Upstream;
+use crate::config::Durability;
+use crate::error::{FaultKind, UpstreamError};
+use crate::outcome::StockReply;
+use crate::pipeline::PipeError;
+use crate::script::LuaScript;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::time::Duration;
+
+impl Upstream {
+    /// Runs DEDUCT or REVERT: through the primary's node pipe when there is
+    /// one, else (or when the pipe meets a redirect, a lost script or a lost
+    /// connection) through the redis crate, with what is left of
+    /// `--timeout`. Running it twice is safe: the scripts are idempotent.
+    pub async fn eval_stock(
+        &self,
+        script: &LuaScript,
+        keys: [&[u8]; 2],
+        args: &[&[u8]],
+    ) -> Result<StockReply, UpstreamError> {
+        let started = tokio::time::Instant::now();
+        if let Some(pipelines) = &self.pipelines {
+            let mut request = bytes::BytesMut::with_capacity(256);
+            crate::reply::evalsha(&mut request, &script.sha, &keys, args);
+            let request = request.freeze();
+            let slot = crate::keys::slot(keys[0]);
+            match pipelines
+                .call(slot, request, started + self.config.timeout)
+                .await
+            {
+                Ok(answer) => match answer.frame {
+                    redis_protocol::resp2::types::BytesFrame::Error(text) => {
+                        let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                        if !UpstreamError::is_redirect(code) {
+                            return Err(UpstreamError::from_server_error(code, detail));
+                        }
+                        if code == "MOVED" {
+                            pipelines.mark_stale();
+                        }
+                    }
+                    frame => {
+                        let reply = StockReply::from_frame(frame)?;
+                        if let (Some(durability), Some(confirmed)) =
+                            (self.config.durability, answer.replicas)
+                        {
+                            replicated(reply.code as i64, confirmed, durability)?;
+                        }
+                        return Ok(reply);
+                    }
+                },
+                Err(PipeError::Timeout) => return Err(UpstreamError::timeout(self.config.timeout)),
+                Err(PipeError::Lost) => {}
+            }
+        }
+        let left = self.config.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(UpstreamError::timeout(self.config.timeout));
+        }
+        let value = self
+            .eval_within(script, keys.as_slice(), args, left)
+            .await?;
+        StockReply::from_script(value)
+    }
+
+    /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
+    /// back to EVAL there on NOSCRIPT, all within `--timeout`.
+    pub async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, UpstreamError> {
+        self.eval_within(script, keys, args, self.config.timeout)
+            .await
+    }
+
+    /// `eval`, within `budget`.
+    async fn eval_within(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        budget: Duration,
+    ) -> Result<Value, UpstreamError> {
+        if let Some(durability) = self.config.durability {
+            return self.eval_durably(script, keys, args, durability).await;
+        }
+        let mut connection = self.connection()?;
+        let call = async move {
+            let evalsha = script_call("EVALSHA", &script.sha, keys, args);
+            match connection.query(&evalsha).await {
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    tracing::debug!(script = script.name, "NOSCRIPT; sending the body with EVAL");
+                    let eval = script_call("EVAL", &script.body, keys, args);
+                    connection.query(&eval).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(budget, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
+            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
+        }
+    }
+
+    /// `eval`, then WAIT on the same node in the same pipeline: a reply that
+    /// states the request's record (codes 0, 1 and 4: it wrote it now, or
+    /// reports what an earlier call wrote) stands only once `replicas`
+    /// replicas confirmed it. Codes 2 and 3 state nothing and pass.
+    ///
+    /// A duplicate (1) must wait too: the retry of a write answered `not
+    /// replicated` finds the record on the primary and would otherwise be
+    /// acknowledged while no replica has it, and a failover then loses an
+    /// acknowledged deduction. WAIT covers the writes this connection made,
+    /// and every call to a node shares one connection, so it covers the
+    /// earlier call's write unless that came through another connection.
+    async fn eval_durably(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        durability: crate::config::Durability,
+    ) -> Result<Value, UpstreamError> {
+        let mut connection = self.connection()?;
+        let wait_ms = durability.timeout.as_millis() as u64;
+        let call = async move {
+            let pipeline = |verb: &str, script_text: &str| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(script_call(verb, script_text, keys, args))
+                    .cmd("WAIT")
+                    .arg(durability.replicas)
+                    .arg(wait_ms);
+                pipe
+            };
+            let mut replies = connection
+                .packed(&pipeline("EVALSHA", &script.sha), 2)
+                .await?;
+            let noscript = matches!(&replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript));
+            if noscript {
+                replies = connection
+                    .packed(&pipeline("EVAL", &script.body), 2)
+                    .await?;
+            }
+            Ok::<_, RedisError>(replies)
+        };
+        let replies = match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
+            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
+        };
+        let mut replies = replies.into_iter();
+        let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {
+            return Err(UpstreamError::new(
+                FaultKind::BadReply,
+                "the script and WAIT pipeline answered too few replies",
+            ));
+        };
+        let reply = reply
+            .extract_error()
+            .map_err(|e| UpstreamError::from_redis(&e))?;
+        if let Value::Array(items) = &reply
+            && let Some(Value::Int(code)) = items.first()
+        {
+            let confirmed = match acks {
+                Value::Int(n) => n,
+                // WAIT itself failed: nothing is confirmed.
+                _ => -1,
+            };
+            replicated(*code, confirmed, durability)?;
+        }
+        Ok(reply)
+    }
+}
+
+/// With `--wait-replicas`, a reply that reports the request's record
+/// (code 0: written now; 1 and 4: written before, perhaps through another
+/// connection, perhaps lost in a failover since) stands only once enough
+/// replicas confirmed it. Codes 2 and 3 wrote nothing and pass.
+fn replicated(code: i64, confirmed: i64, durability: Durability) -> Result<(), UpstreamError> {
+    if !matches!(code, 0 | 1 | 4) || confirmed >= i64::from(durability.replicas) {
+        return Ok(());
+    }
+    Err(UpstreamError::new(
+        FaultKind::NotReplicated,
+        format!(
+            "not replicated: {} of {} replicas confirmed the write within {} ms, so it may be lost if its primary fails",
+            confirmed.max(0),
+            durability.replicas,
+            durability.timeout.as_millis()
+        ),
+    ))
+}
+
+fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
