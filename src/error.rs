@@ -40,6 +40,9 @@ pub enum FaultKind {
     /// With `--wait-replicas`, fewer replicas than asked confirmed the
     /// write in time: it happened on the primary but may be lost with it.
     NotReplicated,
+    /// The node already has as many requests queued as stockgate holds for
+    /// it (it stopped reading, or can't keep up); this one was not sent.
+    Overloaded,
 }
 
 /// The three classes of fault, by what they mean for the caller. The RESP
@@ -68,14 +71,15 @@ impl FaultKind {
             | FaultKind::Busy
             | FaultKind::OutOfMemory
             | FaultKind::NotReady
-            | FaultKind::NotReplicated => FaultClass::Unavailable,
+            | FaultKind::NotReplicated
+            | FaultKind::Overloaded => FaultClass::Unavailable,
             FaultKind::BadReply => FaultClass::BadReply,
             FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
         }
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -87,6 +91,7 @@ impl FaultKind {
         FaultKind::BadData,
         FaultKind::Refused,
         FaultKind::NotReplicated,
+        FaultKind::Overloaded,
     ];
 
     /// The `kind` label of `stockgate_upstream_errors_total`.
@@ -103,6 +108,7 @@ impl FaultKind {
             FaultKind::BadData => "bad_data",
             FaultKind::Refused => "refused",
             FaultKind::NotReplicated => "not_replicated",
+            FaultKind::Overloaded => "overloaded",
         }
     }
 

@@ -54,6 +54,13 @@ impl Upstream {
                     }
                 },
                 Err(PipeError::Timeout) => return Err(UpstreamError::timeout(self.config.timeout)),
+                // Not sent, and the slow path would queue on the same node.
+                Err(PipeError::Overloaded) => {
+                    return Err(UpstreamError::new(
+                        FaultKind::Overloaded,
+                        "the node's queue is full (it is not keeping up); this request was not sent",
+                    ));
+                }
                 Err(PipeError::Lost) => {}
             }
         }

@@ -294,3 +294,152 @@ async fn whole_upstream_down_then_back() {
     history.audit(&cluster, Policy::default()).assert_green();
     server.stop_now();
 }
+
+/// Fault 5b: one primary stops reading (its receive window shut, as a
+/// frozen host's does) under enough load to fill every socket buffer
+/// between stockgate and it. Every request, queued or half-written, is
+/// answered within the no-hang bound (it is a timeout, or an `overloaded`
+/// refusal, never a hang), the other shards are served as usual, and the
+/// node serves again once it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_reading_never_hangs_a_request() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let victim = 0;
+    let (_, rest) = lanes(&cluster, "frozen", victim);
+    let flood_skus = skus_where(&cluster, "frozen_flood", 8, |o| o == victim);
+    seed(&cluster, &flood_skus, 1_000_000_000);
+    let relay = Relay::start_with_window(
+        format!("127.0.0.1:{}", cluster.nodes[victim].port)
+            .parse()
+            .unwrap(),
+        Some(64 * 1024),
+    )
+    .await;
+    announce_port(&cluster, victim, relay.port);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, n)| n.url())
+        .collect();
+    let server = stockgate(seeds, TIMEOUT).await;
+    let rest_load = rest.start(server.addr).await;
+
+    // The flood: connections each keeping 16 DEDUCTs of about 250 bytes in
+    // flight on the frozen shard, every reply timed from its send.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let slowest = std::sync::Arc::new(std::sync::Mutex::new((Duration::ZERO, 0u64, 0u64)));
+    let mut flooders = Vec::new();
+    for c in 0..300 {
+        let addr = server.addr;
+        let (stop, slowest, skus) = (stop.clone(), slowest.clone(), flood_skus.clone());
+        flooders.push(tokio::spawn(async move {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(60)));
+            let mut conn = redis::Client::open(format!("redis://{addr}"))
+                .unwrap()
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .expect("flood connects");
+            let order_no = "N".repeat(128);
+            let mut round = 0u64;
+            while !stop.is_cancelled() {
+                let calls = (0..16).map(|d| {
+                    let mut conn = conn.clone();
+                    let sku = skus[(c + d) % skus.len()].clone();
+                    // Long ids and order_nos: about 400 bytes a request,
+                    // so the buffers fill fast.
+                    let id = format!("flood-{c}-{round}-{d}-{}", "i".repeat(100));
+                    let order_no = order_no.clone();
+                    async move {
+                        let sent = Instant::now();
+                        let reply: redis::RedisResult<redis::Value> = redis::cmd("DEDUCT")
+                            .arg(sku)
+                            .arg(1)
+                            .arg(id)
+                            .arg(order_no)
+                            .query_async(&mut conn)
+                            .await;
+                        (sent.elapsed(), reply)
+                    }
+                });
+                for (took, reply) in futures_util::future::join_all(calls).await {
+                    let mut slowest = slowest.lock().unwrap();
+                    slowest.0 = slowest.0.max(took);
+                    match reply {
+                        Ok(_) => slowest.1 += 1,
+                        Err(err) => {
+                            assert_eq!(err.code(), Some("UPSTREAM"), "{err:?}");
+                            slowest.2 += 1;
+                        }
+                    }
+                }
+                round += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = *slowest.lock().unwrap();
+    let frozen_from = Instant::now();
+    relay.set(Mode::Freeze);
+    tokio::time::sleep(Duration::from_secs(if long_faults() { 20 } else { 8 })).await;
+    let during = *slowest.lock().unwrap();
+    relay.set(Mode::Pass);
+    let thawed = Instant::now();
+    // Served again: a probe on the frozen shard gets a code.
+    let mut probe = crate::support::client(&server, false).await;
+    let mut i = 0;
+    let back = loop {
+        let id = format!("thaw-{i}");
+        match crate::support::deduct(&mut probe, &flood_skus[0], "1", &id, None).await {
+            Ok(value) => {
+                let reply = crate::support::parse(value);
+                assert!(matches!(reply.code, 0 | 1), "{reply:?}");
+                break thawed.elapsed();
+            }
+            Err(err) if thawed.elapsed() > Duration::from_secs(15) => {
+                panic!("the shard is not served 15 s after it reads again: {err:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+        i += 1;
+    };
+    stop.cancel();
+    for flooder in flooders {
+        flooder.await.expect("a flood connection failed");
+    }
+    let rest_history = rest_load.stop().await;
+    let (slowest_reply, answered, errors) = *slowest.lock().unwrap();
+    let others = between(&rest_history, frozen_from, thawed);
+    eprintln!(
+        "[frozen] node stopped reading for {}: flood {} answered and {} errors during and after it ({} and {} before), slowest reply {} (--timeout {}, bound {}); relay carried {} bytes to the node; other shards {:?} {}; served again {} after it read again",
+        ms(thawed - frozen_from),
+        answered - before.1,
+        errors - before.2,
+        before.1,
+        before.2,
+        ms(slowest_reply),
+        ms(TIMEOUT),
+        ms(no_hang_bound(TIMEOUT)),
+        relay.stats.bytes_to_node.load(Ordering::Relaxed),
+        rest_history.by_label(others.iter().copied()),
+        rest_history.latency(others.iter().copied()),
+        ms(back),
+    );
+    assert!(during.2 > before.2, "the frozen node produced errors");
+    assert!(
+        slowest_reply <= no_hang_bound(TIMEOUT),
+        "a reply took {} while the node was frozen",
+        ms(slowest_reply)
+    );
+    assert!(
+        others.iter().all(|a| a.outcome.is_code()),
+        "other shards unaffected by the frozen node"
+    );
+    rest_history
+        .audit(&cluster, Policy::default())
+        .assert_green();
+    server.stop_now();
+}

@@ -14,6 +14,10 @@
 //!   (a connection that sent REPLCONF or PSYNC) is cut, and cut again each
 //!   time the replica reconnects: the primary goes on acknowledging writes
 //!   its replica never gets.
+//! - [`Mode::Freeze`]: stop reading, either way, as a frozen host or a
+//!   node whose receive window is shut does: the sender's socket buffers
+//!   fill and its writes block (a black hole reads and holds; this does
+//!   not read at all). Reading resumes on [`Mode::Pass`].
 //! - [`Mode::LoseReplies`]: requests pass; once a script call (EVAL or
 //!   EVALSHA) has gone to the node on a connection, the next reply bytes
 //!   that come back are thrown away with the connection: the command ran,
@@ -34,6 +38,7 @@ pub enum Mode {
     Pass,
     Delay(Duration),
     Blackhole,
+    Freeze,
     Partition,
     LoseReplies,
 }
@@ -57,7 +62,22 @@ pub struct Relay {
 impl Relay {
     /// Listens on a free loopback port and relays to `target`.
     pub async fn start(target: SocketAddr) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        Relay::start_with_window(target, None).await
+    }
+
+    /// [`Relay::start`], with the receive buffer of the relay's client side
+    /// set to `window` bytes: a small window fills in a fraction of a
+    /// second once the relay stops reading, as a slow or frozen node's
+    /// does, instead of the megabytes loopback's autotuning grows to.
+    pub async fn start_with_window(target: SocketAddr, window: Option<u32>) -> Relay {
+        let socket = tokio::net::TcpSocket::new_v4().expect("relay socket");
+        if let Some(window) = window {
+            socket.set_recv_buffer_size(window).expect("SO_RCVBUF");
+        }
+        socket
+            .bind("127.0.0.1:0".parse().unwrap())
+            .expect("bind relay");
+        let listener = socket.listen(1024).expect("listen");
         let port = listener.local_addr().expect("addr").port();
         let (mode, _) = watch::channel(Mode::Pass);
         let stats = Arc::new(Stats::default());
@@ -180,6 +200,12 @@ async fn pump(
         let mut buf = vec![0u8; 64 * 1024];
         let partitioned = |m: &Mode| *m == Mode::Partition && replication.load(Ordering::SeqCst);
         loop {
+            // Frozen: no read at all, so the peer's window closes.
+            if *mode.borrow() == Mode::Freeze
+                && mode.wait_for(|m| *m != Mode::Freeze).await.is_err()
+            {
+                return;
+            }
             let n = tokio::select! {
                 read = from.read(&mut buf) => match read {
                     Ok(0) | Err(_) => return,
