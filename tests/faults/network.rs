@@ -338,7 +338,7 @@ async fn a_node_that_stops_reading_never_hangs_a_request() {
         flooders.push(tokio::spawn(async move {
             let config = redis::AsyncConnectionConfig::new()
                 .set_response_timeout(Some(Duration::from_secs(60)));
-            let mut conn = redis::Client::open(format!("redis://{addr}"))
+            let conn = redis::Client::open(format!("redis://{addr}"))
                 .unwrap()
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
