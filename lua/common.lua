@@ -3,7 +3,9 @@
 -- rules; the text Redis runs (and its SHA) includes it.
 
 -- The version of the script set: the fourth element of every reply.
-local VERSION = 2
+-- 3: records carry the call's nonce; stockgate's own arguments, when
+-- wrong, are a BADCALL error, never code 3.
+local VERSION = 3
 -- Lua numbers are doubles: integers beyond 2^53 - 1 lose precision.
 local EXACT = 9007199254740991
 
@@ -36,18 +38,29 @@ local function keys_follow_layout(stock_key, record_key)
     and not string.find(request_id, '[{}]')
 end
 
--- The checks DEDUCT and REVERT share: the window, the missing-stock mode
--- and the key layout. Returns the window, or nil and the code-3 reason.
-local function shared_args(stock_key, record_key, window_arg, missing)
+-- An error for an argument stockgate itself supplies (not the caller): a
+-- version mismatch between stockgate and its scripts, or a bug. Never a
+-- business code: the caller must not take it for "invalid parameters".
+local function badcall(what)
+  return redis.error_reply('BADCALL ' .. what .. ' (stockgate supplies it: a version mismatch or a bug); nothing was changed')
+end
+
+-- The checks every stock script makes of what stockgate supplies: the
+-- window, the missing-stock mode, the key layout and the call's nonce.
+-- Returns the window, or nil and the BADCALL error to return.
+local function own_args(stock_key, record_key, window_arg, missing, nonce)
   local window = window_ms(window_arg)
   if not window then
-    return nil, 'retry window must be at least 60000 ms'
+    return nil, badcall('retry window must be at least 60000 ms')
   end
   if missing ~= 'error' and missing ~= 'zero' then
-    return nil, 'missing-stock mode must be "error" or "zero"'
+    return nil, badcall('missing-stock mode must be "error" or "zero"')
   end
   if not keys_follow_layout(stock_key, record_key) then
-    return nil, 'keys do not follow the stockgate key layout'
+    return nil, badcall('keys do not follow the stockgate key layout')
+  end
+  if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
+    return nil, badcall('the call nonce must be 1 to 32 hex digits')
   end
   return window
 end
@@ -73,12 +86,34 @@ local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
 local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing was changed'
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
--- An idempotency record is "<state>:<qty>:<order_no>":
+-- An idempotency record, one string with a TTL. States:
 --   D  DEDUCTED  qty units were deducted
 --   R  REVERTED  qty units were deducted, then given back
 --   V  REVOKED   a REVERT came first (qty 0); this id may never deduct
--- Returns state, qty (string), order_no; state is nil for any other shape.
+--
+-- Written as "3:<state>:<qty>:<nonce>:<aux>:<order_no>" (aux is empty for
+-- these states). The nonce names the call that wrote it: a call sent again
+-- after its connection was lost finds its own nonce and answers what it
+-- answered the first time, not "duplicate". Scripts of version 2 and older
+-- read only "<state>:<qty>:<order_no>", which stockgate no longer writes;
+-- they answer BADRECORD for a version-3 record (an error, never a code)
+-- because "3" is no state they know.
+--
+-- Returns {state, qty (string), nonce, aux, order_no}, or nil for any
+-- other shape. Older records read with an empty nonce and aux.
 local function parse_record(raw)
-  local state, qty, order_no = string.match(raw, '^([DRV]):(%d+):(.*)$')
-  return state, qty, order_no
+  local state, qty, nonce, aux, order_no =
+    string.match(raw, '^3:([DRV]):(%d+):(%x*):(%d*):(.*)$')
+  if state then
+    return {state = state, qty = qty, nonce = nonce, aux = aux, order_no = order_no}
+  end
+  state, qty, order_no = string.match(raw, '^([DRV]):(%d+):(.*)$')
+  if state then
+    return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no}
+  end
+  return nil
+end
+
+local function record_text(state, qty, nonce, aux, order_no)
+  return '3:' .. state .. ':' .. qty .. ':' .. nonce .. ':' .. aux .. ':' .. order_no
 end

@@ -22,23 +22,26 @@ record (format in lua/common.lua), always with the retry-window TTL:
 The qty given back is read from the record, never from the caller. A
 REVERTED or REVOKED record gets a full retry window from the moment of the
 REVERT, so the update never shortens its TTL. Every read and check happens
-before the first write.
+before the first write. A call sent again after its connection was lost
+finds its own nonce in the record and answers what it answered the first
+time (0 given back, 4 revoked), not 1.
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 ARGV[1]  retry window        milliseconds, at least 60000
 ARGV[2]  missing stock       "error" or "zero"
+ARGV[3]  nonce               1 to 32 hex digits, new for every call
 
 Replies, the same shape as DEDUCT's:
   {0, remain, order_no, VERSION}   given back; remain is the stock after it,
                                    order_no the one the DEDUCT stored
   {1, stock, order_no, VERSION}    duplicate: already reverted (order_no of the
                                    DEDUCT) or already revoked (""); nothing changed
-  {3, stock, "", VERSION, reason}  invalid parameters; nothing changed
   {4, stock, "", VERSION}          revoked: nothing had been deducted; the id
                                    is now refused by DEDUCT
 (stock is -1 where it was not read or the stock key is missing.)
 Error replies (nothing changed):
+  BADCALL ...     an argument stockgate supplies is wrong (ARGV, the keys)
   UNKNOWNSKU ...  the stock key does not exist and ARGV[2] is "error": a
                   REVERT naming a sku with no stock is far likelier a wrong
                   sku than an empty rollback, and answering 4 ("nothing to
@@ -51,11 +54,11 @@ Error replies (nothing changed):
 
 local stock_key = KEYS[1]
 local record_key = KEYS[2]
-local missing = ARGV[2]
+local missing, nonce = ARGV[2], ARGV[3]
 
-local window, why = shared_args(stock_key, record_key, ARGV[1], missing)
+local window, bad = own_args(stock_key, record_key, ARGV[1], missing, nonce)
 if not window then
-  return {3, -1, '', VERSION, why}
+  return bad
 end
 
 local stock = read_stock(stock_key)
@@ -63,32 +66,34 @@ if stock == false then
   return redis.error_reply(BADSTOCK)
 end
 
-local record = redis.call('GET', record_key)
-if not record then
+local raw = redis.call('GET', record_key)
+if not raw then
   if stock == nil and missing ~= 'zero' then
     return redis.error_reply(UNKNOWNSKU)
   end
   -- Empty rollback: nothing to give back, but remember the id so a late
   -- DEDUCT of it is refused instead of deducting after its cancel.
-  redis.call('SET', record_key, 'V:0:', 'PX', window)
+  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
   return {4, stock or -1, '', VERSION}
 end
 
-local state, qty, order_no = parse_record(record)
-if state == 'R' then
-  return {1, stock or -1, order_no, VERSION}
-end
-if state == 'V' then
-  return {1, stock or -1, '', VERSION}
-end
-if state ~= 'D' then
+local record = parse_record(raw)
+if not record then
   return redis.error_reply(BADRECORD)
+end
+if record.state == 'R' then
+  local code = record.nonce == nonce and 0 or 1
+  return {code, stock or -1, record.order_no, VERSION}
+end
+if record.state == 'V' then
+  local code = record.nonce == nonce and 4 or 1
+  return {code, stock or -1, '', VERSION}
 end
 if stock == nil and missing ~= 'zero' then
   return redis.error_reply(UNKNOWNSKU)
 end
 
 -- Writes: only after every check above has passed.
-local remain = redis.call('INCRBY', stock_key, qty)
-redis.call('SET', record_key, 'R:' .. qty .. ':' .. order_no, 'PX', window)
-return {0, remain, order_no, VERSION}
+local remain = redis.call('INCRBY', stock_key, record.qty)
+redis.call('SET', record_key, record_text('R', record.qty, nonce, '', record.order_no), 'PX', window)
+return {0, remain, record.order_no, VERSION}

@@ -23,8 +23,8 @@ local record = redis.call('GET', KEYS[2])
 if not record then
   return {'none', 0, '', -2, stock}
 end
-local state, qty, order_no = parse_record(record)
-if not state then
+local parsed = parse_record(record)
+if not parsed then
   return redis.error_reply(BADRECORD)
 end
-return {names[state], tonumber(qty), order_no, redis.call('PTTL', KEYS[2]), stock}
+return {names[parsed.state], tonumber(parsed.qty), parsed.order_no, redis.call('PTTL', KEYS[2]), stock}

@@ -367,6 +367,8 @@ async fn scripts(
                     b"86400000",
                     b"1000000",
                     MissingStock::Error.as_arg().as_bytes(),
+                    // The call's nonce (lua/deduct.lua ARGV[6]).
+                    b"c4ec4",
                 ],
             )
             .await;

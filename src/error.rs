@@ -30,6 +30,11 @@ pub enum FaultKind {
     /// A reply stockgate does not understand: an unexpected shape, or an
     /// unexpected error from Redis.
     BadReply,
+    /// A script refused an argument stockgate itself supplies (the window,
+    /// the missing-stock mode, the key layout, the nonce): a version
+    /// mismatch between stockgate and its scripts, or a bug. Nothing was
+    /// changed; never answered as code 3, which is the caller's fault.
+    BadCall,
     /// The sku has no stock key (with `--missing-stock error`).
     UnknownSku,
     /// The stored data is not what the script expects (a non-integer stock,
@@ -73,13 +78,13 @@ impl FaultKind {
             | FaultKind::NotReady
             | FaultKind::NotReplicated
             | FaultKind::Overloaded => FaultClass::Unavailable,
-            FaultKind::BadReply => FaultClass::BadReply,
+            FaultKind::BadReply | FaultKind::BadCall => FaultClass::BadReply,
             FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
         }
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -87,6 +92,7 @@ impl FaultKind {
         FaultKind::OutOfMemory,
         FaultKind::NotReady,
         FaultKind::BadReply,
+        FaultKind::BadCall,
         FaultKind::UnknownSku,
         FaultKind::BadData,
         FaultKind::Refused,
@@ -104,6 +110,7 @@ impl FaultKind {
             FaultKind::OutOfMemory => "oom",
             FaultKind::NotReady => "not_ready",
             FaultKind::BadReply => "bad_reply",
+            FaultKind::BadCall => "bad_call",
             FaultKind::UnknownSku => "unknown_sku",
             FaultKind::BadData => "bad_data",
             FaultKind::Refused => "refused",
@@ -168,6 +175,10 @@ impl UpstreamError {
                 UpstreamError::new(FaultKind::BadData, format!("{code} {detail}"))
             }
             "NEGATIVE" => UpstreamError::new(FaultKind::Refused, format!("NEGATIVE {detail}")),
+            "BADCALL" => UpstreamError::new(
+                FaultKind::BadCall,
+                format!("a script refused an argument stockgate supplies: {detail}"),
+            ),
             "OOM" => UpstreamError::new(
                 FaultKind::OutOfMemory,
                 format!("redis is out of memory and refused the script: {detail}"),

@@ -24,6 +24,7 @@
 //!   reply, record metrics.
 //! - [`params`]: the parameter rules (sku, qty, request_id, order_no, ...).
 //! - [`keys`]: the key layout and hash tags; cluster slots.
+//! - [`record`]: the idempotency record's shapes, as Rust reads them.
 //! - [`script`]: the embedded Lua scripts (`lua/`), with the state machine
 //!   of a request in `lua/revert.lua`.
 //! - [`upstream`]: the Redis Cluster or standalone client, timeouts,
@@ -63,6 +64,7 @@ pub mod net;
 pub mod outcome;
 pub mod params;
 pub mod pipeline;
+pub mod record;
 pub mod redact;
 pub mod reply;
 pub mod script;

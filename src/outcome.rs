@@ -12,8 +12,10 @@ use redis_protocol::resp2::types::BytesFrame;
 
 /// The version of the script set this build ships (the fourth reply
 /// element); `lua/common.lua` says the same, and a test checks they agree.
-/// 1: DEDUCT only. 2: REVERT and code 4.
-pub const SCRIPT_VERSION: i64 = 2;
+/// 1: DEDUCT only. 2: REVERT and code 4. 3: records name the call that
+/// wrote them (a resent call answers as it did the first time), and
+/// stockgate's own arguments, when wrong, are a BADCALL error.
+pub const SCRIPT_VERSION: i64 = 3;
 
 /// A business outcome: what happened to the stock. System faults are never
 /// a `Code`; they are [`UpstreamError`]s.

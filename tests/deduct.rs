@@ -27,7 +27,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 0,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 2,
+                version: 3,
                 reason: None
             }
         );
@@ -45,7 +45,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 1,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 2,
+                version: 3,
                 reason: None
             }
         );
@@ -61,7 +61,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
                 code: 2,
                 remain: 3,
                 order_no: "".into(),
-                version: 2,
+                version: 3,
                 reason: None
             }
         );
@@ -70,7 +70,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
         assert_eq!(invalid.code, 3);
         assert_eq!(invalid.remain, -1);
         assert_eq!(invalid.order_no, "");
-        assert_eq!(invalid.version, 2);
+        assert_eq!(invalid.version, 3);
         assert_eq!(
             invalid.reason.as_deref(),
             Some("qty must be an integer from 1 to 1000000")
@@ -216,7 +216,11 @@ async fn the_record_has_a_ttl_within_the_window_and_shares_the_stock_slot() {
         "PTTL {pttl} should be just under the 15 min window"
     );
     let stored: String = redis::cmd("GET").arg(&record).query(&mut redis).unwrap();
-    assert_eq!(stored, "D:1:ORD-T", "the record keeps qty and order_no");
+    assert_eq!(
+        summary(&stored),
+        "D:1:ORD-T",
+        "the record keeps qty and order_no"
+    );
 
     // A duplicate does not refresh the TTL.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -319,7 +323,11 @@ async fn reusing_a_request_id_with_another_qty_is_invalid_and_changes_nothing() 
         .arg(record_key("reuse", "same-id"))
         .query(&mut redis)
         .unwrap();
-    assert_eq!(stored, "D:2:ORD-A", "the stored record is untouched");
+    assert_eq!(
+        summary(&stored),
+        "D:2:ORD-A",
+        "the stored record is untouched"
+    );
 }
 
 #[tokio::test]
@@ -452,5 +460,87 @@ async fn remains_near_powers_of_ten_reach_the_client_byte_exact() {
             999_999_999_999_996,
             99_999_999_999_999
         ]
+    );
+}
+
+#[tokio::test]
+async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_callers() {
+    // A caller may send EVALSHA directly. What stockgate itself supplies
+    // (window, missing-stock mode, max qty, key layout, nonce) is never the
+    // caller's fault, so it is a BADCALL error, not "invalid parameters",
+    // which callers never retry.
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("own"))
+        .arg(10)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let scripts = stockgate::script::Scripts::new();
+    let stock = stock_key("own");
+    let record = record_key("own", "r1");
+    let good = ["2", "", "86400000", "100", "error", "00ff"];
+    let call = |keys: [&[u8]; 2], argv: [&str; 6], direct: &mut redis::Connection| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&scripts.deduct.body)
+            .arg(2)
+            .arg(keys[0])
+            .arg(keys[1]);
+        for a in argv {
+            cmd.arg(a);
+        }
+        cmd.query::<Value>(direct)
+    };
+    let own_faults: [([&[u8]; 2], [&str; 6]); 6] = [
+        (
+            [&stock, &record],
+            ["2", "", "59999", "100", "error", "00ff"],
+        ),
+        (
+            [&stock, &record],
+            ["2", "", "86400000", "100", "maybe", "00ff"],
+        ),
+        (
+            [&stock, &record],
+            ["2", "", "86400000", "0", "error", "00ff"],
+        ),
+        (
+            [&stock, &record],
+            ["2", "", "86400000", "100", "error", "not-hex"],
+        ),
+        ([&stock, b"elsewhere:req:r1"], good),
+        ([b"stock:own", &record], good),
+    ];
+    for (keys, argv) in own_faults {
+        let err = call(keys, argv, &mut direct).unwrap_err();
+        assert_eq!(err.code(), Some("BADCALL"), "{argv:?}: {err:?}");
+        let fault = stockgate::error::UpstreamError::from_redis(&err);
+        assert_eq!(fault.kind, stockgate::error::FaultKind::BadCall);
+        assert!(
+            fault.reply_text().starts_with("BADREPLY "),
+            "{}",
+            fault.reply_text()
+        );
+    }
+    // The caller's qty and order_no: code 3.
+    for argv in [
+        ["0", "", "86400000", "100", "error", "00ff"],
+        ["101", "", "86400000", "100", "error", "00ff"],
+        ["2", "bad\norder", "86400000", "100", "error", "00ff"],
+    ] {
+        let reply = parse(call([&stock, &record], argv, &mut direct).unwrap());
+        assert_eq!(reply.code, 3, "{argv:?}");
+    }
+    let stock_now: i64 = redis::cmd("GET").arg(&stock).query(&mut direct).unwrap();
+    assert_eq!(stock_now, 10, "nothing was changed");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&record)
+        .query(&mut direct)
+        .unwrap();
+    assert!(!exists, "no record was written");
+    // And a good call still deducts.
+    assert_eq!(
+        parse(call([&stock, &record], good, &mut direct).unwrap()).code,
+        0
     );
 }

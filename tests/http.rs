@@ -164,22 +164,22 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         200,
-        json!({"code": 0, "remain": 3, "order_no": "ORD-W", "version": 2}),
+        json!({"code": 0, "remain": 3, "order_no": "ORD-W", "version": 3}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         200,
-        json!({"code": 1, "remain": 3, "order_no": "ORD-W", "duplicate": true, "version": 2}),
+        json!({"code": 1, "remain": 3, "order_no": "ORD-W", "duplicate": true, "version": 3}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(9), "w2")),
         409,
-        json!({"code": 2, "remain": 3, "order_no": "", "version": 2}),
+        json!({"code": 2, "remain": 3, "order_no": "", "version": 3}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(0), "w3")),
         400,
-        json!({"code": 3, "remain": -1, "order_no": "", "version": 2, "reason": "qty must be an integer from 1 to 1000000"}),
+        json!({"code": 3, "remain": -1, "order_no": "", "version": 3, "reason": "qty must be an integer from 1 to 1000000"}),
     );
     check(
         post_json(
@@ -188,7 +188,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "has space", "qty": 1, "request_id": "w4"}),
         ),
         400,
-        json!({"code": 3, "remain": -1, "order_no": "", "version": 2,
+        json!({"code": 3, "remain": -1, "order_no": "", "version": 3,
                "reason": "sku must be 1 to 128 printable ASCII bytes without whitespace, '{' or '}'"}),
     );
     check(
@@ -198,7 +198,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "w1"}),
         ),
         200,
-        json!({"code": 0, "remain": 5, "order_no": "ORD-W", "version": 2}),
+        json!({"code": 0, "remain": 5, "order_no": "ORD-W", "version": 3}),
     );
     check(
         post_json(
@@ -207,12 +207,12 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "w1"}),
         ),
         200,
-        json!({"code": 1, "remain": 5, "order_no": "ORD-W", "duplicate": true, "version": 2}),
+        json!({"code": 1, "remain": 5, "order_no": "ORD-W", "duplicate": true, "version": 3}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         409,
-        json!({"code": 4, "remain": 5, "order_no": "", "version": 2}),
+        json!({"code": 4, "remain": 5, "order_no": "", "version": 3}),
     );
     check(
         post_json(
@@ -221,7 +221,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "never"}),
         ),
         409,
-        json!({"code": 4, "remain": 5, "order_no": "", "version": 2}),
+        json!({"code": 4, "remain": 5, "order_no": "", "version": 3}),
     );
 
     // Malformed bodies: 400 with an error, and Redis is never called.

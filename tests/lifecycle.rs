@@ -252,7 +252,7 @@ async fn info_reports_totals_and_the_upstream() {
         ("deduct_error", 1),
         ("revert_ok", 1),
         ("upstream_errors_unknown_sku", 1),
-        ("script_version", 2),
+        ("script_version", 3),
     ] {
         assert_eq!(info.get::<i64>(key), Some(want), "{key}");
     }

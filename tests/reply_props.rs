@@ -277,7 +277,7 @@ fn the_issue_11_reply_parses_and_leaves_nothing_behind() {
                 code: Code::Ok,
                 remain,
                 order_no: Bytes::new(),
-                version: 2,
+                version: 3,
                 reason: None,
             })
         })

@@ -35,7 +35,7 @@
 //! request_id never used before (`<row>-<connection>-<n>`) and an
 //! order_no. EVALSHA takes exactly the KEYS and ARGV stockgate sends
 //! (`stockgate::keys::KeyLayout` builds the keys; default retry window,
-//! max qty and missing-stock mode).
+//! max qty, missing-stock mode and a call nonce).
 //!
 //! # Each row
 //!
@@ -258,6 +258,8 @@ pub fn plan(
                 let sku = &db.skus[skus[rng.below(skus.len())]].0;
                 let request_id = format!("{tag}-{c}-{n}");
                 let order_no = format!("ORD-{c}-{n}");
+                // The call's nonce, as stockgate makes one per call.
+                let nonce = format!("{:x}", (c << 32) | n);
                 match target.shape {
                     Shape::Deduct => requests.push(&[
                         b"DEDUCT",
@@ -282,6 +284,7 @@ pub fn plan(
                             RETRY_WINDOW_MS,
                             MAX_QTY,
                             MISSING_STOCK,
+                            nonce.as_bytes(),
                         ]);
                     }
                 }

@@ -83,6 +83,7 @@ impl StockService {
     /// Runs the DEDUCT script for a validated deduction.
     pub async fn apply_deduct(&self, deduct: &Deduct) -> StockResult {
         let keys = self.keys.deduct_keys(&deduct.sku, &deduct.request_id);
+        let nonce = self.nonces.next();
         let started = Instant::now();
         let reply = self
             .upstream
@@ -95,6 +96,7 @@ impl StockService {
                     self.retry_window_arg.as_bytes(),
                     self.max_qty_arg.as_bytes(),
                     self.missing_stock.as_arg().as_bytes(),
+                    &nonce,
                 ],
             )
             .await;

@@ -70,6 +70,7 @@ impl StockService {
     /// Runs the REVERT script for a validated revert.
     pub async fn apply_revert(&self, revert: &Revert) -> StockResult {
         let keys = self.keys.deduct_keys(&revert.sku, &revert.request_id);
+        let nonce = self.nonces.next();
         let started = Instant::now();
         let reply = self
             .upstream
@@ -79,6 +80,7 @@ impl StockService {
                 &[
                     self.retry_window_arg.as_bytes(),
                     self.missing_stock.as_arg().as_bytes(),
+                    &nonce,
                 ],
             )
             .await;

@@ -110,6 +110,7 @@ impl Plan {
         for (sku, request_id, record) in &self.records {
             let key = record_key(sku, request_id);
             let got: Option<String> = redis::cmd("GET").arg(&key).query(&mut redis).unwrap();
+            let got = got.as_deref().map(summary);
             assert_eq!(&got, record, "record of {sku} {request_id}");
             if record.is_some() {
                 let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut redis).unwrap();

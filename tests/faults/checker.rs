@@ -752,8 +752,16 @@ impl FinalState {
                     .push(format!("stock of {sku} is not an integer: {value:?}")),
             }
         } else if let Some(id) = tail.strip_prefix(":req:") {
-            self.records
-                .insert((sku.to_owned(), id.to_owned()), (value, pttl));
+            // Audited without the nonce of the call that wrote it.
+            match stockgate::record::Record::parse(&value) {
+                Some(record) => {
+                    self.records
+                        .insert((sku.to_owned(), id.to_owned()), (record.summary(), pttl));
+                }
+                None => self
+                    .violations
+                    .push(format!("record {key} has an unknown shape: {value:?}")),
+            }
         } else {
             self.violations.push(format!("unexpected key {key}"));
         }

@@ -102,7 +102,7 @@ async fn black_holed_node_latency_and_lost_replies() {
         match (reply, record) {
             (Err(err), Some(record)) => {
                 assert_eq!(err.code(), Some("UPSTREAM"), "{err:?}");
-                assert_eq!(record, "D:7:");
+                assert_eq!(crate::support::summary(&record), "D:7:");
                 lost_probe = Some(id);
                 break;
             }
@@ -441,5 +441,100 @@ async fn a_node_that_stops_reading_never_hangs_a_request() {
     rest_history
         .audit(&cluster, Policy::default())
         .assert_green();
+    server.stop_now();
+}
+
+/// A call whose reply was lost after it ran, and that stockgate sends
+/// again within its deadline (the node pipe's connection was cut; the
+/// fallback client resends), answers what the first send did: 0, not
+/// "duplicate". The record names the call that wrote it, so the resend
+/// recognises its own write. Before that, the caller's first attempt was
+/// told 1, which the checker counts as a violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_resent_after_its_reply_was_lost_answers_as_it_did() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let victim = 0;
+    let sku = skus_where(&cluster, "resent", 1, |o| o == victim).remove(0);
+    seed(&cluster, std::slice::from_ref(&sku), 100);
+    let relay = Relay::start(
+        format!("127.0.0.1:{}", cluster.nodes[victim].port)
+            .parse()
+            .unwrap(),
+    )
+    .await;
+    announce_port(&cluster, victim, relay.port);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, n)| n.url())
+        .collect();
+    let server = stockgate(seeds, Duration::from_secs(3)).await;
+    let mut conn = crate::support::client(&server, false).await;
+    // Warm both connections to the node (the pipe's and the fallback's).
+    let warm = crate::support::parse(
+        crate::support::deduct(&mut conn, &sku, "1", "warm", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(warm.code, 0);
+
+    let mut node = cluster.nodes[victim].connection().expect("node");
+    for (step, command) in ["DEDUCT", "REVERT"].into_iter().enumerate() {
+        relay.stats.one_reply_lost.store(false, Ordering::SeqCst);
+        relay.set(Mode::LoseOneReply);
+        let mut cmd = redis::cmd(command);
+        cmd.arg(&sku);
+        if command == "DEDUCT" {
+            cmd.arg(5);
+        }
+        cmd.arg("lost-once").arg("ORD-9");
+        if command == "REVERT" {
+            // REVERT takes no order_no.
+            cmd = redis::cmd("REVERT");
+            cmd.arg(&sku).arg("lost-once");
+        }
+        let reply = crate::support::parse(cmd.query_async(&mut conn).await.unwrap());
+        relay.set(Mode::Pass);
+        assert!(
+            relay.stats.one_reply_lost.load(Ordering::SeqCst),
+            "step {step}: the relay cut a reply"
+        );
+        let stock: i64 = redis::cmd("GET")
+            .arg(crate::support::stock_key(&sku))
+            .query(&mut node)
+            .unwrap();
+        let record: String = redis::cmd("GET")
+            .arg(crate::support::record_key(&sku, "lost-once"))
+            .query(&mut node)
+            .unwrap();
+        eprintln!(
+            "[resent] {command} whose reply was lost: code {}, remain {}, stock {stock}, record {record}",
+            reply.code, reply.remain
+        );
+        assert_eq!(
+            reply.code, 0,
+            "{command} answers as the first send did: {reply:?}"
+        );
+        let (expected_stock, expected_record) = if command == "DEDUCT" {
+            (94, "D:5:ORD-9")
+        } else {
+            (99, "R:5:ORD-9")
+        };
+        assert_eq!((stock, reply.remain), (expected_stock, expected_stock));
+        assert_eq!(crate::support::summary(&record), expected_record);
+    }
+    // A later retry, a new call, is a duplicate as before.
+    let again = crate::support::parse(
+        redis::cmd("REVERT")
+            .arg(&sku)
+            .arg("lost-once")
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.code, 1);
     server.stop_now();
 }

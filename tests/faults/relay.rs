@@ -23,6 +23,9 @@
 //!   that come back are thrown away with the connection: the command ran,
 //!   its reply was lost. (Other replies pass, so a client's handshake on a
 //!   new connection still works and its retry reaches Redis again.)
+//! - [`Mode::LoseOneReply`]: [`Mode::LoseReplies`] for one script reply
+//!   only, then [`Mode::Pass`]: the connection that carried a command is
+//!   cut after the command ran, and the next one gets through.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,6 +44,7 @@ pub enum Mode {
     Freeze,
     Partition,
     LoseReplies,
+    LoseOneReply,
 }
 
 /// What went through, for checking that clients really use the relay.
@@ -50,6 +54,8 @@ pub struct Stats {
     pub bytes_to_node: AtomicU64,
     pub bytes_to_client: AtomicU64,
     pub replies_lost: AtomicU64,
+    /// Set once [`Mode::LoseOneReply`] has cut its one reply.
+    pub one_reply_lost: AtomicBool,
 }
 
 pub struct Relay {
@@ -237,17 +243,30 @@ async fn pump(
                 cut.cancel();
                 return;
             }
+            let losing = match current {
+                Mode::LoseReplies => true,
+                Mode::LoseOneReply => !stats.one_reply_lost.load(Ordering::SeqCst),
+                _ => false,
+            };
             let due = match current {
-                Mode::LoseReplies
-                    if direction == Direction::ToClient && script_sent.load(Ordering::SeqCst) =>
+                _ if losing
+                    && direction == Direction::ToClient
+                    && script_sent.load(Ordering::SeqCst) =>
                 {
-                    stats.replies_lost.fetch_add(1, Ordering::Relaxed);
-                    cut.cancel();
-                    return;
+                    if current == Mode::LoseOneReply
+                        && stats.one_reply_lost.swap(true, Ordering::SeqCst)
+                    {
+                        // Another connection took the one loss first.
+                        Instant::now()
+                    } else {
+                        stats.replies_lost.fetch_add(1, Ordering::Relaxed);
+                        cut.cancel();
+                        return;
+                    }
                 }
-                Mode::LoseReplies
-                    if direction == Direction::ToNode
-                        && buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL")) =>
+                _ if losing
+                    && direction == Direction::ToNode
+                    && buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL")) =>
                 {
                     script_sent.store(true, Ordering::SeqCst);
                     Instant::now()

@@ -82,6 +82,19 @@ pub async fn deduct(
     cmd.query_async(conn).await
 }
 
+/// REVERT through `conn`; the raw reply.
+pub async fn revert(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sku: &str,
+    request_id: &str,
+) -> redis::RedisResult<Value> {
+    redis::cmd("REVERT")
+        .arg(sku)
+        .arg(request_id)
+        .query_async(conn)
+        .await
+}
+
 /// A DEDUCT reply's first four elements, checked for type.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reply {
@@ -130,6 +143,14 @@ pub fn record_key(sku: &str, request_id: &str) -> Vec<u8> {
             &RequestId::parse(request_id.to_owned().into()).unwrap(),
         )
         .record
+}
+
+/// A record's value without the nonce of the call that wrote it
+/// (`<state>:<qty>:<order_no>`), for comparing with what a test expects.
+pub fn summary(raw: &str) -> String {
+    stockgate::record::Record::parse(raw)
+        .unwrap_or_else(|| panic!("not a record: {raw:?}"))
+        .summary()
 }
 
 /// Sets a sku's stock directly in the cluster.
