@@ -38,6 +38,17 @@ local function keys_follow_layout(stock_key, record_key)
     and not string.find(request_id, '[{}]')
 end
 
+-- An operator's op record key must be the stock key plus ":op:<op_id>".
+local function op_key_follows_layout(stock_key, op_key)
+  local prefix = stock_key .. ':op:'
+  local op_id = string.sub(op_key, #prefix + 1)
+  return string.find(stock_key, '{', 1, true) ~= nil
+    and string.sub(op_key, 1, #prefix) == prefix
+    and #op_id >= 1 and #op_id <= 128
+    and not string.find(op_id, '[^!-~]')
+    and not string.find(op_id, '[{}]')
+end
+
 -- An error for an argument stockgate itself supplies (not the caller): a
 -- version mismatch between stockgate and its scripts, or a bug. Never a
 -- business code: the caller must not take it for "invalid parameters".
@@ -57,6 +68,21 @@ local function own_args(stock_key, record_key, window_arg, missing, nonce)
     return nil, badcall('missing-stock mode must be "error" or "zero"')
   end
   if not keys_follow_layout(stock_key, record_key) then
+    return nil, badcall('keys do not follow the stockgate key layout')
+  end
+  if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
+    return nil, badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  return window
+end
+
+-- The checks STOCK.SET and STOCK.ADD make of what stockgate supplies.
+local function own_op_args(stock_key, op_key, window_arg, nonce)
+  local window = window_ms(window_arg)
+  if not window then
+    return nil, badcall('retry window must be at least 60000 ms')
+  end
+  if not op_key_follows_layout(stock_key, op_key) then
     return nil, badcall('keys do not follow the stockgate key layout')
   end
   if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
@@ -116,4 +142,23 @@ end
 
 local function record_text(state, qty, nonce, aux, order_no)
   return '3:' .. state .. ':' .. qty .. ':' .. nonce .. ':' .. aux .. ':' .. order_no
+end
+
+-- An operator's change, recorded under its op_id (STOCK.SET, STOCK.ADD):
+-- "3:<kind>:<amount>:<nonce>:<after>:", kind A (added amount) or S (set to
+-- amount), after the stock it left. Returns {kind, amount, nonce, after}.
+local function parse_op(raw)
+  local kind, amount, nonce, after = string.match(raw, '^3:([AS]):(%-?%d+):(%x*):(%-?%d*):$')
+  if not kind then
+    return nil
+  end
+  return {kind = kind, amount = amount, nonce = nonce, after = after}
+end
+
+local function op_text(kind, amount, nonce, after)
+  -- %d, not tostring: Lua 5.1 spells integers past 10^14 as 1e+14.
+  if type(after) == 'number' then
+    after = string.format('%d', after)
+  end
+  return '3:' .. kind .. ':' .. amount .. ':' .. nonce .. ':' .. after .. ':'
 end

@@ -16,7 +16,7 @@ use crate::frame::RequestDecoder;
 use crate::reply::{Protocol, Reply};
 use crate::session::Session;
 use crate::state::Shared;
-use crate::stock::StockCommand;
+use crate::stock::{Caller, StockCommand};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -51,7 +51,7 @@ pub async fn serve(
     shared.metrics.client_connected();
     let id = shared.next_client_id();
     tracing::debug!(%peer, client = id, "client connected");
-    if let Err(err) = run(stream, id, &shared, &drain).await {
+    if let Err(err) = run(stream, peer, id, &shared, &drain).await {
         // A client vanishing mid-request is routine; its in-flight requests
         // still complete upstream (the script is atomic), only the replies
         // are lost, and a retry with the same request_id gets code 1.
@@ -64,6 +64,7 @@ pub async fn serve(
 
 async fn run(
     mut stream: TcpStream,
+    peer: SocketAddr,
     id: u64,
     shared: &Shared,
     drain: &CancellationToken,
@@ -72,6 +73,7 @@ async fn run(
     let config = &shared.config;
     let mut decoder = RequestDecoder::new(config.max_request_bytes);
     let mut session = Session::new(id, shared.config.password.is_none());
+    session.peer = Some(peer);
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
     let mut in_flight: FuturesOrdered<Queued<'_>> = FuturesOrdered::new();
@@ -110,7 +112,16 @@ async fn run(
                     Queued::ready(reply, session.protocol)
                 }
                 Action::Stock(command, args) => {
-                    Queued::stock(shared, command, args, arrived, session.protocol)
+                    // Only operators' changes log who sent them.
+                    let caller = match command {
+                        StockCommand::Set | StockCommand::Add => Caller {
+                            client_id: Some(session.id),
+                            addr: session.peer,
+                            name: session.name.clone(),
+                        },
+                        _ => Caller::default(),
+                    };
+                    Queued::stock(shared, command, args, caller, arrived, session.protocol)
                 }
             };
             in_flight.push_back(queued);
@@ -219,10 +230,11 @@ impl<'a> Queued<'a> {
         shared: &'a Shared,
         command: StockCommand,
         args: Vec<Bytes>,
+        caller: Caller,
         arrived: Instant,
         protocol: Protocol,
     ) -> Self {
-        let call = async move { shared.service.serve(command, &args, arrived).await };
+        let call = async move { shared.service.serve(command, &args, arrived, &caller).await };
         Queued {
             reply: Pending::Running(call.boxed()),
             protocol,

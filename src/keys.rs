@@ -3,13 +3,14 @@
 //! ```text
 //! stock key           <prefix>:{<sku>}
 //! idempotency record  <prefix>:{<sku>}:req:<request_id>
+//! operator's change   <prefix>:{<sku>}:op:<op_id>        (STOCK.SET, STOCK.ADD)
 //! ```
 //!
 //! The sku is the Redis Cluster hash tag of both keys, so the two always
 //! hash to one slot and one script can touch both. Skus and prefixes may not
 //! contain braces (see [`crate::params`]), so the tag is exactly the sku.
 
-use crate::params::{RequestId, Sku};
+use crate::params::{OpId, RequestId, Sku};
 
 /// Slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -74,6 +75,16 @@ impl KeyLayout {
         record.extend_from_slice(&stock);
         record.extend_from_slice(b":req:");
         record.extend_from_slice(request_id.as_bytes());
+        DeductKeys { stock, record }
+    }
+
+    /// The stock key and the record of one operator's change.
+    pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> DeductKeys {
+        let stock = self.stock_key(sku);
+        let mut record = Vec::with_capacity(stock.len() + 4 + op_id.as_bytes().len());
+        record.extend_from_slice(&stock);
+        record.extend_from_slice(b":op:");
+        record.extend_from_slice(op_id.as_bytes());
         DeductKeys { stock, record }
     }
 
@@ -158,13 +169,15 @@ mod tests {
         #[test]
         fn both_keys_share_a_slot(prefix in "[!-z|~]{1,64}", sku in token(), id in token()) {
             let layout = KeyLayout::new(&prefix).unwrap();
-            let keys = layout.deduct_keys(
-                &Sku::parse(sku.clone().into()).unwrap(),
-                &RequestId::parse(id.into()).unwrap(),
-            );
+            let parsed = Sku::parse(sku.clone().into()).unwrap();
+            let keys = layout.deduct_keys(&parsed, &RequestId::parse(id.clone().into()).unwrap());
             prop_assert_eq!(slot(&keys.stock), slot(&keys.record));
             // And the slot is the sku's own: the tag is exactly the sku.
             prop_assert_eq!(slot(&keys.stock), crc_whole(sku.as_bytes()));
+            // An operator's change record too.
+            let op = layout.op_keys(&parsed, &OpId::parse(id.clone().into()).unwrap());
+            prop_assert_eq!(slot(&op.stock), slot(&op.record));
+            prop_assert_eq!(&op.record[op.stock.len()..op.stock.len() + 4], b":op:");
         }
     }
 }

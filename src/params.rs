@@ -125,6 +125,28 @@ fn uuid_v7_millis(id: &[u8]) -> Option<u64> {
     u64::from_str_radix(&format!("{}{}", groups[0], groups[1]), 16).ok()
 }
 
+/// An operator's change's own id (STOCK.SET, STOCK.ADD): the same rules as
+/// a request_id, so a change is applied once however often it is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpId(Bytes);
+
+impl OpId {
+    pub fn parse(value: Bytes) -> Result<OpId, InvalidParam> {
+        if is_token(&value) {
+            Ok(OpId(value))
+        } else {
+            Err(InvalidParam(
+                "op_id must be 1 to 128 printable ASCII bytes without whitespace, '{' or '}'"
+                    .into(),
+            ))
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// A stock level to set: a canonical decimal integer from 0 to
 /// [`MAX_STOCK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

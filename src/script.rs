@@ -45,6 +45,7 @@ pub struct Scripts {
     pub deduct: Arc<LuaScript>,
     pub revert: Arc<LuaScript>,
     pub stock_add: Arc<LuaScript>,
+    pub stock_set: Arc<LuaScript>,
     pub status: Arc<LuaScript>,
 }
 
@@ -54,6 +55,7 @@ impl Scripts {
             deduct: LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
             revert: LuaScript::new("revert", include_str!("../lua/revert.lua")),
             stock_add: LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
+            stock_set: LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
             status: LuaScript::new("status", include_str!("../lua/status.lua")),
         }
     }
@@ -64,6 +66,7 @@ impl Scripts {
             self.deduct.clone(),
             self.revert.clone(),
             self.stock_add.clone(),
+            self.stock_set.clone(),
             self.status.clone(),
         ]
     }

@@ -264,8 +264,16 @@ async fn stock_commands_and_the_admin_gate() {
     let closed = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&closed, false).await;
     for cmd in [
-        redis::cmd("STOCK.SET").arg("adm").arg(5).clone(),
-        redis::cmd("STOCK.ADD").arg("adm").arg(5).clone(),
+        redis::cmd("STOCK.SET")
+            .arg("adm")
+            .arg(5)
+            .arg("op-1")
+            .clone(),
+        redis::cmd("STOCK.ADD")
+            .arg("adm")
+            .arg(5)
+            .arg("op-2")
+            .clone(),
     ] {
         let err = cmd.query_async::<Value>(&mut conn).await.unwrap_err();
         assert_eq!(err.code(), Some("NOPERM"), "{err:?}");
@@ -285,66 +293,71 @@ async fn stock_commands_and_the_admin_gate() {
 
     let open = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
     let mut conn = client(&open, true).await;
-    let ok: Value = redis::cmd("STOCK.SET")
-        .arg("adm")
-        .arg(5)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(ok, Value::Okay);
-    let after: i64 = redis::cmd("STOCK.ADD")
-        .arg("adm")
-        .arg(7)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(after, 12);
-    let after: i64 = redis::cmd("STOCK.ADD")
-        .arg("adm")
-        .arg(-12)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(after, 0);
-    let err = redis::cmd("STOCK.ADD")
-        .arg("adm")
-        .arg(-1)
-        .query_async::<Value>(&mut conn)
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Some("NEGATIVE"), "{err:?}");
+    let change = |command: &str, sku: &str, amount: &str, op_id: &str| {
+        redis::cmd(command).arg(sku).arg(amount).arg(op_id).clone()
+    };
+    let mut run = async |cmd: redis::Cmd| parse(cmd.query_async::<Value>(&mut conn).await.unwrap());
+    let set = run(change("STOCK.SET", "adm", "5", "restock-1")).await;
+    assert_eq!((set.code, set.remain), (0, 5));
+    // The same op sent again (a lost reply, a retrying tool): applied once.
+    let again = run(change("STOCK.SET", "adm", "5", "restock-1")).await;
+    assert_eq!((again.code, again.remain), (1, 5));
+    let added = run(change("STOCK.ADD", "adm", "7", "add-1")).await;
+    assert_eq!((added.code, added.remain), (0, 12));
+    let again = run(change("STOCK.ADD", "adm", "7", "add-1")).await;
+    assert_eq!((again.code, again.remain), (1, 12), "not added twice");
+    assert_eq!(get_stock(&cluster, "adm"), Some(12));
+    // An op_id reused for another change is refused.
+    let reused = run(change("STOCK.ADD", "adm", "8", "add-1")).await;
+    assert_eq!(reused.code, 3);
+    assert!(reused.reason.unwrap().contains("op_id was already used"));
+    let reused = run(change("STOCK.SET", "adm", "7", "add-1")).await;
+    assert_eq!(reused.code, 3);
+    let emptied = run(change("STOCK.ADD", "adm", "-12", "add-2")).await;
+    assert_eq!((emptied.code, emptied.remain), (0, 0));
+    let below = run(change("STOCK.ADD", "adm", "-1", "add-3")).await;
+    assert_eq!((below.code, below.remain), (2, 0), "never below 0");
     assert_eq!(
         get_stock(&cluster, "adm"),
         Some(0),
         "ADD never lets stock go below 0"
     );
-    let fresh: i64 = redis::cmd("STOCK.ADD")
-        .arg("new-sku")
-        .arg(3)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(fresh, 3, "restocking a sku without stock starts from 0");
-    let got: i64 = redis::cmd("STOCK.GET")
-        .arg("new-sku")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(got, 3);
+    let fresh = run(change("STOCK.ADD", "new-sku", "3", "add-4")).await;
+    assert_eq!(
+        (fresh.code, fresh.remain),
+        (0, 3),
+        "restocking a sku without stock starts from 0"
+    );
     for (cmd, value) in [
         ("STOCK.SET", "-1"),
         ("STOCK.SET", "1.5"),
         ("STOCK.ADD", "+1"),
         ("STOCK.ADD", "x"),
     ] {
-        let err = redis::cmd(cmd)
-            .arg("adm")
-            .arg(value)
-            .query_async::<Value>(&mut conn)
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Some("ERR"), "{cmd} {value}");
+        let reply = run(change(cmd, "adm", value, "op-x")).await;
+        assert_eq!((reply.code, reply.remain), (3, -1), "{cmd} {value}");
     }
+    let bad_op = run(change("STOCK.ADD", "adm", "1", "op x")).await;
+    assert!(bad_op.reason.unwrap().starts_with("op_id must be"));
+    drop(run);
+    // The old two-argument form is refused: a change without an op_id
+    // can't be sent again safely.
+    let err = redis::cmd("STOCK.ADD")
+        .arg("adm")
+        .arg(1)
+        .query_async::<Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.detail(),
+        Some("wrong number of arguments for 'stock.add' command")
+    );
+    let got: i64 = redis::cmd("STOCK.GET")
+        .arg("new-sku")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(got, 3);
     let err = redis::cmd("STOCK.GET")
         .arg("bad sku")
         .query_async::<Value>(&mut conn)

@@ -30,6 +30,8 @@ pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 #[derive(Debug)]
 pub struct Session {
     pub id: u64,
+    /// The client's address, when the connection has one.
+    pub peer: Option<std::net::SocketAddr>,
     pub protocol: Protocol,
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
@@ -43,6 +45,7 @@ impl Session {
     pub fn new(id: u64, authenticated: bool) -> Session {
         Session {
             id,
+            peer: None,
             protocol: Protocol::Resp2,
             name: None,
             lib_name: None,

@@ -4,20 +4,31 @@
 //! # Format
 //!
 //! ```text
-//! STOCK.GET <sku>              the stock, or nil when the sku has none
-//! STOCK.SET <sku> <qty>        +OK                     (--admin-commands)
-//! STOCK.ADD <sku> <delta>      the stock after it      (--admin-commands)
+//! STOCK.GET <sku>                    the stock, or nil when the sku has none
+//! STOCK.SET <sku> <qty> <op_id>      [code, stock, "", version]   (--admin-commands)
+//! STOCK.ADD <sku> <delta> <op_id>    [code, stock, "", version]   (--admin-commands)
 //! ```
 //!
 //! SET and ADD change stock outside the order flow, so they are refused
 //! with `-NOPERM` unless stockgate runs with `--admin-commands`, and each
-//! change is written to the `stockgate::audit` log target. ADD never takes
-//! the stock below 0 (`lua/stock_add.lua`).
+//! change is written to the `stockgate::audit` log target.
+//!
+//! A change is as retry-prone as an order: its reply can be lost after it
+//! ran and the change sent again, by stockgate's fallback client, by
+//! redis-rs after a dropped connection, or by the operator's tool. Added
+//! twice is phantom stock, which is overselling; a SET sent again after
+//! deductions ran between would sell their units again. So each change
+//! names itself with an `op_id`, kept in a record like an order's
+//! request_id for the retry window (`lua/stock_set.lua`,
+//! `lua/stock_add.lua`): 0 applied now, 1 this op_id was already applied,
+//! 2 (ADD) refused because the stock would go below 0, 3 invalid.
 
-use super::{StockCommand, StockService};
+use super::{Caller, StockCommand, StockResult, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg};
-use crate::params::{Delta, Sku, StockLevel};
+use crate::outcome::{Code, StockReply};
+use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
 use crate::reply::Reply;
+use crate::script::LuaScript;
 use bytes::Bytes;
 use redis::Value;
 
@@ -35,29 +46,43 @@ pub const GET: CommandSpec = CommandSpec {
 
 pub const SET: CommandSpec = CommandSpec {
     name: "stock.set",
-    arity: 3,
+    arity: 4,
     max_args: None,
     flags: &["write", "admin"],
     group: "stockgate",
-    summary: "Sets a sku's stock (needs --admin-commands).",
-    args: &[arg("sku", "string"), arg("qty", "integer")],
+    summary: "Sets a sku's stock, once per op_id (needs --admin-commands). Replies [code, stock, \"\", version]: 0 set, 1 this op_id was already applied, 3 invalid.",
+    args: &[
+        arg("sku", "string"),
+        arg("qty", "integer"),
+        arg("op_id", "string"),
+    ],
     subcommands: &[],
     serve: Serve::Stock(StockCommand::Set),
 };
 
 pub const ADD: CommandSpec = CommandSpec {
     name: "stock.add",
-    arity: 3,
+    arity: 4,
     max_args: None,
     flags: &["write", "admin"],
     group: "stockgate",
-    summary: "Adds a signed delta to a sku's stock, never below 0 (needs --admin-commands).",
-    args: &[arg("sku", "string"), arg("delta", "integer")],
+    summary: "Adds a signed delta to a sku's stock, once per op_id, never below 0 (needs --admin-commands). Replies [code, stock, \"\", version]: 0 added, 1 this op_id was already applied, 2 it would go below 0, 3 invalid.",
+    args: &[
+        arg("sku", "string"),
+        arg("delta", "integer"),
+        arg("op_id", "string"),
+    ],
     subcommands: &[],
     serve: Serve::Stock(StockCommand::Add),
 };
 
 const NOPERM: &str = "NOPERM STOCK.SET and STOCK.ADD change stock outside the order flow; start stockgate with --admin-commands to allow them";
+
+/// Which change, checked.
+enum Change {
+    Set(StockLevel),
+    Add(Delta),
+}
 
 impl StockService {
     /// `STOCK.GET <sku>`
@@ -74,46 +99,56 @@ impl StockService {
         }
     }
 
-    /// `STOCK.SET <sku> <qty>`
-    pub(super) async fn set(&self, args: &[Bytes]) -> Reply {
+    /// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`.
+    pub(super) async fn change(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        caller: &Caller,
+    ) -> Reply {
         if !self.admin_commands {
             return Reply::error(NOPERM);
         }
-        let (sku, level) = match (Sku::parse(args[0].clone()), StockLevel::parse(&args[1])) {
-            (Ok(sku), Ok(level)) => (sku, level),
-            (Err(invalid), _) | (_, Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
+        let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
+            let change = match command {
+                StockCommand::Set => Change::Set(StockLevel::parse(&args[1])?),
+                _ => Change::Add(Delta::parse(&args[1])?),
+            };
+            Ok((
+                Sku::parse(args[0].clone())?,
+                change,
+                OpId::parse(args[2].clone())?,
+            ))
+        })();
+        let (sku, change, op_id) = match parsed {
+            Ok(parsed) => parsed,
+            Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
         };
-        let mut set = redis::cmd("SET");
-        set.arg(self.keys.stock_key(&sku)).arg(level.0);
-        match self.upstream.query(&set).await {
-            Ok(_) => {
-                audit("STOCK.SET", &sku, level.0);
-                Reply::Simple("OK")
-            }
-            Err(fault) => Reply::Error(fault.reply_text()),
-        }
-    }
-
-    /// `STOCK.ADD <sku> <delta>`
-    pub(super) async fn add(&self, args: &[Bytes]) -> Reply {
-        if !self.admin_commands {
-            return Reply::error(NOPERM);
-        }
-        let (sku, delta) = match (Sku::parse(args[0].clone()), Delta::parse(&args[1])) {
-            (Ok(sku), Ok(delta)) => (sku, delta),
-            (Err(invalid), _) | (_, Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
+        let script: &LuaScript = match change {
+            Change::Set(_) => &self.scripts.stock_set,
+            Change::Add(_) => &self.scripts.stock_add,
         };
-        let stock_key = self.keys.stock_key(&sku);
-        let result = self
+        let keys = self.keys.op_keys(&sku, &op_id);
+        let nonce = self.nonces.next();
+        let result: StockResult = self
             .upstream
-            .eval(&self.scripts.stock_add, &[&stock_key], &[&args[1]])
+            .eval_stock(
+                script,
+                [&keys.stock, &keys.record],
+                &[&args[1], self.retry_window_arg.as_bytes(), &nonce],
+            )
             .await;
         match result {
-            Ok(Value::Int(after)) => {
-                audit("STOCK.ADD", &sku, delta.0);
-                Reply::Integer(after)
+            Ok(reply) => {
+                if reply.code == Code::Ok {
+                    let (name, amount) = match change {
+                        Change::Set(level) => ("STOCK.SET", level.0),
+                        Change::Add(delta) => ("STOCK.ADD", delta.0),
+                    };
+                    audit(name, &sku, amount, &op_id, reply.remain, caller);
+                }
+                Reply::Stock(reply)
             }
-            Ok(other) => Reply::error(format!("BADREPLY STOCK.ADD answered {other:?}")),
             Err(fault) => Reply::Error(fault.reply_text()),
         }
     }
@@ -134,12 +169,22 @@ fn stock_value(value: Value) -> Reply {
 
 /// Stock changed outside the order flow: who, what, by how much, in the
 /// audit log (its own target, so it can be routed and kept apart).
-fn audit(command: &str, sku: &Sku, value: i64) {
+fn audit(command: &str, sku: &Sku, amount: i64, op_id: &OpId, after: i64, caller: &Caller) {
+    let (qty, delta) = match command {
+        "STOCK.SET" => (Some(amount), None),
+        _ => (None, Some(amount)),
+    };
     tracing::info!(
         target: "stockgate::audit",
         command,
         sku = %String::from_utf8_lossy(sku.as_bytes()),
-        value,
+        qty,
+        delta,
+        op_id = %String::from_utf8_lossy(op_id.as_bytes()),
+        stock_after = after,
+        client_id = caller.client_id,
+        client_addr = caller.addr.map(|a| a.to_string()),
+        client_name = caller.name.as_deref().map(|n| String::from_utf8_lossy(n).into_owned()),
         "stock changed outside the order flow"
     );
 }

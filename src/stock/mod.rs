@@ -5,8 +5,8 @@
 //! - [`deduct`]: DEDUCT, the hot path.
 //! - [`revert`]: REVERT, compensation.
 //! - [`admin`]: STOCK.GET, STOCK.SET, STOCK.ADD: reading, restocking and
-//!   correcting stock (SET and ADD need `--admin-commands`, and each is
-//!   written to the audit log).
+//!   correcting stock (SET and ADD need `--admin-commands`, are applied
+//!   once per op_id, and each is written to the audit log).
 //! - [`status`]: STOCK.STATUS: one request's record, for support.
 //!
 //! What they share lives here: the service's settings, the metrics and the
@@ -28,6 +28,7 @@ use crate::script::Scripts;
 use crate::upstream::Upstream;
 use bytes::Bytes;
 use std::hash::{BuildHasher, RandomState};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -41,6 +42,15 @@ pub enum StockCommand {
     Set,
     Add,
     Status,
+}
+
+/// Who sent a request: for the audit log of operators' changes. Empty for
+/// the commands that don't log it.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    pub client_id: Option<u64>,
+    pub addr: Option<SocketAddr>,
+    pub name: Option<Bytes>,
 }
 
 /// What one DEDUCT or REVERT came to.
@@ -133,14 +143,22 @@ impl StockService {
     }
 
     /// Serves one command whose arguments (after the name) are `args`, as
-    /// the RESP reply. `arrived` is when the request was read.
-    pub async fn serve(&self, command: StockCommand, args: &[Bytes], arrived: Instant) -> Reply {
+    /// the RESP reply. `arrived` is when the request was read; `caller`
+    /// who sent it (the audit log of STOCK.SET and STOCK.ADD names them).
+    pub async fn serve(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+        caller: &Caller,
+    ) -> Reply {
         let result = match command {
             StockCommand::Deduct => self.deduct(args, arrived).await,
             StockCommand::Revert => self.revert(args, arrived).await,
             StockCommand::Get => return self.get(args).await,
-            StockCommand::Set => return self.set(args).await,
-            StockCommand::Add => return self.add(args).await,
+            StockCommand::Set | StockCommand::Add => {
+                return self.change(command, args, caller).await;
+            }
             StockCommand::Status => return self.status(args).await,
         };
         match result {

@@ -447,7 +447,7 @@ async fn a_node_that_stops_reading_never_hangs_a_request() {
 /// A call whose reply was lost after it ran, and that stockgate sends
 /// again within its deadline (the node pipe's connection was cut; the
 /// fallback client resends), answers what the first send did: 0, not
-/// "duplicate". The record names the call that wrote it, so the resend
+/// "duplicate"; and an operator's STOCK.ADD is applied once. The record names the call that wrote it, so the resend
 /// recognises its own write. Before that, the caller's first attempt was
 /// told 1, which the checker counts as a violation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,7 +471,11 @@ async fn a_call_resent_after_its_reply_was_lost_answers_as_it_did() {
         .filter(|(i, _)| *i != victim)
         .map(|(_, n)| n.url())
         .collect();
-    let server = stockgate(seeds, Duration::from_secs(3)).await;
+    let server = crate::support::proxy(seeds, |c| {
+        c.upstream.timeout = Duration::from_secs(3);
+        c.admin_commands = true;
+    })
+    .await;
     let mut conn = crate::support::client(&server, false).await;
     // Warm both connections to the node (the pipe's and the fallback's).
     let warm = crate::support::parse(
@@ -536,5 +540,43 @@ async fn a_call_resent_after_its_reply_was_lost_answers_as_it_did() {
             .unwrap(),
     );
     assert_eq!(again.code, 1);
+
+    // An operator's restock whose reply was lost: added once, answered 0;
+    // the operator's own retry of the op_id is told it was applied (1).
+    relay.stats.one_reply_lost.store(false, Ordering::SeqCst);
+    relay.set(Mode::LoseOneReply);
+    let add = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let sku = sku.clone();
+        async move {
+            crate::support::parse(
+                redis::cmd("STOCK.ADD")
+                    .arg(&sku)
+                    .arg(50)
+                    .arg("restock-7")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let added = add(&mut conn).await;
+    relay.set(Mode::Pass);
+    assert!(relay.stats.one_reply_lost.load(Ordering::SeqCst));
+    let stock: i64 = redis::cmd("GET")
+        .arg(crate::support::stock_key(&sku))
+        .query(&mut node)
+        .unwrap();
+    eprintln!(
+        "[resent] STOCK.ADD whose reply was lost: code {}, stock {stock}",
+        added.code
+    );
+    assert_eq!(
+        (added.code, added.remain, stock),
+        (0, 149, 149),
+        "added once"
+    );
+    let retried = add(&mut conn).await;
+    assert_eq!((retried.code, retried.remain), (1, 149));
     server.stop_now();
 }

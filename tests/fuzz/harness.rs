@@ -293,7 +293,7 @@ fn run_request(request: Request, session: &mut Session, shared: &Shared) -> (Rep
         Action::Stock(command, args) => {
             let reply = shared
                 .service
-                .serve(command, &args, Instant::now())
+                .serve(command, &args, Instant::now(), &Default::default())
                 .now_or_never()
                 .unwrap_or_else(|| {
                     panic!("{command:?} waited with no upstream; it must answer at once")
@@ -312,9 +312,34 @@ fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, share
     let invalid_reason = match command {
         StockCommand::Deduct => Deduct::parse(args, config.max_qty).err(),
         StockCommand::Revert => Revert::parse(args).err(),
+        // The order stockgate checks them in: the amount, the sku, the op_id.
+        StockCommand::Set | StockCommand::Add if config.admin_commands => {
+            let amount = if command == StockCommand::Set {
+                StockLevel::parse(&args[1]).err()
+            } else {
+                Delta::parse(&args[1]).err()
+            };
+            amount
+                .or_else(|| Sku::parse(args[0].clone()).err())
+                .or_else(|| stockgate::params::OpId::parse(args[2].clone()).err())
+        }
         _ => None,
     };
     match (command, reply) {
+        (StockCommand::Set | StockCommand::Add, Reply::Stock(stock)) => {
+            assert_eq!(stock.code, Code::Invalid, "{command:?} {args:?}: {stock:?}");
+            let reason = stock.reason.as_deref().expect("code 3 says why");
+            let invalid = invalid_reason.unwrap_or_else(|| {
+                panic!("{command:?} {args:?} refused with valid arguments: {stock:?}")
+            });
+            assert_eq!(reason, invalid.0.as_bytes());
+        }
+        (StockCommand::Set | StockCommand::Add, Reply::Error(text)) => {
+            assert!(
+                invalid_reason.is_none(),
+                "{command:?} {args:?} has bad arguments ({invalid_reason:?}) but got {text}"
+            );
+        }
         (StockCommand::Deduct | StockCommand::Revert, Reply::Stock(stock)) => {
             assert_eq!(stock.code, Code::Invalid, "{command:?} {args:?}: {stock:?}");
             assert_eq!(stock.remain, -1);
