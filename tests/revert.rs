@@ -339,7 +339,6 @@ async fn stock_commands_and_the_admin_gate() {
     }
     let bad_op = run(change("STOCK.ADD", "adm", "1", "op x")).await;
     assert!(bad_op.reason.unwrap().starts_with("op_id must be"));
-    drop(run);
     // The old two-argument form is refused: a change without an op_id
     // can't be sent again safely.
     let err = redis::cmd("STOCK.ADD")
