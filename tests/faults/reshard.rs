@@ -12,12 +12,13 @@ use crate::checker::{Attempt, History, Policy};
 use crate::harness::*;
 use std::time::{Duration, Instant};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_resharding_of_busy_slots() {
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn live_resharding_of_busy_slots }
+async fn live_resharding_of_busy_slots(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let cluster = cluster(2000, &[]);
+    let name = format!("reshard-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
-    let (fault, rest) = lanes(&cluster, "reshard", source);
+    let (fault, rest) = lanes(&cluster, &name, source);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -53,7 +54,7 @@ async fn live_resharding_of_busy_slots() {
 
     let (src_after, dst_after) = (counters(source), counters(target));
     eprintln!(
-        "[reshard] source :{} answered ASK {}, TRYAGAIN {}, MOVED {}; target :{} answered TRYAGAIN {}, MOVED {}",
+        "[{name}] source :{} answered ASK {}, TRYAGAIN {}, MOVED {}; target :{} answered TRYAGAIN {}, MOVED {}",
         cluster.nodes[source].port,
         src_after.0 - src_before.0,
         src_after.1 - src_before.1,
@@ -84,7 +85,7 @@ async fn live_resharding_of_busy_slots() {
             .filter(|a| a.started > *to)
             .collect();
         eprintln!(
-            "[reshard] {sku} slot {slot}: {keys} keys moved in {}; latency before {} | while moving {} {:?} | after {}",
+            "[{name}] {sku} slot {slot}: {keys} keys moved in {}; latency before {} | while moving {} {:?} | after {}",
             ms(*to - *from),
             fault_history.latency(before.into_iter()),
             fault_history.latency(during.iter().copied()),
@@ -105,7 +106,7 @@ async fn live_resharding_of_busy_slots() {
         )
     };
     eprintln!(
-        "[reshard] while slots moved, other skus of the source: {}; other primaries: {}",
+        "[{name}] while slots moved, other skus of the source: {}; other primaries: {}",
         moving(&fault_history),
         moving(&rest_history)
     );
@@ -118,17 +119,18 @@ async fn live_resharding_of_busy_slots() {
     server.stop_now();
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error }
 /// A slot move shorter than `--timeout` must cost latency, not errors: the
 /// deadline, "redirects and retries included", decides when to give up,
 /// not the count of ASK and TRYAGAIN hops on the way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
+async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let cluster = cluster(2000, &[]);
+    let name = format!("shortmove-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
     let timeout = Duration::from_secs(2);
-    let skus = skus_where(&cluster, "shortmove", 1, |o| o == source);
-    let mut load = crate::checker::Workload::new("shortmove", skus.clone(), timeout);
+    let skus = skus_where(&cluster, &name, 1, |o| o == source);
+    let mut load = crate::checker::Workload::new(&name, skus.clone(), timeout);
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), timeout).await;
@@ -153,7 +155,7 @@ async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
         .filter(|a| a.ended() >= started && a.started <= started + took)
         .collect();
     eprintln!(
-        "[shortmove] {keys} keys, slot in migration for {} (--timeout {}); requests meanwhile: {} {:?}",
+        "[{name}] {keys} keys, slot in migration for {} (--timeout {}); requests meanwhile: {} {:?}",
         ms(took),
         ms(timeout),
         history.latency(during.iter().copied()),
