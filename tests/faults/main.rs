@@ -9,7 +9,7 @@
 //! latency, acknowledged writes lost).
 //!
 //! ```sh
-//! cargo test --test faults -- --nocapture     # the CI variants, about 3 minutes on 2 cores
+//! cargo test --test faults -- --nocapture     # the CI variants, about 4.5 minutes on 2 cores
 //! STOCKGATE_LONG_FAULTS=1 cargo test --test faults -- --nocapture
 //!                                              # longer phases, more slots moved, more rounds
 //! STOCKGATE_FAULT_WAIT=1 cargo test --test faults
