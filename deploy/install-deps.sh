@@ -18,12 +18,34 @@
 #   schemathesis from PyPI and npm into target/client-envs/. Only installed
 #   when missing; the newest ioredis and node-redis want Node.js 20, which
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
+# - valkey-server, valkey-tools: Valkey 8, the second upstream the contract,
+#   check and fault tests run against (the Valkey half of their matrix).
+#   Debian 12 (bookworm) has Valkey only in bookworm-backports, so on
+#   bookworm this adds that suite (a sources file under
+#   /etc/apt/sources.list.d, only when no apt source names it yet; it reuses
+#   the mirror the system's own bookworm suite comes from) and installs
+#   those two packages from it with `-t bookworm-backports`. Backports are
+#   never upgraded to on their own: apt pins them at priority 100, so only
+#   packages asked for with `-t` come from there. Later Debian releases have
+#   Valkey in main and install it as usual.
+#   Like redis-server, Debian's valkey-server package sets up a service on
+#   127.0.0.1:6379. The tests never use it (they start their own servers on
+#   free ports), and with Redis's own service already on 6379 it could not
+#   bind anyway; so when an init system (systemd) runs, the service of a
+#   valkey-server this script just installed is disabled and stopped. In a
+#   container without one (as on CI), nothing is started.
 #
-# Idempotent: installs only what is missing.
+# Idempotent: installs only what is missing, and changes apt's sources only
+# once.
 set -euo pipefail
 
 redis_major() {
     redis-server --version 2>/dev/null | sed -n 's/.*v=\([0-9]*\)\..*/\1/p'
+}
+
+# `valkey-server --version` prints "Valkey server v=8.0.1 sha=...".
+valkey_major() {
+    valkey-server --version 2>/dev/null | sed -n 's/.*v=\([0-9]*\)\..*/\1/p'
 }
 
 packages=()
@@ -40,11 +62,16 @@ fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     packages+=(nodejs npm)
 fi
-if [ "${#packages[@]}" -eq 0 ]; then
+need_valkey=false
+if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null \
+    || ! [ "$(valkey_major || echo 0)" -ge 8 ] 2>/dev/null; then
+    need_valkey=true
+fi
+if [ "${#packages[@]}" -eq 0 ] && [ "$need_valkey" = false ]; then
     exit 0
 fi
 
-echo "installing ${packages[*]} from Debian's packages..." >&2
+echo "installing ${packages[*]}${packages[*]:+ }$([ "$need_valkey" = true ] && echo "valkey-server valkey-tools") from Debian's packages..." >&2
 if [ "$(id -u)" -eq 0 ]; then
     sudo=""
 elif command -v sudo >/dev/null; then
@@ -55,10 +82,54 @@ else
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+if [ "${#packages[@]}" -gt 0 ]; then
+    $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
 
 major="$(redis_major || echo 0)"
 if [ "${major:-0}" -lt 7 ]; then
     echo "this distribution ships Redis ${major}; stockgate needs 7.0 or newer (Debian 12+)" >&2
     exit 1
+fi
+
+if [ "$need_valkey" = true ]; then
+    codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+    target=()
+    if [ "$codename" = bookworm ]; then
+        # Any enabled apt source (a .list line or a deb822 .sources stanza)
+        # that already names the suite counts: never add it twice.
+        if ! grep -Eqs '^[^#]*bookworm-backports' /etc/apt/sources.list \
+            /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; then
+            # The mirror the system's bookworm/main comes from, as apt sees
+            # it after the update above ("500 <uri> bookworm/main amd64
+            # Packages"), so backports come from the same place.
+            mirror="$(apt-cache policy | awk '$3 == "bookworm/main" { print $2; exit }')"
+            if [ -z "$mirror" ]; then
+                echo "no apt source for bookworm/main found; add bookworm-backports to apt's sources by hand, then run this again" >&2
+                exit 1
+            fi
+            echo "adding bookworm-backports ($mirror) to apt's sources for Valkey..." >&2
+            printf '%s\n' \
+                "# Added by stockgate's deploy/install-deps.sh for valkey-server (Valkey 8)." \
+                "Types: deb" \
+                "URIs: $mirror" \
+                "Suites: bookworm-backports" \
+                "Components: main" \
+                "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
+                | $sudo tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
+            $sudo apt-get update -qq
+        fi
+        target=(-t bookworm-backports)
+    fi
+    $sudo apt-get install -y -qq --no-install-recommends "${target[@]}" valkey-server valkey-tools >/dev/null
+    # See the note at the top: the tests start their own servers, so a
+    # packaged service on 6379 is only in the way.
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+        $sudo systemctl disable --now valkey-server >/dev/null 2>&1 || true
+    fi
+    vmajor="$(valkey_major || echo 0)"
+    if [ "${vmajor:-0}" -lt 8 ]; then
+        echo "installed valkey-server is ${vmajor:-missing}; the Valkey tests want 8 or newer" >&2
+        exit 1
+    fi
 fi

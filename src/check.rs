@@ -140,20 +140,72 @@ async fn info(upstream: &Upstream, node: &Node, section: &[&str]) -> Result<Stri
     text(reply).ok_or_else(|| format!("{} answered an unexpected shape", section.join(" ")))
 }
 
+/// What a node runs, read from its `INFO server`.
+///
+/// Valkey names itself in `server_name:valkey` and gives its own version in
+/// `valkey_version`; its `redis_version` is the Redis level it is
+/// compatible with (7.2.4 in Valkey 8), not its release. Redis has no
+/// `server_name`. Another server that names itself is reported by that
+/// name and its `<name>_version` when it has one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServerIdentity {
+    /// `redis`, `valkey`, or the server's own `server_name`.
+    pub name: String,
+    /// The server's own release.
+    pub version: String,
+    /// The Redis compatibility level (`redis_version`): what stockgate's
+    /// scripts need (7.0+, for script flags).
+    pub redis_version: String,
+}
+
+impl ServerIdentity {
+    pub fn from_info(info: &str) -> ServerIdentity {
+        let redis_version = field(info, "redis_version").unwrap_or("unknown").to_owned();
+        match field(info, "server_name").filter(|n| !n.is_empty()) {
+            Some(name) if name != "redis" => ServerIdentity {
+                name: name.to_owned(),
+                version: field(info, &format!("{name}_version"))
+                    .unwrap_or(&redis_version)
+                    .to_owned(),
+                redis_version,
+            },
+            _ => ServerIdentity {
+                name: "redis".into(),
+                version: redis_version.clone(),
+                redis_version,
+            },
+        }
+    }
+
+    /// Script flags (`#!lua`), which make a replica redirect a script
+    /// instead of failing at its first write, came with Redis 7.0; every
+    /// Valkey release has them and says `redis_version:7.2.4`.
+    fn has_script_flags(&self) -> bool {
+        self.redis_version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|major| major >= 7)
+    }
+}
+
+impl fmt::Display for ServerIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.version)
+    }
+}
+
+/// Names the server and its version on every primary ("valkey 8.0.1",
+/// "redis 7.0.15"), and fails a primary too old for script flags.
 async fn versions(upstream: &Upstream, nodes: &[Node], report: &mut Report) {
-    let mut found = Vec::new();
+    let mut found: Vec<(&Node, ServerIdentity)> = Vec::new();
     for node in nodes {
         match info(upstream, node, &["INFO", "server"]).await {
-            Ok(text) => found.push((
-                node,
-                field(&text, "redis_version")
-                    .unwrap_or("unknown")
-                    .to_owned(),
-            )),
+            Ok(text) => found.push((node, ServerIdentity::from_info(&text))),
             Err(err) => {
                 report.add(
                     Verdict::Fail,
-                    "redis version",
+                    "server",
                     format!("{}:{}: {err}", node.host, node.port),
                 );
                 return;
@@ -162,30 +214,44 @@ async fn versions(upstream: &Upstream, nodes: &[Node], report: &mut Report) {
     }
     let old: Vec<String> = found
         .iter()
-        .filter(|(_, v)| {
-            v.split('.')
-                .next()
-                .and_then(|m| m.parse::<u32>().ok())
-                .unwrap_or(0)
-                < 7
-        })
-        .map(|(n, v)| format!("{}:{} runs {v}", n.host, n.port))
+        .filter(|(_, id)| !id.has_script_flags())
+        .map(|(n, id)| format!("{}:{} runs {id}", n.host, n.port))
         .collect();
-    if old.is_empty() {
-        let mut versions: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
-        versions.dedup();
-        report.add(
-            Verdict::Pass,
-            "redis version",
-            format!("{} on every primary", versions.join(", ")),
-        );
-    } else {
+    if !old.is_empty() {
         report.add(
             Verdict::Fail,
-            "redis version",
+            "server",
             format!(
-                "{}: stockgate needs Redis 7.0 or newer (script flags)",
+                "{}: stockgate needs Redis 7.0 or newer, or Valkey (script flags)",
                 old.join("; ")
+            ),
+        );
+        return;
+    }
+    let mut groups: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (node, id) in &found {
+        groups
+            .entry(id.to_string())
+            .or_default()
+            .push(format!("{}:{}", node.host, node.port));
+    }
+    if groups.len() == 1 {
+        let (id, _) = groups.into_iter().next().expect("one group");
+        report.add(Verdict::Pass, "server", format!("{id} on every primary"));
+    } else {
+        // Expected during a rolling move from Redis to Valkey (or an
+        // upgrade), but each server and version was tested on its own.
+        let mixed: Vec<String> = groups
+            .into_iter()
+            .map(|(id, nodes)| format!("{id} on {}", nodes.join(", ")))
+            .collect();
+        report.add(
+            Verdict::Warn,
+            "server",
+            format!(
+                "primaries run different servers or versions: {}; fine while a rolling upgrade is under way, \
+                 but finish it: stockgate was tested against one server at a time",
+                mixed.join("; ")
             ),
         );
     }
@@ -550,5 +616,36 @@ async fn node_timeout(upstream: &Upstream, node: &Node, timeout: Duration, repor
             "node timeout",
             format!("--timeout {ms} ms covers cluster-node-timeout {node_timeout} ms: requests can wait through a failover"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_is_named_by_its_own_info_fields() {
+        // INFO server as Valkey 8.0.1 and Redis 7.0.15 answer it (abridged).
+        let valkey = "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\nredis_git_sha1:00000000\r\n";
+        let redis = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        let id = ServerIdentity::from_info(valkey);
+        assert_eq!(id.to_string(), "valkey 8.0.1");
+        assert_eq!(id.redis_version, "7.2.4");
+        assert!(id.has_script_flags());
+        let id = ServerIdentity::from_info(redis);
+        assert_eq!(id.to_string(), "redis 7.0.15");
+        assert!(id.has_script_flags());
+        let old = ServerIdentity::from_info("redis_version:6.2.14\r\n");
+        assert_eq!(old.to_string(), "redis 6.2.14");
+        assert!(!old.has_script_flags());
+        // A server that names itself but has no <name>_version field.
+        let other = ServerIdentity::from_info("redis_version:7.2.0\r\nserver_name:acme\r\n");
+        assert_eq!(other.to_string(), "acme 7.2.0");
+        assert_eq!(
+            ServerIdentity::from_info("").to_string(),
+            "redis unknown",
+            "no INFO fields: unknown, and failed as too old"
+        );
+        assert!(!ServerIdentity::from_info("").has_script_flags());
     }
 }

@@ -4,6 +4,10 @@
 //! `stockgate dev` runs one; the tests and the benchmark run many. Ports
 //! are picked free by the kernel, so parallel tests don't collide; a node
 //! that loses a port race is started again on new ports.
+//!
+//! The same code starts Valkey ([`ServerKind::Valkey`]): `valkey-server`
+//! takes the same flags, and the cluster is formed with plain CLUSTER
+//! commands both servers share, so the tests can run one body against each.
 
 use std::io;
 use std::net::TcpListener as StdListener;
@@ -12,12 +16,56 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Which server a throwaway node runs. stockgate supports both as its
+/// upstream; the tests run their contract and fault cases against each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServerKind {
+    Redis,
+    Valkey,
+}
+
+impl ServerKind {
+    pub const ALL: [ServerKind; 2] = [ServerKind::Redis, ServerKind::Valkey];
+
+    /// The server binary, looked up on `PATH`.
+    pub fn binary(self) -> &'static str {
+        match self {
+            ServerKind::Redis => "redis-server",
+            ServerKind::Valkey => "valkey-server",
+        }
+    }
+
+    /// Lower case, as `stockgate check` prints it (`server_name` in
+    /// Valkey's INFO).
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Redis => "redis",
+            ServerKind::Valkey => "valkey",
+        }
+    }
+}
+
+impl std::fmt::Display for ServerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How to get `binary`, for the error that says it is missing: a missing
+/// server must fail a test with the fix, never skip it.
+fn install_hint(binary: &str) -> &'static str {
+    if binary.contains("valkey") {
+        "install Valkey 8 with deploy/install-deps.sh (Debian 12: it adds the bookworm-backports suite, \
+         then `apt-get install -t bookworm-backports valkey-server valkey-tools`)"
+    } else {
+        "install Redis 7 or newer (Debian: `sudo apt-get install -y redis-server redis-tools`, or run deploy/install-deps.sh)"
+    }
+}
+
 /// Why a throwaway Redis could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
-    #[error(
-        "{0} not found: install Redis 7 or newer (Debian: `sudo apt-get install -y redis-server redis-tools`, or run deploy/install-deps.sh)"
-    )]
+    #[error("{0} not found: {hint}", hint = install_hint(.0))]
     MissingBinary(String),
     #[error("cannot start redis-server: {0}")]
     Spawn(io::Error),
@@ -46,6 +94,16 @@ impl Default for RedisOptions {
             node_timeout_ms: 2000,
             extra_args: Vec::new(),
             password: None,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The defaults, running `kind`'s server binary.
+    pub fn of(kind: ServerKind) -> Self {
+        RedisOptions {
+            redis_server: PathBuf::from(kind.binary()),
+            ..RedisOptions::default()
         }
     }
 }
@@ -442,4 +500,36 @@ fn wait_until(within: Duration, mut ok: impl FnMut() -> bool) -> Result<(), ()> 
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine without valkey-server must fail the Valkey tests with the
+    /// way to install it, not skip them: the error names the script.
+    #[test]
+    fn a_missing_server_binary_fails_with_how_to_install_it() {
+        for (binary, says) in [
+            ("valkey-server-not-installed", "bookworm-backports"),
+            ("redis-server-not-installed", "redis-server redis-tools"),
+        ] {
+            let options = RedisOptions {
+                redis_server: PathBuf::from(binary),
+                ..RedisOptions::default()
+            };
+            let err = match LocalRedis::start(&options) {
+                Err(err @ DevError::MissingBinary(_)) => err.to_string(),
+                Err(other) => panic!("{binary}: expected MissingBinary, got {other}"),
+                Ok(_) => panic!("{binary} does not exist, yet a server started"),
+            };
+            assert!(err.starts_with(&format!("{binary} not found: ")), "{err}");
+            assert!(err.contains("deploy/install-deps.sh"), "{err}");
+            assert!(err.contains(says), "{err}");
+        }
+        assert_eq!(
+            RedisOptions::of(ServerKind::Valkey).redis_server,
+            PathBuf::from("valkey-server")
+        );
+    }
 }

@@ -1,4 +1,5 @@
-//! The DEDUCT contract, over the wire, against a real Redis Cluster.
+//! The DEDUCT contract, over the wire, against a real Redis Cluster and a
+//! real Valkey one (every test runs against both: `support::matrix!`).
 
 mod support;
 
@@ -7,9 +8,9 @@ use std::time::Duration;
 use stockgate::config::MissingStock;
 use support::*;
 
-#[tokio::test]
-async fn every_code_over_the_wire_in_resp2_and_resp3() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn every_code_over_the_wire_in_resp2_and_resp3 }
+async fn every_code_over_the_wire_in_resp2_and_resp3(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let server = proxy(cluster.seeds(), |_| {}).await;
     for resp3 in [false, true] {
         let sku = if resp3 { "sku-resp3" } else { "sku-resp2" };
@@ -93,9 +94,9 @@ async fn every_code_over_the_wire_in_resp2_and_resp3() {
     }
 }
 
-#[tokio::test]
-async fn command_names_are_case_insensitive_and_arity_uses_redis_wording() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn command_names_are_case_insensitive_and_arity_uses_redis_wording }
+async fn command_names_are_case_insensitive_and_arity_uses_redis_wording(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "case", 10);
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&server, false).await;
@@ -127,9 +128,9 @@ async fn command_names_are_case_insensitive_and_arity_uses_redis_wording() {
     assert_eq!(get_stock(&cluster, "case"), Some(9));
 }
 
-#[tokio::test]
-async fn invalid_parameters_are_refused_before_redis() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn invalid_parameters_are_refused_before_redis }
+async fn invalid_parameters_are_refused_before_redis(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "valid-sku", 10);
     let server = proxy(cluster.seeds(), |c| c.max_qty = 50).await;
     let mut conn = client(&server, false).await;
@@ -191,9 +192,9 @@ async fn invalid_parameters_are_refused_before_redis() {
     assert_eq!(get_stock(&cluster, "valid-sku"), Some(10));
 }
 
-#[tokio::test]
-async fn the_record_has_a_ttl_within_the_window_and_shares_the_stock_slot() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn the_record_has_a_ttl_within_the_window_and_shares_the_stock_slot }
+async fn the_record_has_a_ttl_within_the_window_and_shares_the_stock_slot(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "ttl-sku", 10);
     let window = Duration::from_secs(15 * 60);
     let server = proxy(cluster.seeds(), |c| c.retry_window = window).await;
@@ -256,9 +257,9 @@ async fn the_record_has_a_ttl_within_the_window_and_shares_the_stock_slot() {
     );
 }
 
-#[tokio::test]
-async fn a_missing_sku_is_an_error_by_default_and_zero_on_request() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn a_missing_sku_is_an_error_by_default_and_zero_on_request }
+async fn a_missing_sku_is_an_error_by_default_and_zero_on_request(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let strict = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&strict, false).await;
     let err = deduct(&mut conn, "no-such-sku", "1", "r1", None)
@@ -288,9 +289,9 @@ async fn a_missing_sku_is_an_error_by_default_and_zero_on_request() {
     assert_eq!(exists, 0, "neither mode writes anything for a missing sku");
 }
 
-#[tokio::test]
-async fn reusing_a_request_id_with_another_qty_is_invalid_and_changes_nothing() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn reusing_a_request_id_with_another_qty_is_invalid_and_changes_nothing }
+async fn reusing_a_request_id_with_another_qty_is_invalid_and_changes_nothing(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "reuse", 10);
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&server, false).await;
@@ -330,9 +331,9 @@ async fn reusing_a_request_id_with_another_qty_is_invalid_and_changes_nothing() 
     );
 }
 
-#[tokio::test]
-async fn a_non_integer_stock_is_an_error_and_nothing_is_written() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn a_non_integer_stock_is_an_error_and_nothing_is_written }
+async fn a_non_integer_stock_is_an_error_and_nothing_is_written(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let mut redis = cluster.cluster_connection().unwrap();
     redis::cmd("SET")
         .arg(stock_key("corrupt"))
@@ -357,9 +358,9 @@ async fn a_non_integer_stock_is_an_error_and_nothing_is_written() {
     assert_eq!(exists, 0);
 }
 
-#[tokio::test]
-async fn a_standalone_redis_works_the_same() {
-    let redis = standalone();
+matrix! { #[tokio::test] async fn a_standalone_server_works_the_same }
+async fn a_standalone_server_works_the_same(kind: ServerKind) {
+    let redis = standalone_of(kind);
     let mut direct = redis.node.connection().unwrap();
     redis::cmd("SET")
         .arg(stock_key("solo"))
@@ -392,13 +393,13 @@ async fn a_standalone_redis_works_the_same() {
     assert_eq!(stock, 1);
 }
 
-#[tokio::test]
-async fn remains_near_powers_of_ten_reach_the_client_byte_exact() {
+matrix! { #[tokio::test] async fn remains_near_powers_of_ten_reach_the_client_byte_exact }
+async fn remains_near_powers_of_ten_reach_the_client_byte_exact(kind: ServerKind) {
     // Issue 11: with stock 10^15, the reply carrying remain 999999999999998
     // was followed by a stray NUL, and the next pipelined reply was misread.
     use std::io::{Read, Write};
     use tokio_util::codec::Decoder as _;
-    let redis = standalone();
+    let redis = standalone_of(kind);
     let mut direct = redis.node.connection().unwrap();
     redis::cmd("SET")
         .arg(stock_key("sku:7"))

@@ -276,14 +276,35 @@ fn check(seeds: &[String]) -> (bool, String) {
     )
 }
 
-#[test]
-fn check_passes_a_healthy_cluster_and_fails_a_risky_eviction_policy() {
-    let cluster = cluster();
+/// What `stockgate check` must print as the server of `node`, read from
+/// the node's own INFO here rather than by check's parser: Valkey's release
+/// is `valkey_version` (its `redis_version` is a compatibility level).
+fn expected_server(node: &stockgate::dev::RedisNode, kind: ServerKind) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut node.connection().unwrap())
+        .unwrap();
+    let version_field = format!("{}_version:", kind.name());
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&version_field))
+        .unwrap_or_else(|| panic!("no {version_field} in {info}"))
+        .trim();
+    format!("{} {version}", kind.name())
+}
+
+matrix! { #[test] fn check_passes_a_healthy_cluster_and_fails_a_risky_eviction_policy }
+fn check_passes_a_healthy_cluster_and_fails_a_risky_eviction_policy(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let (ok, report) = check(&cluster.seeds());
     assert!(ok, "{report}");
+    let server = format!(
+        "PASS  server           {} on every primary",
+        expected_server(&cluster.nodes[0], kind)
+    );
     for line in [
         "PASS  connect          cluster mode, 3 primaries",
-        "PASS  redis version    7.",
+        server.as_str(),
         "PASS  cluster state    ok on every primary",
         "PASS  slots            all 16384 slots are served",
         "PASS  scripts",
@@ -326,15 +347,20 @@ fn check_passes_a_healthy_cluster_and_fails_a_risky_eviction_policy() {
     );
 }
 
-#[test]
-fn check_understands_a_standalone_redis_and_an_unreachable_one() {
-    let redis = standalone();
+matrix! { #[test] fn check_understands_a_standalone_server_and_an_unreachable_one }
+fn check_understands_a_standalone_server_and_an_unreachable_one(kind: ServerKind) {
+    let redis = standalone_of(kind);
     let (ok, report) = check(&[redis.url()]);
     assert!(ok, "{report}");
     assert!(
         report.contains("PASS  connect          standalone mode, 1 primary"),
         "{report}"
     );
+    let server = format!(
+        "PASS  server           {} on every primary",
+        expected_server(&redis.node, kind)
+    );
+    assert!(report.contains(&server), "missing {server:?} in\n{report}");
     assert!(!report.contains("cluster state"), "{report}");
     let port = free_port();
     let (ok, report) = check(&[format!("redis://127.0.0.1:{port}")]);

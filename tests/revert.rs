@@ -1,5 +1,6 @@
 //! REVERT and the request state machine, STOCK.* and --reject-stale-ids,
-//! over the wire against a real Redis Cluster.
+//! over the wire against a real Redis Cluster and a real Valkey one (every
+//! test runs against both: `support::matrix!`).
 
 mod support;
 
@@ -22,9 +23,9 @@ fn record(cluster: &stockgate::dev::LocalCluster, sku: &str, id: &str) -> (Optio
     (value, pttl)
 }
 
-#[tokio::test]
-async fn every_cell_of_the_state_machine() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn every_cell_of_the_state_machine }
+async fn every_cell_of_the_state_machine(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "sm", 10);
     let window = Duration::from_secs(3600);
     let server = proxy(cluster.seeds(), |c| c.retry_window = window).await;
@@ -105,9 +106,9 @@ async fn every_cell_of_the_state_machine() {
     );
 }
 
-#[tokio::test]
-async fn a_revert_never_shortens_the_records_ttl() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn a_revert_never_shortens_the_records_ttl }
+async fn a_revert_never_shortens_the_records_ttl(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "ttl", 5);
     let server = proxy(cluster.seeds(), |c| {
         c.retry_window = Duration::from_secs(120)
@@ -127,9 +128,9 @@ async fn a_revert_never_shortens_the_records_ttl() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_deducts_and_reverts_of_the_same_ids_always_add_up() {
-    let cluster = cluster();
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn racing_deducts_and_reverts_of_the_same_ids_always_add_up }
+async fn racing_deducts_and_reverts_of_the_same_ids_always_add_up(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "race", 1_000);
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut conns = Vec::new();
@@ -220,9 +221,9 @@ async fn racing_deducts_and_reverts_of_the_same_ids_always_add_up() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revert_sent_fifty_times_at_once_gives_back_once() {
-    let cluster = cluster();
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_revert_sent_fifty_times_at_once_gives_back_once }
+async fn a_revert_sent_fifty_times_at_once_gives_back_once(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "fifty", 20);
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&server, false).await;
@@ -258,9 +259,9 @@ async fn a_revert_sent_fifty_times_at_once_gives_back_once() {
     assert_eq!(get_stock(&cluster, "fifty"), Some(20));
 }
 
-#[tokio::test]
-async fn stock_commands_and_the_admin_gate() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn stock_commands_and_the_admin_gate }
+async fn stock_commands_and_the_admin_gate(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let closed = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&closed, false).await;
     for cmd in [
@@ -372,9 +373,9 @@ async fn stock_commands_and_the_admin_gate() {
     assert_eq!((reply.code, reply.remain), (0, 1));
 }
 
-#[tokio::test]
-async fn stock_status_shows_each_state() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn stock_status_shows_each_state }
+async fn stock_status_shows_each_state(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "st", 9);
     let server = proxy(cluster.seeds(), |c| {
         c.retry_window = Duration::from_secs(600)
@@ -438,9 +439,9 @@ fn ulid_aged(age: Duration) -> String {
     String::from_utf8(time).unwrap()
 }
 
-#[tokio::test]
-async fn stale_time_ordered_ids_are_refused_when_asked() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn stale_time_ordered_ids_are_refused_when_asked }
+async fn stale_time_ordered_ids_are_refused_when_asked(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "stale", 10);
     let window = Duration::from_secs(3600);
     let strict = proxy(cluster.seeds(), |c| {
@@ -489,9 +490,9 @@ async fn stale_time_ordered_ids_are_refused_when_asked() {
     );
 }
 
-#[tokio::test]
-async fn a_revert_naming_a_sku_without_stock_is_unknownsku_not_done() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn a_revert_naming_a_sku_without_stock_is_unknownsku_not_done }
+async fn a_revert_naming_a_sku_without_stock_is_unknownsku_not_done(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     set_stock(&cluster, "real-sku", 10);
     let server = proxy(cluster.seeds(), |_| {}).await;
     let mut conn = client(&server, false).await;

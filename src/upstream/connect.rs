@@ -194,9 +194,17 @@ impl Upstream {
 /// `-UPSTREAM TryAgain`. Two retries per average sleep over the whole
 /// deadline let the deadline decide; the overall response timeout still
 /// ends every request on time.
+///
+/// At most 59: redis 1.8.1 computes each wait as `2^retry * 8` in u64,
+/// which overflows at the 61st error reply, and in a debug build that
+/// panics the task driving the cluster connection (every request through
+/// it then fails until the health loop replaces it; pinned by the fault
+/// suite's `sixty_one_retries_leave_the_cluster_connection_working`). Past
+/// the 5th retry every wait is the 100 ms ceiling anyway, so 59 retries
+/// span about 5 s: deadlines above that end by the count instead.
 fn cluster_retries(deadline: Duration) -> u32 {
     let sleeps = deadline.as_millis() / 50;
-    (2 * sleeps + 4).clamp(8, 10_000) as u32
+    (2 * sleeps + 4).clamp(8, 59) as u32
 }
 
 /// An error from connecting, with a hint where the cause is a usual
@@ -228,6 +236,6 @@ mod tests {
     fn retries_last_as_long_as_the_deadline() {
         assert_eq!(cluster_retries(Duration::from_secs(1)), 44);
         assert_eq!(cluster_retries(Duration::from_millis(100)), 8);
-        assert_eq!(cluster_retries(Duration::from_secs(3600)), 10_000);
+        assert_eq!(cluster_retries(Duration::from_secs(3600)), 59);
     }
 }

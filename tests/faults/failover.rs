@@ -69,17 +69,18 @@ fn report_recovery(
     first.ended()
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn killed_primary_replica_promoted_stockgate_recovers }
 /// Fault 1: a primary is killed under load; its replica is promoted and
 /// stockgate finds it by itself. Prints the time from promotion to the
 /// first success on that shard, and the acknowledged changes the
 /// asynchronous failover lost (counted, not failed: Redis Cluster may lose
 /// them by design; `--wait-replicas` is the answer to that).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_primary_replica_promoted_stockgate_recovers() {
+async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let mut cluster = cluster(1000, &[]);
+    let name = format!("kill-{kind}");
+    let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
-    let (fault, rest) = lanes(&cluster, "kill", victim);
+    let (fault, rest) = lanes(&cluster, &name, victim);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -97,9 +98,9 @@ async fn killed_primary_replica_promoted_stockgate_recovers() {
     let rejoined = rejoin(&mut cluster, victim, replica);
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
-    report_recovery("kill", &fault_history, &rest_history, killed, promoted);
+    report_recovery(&name, &fault_history, &rest_history, killed, promoted);
     eprintln!(
-        "[kill] the old primary rejoined as a replica {} after the promotion",
+        "[{name}] the old primary rejoined as a replica {} after the promotion",
         ms(rejoined - promoted)
     );
     let policy = Policy {
@@ -108,7 +109,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers() {
     let audit = fault_history.audit(&cluster, policy);
     audit.assert_green();
     eprintln!(
-        "[kill] acknowledged changes lost in the failover (async replication): {}",
+        "[{name}] acknowledged changes lost in the failover (async replication): {}",
         audit.lost_acks
     );
     rest_history
@@ -117,18 +118,19 @@ async fn killed_primary_replica_promoted_stockgate_recovers() {
     server.stop_now();
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost }
 /// Fault 2: `CLUSTER FAILOVER` on a replica under load. The old primary
 /// becomes a replica, and stockgate's next DEDUCT for that shard still goes
 /// to it: the script's `#!lua` flags make the replica answer MOVED (not
 /// READONLY after running half a script), and the cluster client follows.
 /// A manual failover waits for the replica to catch up, so nothing
 /// acknowledged may be lost: the audit is strict.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
+async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let cluster = cluster(1000, &[]);
+    let name = format!("failover-{kind}");
+    let cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
-    let (fault, rest) = lanes(&cluster, "failover", victim);
+    let (fault, rest) = lanes(&cluster, &name, victim);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -153,7 +155,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
     tokio::time::sleep(phase()).await;
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
-    report_recovery("failover", &fault_history, &rest_history, asked, promoted);
+    report_recovery(&name, &fault_history, &rest_history, asked, promoted);
     let first_deduct = fault_history
         .attempts
         .iter()
@@ -161,7 +163,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
         .expect("a DEDUCT after the failover");
     let moved = error_stat(old, "MOVED") - moved_before;
     eprintln!(
-        "[failover] first DEDUCT after the switch: {} -> {} in {}; the old primary answered MOVED {moved} times, READONLY {} times",
+        "[{name}] first DEDUCT after the switch: {} -> {} in {}; the old primary answered MOVED {moved} times, READONLY {} times",
         first_deduct.id,
         first_deduct.outcome.label(),
         ms(first_deduct.took),
@@ -185,17 +187,18 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost() {
     server.stop_now();
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors }
 /// Fault 4: NOSCRIPT. First `SCRIPT FLUSH` on a primary under load: the
 /// EVAL fallback hides it completely (no error at all). Then a primary is
 /// killed: its replica never had the script (SCRIPT LOAD is not replicated
 /// in Redis 7), and once promoted it serves without a client ever seeing
 /// NOSCRIPT.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_scripts_are_reloaded_without_client_errors() {
+async fn lost_scripts_are_reloaded_without_client_errors(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let mut cluster = cluster(1000, &[]);
+    let name = format!("noscript-{kind}");
+    let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 1;
-    let (fault, rest) = lanes(&cluster, "noscript", victim);
+    let (fault, rest) = lanes(&cluster, &name, victim);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let sha = stockgate::script::Scripts::new().deduct.sha.clone();
     let replica = replica_of(&cluster, victim);
@@ -246,7 +249,7 @@ async fn lost_scripts_are_reloaded_without_client_errors() {
             .count()
     };
     eprintln!(
-        "[noscript] after SCRIPT FLUSH on :{}: it answered NOSCRIPT {} times, clients saw {} errors (this lane) + {} (other lane) in {} requests",
+        "[{name}] after SCRIPT FLUSH on :{}: it answered NOSCRIPT {} times, clients saw {} errors (this lane) + {} (other lane) in {} requests",
         cluster.nodes[0].port,
         error_stat(&cluster.nodes[0], "NOSCRIPT"),
         flush_window(&fault_history),
@@ -263,7 +266,7 @@ async fn lost_scripts_are_reloaded_without_client_errors() {
         0
     );
 
-    let served = report_recovery("noscript", &fault_history, &rest_history, killed, promoted);
+    let served = report_recovery(&name, &fault_history, &rest_history, killed, promoted);
     let after: Vec<_> = fault_history
         .attempts
         .iter()
@@ -271,7 +274,7 @@ async fn lost_scripts_are_reloaded_without_client_errors() {
         .collect();
     let errors_after = after.iter().filter(|a| !a.outcome.is_code()).count();
     eprintln!(
-        "[noscript] promoted replica :{} answered NOSCRIPT {} times (hidden by the EVAL fallback) and has the script now: {}; after its first success, {} requests, {} errors",
+        "[{name}] promoted replica :{} answered NOSCRIPT {} times (hidden by the EVAL fallback) and has the script now: {}; after its first success, {} requests, {} errors",
         cluster.nodes[replica].port,
         error_stat(&cluster.nodes[replica], "NOSCRIPT"),
         has_script(&cluster.nodes[replica], &sha),

@@ -9,6 +9,7 @@
 //! too: `RedisNode` asks the kernel to kill a server when the thread that
 //! spawned it exits, and a `spawn_blocking` thread exits when idle.
 
+pub(crate) use crate::support::{ServerKind, matrix};
 use redis::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -36,15 +37,24 @@ pub fn long_faults() -> bool {
     std::env::var("STOCKGATE_LONG_FAULTS").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// Three primaries, one replica each, `cluster-node-timeout` of
+/// Three Redis primaries, one replica each, `cluster-node-timeout` of
 /// `node_timeout_ms`, and `extra_args` for every node.
 pub fn cluster(node_timeout_ms: u64, extra_args: &[&str]) -> LocalCluster {
+    cluster_of(ServerKind::Redis, node_timeout_ms, extra_args)
+}
+
+/// [`cluster`] of `kind`'s servers: the faults of the upstream matrix run
+/// against Redis and Valkey alike.
+pub fn cluster_of(kind: ServerKind, node_timeout_ms: u64, extra_args: &[&str]) -> LocalCluster {
     let options = RedisOptions {
         node_timeout_ms,
         extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-        ..RedisOptions::default()
+        ..RedisOptions::of(kind)
     };
-    LocalCluster::start(3, 1, &options).unwrap_or_else(|e| panic!("cannot start a cluster: {e}"))
+    let cluster = LocalCluster::start(3, 1, &options)
+        .unwrap_or_else(|e| panic!("cannot start a {kind} cluster: {e}"));
+    crate::support::assert_runs(&cluster.nodes[0], kind);
+    cluster
 }
 
 /// The replica of primary `m` (one replica each).

@@ -9,7 +9,7 @@
 //! latency, acknowledged writes lost).
 //!
 //! ```sh
-//! cargo test --test faults -- --nocapture     # the CI variants, about 3 minutes on 2 cores
+//! cargo test --test faults -- --nocapture     # the CI variants, about 4.5 minutes on 2 cores
 //! STOCKGATE_LONG_FAULTS=1 cargo test --test faults -- --nocapture
 //!                                              # longer phases, more slots moved, more rounds
 //! STOCKGATE_FAULT_WAIT=1 cargo test --test faults
@@ -17,10 +17,17 @@
 //! STOCKGATE_FAULT_SEED=123 cargo test --test faults
 //!                                              # replay one load's random choices
 //! cargo test --test faults -- --ignored        # known stockgate bugs, failing
+//! cargo test --test faults valkey              # the Valkey half of the upstream matrix
 //! ```
+//!
+//! The upstream matrix: the checker's own test ([`baseline`]), the failover
+//! faults ([`failover`]) and the resharding faults ([`reshard`]) run against
+//! Redis and against Valkey, as `<test>::redis` and `<test>::valkey`
+//! (`support::matrix!`); the other faults run against Redis only.
 //!
 //! | module | faults |
 //! |---|---|
+//! | [`baseline`] | none: the checker itself, green on a quiet load, and catching planted violations |
 //! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script |
 //! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED) |
 //! | [`network`] | 5: a node behind a faulty relay (latency, black hole, lost replies); 6: the whole upstream down and back |
@@ -40,6 +47,7 @@ mod checker;
 mod harness;
 mod relay;
 
+mod baseline;
 mod clients;
 mod durability;
 mod failover;

@@ -12,12 +12,13 @@ use crate::checker::{Attempt, History, Policy};
 use crate::harness::*;
 use std::time::{Duration, Instant};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_resharding_of_busy_slots() {
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn live_resharding_of_busy_slots }
+async fn live_resharding_of_busy_slots(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let cluster = cluster(2000, &[]);
+    let name = format!("reshard-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
-    let (fault, rest) = lanes(&cluster, "reshard", source);
+    let (fault, rest) = lanes(&cluster, &name, source);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -53,7 +54,7 @@ async fn live_resharding_of_busy_slots() {
 
     let (src_after, dst_after) = (counters(source), counters(target));
     eprintln!(
-        "[reshard] source :{} answered ASK {}, TRYAGAIN {}, MOVED {}; target :{} answered TRYAGAIN {}, MOVED {}",
+        "[{name}] source :{} answered ASK {}, TRYAGAIN {}, MOVED {}; target :{} answered TRYAGAIN {}, MOVED {}",
         cluster.nodes[source].port,
         src_after.0 - src_before.0,
         src_after.1 - src_before.1,
@@ -84,7 +85,7 @@ async fn live_resharding_of_busy_slots() {
             .filter(|a| a.started > *to)
             .collect();
         eprintln!(
-            "[reshard] {sku} slot {slot}: {keys} keys moved in {}; latency before {} | while moving {} {:?} | after {}",
+            "[{name}] {sku} slot {slot}: {keys} keys moved in {}; latency before {} | while moving {} {:?} | after {}",
             ms(*to - *from),
             fault_history.latency(before.into_iter()),
             fault_history.latency(during.iter().copied()),
@@ -105,7 +106,7 @@ async fn live_resharding_of_busy_slots() {
         )
     };
     eprintln!(
-        "[reshard] while slots moved, other skus of the source: {}; other primaries: {}",
+        "[{name}] while slots moved, other skus of the source: {}; other primaries: {}",
         moving(&fault_history),
         moving(&rest_history)
     );
@@ -118,17 +119,18 @@ async fn live_resharding_of_busy_slots() {
     server.stop_now();
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error }
 /// A slot move shorter than `--timeout` must cost latency, not errors: the
 /// deadline, "redirects and retries included", decides when to give up,
 /// not the count of ASK and TRYAGAIN hops on the way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
+async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let cluster = cluster(2000, &[]);
+    let name = format!("shortmove-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
     let timeout = Duration::from_secs(2);
-    let skus = skus_where(&cluster, "shortmove", 1, |o| o == source);
-    let mut load = crate::checker::Workload::new("shortmove", skus.clone(), timeout);
+    let skus = skus_where(&cluster, &name, 1, |o| o == source);
+    let mut load = crate::checker::Workload::new(&name, skus.clone(), timeout);
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), timeout).await;
@@ -153,7 +155,7 @@ async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
         .filter(|a| a.ended() >= started && a.started <= started + took)
         .collect();
     eprintln!(
-        "[shortmove] {keys} keys, slot in migration for {} (--timeout {}); requests meanwhile: {} {:?}",
+        "[{name}] {keys} keys, slot in migration for {} (--timeout {}); requests meanwhile: {} {:?}",
         ms(took),
         ms(timeout),
         history.latency(during.iter().copied()),
@@ -169,6 +171,99 @@ async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error() {
         0,
         "errors while the slot moved: {}",
         history.error_spans(started)
+    );
+    server.stop_now();
+}
+
+/// A request that meets 61 redirects or TRYAGAINs must still end as an
+/// `-UPSTREAM` error by `--timeout`, and must not take the redis crate's
+/// cluster connection down with it.
+///
+/// It once didn't, in debug builds (every `cargo test`): redis 1.8.1
+/// computes a retry's backoff as `exponent_base.pow(retry) * factor` in
+/// u64 (`RetryParams::wait_time_for_retry`), for every error reply a
+/// request gets, the one after its last retry included. With
+/// `retry_wait_formula(8, 2)` and 60 or more retries (`--timeout` 1400ms
+/// and up) the 61st error computed 8 * 2^61 = 2^64: "attempt to multiply
+/// with overflow", a panic in the task that drives the cluster connection,
+/// and every request through the redis crate then failed as `redis
+/// unreachable` until the health loop replaced it. `cluster_retries` now
+/// caps the retries at 59 (src/upstream/connect.rs).
+///
+/// Here the slot stays in migration with its keys on the target, so the
+/// DEDUCT goes ASK, TRYAGAIN, TRYAGAIN, ... and reaches its 61st error
+/// after about 3 s of a 5 s deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_one_retries_leave_the_cluster_connection_working() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let (source, target) = (0, 1);
+    let timeout = Duration::from_secs(5);
+    let skus = skus_where(&cluster, "stuck", 1, |o| o == source);
+    let others = skus_where(&cluster, "elsewhere", 1, |o| o == 2);
+    seed(&cluster, &skus, 1000);
+    seed(&cluster, &others, 1000);
+    let server = stockgate(cluster.seeds(), timeout).await;
+    let mut conn = crate::support::client(&server, false).await;
+    // The slot stays in migration with its keys on the target: the source
+    // answers ASK, the target TRYAGAIN (a new request's record is missing),
+    // again and again until the deadline.
+    let slot = sku_slot(&skus[0]);
+    let (src_id, dst_id) = (
+        node_id(&cluster.nodes[source]),
+        node_id(&cluster.nodes[target]),
+    );
+    let setslot = |node: usize, how: &str, id: &str| {
+        let reply = text(
+            &cluster.nodes[node],
+            &["CLUSTER", "SETSLOT", &slot.to_string(), how, id],
+        );
+        assert_eq!(reply.as_deref(), Some("OK"), "SETSLOT {how} on {node}");
+    };
+    setslot(target, "IMPORTING", &src_id);
+    setslot(source, "MIGRATING", &dst_id);
+    let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut cluster.nodes[source].connection().unwrap())
+        .unwrap();
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.nodes[target].port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query::<()>(&mut cluster.nodes[source].connection().unwrap())
+        .unwrap();
+
+    let sent = Instant::now();
+    let stuck = crate::support::deduct(&mut conn, &skus[0], "1", "stuck-1", None)
+        .await
+        .expect_err("the slot never settles, so the DEDUCT cannot succeed");
+    eprintln!(
+        "[stuck] the stuck DEDUCT answered after {}: {stuck}",
+        ms(sent.elapsed())
+    );
+    // Whatever the stuck request ran into, the connection must still serve
+    // a slot that is not moving, through the redis crate (STOCK.GET).
+    let elsewhere: redis::RedisResult<Option<i64>> = redis::cmd("STOCK.GET")
+        .arg(&others[0])
+        .query_async(&mut conn)
+        .await;
+    // Settle the slot again before asserting, so a failure leaves a clean cluster.
+    setslot(target, "NODE", &dst_id);
+    setslot(source, "NODE", &dst_id);
+    assert!(
+        stuck.to_string().contains("TRYAGAIN") || stuck.to_string().contains("no reply"),
+        "the stuck DEDUCT ends as TRYAGAIN or a timeout, got {stuck}"
+    );
+    assert_eq!(
+        elsewhere.map_err(|e| e.to_string()),
+        Ok(Some(1000)),
+        "a STOCK.GET on another primary right after the stuck DEDUCT"
     );
     server.stop_now();
 }

@@ -2,9 +2,15 @@
 //! stockgate in front of them, and clients.
 //!
 //! Every test starts the servers it needs and drops them at its end; no
-//! test reaches anything but 127.0.0.1. A missing redis-server or
-//! redis-cli fails the test with the command that installs it.
+//! test reaches anything but 127.0.0.1. A missing redis-server,
+//! valkey-server or redis-cli fails the test with the command that
+//! installs it.
+//!
+//! The upstream matrix: [`matrix!`] writes a test once and runs it against
+//! Redis and against Valkey ([`ServerKind`]), as `<test>::redis` and
+//! `<test>::valkey` (`cargo test valkey` runs the Valkey half).
 #![allow(dead_code)] // each test binary uses its own part of this module
+#![allow(unused_imports, unused_macros)] // likewise for `matrix!`
 
 use redis::Value;
 use std::io::{Read, Write};
@@ -13,24 +19,98 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 use stockgate::config::Config;
-use stockgate::dev::{LocalCluster, LocalRedis, RedisOptions};
+pub use stockgate::dev::ServerKind;
+use stockgate::dev::{LocalCluster, LocalRedis, RedisNode, RedisOptions};
 use stockgate::keys::KeyLayout;
 use stockgate::params::{RequestId, Sku};
 use stockgate::server::{self, Server};
 
 const INSTALL_HINT: &str = "install Redis 7+ with `deploy/install-deps.sh` (Debian: apt-get install -y redis-server redis-tools)";
 
-/// A 3-primary cluster, no replicas.
+/// A 3-primary Redis cluster, no replicas.
 pub fn cluster() -> LocalCluster {
-    LocalCluster::start(3, 0, &RedisOptions::default())
-        .unwrap_or_else(|e| panic!("cannot start a test cluster: {e}"))
+    cluster_of(ServerKind::Redis)
+}
+
+/// A 3-primary cluster of `kind`, no replicas.
+pub fn cluster_of(kind: ServerKind) -> LocalCluster {
+    let cluster = LocalCluster::start(3, 0, &RedisOptions::of(kind))
+        .unwrap_or_else(|e| panic!("cannot start a test {kind} cluster: {e}"));
+    assert_runs(&cluster.nodes[0], kind);
+    cluster
 }
 
 /// One non-cluster Redis.
 pub fn standalone() -> LocalRedis {
-    LocalRedis::start(&RedisOptions::default())
-        .unwrap_or_else(|e| panic!("cannot start a test redis: {e}"))
+    standalone_of(ServerKind::Redis)
 }
+
+/// One non-cluster server of `kind`.
+pub fn standalone_of(kind: ServerKind) -> LocalRedis {
+    let redis = LocalRedis::start(&RedisOptions::of(kind))
+        .unwrap_or_else(|e| panic!("cannot start a test {kind}: {e}"));
+    assert_runs(&redis.node, kind);
+    redis
+}
+
+/// Fails unless `node` is the server the test asked for: a `redis-server`
+/// that is really Valkey (Debian's valkey-redis-compat package makes one)
+/// would otherwise pass the Redis half of the matrix without testing Redis.
+pub fn assert_runs(node: &RedisNode, kind: ServerKind) {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut node.connection().expect("connect to the new server"))
+        .expect("INFO server");
+    let is_valkey = info.lines().any(|l| l.trim() == "server_name:valkey");
+    assert_eq!(
+        is_valkey,
+        kind == ServerKind::Valkey,
+        "{} on port {} was asked to run {kind}; its INFO server says:\n{info}",
+        kind.binary(),
+        node.port
+    );
+}
+
+/// Runs a test body against each upstream server. For a body `async fn
+/// name(kind: ServerKind)` (or a plain `fn`), `matrix! { #[tokio::test]
+/// async fn name }` adds a module `name` with two tests, `name::redis`
+/// and `name::valkey`, each calling the body with its server. The body stays
+/// an ordinary function (rustfmt and clippy see it), written once.
+///
+/// ```ignore
+/// matrix! { #[tokio::test] async fn every_code }
+/// /// What it checks.
+/// async fn every_code(kind: ServerKind) { let cluster = cluster_of(kind); ... }
+/// ```
+///
+/// The attribute (`#[test]`, `#[tokio::test(...)]`) goes on both tests.
+macro_rules! matrix {
+    (#[$test:meta] async fn $name:ident) => {
+        mod $name {
+            #[$test]
+            async fn redis() {
+                super::$name($crate::support::ServerKind::Redis).await
+            }
+            #[$test]
+            async fn valkey() {
+                super::$name($crate::support::ServerKind::Valkey).await
+            }
+        }
+    };
+    (#[$test:meta] fn $name:ident) => {
+        mod $name {
+            #[$test]
+            fn redis() {
+                super::$name($crate::support::ServerKind::Redis)
+            }
+            #[$test]
+            fn valkey() {
+                super::$name($crate::support::ServerKind::Valkey)
+            }
+        }
+    };
+}
+pub(crate) use matrix;
 
 /// A stockgate in front of `seeds`, with test-sized settings, ready.
 pub async fn proxy(seeds: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Server {

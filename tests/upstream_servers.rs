@@ -1,0 +1,296 @@
+//! Where Redis 7 and Valkey 8 answer stockgate's scripts differently, or
+//! are said to: each behaviour pinned against the real servers, both of
+//! them (`support::matrix!`), with what stockgate does about it.
+//!
+//! - A replica given a script that writes: the `#!lua` flags of stockgate's
+//!   scripts make both servers answer MOVED before running anything, on a
+//!   plain connection and on a READONLY one alike. `-READONLY` comes only
+//!   for a script without flags on a READONLY connection, on both servers,
+//!   and from a standalone replica, which has nowhere to redirect to.
+//! - Valkey 8 replicas know about slot migrations (it replicates CLUSTER
+//!   SETSLOT) and answer ASK and TRYAGAIN, where Redis 7 replicas answer
+//!   MOVED; but only to READONLY connections. stockgate reads from
+//!   primaries only and never sends READONLY, so it never meets them.
+
+mod support;
+
+use redis::Value;
+use std::time::{Duration, Instant};
+use stockgate::config::MissingStock;
+use stockgate::dev::{LocalCluster, LocalRedis, RedisNode, RedisOptions};
+use stockgate::script::Scripts;
+use support::*;
+
+/// EVAL of stockgate's own DEDUCT script (the body it sends after a
+/// NOSCRIPT) for `sku`, with a request_id never used: keys and arguments
+/// as the proxy builds them.
+fn eval_deduct(conn: &mut redis::Connection, sku: &str) -> redis::RedisResult<Value> {
+    redis::cmd("EVAL")
+        .arg(&Scripts::new().deduct.body)
+        .arg(2)
+        .arg(stock_key(sku))
+        .arg(record_key(sku, "pinned-1"))
+        .arg(1)
+        .arg("")
+        .arg(86_400_000)
+        .arg(1_000_000)
+        .arg(MissingStock::Error.as_arg())
+        .query(conn)
+}
+
+/// A connection to `node` in READONLY mode, as a client that reads from
+/// replicas would have it.
+fn readonly(node: &RedisNode) -> redis::Connection {
+    let mut conn = node.connection().expect("connect");
+    redis::cmd("READONLY")
+        .query::<()>(&mut conn)
+        .expect("READONLY");
+    conn
+}
+
+/// The first word of an error reply, and the whole text.
+fn refused(result: redis::RedisResult<Value>) -> (String, String) {
+    let err = result.expect_err("the server refuses");
+    (err.code().unwrap_or("?").to_owned(), err.to_string())
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+matrix! { #[test] fn a_replica_redirects_a_writing_script_because_of_its_flags }
+/// The issue says "a script that writes on a READONLY replica gets
+/// -READONLY, not MOVED" on Valkey 8. For stockgate's scripts that is not
+/// so, on either server: `#!lua` without `no-writes` marks them as writes,
+/// and a replica redirects a write before it runs. The `-READONLY` the
+/// issue describes is what a script *without* flags gets, on both.
+fn a_replica_redirects_a_writing_script_because_of_its_flags(kind: ServerKind) {
+    let cluster = LocalCluster::start(1, 1, &RedisOptions::of(kind))
+        .unwrap_or_else(|e| panic!("cannot start a {kind} cluster: {e}"));
+    assert_runs(&cluster.nodes[0], kind);
+    let (primary, replica) = (&cluster.nodes[0], &cluster.nodes[1]);
+    set_stock(&cluster, "pinned", 10);
+    let moved_to = format!("127.0.0.1:{}", primary.port);
+
+    let plain = refused(eval_deduct(&mut replica.connection().unwrap(), "pinned"));
+    assert_eq!(plain.0, "MOVED", "{kind}: {}", plain.1);
+    assert!(plain.1.contains(&moved_to), "{kind}: {}", plain.1);
+    let read_only = refused(eval_deduct(&mut readonly(replica), "pinned"));
+    assert_eq!(
+        read_only.0, "MOVED",
+        "{kind}: a READONLY connection still gets MOVED for a flagged script: {}",
+        read_only.1
+    );
+
+    // Without flags the server learns that the script writes only when
+    // it calls SET, and fails it there.
+    let unflagged: redis::RedisResult<Value> = redis::cmd("EVAL")
+        .arg("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+        .arg(1)
+        .arg(stock_key("pinned"))
+        .arg(99)
+        .query(&mut readonly(replica));
+    let unflagged = refused(unflagged);
+    assert_eq!(unflagged.0, "READONLY", "{kind}: {}", unflagged.1);
+
+    assert_eq!(
+        get_stock(&cluster, "pinned"),
+        Some(10),
+        "nothing was written"
+    );
+    let record: Option<String> = redis::cmd("GET")
+        .arg(record_key("pinned", "pinned-1"))
+        .query(&mut cluster.cluster_connection().unwrap())
+        .unwrap();
+    assert_eq!(record, None);
+}
+
+matrix! { #[tokio::test] async fn during_a_migration_replicas_answer_ask_and_tryagain_on_valkey_only_to_readonly_clients }
+/// Valkey 8 ("Make cluster replicas return ASK and TRYAGAIN during slot
+/// migration", valkey#495) against Redis 7, on the replica of a slot's
+/// source while the slot moves; then stockgate in front of the same
+/// cluster, to show it never puts a connection in READONLY mode, which is
+/// what would let those answers reach it.
+async fn during_a_migration_replicas_answer_ask_and_tryagain_on_valkey_only_to_readonly_clients(
+    kind: ServerKind,
+) {
+    let cluster = LocalCluster::start(2, 1, &RedisOptions::of(kind))
+        .unwrap_or_else(|e| panic!("cannot start a {kind} cluster: {e}"));
+    assert_runs(&cluster.nodes[0], kind);
+    let (source, target, replica) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    // A sku on the source with stock, and one in the same slot without.
+    let slot_of = |sku: &str| stockgate::keys::slot(&stock_key(sku));
+    let sku = (0..)
+        .map(|i| format!("moving-{i}"))
+        .find(|s| slot_of(s) < 8192)
+        .unwrap();
+    let slot = slot_of(&sku);
+    assert_eq!(
+        cluster.primary_for_slot(slot).map(|n| n.port),
+        Some(source.port),
+        "the first primary serves slots 0-8191"
+    );
+    let empty = (0..)
+        .map(|i| format!("empty-{i}"))
+        .find(|s| slot_of(s) == slot)
+        .unwrap();
+    set_stock(&cluster, &sku, 10);
+
+    let id = |node: &RedisNode| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node.connection().unwrap())
+            .unwrap()
+    };
+    let setslot = |node: &RedisNode, how: &str, other: Option<&str>| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(other)
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap_or_else(|e| panic!("SETSLOT {how}: {e}"));
+    };
+    setslot(target, "IMPORTING", Some(&id(source)));
+    setslot(source, "MIGRATING", Some(&id(target)));
+    // Valkey replicates SETSLOT to the source's replica; WAIT orders this
+    // test after the replica applied it (on Redis there is nothing to wait
+    // for, and WAIT returns at once).
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(&mut source.connection().unwrap())
+        .unwrap();
+    assert_eq!(acked, 1, "the replica is in sync");
+
+    // The stock key is here and the record is not: some keys of the
+    // request are missing. None of the empty sku's are.
+    let some_missing = refused(eval_deduct(&mut readonly(replica), &sku));
+    let all_missing = refused(eval_deduct(&mut readonly(replica), &empty));
+    let plain = refused(eval_deduct(&mut replica.connection().unwrap(), &sku));
+    let to_source = format!("127.0.0.1:{}", source.port);
+    let to_target = format!("127.0.0.1:{}", target.port);
+    match kind {
+        ServerKind::Valkey => {
+            assert_eq!(some_missing.0, "TRYAGAIN", "{}", some_missing.1);
+            assert_eq!(all_missing.0, "ASK", "{}", all_missing.1);
+            assert!(all_missing.1.contains(&to_target), "{}", all_missing.1);
+        }
+        ServerKind::Redis => {
+            for (code, text) in [&some_missing, &all_missing] {
+                assert_eq!(code, "MOVED", "{text}");
+                assert!(text.contains(&to_source), "{text}");
+            }
+        }
+    }
+    assert_eq!(
+        plain.0, "MOVED",
+        "{kind}: without READONLY a replica redirects to the primary: {}",
+        plain.1
+    );
+    assert!(plain.1.contains(&to_source), "{}", plain.1);
+
+    // The slot goes home; then stockgate serves every command that reaches
+    // the upstream, and no node ever saw a READONLY from it.
+    setslot(source, "STABLE", None);
+    setslot(target, "STABLE", None);
+    let before: Vec<u64> = cluster.nodes.iter().map(readonly_calls).collect();
+    let server = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
+    let mut conn = client(&server, false).await;
+    let reply = parse(
+        deduct(&mut conn, &sku, "2", "via-stockgate", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 8));
+    for args in [
+        vec!["STOCK.GET", sku.as_str()],
+        vec!["STOCK.STATUS", sku.as_str(), "via-stockgate"],
+        vec!["STOCK.ADD", sku.as_str(), "1"],
+    ] {
+        redis::cmd(args[0])
+            .arg(&args[1..])
+            .query_async::<Value>(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+    let after: Vec<u64> = cluster.nodes.iter().map(readonly_calls).collect();
+    // The counter counts: this test's own two READONLY connections.
+    assert_eq!(before, [0, 0, 2, 0], "READONLY calls per node");
+    assert_eq!(before, after, "stockgate sent READONLY to a node");
+    server.stop_now();
+}
+
+/// How many times `node` ran READONLY (0 when never).
+fn readonly_calls(node: &RedisNode) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node.connection().unwrap())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_readonly:calls="))
+        .and_then(|v| v.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+matrix! { #[tokio::test] async fn a_standalone_replica_refuses_the_script_with_readonly_and_nothing_is_written }
+/// A standalone replica has nowhere to redirect to: stockgate's flagged
+/// script gets `-READONLY` before it runs, on both servers (Valkey 8's
+/// `-REDIRECT` comes only to clients that announce `CLIENT CAPA
+/// redirect`, which stockgate does not). This is how an upstream URL left
+/// pointing at a replica after a failover looks: a retryable `-UPSTREAM`
+/// error that says READONLY, and nothing written anywhere.
+async fn a_standalone_replica_refuses_the_script_with_readonly_and_nothing_is_written(
+    kind: ServerKind,
+) {
+    let primary = standalone_of(kind);
+    let replica = LocalRedis::start(&RedisOptions::of(kind))
+        .unwrap_or_else(|e| panic!("cannot start a {kind}: {e}"));
+    let mut on_primary = primary.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("solo"))
+        .arg(5)
+        .query::<()>(&mut on_primary)
+        .unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.node.port)
+        .query::<()>(&mut replica.node.connection().unwrap())
+        .unwrap();
+    wait_until("the replica to sync", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut replica.node.connection().unwrap())
+            .is_ok_and(|i| i.contains("master_link_status:up"))
+    });
+
+    let server = proxy(vec![replica.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let err = deduct(&mut conn, "solo", "1", "to-a-replica", None)
+        .await
+        .expect_err("a replica cannot deduct");
+    assert_eq!(err.code(), Some("UPSTREAM"), "{err}");
+    assert!(err.to_string().contains("READONLY"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("retrying with the same request_id is safe"),
+        "{err}"
+    );
+    let stock: i64 = redis::cmd("GET")
+        .arg(stock_key("solo"))
+        .query(&mut on_primary)
+        .unwrap();
+    assert_eq!(stock, 5);
+    for node in [&primary.node, &replica.node] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(record_key("solo", "to-a-replica"))
+            .query(&mut node.connection().unwrap())
+            .unwrap();
+        assert_eq!(exists, 0, "no record on port {}", node.port);
+    }
+    server.stop_now();
+}
