@@ -210,7 +210,7 @@ async fn during_a_migration_replicas_answer_ask_and_tryagain_on_valkey_only_to_r
     for args in [
         vec!["STOCK.GET", sku.as_str()],
         vec!["STOCK.STATUS", sku.as_str(), "via-stockgate"],
-        vec!["STOCK.ADD", sku.as_str(), "1"],
+        vec!["STOCK.ADD", sku.as_str(), "1", "op-1"],
     ] {
         redis::cmd(args[0])
             .arg(&args[1..])
