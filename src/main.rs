@@ -242,6 +242,9 @@ async fn import(args: ImportArgs) -> Result<(), String> {
     );
     if report.is_clean() {
         Ok(())
+    } else if args.dry_run {
+        // Nothing is imported in a dry run, so say what a real run would do.
+        Err("some rows would not be imported; see the lines above".into())
     } else {
         Err("some rows were not imported; see the lines above".into())
     }
