@@ -341,3 +341,26 @@ fn check_understands_a_standalone_redis_and_an_unreachable_one() {
     assert!(!ok);
     assert!(report.contains("FAIL  connect"), "{report}");
 }
+
+/// `--upstream` pointed at a stockgate (the port at hand after `stockgate
+/// dev`) is named for what it is, at connect, instead of failing at SCRIPT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_plainly_when_the_upstream_is_a_stockgate() {
+    let cluster = cluster();
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let url = format!("redis://{}", server.addr);
+    let (ok, report) = tokio::task::spawn_blocking(move || check(&[url]))
+        .await
+        .unwrap();
+    assert!(!ok, "{report}");
+    let expected = format!(
+        "FAIL  connect          {} (stockgate {}) is a stockgate, not Redis: --upstream must name the Redis servers",
+        server.addr,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(report.contains(&expected), "{report}");
+    assert!(
+        !report.contains("scripts"),
+        "nothing past connect is tried: {report}"
+    );
+}
