@@ -211,7 +211,13 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
             mode != "off",
             "--access-log {mode}: {log}"
         );
+        // A fault is a WARN, a business code an INFO: a level filter then
+        // keeps exactly the lines an operator must look at.
+        if let Some(line) = err_line {
+            assert_eq!(line["level"], "WARN", "{line}");
+        }
         if let Some(line) = ok_line {
+            assert_eq!(line["level"], "INFO", "{line}");
             let f = &line["fields"];
             assert_eq!(f["request_id"], id.as_str());
             assert_eq!(f["key"], "stock:{logged}");
