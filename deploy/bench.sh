@@ -8,7 +8,7 @@
 #   BENCH_REQUESTS=20000 BENCH_REPEATS=1 deploy/bench.sh throughput
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh
+deploy/install-deps.sh dev  # Redis only; the benchmark needs no test tools
 deploy/install-bench-deps.sh
 # nutcracker lives in /usr/sbin, which a non-root PATH may lack.
 export PATH="$PATH:/usr/sbin"

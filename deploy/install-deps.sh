@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Installs what stockgate's dev mode and tests need beyond the Rust
+# Installs what stockgate's dev mode or its tests need beyond the Rust
 # toolchain, from Debian's packages:
 #
+#   deploy/install-deps.sh dev    what `deploy/dev.sh` needs: Redis only
+#   deploy/install-deps.sh test   (the default) that, and the test tools
+#
+# dev:
 # - redis-server, redis-tools: Redis 7+ (the dev cluster, the integration
 #   tests, redis-cli and redis-benchmark for deploy/measure.sh).
+#
+# test adds (deploy/test.sh calls it so; a dev machine is spared a
+# Prometheus service and Node.js it never asked for):
 # - prometheus: the `prometheus` server and `promtool`. tests/deploy.rs
 #   checks the alert rules with `promtool check rules` / `promtool test
 #   rules`, lints a live /metrics with `promtool check metrics`, and scrapes
@@ -18,6 +25,7 @@
 #   schemathesis from PyPI and npm into target/client-envs/. Only installed
 #   when missing; the newest ioredis and node-redis want Node.js 20, which
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
+# - curl: tests/readme.rs runs the README's HTTP examples as written.
 # - valkey-server, valkey-tools: Valkey 8, the second upstream the contract,
 #   check and fault tests run against (the Valkey half of their matrix).
 #   Debian 12 (bookworm) has Valkey only in bookworm-backports, so on
@@ -39,6 +47,15 @@
 # once.
 set -euo pipefail
 
+what="${1:-test}"
+case "$what" in
+    dev | test) ;;
+    *)
+        echo "usage: $0 [dev|test]" >&2
+        exit 2
+        ;;
+esac
+
 redis_major() {
     redis-server --version 2>/dev/null | sed -n 's/.*v=\([0-9]*\)\..*/\1/p'
 }
@@ -52,20 +69,23 @@ packages=()
 if ! command -v redis-cli >/dev/null || ! [ "$(redis_major || echo 0)" -ge 7 ] 2>/dev/null; then
     packages+=(redis-server redis-tools)
 fi
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    packages+=(prometheus)
-fi
-command -v openssl >/dev/null || packages+=(openssl)
-if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
-    packages+=(python3 python3-venv python3-pip)
-fi
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-    packages+=(nodejs npm)
-fi
 need_valkey=false
-if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null \
-    || ! [ "$(valkey_major || echo 0)" -ge 8 ] 2>/dev/null; then
-    need_valkey=true
+if [ "$what" = test ]; then
+    if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+        packages+=(prometheus)
+    fi
+    command -v openssl >/dev/null || packages+=(openssl)
+    if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+        packages+=(python3 python3-venv python3-pip)
+    fi
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        packages+=(nodejs npm)
+    fi
+    command -v curl >/dev/null || packages+=(curl)
+    if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null \
+        || ! [ "$(valkey_major || echo 0)" -ge 8 ] 2>/dev/null; then
+        need_valkey=true
+    fi
 fi
 if [ "${#packages[@]}" -eq 0 ] && [ "$need_valkey" = false ]; then
     exit 0

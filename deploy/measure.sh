@@ -13,7 +13,7 @@
 # about stockgate; CPU per request and memory are the numbers to size from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh
+deploy/install-deps.sh dev  # redis-cli, redis-benchmark: Redis only
 requests="${REQUESTS:-200000}"
 
 cargo build --release --locked --quiet

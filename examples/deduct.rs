@@ -4,11 +4,11 @@
 //! Run it against `deploy/dev.sh` (which seeds demo-1 with 100 units):
 //!
 //! ```text
-//! cargo run --example deduct -- 127.0.0.1:6390 demo-1 2 order-1001
-//! cargo run --example deduct -- --revert 127.0.0.1:6390 demo-1 order-1001
+//! cargo run --example deduct -- 127.0.0.1:6390 demo-1 2 order-4001
+//! cargo run --example deduct -- --revert 127.0.0.1:6390 demo-1 order-4001
 //! ```
 //!
-//! The first takes 2 units for order line order-1001 (run it twice: the
+//! The first takes 2 units for order line order-4001 (run it twice: the
 //! second is a retry, "already deducted", nothing taken again). The second
 //! gives them back, as the order service does when the payment fails or the
 //! order is cancelled; it is safe to repeat, and safe even when the

@@ -88,7 +88,8 @@ impl Progress {
                 if last.elapsed() >= Duration::from_secs(2) {
                     *last = Instant::now();
                     let percent = bytes as f64 * 100.0 / (*total).max(1) as f64;
-                    eprintln!("imported {rows} rows ({percent:.0}% of the file, {rate:.0} rows/s)");
+                    // "read", not "imported": a dry run imports nothing.
+                    eprintln!("{rows} rows read ({percent:.0}% of the file, {rate:.0} rows/s)");
                 }
             }
         }
@@ -127,28 +128,26 @@ pub async fn import(
     let total = std::fs::metadata(file)
         .map_err(|e| format!("{}: {e}", file.display()))?
         .len();
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_path(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut reader = CsvLines::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let mut progress = Progress::new(total);
     let mut report = ImportReport::default();
     let mut chunk: Vec<Row> = Vec::with_capacity(CHUNK_ROWS);
     let mut record = csv::ByteRecord::new();
     let mut first = true;
     loop {
-        let line = reader.position().line();
-        match reader.read_byte_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
+        let line = match reader.next_record(&mut record) {
+            Ok(Some(line)) => line,
+            Ok(None) => break,
+            // A file that can't be read on can't be imported on either.
             Err(err) => {
-                report.invalid += 1;
-                progress.println(format!("line {line}: unreadable: {err}"));
-                continue;
+                progress.finish();
+                return Err(format!(
+                    "{}: line {}: {err}",
+                    file.display(),
+                    reader.line + 1
+                ));
             }
-        }
+        };
         let is_header = first
             && record.len() == 2
             && record[0].eq_ignore_ascii_case(b"sku")
@@ -179,7 +178,7 @@ pub async fn import(
                 &progress,
             )
             .await;
-            progress.update(reader.position().byte(), report.rows, started);
+            progress.update(reader.bytes, report.rows, started);
         }
     }
     write_chunk(
@@ -195,6 +194,119 @@ pub async fn import(
     progress.finish();
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// A CSV file read a physical line at a time, so every record knows the
+/// line it is on. csv's own reader can't say that: the position of a record
+/// it reports is where the previous one ended, and the line counter lags
+/// the record by one for every CRLF terminator (it stops at the `\r` and
+/// takes the `\n` with the next record) and for every blank line skipped
+/// before it. Spreadsheets on Windows write CRLF, so a report would name
+/// the wrong rows. A record here can't span lines, which costs nothing: a
+/// quoted newline is never part of a valid sku or qty, so such a row is
+/// refused either way.
+struct CsvLines {
+    input: std::io::BufReader<std::fs::File>,
+    /// The line read last (1-based); 0 before the first.
+    line: u64,
+    /// Bytes read so far, for the progress display.
+    bytes: u64,
+    /// The last read, up to and including its `\n`. A lone `\r` ends a
+    /// line too (old Mac files), so it may hold several lines: `next` is
+    /// where the first not handed out yet starts, `end` where they stop
+    /// (before the terminator).
+    buf: Vec<u8>,
+    next: usize,
+    end: usize,
+    /// Quotes, doubled quotes and a leading UTF-8 byte-order mark, which
+    /// Excel's "CSV UTF-8" writes, are csv-core's.
+    core: csv_core::Reader,
+    fields: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl CsvLines {
+    fn open(path: &Path) -> std::io::Result<CsvLines> {
+        Ok(CsvLines {
+            input: std::io::BufReader::with_capacity(64 * 1024, std::fs::File::open(path)?),
+            line: 0,
+            bytes: 0,
+            buf: Vec::new(),
+            // Nothing read yet: past the (empty) end.
+            next: 1,
+            end: 0,
+            core: csv_core::Reader::new(),
+            fields: Vec::new(),
+            ends: Vec::new(),
+        })
+    }
+
+    /// The next record, with surrounding whitespace trimmed from each
+    /// field, and the line it is on; empty lines are skipped, as csv does.
+    fn next_record(&mut self, record: &mut csv::ByteRecord) -> std::io::Result<Option<u64>> {
+        use std::io::BufRead;
+        loop {
+            if self.next > self.end {
+                self.buf.clear();
+                let read = self.input.read_until(b'\n', &mut self.buf)?;
+                if read == 0 {
+                    return Ok(None);
+                }
+                self.bytes += read as u64;
+                let text = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+                let text = text.strip_suffix(b"\r").unwrap_or(text);
+                (self.next, self.end) = (0, text.len());
+            }
+            let rest = &self.buf[self.next..self.end];
+            let len = rest.iter().position(|b| *b == b'\r').unwrap_or(rest.len());
+            let (start, stop) = (self.next, self.next + len);
+            // Past `end` once the last line of this read is taken.
+            self.next = stop + 1;
+            self.line += 1;
+            if start == stop {
+                continue;
+            }
+            let text = std::mem::take(&mut self.buf);
+            self.split(&text[start..stop], record);
+            self.buf = text;
+            return Ok(Some(self.line));
+        }
+    }
+
+    /// One line's fields into `record`.
+    fn split(&mut self, text: &[u8], record: &mut csv::ByteRecord) {
+        use csv_core::ReadRecordResult;
+        // No field is longer than the line, and no line has more fields
+        // than bytes plus one, so csv-core never runs out of room.
+        self.fields.resize(text.len() + 1, 0);
+        self.ends.resize(text.len() + 2, 0);
+        self.core.reset();
+        let (mut input, mut out, mut ends) = (text, 0, 0);
+        loop {
+            let (result, nin, nout, nend) =
+                self.core
+                    .read_record(input, &mut self.fields[out..], &mut self.ends[ends..]);
+            input = &input[nin..];
+            out += nout;
+            ends += nend;
+            match result {
+                // The end of the line is the end of the record: say so
+                // with an empty input.
+                ReadRecordResult::InputEmpty => {}
+                ReadRecordResult::Record | ReadRecordResult::End => break,
+                ReadRecordResult::OutputFull | ReadRecordResult::OutputEndsFull => {
+                    unreachable!("buffers are sized for the whole line")
+                }
+            }
+        }
+        record.clear();
+        let mut start = 0;
+        for &end in &self.ends[..ends] {
+            record.push_field(&self.fields[start..end]);
+            start = end;
+        }
+        record.trim();
+    }
 }
 
 fn parse_row(record: &csv::ByteRecord) -> Result<(Sku, StockLevel), InvalidParam> {

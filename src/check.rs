@@ -82,6 +82,10 @@ pub async fn run(upstream: &Upstream, keys: &KeyLayout, timeout: Duration) -> Ve
             return report.0;
         }
     };
+    if let Some(found) = stockgates(upstream, &nodes).await {
+        report.add(Verdict::Fail, "connect", found);
+        return report.0;
+    }
     report.add(
         Verdict::Pass,
         "connect",
@@ -193,6 +197,29 @@ impl fmt::Display for ServerIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.name, self.version)
     }
+}
+
+/// `--upstream` pointed at a stockgate instead of Redis is an easy slip:
+/// the proxy's port is the one at hand after `stockgate dev`. A stockgate
+/// answers like a Redis 7.2 up to SCRIPT, where the check would fail with
+/// nothing that says why; its INFO names it (`stockgate_version`), so the
+/// report can say it plainly instead.
+async fn stockgates(upstream: &Upstream, nodes: &[Node]) -> Option<String> {
+    let mut found = Vec::new();
+    for node in nodes {
+        if let Ok(text) = info(upstream, node, &["INFO", "server"]).await
+            && let Some(version) = field(&text, "stockgate_version")
+        {
+            found.push(format!("{}:{} (stockgate {version})", node.host, node.port));
+        }
+    }
+    (!found.is_empty()).then(|| {
+        format!(
+            "{} is a stockgate, not Redis: --upstream must name the Redis servers stockgate \
+             fronts (for `stockgate dev`, the STOCKGATE_UPSTREAM it prints), not a stockgate's own port",
+            found.join(", ")
+        )
+    })
 }
 
 /// Names the server and its version on every primary ("valkey 8.0.1",

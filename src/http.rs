@@ -15,7 +15,8 @@
 //! | outcome | status |
 //! |---|---|
 //! | code 0, 1 (`"duplicate": true`) | 200 |
-//! | code 2, 4 | 409 |
+//! | DEDUCT code 2, 4 (`"revoked": true`) | 409 |
+//! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
 //! | code 3 | 400 |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
@@ -34,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::TcpListener;
@@ -62,7 +64,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
 #[derive(Deserialize)]
 struct DeductBody {
     sku: String,
-    qty: u64,
+    /// Kept as the JSON text: a `u64` would turn an integer past 2^64 into
+    /// a serde type error, where the contract says an out-of-range integer
+    /// is code 3. See [`qty_text`].
+    qty: Box<RawValue>,
     request_id: String,
     #[serde(default)]
     order_no: Option<String>,
@@ -83,6 +88,9 @@ struct OutcomeBody<'a> {
     /// Present, and true, only for code 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     duplicate: Option<bool>,
+    /// Present, and true, only for code 4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revoked: Option<bool>,
     version: i64,
     /// Why the parameters were refused (code 3 only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,13 +138,16 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(body) => body,
         Err(response) => return response,
     };
-    let mut args = vec![
-        Bytes::from(body.sku),
-        Bytes::from(body.qty.to_string()),
-        Bytes::from(body.request_id),
-    ];
+    let qty = match qty_text(&body.qty) {
+        Ok(qty) => qty,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let mut args = vec![Bytes::from(body.sku), qty, Bytes::from(body.request_id)];
     args.extend(body.order_no.map(Bytes::from));
-    respond(shared.service.deduct(&args, arrived).await)
+    respond(
+        Operation::Deduct,
+        shared.service.deduct(&args, arrived).await,
+    )
 }
 
 async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -149,7 +160,37 @@ async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Err(response) => return response,
     };
     let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
-    respond(shared.service.revert(&args, arrived).await)
+    respond(
+        Operation::Revert,
+        shared.service.revert(&args, arrived).await,
+    )
+}
+
+/// The qty a JSON body gave, as the digits RESP would carry. A JSON integer
+/// (an optional `-` and digits: JSON allows no `+` and no leading zero) of
+/// any size goes to the same rule as a RESP qty, so one out of range, `0`,
+/// `-1` or `18446744073709551616` alike, is code 3 with its reason. Anything
+/// else (a string, a fraction, an exponent, null) is a malformed body; the
+/// error says what was found.
+fn qty_text(raw: &RawValue) -> Result<Bytes, String> {
+    let text = raw.get();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Bytes::copy_from_slice(text.as_bytes()));
+    }
+    let found = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Null) => "null",
+        Ok(serde_json::Value::Bool(_)) => "boolean",
+        Ok(serde_json::Value::Number(_)) => "a number with a fraction or an exponent",
+        Ok(serde_json::Value::String(_)) => "string",
+        Ok(serde_json::Value::Array(_)) => "array",
+        Ok(serde_json::Value::Object(_)) => "map",
+        Err(_) => "something else",
+    };
+    let shown: String = text.chars().take(64).collect();
+    Err(format!(
+        "invalid request body: invalid type for qty: {found} `{shown}`, expected an integer"
+    ))
 }
 
 /// Reads at most [`MAX_BODY`] bytes and parses them; anything wrong is a
@@ -171,16 +212,29 @@ async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, 
     })
 }
 
-/// The HTTP status of a business code: never a 5xx.
-pub fn status_for(code: Code) -> StatusCode {
-    match code {
-        Code::Ok | Code::Duplicate => StatusCode::OK,
-        Code::Insufficient | Code::Revoked => StatusCode::CONFLICT,
-        Code::Invalid => StatusCode::BAD_REQUEST,
+/// The operations the HTTP face serves; a code's status depends on which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Deduct,
+    Revert,
+}
+
+/// The HTTP status of a business code: never a 5xx. A status says whether
+/// the caller's intent was met, since that is what generic retry middleware
+/// acts on: a DEDUCT that was revoked did not deduct (409), but a REVERT
+/// that revoked is compensation done, there was nothing to give back (200,
+/// as for a duplicate).
+pub fn status_for(operation: Operation, code: Code) -> StatusCode {
+    match (operation, code) {
+        (_, Code::Ok | Code::Duplicate) => StatusCode::OK,
+        (Operation::Revert, Code::Revoked) => StatusCode::OK,
+        (Operation::Deduct, Code::Revoked) => StatusCode::CONFLICT,
+        (_, Code::Insufficient) => StatusCode::CONFLICT,
+        (_, Code::Invalid) => StatusCode::BAD_REQUEST,
     }
 }
 
-fn respond(result: Result<StockReply, UpstreamError>) -> Response {
+fn respond(operation: Operation, result: Result<StockReply, UpstreamError>) -> Response {
     match result {
         Ok(reply) => {
             let body = OutcomeBody {
@@ -188,13 +242,14 @@ fn respond(result: Result<StockReply, UpstreamError>) -> Response {
                 remain: reply.remain,
                 order_no: std::str::from_utf8(&reply.order_no).unwrap_or(""),
                 duplicate: (reply.code == Code::Duplicate).then_some(true),
+                revoked: (reply.code == Code::Revoked).then_some(true),
                 version: reply.version,
                 reason: reply
                     .reason
                     .as_deref()
                     .and_then(|r| std::str::from_utf8(r).ok()),
             };
-            json(status_for(reply.code), &body)
+            json(status_for(operation, reply.code), &body)
         }
         Err(fault) => {
             let text = fault.reply_text();
@@ -252,9 +307,16 @@ mod tests {
 
     #[test]
     fn business_codes_never_map_to_5xx() {
-        for code in Code::ALL {
-            assert!(status_for(code).is_success() || status_for(code).is_client_error());
+        for operation in [Operation::Deduct, Operation::Revert] {
+            for code in Code::ALL {
+                let status = status_for(operation, code);
+                assert!(status.is_success() || status.is_client_error());
+            }
         }
-        assert_eq!(status_for(Code::Revoked), StatusCode::CONFLICT);
+        assert_eq!(
+            status_for(Operation::Deduct, Code::Revoked),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(status_for(Operation::Revert, Code::Revoked), StatusCode::OK);
     }
 }

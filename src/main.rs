@@ -183,25 +183,46 @@ async fn dev(
     if !server.wait_ready(Duration::from_secs(10)).await {
         return Err("the proxy did not become ready within 10s".into());
     }
-    let port = server.addr.port();
-    println!(
-        "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n\
-         Demo stock: demo-1 = 100, demo-2 = 5, demo-3 = 0. Metrics: http://{admin}/metrics\n\n\
-         Try it:\n  \
-           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 0: deducted, remain 98\n  \
-           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 1: duplicate, nothing changed\n  \
-           redis-cli -p {port} DEDUCT demo-3 1 order-1002            # 2: insufficient stock\n  \
-           redis-cli -p {port} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n\n\
-         Ctrl-C stops stockgate and the cluster.",
-        addr = server.addr,
-        admin = server.admin_addr,
-        seeds = cluster.seeds().join(", "),
-    );
+    println!("{}", dev_banner(&server, &cluster.seeds()));
     let signal = wait_for_signal().await;
     stop(server, signal, grace).await;
     drop(cluster);
     eprintln!("cluster stopped");
     Ok(())
+}
+
+/// What `stockgate dev` prints once it serves: where, what to type, and how
+/// the other tools reach the same cluster. The README shows it, and its
+/// test compares the two, so keep them in step. The request ids are the
+/// README walkthrough's own (order-1001 to order-1003); other examples use
+/// others, so everything the README shows works on one dev cluster.
+fn dev_banner(server: &Server, seeds: &[String]) -> String {
+    let port = server.addr.port();
+    let mut text = format!(
+        "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n",
+        addr = server.addr,
+        seeds = seeds.join(", "),
+    );
+    if let Some(http) = server.http_addr {
+        text.push_str(&format!(
+            "HTTP/JSON API: POST http://{http}/v1/deduct and /v1/revert.\n"
+        ));
+    }
+    text.push_str(&format!(
+        "Demo stock: demo-1 = 100, demo-2 = 5, demo-3 = 0. Metrics: http://{admin}/metrics\n\n\
+         Try it:\n  \
+           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 0: deducted, remain 98\n  \
+           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 1: duplicate, nothing changed\n  \
+           redis-cli -p {port} DEDUCT demo-3 1 order-1002            # 2: insufficient stock\n  \
+           redis-cli -p {port} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n  \
+           redis-cli -p {port} REVERT demo-1 order-1001              # 0: given back, remain 100\n\n\
+         For `stockgate check` and `stockgate stock import|export` in another terminal:\n  \
+           export STOCKGATE_UPSTREAM={upstream}\n\n\
+         Ctrl-C stops stockgate and the cluster.",
+        admin = server.admin_addr,
+        upstream = seeds.join(","),
+    ));
+    text
 }
 
 /// Connects to Redis for a one-shot tool.
@@ -242,6 +263,9 @@ async fn import(args: ImportArgs) -> Result<(), String> {
     );
     if report.is_clean() {
         Ok(())
+    } else if args.dry_run {
+        // Nothing is imported in a dry run, so say what a real run would do.
+        Err("some rows would not be imported; see the lines above".into())
     } else {
         Err("some rows were not imported; see the lines above".into())
     }

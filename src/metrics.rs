@@ -48,6 +48,16 @@ impl CommandLabel {
             CommandLabel::Revert => "revert",
         }
     }
+
+    /// Whether this command can ever answer `result`. REVERT never looks at
+    /// the stock level, so it has no code 2; a series for it would be a
+    /// permanent 0 that a dashboard or an alert could only misread.
+    pub fn answers(self, result: ResultLabel) -> bool {
+        !matches!(
+            (self, result),
+            (CommandLabel::Revert, ResultLabel::Code(Code::Insufficient))
+        )
+    }
 }
 
 /// The `result` label: a business code, or `error` for any system fault.
@@ -147,6 +157,15 @@ impl Metrics {
             .into_iter()
             .map(|command| {
                 let series = ResultLabel::all().map(|result| {
+                    if !command.answers(result) {
+                        // Kept in the table so indexing stays by code, but
+                        // never registered, so never exported.
+                        return RequestSeries {
+                            count: AtomicU64::new(0),
+                            total: Counter::noop(),
+                            duration: Histogram::noop(),
+                        };
+                    }
                     let labels = vec![
                         Label::new("command", command.as_str()),
                         Label::new("result", result.as_str()),
@@ -265,14 +284,16 @@ impl Metrics {
         CommandLabel::ALL
             .into_iter()
             .flat_map(|command| {
-                ResultLabel::all().map(move |result| {
-                    let series = &self.requests[command as usize][result.index()];
-                    (
-                        command.as_str(),
-                        result.as_str(),
-                        series.count.load(Ordering::Relaxed),
-                    )
-                })
+                ResultLabel::all()
+                    .filter(move |result| command.answers(*result))
+                    .map(move |result| {
+                        let series = &self.requests[command as usize][result.index()];
+                        (
+                            command.as_str(),
+                            result.as_str(),
+                            series.count.load(Ordering::Relaxed),
+                        )
+                    })
             })
             .collect()
     }
@@ -349,7 +370,13 @@ mod tests {
                 let line = format!(
                     "stockgate_requests_total{{command=\"{command}\",result=\"{result}\"}} 0"
                 );
-                assert!(text.contains(&line), "missing {line} in\n{text}");
+                if (command, result) == ("revert", "insufficient") {
+                    // REVERT has no code 2: no series that can only be 0.
+                    let series = line.trim_end_matches(" 0");
+                    assert!(!text.contains(series), "{series} in\n{text}");
+                } else {
+                    assert!(text.contains(&line), "missing {line} in\n{text}");
+                }
             }
         }
         assert!(text.contains("stockgate_upstream_errors_total{kind=\"timeout\"} 0"));

@@ -98,7 +98,7 @@ pub async fn start(config: Config) -> io::Result<Server> {
         drain.clone(),
         connections.clone(),
     ));
-    tracing::info!(%addr, %admin_addr, http = ?http_addr, "stockgate listening");
+    tracing::info!(%addr, %admin_addr, http = %http_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()), "stockgate listening");
     Ok(Server {
         addr,
         admin_addr,

@@ -175,10 +175,10 @@ async fn order_flow_books_balance_while_redis_stalls() {
             without_record += 1;
             continue;
         };
-        let mut fields = record.splitn(3, ':');
-        let state = fields.next().unwrap().chars().next().unwrap();
-        let qty: i64 = fields.next().unwrap().parse().unwrap();
-        let order_no = fields.next().unwrap();
+        let parsed = stockgate::record::Record::parse(&record).expect("a record");
+        let state = parsed.state.letter();
+        let qty = parsed.qty as i64;
+        let order_no = parsed.order_no.as_str();
         let expected_order_no = if state == 'V' {
             String::new()
         } else {
@@ -224,4 +224,49 @@ async fn order_flow_books_balance_while_redis_stalls() {
         "{report}"
     );
     assert_eq!(figure("units given back"), reverted_units, "{report}");
+}
+
+/// `examples/deduct.rs`, run as its header says: each outcome it names,
+/// and the stock checked in Redis after each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deduct_example_handles_each_outcome_as_its_header_says() {
+    let binary = tokio::task::spawn_blocking(|| example_binary("deduct"));
+    let cluster = cluster();
+    set_stock(&cluster, "ex-sku", 3);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let binary = binary.await.unwrap();
+    let addr = server.addr.to_string();
+    let addr = addr.as_str();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&binary)
+            .args(args)
+            .output()
+            .expect("the deduct example runs");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let deducted = "deducted (now or by an earlier try): 1 left, order \"ORD-EXAMPLE\"\n";
+    assert_eq!(run(&[addr, "ex-sku", "2", "ex-1"]), deducted);
+    // Run twice, the second is a retry of the same request_id: the same
+    // answer, nothing taken again.
+    assert_eq!(run(&[addr, "ex-sku", "2", "ex-1"]), deducted);
+    assert_eq!(get_stock(&cluster, "ex-sku"), Some(1));
+    assert_eq!(
+        run(&[addr, "ex-sku", "2", "ex-2"]),
+        "insufficient stock: fail the order\n"
+    );
+    let invalid = run(&[addr, "ex-sku", "0", "ex-3"]);
+    assert!(invalid.starts_with("invalid request: qty"), "{invalid}");
+    assert_eq!(
+        run(&["--revert", addr, "ex-sku", "ex-1"]),
+        "compensation done: given back: 3 in stock\n"
+    );
+    assert_eq!(get_stock(&cluster, "ex-sku"), Some(3));
+    assert_eq!(
+        run(&[addr, "ex-sku", "2", "ex-1"]),
+        "reverted or revoked earlier: the order was cancelled, don't proceed\n"
+    );
+    let unknown = run(&[addr, "no-such-sku", "1", "ex-4"]);
+    assert!(unknown.starts_with("needs an operator"), "{unknown}");
+    assert_eq!(get_stock(&cluster, "ex-sku"), Some(3), "nothing else moved");
 }

@@ -209,10 +209,13 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
         200,
         json!({"code": 1, "remain": 5, "order_no": "ORD-W", "duplicate": true, "version": 3}),
     );
+    // DEDUCT 4 did not deduct: a conflict. REVERT 4 is compensation done
+    // (nothing had been deducted, the id is now revoked): a 200, so generic
+    // retry middleware doesn't treat it as a failure.
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         409,
-        json!({"code": 4, "remain": 5, "order_no": "", "version": 3}),
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
     );
     check(
         post_json(
@@ -220,9 +223,28 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             "/v1/revert",
             json!({"sku": "web", "request_id": "never"}),
         ),
-        409,
-        json!({"code": 4, "remain": 5, "order_no": "", "version": 3}),
+        200,
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
     );
+    check(
+        post_json(http, "/v1/deduct", deduct(json!(1), "never")),
+        409,
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
+    );
+    // Any JSON integer goes through the same rule as a RESP qty, however
+    // far out of range: past u64 too, where a u64 field would have made
+    // it a type error.
+    let qty_refused = json!({"code": 3, "remain": -1, "order_no": "", "version": 3,
+                             "reason": "qty must be an integer from 1 to 1000000"});
+    let huge = "9".repeat(400);
+    for qty in ["-1", "1000001", "18446744073709551616", huge.as_str()] {
+        let body = format!(r#"{{"sku": "web", "qty": {qty}, "request_id": "w5"}}"#);
+        check(
+            post(http, "/v1/deduct", body.as_bytes()),
+            400,
+            qty_refused.clone(),
+        );
+    }
 
     // Malformed bodies: 400 with an error, and Redis is never called.
     let before = script_calls(&cluster);
@@ -242,8 +264,12 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             "invalid type",
         ),
         (
-            br#"{"sku": "web", "qty": -1, "request_id": "x"}"#,
-            "invalid value",
+            br#"{"sku": "web", "qty": 1e3, "request_id": "x"}"#,
+            "invalid type",
+        ),
+        (
+            br#"{"sku": "web", "qty": null, "request_id": "x"}"#,
+            "invalid type",
         ),
         (br#"[1, 2]"#, "invalid type"),
         (too_big.as_bytes(), "larger than 16384 bytes"),

@@ -211,7 +211,13 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
             mode != "off",
             "--access-log {mode}: {log}"
         );
+        // A fault is a WARN, a business code an INFO: a level filter then
+        // keeps exactly the lines an operator must look at.
+        if let Some(line) = err_line {
+            assert_eq!(line["level"], "WARN", "{line}");
+        }
         if let Some(line) = ok_line {
+            assert_eq!(line["level"], "INFO", "{line}");
             let f = &line["fields"];
             assert_eq!(f["request_id"], id.as_str());
             assert_eq!(f["key"], "stock:{logged}");
@@ -366,4 +372,27 @@ fn check_understands_a_standalone_server_and_an_unreachable_one(kind: ServerKind
     let (ok, report) = check(&[format!("redis://127.0.0.1:{port}")]);
     assert!(!ok);
     assert!(report.contains("FAIL  connect"), "{report}");
+}
+
+/// `--upstream` pointed at a stockgate (the port at hand after `stockgate
+/// dev`) is named for what it is, at connect, instead of failing at SCRIPT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_plainly_when_the_upstream_is_a_stockgate() {
+    let cluster = cluster();
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let url = format!("redis://{}", server.addr);
+    let (ok, report) = tokio::task::spawn_blocking(move || check(&[url]))
+        .await
+        .unwrap();
+    assert!(!ok, "{report}");
+    let expected = format!(
+        "FAIL  connect          {} (stockgate {}) is a stockgate, not Redis: --upstream must name the Redis servers",
+        server.addr,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(report.contains(&expected), "{report}");
+    assert!(
+        !report.contains("scripts"),
+        "nothing past connect is tried: {report}"
+    );
 }

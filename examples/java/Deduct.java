@@ -13,10 +13,10 @@
 // Java 8; Java 11+ runs the source file directly. Against deploy/dev.sh
 // (which seeds demo-1 with 100 units):
 //
-//     java -cp "$JEDIS_CLASSPATH" Deduct.java demo-1 2 order-1001 ORD-1001
-//     java -cp "$JEDIS_CLASSPATH" Deduct.java --revert demo-1 order-1001
+//     java -cp "$JEDIS_CLASSPATH" Deduct.java demo-1 2 order-4005 ORD-4005
+//     java -cp "$JEDIS_CLASSPATH" Deduct.java --revert demo-1 order-4005
 //
-// The first takes 2 units for order line order-1001; run it twice and the
+// The first takes 2 units for order line order-4005; run it twice and the
 // second run is a retry of the same request_id: "already deducted", nothing
 // taken again. The second gives them back, as the order service does when
 // the payment fails or the order is cancelled; it is safe to repeat, and

@@ -3,10 +3,10 @@
 // Run it against deploy/dev.sh (which seeds demo-1 with 100 units):
 //
 //     cd examples/node && npm ci
-//     node deduct.js demo-1 2 order-1001 ORD-1001
-//     node deduct.js --revert demo-1 order-1001
+//     node deduct.js demo-1 2 order-4003 ORD-4003
+//     node deduct.js --revert demo-1 order-4003
 //
-// The first takes 2 units for order line order-1001; run it twice and the
+// The first takes 2 units for order line order-4003; run it twice and the
 // second run is a retry of the same request_id: "already deducted", nothing
 // taken again. The second gives them back, as the order service does when
 // the payment fails or the order is cancelled; it is safe to repeat, and

@@ -3,10 +3,10 @@
 Run it against deploy/dev.sh (which seeds demo-1 with 100 units):
 
     python3 -m venv .venv && .venv/bin/pip install -r examples/python/requirements.txt
-    .venv/bin/python examples/python/deduct.py demo-1 2 order-1001 ORD-1001
-    .venv/bin/python examples/python/deduct.py --revert demo-1 order-1001
+    .venv/bin/python examples/python/deduct.py demo-1 2 order-4002 ORD-4002
+    .venv/bin/python examples/python/deduct.py --revert demo-1 order-4002
 
-The first takes 2 units for order line order-1001; run it twice and the
+The first takes 2 units for order line order-4002; run it twice and the
 second run is a retry of the same request_id: "already deducted", nothing
 taken again. The second gives them back, as the order service does when the
 payment fails or the order is cancelled; it is safe to repeat, and safe even

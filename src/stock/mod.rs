@@ -196,20 +196,32 @@ impl StockService {
             a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
         };
         let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
-        let (code, error) = match result {
-            Ok(reply) => (Some(reply.code as i64), None),
-            Err(fault) => (None, Some(fault.kind.label())),
-        };
-        tracing::info!(
-            target: "stockgate::access",
-            command = entry.command.as_str(),
-            request_id = field(entry.request_id),
-            key,
-            qty = field(entry.qty),
-            code,
-            error,
-            latency_us = elapsed.as_micros() as u64,
-        );
+        let command = entry.command.as_str();
+        let (request_id, qty) = (field(entry.request_id), field(entry.qty));
+        let latency_us = elapsed.as_micros() as u64;
+        // A fault is a WARN, so `STOCKGATE_LOG=warn` or a collector's level
+        // filter keeps exactly the lines an operator must look at; a
+        // business code, whatever it is, is an answer and stays INFO.
+        match result {
+            Ok(reply) => tracing::info!(
+                target: "stockgate::access",
+                command,
+                request_id,
+                key,
+                qty,
+                code = reply.code as i64,
+                latency_us,
+            ),
+            Err(fault) => tracing::warn!(
+                target: "stockgate::access",
+                command,
+                request_id,
+                key,
+                qty,
+                error = fault.kind.label(),
+                latency_us,
+            ),
+        }
     }
 
     /// With `--reject-stale-ids`, refuses a time-ordered request_id (ULID,

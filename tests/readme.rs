@@ -1,0 +1,672 @@
+//! The README, run: every command it shows with its output is run here, in
+//! README order, against one `stockgate dev`, and what it prints must match
+//! what the README says it prints. A newcomer follows the README top to
+//! bottom on one dev cluster; so does this test, so an example that breaks
+//! a later one (by reusing its ids, say) fails here first.
+//!
+//! # The convention (for anyone adding a section)
+//!
+//! - A block fenced as ```` ```console ```` is run. Each line starting with
+//!   `$ ` is a command, run with bash in a scratch directory (so `> file`,
+//!   pipes and quotes work as typed); a command ending in `\` continues on
+//!   the next line. The lines after it, up to the next `$ ` or the fence,
+//!   are its expected output: stdout and stderr together, in the order
+//!   written, as a terminal shows them.
+//! - A line `? N` right after a command says it exits with status N
+//!   (trycmd's spelling); without one, it must exit 0.
+//! - Placeholders, as trycmd and snapbox spell them: `[..]` matches any text
+//!   within one line, and a line that is only `...` matches any number of
+//!   lines (none included). Use them for what legitimately varies: ports of
+//!   the cluster, timings, SHAs, counts that other sections change.
+//! - The default ports `6390` (RESP), `8390` (HTTP) and `9390` (admin)
+//!   stand for the ports this test picks: write them as a user types them.
+//!   `STOCKGATE_UPSTREAM` is set to the dev cluster's seeds, as the dev
+//!   start-up message tells the user to do, so `stockgate check` and
+//!   `stockgate stock ...` need no `--upstream`.
+//! - `stockgate` is the binary this build made; `redis-cli` and `curl`
+//!   are the system's. redis-cli runs with `--no-raw`, so its output reads
+//!   as on a terminal (`1) (integer) 0`) although it goes to a pipe here.
+//! - One block is fenced ```` ```console dev ````: its command is
+//!   `deploy/dev.sh [args]`, which this test runs as `stockgate dev [args]`
+//!   on free ports (a bare `--http-listen` gets one too), comparing what it
+//!   prints on stdout up to "Ctrl-C stops ..." with the block. It must come
+//!   before every other console block.
+//! - A block that shows a command with output but can't run here (it needs
+//!   production hosts, say `--upstream redis://10.0.0.5:6379`) is fenced
+//!   ```` ```console norun ````; it renders the same. A `$ ` line in a block
+//!   fenced any other way fails this test, so no example is left unchecked
+//!   by forgetting the tag. Commands shown without output go in ```` ```sh ````
+//!   blocks without a `$ `.
+//! - Use request ids (and skus, when the stock matters) of your own: the
+//!   whole README runs on one cluster, in order.
+//!
+//! # Why a harness of its own, not trycmd or snapbox
+//!
+//! trycmd reads the same Markdown shape and is where the placeholder
+//! spellings come from, but it runs each command without a shell, and
+//! substitutes variables only in the expected output, never in the command
+//! line: `redis-cli -p 6390` can't be pointed at a port picked at run time,
+//! and `printf ... > stock.csv` or `| sort` can't run at all. It also wants
+//! each case to own its binaries and state, where this README is one story
+//! on one live cluster. What is left to write is a Markdown walk and a line
+//! matcher, about 150 lines here, against a dev-dependency tree (trycmd,
+//! snapbox, toml_edit, ...) that every build would compile.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// A command that runs longer than this is stopped and reported: a
+/// watchdog against a hang, far above anything the README runs.
+const COMMAND_WATCHDOG_SECS: u32 = 120;
+/// The dev cluster and proxy must be up within this long: another watchdog.
+const DEV_WATCHDOG: Duration = Duration::from_secs(90);
+
+/// The README's default ports, each replaced by a port this test picks.
+const RESP_PORT: u16 = 6390;
+const HTTP_PORT: u16 = 8390;
+const ADMIN_PORT: u16 = 9390;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// ```` ```console ````: run it.
+    Run,
+    /// ```` ```console dev ````: start the dev cluster with it.
+    Dev,
+}
+
+#[derive(Debug)]
+struct Step {
+    /// 1-based line of the `$ ` line in the README.
+    line: usize,
+    command: String,
+    status: i32,
+    expected: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Block {
+    kind: Kind,
+    steps: Vec<Step>,
+}
+
+/// What the README holds, by the convention above.
+struct Readme {
+    blocks: Vec<Block>,
+    /// Fence lines of ```` ```console norun ```` blocks.
+    norun: Vec<usize>,
+    /// `$ ` lines found in blocks that are neither: mistakes.
+    stray: Vec<(usize, String)>,
+}
+
+/// A block being read: its fence's indentation, what it is, its lines
+/// (with their README line numbers).
+struct OpenBlock {
+    indent: usize,
+    fence: Fence,
+    lines: Vec<(usize, String)>,
+}
+
+/// What a fence's info string makes of its block.
+enum Fence {
+    Runs(Kind),
+    /// ```` ```console norun ````: shown, deliberately not run.
+    NoRun,
+    /// Anything else: code, syntax, commands without output.
+    Other,
+}
+
+fn parse_readme(text: &str) -> Readme {
+    let mut readme = Readme {
+        blocks: Vec::new(),
+        norun: Vec::new(),
+        stray: Vec::new(),
+    };
+    let mut open: Option<OpenBlock> = None;
+    for (index, raw) in text.lines().enumerate() {
+        let number = index + 1;
+        let trimmed = raw.trim_start();
+        let indent = raw.len() - trimmed.len();
+        let is_fence = trimmed.starts_with("```");
+        match &mut open {
+            None if is_fence => {
+                let words: Vec<&str> = trimmed[3..].split_whitespace().collect();
+                let fence = match words.as_slice() {
+                    ["console"] => Fence::Runs(Kind::Run),
+                    ["console", "dev"] => Fence::Runs(Kind::Dev),
+                    ["console", "norun"] => {
+                        readme.norun.push(number);
+                        Fence::NoRun
+                    }
+                    _ => Fence::Other,
+                };
+                open = Some(OpenBlock {
+                    indent,
+                    fence,
+                    lines: Vec::new(),
+                });
+            }
+            None => {}
+            Some(OpenBlock { fence, lines, .. })
+                if is_fence && trimmed.trim_end().trim_matches('`').is_empty() =>
+            {
+                match fence {
+                    Fence::Runs(kind) => readme.blocks.push(Block {
+                        kind: *kind,
+                        steps: steps(lines),
+                    }),
+                    Fence::NoRun => {}
+                    Fence::Other => readme
+                        .stray
+                        .extend(lines.drain(..).filter(|(_, l)| l.starts_with("$ "))),
+                }
+                open = None;
+            }
+            Some(OpenBlock {
+                indent: fence_indent,
+                lines,
+                ..
+            }) => {
+                // Inside a list item the block is indented; its lines are
+                // what follows that indentation.
+                let content = raw.get((*fence_indent).min(indent)..).unwrap_or("");
+                lines.push((number, content.to_owned()));
+            }
+        }
+    }
+    readme
+}
+
+/// The commands of one console block, each with its expected output.
+fn steps(lines: &[(usize, String)]) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut iter = lines.iter().peekable();
+    while let Some((number, line)) = iter.next() {
+        if let Some(command) = line.strip_prefix("$ ") {
+            let mut command = command.to_owned();
+            while command.ends_with('\\') {
+                let Some((_, next)) = iter.next() else { break };
+                command.push('\n');
+                command.push_str(next);
+            }
+            let mut status = 0;
+            if let Some((_, next)) = iter.peek()
+                && let Some(code) = next.strip_prefix("? ")
+            {
+                status = code.trim().parse().unwrap_or_else(|_| {
+                    panic!("README.md:{}: `? {code}` is not an exit status", number + 1)
+                });
+                iter.next();
+            }
+            steps.push(Step {
+                line: *number,
+                command,
+                status,
+                expected: Vec::new(),
+            });
+        } else if let Some(step) = steps.last_mut() {
+            step.expected.push(line.clone());
+        } else if !line.trim().is_empty() {
+            panic!("README.md:{number}: a console block must start with a `$ ` command line");
+        }
+    }
+    steps
+}
+
+/// `[..]` matches any text within a line.
+fn line_matches(pattern: &str, line: &str) -> bool {
+    let parts: Vec<&str> = pattern.split("[..]").collect();
+    if parts.len() == 1 {
+        return pattern == line;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !line.starts_with(first) || line.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &line[first.len()..];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(at) => rest = &rest[at + middle.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// A line of only `...` matches any number of lines.
+fn lines_match(expected: &[String], actual: &[String]) -> bool {
+    match expected.split_first() {
+        None => actual.is_empty(),
+        Some((first, rest)) if first == "..." => {
+            (0..=actual.len()).any(|skip| lines_match(rest, &actual[skip..]))
+        }
+        Some((first, rest)) => actual
+            .split_first()
+            .is_some_and(|(line, more)| line_matches(first, line) && lines_match(rest, more)),
+    }
+}
+
+/// Lines to compare: trailing whitespace (and `\r`) and trailing blank
+/// lines don't count.
+fn normalize<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = lines.map(|l| l.trim_end().to_owned()).collect();
+    while out.last().is_some_and(String::is_empty) {
+        out.pop();
+    }
+    out
+}
+
+/// Replaces the port `from` where it stands as a number of its own (not
+/// inside 16390 or 63901).
+fn replace_port(text: &str, from: u16, to: u16) -> String {
+    let (from, to) = (from.to_string(), to.to_string());
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(&from) {
+        let (before, after) = (&rest[..at], &rest[at + from.len()..]);
+        let digit_before = before
+            .chars()
+            .last()
+            .or_else(|| out.chars().last())
+            .is_some_and(|c| c.is_ascii_digit());
+        let digit_after = after.starts_with(|c: char| c.is_ascii_digit());
+        out.push_str(before);
+        out.push_str(if digit_before || digit_after {
+            &from
+        } else {
+            &to
+        });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The ports this run uses in place of the README's.
+struct Ports(Vec<(u16, u16)>);
+
+impl Ports {
+    fn pick() -> Ports {
+        let mut picked: Vec<u16> = Vec::new();
+        while picked.len() < 3 {
+            let port = free_port();
+            if !picked.contains(&port) {
+                picked.push(port);
+            }
+        }
+        Ports(vec![
+            (RESP_PORT, picked[0]),
+            (HTTP_PORT, picked[1]),
+            (ADMIN_PORT, picked[2]),
+        ])
+    }
+
+    fn real(&self, readme_port: u16) -> u16 {
+        self.0.iter().find(|(r, _)| *r == readme_port).unwrap().1
+    }
+
+    fn apply(&self, text: &str) -> String {
+        self.0.iter().fold(text.to_owned(), |t, (from, to)| {
+            replace_port(&t, *from, *to)
+        })
+    }
+
+    /// The other way, for reports: what was printed, as the README would
+    /// show it, ready to paste.
+    fn unapply(&self, text: &str) -> String {
+        self.0.iter().fold(text.to_owned(), |t, (to, from)| {
+            replace_port(&t, *from, *to)
+        })
+    }
+}
+
+/// `stockgate dev`, stopped like Ctrl-C at the end (SIGKILL if the test
+/// fails first; its Redis nodes die with it, see `src/dev.rs`).
+struct Dev {
+    child: Child,
+    /// Its log, read to the end by a thread, so a chatty log never fills
+    /// the pipe and stalls it.
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Dev {
+    fn stop(mut self) -> String {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.wait();
+        // Exited, so the pipe is closed and the reader done.
+        self.stderr
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the dev block's `deploy/dev.sh [args]` as `stockgate dev` on free
+/// ports, and returns them, it, and what it printed up to "Ctrl-C stops".
+/// A port picked free can be taken before stockgate binds it (by another
+/// test, or by one of the dev cluster's own Redis nodes): then it starts
+/// again on others.
+fn start_dev_on_free_ports(step: &Step) -> (Ports, Dev, Vec<String>) {
+    for _ in 0..3 {
+        let ports = Ports::pick();
+        match start_dev(step, &ports) {
+            Ok((dev, printed)) => return (ports, dev, printed),
+            Err(log) if log.contains("Address already in use") => continue,
+            Err(log) => panic!("{log}"),
+        }
+    }
+    panic!("stockgate dev lost a port race three times running");
+}
+
+/// One try of [`start_dev_on_free_ports`]; the failure's report otherwise.
+fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
+    let command = ports.apply(&step.command);
+    let mut words = command.split_whitespace();
+    assert_eq!(
+        words.next(),
+        Some("deploy/dev.sh"),
+        "README.md:{}: the dev block runs deploy/dev.sh",
+        step.line
+    );
+    let mut args: Vec<String> = vec!["dev".into()];
+    let given: Vec<String> = words.map(str::to_owned).collect();
+    for (i, arg) in given.iter().enumerate() {
+        args.push(arg.clone());
+        let bare = given.get(i + 1).is_none_or(|next| next.starts_with("--"));
+        if arg == "--http-listen" && bare {
+            args.push(format!("127.0.0.1:{}", ports.real(HTTP_PORT)));
+        }
+    }
+    for (flag, port) in [("--listen", RESP_PORT), ("--admin-listen", ADMIN_PORT)] {
+        if !given.iter().any(|a| a == flag) {
+            args.push(flag.into());
+            args.push(format!("127.0.0.1:{}", ports.real(port)));
+        }
+    }
+    let mut child = Command::new(stockgate_bin())
+        .args(&args)
+        .env_remove("STOCKGATE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs stockgate dev");
+    let (out_tx, out_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if out_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = stderr.read_to_string(&mut log);
+        log
+    });
+    let dev = Dev {
+        child,
+        stderr: Some(stderr),
+    };
+    let deadline = Instant::now() + DEV_WATCHDOG;
+    let mut printed = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match out_rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.starts_with("Ctrl-C stops");
+                printed.push(line);
+                if done {
+                    break;
+                }
+            }
+            // Exited (its stdout closed), or hung past the watchdog.
+            Err(_) => {
+                let log = dev.stop();
+                return Err(format!(
+                    "stockgate {} did not finish its start-up message:\n{}\nstderr:\n{log}",
+                    args.join(" "),
+                    printed.join("\n")
+                ));
+            }
+        }
+    }
+    Ok((dev, printed))
+}
+
+/// Runs one README command as a user would in a shell, stdout and stderr
+/// together.
+fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, String) {
+    // --no-raw: redis-cli prints raw replies when stdout is not a terminal;
+    // the README shows what a terminal shows.
+    let script = format!(
+        "set -o pipefail\nexec 2>&1\nredis-cli() {{ command redis-cli --no-raw \"$@\"; }}\n{command}\n"
+    );
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", &COMMAND_WATCHDOG_SECS.to_string(), "bash", "-c"])
+        .arg(script)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("STOCKGATE_") {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd.envs(env);
+    let mut child = cmd.spawn().expect("runs bash");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    out.push_str(&err);
+    (status.code().unwrap_or(-1), out)
+}
+
+/// A failed step as the README has it, and what it printed written the
+/// README's way (its ports), so a changed output can be pasted in.
+fn describe(ports: &Ports, step: &Step, got: (i32, &str)) -> String {
+    let indent = |text: &str| {
+        text.lines()
+            .map(|l| format!("    {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "README.md:{}: $ {}\n  exit status: expected {}, got {}\n  expected (as the README has it):\n{}\n  got (with the README's ports):\n{}",
+        step.line,
+        step.command,
+        step.status,
+        got.0,
+        indent(&step.expected.join("\n")),
+        indent(&ports.unapply(got.1))
+    )
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
+    for tool in ["redis-cli", "curl", "bash", "timeout"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .unwrap();
+        assert!(
+            found.status.success(),
+            "{tool} is needed to run the README: deploy/install-deps.sh test installs it"
+        );
+    }
+    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = parse_readme(&text);
+    assert!(
+        readme.stray.is_empty(),
+        "`$ ` command lines outside a ```console block (fence it as console to run it, or \
+         console norun if it can't run here):\n{:#?}",
+        readme.stray
+    );
+    let (dev_block, rest) = readme
+        .blocks
+        .split_first()
+        .expect("the README has console blocks");
+    assert_eq!(
+        dev_block.kind,
+        Kind::Dev,
+        "the first console block must be the ```console dev one"
+    );
+    assert_eq!(dev_block.steps.len(), 1, "the dev block has one command");
+    assert!(
+        rest.iter().all(|b| b.kind == Kind::Run),
+        "only one ```console dev block"
+    );
+
+    let dev_step = &dev_block.steps[0];
+    let (ports, dev, printed) = start_dev_on_free_ports(dev_step);
+    let mut failures = Vec::new();
+    let expected: Vec<String> = dev_step.expected.iter().map(|l| ports.apply(l)).collect();
+    let printed = normalize(printed.iter().map(String::as_str));
+    let expected = normalize(expected.iter().map(String::as_str));
+    if !lines_match(&expected, &printed) {
+        failures.push(describe(&ports, dev_step, (0, &printed.join("\n"))));
+    }
+    // The start-up message says how the other tools reach the cluster; use
+    // exactly that, as the README tells the user to.
+    let upstream = printed
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("export STOCKGATE_UPSTREAM="))
+        .unwrap_or_else(|| {
+            panic!(
+                "no `export STOCKGATE_UPSTREAM=` in:\n{}",
+                printed.join("\n")
+            )
+        })
+        .to_owned();
+
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = scratch.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(stockgate_bin(), bin.join("stockgate")).unwrap();
+    let work = scratch.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let env = HashMap::from([
+        (
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        ),
+        ("STOCKGATE_UPSTREAM", upstream),
+    ]);
+
+    let mut commands = 0;
+    for block in rest {
+        for step in &block.steps {
+            let command = ports.apply(&step.command);
+            let (status, output) = run_step(&command, &work, &env);
+            commands += 1;
+            let got = normalize(output.lines());
+            let want: Vec<String> = step.expected.iter().map(|l| ports.apply(l)).collect();
+            let want = normalize(want.iter().map(String::as_str));
+            if status != step.status || !lines_match(&want, &got) {
+                failures.push(describe(&ports, step, (status, &got.join("\n"))));
+            }
+        }
+    }
+    let log = dev.stop();
+    println!(
+        "README: {commands} commands run in {} console blocks after the dev block; {} console norun blocks (lines {:?})",
+        rest.len(),
+        readme.norun.len(),
+        readme.norun
+    );
+    assert!(
+        failures.is_empty(),
+        "{} README example(s) don't do what the README says:\n\n{}\n\nstockgate dev's log:\n{log}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+    // A parse that found next to nothing would pass vacuously.
+    assert!(commands >= 10, "only {commands} README commands found");
+}
+
+/// Every example under examples/ is in the README with the command that
+/// runs it.
+#[test]
+fn the_readme_says_how_to_run_every_example() {
+    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(repo().join("examples")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let how = match name.strip_suffix(".rs") {
+            Some(example) => format!("cargo run --example {example}"),
+            None => format!("examples/{name}"),
+        };
+        if !text.contains(&how) {
+            missing.push(how);
+        }
+    }
+    assert!(missing.is_empty(), "the README lacks {missing:?}");
+}
+
+#[test]
+fn placeholders_match_what_they_promise() {
+    assert!(line_matches("a [..] c", "a b c"));
+    assert!(line_matches("[..]", ""));
+    assert!(line_matches("x[..]y[..]z", "x1y2y3z"));
+    assert!(!line_matches("a [..] c", "a b d"));
+    assert!(!line_matches("ab[..]ba", "aba"));
+    let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(lines_match(
+        &lines(&["...", "end"]),
+        &lines(&["a", "b", "end"])
+    ));
+    assert!(lines_match(&lines(&["...", "end"]), &lines(&["end"])));
+    assert!(!lines_match(
+        &lines(&["...", "end"]),
+        &lines(&["end", "more"])
+    ));
+    assert!(!lines_match(&lines(&["one"]), &lines(&["one", "two"])));
+    assert_eq!(
+        replace_port("-p 6390 :6390/ 16390 63901", 6390, 41000),
+        "-p 41000 :41000/ 16390 63901"
+    );
+}
