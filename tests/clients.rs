@@ -1,5 +1,7 @@
 //! Real client libraries against stockgate, used the way applications use
-//! them: default settings, DEDUCT and REVERT sent as custom commands.
+//! them: default settings, DEDUCT and REVERT sent as custom commands. (One
+//! default is changed: rueidis's client-side cache, which needs CLIENT
+//! TRACKING; see its entry below.)
 //!
 //! Every test starts a Redis Cluster and an in-process stockgate (see
 //! `tests/support`), runs a real client as a subprocess against it and
@@ -27,25 +29,33 @@
 //! # Clients
 //!
 //! Installed from their registries on first use into
-//! `<target>/client-envs/<name>`, reused until their manifest changes:
+//! `<target>/client-envs/<name>`, reused until their manifest or sources
+//! change:
 //! Python clients in a venv from hash-pinned requirements
 //! (`tests/clients/python/*.txt`), Node clients with `npm ci` from a
-//! committed lockfile (`tests/clients/node/<name>/`). A missing `python3`,
-//! `npm`, `redis-cli` or `redis-benchmark` fails the test with how to
-//! install it. The drivers (`tests/clients/{python,node}/driver.*`) only
-//! run commands and print typed replies as JSON; all judging is here.
+//! committed lockfile (`tests/clients/node/<name>/`), the Go clients with
+//! one `go build` of `tests/clients/go` (go.mod and go.sum pin go-redis and
+//! rueidis; modules come from the Go module proxy). The Go env is shared by both Go
+//! clients, so it is fetched and compiled once per run, and not again while
+//! nothing changed. A missing `python3`, `npm`, `go`, `redis-cli` or
+//! `redis-benchmark` fails the test with how to install it. The drivers
+//! (`tests/clients/{python,node,go}/...`) only run commands and print
+//! typed replies as JSON; all judging is here.
 //!
-//! A recording relay ([`Tap`]) between client and stockgate captures the
-//! handshake each client really sends on connect, so the protocol column
-//! of the README's support table is tested, not assumed.
+//! Java (Jedis, Lettuce) isn't installed yet; their handshakes are
+//! replayed as bytes taken from their source, cited where they are
+//! defined.
 //!
-//! Go (go-redis) and Java (Jedis, Lettuce) can't be installed here; their
-//! handshakes are replayed as bytes taken from their source, cited where
-//! they are defined.
+//! A recording relay ([`Tap`]) between client and stockgate captures what
+//! each client really sends: the handshake on every connection (so the
+//! protocol column of the README's support table is tested, not assumed),
+//! how many connections it used, its pool's health checks, and that every
+//! planned command arrived exactly once (no client resent or dropped one).
 //!
-//! The Python and Node examples (`examples/python`, `examples/node`) run
-//! here too, for every outcome of DEDUCT and of REVERT, including a retry
-//! after a client timeout. The Rust examples run in `tests/examples.rs`.
+//! The examples in Python, Node and Go (`examples/*`) run here too,
+//! built with the envs above, for every outcome of DEDUCT and of REVERT,
+//! including a retry after a client timeout. The Rust examples run in
+//! `tests/examples.rs`.
 //!
 //! # Layout
 //!
@@ -91,6 +101,10 @@ const REDIS_PY_5: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "5.3.1"],
     ],
     error_class: "ResponseError",
+    habits: Habits {
+        borrow_ping: BorrowPing::OnReuse,
+        ..Habits::PLAIN
+    },
 };
 
 /// redis-py 8 (newest): RESP3 by default (`HELLO 3`), then asks for
@@ -115,6 +129,10 @@ const REDIS_PY_8: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "8.1.0"],
     ],
     error_class: "ResponseError",
+    habits: Habits {
+        borrow_ping: BorrowPing::OnReuse,
+        ..Habits::PLAIN
+    },
 };
 
 /// ioredis 5: RESP2; its ready check sends INFO and waits for `loading:0`.
@@ -131,6 +149,7 @@ const IOREDIS_5: Pinned = Pinned {
         &["info"],
     ],
     error_class: "ReplyError",
+    habits: Habits::PLAIN,
 };
 
 /// ioredis 6: RESP3 by default (`hello 3`), then the same ready check.
@@ -149,6 +168,7 @@ const IOREDIS_6: Pinned = Pinned {
         &["info"],
     ],
     error_class: "SimpleError",
+    habits: Habits::PLAIN,
 };
 
 /// node-redis 4: RESP2. It reports the version of @redis/client it was
@@ -165,6 +185,7 @@ const NODE_REDIS_4: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "1.6.0"],
     ],
     error_class: "ErrorReply",
+    habits: Habits::PLAIN,
 };
 
 /// node-redis 6 (newest): RESP3 by default (`HELLO 3`), then asks for
@@ -189,6 +210,64 @@ const NODE_REDIS_6: Pinned = Pinned {
         ],
     ],
     error_class: "SimpleError",
+    habits: Habits::PLAIN,
+};
+
+/// go-redis v9 (newest): `redis.NewClient(&redis.Options{Addr})`, RESP3 by
+/// default (lowercase `hello 3`). It then asks for maintenance
+/// notifications, which stockgate refuses and its default "auto" mode
+/// ignores, and announces itself (`LIB-NAME` carries the Go version it
+/// was built with).
+const GO_REDIS_9: Pinned = Pinned {
+    name: "go-redis-9",
+    runtime: Runtime::Go {
+        library: "go-redis",
+    },
+    version: "9.23.0",
+    handshake: &[
+        &["hello", "3"],
+        &[
+            "client",
+            "maint_notifications",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ],
+        &["client", "setinfo", "LIB-NAME", "go-redis(,{runtime})"],
+        &["client", "setinfo", "LIB-VER", "9.23.0"],
+    ],
+    error_class: "proto.RedisError",
+    habits: Habits {
+        dropped_once_refused: Some(&[
+            "client",
+            "maint_notifications",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ]),
+        ..Habits::PLAIN
+    },
+};
+
+/// rueidis (newest): RESP3 only (`HELLO 3`; without it rueidis falls back
+/// to RESP2 only with its cache off). Its default client-side cache sends
+/// `CLIENT TRACKING ON OPTIN` and fails the connection when refused;
+/// stockgate refuses it, because it cannot send the invalidations such a
+/// cache needs, so the driver sets `DisableCache: true`, as users must.
+/// Its cluster probe (`CLUSTER SLOTS`) is refused too, and rueidis then
+/// uses a single-node client by itself.
+const RUEIDIS_1: Pinned = Pinned {
+    name: "rueidis-1",
+    runtime: Runtime::Go { library: "rueidis" },
+    version: "1.0.79",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "LIB-NAME", "rueidis"],
+        &["CLIENT", "SETINFO", "LIB-VER", "1.0.79"],
+        &["CLUSTER", "SLOTS"],
+    ],
+    error_class: "*rueidis.RedisError",
+    habits: Habits::PLAIN,
 };
 
 #[test]
@@ -221,8 +300,23 @@ fn node_redis_6_resp3_send_command_and_pipeline() {
     check_driver_client(&NODE_REDIS_6, &["plain", "pipeline"]);
 }
 
+#[test]
+fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
+    check_driver_client(&GO_REDIS_9, &["plain", "pipeline", "concurrent"]);
+}
+
+#[test]
+fn rueidis_1_resp3_do_and_do_multi() {
+    check_driver_client(&RUEIDIS_1, &["plain", "pipeline"]);
+}
+
 /// Runs `client`'s driver in each mode against a fresh cluster and
-/// stockgate, checking replies, handshake and what Redis holds afterwards.
+/// stockgate, checking replies, what went over the wire and what Redis
+/// holds afterwards. Modes: `plain` (the codes plan, one command at a
+/// time), `pool` (the same, each command on a connection borrowed from
+/// the client's pool), `pipeline` (the pipeline plan at once) and
+/// `concurrent` (the pipeline plan, each command from its own goroutine
+/// through a small pool).
 fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
     // Install while the cluster starts (the cluster must start on this
     // thread: its servers die with the thread that spawned them).
@@ -236,7 +330,7 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
         for mode in modes {
             let tag = format!("{}-{mode}", client.name);
             let plan = match *mode {
-                "pipeline" => pipeline_plan(&cluster, &server, &tag).await,
+                "pipeline" | "concurrent" => pipeline_plan(&cluster, server.addr, &tag).await,
                 _ => codes_plan(&cluster, &tag),
             };
             let tap = Tap::start(server.addr, false).await;
@@ -248,36 +342,115 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             );
             assert_replies(&tag, &out.replies, &plan.expected(client.error_class));
             plan.audit(&cluster);
-
-            let sent = tap.commands();
-            let first = &sent[0];
-            let handshake: Vec<Vec<String>> = first
-                .iter()
-                .take_while(|c| !is_stock_command(c))
-                .cloned()
-                .collect();
-            let mut expected = strings(client.handshake);
-            if *mode == "pool" {
-                // The pool health-checks a new connection before anything
-                // else, handshake included (a RESP2 PING before HELLO 3).
-                expected.insert(0, vec!["PING".to_owned()]);
-            }
-            assert_eq!(handshake, expected, "{tag}: handshake on connect");
-            if *mode == "pool" {
-                // health_check_interval: an idle pooled connection is
-                // PINGed before it is reused, i.e. before every command
-                // after the first one on it.
-                let planned: Vec<usize> = positions(first, is_stock_command);
-                assert_eq!(planned.len(), plan.commands.len(), "{tag}: one connection");
-                for &at in &planned[1..] {
-                    assert!(
-                        first[at - 1][0].eq_ignore_ascii_case("ping"),
-                        "{tag}: no health-check PING before command {at}: {first:?}"
-                    );
-                }
-            }
+            check_wire(client, &tag, mode, &tap.commands(), &plan.commands, &out);
         }
     });
+}
+
+/// The pool size the Go driver's `concurrent` mode sets.
+const GO_POOL_SIZE: usize = 4;
+
+/// What `client` sent in `mode`, connection by connection: the handshake
+/// on each, every planned command exactly once, how many connections it
+/// used, and in the `pool` mode the exact sequence with its health checks.
+fn check_wire(
+    client: &Pinned,
+    tag: &str,
+    mode: &str,
+    sent: &[Vec<Vec<String>>],
+    planned: &[Vec<String>],
+    out: &Driven,
+) {
+    let used: Vec<&Vec<Vec<String>>> = sent.iter().filter(|c| !c.is_empty()).collect();
+    assert!(!used.is_empty(), "{tag}: nothing sent");
+
+    // No command resent by a client-side retry, none lost.
+    let mut arrived: Vec<&Vec<String>> = used
+        .iter()
+        .flat_map(|c| c.iter())
+        .filter(|c| is_stock_command(c))
+        .collect();
+    let mut expected: Vec<&Vec<String>> = planned.iter().collect();
+    arrived.sort();
+    expected.sort();
+    assert_eq!(arrived, expected, "{tag}: every planned command sent once");
+
+    // `{runtime}` in a handshake stands for the driver's language
+    // version, which go-redis puts in its LIB-NAME.
+    let runtime = out.printed["runtime"].as_str().unwrap_or("");
+    let handshake: Vec<Vec<String>> = strings(client.handshake)
+        .into_iter()
+        .map(|c| {
+            c.into_iter()
+                .map(|a| a.replace("{runtime}", runtime))
+                .collect()
+        })
+        .collect();
+    if mode == "pool" {
+        // One connection, borrowed and given back for each command, and
+        // health-checked as the pool lends it.
+        assert_eq!(used.len(), 1, "{tag}: the pool reuses one connection");
+        let mut expected = Vec::new();
+        if client.habits.borrow_ping == BorrowPing::OnReuse {
+            // redis-py checks a new connection before its handshake.
+            expected.push(vec!["PING".to_owned()]);
+        }
+        expected.extend(handshake);
+        for (i, command) in planned.iter().enumerate() {
+            if client.habits.borrow_ping == BorrowPing::OnReuse && i > 0 {
+                expected.push(vec!["PING".to_owned()]);
+            }
+            expected.push(command.clone());
+        }
+        assert_eq!(
+            used[0], &expected,
+            "{tag}: the pooled connection's commands"
+        );
+        return;
+    }
+    let mut full = 0;
+    for conn in &used {
+        let before: Vec<Vec<String>> = conn
+            .iter()
+            .take_while(|c| !is_stock_command(c))
+            .cloned()
+            .collect();
+        if before == handshake {
+            full += 1;
+            continue;
+        }
+        let Some(dropped) = client.habits.dropped_once_refused else {
+            panic!("{tag}: handshake on connect: {before:?}, not {handshake:?}");
+        };
+        let without: Vec<Vec<String>> = handshake
+            .iter()
+            .filter(|c| *c != dropped)
+            .cloned()
+            .collect();
+        assert_eq!(before, without, "{tag}: handshake on connect");
+    }
+    // Only a refusal stops it: some connection asked first.
+    assert!(
+        full > 0,
+        "{tag}: no connection sent the whole handshake {handshake:?}"
+    );
+    if mode == "concurrent" {
+        // 100 commands at once through a pool of 4: each connection
+        // served many, and the pool's own count agrees with the wire.
+        assert!(
+            used.len() <= GO_POOL_SIZE,
+            "{tag}: {} connections",
+            used.len()
+        );
+        assert_eq!(
+            out.printed["pool"]["TotalConns"],
+            json!(used.len()),
+            "{tag}: go-redis's pool stats: {}",
+            out.printed["pool"]
+        );
+    } else {
+        assert_eq!(used.len(), 1, "{tag}: one connection for the whole plan");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -321,7 +494,7 @@ fn redis_cli_pipe_mode_sends_the_pipeline_plan() {
     let cluster = cluster();
     runtime().block_on(async {
         let server = proxy(cluster.seeds(), |_| {}).await;
-        let plan = pipeline_plan(&cluster, &server, "cli-pipe").await;
+        let plan = pipeline_plan(&cluster, server.addr, "cli-pipe").await;
         let mut input = Vec::new();
         for command in &plan.commands {
             input.extend_from_slice(&resp(command));
@@ -561,7 +734,7 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
             }
             assert_eq!(handshake, expected, "{tag}: redis-rs handshake");
 
-            let plan = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
+            let plan = pipeline_plan(&cluster, server.addr, &format!("{tag}-pipe")).await;
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for command in &plan.commands {
@@ -576,7 +749,7 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
 }
 
 // ---------------------------------------------------------------------------
-// Go and Java: handshakes replayed as bytes
+// Java: handshakes replayed as bytes
 // ---------------------------------------------------------------------------
 
 /// What one client library writes on a new connection, and how many
@@ -588,34 +761,6 @@ struct Replay {
     check: fn(&[Value]),
 }
 
-/// go-redis v9.14.0 with `redis.NewClient(&redis.Options{Addr: ...})`.
-///
-/// Source: redis/go-redis v9.14.0, as vendored in grafana/grafana at
-/// `vendor/github.com/redis/go-redis/v9/`: `options.go` `init()` sets
-/// `Protocol = 3` when unset; `redis.go` `initConn` sends
-/// `conn.Hello(ctx, 3, "", "", "")`, which `commands.go` `Hello` writes as
-/// lowercase `hello 3`, reading the reply as a map
-/// (`MapStringInterfaceCmd`); any reply that is not a Redis error reply
-/// fails the connection. Then it pipelines `client setinfo LIB-NAME
-/// go-redis(<suffix>,<go version>)` and `client setinfo LIB-VER <version>`
-/// (`ClientSetInfo`), ignoring Redis errors. The Go version here is an
-/// example of what `runtime.Version()` gives.
-const GO_REDIS_9: Replay = Replay {
-    client: "go-redis v9.14.0",
-    steps: &[
-        (b"*2\r\n$5\r\nhello\r\n$1\r\n3\r\n", 1),
-        (
-            b"*4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$8\r\nLIB-NAME\r\n$19\r\ngo-redis(,go1.24.6)\r\n\
-              *4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$7\r\nLIB-VER\r\n$6\r\n9.14.0\r\n",
-            2,
-        ),
-    ],
-    check: |replies| {
-        hello_map(&replies[0]);
-        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
-    },
-};
-
 /// Jedis 5.2.0 with `new Jedis(host, port)` or `new JedisPooled(host, port)`
 /// (no protocol, no password configured).
 ///
@@ -625,7 +770,7 @@ const GO_REDIS_9: Replay = Replay {
 /// HELLO); it then writes `CLIENT SETINFO LIB-NAME jedis` and `CLIENT
 /// SETINFO LIB-VER <version>` back to back and reads both replies with
 /// `getMany`, which collects error replies instead of throwing.
-const JEDIS_5: Replay = Replay {
+const JEDIS_5_REPLAY: Replay = Replay {
     client: "Jedis 5.2.0",
     steps: &[(
         b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$5\r\njedis\r\n\
@@ -646,7 +791,7 @@ const JEDIS_5: Replay = Replay {
 /// `applyConnectionMetadata` pipelines `CLIENT SETINFO lib-name Lettuce`
 /// and `CLIENT SETINFO lib-ver <version>`, failures ignored (commit
 /// 00eec0c; `applyConnectionMetadataSafely`).
-const LETTUCE_6: Replay = Replay {
+const LETTUCE_6_REPLAY: Replay = Replay {
     client: "Lettuce 6.6.0",
     steps: &[
         (b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n", 1),
@@ -671,21 +816,16 @@ const LETTUCE_6: Replay = Replay {
 };
 
 #[test]
-fn go_redis_9_handshake_replayed() {
-    check_replay(&GO_REDIS_9);
-}
-
-#[test]
 fn jedis_5_handshake_replayed() {
-    check_replay(&JEDIS_5);
+    check_replay(&JEDIS_5_REPLAY);
 }
 
 #[test]
 fn lettuce_6_handshake_replayed() {
-    check_replay(&LETTUCE_6);
+    check_replay(&LETTUCE_6_REPLAY);
 }
 
-/// A RESP3 HELLO reply as go-redis and Lettuce read it: a map of
+/// A RESP3 HELLO reply as Lettuce reads it: a map of
 /// bulk-string keys, `proto` 3.
 fn hello_map(reply: &Value) -> HashMap<String, &Value> {
     let Value::Map(entries) = reply else {
@@ -711,7 +851,7 @@ fn check_replay(replay: &'static Replay) {
         let server = proxy(cluster.seeds(), |_| {}).await;
         let tag = replay.client.replace([' ', '.'], "-");
         let codes = codes_plan(&cluster, &tag);
-        let pipeline = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
+        let pipeline = pipeline_plan(&cluster, server.addr, &format!("{tag}-pipe")).await;
         let addr = server.addr;
         let (handshake, replies, piped) = tokio::task::spawn_blocking(move || {
             let mut wire = Wire::connect(addr);
@@ -770,6 +910,21 @@ fn node_example_handles_every_outcome() {
     check_example(&IOREDIS_5, "examples/node/deduct.js");
 }
 
+/// examples/go, built from its own go.mod and go.sum (with the drivers, in
+/// one env) and run as a binary.
+#[test]
+fn go_example_handles_every_outcome() {
+    let manifest = read("examples/go/go.mod");
+    assert!(
+        manifest.contains(&format!(
+            "require github.com/redis/go-redis/v9 v{}\n",
+            GO_REDIS_9.version
+        )),
+        "examples/go/go.mod must pin the go-redis the test runs"
+    );
+    check_example(&GO_REDIS_9, "examples/go");
+}
+
 /// Runs an example once per outcome of DEDUCT and of REVERT (`--revert`),
 /// and checks what it prints and exits with. Each timeout case goes
 /// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT
@@ -779,7 +934,10 @@ fn node_example_handles_every_outcome() {
 /// The cases run in lanes at once, each on its own sku, to keep the test
 /// short; within a lane they run in order, so every `left` and `in stock`
 /// figure is known.
-fn check_example(client: &'static Pinned, script: &str) {
+///
+/// `example` is a script run with the client's interpreter, or the
+/// directory of an example the client's env built (Go).
+fn check_example(client: &'static Pinned, example: &str) {
     let install = std::thread::spawn(move || installed(client));
     let cluster = cluster();
     let env = install.join().unwrap();
@@ -956,7 +1114,12 @@ fn check_example(client: &'static Pinned, script: &str) {
         let lanes = [every_code, compensation, lost_deduct, lost_revert, no_redis];
         join_all(lanes.map(|lane| async move {
             for case in lane {
-                let mut command = env.command(&repo_path(script));
+                let mut command = match client.runtime {
+                    Runtime::Python { .. } | Runtime::Node { .. } => {
+                        env.command(&repo_path(example))
+                    }
+                    Runtime::Go { .. } => env.example(),
+                };
                 command
                     .args(["--port", &case.to.port().to_string()])
                     .args(&case.args);
@@ -965,11 +1128,11 @@ fn check_example(client: &'static Pinned, script: &str) {
                 assert_eq!(
                     stdout.lines().collect::<Vec<_>>(),
                     case.prints,
-                    "{script} {:?}; stderr: {}",
+                    "{example} {:?}; stderr: {}",
                     case.args,
                     String::from_utf8_lossy(&out.stderr)
                 );
-                assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
+                assert_eq!(out.status.success(), case.proceeds, "{example}: {out:?}");
             }
         }))
         .await;
