@@ -35,16 +35,15 @@
 //! (`tests/clients/python/*.txt`), Node clients with `npm ci` from a
 //! committed lockfile (`tests/clients/node/<name>/`), the Go clients with
 //! one `go build` of `tests/clients/go` (go.mod and go.sum pin go-redis and
-//! rueidis; modules come from the Go module proxy). The Go env is shared by both Go
-//! clients, so it is fetched and compiled once per run, and not again while
-//! nothing changed. A missing `python3`, `npm`, `go`, `redis-cli` or
-//! `redis-benchmark` fails the test with how to install it. The drivers
-//! (`tests/clients/{python,node,go}/...`) only run commands and print
+//! rueidis; modules come from the Go module proxy), the Java clients with
+//! one `mvn compile` of the reactor in `tests/clients/java` (a module per
+//! client version, exact versions, jars from Maven Central). The Go and Java
+//! envs are shared by every client of that language, so each is fetched and
+//! compiled once per run, and not again while nothing changed. A missing
+//! `python3`, `npm`, `go`, `java`, `mvn`, `redis-cli` or `redis-benchmark`
+//! fails the test with how to install it. The drivers
+//! (`tests/clients/{python,node,go,java}/...`) only run commands and print
 //! typed replies as JSON; all judging is here.
-//!
-//! Java (Jedis, Lettuce) isn't installed yet; their handshakes are
-//! replayed as bytes taken from their source, cited where they are
-//! defined.
 //!
 //! A recording relay ([`Tap`]) between client and stockgate captures what
 //! each client really sends: the handshake on every connection (so the
@@ -52,7 +51,7 @@
 //! how many connections it used, its pool's health checks, and that every
 //! planned command arrived exactly once (no client resent or dropped one).
 //!
-//! The examples in Python, Node and Go (`examples/*`) run here too,
+//! The examples in Python, Node, Go and Java (`examples/*`) run here too,
 //! built with the envs above, for every outcome of DEDUCT and of REVERT,
 //! including a retry after a client timeout. The Rust examples run in
 //! `tests/examples.rs`.
@@ -61,8 +60,7 @@
 //!
 //! This file holds the tests and what each client is pinned to;
 //! `clients/install.rs` installs and runs clients, `clients/plans.rs` builds
-//! plans and compares replies, `clients/wire.rs` has the recording relay
-//! and the raw RESP conversation used for replays.
+//! plans and compares replies, `clients/wire.rs` has the recording relay.
 
 #[path = "clients/install.rs"]
 mod install;
@@ -270,6 +268,112 @@ const RUEIDIS_1: Pinned = Pinned {
     habits: Habits::PLAIN,
 };
 
+/// Jedis 5 (newest 5.x): RESP2. `new Jedis(host, port)` sends nothing
+/// before its first command; a connection made by `JedisPool` announces
+/// itself with `CLIENT SETINFO`, and testOnBorrow PINGs it on every loan.
+const JEDIS_5: Pinned = Pinned {
+    name: "jedis-5",
+    runtime: Runtime::Java {
+        module: "jedis5",
+        main: "JedisDriver",
+    },
+    version: "5.2.0",
+    handshake: &[],
+    error_class: "JedisDataException",
+    habits: Habits {
+        pool_handshake: Some(&[
+            &["CLIENT", "SETINFO", "LIB-NAME", "jedis"],
+            &["CLIENT", "SETINFO", "LIB-VER", "5.2.0"],
+        ]),
+        borrow_ping: BorrowPing::Always,
+        ..Habits::PLAIN
+    },
+};
+
+/// Jedis 8 (newest): the same on the wire, RESP2 by default too.
+const JEDIS_8: Pinned = Pinned {
+    name: "jedis-8",
+    runtime: Runtime::Java {
+        module: "jedis8",
+        main: "JedisDriver",
+    },
+    version: "8.0.2",
+    handshake: &[],
+    error_class: "JedisDataException",
+    habits: Habits {
+        pool_handshake: Some(&[
+            &["CLIENT", "SETINFO", "LIB-NAME", "jedis"],
+            &["CLIENT", "SETINFO", "LIB-VER", "8.0.2"],
+        ]),
+        borrow_ping: BorrowPing::Always,
+        ..Habits::PLAIN
+    },
+};
+
+/// Lettuce 6 (newest 6.x): RESP3 by default; it casts the HELLO reply
+/// map's fields (`(Long) id`, `(String) mode`, `version`, `role`), so a
+/// wrong type there fails the connection.
+const LETTUCE_6: Pinned = Pinned {
+    name: "lettuce-6",
+    runtime: Runtime::Java {
+        module: "lettuce6",
+        main: "LettuceDriver",
+    },
+    version: "6.8.2.RELEASE",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "lib-name", "Lettuce"],
+        &["CLIENT", "SETINFO", "lib-ver", "6.8.2.RELEASE/34f8700"],
+    ],
+    error_class: "RedisCommandExecutionException",
+    habits: Habits::PLAIN,
+};
+
+/// Lettuce 7 (newest): the same, and then it asks for maintenance
+/// notifications, which stockgate refuses and Lettuce ignores.
+const LETTUCE_7: Pinned = Pinned {
+    name: "lettuce-7",
+    runtime: Runtime::Java {
+        module: "lettuce7",
+        main: "LettuceDriver",
+    },
+    version: "7.7.0.RELEASE",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "lib-name", "Lettuce"],
+        &["CLIENT", "SETINFO", "lib-ver", "7.7.0.RELEASE/1960d49"],
+        &[
+            "CLIENT",
+            "MAINT_NOTIFICATIONS",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ],
+    ],
+    error_class: "RedisCommandExecutionException",
+    habits: Habits::PLAIN,
+};
+
+/// Redisson 3 (newest 3.x), `useSingleServer()`: RESP2. It opens its pool
+/// at start (24 idle connections and one for pub/sub by default), PINGs
+/// each new connection twice, and spreads commands over the pool. Its
+/// error messages append the channel, command and params to the server's
+/// text; the driver checks that tail and cuts it off.
+const REDISSON_3: Pinned = Pinned {
+    name: "redisson-3",
+    runtime: Runtime::Java {
+        module: "redisson3",
+        main: "RedissonDriver",
+    },
+    version: "3.52.0",
+    handshake: &[&["PING"], &["PING"]],
+    error_class: "RedisException",
+    habits: Habits {
+        spreads: true,
+        ..Habits::PLAIN
+    },
+};
+
 #[test]
 fn redis_py_5_resp2_plain_pool_and_pipeline() {
     check_driver_client(&REDIS_PY_5, &["plain", "pool", "pipeline"]);
@@ -308,6 +412,31 @@ fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
 #[test]
 fn rueidis_1_resp3_do_and_do_multi() {
     check_driver_client(&RUEIDIS_1, &["plain", "pipeline"]);
+}
+
+#[test]
+fn jedis_5_send_command_pool_and_pipeline() {
+    check_driver_client(&JEDIS_5, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn jedis_8_send_command_pool_and_pipeline() {
+    check_driver_client(&JEDIS_8, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn lettuce_6_resp3_async_one_by_one_and_all_at_once() {
+    check_driver_client(&LETTUCE_6, &["plain", "pipeline"]);
+}
+
+#[test]
+fn lettuce_7_resp3_async_one_by_one_and_all_at_once() {
+    check_driver_client(&LETTUCE_7, &["plain", "pipeline"]);
+}
+
+#[test]
+fn redisson_3_custom_command_through_its_executor() {
+    check_driver_client(&REDISSON_3, &["plain", "pipeline"]);
 }
 
 /// Runs `client`'s driver in each mode against a fresh cluster and
@@ -378,14 +507,17 @@ fn check_wire(
     // `{runtime}` in a handshake stands for the driver's language
     // version, which go-redis puts in its LIB-NAME.
     let runtime = out.printed["runtime"].as_str().unwrap_or("");
-    let handshake: Vec<Vec<String>> = strings(client.handshake)
-        .into_iter()
-        .map(|c| {
-            c.into_iter()
-                .map(|a| a.replace("{runtime}", runtime))
-                .collect()
-        })
-        .collect();
+    let handshake: Vec<Vec<String>> = strings(match mode {
+        "pool" => client.habits.pool_handshake.unwrap_or(client.handshake),
+        _ => client.handshake,
+    })
+    .into_iter()
+    .map(|c| {
+        c.into_iter()
+            .map(|a| a.replace("{runtime}", runtime))
+            .collect()
+    })
+    .collect();
     if mode == "pool" {
         // One connection, borrowed and given back for each command, and
         // health-checked as the pool lends it.
@@ -397,8 +529,10 @@ fn check_wire(
         }
         expected.extend(handshake);
         for (i, command) in planned.iter().enumerate() {
-            if client.habits.borrow_ping == BorrowPing::OnReuse && i > 0 {
-                expected.push(vec!["PING".to_owned()]);
+            match client.habits.borrow_ping {
+                BorrowPing::Always => expected.push(vec!["PING".to_owned()]),
+                BorrowPing::OnReuse if i > 0 => expected.push(vec!["PING".to_owned()]),
+                _ => {}
             }
             expected.push(command.clone());
         }
@@ -448,7 +582,7 @@ fn check_wire(
             "{tag}: go-redis's pool stats: {}",
             out.printed["pool"]
         );
-    } else {
+    } else if !client.habits.spreads {
         assert_eq!(used.len(), 1, "{tag}: one connection for the whole plan");
     }
 }
@@ -749,142 +883,6 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
 }
 
 // ---------------------------------------------------------------------------
-// Java: handshakes replayed as bytes
-// ---------------------------------------------------------------------------
-
-/// What one client library writes on a new connection, and how many
-/// replies it reads before writing more.
-struct Replay {
-    client: &'static str,
-    steps: &'static [(&'static [u8], usize)],
-    /// What the client demands of each handshake reply.
-    check: fn(&[Value]),
-}
-
-/// Jedis 5.2.0 with `new Jedis(host, port)` or `new JedisPooled(host, port)`
-/// (no protocol, no password configured).
-///
-/// Source: redis/jedis `src/main/java/redis/clients/jedis/Connection.java`
-/// (5.x, commit a4737e0): `initializeFromClientConfig` calls `helloOrAuth`,
-/// which sends nothing when neither protocol nor password is set (RESP2, no
-/// HELLO); it then writes `CLIENT SETINFO LIB-NAME jedis` and `CLIENT
-/// SETINFO LIB-VER <version>` back to back and reads both replies with
-/// `getMany`, which collects error replies instead of throwing.
-const JEDIS_5_REPLAY: Replay = Replay {
-    client: "Jedis 5.2.0",
-    steps: &[(
-        b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$5\r\njedis\r\n\
-          *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nLIB-VER\r\n$5\r\n5.2.0\r\n",
-        2,
-    )],
-    check: |replies| assert_eq!(replies, &[Value::Okay, Value::Okay]),
-};
-
-/// Lettuce 6 (6.3 and later) with `RedisClient.create("redis://host:port")`.
-///
-/// Source: redis/lettuce `src/main/java/io/lettuce/core/RedisHandshake.java`:
-/// with no protocol configured, `tryHandshakeResp3` sends `HELLO 3` and
-/// falls back to RESP2 only on `ERR unknown command` (6.0, commit b4263f1);
-/// on success it casts the reply map's fields, `(Long) id`,
-/// `(String) mode`, `(String) version`, `(String) role`, so a wrong type
-/// fails the connection with a ClassCastException. Then
-/// `applyConnectionMetadata` pipelines `CLIENT SETINFO lib-name Lettuce`
-/// and `CLIENT SETINFO lib-ver <version>`, failures ignored (commit
-/// 00eec0c; `applyConnectionMetadataSafely`).
-const LETTUCE_6_REPLAY: Replay = Replay {
-    client: "Lettuce 6.6.0",
-    steps: &[
-        (b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n", 1),
-        (
-            b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nlib-name\r\n$7\r\nLettuce\r\n\
-              *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nlib-ver\r\n$13\r\n6.6.0.RELEASE\r\n",
-            2,
-        ),
-    ],
-    check: |replies| {
-        let fields = hello_map(&replies[0]);
-        assert!(matches!(fields["id"], Value::Int(_)), "(Long) id");
-        for key in ["mode", "version", "role"] {
-            assert!(
-                matches!(fields[key], Value::BulkString(_)),
-                "(String) {key}: {:?}",
-                fields[key]
-            );
-        }
-        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
-    },
-};
-
-#[test]
-fn jedis_5_handshake_replayed() {
-    check_replay(&JEDIS_5_REPLAY);
-}
-
-#[test]
-fn lettuce_6_handshake_replayed() {
-    check_replay(&LETTUCE_6_REPLAY);
-}
-
-/// A RESP3 HELLO reply as Lettuce reads it: a map of
-/// bulk-string keys, `proto` 3.
-fn hello_map(reply: &Value) -> HashMap<String, &Value> {
-    let Value::Map(entries) = reply else {
-        panic!("HELLO 3 must answer a RESP3 map, got {reply:?}")
-    };
-    let fields: HashMap<String, &Value> = entries
-        .iter()
-        .map(|(k, v)| match k {
-            Value::BulkString(k) => (String::from_utf8(k.clone()).unwrap(), v),
-            other => panic!("map keys must be strings, got {other:?}"),
-        })
-        .collect();
-    assert_eq!(fields["proto"], &Value::Int(3));
-    fields
-}
-
-/// Replays `replay`'s handshake on one connection, then the codes plan
-/// one command at a time and the pipeline plan in one write, as these
-/// clients do for synchronous calls and pipelines.
-fn check_replay(replay: &'static Replay) {
-    let cluster = cluster();
-    runtime().block_on(async {
-        let server = proxy(cluster.seeds(), |_| {}).await;
-        let tag = replay.client.replace([' ', '.'], "-");
-        let codes = codes_plan(&cluster, &tag);
-        let pipeline = pipeline_plan(&cluster, server.addr, &format!("{tag}-pipe")).await;
-        let addr = server.addr;
-        let (handshake, replies, piped) = tokio::task::spawn_blocking(move || {
-            let mut wire = Wire::connect(addr);
-            let mut handshake = Vec::new();
-            for (bytes, replies) in replay.steps {
-                wire.send(bytes);
-                handshake.extend((0..*replies).map(|_| wire.reply()));
-            }
-            let replies: Vec<Value> = codes
-                .commands
-                .iter()
-                .map(|c| {
-                    wire.send(&resp(c));
-                    wire.reply()
-                })
-                .collect();
-            let all: Vec<u8> = pipeline.commands.iter().flat_map(|c| resp(c)).collect();
-            wire.send(&all);
-            let piped: Vec<Value> = pipeline.commands.iter().map(|_| wire.reply()).collect();
-            (handshake, (codes, replies), (pipeline, piped))
-        })
-        .await
-        .unwrap();
-        (replay.check)(&handshake);
-        for (plan, values) in [replies, piped] {
-            let typed: Vec<Json> = values.iter().map(|v| typed(v, "ServerError")).collect();
-            assert_replies(replay.client, &typed, &plan.expected("ServerError"));
-            plan.audit(&cluster);
-        }
-    });
-}
-
-// ---------------------------------------------------------------------------
 // The examples
 // ---------------------------------------------------------------------------
 
@@ -925,6 +923,21 @@ fn go_example_handles_every_outcome() {
     check_example(&GO_REDIS_9, "examples/go");
 }
 
+/// examples/java, compiled by its pom.xml (in the same Maven run as the
+/// drivers) and run with the class path that pom resolved.
+#[test]
+fn java_example_handles_every_outcome() {
+    let manifest = read("examples/java/pom.xml");
+    assert!(
+        manifest.contains(&format!(
+            "<artifactId>jedis</artifactId>\n      <version>{}</version>",
+            JEDIS_8.version
+        )),
+        "examples/java/pom.xml must pin the Jedis the test runs"
+    );
+    check_example(&JEDIS_8, "examples/java");
+}
+
 /// Runs an example once per outcome of DEDUCT and of REVERT (`--revert`),
 /// and checks what it prints and exits with. Each timeout case goes
 /// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT
@@ -936,7 +949,7 @@ fn go_example_handles_every_outcome() {
 /// figure is known.
 ///
 /// `example` is a script run with the client's interpreter, or the
-/// directory of an example the client's env built (Go).
+/// directory of an example the client's env built (Go, Java).
 fn check_example(client: &'static Pinned, example: &str) {
     let install = std::thread::spawn(move || installed(client));
     let cluster = cluster();
@@ -1118,7 +1131,7 @@ fn check_example(client: &'static Pinned, example: &str) {
                     Runtime::Python { .. } | Runtime::Node { .. } => {
                         env.command(&repo_path(example))
                     }
-                    Runtime::Go { .. } => env.example(),
+                    Runtime::Go { .. } | Runtime::Java { .. } => env.example(),
                 };
                 command
                     .args(["--port", &case.to.port().to_string()])

@@ -28,19 +28,28 @@ pub struct Pinned {
 
 /// What a client does on the wire besides its handshake.
 pub struct Habits {
+    /// What a connection its pool opens sends first, where that differs
+    /// from `handshake` (Jedis: only pooled connections announce
+    /// themselves).
+    pub pool_handshake: Option<&'static [&'static [&'static str]]>,
     /// A handshake command the client stops sending once stockgate has
     /// refused it (go-redis's "auto" maintenance notifications), so
     /// connections opened after the first refusal lack it.
     pub dropped_once_refused: Option<&'static [&'static str]>,
     /// What its pool sends when it lends a connection, in the `pool` mode.
     pub borrow_ping: BorrowPing,
+    /// Whether it keeps many connections open and spreads commands over
+    /// them (Redisson); the others send a plan over one connection.
+    pub spreads: bool,
 }
 
 impl Habits {
     /// One connection, its handshake only.
     pub const PLAIN: Habits = Habits {
+        pool_handshake: None,
         dropped_once_refused: None,
         borrow_ping: BorrowPing::None,
+        spreads: false,
     };
 }
 
@@ -53,6 +62,9 @@ pub enum BorrowPing {
     /// the handshake, and before each reuse of a connection left idle
     /// past the interval.
     OnReuse,
+    /// commons-pool's testOnBorrow (Jedis): a PING every time the pool
+    /// lends the connection, the first time too, after the handshake.
+    Always,
 }
 
 pub enum Runtime {
@@ -67,16 +79,24 @@ pub enum Runtime {
     /// pinning every client), built with examples/go into the shared env
     /// `go`; `library` is the driver's first argument.
     Go { library: &'static str },
+    /// A module of the Maven reactor in tests/clients/java, built with the
+    /// others and examples/java into the shared env `java`; `main` is the
+    /// driver class.
+    Java {
+        module: &'static str,
+        main: &'static str,
+    },
 }
 
 impl Runtime {
     /// The env under `<target>/client-envs/` this client runs from: its
-    /// own for Python and Node, one for all Go clients, so that one is
-    /// fetched and compiled once per run.
+    /// own for Python and Node, one for all Go and one for all Java
+    /// clients, so each of those is fetched and compiled once per run.
     fn env_name(&self, client: &'static str) -> &'static str {
         match self {
             Runtime::Python { .. } | Runtime::Node { .. } => client,
             Runtime::Go { .. } => "go",
+            Runtime::Java { .. } => "java",
         }
     }
 }
@@ -91,6 +111,8 @@ const NODE_HINT: &str = "install Node.js 20+ with npm (Debian 13: apt-get instal
 const GO_HINT: &str = "install Go 1.26+ (go-redis v9.23 needs it; Debian 12's golang-go is 1.19): \
     the official release unpacked in /usr/local/go with /usr/local/go/bin on PATH, or any Go 1.21+ \
     with GOTOOLCHAIN=go1.26.8, which fetches that toolchain through the Go module proxy";
+const JAVA_HINT: &str = "install Java 17+ and Maven 3.6.3+ with `deploy/install-deps.sh` \
+    (Debian 12: apt-get install -y openjdk-17-jdk-headless maven)";
 const REDIS_HINT: &str = "install Redis 7+ with `deploy/install-deps.sh` (Debian: apt-get install -y redis-server redis-tools)";
 
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -161,7 +183,7 @@ pub struct ClientEnv {
     driver: Launch,
     /// The interpreter with the client importable (Python, Node).
     interpreter: Option<Launch>,
-    /// The example built in this env (Go).
+    /// The example built in this env (Go, Java).
     example: Option<Launch>,
 }
 
@@ -315,6 +337,9 @@ pub fn installed(client: &Pinned) -> ClientEnv {
         Runtime::Go { .. } => {
             go_version();
         }
+        Runtime::Java { .. } => {
+            java_versions();
+        }
     }
 
     let root = envs_root();
@@ -332,6 +357,7 @@ pub fn installed(client: &Pinned) -> ClientEnv {
             Runtime::Python { requirements } => install_python(&staging, requirements),
             Runtime::Node { .. } => install_node(&staging, client.name),
             Runtime::Go { .. } => install_go(&staging),
+            Runtime::Java { .. } => install_java(&staging),
         }
         std::fs::write(staging.join(STAMP), &stamp).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
@@ -349,6 +375,10 @@ const STAMP: &str = ".stockgate-stamp";
 
 /// What the Go env is built from: the drivers' module and the example's.
 const GO_SOURCES: &[&str] = &["tests/clients/go", "examples/go"];
+
+/// What the Java env is built from: the reactor (poms and sources) and the
+/// example.
+const JAVA_SOURCES: &[&str] = &["tests/clients/java", "examples/java"];
 
 /// Every file under `dirs` (relative to the repository) with its content,
 /// in a stable order; build output (`target/`) left out.
@@ -383,7 +413,7 @@ fn sources(dirs: &[&str]) -> String {
         .collect()
 }
 
-/// What an env was made from: the manifest (for Go every source
+/// What an env was made from: the manifest (for Go and Java every source
 /// too), and the interpreter or toolchain it was made with.
 fn stamp(client: &Pinned) -> String {
     match client.runtime {
@@ -401,6 +431,7 @@ fn stamp(client: &Pinned) -> String {
             )
         }
         Runtime::Go { .. } => format!("{}\n{}", sources(GO_SOURCES), go_version()),
+        Runtime::Java { .. } => format!("{}\n{}", sources(JAVA_SOURCES), java_versions()),
     }
 }
 
@@ -449,7 +480,37 @@ fn env_at(client: &Pinned, dir: &Path) -> Option<ClientEnv> {
                 example: Some(Launch::new(bin.join("deduct-example"))),
             })
         }
+        Runtime::Java { module, main } => Some(ClientEnv {
+            driver: java_launch(&dir.join("drivers").join(module))?.arg(main),
+            interpreter: None,
+            example: Some(java_launch(&dir.join("example"))?.arg("Deduct")),
+        }),
     }
+}
+
+/// `java -cp <build>/classes:<its jars>`, if that build is complete and
+/// every jar it lists is still in Maven's local repository.
+fn java_launch(build: &Path) -> Option<Launch> {
+    let classes = build.join("classes");
+    let jars = std::fs::read_to_string(build.join("classpath.txt")).ok()?;
+    let jars = jars.trim();
+    if !classes.is_dir() || !jars.split(':').all(|jar| Path::new(jar).is_file()) {
+        return None;
+    }
+    let mut classpath = classes.into_os_string();
+    classpath.push(":");
+    classpath.push(jars);
+    Some(
+        Launch::new("java")
+            // Each driver runs for a second or two: the JVM's quick
+            // compiler alone, and the serial collector, start fastest and
+            // leave the 2 cores to stockgate and Redis. Neither changes
+            // what the client does.
+            .arg("-XX:TieredStopAtLevel=1")
+            .arg("-XX:+UseSerialGC")
+            .arg("-cp")
+            .arg(classpath),
+    )
 }
 
 /// `go version`, failing with how to install Go when it is missing or
@@ -472,6 +533,21 @@ fn go_version() -> &'static str {
             "{version} is too old: {GO_HINT}"
         );
         version
+    })
+}
+
+/// `java -version` and `mvn --version`, failing with how to install them.
+fn java_versions() -> &'static str {
+    static VERSIONS: OnceLock<String> = OnceLock::new();
+    VERSIONS.get_or_init(|| {
+        let java = setup("java", &["-version"], Path::new("."), JAVA_HINT);
+        check(java.clone(), "java -version");
+        let mvn = setup("mvn", &["--version", "-B"], Path::new("."), JAVA_HINT);
+        check(mvn.clone(), "mvn --version");
+        // java prints its version on stderr; mvn's first line names Maven's.
+        let java = String::from_utf8_lossy(&java.stderr).trim().to_owned();
+        let mvn = String::from_utf8_lossy(&mvn.stdout);
+        format!("{java}\n{}", mvn.lines().next().unwrap_or(""))
     })
 }
 
@@ -591,4 +667,26 @@ fn install_go(staging: &Path) {
             .unwrap_or_else(|e| panic!("cannot run go ({e}): {GO_HINT}"));
         check(out, &format!("go build in {module}"));
     }
+}
+
+/// One Maven invocation for every Java driver and the example: the
+/// reactor in tests/clients/java compiles each module and writes its class
+/// path, with the output in `staging`. The jars come from Maven Central
+/// into Maven's local repository (~/.m2 unless configured otherwise), the
+/// shared cache every Maven build uses, as pip's and npm's caches are for
+/// the other envs.
+fn install_java(staging: &Path) {
+    let mut out_dir = OsString::from("-Dstockgate.out=");
+    out_dir.push(staging.join("drivers"));
+    let mut example_dir = OsString::from("-Dexample.out=");
+    example_dir.push(staging.join("example"));
+    let out = StdCommand::new("mvn")
+        .args(["-B", "-q", "--no-transfer-progress", "compile"])
+        .arg(out_dir)
+        .arg(example_dir)
+        .current_dir(repo_path("tests/clients/java"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mvn ({e}): {JAVA_HINT}"));
+    check(out, "mvn compile in tests/clients/java");
 }
