@@ -51,6 +51,10 @@
 //! how many connections it used, its pool's health checks, and that every
 //! planned command arrived exactly once (no client resent or dropped one).
 //!
+//! Lettuce also reconnects: stockgate runs as a subprocess on a fixed port,
+//! is killed between two halves of a plan and started again on the same
+//! port, and the second half goes through the same Lettuce connection.
+//!
 //! The examples in Python, Node, Go and Java (`examples/*`) run here too,
 //! built with the envs above, for every outcome of DEDUCT and of REVERT,
 //! including a retry after a client timeout. The Rust examples run in
@@ -81,6 +85,7 @@ use std::net::{SocketAddr, TcpStream};
 use stockgate::dev::LocalCluster;
 use stockgate::server::Server;
 use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use wire::*;
 
 // ---------------------------------------------------------------------------
@@ -790,8 +795,9 @@ fn scan_records(cluster: &LocalCluster, sku: &str) -> Vec<(String, String)> {
     found
 }
 
-/// `stockgate_requests_total{command="deduct",result=...}` from /metrics.
-async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
+/// `stockgate_requests_total{command=...,result=...}` from /metrics, by
+/// (command, result).
+async fn request_counts(admin: SocketAddr) -> HashMap<(String, String), u64> {
     let text = tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(admin).unwrap();
         write!(
@@ -805,12 +811,23 @@ async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
     })
     .await
     .unwrap();
-    let prefix = "stockgate_requests_total{command=\"deduct\",result=\"";
     text.lines()
         .filter_map(|line| {
-            let (result, count) = line.strip_prefix(prefix)?.split_once("\"} ")?;
-            Some((result.to_owned(), count.parse().ok()?))
+            let labels = line.strip_prefix("stockgate_requests_total{command=\"")?;
+            let (command, rest) = labels.split_once("\",result=\"")?;
+            let (result, count) = rest.split_once("\"} ")?;
+            Some(((command.to_owned(), result.to_owned()), count.parse().ok()?))
         })
+        .collect()
+}
+
+/// DEDUCT's `stockgate_requests_total` by result.
+async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
+    request_counts(admin)
+        .await
+        .into_iter()
+        .filter(|((command, _), _)| command == "deduct")
+        .map(|((_, result), n)| (result, n))
         .collect()
 }
 
@@ -879,6 +896,157 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
             assert_replies(&tag, &replies, &plan.expected("RedisError"));
             plan.audit(&cluster);
         }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Lettuce reconnecting after stockgate restarts
+// ---------------------------------------------------------------------------
+
+#[test]
+fn lettuce_6_reconnects_after_stockgate_restarts() {
+    check_reconnect(&LETTUCE_6);
+}
+
+#[test]
+fn lettuce_7_reconnects_after_stockgate_restarts() {
+    check_reconnect(&LETTUCE_7);
+}
+
+/// stockgate as its own process (the built binary) on a fixed port, so a
+/// test can kill it and start it again there. Killed when dropped.
+struct Subprocess {
+    child: std::process::Child,
+    admin: SocketAddr,
+}
+
+impl Subprocess {
+    /// Starts `stockgate serve` in front of `seeds` on `listen`, and waits
+    /// until /readyz says Redis is reachable and the scripts are loaded.
+    fn start(seeds: &[String], listen: SocketAddr, admin: SocketAddr) -> Subprocess {
+        let child = std::process::Command::new(stockgate_bin())
+            .arg("serve")
+            .args(["--upstream", &seeds.join(",")])
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin-listen", &admin.to_string()])
+            // Warnings and errors only: shown if the test fails.
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("stockgate starts");
+        let gate = Subprocess { child, admin };
+        wait_ready_http(admin.port());
+        gate
+    }
+}
+
+impl Drop for Subprocess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lettuce's async commands across a stockgate restart. The driver runs
+/// the codes plan one command at a time and says `restart`; the test kills
+/// stockgate (SIGKILL: a crash, no goodbye to the client), starts a new
+/// one on the same port and says `restarted`; the driver then dispatches
+/// the pipeline plan, all at once, on the same connection object, which
+/// Lettuce's watchdog reconnects by itself (with a new HELLO 3). Every
+/// reply of both halves is checked, Redis is audited, and the new
+/// stockgate's metrics show it served exactly the second half.
+fn check_reconnect(client: &'static Pinned) {
+    let install = std::thread::spawn(move || installed(client));
+    let cluster = cluster();
+    let env = install.join().unwrap();
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let seeds = cluster.seeds();
+    let mut gate = Subprocess::start(&seeds, listen, admin);
+    runtime().block_on(async {
+        let tag = format!("{}-restart", client.name);
+        let before = codes_plan(&cluster, &tag);
+        let after = pipeline_plan(&cluster, listen, &format!("{tag}-after")).await;
+        let mut driver = env.driver(listen.port(), "reconnect");
+        driver
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = driver.spawn().expect("the Lettuce driver starts");
+        // Read apart, so a chatty stderr can never block the driver.
+        let mut err = child.stderr.take().unwrap();
+        let stderr = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text).await;
+            text
+        });
+        let mut stdin = child.stdin.take().unwrap();
+        let plan = json!({"commands": before.commands, "after": after.commands});
+        stdin
+            .write_all(format!("{plan}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        tokio::time::timeout(WATCHDOG, stdout.read_line(&mut line))
+            .await
+            .expect("the driver says restart before the watchdog")
+            .unwrap();
+        if line != "restart\n" {
+            let _ = child.kill().await;
+            panic!(
+                "the driver did not finish the first half: {line:?}\n{}",
+                stderr.await.unwrap()
+            );
+        }
+
+        drop(gate);
+        let seeds = seeds.clone();
+        gate = tokio::task::spawn_blocking(move || Subprocess::start(&seeds, listen, admin))
+            .await
+            .unwrap();
+        stdin.write_all(b"restarted\n").await.unwrap();
+        drop(stdin);
+
+        let mut rest = Vec::new();
+        let read = async {
+            stdout.read_to_end(&mut rest).await.unwrap();
+            child.wait().await.unwrap()
+        };
+        let status = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .unwrap_or_else(|_| panic!("the Lettuce driver still running after {WATCHDOG:?}"));
+        let stderr = stderr.await.unwrap();
+        assert!(status.success(), "the driver failed: {stderr}");
+        let out = printed(&rest);
+        assert_eq!(out.version, client.version);
+        assert_replies(&tag, &out.replies, &before.expected(client.error_class));
+        let second: Vec<Json> = out.printed["after"].as_array().unwrap().clone();
+        assert_replies(
+            &format!("{tag} after the restart"),
+            &second,
+            &after.expected(client.error_class),
+        );
+        before.audit(&cluster);
+        after.audit(&cluster);
+
+        // The second half went to the new process, each command once (the
+        // new process's counters start at zero; the first one also served
+        // the pipeline plan's set-up).
+        let served: u64 = request_counts(gate.admin)
+            .await
+            .into_iter()
+            .filter(|((command, _), _)| command == "deduct" || command == "revert")
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(
+            served as usize,
+            after.commands.len(),
+            "served by the new stockgate"
+        );
     });
 }
 

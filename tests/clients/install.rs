@@ -103,7 +103,7 @@ impl Runtime {
 
 /// How long any one subprocess may run before the test gives up on it: a
 /// watchdog against a hung client, far above the few seconds they take.
-const WATCHDOG: Duration = Duration::from_secs(180);
+pub const WATCHDOG: Duration = Duration::from_secs(180);
 
 const PYTHON_HINT: &str =
     "install Python 3.8+ with pip (Debian: apt-get install -y python3 python3-pip python3-venv)";
