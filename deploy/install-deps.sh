@@ -18,6 +18,16 @@
 #   schemathesis from PyPI and npm into target/client-envs/. Only installed
 #   when missing; the newest ioredis and node-redis want Node.js 20, which
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
+# - openjdk-17-jdk-headless and maven: tests/clients.rs builds the Java
+#   clients' drivers (Jedis, Lettuce, Redisson) and examples/java with one
+#   `mvn compile`, fetching the jars from Maven Central. Only installed when
+#   `javac` or `mvn` is missing.
+#
+# Go is not installed here: the Go clients (go-redis v9.23, rueidis) need Go
+# 1.26+, and Debian 12's golang-go is 1.19. The Go tests fail with how to get
+# it when `go` is missing or too old (the official release in /usr/local/go,
+# or any Go 1.21+ with GOTOOLCHAIN=go1.26.8, which fetches that toolchain
+# through the Go module proxy).
 #
 # Idempotent: installs only what is missing.
 set -euo pipefail
@@ -39,6 +49,9 @@ if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/d
 fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     packages+=(nodejs npm)
+fi
+if ! command -v javac >/dev/null || ! command -v mvn >/dev/null; then
+    packages+=(openjdk-17-jdk-headless maven)
 fi
 if [ "${#packages[@]}" -eq 0 ]; then
     exit 0
