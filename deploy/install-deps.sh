@@ -26,6 +26,16 @@
 #   when missing; the newest ioredis and node-redis want Node.js 20, which
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
 # - curl: tests/readme.rs runs the README's HTTP examples as written.
+# - openjdk-17-jdk-headless and maven: tests/clients.rs builds the Java
+#   clients' drivers (Jedis, Lettuce, Redisson) and examples/java with one
+#   `mvn compile`, fetching the jars from Maven Central. Only installed when
+#   `javac` or `mvn` is missing.
+#
+# Go is not installed here: the Go clients (go-redis v9.23, rueidis) need Go
+# 1.26+, and Debian 12's golang-go is 1.19. The Go tests fail with how to get
+# it when `go` is missing or too old (the official release in /usr/local/go,
+# or any Go 1.21+ with GOTOOLCHAIN=go1.26.8, which fetches that toolchain
+# through the Go module proxy).
 # - valkey-server, valkey-tools: Valkey 8, the second upstream the contract,
 #   check and fault tests run against (the Valkey half of their matrix).
 #   Debian 12 (bookworm) has Valkey only in bookworm-backports, so on
@@ -82,6 +92,9 @@ if [ "$what" = test ]; then
         packages+=(nodejs npm)
     fi
     command -v curl >/dev/null || packages+=(curl)
+    if ! command -v javac >/dev/null || ! command -v mvn >/dev/null; then
+        packages+=(openjdk-17-jdk-headless maven)
+    fi
     if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null \
         || ! [ "$(valkey_major || echo 0)" -ge 8 ] 2>/dev/null; then
         need_valkey=true

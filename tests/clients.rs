@@ -1,5 +1,7 @@
 //! Real client libraries against stockgate, used the way applications use
-//! them: default settings, DEDUCT and REVERT sent as custom commands.
+//! them: default settings, DEDUCT and REVERT sent as custom commands. (One
+//! default is changed: rueidis's client-side cache, which needs CLIENT
+//! TRACKING; see its entry below.)
 //!
 //! Every test starts a Redis Cluster and an in-process stockgate (see
 //! `tests/support`), runs a real client as a subprocess against it and
@@ -27,32 +29,42 @@
 //! # Clients
 //!
 //! Installed from their registries on first use into
-//! `<target>/client-envs/<name>`, reused until their manifest changes:
+//! `<target>/client-envs/<name>`, reused until their manifest or sources
+//! change:
 //! Python clients in a venv from hash-pinned requirements
 //! (`tests/clients/python/*.txt`), Node clients with `npm ci` from a
-//! committed lockfile (`tests/clients/node/<name>/`). A missing `python3`,
-//! `npm`, `redis-cli` or `redis-benchmark` fails the test with how to
-//! install it. The drivers (`tests/clients/{python,node}/driver.*`) only
-//! run commands and print typed replies as JSON; all judging is here.
+//! committed lockfile (`tests/clients/node/<name>/`), the Go clients with
+//! one `go build` of `tests/clients/go` (go.mod and go.sum pin go-redis and
+//! rueidis; modules come from the Go module proxy), the Java clients with
+//! one `mvn compile` of the reactor in `tests/clients/java` (a module per
+//! client version, exact versions, jars from Maven Central). The Go and Java
+//! envs are shared by every client of that language, so each is fetched and
+//! compiled once per run, and not again while nothing changed. A missing
+//! `python3`, `npm`, `go`, `java`, `mvn`, `redis-cli` or `redis-benchmark`
+//! fails the test with how to install it. The drivers
+//! (`tests/clients/{python,node,go,java}/...`) only run commands and print
+//! typed replies as JSON; all judging is here.
 //!
-//! A recording relay ([`Tap`]) between client and stockgate captures the
-//! handshake each client really sends on connect, so the protocol column
-//! of the README's support table is tested, not assumed.
+//! A recording relay ([`Tap`]) between client and stockgate captures what
+//! each client really sends: the handshake on every connection (so the
+//! protocol column of the README's support table is tested, not assumed),
+//! how many connections it used, its pool's health checks, and that every
+//! planned command arrived exactly once (no client resent or dropped one).
 //!
-//! Go (go-redis) and Java (Jedis, Lettuce) can't be installed here; their
-//! handshakes are replayed as bytes taken from their source, cited where
-//! they are defined.
+//! Lettuce also reconnects: stockgate runs as a subprocess on a fixed port,
+//! is killed between two halves of a plan and started again on the same
+//! port, and the second half goes through the same Lettuce connection.
 //!
-//! The Python and Node examples (`examples/python`, `examples/node`) run
-//! here too, for every outcome of DEDUCT and of REVERT, including a retry
-//! after a client timeout. The Rust examples run in `tests/examples.rs`.
+//! The examples in Python, Node, Go and Java (`examples/*`) run here too,
+//! built with the envs above, for every outcome of DEDUCT and of REVERT,
+//! including a retry after a client timeout. The Rust examples run in
+//! `tests/examples.rs`.
 //!
 //! # Layout
 //!
 //! This file holds the tests and what each client is pinned to;
 //! `clients/install.rs` installs and runs clients, `clients/plans.rs` builds
-//! plans and compares replies, `clients/wire.rs` has the recording relay
-//! and the raw RESP conversation used for replays.
+//! plans and compares replies, `clients/wire.rs` has the recording relay.
 
 #[path = "clients/install.rs"]
 mod install;
@@ -73,6 +85,7 @@ use std::net::{SocketAddr, TcpStream};
 use stockgate::dev::LocalCluster;
 use stockgate::server::Server;
 use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use wire::*;
 
 // ---------------------------------------------------------------------------
@@ -91,6 +104,10 @@ const REDIS_PY_5: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "5.3.1"],
     ],
     error_class: "ResponseError",
+    habits: Habits {
+        borrow_ping: BorrowPing::OnReuse,
+        ..Habits::PLAIN
+    },
 };
 
 /// redis-py 8 (newest): RESP3 by default (`HELLO 3`), then asks for
@@ -115,6 +132,10 @@ const REDIS_PY_8: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "8.1.0"],
     ],
     error_class: "ResponseError",
+    habits: Habits {
+        borrow_ping: BorrowPing::OnReuse,
+        ..Habits::PLAIN
+    },
 };
 
 /// ioredis 5: RESP2; its ready check sends INFO and waits for `loading:0`.
@@ -131,6 +152,7 @@ const IOREDIS_5: Pinned = Pinned {
         &["info"],
     ],
     error_class: "ReplyError",
+    habits: Habits::PLAIN,
 };
 
 /// ioredis 6: RESP3 by default (`hello 3`), then the same ready check.
@@ -149,6 +171,7 @@ const IOREDIS_6: Pinned = Pinned {
         &["info"],
     ],
     error_class: "SimpleError",
+    habits: Habits::PLAIN,
 };
 
 /// node-redis 4: RESP2. It reports the version of @redis/client it was
@@ -165,6 +188,7 @@ const NODE_REDIS_4: Pinned = Pinned {
         &["CLIENT", "SETINFO", "LIB-VER", "1.6.0"],
     ],
     error_class: "ErrorReply",
+    habits: Habits::PLAIN,
 };
 
 /// node-redis 6 (newest): RESP3 by default (`HELLO 3`), then asks for
@@ -189,6 +213,170 @@ const NODE_REDIS_6: Pinned = Pinned {
         ],
     ],
     error_class: "SimpleError",
+    habits: Habits::PLAIN,
+};
+
+/// go-redis v9 (newest): `redis.NewClient(&redis.Options{Addr})`, RESP3 by
+/// default (lowercase `hello 3`). It then asks for maintenance
+/// notifications, which stockgate refuses and its default "auto" mode
+/// ignores, and announces itself (`LIB-NAME` carries the Go version it
+/// was built with).
+const GO_REDIS_9: Pinned = Pinned {
+    name: "go-redis-9",
+    runtime: Runtime::Go {
+        library: "go-redis",
+    },
+    version: "9.23.0",
+    handshake: &[
+        &["hello", "3"],
+        &[
+            "client",
+            "maint_notifications",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ],
+        &["client", "setinfo", "LIB-NAME", "go-redis(,{runtime})"],
+        &["client", "setinfo", "LIB-VER", "9.23.0"],
+    ],
+    error_class: "proto.RedisError",
+    habits: Habits {
+        dropped_once_refused: Some(&[
+            "client",
+            "maint_notifications",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ]),
+        ..Habits::PLAIN
+    },
+};
+
+/// rueidis (newest): RESP3 only (`HELLO 3`; without it rueidis falls back
+/// to RESP2 only with its cache off). Its default client-side cache sends
+/// `CLIENT TRACKING ON OPTIN` and fails the connection when refused;
+/// stockgate refuses it, because it cannot send the invalidations such a
+/// cache needs, so the driver sets `DisableCache: true`, as users must.
+/// Its cluster probe (`CLUSTER SLOTS`) is refused too, and rueidis then
+/// uses a single-node client by itself.
+const RUEIDIS_1: Pinned = Pinned {
+    name: "rueidis-1",
+    runtime: Runtime::Go { library: "rueidis" },
+    version: "1.0.79",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "LIB-NAME", "rueidis"],
+        &["CLIENT", "SETINFO", "LIB-VER", "1.0.79"],
+        &["CLUSTER", "SLOTS"],
+    ],
+    error_class: "*rueidis.RedisError",
+    habits: Habits::PLAIN,
+};
+
+/// Jedis 5 (newest 5.x): RESP2. `new Jedis(host, port)` sends nothing
+/// before its first command; a connection made by `JedisPool` announces
+/// itself with `CLIENT SETINFO`, and testOnBorrow PINGs it on every loan.
+const JEDIS_5: Pinned = Pinned {
+    name: "jedis-5",
+    runtime: Runtime::Java {
+        module: "jedis5",
+        main: "JedisDriver",
+    },
+    version: "5.2.0",
+    handshake: &[],
+    error_class: "JedisDataException",
+    habits: Habits {
+        pool_handshake: Some(&[
+            &["CLIENT", "SETINFO", "LIB-NAME", "jedis"],
+            &["CLIENT", "SETINFO", "LIB-VER", "5.2.0"],
+        ]),
+        borrow_ping: BorrowPing::Always,
+        ..Habits::PLAIN
+    },
+};
+
+/// Jedis 8 (newest): the same on the wire, RESP2 by default too.
+const JEDIS_8: Pinned = Pinned {
+    name: "jedis-8",
+    runtime: Runtime::Java {
+        module: "jedis8",
+        main: "JedisDriver",
+    },
+    version: "8.0.2",
+    handshake: &[],
+    error_class: "JedisDataException",
+    habits: Habits {
+        pool_handshake: Some(&[
+            &["CLIENT", "SETINFO", "LIB-NAME", "jedis"],
+            &["CLIENT", "SETINFO", "LIB-VER", "8.0.2"],
+        ]),
+        borrow_ping: BorrowPing::Always,
+        ..Habits::PLAIN
+    },
+};
+
+/// Lettuce 6 (newest 6.x): RESP3 by default; it casts the HELLO reply
+/// map's fields (`(Long) id`, `(String) mode`, `version`, `role`), so a
+/// wrong type there fails the connection.
+const LETTUCE_6: Pinned = Pinned {
+    name: "lettuce-6",
+    runtime: Runtime::Java {
+        module: "lettuce6",
+        main: "LettuceDriver",
+    },
+    version: "6.8.2.RELEASE",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "lib-name", "Lettuce"],
+        &["CLIENT", "SETINFO", "lib-ver", "6.8.2.RELEASE/34f8700"],
+    ],
+    error_class: "RedisCommandExecutionException",
+    habits: Habits::PLAIN,
+};
+
+/// Lettuce 7 (newest): the same, and then it asks for maintenance
+/// notifications, which stockgate refuses and Lettuce ignores.
+const LETTUCE_7: Pinned = Pinned {
+    name: "lettuce-7",
+    runtime: Runtime::Java {
+        module: "lettuce7",
+        main: "LettuceDriver",
+    },
+    version: "7.7.0.RELEASE",
+    handshake: &[
+        &["HELLO", "3"],
+        &["CLIENT", "SETINFO", "lib-name", "Lettuce"],
+        &["CLIENT", "SETINFO", "lib-ver", "7.7.0.RELEASE/1960d49"],
+        &[
+            "CLIENT",
+            "MAINT_NOTIFICATIONS",
+            "on",
+            "moving-endpoint-type",
+            "internal-ip",
+        ],
+    ],
+    error_class: "RedisCommandExecutionException",
+    habits: Habits::PLAIN,
+};
+
+/// Redisson 3 (newest 3.x), `useSingleServer()`: RESP2. It opens its pool
+/// at start (24 idle connections and one for pub/sub by default), PINGs
+/// each new connection twice, and spreads commands over the pool. Its
+/// error messages append the channel, command and params to the server's
+/// text; the driver checks that tail and cuts it off.
+const REDISSON_3: Pinned = Pinned {
+    name: "redisson-3",
+    runtime: Runtime::Java {
+        module: "redisson3",
+        main: "RedissonDriver",
+    },
+    version: "3.52.0",
+    handshake: &[&["PING"], &["PING"]],
+    error_class: "RedisException",
+    habits: Habits {
+        spreads: true,
+        ..Habits::PLAIN
+    },
 };
 
 #[test]
@@ -221,8 +409,48 @@ fn node_redis_6_resp3_send_command_and_pipeline() {
     check_driver_client(&NODE_REDIS_6, &["plain", "pipeline"]);
 }
 
+#[test]
+fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
+    check_driver_client(&GO_REDIS_9, &["plain", "pipeline", "concurrent"]);
+}
+
+#[test]
+fn rueidis_1_resp3_do_and_do_multi() {
+    check_driver_client(&RUEIDIS_1, &["plain", "pipeline"]);
+}
+
+#[test]
+fn jedis_5_send_command_pool_and_pipeline() {
+    check_driver_client(&JEDIS_5, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn jedis_8_send_command_pool_and_pipeline() {
+    check_driver_client(&JEDIS_8, &["plain", "pool", "pipeline"]);
+}
+
+#[test]
+fn lettuce_6_resp3_async_one_by_one_and_all_at_once() {
+    check_driver_client(&LETTUCE_6, &["plain", "pipeline"]);
+}
+
+#[test]
+fn lettuce_7_resp3_async_one_by_one_and_all_at_once() {
+    check_driver_client(&LETTUCE_7, &["plain", "pipeline"]);
+}
+
+#[test]
+fn redisson_3_custom_command_through_its_executor() {
+    check_driver_client(&REDISSON_3, &["plain", "pipeline"]);
+}
+
 /// Runs `client`'s driver in each mode against a fresh cluster and
-/// stockgate, checking replies, handshake and what Redis holds afterwards.
+/// stockgate, checking replies, what went over the wire and what Redis
+/// holds afterwards. Modes: `plain` (the codes plan, one command at a
+/// time), `pool` (the same, each command on a connection borrowed from
+/// the client's pool), `pipeline` (the pipeline plan at once) and
+/// `concurrent` (the pipeline plan, each command from its own goroutine
+/// through a small pool).
 fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
     // Install while the cluster starts (the cluster must start on this
     // thread: its servers die with the thread that spawned them).
@@ -236,7 +464,7 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
         for mode in modes {
             let tag = format!("{}-{mode}", client.name);
             let plan = match *mode {
-                "pipeline" => pipeline_plan(&cluster, &server, &tag).await,
+                "pipeline" | "concurrent" => pipeline_plan(&cluster, server.addr, &tag).await,
                 _ => codes_plan(&cluster, &tag),
             };
             let tap = Tap::start(server.addr, false).await;
@@ -248,36 +476,120 @@ fn check_driver_client(client: &'static Pinned, modes: &[&str]) {
             );
             assert_replies(&tag, &out.replies, &plan.expected(client.error_class));
             plan.audit(&cluster);
-
-            let sent = tap.commands();
-            let first = &sent[0];
-            let handshake: Vec<Vec<String>> = first
-                .iter()
-                .take_while(|c| !is_stock_command(c))
-                .cloned()
-                .collect();
-            let mut expected = strings(client.handshake);
-            if *mode == "pool" {
-                // The pool health-checks a new connection before anything
-                // else, handshake included (a RESP2 PING before HELLO 3).
-                expected.insert(0, vec!["PING".to_owned()]);
-            }
-            assert_eq!(handshake, expected, "{tag}: handshake on connect");
-            if *mode == "pool" {
-                // health_check_interval: an idle pooled connection is
-                // PINGed before it is reused, i.e. before every command
-                // after the first one on it.
-                let planned: Vec<usize> = positions(first, is_stock_command);
-                assert_eq!(planned.len(), plan.commands.len(), "{tag}: one connection");
-                for &at in &planned[1..] {
-                    assert!(
-                        first[at - 1][0].eq_ignore_ascii_case("ping"),
-                        "{tag}: no health-check PING before command {at}: {first:?}"
-                    );
-                }
-            }
+            check_wire(client, &tag, mode, &tap.commands(), &plan.commands, &out);
         }
     });
+}
+
+/// The pool size the Go driver's `concurrent` mode sets.
+const GO_POOL_SIZE: usize = 4;
+
+/// What `client` sent in `mode`, connection by connection: the handshake
+/// on each, every planned command exactly once, how many connections it
+/// used, and in the `pool` mode the exact sequence with its health checks.
+fn check_wire(
+    client: &Pinned,
+    tag: &str,
+    mode: &str,
+    sent: &[Vec<Vec<String>>],
+    planned: &[Vec<String>],
+    out: &Driven,
+) {
+    let used: Vec<&Vec<Vec<String>>> = sent.iter().filter(|c| !c.is_empty()).collect();
+    assert!(!used.is_empty(), "{tag}: nothing sent");
+
+    // No command resent by a client-side retry, none lost.
+    let mut arrived: Vec<&Vec<String>> = used
+        .iter()
+        .flat_map(|c| c.iter())
+        .filter(|c| is_stock_command(c))
+        .collect();
+    let mut expected: Vec<&Vec<String>> = planned.iter().collect();
+    arrived.sort();
+    expected.sort();
+    assert_eq!(arrived, expected, "{tag}: every planned command sent once");
+
+    // `{runtime}` in a handshake stands for the driver's language
+    // version, which go-redis puts in its LIB-NAME.
+    let runtime = out.printed["runtime"].as_str().unwrap_or("");
+    let handshake: Vec<Vec<String>> = strings(match mode {
+        "pool" => client.habits.pool_handshake.unwrap_or(client.handshake),
+        _ => client.handshake,
+    })
+    .into_iter()
+    .map(|c| {
+        c.into_iter()
+            .map(|a| a.replace("{runtime}", runtime))
+            .collect()
+    })
+    .collect();
+    if mode == "pool" {
+        // One connection, borrowed and given back for each command, and
+        // health-checked as the pool lends it.
+        assert_eq!(used.len(), 1, "{tag}: the pool reuses one connection");
+        let mut expected = Vec::new();
+        if client.habits.borrow_ping == BorrowPing::OnReuse {
+            // redis-py checks a new connection before its handshake.
+            expected.push(vec!["PING".to_owned()]);
+        }
+        expected.extend(handshake);
+        for (i, command) in planned.iter().enumerate() {
+            match client.habits.borrow_ping {
+                BorrowPing::Always => expected.push(vec!["PING".to_owned()]),
+                BorrowPing::OnReuse if i > 0 => expected.push(vec!["PING".to_owned()]),
+                _ => {}
+            }
+            expected.push(command.clone());
+        }
+        assert_eq!(
+            used[0], &expected,
+            "{tag}: the pooled connection's commands"
+        );
+        return;
+    }
+    let mut full = 0;
+    for conn in &used {
+        let before: Vec<Vec<String>> = conn
+            .iter()
+            .take_while(|c| !is_stock_command(c))
+            .cloned()
+            .collect();
+        if before == handshake {
+            full += 1;
+            continue;
+        }
+        let Some(dropped) = client.habits.dropped_once_refused else {
+            panic!("{tag}: handshake on connect: {before:?}, not {handshake:?}");
+        };
+        let without: Vec<Vec<String>> = handshake
+            .iter()
+            .filter(|c| *c != dropped)
+            .cloned()
+            .collect();
+        assert_eq!(before, without, "{tag}: handshake on connect");
+    }
+    // Only a refusal stops it: some connection asked first.
+    assert!(
+        full > 0,
+        "{tag}: no connection sent the whole handshake {handshake:?}"
+    );
+    if mode == "concurrent" {
+        // 100 commands at once through a pool of 4: each connection
+        // served many, and the pool's own count agrees with the wire.
+        assert!(
+            used.len() <= GO_POOL_SIZE,
+            "{tag}: {} connections",
+            used.len()
+        );
+        assert_eq!(
+            out.printed["pool"]["TotalConns"],
+            json!(used.len()),
+            "{tag}: go-redis's pool stats: {}",
+            out.printed["pool"]
+        );
+    } else if !client.habits.spreads {
+        assert_eq!(used.len(), 1, "{tag}: one connection for the whole plan");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -321,7 +633,7 @@ fn redis_cli_pipe_mode_sends_the_pipeline_plan() {
     let cluster = cluster();
     runtime().block_on(async {
         let server = proxy(cluster.seeds(), |_| {}).await;
-        let plan = pipeline_plan(&cluster, &server, "cli-pipe").await;
+        let plan = pipeline_plan(&cluster, server.addr, "cli-pipe").await;
         let mut input = Vec::new();
         for command in &plan.commands {
             input.extend_from_slice(&resp(command));
@@ -490,8 +802,9 @@ fn scan_records(cluster: &LocalCluster, sku: &str) -> Vec<(String, String)> {
     found
 }
 
-/// `stockgate_requests_total{command="deduct",result=...}` from /metrics.
-async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
+/// `stockgate_requests_total{command=...,result=...}` from /metrics, by
+/// (command, result).
+async fn request_counts(admin: SocketAddr) -> HashMap<(String, String), u64> {
     let text = tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(admin).unwrap();
         write!(
@@ -505,12 +818,23 @@ async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
     })
     .await
     .unwrap();
-    let prefix = "stockgate_requests_total{command=\"deduct\",result=\"";
     text.lines()
         .filter_map(|line| {
-            let (result, count) = line.strip_prefix(prefix)?.split_once("\"} ")?;
-            Some((result.to_owned(), count.parse().ok()?))
+            let labels = line.strip_prefix("stockgate_requests_total{command=\"")?;
+            let (command, rest) = labels.split_once("\",result=\"")?;
+            let (result, count) = rest.split_once("\"} ")?;
+            Some(((command.to_owned(), result.to_owned()), count.parse().ok()?))
         })
+        .collect()
+}
+
+/// DEDUCT's `stockgate_requests_total` by result.
+async fn deduct_counts(admin: SocketAddr) -> HashMap<String, u64> {
+    request_counts(admin)
+        .await
+        .into_iter()
+        .filter(|((command, _), _)| command == "deduct")
+        .map(|((_, result), n)| (result, n))
         .collect()
 }
 
@@ -568,7 +892,7 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
             }
             assert_eq!(handshake, expected, "{tag}: redis-rs handshake");
 
-            let plan = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
+            let plan = pipeline_plan(&cluster, server.addr, &format!("{tag}-pipe")).await;
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for command in &plan.commands {
@@ -583,171 +907,153 @@ fn rust_redis_crate_multiplexed_and_pipeline_resp2_and_resp3() {
 }
 
 // ---------------------------------------------------------------------------
-// Go and Java: handshakes replayed as bytes
+// Lettuce reconnecting after stockgate restarts
 // ---------------------------------------------------------------------------
 
-/// What one client library writes on a new connection, and how many
-/// replies it reads before writing more.
-struct Replay {
-    client: &'static str,
-    steps: &'static [(&'static [u8], usize)],
-    /// What the client demands of each handshake reply.
-    check: fn(&[Value]),
+#[test]
+fn lettuce_6_reconnects_after_stockgate_restarts() {
+    check_reconnect(&LETTUCE_6);
 }
 
-/// go-redis v9.14.0 with `redis.NewClient(&redis.Options{Addr: ...})`.
-///
-/// Source: redis/go-redis v9.14.0, as vendored in grafana/grafana at
-/// `vendor/github.com/redis/go-redis/v9/`: `options.go` `init()` sets
-/// `Protocol = 3` when unset; `redis.go` `initConn` sends
-/// `conn.Hello(ctx, 3, "", "", "")`, which `commands.go` `Hello` writes as
-/// lowercase `hello 3`, reading the reply as a map
-/// (`MapStringInterfaceCmd`); any reply that is not a Redis error reply
-/// fails the connection. Then it pipelines `client setinfo LIB-NAME
-/// go-redis(<suffix>,<go version>)` and `client setinfo LIB-VER <version>`
-/// (`ClientSetInfo`), ignoring Redis errors. The Go version here is an
-/// example of what `runtime.Version()` gives.
-const GO_REDIS_9: Replay = Replay {
-    client: "go-redis v9.14.0",
-    steps: &[
-        (b"*2\r\n$5\r\nhello\r\n$1\r\n3\r\n", 1),
-        (
-            b"*4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$8\r\nLIB-NAME\r\n$19\r\ngo-redis(,go1.24.6)\r\n\
-              *4\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\n$7\r\nLIB-VER\r\n$6\r\n9.14.0\r\n",
-            2,
-        ),
-    ],
-    check: |replies| {
-        hello_map(&replies[0]);
-        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
-    },
-};
+#[test]
+fn lettuce_7_reconnects_after_stockgate_restarts() {
+    check_reconnect(&LETTUCE_7);
+}
 
-/// Jedis 5.2.0 with `new Jedis(host, port)` or `new JedisPooled(host, port)`
-/// (no protocol, no password configured).
-///
-/// Source: redis/jedis `src/main/java/redis/clients/jedis/Connection.java`
-/// (5.x, commit a4737e0): `initializeFromClientConfig` calls `helloOrAuth`,
-/// which sends nothing when neither protocol nor password is set (RESP2, no
-/// HELLO); it then writes `CLIENT SETINFO LIB-NAME jedis` and `CLIENT
-/// SETINFO LIB-VER <version>` back to back and reads both replies with
-/// `getMany`, which collects error replies instead of throwing.
-const JEDIS_5: Replay = Replay {
-    client: "Jedis 5.2.0",
-    steps: &[(
-        b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nLIB-NAME\r\n$5\r\njedis\r\n\
-          *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nLIB-VER\r\n$5\r\n5.2.0\r\n",
-        2,
-    )],
-    check: |replies| assert_eq!(replies, &[Value::Okay, Value::Okay]),
-};
+/// stockgate as its own process (the built binary) on a fixed port, so a
+/// test can kill it and start it again there. Killed when dropped.
+struct Subprocess {
+    child: std::process::Child,
+    admin: SocketAddr,
+}
 
-/// Lettuce 6 (6.3 and later) with `RedisClient.create("redis://host:port")`.
-///
-/// Source: redis/lettuce `src/main/java/io/lettuce/core/RedisHandshake.java`:
-/// with no protocol configured, `tryHandshakeResp3` sends `HELLO 3` and
-/// falls back to RESP2 only on `ERR unknown command` (6.0, commit b4263f1);
-/// on success it casts the reply map's fields, `(Long) id`,
-/// `(String) mode`, `(String) version`, `(String) role`, so a wrong type
-/// fails the connection with a ClassCastException. Then
-/// `applyConnectionMetadata` pipelines `CLIENT SETINFO lib-name Lettuce`
-/// and `CLIENT SETINFO lib-ver <version>`, failures ignored (commit
-/// 00eec0c; `applyConnectionMetadataSafely`).
-const LETTUCE_6: Replay = Replay {
-    client: "Lettuce 6.6.0",
-    steps: &[
-        (b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n", 1),
-        (
-            b"*4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$8\r\nlib-name\r\n$7\r\nLettuce\r\n\
-              *4\r\n$6\r\nCLIENT\r\n$7\r\nSETINFO\r\n$7\r\nlib-ver\r\n$13\r\n6.6.0.RELEASE\r\n",
-            2,
-        ),
-    ],
-    check: |replies| {
-        let fields = hello_map(&replies[0]);
-        assert!(matches!(fields["id"], Value::Int(_)), "(Long) id");
-        for key in ["mode", "version", "role"] {
-            assert!(
-                matches!(fields[key], Value::BulkString(_)),
-                "(String) {key}: {:?}",
-                fields[key]
+impl Subprocess {
+    /// Starts `stockgate serve` in front of `seeds` on `listen`, and waits
+    /// until /readyz says Redis is reachable and the scripts are loaded.
+    fn start(seeds: &[String], listen: SocketAddr, admin: SocketAddr) -> Subprocess {
+        let child = std::process::Command::new(stockgate_bin())
+            .arg("serve")
+            .args(["--upstream", &seeds.join(",")])
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin-listen", &admin.to_string()])
+            // Warnings and errors only: shown if the test fails.
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("stockgate starts");
+        let gate = Subprocess { child, admin };
+        wait_ready_http(admin.port());
+        gate
+    }
+}
+
+impl Drop for Subprocess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lettuce's async commands across a stockgate restart. The driver runs
+/// the codes plan one command at a time and says `restart`; the test kills
+/// stockgate (SIGKILL: a crash, no goodbye to the client), starts a new
+/// one on the same port and says `restarted`; the driver then dispatches
+/// the pipeline plan, all at once, on the same connection object, which
+/// Lettuce's watchdog reconnects by itself (with a new HELLO 3). Every
+/// reply of both halves is checked, Redis is audited, and the new
+/// stockgate's metrics show it served exactly the second half.
+fn check_reconnect(client: &'static Pinned) {
+    let install = std::thread::spawn(move || installed(client));
+    let cluster = cluster();
+    let env = install.join().unwrap();
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let seeds = cluster.seeds();
+    let mut gate = Subprocess::start(&seeds, listen, admin);
+    runtime().block_on(async {
+        let tag = format!("{}-restart", client.name);
+        let before = codes_plan(&cluster, &tag);
+        let after = pipeline_plan(&cluster, listen, &format!("{tag}-after")).await;
+        let mut driver = env.driver(listen.port(), "reconnect");
+        driver
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = driver.spawn().expect("the Lettuce driver starts");
+        // Read apart, so a chatty stderr can never block the driver.
+        let mut err = child.stderr.take().unwrap();
+        let stderr = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text).await;
+            text
+        });
+        let mut stdin = child.stdin.take().unwrap();
+        let plan = json!({"commands": before.commands, "after": after.commands});
+        stdin
+            .write_all(format!("{plan}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        tokio::time::timeout(WATCHDOG, stdout.read_line(&mut line))
+            .await
+            .expect("the driver says restart before the watchdog")
+            .unwrap();
+        if line != "restart\n" {
+            let _ = child.kill().await;
+            panic!(
+                "the driver did not finish the first half: {line:?}\n{}",
+                stderr.await.unwrap()
             );
         }
-        assert_eq!(&replies[1..], &[Value::Okay, Value::Okay]);
-    },
-};
 
-#[test]
-fn go_redis_9_handshake_replayed() {
-    check_replay(&GO_REDIS_9);
-}
+        drop(gate);
+        let seeds = seeds.clone();
+        gate = tokio::task::spawn_blocking(move || Subprocess::start(&seeds, listen, admin))
+            .await
+            .unwrap();
+        stdin.write_all(b"restarted\n").await.unwrap();
+        drop(stdin);
 
-#[test]
-fn jedis_5_handshake_replayed() {
-    check_replay(&JEDIS_5);
-}
+        let mut rest = Vec::new();
+        let read = async {
+            stdout.read_to_end(&mut rest).await.unwrap();
+            child.wait().await.unwrap()
+        };
+        let status = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .unwrap_or_else(|_| panic!("the Lettuce driver still running after {WATCHDOG:?}"));
+        let stderr = stderr.await.unwrap();
+        assert!(status.success(), "the driver failed: {stderr}");
+        let out = printed(&rest);
+        assert_eq!(out.version, client.version);
+        assert_replies(&tag, &out.replies, &before.expected(client.error_class));
+        let second: Vec<Json> = out.printed["after"].as_array().unwrap().clone();
+        assert_replies(
+            &format!("{tag} after the restart"),
+            &second,
+            &after.expected(client.error_class),
+        );
+        before.audit(&cluster);
+        after.audit(&cluster);
 
-#[test]
-fn lettuce_6_handshake_replayed() {
-    check_replay(&LETTUCE_6);
-}
-
-/// A RESP3 HELLO reply as go-redis and Lettuce read it: a map of
-/// bulk-string keys, `proto` 3.
-fn hello_map(reply: &Value) -> HashMap<String, &Value> {
-    let Value::Map(entries) = reply else {
-        panic!("HELLO 3 must answer a RESP3 map, got {reply:?}")
-    };
-    let fields: HashMap<String, &Value> = entries
-        .iter()
-        .map(|(k, v)| match k {
-            Value::BulkString(k) => (String::from_utf8(k.clone()).unwrap(), v),
-            other => panic!("map keys must be strings, got {other:?}"),
-        })
-        .collect();
-    assert_eq!(fields["proto"], &Value::Int(3));
-    fields
-}
-
-/// Replays `replay`'s handshake on one connection, then the codes plan
-/// one command at a time and the pipeline plan in one write, as these
-/// clients do for synchronous calls and pipelines.
-fn check_replay(replay: &'static Replay) {
-    let cluster = cluster();
-    runtime().block_on(async {
-        let server = proxy(cluster.seeds(), |_| {}).await;
-        let tag = replay.client.replace([' ', '.'], "-");
-        let codes = codes_plan(&cluster, &tag);
-        let pipeline = pipeline_plan(&cluster, &server, &format!("{tag}-pipe")).await;
-        let addr = server.addr;
-        let (handshake, replies, piped) = tokio::task::spawn_blocking(move || {
-            let mut wire = Wire::connect(addr);
-            let mut handshake = Vec::new();
-            for (bytes, replies) in replay.steps {
-                wire.send(bytes);
-                handshake.extend((0..*replies).map(|_| wire.reply()));
-            }
-            let replies: Vec<Value> = codes
-                .commands
-                .iter()
-                .map(|c| {
-                    wire.send(&resp(c));
-                    wire.reply()
-                })
-                .collect();
-            let all: Vec<u8> = pipeline.commands.iter().flat_map(|c| resp(c)).collect();
-            wire.send(&all);
-            let piped: Vec<Value> = pipeline.commands.iter().map(|_| wire.reply()).collect();
-            (handshake, (codes, replies), (pipeline, piped))
-        })
-        .await
-        .unwrap();
-        (replay.check)(&handshake);
-        for (plan, values) in [replies, piped] {
-            let typed: Vec<Json> = values.iter().map(|v| typed(v, "ServerError")).collect();
-            assert_replies(replay.client, &typed, &plan.expected("ServerError"));
-            plan.audit(&cluster);
-        }
+        // The second half went to the new process, each command once (the
+        // new process's counters start at zero; the first one also served
+        // the pipeline plan's set-up).
+        let served: u64 = request_counts(gate.admin)
+            .await
+            .into_iter()
+            .filter(|((command, _), _)| command == "deduct" || command == "revert")
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(
+            served as usize,
+            after.commands.len(),
+            "served by the new stockgate"
+        );
     });
 }
 
@@ -777,6 +1083,36 @@ fn node_example_handles_every_outcome() {
     check_example(&IOREDIS_5, "examples/node/deduct.js");
 }
 
+/// examples/go, built from its own go.mod and go.sum (with the drivers, in
+/// one env) and run as a binary.
+#[test]
+fn go_example_handles_every_outcome() {
+    let manifest = read("examples/go/go.mod");
+    assert!(
+        manifest.contains(&format!(
+            "require github.com/redis/go-redis/v9 v{}\n",
+            GO_REDIS_9.version
+        )),
+        "examples/go/go.mod must pin the go-redis the test runs"
+    );
+    check_example(&GO_REDIS_9, "examples/go");
+}
+
+/// examples/java, compiled by its pom.xml (in the same Maven run as the
+/// drivers) and run with the class path that pom resolved.
+#[test]
+fn java_example_handles_every_outcome() {
+    let manifest = read("examples/java/pom.xml");
+    assert!(
+        manifest.contains(&format!(
+            "<artifactId>jedis</artifactId>\n      <version>{}</version>",
+            JEDIS_8.version
+        )),
+        "examples/java/pom.xml must pin the Jedis the test runs"
+    );
+    check_example(&JEDIS_8, "examples/java");
+}
+
 /// Runs an example once per outcome of DEDUCT and of REVERT (`--revert`),
 /// and checks what it prints and exits with. Each timeout case goes
 /// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT
@@ -786,7 +1122,10 @@ fn node_example_handles_every_outcome() {
 /// The cases run in lanes at once, each on its own sku, to keep the test
 /// short; within a lane they run in order, so every `left` and `in stock`
 /// figure is known.
-fn check_example(client: &'static Pinned, script: &str) {
+///
+/// `example` is a script run with the client's interpreter, or the
+/// directory of an example the client's env built (Go, Java).
+fn check_example(client: &'static Pinned, example: &str) {
     let install = std::thread::spawn(move || installed(client));
     let cluster = cluster();
     let env = install.join().unwrap();
@@ -963,7 +1302,12 @@ fn check_example(client: &'static Pinned, script: &str) {
         let lanes = [every_code, compensation, lost_deduct, lost_revert, no_redis];
         join_all(lanes.map(|lane| async move {
             for case in lane {
-                let mut command = env.command(&repo_path(script));
+                let mut command = match client.runtime {
+                    Runtime::Python { .. } | Runtime::Node { .. } => {
+                        env.command(&repo_path(example))
+                    }
+                    Runtime::Go { .. } | Runtime::Java { .. } => env.example(),
+                };
                 command
                     .args(["--port", &case.to.port().to_string()])
                     .args(&case.args);
@@ -972,11 +1316,11 @@ fn check_example(client: &'static Pinned, script: &str) {
                 assert_eq!(
                     stdout.lines().collect::<Vec<_>>(),
                     case.prints,
-                    "{script} {:?}; stderr: {}",
+                    "{example} {:?}; stderr: {}",
                     case.args,
                     String::from_utf8_lossy(&out.stderr)
                 );
-                assert_eq!(out.status.success(), case.proceeds, "{script}: {out:?}");
+                assert_eq!(out.status.success(), case.proceeds, "{example}: {out:?}");
             }
         }))
         .await;

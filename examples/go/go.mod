@@ -1,7 +1,11 @@
-// Not built in CI (no Go toolchain there); run `go mod tidy` to fetch
-// go-redis and write go.sum before `go run .`.
 module example.com/stockgate-deduct
 
-go 1.21
+go 1.26.0
 
-require github.com/redis/go-redis/v9 v9.14.0
+require github.com/redis/go-redis/v9 v9.23.0
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

@@ -1,15 +1,11 @@
 // DEDUCT and REVERT from Go with go-redis v9, handling every outcome.
 //
-// NOT COMPILED IN THIS REPOSITORY'S CI: no Go toolchain or module proxy is
-// available where stockgate is built. What go-redis v9 sends on connect
-// (`hello 3`, `client setinfo ...`) is replayed byte for byte against
-// stockgate by tests/clients.rs (go_redis_9_handshake_replayed), and the
-// decisions below are the ones examples/python and examples/node make
-// there, tested for every outcome. Treat this file as a reviewed sketch.
+// go.mod and go.sum pin go-redis (Go 1.26+). tests/clients.rs builds this
+// program and runs it in CI for every outcome below.
 //
 // Run it against deploy/dev.sh (which seeds demo-1 with 100 units):
 //
-//	cd examples/go && go mod tidy
+//	cd examples/go
 //	go run . demo-1 2 order-4004 ORD-4004
 //	go run . -revert demo-1 order-4004
 //
@@ -25,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -46,6 +43,10 @@ func fault(err error) (string, string) {
 		// have reached stockgate and Redis. Retrying with the SAME
 		// request_id is safe: if the first attempt was applied, the retry
 		// answers code 1 and changes nothing.
+		var netErr net.Error
+		if errors.As(err, &netErr) && netErr.Timeout() {
+			return retry, "timed out"
+		}
 		return retry, err.Error()
 	}
 	// Server error replies start with their class.

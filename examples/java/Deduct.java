@@ -1,33 +1,30 @@
-// DEDUCT and REVERT from Java (8 or later) with Jedis 5, handling every
+// DEDUCT and REVERT from Java (8 or later) with Jedis, handling every
 // outcome.
 //
-// NOT COMPILED IN THIS REPOSITORY'S CI: Maven Central is not reachable
-// where stockgate is built, so Jedis can't be fetched. What Jedis 5 sends
-// on connect (`CLIENT SETINFO ...`, RESP2) is replayed byte for byte against
-// stockgate by tests/clients.rs (jedis_5_handshake_replayed), and the
-// decisions below are the ones examples/python and examples/node make
-// there, tested for every outcome. Treat this file as a reviewed sketch.
+// pom.xml pins Jedis; build and run it against deploy/dev.sh (which seeds
+// demo-1 with 100 units):
 //
-// It needs redis.clients:jedis:5.2.0 and its dependencies on the class path
-// (in a Maven project: `mvn dependency:build-classpath`). It compiles as
-// Java 8; Java 11+ runs the source file directly. Against deploy/dev.sh
-// (which seeds demo-1 with 100 units):
+//     cd examples/java && mvn -q compile
+//     java -cp "target/classes:$(cat target/classpath.txt)" Deduct demo-1 2 order-4005 ORD-4005
+//     java -cp "target/classes:$(cat target/classpath.txt)" Deduct --revert demo-1 order-4005
 //
-//     java -cp "$JEDIS_CLASSPATH" Deduct.java demo-1 2 order-4005 ORD-4005
-//     java -cp "$JEDIS_CLASSPATH" Deduct.java --revert demo-1 order-4005
+// (Java 11+ also runs the source directly: java -cp "$(cat
+// target/classpath.txt)" Deduct.java ...). Options: --host (127.0.0.1),
+// --port (6390), --timeout in seconds (2).
 //
 // The first takes 2 units for order line order-4005; run it twice and the
 // second run is a retry of the same request_id: "already deducted", nothing
 // taken again. The second gives them back, as the order service does when
 // the payment fails or the order is cancelled; it is safe to repeat, and
-// safe even when the DEDUCT's outcome is unknown.
+// safe even when the DEDUCT's outcome is unknown. tests/clients.rs builds
+// this file with pom.xml and runs it in CI for every outcome below.
 
-import java.util.Arrays;
+import java.net.SocketTimeoutException;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.function.Supplier;
 import redis.clients.jedis.DefaultJedisClientConfig;
-import redis.clients.jedis.HostAndPort;
-import redis.clients.jedis.JedisPooled;
+import redis.clients.jedis.RedisClient;
 import redis.clients.jedis.commands.ProtocolCommand;
 import redis.clients.jedis.exceptions.JedisConnectionException;
 import redis.clients.jedis.exceptions.JedisDataException;
@@ -58,7 +55,7 @@ public class Deduct {
             // have reached stockgate and Redis. Retrying with the SAME
             // request_id is safe: if the first attempt was applied, the
             // retry answers code 1 and changes nothing.
-            return new Next(RETRY, e.getMessage());
+            return new Next(RETRY, e.getCause() instanceof SocketTimeoutException ? "timed out" : e.getMessage());
         }
         // Server error replies start with their class.
         String msg = e.getMessage();
@@ -81,7 +78,7 @@ public class Deduct {
     }
 
     /** One DEDUCT: take stock for an order line. */
-    static Next deductOnce(JedisPooled jedis, String sku, String qty, String requestId, String orderNo) {
+    static Next deductOnce(RedisClient jedis, String sku, String qty, String requestId, String orderNo) {
         List<?> fields;
         try {
             fields = (List<?>) jedis.sendCommand(DEDUCT, sku, qty, requestId, orderNo);
@@ -124,7 +121,7 @@ public class Deduct {
      * failed or the order was cancelled. On "alert" the compensation is not
      * done: keep it pending.
      */
-    static Next revertOnce(JedisPooled jedis, String sku, String requestId) {
+    static Next revertOnce(RedisClient jedis, String sku, String requestId) {
         List<?> fields;
         try {
             fields = (List<?>) jedis.sendCommand(REVERT, sku, requestId);
@@ -157,32 +154,43 @@ public class Deduct {
     }
 
     public static void main(String[] argv) throws InterruptedException {
-        boolean revert = argv.length > 0 && argv[0].equals("--revert");
-        final String[] args = revert ? Arrays.copyOfRange(argv, 1, argv.length) : argv;
-        if (revert ? args.length != 2 : args.length < 3 || args.length > 4) {
-            System.err.println("usage: java Deduct.java SKU QTY REQUEST_ID [ORDER_NO]");
-            System.err.println("       java Deduct.java --revert SKU REQUEST_ID");
-            System.err.println("(env STOCKGATE_PORT, default 6390)");
+        String host = "127.0.0.1";
+        int port = 6390;
+        double timeout = 2.0;
+        boolean revert = false;
+        List<String> words = new ArrayList<>();
+        for (int i = 0; i < argv.length; i++) {
+            switch (argv[i]) {
+                case "--host": host = argv[++i]; break;
+                case "--port": port = Integer.parseInt(argv[++i]); break;
+                case "--timeout": timeout = Double.parseDouble(argv[++i]); break;
+                case "--revert": revert = true; break;
+                default: words.add(argv[i]);
+            }
+        }
+        if (revert ? words.size() != 2 : words.size() < 3 || words.size() > 4) {
+            System.err.println("usage: Deduct [--host H] [--port P] [--timeout S] SKU QTY REQUEST_ID [ORDER_NO]");
+            System.err.println("       Deduct [--host H] [--port P] [--timeout S] --revert SKU REQUEST_ID");
             System.exit(2);
         }
-        int port = Integer.parseInt(System.getenv().getOrDefault("STOCKGATE_PORT", "6390"));
+        final List<String> args = words;
 
         DefaultJedisClientConfig config = DefaultJedisClientConfig.builder()
             // Longer than stockgate's own --timeout (1s), so stockgate's
             // UPSTREAM answer normally arrives before the client gives up.
-            .socketTimeoutMillis(2000)
+            .socketTimeoutMillis((int) (timeout * 1000))
             .build();
-        try (JedisPooled jedis = new JedisPooled(new HostAndPort("127.0.0.1", port), config)) {
+        try (RedisClient jedis = RedisClient.builder().hostAndPort(host, port).clientConfig(config).build()) {
             Supplier<Next> once;
             String done;
             String later;
             if (revert) {
-                once = () -> revertOnce(jedis, args[0], args[1]);
+                once = () -> revertOnce(jedis, args.get(0), args.get(1));
                 done = "compensated";
                 later = "keep the compensation pending and retry REVERT later with the same request_id";
             } else {
-                String orderNo = args.length > 3 ? args[3] : "";
-                once = () -> deductOnce(jedis, args[0], args[1], args[2], orderNo);
+                String orderNo = args.size() > 3 ? args.get(3) : "";
+                once = () -> deductOnce(jedis, args.get(0), args.get(1), args.get(2), orderNo);
                 done = "proceed";
                 later = "park the order and retry later with the same request_id";
             }

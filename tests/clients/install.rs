@@ -22,6 +22,49 @@ pub struct Pinned {
     pub handshake: &'static [&'static [&'static str]],
     /// The class of what a DEDUCT error reply raises or rejects with.
     pub error_class: &'static str,
+    /// How it uses connections, where it differs from the plainest client.
+    pub habits: Habits,
+}
+
+/// What a client does on the wire besides its handshake.
+pub struct Habits {
+    /// What a connection its pool opens sends first, where that differs
+    /// from `handshake` (Jedis: only pooled connections announce
+    /// themselves).
+    pub pool_handshake: Option<&'static [&'static [&'static str]]>,
+    /// A handshake command the client stops sending once stockgate has
+    /// refused it (go-redis's "auto" maintenance notifications), so
+    /// connections opened after the first refusal lack it.
+    pub dropped_once_refused: Option<&'static [&'static str]>,
+    /// What its pool sends when it lends a connection, in the `pool` mode.
+    pub borrow_ping: BorrowPing,
+    /// Whether it keeps many connections open and spreads commands over
+    /// them (Redisson); the others send a plan over one connection.
+    pub spreads: bool,
+}
+
+impl Habits {
+    /// One connection, its handshake only.
+    pub const PLAIN: Habits = Habits {
+        pool_handshake: None,
+        dropped_once_refused: None,
+        borrow_ping: BorrowPing::None,
+        spreads: false,
+    };
+}
+
+/// The health check a pool runs when it lends a connection out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BorrowPing {
+    /// No `pool` mode for this client.
+    None,
+    /// redis-py's health_check_interval: a PING when it connects, before
+    /// the handshake, and before each reuse of a connection left idle
+    /// past the interval.
+    OnReuse,
+    /// commons-pool's testOnBorrow (Jedis): a PING every time the pool
+    /// lends the connection, the first time too, after the handshake.
+    Always,
 }
 
 pub enum Runtime {
@@ -32,15 +75,44 @@ pub enum Runtime {
         library: &'static str,
         min_node: u32,
     },
+    /// The Go drivers of tests/clients/go (one binary, go.mod and go.sum
+    /// pinning every client), built with examples/go into the shared env
+    /// `go`; `library` is the driver's first argument.
+    Go { library: &'static str },
+    /// A module of the Maven reactor in tests/clients/java, built with the
+    /// others and examples/java into the shared env `java`; `main` is the
+    /// driver class.
+    Java {
+        module: &'static str,
+        main: &'static str,
+    },
+}
+
+impl Runtime {
+    /// The env under `<target>/client-envs/` this client runs from: its
+    /// own for Python and Node, one for all Go and one for all Java
+    /// clients, so each of those is fetched and compiled once per run.
+    fn env_name(&self, client: &'static str) -> &'static str {
+        match self {
+            Runtime::Python { .. } | Runtime::Node { .. } => client,
+            Runtime::Go { .. } => "go",
+            Runtime::Java { .. } => "java",
+        }
+    }
 }
 
 /// How long any one subprocess may run before the test gives up on it: a
 /// watchdog against a hung client, far above the few seconds they take.
-const WATCHDOG: Duration = Duration::from_secs(180);
+pub const WATCHDOG: Duration = Duration::from_secs(180);
 
 const PYTHON_HINT: &str =
     "install Python 3.8+ with pip (Debian: apt-get install -y python3 python3-pip python3-venv)";
 const NODE_HINT: &str = "install Node.js 20+ with npm (Debian 13: apt-get install -y nodejs npm; Debian 12's Node 18 is too old for ioredis 6 and node-redis 6: use NodeSource's or nvm's Node 20+)";
+const GO_HINT: &str = "install Go 1.26+ (go-redis v9.23 needs it; Debian 12's golang-go is 1.19): \
+    the official release unpacked in /usr/local/go with /usr/local/go/bin on PATH, or any Go 1.21+ \
+    with GOTOOLCHAIN=go1.26.8, which fetches that toolchain through the Go module proxy";
+const JAVA_HINT: &str = "install Java 17+ and Maven 3.6.3+ with `deploy/install-deps.sh` \
+    (Debian 12: apt-get install -y openjdk-17-jdk-headless maven)";
 const REDIS_HINT: &str = "install Redis 7+ with `deploy/install-deps.sh` (Debian: apt-get install -y redis-server redis-tools)";
 
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -69,53 +141,112 @@ fn envs_root() -> PathBuf {
         .join("client-envs")
 }
 
-/// An installed client: how to run a script with it.
-pub struct ClientEnv {
-    program: PathBuf,
+/// A program to start, with its arguments and environment.
+#[derive(Clone)]
+pub struct Launch {
+    program: OsString,
+    args: Vec<OsString>,
     vars: Vec<(&'static str, OsString)>,
-    driver: PathBuf,
-    /// What the driver takes before the port and mode.
-    driver_args: Vec<&'static str>,
+}
+
+impl Launch {
+    fn new(program: impl Into<OsString>) -> Launch {
+        Launch {
+            program: program.into(),
+            args: Vec::new(),
+            vars: Vec::new(),
+        }
+    }
+
+    fn arg(mut self, arg: impl Into<OsString>) -> Launch {
+        self.args.push(arg.into());
+        self
+    }
+
+    fn var(mut self, name: &'static str, value: impl Into<OsString>) -> Launch {
+        self.vars.push((name, value.into()));
+        self
+    }
+
+    pub fn command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command.args(&self.args);
+        command.envs(self.vars.iter().map(|(k, v)| (k, v)));
+        command
+    }
+}
+
+/// An installed client: how to run its driver, and a script or the
+/// example built with it.
+pub struct ClientEnv {
+    /// The driver, up to the port and mode it takes last.
+    driver: Launch,
+    /// The interpreter with the client importable (Python, Node).
+    interpreter: Option<Launch>,
+    /// The example built in this env (Go, Java).
+    example: Option<Launch>,
 }
 
 pub struct Driven {
     pub version: String,
     pub replies: Vec<Json>,
+    /// Everything the driver printed.
+    pub printed: Json,
 }
 
 impl ClientEnv {
     /// A command running `script` with this client importable.
     pub fn command(&self, script: &Path) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(&self.program);
+        let mut command = self
+            .interpreter
+            .as_ref()
+            .expect("an interpreted client")
+            .command();
         command.arg(script);
-        command.envs(self.vars.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    /// A command running the example this env built.
+    pub fn example(&self) -> tokio::process::Command {
+        self.example
+            .as_ref()
+            .expect("an env with an example")
+            .command()
+    }
+
+    /// The driver in `mode` against `port`, not started yet.
+    pub fn driver(&self, port: u16, mode: &str) -> tokio::process::Command {
+        let mut command = self.driver.command();
+        command.args([port.to_string().as_str(), mode]);
         command
     }
 
     /// Runs the driver in `mode` against `port` and parses what it printed.
     pub async fn drive(&self, port: u16, mode: &str, commands: &[Vec<String>]) -> Driven {
-        let mut command = self.command(&self.driver);
-        command
-            .args(&self.driver_args)
-            .args([port.to_string().as_str(), mode]);
         let plan = json!({ "commands": commands }).to_string();
-        let out = finish(command, plan.as_bytes()).await;
+        let out = finish(self.driver(port, mode), plan.as_bytes()).await;
         assert!(
             out.status.success(),
             "driver {mode} failed: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
             String::from_utf8_lossy(&out.stdout)
         );
-        let printed: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "driver printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        });
-        Driven {
-            version: printed["version"].as_str().unwrap().to_owned(),
-            replies: printed["replies"].as_array().unwrap().clone(),
-        }
+        printed(&out.stdout)
+    }
+}
+
+/// The one JSON object a driver prints.
+pub fn printed(stdout: &[u8]) -> Driven {
+    let printed: Json = serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "driver printed no JSON ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    });
+    Driven {
+        version: printed["version"].as_str().unwrap().to_owned(),
+        replies: printed["replies"].as_array().unwrap().clone(),
+        printed,
     }
 }
 
@@ -184,14 +315,10 @@ fn check(out: Output, what: &str) {
 /// go to a staging directory renamed into place when complete, so an
 /// interrupted install is never mistaken for a finished one.
 pub fn installed(client: &Pinned) -> ClientEnv {
-    type PerClient = HashMap<&'static str, Arc<Mutex<()>>>;
-    static LOCKS: LazyLock<Mutex<PerClient>> = LazyLock::new(Mutex::default);
-    let lock = LOCKS
-        .lock()
-        .unwrap()
-        .entry(client.name)
-        .or_default()
-        .clone();
+    let name = client.runtime.env_name(client.name);
+    type PerEnv = HashMap<&'static str, Arc<Mutex<()>>>;
+    static LOCKS: LazyLock<Mutex<PerEnv>> = LazyLock::new(Mutex::default);
+    let lock = LOCKS.lock().unwrap().entry(name).or_default().clone();
     let _one_install_at_a_time = lock.lock().unwrap_or_else(|e| e.into_inner());
 
     // Fail early, with how to install it, when the runtime is missing.
@@ -207,22 +334,30 @@ pub fn installed(client: &Pinned) -> ClientEnv {
                 client.name
             );
         }
+        Runtime::Go { .. } => {
+            go_version();
+        }
+        Runtime::Java { .. } => {
+            java_versions();
+        }
     }
 
     let root = envs_root();
-    let dir = root.join(client.name);
+    let dir = root.join(name);
     let stamp = stamp(client);
     let current = |dir: &Path| {
         std::fs::read_to_string(dir.join(STAMP)).ok().as_deref() == Some(stamp.as_str())
             && env_at(client, dir).is_some()
     };
     if !current(&dir) {
-        let staging = root.join(format!(".staging-{}-{}", client.name, std::process::id()));
+        let staging = root.join(format!(".staging-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging).unwrap();
         match client.runtime {
             Runtime::Python { requirements } => install_python(&staging, requirements),
             Runtime::Node { .. } => install_node(&staging, client.name),
+            Runtime::Go { .. } => install_go(&staging),
+            Runtime::Java { .. } => install_java(&staging),
         }
         std::fs::write(staging.join(STAMP), &stamp).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
@@ -238,8 +373,48 @@ pub fn installed(client: &Pinned) -> ClientEnv {
 /// Written last into a finished env: what it was made from.
 const STAMP: &str = ".stockgate-stamp";
 
-/// What an env was made from: the manifest, and for Python the
-/// interpreter a venv links to.
+/// What the Go env is built from: the drivers' module and the example's.
+const GO_SOURCES: &[&str] = &["tests/clients/go", "examples/go"];
+
+/// What the Java env is built from: the reactor (poms and sources) and the
+/// example.
+const JAVA_SOURCES: &[&str] = &["tests/clients/java", "examples/java"];
+
+/// Every file under `dirs` (relative to the repository) with its content,
+/// in a stable order; build output (`target/`) left out.
+fn sources(dirs: &[&str]) -> String {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("cannot list {dir:?}: {e}"))
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                if path.file_name() != Some("target".as_ref()) {
+                    walk(&path, out);
+                }
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in dirs {
+        walk(&repo_path(dir), &mut files);
+    }
+    files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("cannot read {path:?}: {e}"));
+            format!("== {}\n{text}", path.display())
+        })
+        .collect()
+}
+
+/// What an env was made from: the manifest (for Go and Java every source
+/// too), and the interpreter or toolchain it was made with.
 fn stamp(client: &Pinned) -> String {
     match client.runtime {
         Runtime::Python { requirements } => format!(
@@ -255,6 +430,8 @@ fn stamp(client: &Pinned) -> String {
                 read(&format!("{dir}/package-lock.json"))
             )
         }
+        Runtime::Go { .. } => format!("{}\n{}", sources(GO_SOURCES), go_version()),
+        Runtime::Java { .. } => format!("{}\n{}", sources(JAVA_SOURCES), java_versions()),
     }
 }
 
@@ -263,32 +440,115 @@ fn env_at(client: &Pinned, dir: &Path) -> Option<ClientEnv> {
         Runtime::Python { .. } => {
             let driver = repo_path("tests/clients/python/driver.py");
             let venv_python = dir.join("bin/python");
-            if venv_python.is_file() {
-                return Some(ClientEnv {
-                    program: venv_python,
-                    vars: vec![],
-                    driver,
-                    driver_args: vec![],
-                });
-            }
-            // The --target fallback: the system python, packages on PYTHONPATH.
-            dir.join("site").is_dir().then(|| ClientEnv {
-                program: "python3".into(),
-                vars: vec![("PYTHONPATH", dir.join("site").into_os_string())],
-                driver,
-                driver_args: vec![],
+            let interpreter = if venv_python.is_file() {
+                Launch::new(venv_python)
+            } else if dir.join("site").is_dir() {
+                // The --target fallback: the system python, packages on PYTHONPATH.
+                Launch::new("python3").var("PYTHONPATH", dir.join("site"))
+            } else {
+                return None;
+            };
+            Some(ClientEnv {
+                driver: interpreter.clone().arg(driver),
+                interpreter: Some(interpreter),
+                example: None,
             })
         }
         Runtime::Node { library, .. } => {
             let modules = dir.join("node_modules");
-            modules.join(library).is_dir().then(|| ClientEnv {
-                program: "node".into(),
-                vars: vec![("NODE_PATH", modules.into_os_string())],
-                driver: repo_path("tests/clients/node/driver.js"),
-                driver_args: vec![library],
+            if !modules.join(library).is_dir() {
+                return None;
+            }
+            let interpreter = Launch::new("node").var("NODE_PATH", modules);
+            Some(ClientEnv {
+                driver: interpreter
+                    .clone()
+                    .arg(repo_path("tests/clients/node/driver.js"))
+                    .arg(library),
+                interpreter: Some(interpreter),
+                example: None,
             })
         }
+        Runtime::Go { library } => {
+            let bin = dir.join("bin");
+            if !bin.join("driver").is_file() || !bin.join("deduct-example").is_file() {
+                return None;
+            }
+            Some(ClientEnv {
+                driver: Launch::new(bin.join("driver")).arg(library),
+                interpreter: None,
+                example: Some(Launch::new(bin.join("deduct-example"))),
+            })
+        }
+        Runtime::Java { module, main } => Some(ClientEnv {
+            driver: java_launch(&dir.join("drivers").join(module))?.arg(main),
+            interpreter: None,
+            example: Some(java_launch(&dir.join("example"))?.arg("Deduct")),
+        }),
     }
+}
+
+/// `java -cp <build>/classes:<its jars>`, if that build is complete and
+/// every jar it lists is still in Maven's local repository.
+fn java_launch(build: &Path) -> Option<Launch> {
+    let classes = build.join("classes");
+    let jars = std::fs::read_to_string(build.join("classpath.txt")).ok()?;
+    let jars = jars.trim();
+    if !classes.is_dir() || !jars.split(':').all(|jar| Path::new(jar).is_file()) {
+        return None;
+    }
+    let mut classpath = classes.into_os_string();
+    classpath.push(":");
+    classpath.push(jars);
+    Some(
+        Launch::new("java")
+            // Each driver runs for a second or two: the JVM's quick
+            // compiler alone, and the serial collector, start fastest and
+            // leave the 2 cores to stockgate and Redis. Neither changes
+            // what the client does.
+            .arg("-XX:TieredStopAtLevel=1")
+            .arg("-XX:+UseSerialGC")
+            .arg("-cp")
+            .arg(classpath),
+    )
+}
+
+/// `go version`, failing with how to install Go when it is missing or
+/// older than go.mod asks.
+fn go_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let out = setup("go", &["version"], Path::new("."), GO_HINT);
+        check(out.clone(), "go version");
+        let version = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        // "go version go1.26.8 linux/amd64"
+        let minor = version
+            .split_whitespace()
+            .nth(2)
+            .and_then(|v| v.strip_prefix("go1."))
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok());
+        assert!(
+            minor.is_some_and(|m| m >= 26),
+            "{version} is too old: {GO_HINT}"
+        );
+        version
+    })
+}
+
+/// `java -version` and `mvn --version`, failing with how to install them.
+fn java_versions() -> &'static str {
+    static VERSIONS: OnceLock<String> = OnceLock::new();
+    VERSIONS.get_or_init(|| {
+        let java = setup("java", &["-version"], Path::new("."), JAVA_HINT);
+        check(java.clone(), "java -version");
+        let mvn = setup("mvn", &["--version", "-B"], Path::new("."), JAVA_HINT);
+        check(mvn.clone(), "mvn --version");
+        // java prints its version on stderr; mvn's first line names Maven's.
+        let java = String::from_utf8_lossy(&java.stderr).trim().to_owned();
+        let mvn = String::from_utf8_lossy(&mvn.stdout);
+        format!("{java}\n{}", mvn.lines().next().unwrap_or(""))
+    })
 }
 
 fn python_version() -> &'static str {
@@ -382,4 +642,51 @@ fn install_node(staging: &Path, name: &str) {
         ),
         "npm ci",
     );
+}
+
+/// One `go build` of every Go driver (tests/clients/go), one of the
+/// example (examples/go). `-mod=readonly`: go.sum must already hold every
+/// module's hash, so only what was reviewed is fetched (from the Go module
+/// proxy, into Go's own module cache) and nothing is re-resolved.
+fn install_go(staging: &Path) {
+    let bin = staging.join("bin");
+    for (module, output) in [
+        ("tests/clients/go", "driver"),
+        ("examples/go", "deduct-example"),
+    ] {
+        let output = bin.join(output);
+        let out = StdCommand::new("go")
+            .args(["build", "-mod=readonly", "-buildvcs=false", "-o"])
+            .arg(&output)
+            .arg(".")
+            .current_dir(repo_path(module))
+            // A go.work elsewhere must not change what is built.
+            .env("GOWORK", "off")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run go ({e}): {GO_HINT}"));
+        check(out, &format!("go build in {module}"));
+    }
+}
+
+/// One Maven invocation for every Java driver and the example: the
+/// reactor in tests/clients/java compiles each module and writes its class
+/// path, with the output in `staging`. The jars come from Maven Central
+/// into Maven's local repository (~/.m2 unless configured otherwise), the
+/// shared cache every Maven build uses, as pip's and npm's caches are for
+/// the other envs.
+fn install_java(staging: &Path) {
+    let mut out_dir = OsString::from("-Dstockgate.out=");
+    out_dir.push(staging.join("drivers"));
+    let mut example_dir = OsString::from("-Dexample.out=");
+    example_dir.push(staging.join("example"));
+    let out = StdCommand::new("mvn")
+        .args(["-B", "-q", "--no-transfer-progress", "compile"])
+        .arg(out_dir)
+        .arg(example_dir)
+        .current_dir(repo_path("tests/clients/java"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mvn ({e}): {JAVA_HINT}"));
+    check(out, "mvn compile in tests/clients/java");
 }

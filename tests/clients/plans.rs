@@ -5,9 +5,9 @@
 use crate::support::*;
 use redis::Value;
 use serde_json::{Value as Json, json};
+use std::net::SocketAddr;
 use stockgate::dev::LocalCluster;
 use stockgate::outcome::SCRIPT_VERSION;
-use stockgate::server::Server;
 
 pub const QTY_REASON: &str = "qty must be an integer from 1 to 1000000";
 pub const REQUEST_ID_REASON: &str =
@@ -184,8 +184,8 @@ enum Before {
 /// code 4 (revoked beforehand), code 3 for a bad qty and a bad request_id,
 /// UNKNOWNSKU; REVERT code 0 (deducted beforehand), code 1 (reverted
 /// beforehand), code 4 (never deducted), code 3 for a bad request_id.
-/// "Beforehand" goes through stockgate too, before the pipeline.
-pub async fn pipeline_plan(cluster: &LocalCluster, server: &Server, tag: &str) -> Plan {
+/// "Beforehand" goes through `stockgate` too, before the pipeline.
+pub async fn pipeline_plan(cluster: &LocalCluster, stockgate: SocketAddr, tag: &str) -> Plan {
     let mut plan = Plan::default();
     let mut stocks = Vec::new();
     let mut before = Vec::new();
@@ -255,7 +255,7 @@ pub async fn pipeline_plan(cluster: &LocalCluster, server: &Server, tag: &str) -
         plan.records.push((sku, id, record));
     }
     set_stocks(cluster, &stocks);
-    let mut conn = client(server, false).await;
+    let mut conn = client_at(stockgate, false).await;
     for (sku, id, order, state) in before {
         let mut steps = Vec::new();
         if !matches!(state, Before::Revoked) {
@@ -334,12 +334,6 @@ pub fn is_stock_command(command: &[String]) -> bool {
     ["deduct", "revert"]
         .iter()
         .any(|name| command[0].eq_ignore_ascii_case(name))
-}
-
-pub fn positions(commands: &[Vec<String>], which: fn(&[String]) -> bool) -> Vec<usize> {
-    (0..commands.len())
-        .filter(|&i| which(&commands[i]))
-        .collect()
 }
 
 /// A command as every client encodes it: an array of bulk strings.

@@ -1,14 +1,10 @@
-//! On the wire: a recording relay between a client and stockgate, and a
-//! raw RESP conversation for replaying bytes.
+//! On the wire: a recording relay between a client and stockgate.
 
 use crate::plans::is_stock_command;
 use bytes::BytesMut;
-use redis::Value;
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use stockgate::frame::RequestDecoder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -131,36 +127,4 @@ pub fn requests(bytes: &[u8]) -> Vec<Vec<String>> {
         );
     }
     out
-}
-
-/// A blocking RESP conversation on one TCP connection.
-pub struct Wire {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
-    parser: redis::Parser,
-}
-
-impl Wire {
-    pub fn connect(addr: SocketAddr) -> Wire {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Wire {
-            stream,
-            reader,
-            parser: redis::Parser::new(),
-        }
-    }
-
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    pub fn reply(&mut self) -> Value {
-        self.parser
-            .parse_value(&mut self.reader)
-            .expect("a well-formed reply")
-    }
 }

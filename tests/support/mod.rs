@@ -127,10 +127,18 @@ pub async fn proxy(seeds: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Serve
 
 /// A multiplexed redis-rs connection to stockgate (RESP2, or RESP3).
 pub async fn client(server: &Server, resp3: bool) -> redis::aio::MultiplexedConnection {
+    client_at(server.addr, resp3).await
+}
+
+/// The same, to a stockgate at `addr` (one this test runs as a subprocess).
+pub async fn client_at(
+    addr: std::net::SocketAddr,
+    resp3: bool,
+) -> redis::aio::MultiplexedConnection {
     let url = if resp3 {
-        format!("redis://{}/?protocol=resp3", server.addr)
+        format!("redis://{addr}/?protocol=resp3")
     } else {
-        format!("redis://{}", server.addr)
+        format!("redis://{addr}")
     };
     // The crate's default response timeout is 500 ms, shorter than
     // stockgate's own 1 s deadline: on a busy CI machine the client would
