@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::ReadHalf;
@@ -38,6 +38,9 @@ use tokio_util::sync::CancellationToken;
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 4 * 1024;
+/// How long a closing connection waits for the client to close too, reading
+/// and dropping what it still sends (see [`crate::net::discard_input`]).
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// Serves one connection until the client leaves, sends QUIT or malformed
 /// RESP, or the server drains.
@@ -80,6 +83,8 @@ async fn run(
     // Reading from the socket: stops at EOF, and once a drain has taken in
     // what the client had already sent.
     let mut reading = true;
+    // The client closed its side (a read returned 0).
+    let mut closed_by_client = false;
     let mut draining = false;
     let idle_timeout = config.idle_timeout;
     let mut last_read = tokio::time::Instant::now();
@@ -155,8 +160,14 @@ async fn run(
             // Draining: take in what the client sent before the signal (it
             // is in the socket buffer now), without waiting for more. Every
             // request read is answered; then the connection closes.
-            match read_available(&reader, &mut input) {
-                Ok(0) => reading = false,
+            if input.capacity() - input.len() < READ_CHUNK / 4 {
+                input.reserve(READ_CHUNK);
+            }
+            match crate::net::read_now(reader.as_ref(), &mut input) {
+                Ok(0) => {
+                    reading = false;
+                    closed_by_client = true;
+                }
                 Ok(_) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => reading = false,
                 Err(err) => return Err(err),
@@ -176,7 +187,10 @@ async fn run(
             ready = reader.readable(), if can_read && !draining => {
                 ready?;
                 match read_available(&reader, &mut input) {
-                    Ok(0) => reading = false,
+                    Ok(0) => {
+                        reading = false;
+                        closed_by_client = true;
+                    }
                     Ok(_) => last_read = tokio::time::Instant::now(),
                     Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(err) => return Err(err),
@@ -194,7 +208,14 @@ async fn run(
             else => break,
         }
     }
-    writer.shutdown().await
+    // Every reply is written: a FIN after the last one. Then, unless the
+    // client has closed already, drop what it still sends until it does,
+    // so the close stays a FIN (see net::discard_input).
+    writer.shutdown().await?;
+    if !closed_by_client {
+        crate::net::discard_input(reader.as_ref(), CLOSE_LINGER).await;
+    }
+    Ok(())
 }
 
 /// Reads what the socket has now, growing the buffer first if needed.

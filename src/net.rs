@@ -38,6 +38,58 @@ pub fn try_read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     }
 }
 
+/// Reads what the socket holds right now with a `recv` of its own, not
+/// through tokio's readiness. A drain must take in every byte the client
+/// sent before the signal, and some of them may have arrived after the last
+/// short read cleared readiness, before the reactor saw their event: a
+/// readiness-gated read would call the socket empty and drop them.
+/// `WouldBlock` means the kernel holds nothing more.
+pub fn read_now(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let spare = buf.spare_capacity_mut();
+    loop {
+        // SAFETY: recv writes at most `spare.len()` bytes into `spare`,
+        // which is allocated and ours; MSG_DONTWAIT never blocks.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            // SAFETY: recv initialised the first n bytes of the spare room.
+            unsafe { buf.set_len(buf.len() + n as usize) };
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// After the last reply has been written and the write side shut down:
+/// reads and drops whatever the client still sends (bytes after QUIT or
+/// a protocol error, requests past a drain), until it closes or `within`
+/// passes. Closing a socket whose receive buffer holds unread bytes makes
+/// Linux send a reset instead of a FIN, and discard the replies still
+/// queued for the client: this keeps the close a FIN.
+pub async fn discard_input(stream: &TcpStream, within: std::time::Duration) {
+    let mut sink = BytesMut::with_capacity(4096);
+    let _ = tokio::time::timeout(within, async {
+        loop {
+            sink.clear();
+            match read(stream, &mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
 /// Waits until the socket is readable, then [`try_read`]s. Cancel-safe:
 /// nothing is read until the wait is over.
 pub async fn read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {

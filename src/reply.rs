@@ -193,7 +193,10 @@ mod tests {
         let invalid = Reply::Stock(StockReply::invalid("qty bad"));
         assert_eq!(
             encoded(&invalid, Protocol::Resp2),
-            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$7\r\nqty bad\r\n"
+            format!(
+                "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:{}\r\n$7\r\nqty bad\r\n",
+                crate::outcome::SCRIPT_VERSION
+            )
         );
         let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
         assert_eq!(

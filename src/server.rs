@@ -155,17 +155,17 @@ async fn accept_loop(
 /// dropped, so the close is a FIN and not a reset that could destroy the
 /// error before the client reads it.
 async fn refuse(mut stream: tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    use tokio::io::AsyncWriteExt;
+    let written = tokio::time::timeout(Duration::from_secs(1), async {
         stream
             .write_all(b"-ERR max number of clients reached\r\n")
             .await?;
-        stream.shutdown().await?;
-        let mut sink = [0u8; 512];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<_, io::Error>(())
+        stream.shutdown().await
     })
     .await;
+    if matches!(written, Ok(Ok(()))) {
+        crate::net::discard_input(&stream, Duration::from_secs(1)).await;
+    }
 }
 
 /// Every few seconds: folds histogram samples into buckets, and hands

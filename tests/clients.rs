@@ -1364,16 +1364,3 @@ struct Example {
 fn owned(args: &[&str]) -> Vec<String> {
     args.iter().map(|a| a.to_string()).collect()
 }
-
-/// A stockgate whose upstream is a loopback port nobody listens on.
-async fn server_without_redis() -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = stockgate::config::Config::for_upstream(vec![format!("redis://127.0.0.1:{port}")]);
-    stockgate::server::start(config)
-        .await
-        .expect("stockgate starts")
-}

@@ -29,13 +29,13 @@ async fn pipelined_mixed_commands_are_answered_in_order() {
     }
     let expected = concat!(
         "+PONG\r\n",
-        "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:2\r\n",
+        "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:3\r\n",
         "$7\r\nbetween\r\n",
         "-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n",
-        "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:2\r\n",
-        "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:2\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
-        "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:2\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n",
+        "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:3\r\n",
+        "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:3\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
+        "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:3\r\n",
+        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n",
         "$4\r\nlast\r\n",
     );
     let (got, closed) = raw(server.addr, &request, expected.len());
@@ -196,7 +196,7 @@ async fn inline_commands_work_for_telnet_and_nc() {
     let cluster = cluster();
     set_stock(&cluster, "inline", 3);
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let expected = "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n";
+    let expected = "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n";
     let (got, _) = raw(server.addr, b"PING\r\ndeduct inline 1 i1\n", expected.len());
     assert_eq!(String::from_utf8_lossy(&got), expected);
 }
@@ -232,7 +232,7 @@ async fn hello_switches_the_connection_to_resp3() {
         .expect("HELLO 3 map ends with modules");
     let expected_rest = concat!(
         "$5\r\napp-1\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:2\r\n",
+        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n",
         "*14\r\n",
     );
     assert!(rest.starts_with(expected_rest), "{rest:?}");
@@ -405,4 +405,82 @@ fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quit_with_bytes_after_it_still_delivers_every_reply_and_closes_with_a_fin() {
+    // Closing a socket whose receive buffer holds unread bytes makes Linux
+    // send a reset and drop the replies still queued. Here 2.4 MB of
+    // replies are queued when QUIT closes the connection, and the client
+    // has sent more after QUIT that stockgate will never read as requests.
+    let server = server_without_redis().await;
+    let addr = server.addr;
+    let (replies, ended) = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let payload = "e".repeat(60 * 1024);
+        let mut request = Vec::new();
+        for _ in 0..40 {
+            request.extend(encode_request(&["ECHO", &payload]));
+        }
+        request.extend(encode_request(&["QUIT"]));
+        request.extend(b"PING\r\n".repeat(40_000));
+        stream.write_all(&request).unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let ended = loop {
+            match stream.read(&mut buf) {
+                Ok(0) => break "eof".to_owned(),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break format!("{:?}", e.kind()),
+            }
+        };
+        (got, ended)
+    })
+    .await
+    .unwrap();
+    let echo = format!("${}\r\n{}\r\n", 60 * 1024, "e".repeat(60 * 1024));
+    let mut expected = echo.repeat(40).into_bytes();
+    expected.extend_from_slice(b"+OK\r\n");
+    assert_eq!(ended, "eof", "closed with a FIN, not a reset");
+    assert_eq!(replies.len(), expected.len(), "every reply, then nothing");
+    assert!(replies == expected, "the replies are intact");
+}
+
+#[tokio::test]
+async fn a_drain_takes_in_bytes_that_arrived_after_the_last_short_read() {
+    // On this current-thread runtime the connection's task runs only when
+    // this test yields. A request arrives after the connection's last read
+    // (a short read, which clears tokio's readiness) and before the drain;
+    // the connection meets the drain before the reactor has seen the new
+    // bytes' event. It must still read and answer them: they were sent
+    // before the signal.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = server_without_redis().await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(&encode_request(&["PING", "first"]))
+        .await
+        .unwrap();
+    let mut first = vec![0u8; 64];
+    let n = stream.read(&mut first).await.unwrap();
+    assert_eq!(&first[..n], b"$5\r\nfirst\r\n");
+    // No yield from here to the drain: the connection task doesn't run
+    // while the second request lands in its socket.
+    let second = encode_request(&["PING", "second"]);
+    assert_eq!(stream.try_write(&second).unwrap(), second.len());
+    std::thread::sleep(Duration::from_millis(50));
+    let drained = server.drain(Duration::from_secs(5)).await;
+    assert!(drained, "the connection finished within the grace");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .unwrap();
+    assert_eq!(
+        rest, b"$6\r\nsecond\r\n",
+        "the request sent before the drain is answered"
+    );
 }

@@ -125,6 +125,13 @@ pub async fn proxy(seeds: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Serve
     server
 }
 
+/// A stockgate whose upstream is a loopback port nobody listens on: for
+/// what it answers without Redis (connection-level commands, faults).
+pub async fn server_without_redis() -> Server {
+    let config = Config::for_upstream(vec![format!("redis://127.0.0.1:{}", free_port())]);
+    server::start(config).await.expect("stockgate starts")
+}
+
 /// A multiplexed redis-rs connection to stockgate (RESP2, or RESP3).
 pub async fn client(server: &Server, resp3: bool) -> redis::aio::MultiplexedConnection {
     client_at(server.addr, resp3).await
