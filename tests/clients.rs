@@ -83,7 +83,6 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use stockgate::dev::LocalCluster;
-use stockgate::server::Server;
 use support::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use wire::*;
