@@ -437,6 +437,15 @@ fn assert_same_shape(reply: &Reply, protocol: Protocol, value: &redis::Value) {
     match (reply, value) {
         (Reply::Simple("OK"), V::Okay) => {}
         (Reply::Simple(s), V::SimpleString(v)) => assert_eq!(s, v),
+        (Reply::Status(s), V::Okay) => assert_eq!(s, "OK"),
+        (Reply::Status(s), V::SimpleString(v)) => assert_eq!(&one_line(s), v),
+        (Reply::Verbatim(b), V::BulkString(v)) if protocol == Protocol::Resp2 => {
+            assert_eq!(&b[..], &v[..])
+        }
+        (Reply::Verbatim(b), V::VerbatimString { format, text }) if protocol == Protocol::Resp3 => {
+            assert_eq!(*format, redis::VerbatimFormat::Text);
+            assert_eq!(String::from_utf8_lossy(b), *text);
+        }
         (Reply::Error(_), V::ServerError(_)) => {}
         (Reply::Integer(n), V::Int(v)) => assert_eq!(n, v, "{reply:?}"),
         (Reply::Bulk(b), V::BulkString(v)) => assert_eq!(&b[..], &v[..]),
@@ -475,8 +484,10 @@ fn assert_same_shape(reply: &Reply, protocol: Protocol, value: &redis::Value) {
 /// fuzzer searches the encoder over every value a reply can hold.
 ///
 /// The program is read a byte at a time: `b % 8` picks an integer (the next
-/// 8 bytes, little-endian), a bulk (a length byte, then bytes), a null, a
-/// simple string, an error (a length byte, then text), a stock reply (code,
+/// 8 bytes, little-endian), a bulk (a length byte, then bytes; verbatim text
+/// when the byte's top bit is set), a null, a simple string (of run-time
+/// text, a length byte and bytes, when the top bit is set), an error (a
+/// length byte, then text), a stock reply (code,
 /// remain, order_no, version, reason), an array or a map (a count byte, then
 /// that many replies, or values under distinct bulk keys, at most 4 levels
 /// deep).
@@ -517,9 +528,18 @@ fn build_reply(program: &[u8], at: &mut usize, depth: usize) -> Reply {
         0 => Reply::Integer(take_i64(program, at)),
         1 => {
             let len = usize::from(take_byte(program, at));
-            Reply::Bulk(Bytes::copy_from_slice(take(program, at, len)))
+            let data = Bytes::copy_from_slice(take(program, at, len));
+            if op & 0x80 != 0 {
+                Reply::Verbatim(data)
+            } else {
+                Reply::Bulk(data)
+            }
         }
         2 => Reply::Null,
+        3 if op & 0x80 != 0 => {
+            let len = usize::from(take_byte(program, at) % 64);
+            Reply::Status(String::from_utf8_lossy(take(program, at, len)).into_owned())
+        }
         3 => Reply::Simple(["OK", "PONG", "optional"][usize::from(op / 8) % 3]),
         4 => {
             let len = usize::from(take_byte(program, at) % 64);
@@ -588,9 +608,10 @@ pub fn resp2_frame(reply: &Reply) -> redis_protocol::resp2::types::OwnedFrame {
     use redis_protocol::resp2::types::OwnedFrame as F;
     match reply {
         Reply::Simple(s) => F::SimpleString(s.as_bytes().to_vec()),
+        Reply::Status(s) => F::SimpleString(one_line(s).into_bytes()),
         Reply::Error(e) => F::Error(one_line(e)),
         Reply::Integer(i) => F::Integer(*i),
-        Reply::Bulk(b) => F::BulkString(b.to_vec()),
+        Reply::Bulk(b) | Reply::Verbatim(b) => F::BulkString(b.to_vec()),
         Reply::Null => F::Null,
         Reply::Array(items) => F::Array(items.iter().map(resp2_frame).collect()),
         Reply::Map(pairs) => F::Array(
@@ -609,6 +630,15 @@ pub fn resp3_frame(reply: &Reply) -> redis_protocol::resp3::types::OwnedFrame {
     match reply {
         Reply::Simple(s) => F::SimpleString {
             data: s.as_bytes().to_vec(),
+            attributes: None,
+        },
+        Reply::Status(s) => F::SimpleString {
+            data: one_line(s).into_bytes(),
+            attributes: None,
+        },
+        Reply::Verbatim(b) => F::VerbatimString {
+            data: b.to_vec(),
+            format: redis_protocol::resp3::types::VerbatimStringFormat::Text,
             attributes: None,
         },
         Reply::Error(e) => F::SimpleError {
