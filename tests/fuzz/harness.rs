@@ -21,7 +21,9 @@
 //! - a malformed stream ends in one `Protocol error: ...`, answered as
 //!   `-ERR Protocol error: ...`, and nothing after it is read;
 //! - every request has a name, and its arguments are, in order, slices of
-//!   the bytes the decoder consumed for it (inline ones with no whitespace);
+//!   the bytes the decoder consumed for it; an inline request's are its
+//!   line split as Redis's `sdssplitargs` splits it (ported here as the
+//!   reference), and a line refused for its quotes is one Redis refuses;
 //! - how the stream is split into reads changes nothing: the requests and
 //!   the error are those of decoding it whole;
 //! - every reply decodes back with redis-protocol's own decoder of the
@@ -176,6 +178,7 @@ pub fn check(case: &Case<'_>) -> Outcome {
                         err.to_string().starts_with("Protocol error: "),
                         "decode error {err:?} is not a protocol error"
                     );
+                    check_refusal(&err, &input);
                     assert_eq!(
                         Some(&err),
                         whole_err.as_ref(),
@@ -229,7 +232,7 @@ fn check_request(request: &Request, consumed: &[u8]) {
             if count > 0 {
                 break rest;
             }
-        } else if !rest[..line].iter().all(u8::is_ascii_whitespace) {
+        } else if sdssplitargs(inline_line(rest)) != Some(Vec::new()) {
             break rest;
         }
         at += line + 1;
@@ -260,19 +263,132 @@ fn check_request(request: &Request, consumed: &[u8]) {
             shown()
         );
     } else {
-        // An inline request: the arguments are its line, split at whitespace.
+        // An inline request: the arguments are its line, split by Redis's
+        // rules (quotes, escapes), as the reference port reads them.
         assert_eq!(
             frame.last(),
             Some(&b'\n'),
             "unterminated line {:?}",
             shown()
         );
-        let words: Vec<&[u8]> = frame[..frame.len() - 1]
-            .split(u8::is_ascii_whitespace)
-            .filter(|w| !w.is_empty())
-            .collect();
         let args: Vec<&[u8]> = request.args.iter().map(|a| &a[..]).collect();
-        assert_eq!(args, words, "inline request from {:?}", shown());
+        let reference = sdssplitargs(inline_line(frame));
+        let reference: Option<Vec<&[u8]>> = reference
+            .as_ref()
+            .map(|words| words.iter().map(Vec::as_slice).collect());
+        assert_eq!(Some(args), reference, "inline request from {:?}", shown());
+    }
+}
+
+/// The text of the inline line at the start of `bytes`: up to its LF,
+/// without the CR before it.
+fn inline_line(bytes: &[u8]) -> &[u8] {
+    let end = find(bytes, b"\n").unwrap_or(bytes.len());
+    let line = &bytes[..end];
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// A refusal is Redis's: an inline line refused for its quotes is one
+/// Redis's `sdssplitargs` refuses too.
+fn check_refusal(err: &ProtocolError, input: &[u8]) {
+    if err.0 == "unbalanced quotes in request" {
+        assert_ne!(
+            input.first(),
+            Some(&b'*'),
+            "quotes refused in a multibulk frame"
+        );
+        assert_eq!(
+            sdssplitargs(inline_line(input)),
+            None,
+            "{:?} refused for its quotes",
+            String::from_utf8_lossy(inline_line(input))
+        );
+    }
+}
+
+/// Redis's `sdssplitargs` (`src/sds.c`), ported statement for statement:
+/// the reference for how an inline line splits into arguments, or `None`
+/// for unbalanced quotes. `at(p)` reads `None` where C reads the string's
+/// terminating NUL; a NUL byte inside the line is an ordinary byte here,
+/// as it is for stockgate (see `frame::split_inline`: Redis never gets to
+/// split such a line).
+pub fn sdssplitargs(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let at = |p: usize| line.get(p).copied();
+    let isspace = |c: Option<u8>| matches!(c, Some(b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'));
+    let is_hex_digit = |c: Option<u8>| c.is_some_and(|c| c.is_ascii_hexdigit());
+    let hex_digit_to_int = |c: Option<u8>| (c.unwrap() as char).to_digit(16).unwrap() as u8;
+    let mut p = 0;
+    let mut vector = Vec::new();
+    loop {
+        // skip blanks
+        while isspace(at(p)) {
+            p += 1;
+        }
+        if at(p).is_none() {
+            return Some(vector);
+        }
+        // get a token
+        let (mut inq, mut insq, mut done) = (false, false, false);
+        let mut current = Vec::new();
+        while !done {
+            if inq {
+                if at(p) == Some(b'\\')
+                    && at(p + 1) == Some(b'x')
+                    && is_hex_digit(at(p + 2))
+                    && is_hex_digit(at(p + 3))
+                {
+                    current.push(hex_digit_to_int(at(p + 2)) * 16 + hex_digit_to_int(at(p + 3)));
+                    p += 3;
+                } else if at(p) == Some(b'\\') && at(p + 1).is_some() {
+                    p += 1;
+                    current.push(match at(p).unwrap() {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        c => c,
+                    });
+                } else if at(p) == Some(b'"') {
+                    // closing quote must be followed by a space or
+                    // nothing at all.
+                    if at(p + 1).is_some() && !isspace(at(p + 1)) {
+                        return None;
+                    }
+                    done = true;
+                } else if at(p).is_none() {
+                    // unterminated quotes
+                    return None;
+                } else {
+                    current.push(at(p).unwrap());
+                }
+            } else if insq {
+                if at(p) == Some(b'\\') && at(p + 1) == Some(b'\'') {
+                    p += 1;
+                    current.push(b'\'');
+                } else if at(p) == Some(b'\'') {
+                    if at(p + 1).is_some() && !isspace(at(p + 1)) {
+                        return None;
+                    }
+                    done = true;
+                } else if at(p).is_none() {
+                    return None;
+                } else {
+                    current.push(at(p).unwrap());
+                }
+            } else {
+                match at(p) {
+                    Some(b' ' | b'\n' | b'\r' | b'\t') | None => done = true,
+                    Some(b'"') => inq = true,
+                    Some(b'\'') => insq = true,
+                    Some(c) => current.push(c),
+                }
+            }
+            if at(p).is_some() {
+                p += 1;
+            }
+        }
+        vector.push(current);
     }
 }
 
