@@ -9,7 +9,7 @@
 //! QUIT
 //! ```
 
-use crate::command::spec::{Call, CommandSpec, Serve, arg, optional, session};
+use crate::command::spec::{Call, CommandSpec, Serve, arg, optional, session, wrong_arity};
 use crate::reply::Reply;
 
 pub const PING: CommandSpec = session(
@@ -51,10 +51,14 @@ pub const QUIT: CommandSpec = CommandSpec {
     )
 };
 
+/// Redis's arity for PING is -1 and its PING refuses a second argument
+/// itself, after the password gate: unauthenticated, `PING a b` is
+/// NOAUTH, not a wrong arity.
 fn ping(call: &mut Call<'_>) -> Reply {
-    match call.args.first() {
-        Some(message) => Reply::Bulk(message.clone()),
-        None => Reply::Simple("PONG"),
+    match call.args {
+        [] => Reply::Simple("PONG"),
+        [message] => Reply::Bulk(message.clone()),
+        _ => wrong_arity(call.spec.name),
     }
 }
 

@@ -10,7 +10,7 @@
 //! ```
 
 use super::keep;
-use crate::command::spec::{Call, CommandSpec, Serve, arg, sanitize, serve_subcommand, session};
+use crate::command::spec::{Call, CommandSpec, Serve, arg, c_str, session, shown};
 use crate::reply::Reply;
 
 pub const CLIENT: CommandSpec = CommandSpec {
@@ -55,7 +55,9 @@ pub const CLIENT: CommandSpec = CommandSpec {
             |call| Reply::Integer(call.session.id as i64),
         ),
     ],
-    serve: Serve::Session(serve_subcommand),
+    // Never reached: a request that names CLIENT has a subcommand (or
+    // fails CLIENT's arity first), and the subcommand is served instead.
+    serve: Serve::Session(|call| crate::command::spec::wrong_arity(call.spec.name)),
 };
 
 /// Redis's rule for connection names: no spaces or control characters.
@@ -86,7 +88,10 @@ fn setinfo(call: &mut Call<'_>) -> Reply {
     } else if attr.eq_ignore_ascii_case(b"LIB-VER") {
         call.session.lib_version = Some(value);
     } else {
-        return Reply::error(format!("ERR Unrecognized option '{}'", sanitize(attr, 64)));
+        return Reply::error(format!(
+            "ERR Unrecognized option '{}'",
+            shown(c_str(attr, usize::MAX))
+        ));
     }
     Reply::Simple("OK")
 }

@@ -14,7 +14,7 @@
 use super::client::check_client_name;
 use super::{REDIS_COMPAT_VERSION, Session, keep};
 use crate::auth::{Password, WRONGPASS};
-use crate::command::spec::{Call, CommandSpec, arg, optional, sanitize, session};
+use crate::command::spec::{Call, CommandSpec, arg, c_str, optional, session, shown};
 use crate::metrics::Metrics;
 use crate::reply::{Protocol, Reply};
 use bytes::Bytes;
@@ -71,7 +71,7 @@ fn hello(
         } else {
             return Reply::error(format!(
                 "ERR Syntax error in HELLO option '{}'",
-                sanitize(option, 64)
+                shown(c_str(option, usize::MAX))
             ));
         }
     }

@@ -12,7 +12,7 @@
 //!
 //! redis-cli builds its hints and `help DEDUCT` from COMMAND DOCS.
 
-use crate::command::spec::{Call, CommandSpec, Serve, optional, serve_subcommand, session};
+use crate::command::spec::{Call, CommandSpec, Serve, optional, session};
 use crate::reply::Reply;
 
 pub const COMMAND: CommandSpec = CommandSpec {
@@ -57,13 +57,8 @@ pub const COMMAND: CommandSpec = CommandSpec {
             |call| Reply::Array(call.table.iter().map(|c| Reply::bulk(c.name)).collect()),
         ),
     ],
-    serve: Serve::Session(|call| {
-        if call.args.is_empty() {
-            Reply::Array(call.table.iter().map(command_info).collect())
-        } else {
-            serve_subcommand(call)
-        }
-    }),
+    // `COMMAND` alone; with a word more it is one of the subcommands.
+    serve: Serve::Session(|call| Reply::Array(call.table.iter().map(command_info).collect())),
 };
 
 fn find<'t>(table: &'t [CommandSpec], name: &[u8]) -> Option<&'t CommandSpec> {
@@ -105,7 +100,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
     let statuses =
         |list: &[&'static str]| Reply::Array(list.iter().map(|s| Reply::Simple(s)).collect());
     Reply::Array(vec![
-        Reply::bulk(spec.display_name()),
+        Reply::bulk(spec.name),
         Reply::Integer(spec.arity),
         statuses(spec.flags),
         Reply::Integer(0),
