@@ -9,6 +9,7 @@
 //! QUIT
 //! ```
 
+use super::redis_integer;
 use crate::command::spec::{Call, CommandSpec, Serve, arg, optional, session, wrong_arity};
 use crate::reply::Reply;
 
@@ -66,9 +67,12 @@ fn echo(call: &mut Call<'_>) -> Reply {
     Reply::Bulk(call.args[0].clone())
 }
 
+/// Redis's errors, in Redis's order: not an integer (of C's `int`), then
+/// a database that doesn't exist, which is any but 0 here.
 fn select(call: &mut Call<'_>) -> Reply {
-    match &call.args[0][..] {
-        b"0" => Reply::Simple("OK"),
-        _ => Reply::error("ERR DB index is out of range"),
+    match redis_integer(&call.args[0]).filter(|i| i32::try_from(*i).is_ok()) {
+        None => Reply::error("ERR value is not an integer or out of range"),
+        Some(0) => Reply::Simple("OK"),
+        Some(_) => Reply::error("ERR DB index is out of range"),
     }
 }

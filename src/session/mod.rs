@@ -52,7 +52,40 @@ impl Session {
     }
 }
 
+/// An integer as Redis reads one (`string2ll`): decimal digits, an
+/// optional `-`, no `+`, no leading zeros, no spaces, within 64 bits.
+pub(crate) fn redis_integer(arg: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(arg).ok()?;
+    let value = text.parse::<i64>().ok()?;
+    // The canonical spelling is the only one: `03`, `+3` and `-0` are not
+    // integers to Redis.
+    (itoa::Buffer::new().format(value) == text).then_some(value)
+}
+
 /// An argument kept past the request: its own small allocation.
 pub(crate) fn keep(arg: &Bytes) -> Bytes {
     Bytes::copy_from_slice(arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_integer;
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        for (text, value) in [
+            ("0", Some(0)),
+            ("3", Some(3)),
+            ("-3", Some(-3)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("03", None),
+            ("+3", None),
+            ("-0", None),
+            (" 3", None),
+            ("", None),
+            ("9223372036854775808", None),
+        ] {
+            assert_eq!(redis_integer(text.as_bytes()), value, "{text:?}");
+        }
+    }
 }
