@@ -36,15 +36,15 @@ pub static COMMANDS: &[CommandSpec] = &[
     client::CLIENT,
     basics::SELECT,
     basics::QUIT,
+    basics::RESET,
     info::INFO,
     introspection::COMMAND,
 ];
 
-/// What an unauthenticated client may do: Redis's `no-auth` commands
-/// that stockgate has. PING is not one of them (Redis answers it NOAUTH
-/// too).
+/// What an unauthenticated client may do: Redis's `no-auth` commands.
+/// PING is not one of them (Redis answers it NOAUTH too).
 fn allowed_before_auth(name: &str) -> bool {
-    matches!(name, "auth" | "hello" | "quit")
+    matches!(name, "auth" | "hello" | "quit" | "reset")
 }
 
 /// What the connection does with one request.

@@ -15,12 +15,14 @@ use crate::state::Shared;
 use crate::stock::StockCommand;
 use bytes::Bytes;
 
-/// One argument, as `COMMAND DOCS` describes it.
+/// One argument, as `COMMAND DOCS` and `HELP` describe it.
 pub struct ArgSpec {
     pub name: &'static str,
     /// `string`, `integer` or `key`, as in Redis's docs.
     pub kind: &'static str,
     pub optional: bool,
+    /// It may be given any number of times (`COMMAND INFO [name ...]`).
+    pub multiple: bool,
 }
 
 /// One command: what `COMMAND` and `COMMAND DOCS` say about it, how many
@@ -69,6 +71,7 @@ pub const fn arg(name: &'static str, kind: &'static str) -> ArgSpec {
         name,
         kind,
         optional: false,
+        multiple: false,
     }
 }
 
@@ -77,6 +80,17 @@ pub const fn optional(name: &'static str, kind: &'static str) -> ArgSpec {
         name,
         kind,
         optional: true,
+        multiple: false,
+    }
+}
+
+/// An optional argument that may be repeated.
+pub const fn optional_many(name: &'static str, kind: &'static str) -> ArgSpec {
+    ArgSpec {
+        name,
+        kind,
+        optional: true,
+        multiple: true,
     }
 }
 
@@ -194,6 +208,60 @@ pub fn c_str(arg: &[u8], max: usize) -> &[u8] {
 /// UTF-8 show as U+FFFD, where Redis would echo them raw.
 pub fn shown(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `CLIENT HELP`, `COMMAND HELP`: every subcommand of the container with
+/// its usage and summary, as Redis's `addReplyHelp` lays them out: a
+/// header, a usage line and an indented description per subcommand, and
+/// HELP itself last.
+pub fn help(call: &mut Call<'_>) -> Reply {
+    let parent = call
+        .spec
+        .name
+        .split_once('|')
+        .map_or(call.spec.name, |(p, _)| p);
+    let Some(container) = call.table.iter().find(|c| c.name == parent) else {
+        return Reply::error("ERR no help for this command");
+    };
+    let upper = parent.to_ascii_uppercase();
+    let mut lines = vec![Reply::Status(format!(
+        "{upper} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+    ))];
+    for sub in container
+        .subcommands
+        .iter()
+        .filter(|s| s.sub_name() != "help")
+    {
+        let mut usage = sub.sub_name().to_ascii_uppercase();
+        for arg in sub.args {
+            let mut shown = format!("<{}>", arg.name);
+            if arg.multiple {
+                shown.push_str(" ...");
+            }
+            if arg.optional {
+                shown = format!("[{shown}]");
+            }
+            usage.push(' ');
+            usage.push_str(&shown);
+        }
+        lines.push(Reply::Status(usage));
+        lines.push(Reply::Status(format!("    {}", sub.summary)));
+    }
+    lines.push(Reply::Simple("HELP"));
+    lines.push(Reply::Simple("    Print this help."));
+    Reply::Array(lines)
+}
+
+/// The `HELP` subcommand of a container: `client|help`, `command|help`.
+pub const fn help_subcommand(name: &'static str, group: &'static str) -> CommandSpec {
+    session(
+        name,
+        2,
+        group,
+        "Returns helpful text about the different subcommands.",
+        &[],
+        help,
+    )
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
-//! The connection-level commands: PING, ECHO, SELECT, QUIT, HELLO, AUTH,
-//! CLIENT, INFO and COMMAND, answered on the spot from the connection's
-//! [`Session`] and the shared state, never sent to Redis.
+//! The connection-level commands: PING, ECHO, SELECT, QUIT, RESET, HELLO,
+//! AUTH, CLIENT, INFO and COMMAND, answered on the spot from the
+//! connection's [`Session`] and the shared state, never sent to Redis.
 //!
-//! - [`basics`] answers PING, ECHO, SELECT and QUIT;
+//! - [`basics`] answers PING, ECHO, SELECT, QUIT and RESET;
 //! - [`hello`] HELLO and AUTH: the protocol, the password, the name;
 //! - [`client`] CLIENT and its subcommands;
 //! - [`info`] INFO;
@@ -16,6 +16,7 @@ pub mod introspection;
 
 use crate::reply::Protocol;
 use bytes::Bytes;
+use std::time::Instant;
 
 /// The Redis version stockgate answers as (in HELLO and INFO): the protocol
 /// level it implements. Clients use it to pick features; stockgate's own
@@ -37,6 +38,13 @@ pub struct Session {
     /// True once the client gave the password, or from the start when
     /// stockgate asks none.
     pub authenticated: bool,
+    /// `CLIENT NO-EVICT on`, `CLIENT NO-TOUCH on`: accepted and shown in
+    /// CLIENT INFO's flags, as Redis shows them; they change nothing here
+    /// (stockgate evicts no clients and has no keys to touch).
+    pub no_evict: bool,
+    pub no_touch: bool,
+    /// When the connection was accepted (CLIENT INFO's `age`).
+    pub connected: Instant,
 }
 
 impl Session {
@@ -48,6 +56,9 @@ impl Session {
             lib_name: None,
             lib_version: None,
             authenticated,
+            no_evict: false,
+            no_touch: false,
+            connected: Instant::now(),
         }
     }
 }
