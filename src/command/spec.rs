@@ -25,6 +25,12 @@ pub struct ArgSpec {
     pub multiple: bool,
 }
 
+/// The stockgate version every command in the table appeared in: all of
+/// them came with 0.1.0, the first. `COMMAND DOCS` reports it as `since`
+/// (Redis reports its own version there). A command added in a later
+/// version needs its own: give [`CommandSpec`] a `since` field then.
+pub const SINCE: &str = "0.1.0";
+
 /// One command: what `COMMAND` and `COMMAND DOCS` say about it, how many
 /// arguments it takes, and who answers it.
 pub struct CommandSpec {

@@ -14,7 +14,9 @@
 //! A command name may be a subcommand's, `client|setname`, as in Redis.
 //! redis-cli builds its hints and `help DEDUCT` from COMMAND DOCS.
 
-use crate::command::spec::{Call, CommandSpec, Serve, help_subcommand, optional_many, session};
+use crate::command::spec::{
+    Call, CommandSpec, SINCE, Serve, help_subcommand, optional_many, session,
+};
 use crate::reply::Reply;
 
 pub const COMMAND: CommandSpec = CommandSpec {
@@ -142,7 +144,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
 fn command_docs(spec: &CommandSpec) -> Reply {
     let mut fields = vec![
         (Reply::bulk("summary"), Reply::bulk(spec.summary)),
-        (Reply::bulk("since"), Reply::bulk("1.0.0")),
+        (Reply::bulk("since"), Reply::bulk(SINCE)),
         (Reply::bulk("group"), Reply::bulk(spec.group)),
         (Reply::bulk("complexity"), Reply::bulk("O(1)")),
     ];
@@ -204,6 +206,8 @@ mod tests {
                     "{key}"
                 );
             }
+            // `since` is the stockgate version a command appeared in.
+            assert!(fields.contains(&(Reply::bulk("since"), Reply::bulk("0.1.0"))));
         }
     }
 
