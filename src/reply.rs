@@ -26,10 +26,16 @@ pub enum Protocol {
 pub enum Reply {
     /// `+OK`, `+PONG`.
     Simple(&'static str),
+    /// A simple string made at run time (the lines of `HELP`).
+    Status(String),
     /// An error; the text has no leading `-`, and its first word is the code.
     Error(String),
     Integer(i64),
     Bulk(Bytes),
+    /// Text for humans, as Redis answers INFO and CLIENT INFO: a RESP3
+    /// verbatim string of format `txt` (`=<len>\r\ntxt:...`), and a bulk
+    /// string in RESP2.
+    Verbatim(Bytes),
     /// RESP2 null bulk string `$-1`, RESP3 `_`.
     Null,
     Array(Vec<Reply>),
@@ -52,9 +58,20 @@ impl Reply {
     pub fn encode(&self, protocol: Protocol, dst: &mut BytesMut) {
         match self {
             Reply::Simple(text) => line(dst, b'+', text.as_bytes()),
+            Reply::Status(text) => line(dst, b'+', text.as_bytes()),
             Reply::Error(text) => line(dst, b'-', text.as_bytes()),
             Reply::Integer(n) => integer(dst, *n),
             Reply::Bulk(data) => bulk(dst, data),
+            Reply::Verbatim(text) => match protocol {
+                Protocol::Resp2 => bulk(dst, text),
+                Protocol::Resp3 => {
+                    header(dst, b'=', text.len() + 4);
+                    dst.reserve(text.len() + 6);
+                    dst.extend_from_slice(b"txt:");
+                    dst.extend_from_slice(text);
+                    dst.extend_from_slice(b"\r\n");
+                }
+            },
             Reply::Null => match protocol {
                 Protocol::Resp2 => dst.extend_from_slice(b"$-1\r\n"),
                 Protocol::Resp3 => dst.extend_from_slice(b"_\r\n"),
@@ -206,6 +223,13 @@ mod tests {
         assert_eq!(
             encoded(&map, Protocol::Resp3),
             "%1\r\n$5\r\nproto\r\n:3\r\n"
+        );
+        let text = Reply::Verbatim(Bytes::from_static(b"id=7\n"));
+        assert_eq!(encoded(&text, Protocol::Resp2), "$5\r\nid=7\n\r\n");
+        assert_eq!(encoded(&text, Protocol::Resp3), "=9\r\ntxt:id=7\n\r\n");
+        assert_eq!(
+            encoded(&Reply::Status("HELP".into()), Protocol::Resp3),
+            "+HELP\r\n"
         );
         assert_eq!(encoded(&Reply::Null, Protocol::Resp2), "$-1\r\n");
         assert_eq!(encoded(&Reply::Null, Protocol::Resp3), "_\r\n");

@@ -160,10 +160,13 @@ proptest! {
     }
 }
 
-/// A valid request whose name is never QUIT (which stops the connection),
-/// and whose inline spelling is its arguments.
+/// A valid request whose name is never QUIT (which stops the connection);
+/// sent inline, any bytes are arguments, quoted where they need it.
 fn valid_request() -> impl Strategy<Value = (Vec<Vec<u8>>, bool)> {
-    let inline_arg = "[!-~]{1,24}".prop_map(String::into_bytes);
+    let inline_arg = prop_oneof![
+        2 => "[!-~]{1,24}".prop_map(String::into_bytes),
+        1 => prop::collection::vec(any::<u8>(), 0..24),
+    ];
     prop_oneof![
         (command(), Just(false)),
         (prop::collection::vec(inline_arg, 1..6), Just(true)),
@@ -171,17 +174,43 @@ fn valid_request() -> impl Strategy<Value = (Vec<Vec<u8>>, bool)> {
     .prop_filter("QUIT closes the connection", |(args, _)| {
         !args[0].eq_ignore_ascii_case(b"quit")
     })
-    .prop_filter(
-        "an inline line starting with '*' is multibulk",
-        |(args, inline)| !*inline || args[0][0] != b'*',
-    )
+}
+
+/// An argument as an inline line spells it, as redis-cli's `sdscatrepr`
+/// does: as it is when that reads back the same, otherwise in double
+/// quotes with escapes. (Never starting with `*`, which would make the
+/// line a multibulk frame.)
+fn inline_spelling(arg: &[u8]) -> Vec<u8> {
+    let plain = arg.first().is_some_and(|&b| b != b'*')
+        && arg
+            .iter()
+            .all(|&b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\'' | b'\\'));
+    if plain {
+        return arg.to_vec();
+    }
+    let mut out = vec![b'"'];
+    for &b in arg {
+        match b {
+            b'\\' | b'"' => out.extend_from_slice(&[b'\\', b]),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x07 => out.extend_from_slice(b"\\a"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            b' '..=b'~' => out.push(b),
+            _ => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+        }
+    }
+    out.push(b'"');
+    out
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
-    /// Valid requests, multibulk or inline, pipelined and split anywhere:
-    /// each decodes to exactly its arguments, and each gets one reply.
+    /// Valid requests, multibulk or inline (quoted where an argument needs
+    /// it), pipelined and split anywhere: each decodes to exactly its
+    /// arguments, and each gets one reply.
     #[test]
     fn valid_requests_split_anywhere_decode_exactly(
         requests in prop::collection::vec(valid_request(), 1..16),
@@ -191,7 +220,8 @@ proptest! {
         let mut stream = Vec::new();
         for (args, inline) in &requests {
             if *inline {
-                stream.extend_from_slice(&args.join(&b' '));
+                let words: Vec<Vec<u8>> = args.iter().map(|a| inline_spelling(a)).collect();
+                stream.extend_from_slice(&words.join(&b' '));
                 stream.extend_from_slice(b"\r\n");
             } else {
                 stream.extend_from_slice(&multibulk(args));

@@ -216,7 +216,7 @@ async fn hello_switches_the_connection_to_resp3() {
     request.extend_from_slice(&encode_request(&["CLIENT", "SETNAME", ""]));
     request.extend_from_slice(&encode_request(&["CLIENT", "GETNAME"]));
     request.extend_from_slice(&encode_request(&["HELLO", "4"]));
-    let hello3 = "%7\r\n$6\r\nserver\r\n$9\r\nstockgate\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n";
+    let hello3 = "%8\r\n$6\r\nserver\r\n$9\r\nstockgate\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n";
     let got = raw_until(
         server.addr,
         &request,
@@ -228,12 +228,17 @@ async fn hello_switches_the_connection_to_resp3() {
     );
     assert!(got[5..].starts_with(hello3), "{got:?}");
     let (_, rest) = got
-        .split_once("$7\r\nmodules\r\n*0\r\n")
-        .expect("HELLO 3 map ends with modules");
+        .split_once(concat!(
+            "$7\r\nmodules\r\n*0\r\n",
+            "$17\r\nstockgate_version\r\n$5\r\n",
+            env!("CARGO_PKG_VERSION"),
+            "\r\n"
+        ))
+        .expect("HELLO 3 map ends with modules, then stockgate_version");
     let expected_rest = concat!(
         "$5\r\napp-1\r\n",
         "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n",
-        "*14\r\n",
+        "*16\r\n",
     );
     assert!(rest.starts_with(expected_rest), "{rest:?}");
     assert!(

@@ -72,12 +72,14 @@ fn stock_reply() -> impl Strategy<Value = StockReply> {
 fn reply() -> impl Strategy<Value = Reply> {
     let leaf = prop_oneof![
         prop::sample::select(vec!["OK", "PONG", "QUEUED", "optional"]).prop_map(Reply::Simple),
+        "[ -~]{0,40}".prop_map(Reply::Status),
         // Error texts start with a code word; CR and LF in them must still
         // make one line.
         ("[A-Z]{1,12}", "[ -~\r\n]{0,60}")
             .prop_map(|(code, rest)| Reply::Error(format!("{code} {rest}"))),
         integer().prop_map(Reply::Integer),
         bytes().prop_map(Reply::Bulk),
+        "[ -~\n]{0,60}".prop_map(|text| Reply::Verbatim(text.into())),
         Just(Reply::Null),
         stock_reply().prop_map(Reply::Stock),
     ];
@@ -94,6 +96,15 @@ fn meaning(reply: &Reply, protocol: Protocol) -> Value {
     match reply {
         Reply::Simple("OK") => Value::Okay,
         Reply::Simple(text) => Value::SimpleString((*text).to_owned()),
+        Reply::Status(text) if text == "OK" => Value::Okay,
+        Reply::Status(text) => Value::SimpleString(text.clone()),
+        Reply::Verbatim(text) => match protocol {
+            Protocol::Resp2 => Value::BulkString(text.to_vec()),
+            Protocol::Resp3 => Value::VerbatimString {
+                format: redis::VerbatimFormat::Text,
+                text: String::from_utf8(text.to_vec()).expect("verbatim text"),
+            },
+        },
         Reply::Error(_) => unreachable!("errors are compared by their text"),
         Reply::Integer(n) => Value::Int(*n),
         Reply::Bulk(data) => Value::BulkString(data.to_vec()),

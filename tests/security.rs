@@ -14,13 +14,14 @@ use stockgate::dev::{LocalRedis, RedisOptions};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_command_but_auth_hello_ping_quit_needs_the_password() {
+async fn every_command_but_auth_hello_quit_reset_needs_the_password() {
     let cluster = cluster();
     set_stock(&cluster, "guarded", 5);
     let server = proxy(cluster.seeds(), |c| c.password = Password::new("client-pw")).await;
     let mut request = Vec::new();
     for args in [
         &["PING"][..],
+        &["RESET"],
         &["DEDUCT", "guarded", "1", "a"],
         &["INFO"],
         &["CLIENT", "SETNAME", "x"],
@@ -36,7 +37,9 @@ async fn every_command_but_auth_hello_ping_quit_needs_the_password() {
     }
     let got = raw_until(server.addr, &request, "+OK\r\n+OK\r\n");
     let expected = [
-        "+PONG",
+        // PING too, as in Redis (tests/conformance.rs compares them).
+        "-NOAUTH Authentication required.",
+        "+RESET",
         "-NOAUTH Authentication required.",
         "-NOAUTH Authentication required.",
         "-NOAUTH Authentication required.",
@@ -473,7 +476,7 @@ fn secrets_never_reach_logs_info_or_metrics() {
         ready,
         "stockgate authenticated to Redis with the URL's password"
     );
-    // PING is allowed before AUTH, as in Redis; INFO is not.
+    // INFO needs the password, and a wrong one is refused.
     let wrong = redis_cli(port, &["-a", "not-it", "--no-auth-warning", "INFO"]);
     assert!(
         wrong.contains("WRONGPASS") || wrong.contains("NOAUTH"),

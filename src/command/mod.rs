@@ -4,8 +4,11 @@
 //! [`COMMANDS`] is the one place that lists the commands stockgate serves;
 //! each command describes itself (its [`CommandSpec`]) in its own file,
 //! under [`crate::stock`] or [`crate::session`]. Names are matched
-//! case-insensitively. An unknown command gets Redis's own error and the
-//! connection stays open.
+//! case-insensitively. A request is checked in Redis's order
+//! (`processCommand`): the command and subcommand exist, the arity fits,
+//! and only then the password, so a malformed request is told what is
+//! wrong with it even before AUTH. An unknown command gets Redis's own
+//! error and the connection stays open.
 
 pub mod spec;
 
@@ -16,7 +19,7 @@ use crate::session::{Session, basics, client, hello, info, introspection};
 use crate::state::Shared;
 use crate::stock::{self, StockCommand};
 use bytes::Bytes;
-use spec::{Call, CommandSpec, Serve, unknown_command, wrong_arity};
+use spec::{Call, CommandSpec, Serve, resolve, wrong_arity};
 
 /// Every command stockgate serves, in the order `COMMAND` lists them.
 pub static COMMANDS: &[CommandSpec] = &[
@@ -33,13 +36,15 @@ pub static COMMANDS: &[CommandSpec] = &[
     client::CLIENT,
     basics::SELECT,
     basics::QUIT,
+    basics::RESET,
     info::INFO,
     introspection::COMMAND,
 ];
 
-/// What an unauthenticated client may do, as in Redis.
+/// What an unauthenticated client may do: Redis's `no-auth` commands.
+/// PING is not one of them (Redis answers it NOAUTH too).
 fn allowed_before_auth(name: &str) -> bool {
-    matches!(name, "auth" | "hello" | "ping" | "quit")
+    matches!(name, "auth" | "hello" | "quit" | "reset")
 }
 
 /// What the connection does with one request.
@@ -55,28 +60,27 @@ pub enum Action {
 /// Decides what one request does. Connection-level commands run here, on
 /// the spot; stock commands are handed back to run against Redis.
 pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Action {
-    let name = request.name();
-    let Some(spec) = COMMANDS
-        .iter()
-        .find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
-    else {
-        return Action::Reply(unknown_command(&request.args));
+    let spec = match resolve(COMMANDS, &request.args) {
+        Ok(spec) => spec,
+        Err(reply) => return Action::Reply(reply),
     };
-    if !session.authenticated && !allowed_before_auth(spec.name) {
-        return Action::Reply(Reply::error(NOAUTH));
-    }
     if !spec.arity_ok(request.args.len()) {
         return Action::Reply(wrong_arity(spec.name));
     }
+    if !session.authenticated && !allowed_before_auth(spec.name) {
+        return Action::Reply(Reply::error(NOAUTH));
+    }
+    // The words that named the command: one, or two for a subcommand.
+    let named = if spec.name.contains('|') { 2 } else { 1 };
     match spec.serve {
         Serve::Stock(command) => {
             let mut args = request.args;
-            args.remove(0);
+            args.drain(..named);
             Action::Stock(command, args)
         }
         Serve::Session(serve) => Action::Reply(serve(&mut Call {
             spec,
-            args: &request.args[1..],
+            args: &request.args[named..],
             session,
             shared,
             table: COMMANDS,

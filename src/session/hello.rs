@@ -8,13 +8,17 @@
 //! ```
 //!
 //! Without `--requirepass`, stockgate behaves like Redis's default `nopass`
-//! user: it accepts any credentials in `HELLO ... AUTH`, and answers a
-//! one-argument `AUTH` as a passwordless Redis does.
+//! user: it accepts any password for the user `default` (and only that
+//! user: stockgate has no other), and answers a one-argument `AUTH` as a
+//! passwordless Redis does.
+//!
+//! HELLO's reply is Redis's map, field for field, and then
+//! `stockgate_version`; clients read the fields they know.
 
 use super::client::check_client_name;
-use super::{REDIS_COMPAT_VERSION, Session, keep};
+use super::{REDIS_COMPAT_VERSION, Session, keep, redis_integer};
 use crate::auth::{Password, WRONGPASS};
-use crate::command::spec::{Call, CommandSpec, arg, optional, sanitize, session};
+use crate::command::spec::{Call, CommandSpec, arg, c_str, optional, session, shown};
 use crate::metrics::Metrics;
 use crate::reply::{Protocol, Reply};
 use bytes::Bytes;
@@ -40,6 +44,9 @@ pub const AUTH: CommandSpec = session(
     auth,
 );
 
+/// Answered as Redis 7.2's `helloCommand` answers: the version first,
+/// then every option read (and the name checked) before the credentials
+/// are, and nothing changed unless all of it succeeds.
 fn hello(
     args: &[Bytes],
     session: &mut Session,
@@ -49,13 +56,11 @@ fn hello(
     let mut protocol = session.protocol;
     let mut rest = args;
     if let Some(version) = args.first() {
-        protocol = match &version[..] {
-            b"2" => Protocol::Resp2,
-            b"3" => Protocol::Resp3,
-            _ if std::str::from_utf8(version).is_ok_and(|v| v.parse::<i64>().is_ok()) => {
-                return Reply::error("NOPROTO unsupported protocol version");
-            }
-            _ => return Reply::error("ERR Protocol version is not an integer or out of range"),
+        protocol = match redis_integer(version) {
+            Some(2) => Protocol::Resp2,
+            Some(3) => Protocol::Resp3,
+            Some(_) => return Reply::error("NOPROTO unsupported protocol version"),
+            None => return Reply::error("ERR Protocol version is not an integer or out of range"),
         };
         rest = &args[1..];
     }
@@ -66,36 +71,32 @@ fn hello(
             credentials = Some((&rest[1], &rest[2]));
             rest = &rest[3..];
         } else if option.eq_ignore_ascii_case(b"SETNAME") && rest.len() >= 2 {
+            if let Err(reply) = check_client_name(&rest[1]) {
+                return reply;
+            }
             setname = Some(&rest[1]);
             rest = &rest[2..];
         } else {
             return Reply::error(format!(
                 "ERR Syntax error in HELLO option '{}'",
-                sanitize(option, 64)
+                shown(c_str(option, usize::MAX))
             ));
         }
     }
-    // Without a password configured, any credentials are accepted, as
-    // Redis's default `nopass` user does.
-    if let Some(password) = password {
-        match credentials {
-            Some((user, pass)) if password.accepts(Some(user), pass) => {}
-            Some(_) => {
-                metrics.auth_failed();
-                return Reply::error(WRONGPASS);
-            }
-            None if !session.authenticated => {
-                return Reply::error(
-                    "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
-                );
-            }
-            None => {}
+    let mut authenticated = session.authenticated;
+    if let Some((user, pass)) = credentials {
+        if !credentials_ok(password, Some(user), pass) {
+            metrics.auth_failed();
+            return Reply::error(WRONGPASS);
         }
+        authenticated = true;
+    }
+    if !authenticated {
+        return Reply::error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+        );
     }
     if let Some(name) = setname {
-        if let Err(reply) = check_client_name(name) {
-            return reply;
-        }
         session.name = (!name.is_empty()).then(|| keep(name));
     }
     session.authenticated = true;
@@ -111,7 +112,22 @@ fn hello(
         (Reply::bulk("mode"), Reply::bulk("standalone")),
         (Reply::bulk("role"), Reply::bulk("master")),
         (Reply::bulk("modules"), Reply::Array(vec![])),
+        // stockgate's own, after every field of Redis's.
+        (
+            Reply::bulk("stockgate_version"),
+            Reply::bulk(env!("CARGO_PKG_VERSION")),
+        ),
     ])
+}
+
+/// Whether `user` (or `default`, when none is given) may log in with
+/// `pass`. Without a password configured that is the `default` user with
+/// any password, as Redis's `nopass` default user; no other user exists.
+fn credentials_ok(password: Option<&Password>, user: Option<&[u8]>, pass: &[u8]) -> bool {
+    match password {
+        Some(password) => password.accepts(user, pass),
+        None => user.is_none_or(|u| u == b"default"),
+    }
 }
 
 /// Without a password configured it answers as a Redis without one does.
@@ -121,15 +137,13 @@ fn auth(call: &mut Call<'_>) -> Reply {
         [user, pass] => (Some(&user[..]), pass),
         _ => return Reply::error("ERR syntax error"),
     };
-    let Some(password) = call.shared.config.password.as_ref() else {
-        return match user {
-            None => Reply::error(
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            ),
-            Some(_) => Reply::Simple("OK"),
-        };
-    };
-    if password.accepts(user, pass) {
+    let password = call.shared.config.password.as_ref();
+    if password.is_none() && user.is_none() {
+        return Reply::error(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        );
+    }
+    if credentials_ok(password, user, pass) {
         call.session.authenticated = true;
         Reply::Simple("OK")
     } else {
@@ -171,6 +185,74 @@ mod tests {
             session.protocol,
             Protocol::Resp3,
             "a refused HELLO changes nothing"
+        );
+        let (last, _) = fields.last().expect("fields");
+        assert_eq!(
+            last,
+            &Reply::bulk("stockgate_version"),
+            "stockgate's own field comes after Redis's"
+        );
+    }
+
+    #[test]
+    fn hello_reads_every_option_before_the_password_as_redis_7_2() {
+        let password = Password::new("pw");
+        let metrics = Metrics::new();
+        let args = |words: &[&'static str]| -> Vec<Bytes> {
+            words
+                .iter()
+                .map(|w| Bytes::from_static(w.as_bytes()))
+                .collect()
+        };
+        let mut session = Session::new(1, false);
+        assert_eq!(
+            hello(
+                &args(&["3", "AUTH", "default", "wrong", "SETNAME", "a b"]),
+                &mut session,
+                password.as_ref(),
+                &metrics,
+            ),
+            Reply::error("ERR Client names cannot contain spaces, newlines or special characters.")
+        );
+        assert_eq!(
+            hello(
+                &args(&["3", "AUTH", "default", "pw", "SETNAME", "a b"]),
+                &mut session,
+                password.as_ref(),
+                &metrics,
+            ),
+            Reply::error("ERR Client names cannot contain spaces, newlines or special characters.")
+        );
+        assert!(
+            !session.authenticated,
+            "a refused HELLO authenticates nobody"
+        );
+        for version in ["03", "+3", "three"] {
+            assert_eq!(
+                hello(&args(&[version]), &mut session, None, &metrics),
+                Reply::error("ERR Protocol version is not an integer or out of range"),
+                "{version}"
+            );
+        }
+        // Without a password, only the default user exists.
+        let mut open = Session::new(2, true);
+        assert!(matches!(
+            hello(
+                &args(&["3", "AUTH", "default", "any"]),
+                &mut open,
+                None,
+                &metrics
+            ),
+            Reply::Map(_)
+        ));
+        assert_eq!(
+            hello(
+                &args(&["3", "AUTH", "nobody", "any"]),
+                &mut open,
+                None,
+                &metrics
+            ),
+            Reply::error(WRONGPASS)
         );
     }
 

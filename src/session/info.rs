@@ -8,7 +8,8 @@
 //!
 //! Sections: server, clients, persistence, replication, stats, stockgate
 //! (all, everything and default mean every one). ioredis's ready check
-//! reads `loading:0`; clients read `redis_version`.
+//! reads `loading:0`; clients read `redis_version`. The text is a verbatim
+//! string in RESP3 and a bulk string in RESP2, as Redis sends it.
 
 use super::REDIS_COMPAT_VERSION;
 use crate::command::spec::{CommandSpec, optional, session};
@@ -24,7 +25,7 @@ pub const INFO: CommandSpec = session(
     "server",
     "Returns stockgate's figures in INFO sections.",
     &[optional("section", "string")],
-    |call| Reply::Bulk(info(call.shared, call.args).into()),
+    |call| Reply::Verbatim(info(call.shared, call.args).into()),
 );
 
 fn info(shared: &Shared, args: &[Bytes]) -> String {

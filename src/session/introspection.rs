@@ -8,11 +8,15 @@
 //! COMMAND LIST
 //! COMMAND INFO [command-name ...]
 //! COMMAND DOCS [command-name ...]
+//! COMMAND HELP
 //! ```
 //!
+//! A command name may be a subcommand's, `client|setname`, as in Redis.
 //! redis-cli builds its hints and `help DEDUCT` from COMMAND DOCS.
 
-use crate::command::spec::{Call, CommandSpec, Serve, optional, serve_subcommand, session};
+use crate::command::spec::{
+    Call, CommandSpec, SINCE, Serve, help_subcommand, optional_many, session,
+};
 use crate::reply::Reply;
 
 pub const COMMAND: CommandSpec = CommandSpec {
@@ -36,16 +40,16 @@ pub const COMMAND: CommandSpec = CommandSpec {
             "command|docs",
             -2,
             "server",
-            "Returns documentation about commands.",
-            &[optional("command-name", "string")],
+            "Returns documentation about commands, or about all of them.",
+            &[optional_many("command-name", "string")],
             docs,
         ),
         session(
             "command|info",
             -2,
             "server",
-            "Returns information about commands.",
-            &[optional("command-name", "string")],
+            "Returns information about commands, or about all of them.",
+            &[optional_many("command-name", "string")],
             info,
         ),
         session(
@@ -56,23 +60,37 @@ pub const COMMAND: CommandSpec = CommandSpec {
             &[],
             |call| Reply::Array(call.table.iter().map(|c| Reply::bulk(c.name)).collect()),
         ),
+        help_subcommand("command|help", "server"),
     ],
-    serve: Serve::Session(|call| {
-        if call.args.is_empty() {
-            Reply::Array(call.table.iter().map(command_info).collect())
-        } else {
-            serve_subcommand(call)
-        }
-    }),
+    // `COMMAND` alone; with a word more it is one of the subcommands.
+    serve: Serve::Session(|call| Reply::Array(call.table.iter().map(command_info).collect())),
 };
 
+/// A command by the name COMMAND INFO and DOCS take: `ping`, or a
+/// subcommand's full name, `client|setname`; in any case.
 fn find<'t>(table: &'t [CommandSpec], name: &[u8]) -> Option<&'t CommandSpec> {
-    table
+    let (parent, sub) = match name.iter().position(|&b| b == b'|') {
+        Some(bar) => (&name[..bar], Some(&name[bar + 1..])),
+        None => (name, None),
+    };
+    let spec = table
         .iter()
-        .find(|c| name.eq_ignore_ascii_case(c.name.as_bytes()))
+        .find(|c| parent.eq_ignore_ascii_case(c.name.as_bytes()))?;
+    match sub {
+        None => Some(spec),
+        Some(sub) => spec
+            .subcommands
+            .iter()
+            .find(|s| sub.eq_ignore_ascii_case(s.sub_name().as_bytes())),
+    }
 }
 
+/// One entry per name asked for, nil for a name not known; every command
+/// when none is named.
 fn info(call: &mut Call<'_>) -> Reply {
+    if call.args.is_empty() {
+        return Reply::Array(call.table.iter().map(command_info).collect());
+    }
     Reply::Array(
         call.args
             .iter()
@@ -81,18 +99,20 @@ fn info(call: &mut Call<'_>) -> Reply {
     )
 }
 
+/// The names asked for that are known, in the order asked; every command
+/// when none is named.
 fn docs(call: &mut Call<'_>) -> Reply {
-    let wanted = |spec: &&CommandSpec| {
-        call.args.is_empty()
-            || call
-                .args
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(spec.name.as_bytes()))
+    let specs: Vec<&CommandSpec> = if call.args.is_empty() {
+        call.table.iter().collect()
+    } else {
+        call.args
+            .iter()
+            .filter_map(|name| find(call.table, name))
+            .collect()
     };
     Reply::Map(
-        call.table
-            .iter()
-            .filter(wanted)
+        specs
+            .into_iter()
             .map(|c| (Reply::bulk(c.name), command_docs(c)))
             .collect(),
     )
@@ -105,7 +125,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
     let statuses =
         |list: &[&'static str]| Reply::Array(list.iter().map(|s| Reply::Simple(s)).collect());
     Reply::Array(vec![
-        Reply::bulk(spec.display_name()),
+        Reply::bulk(spec.name),
         Reply::Integer(spec.arity),
         statuses(spec.flags),
         Reply::Integer(0),
@@ -124,7 +144,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
 fn command_docs(spec: &CommandSpec) -> Reply {
     let mut fields = vec![
         (Reply::bulk("summary"), Reply::bulk(spec.summary)),
-        (Reply::bulk("since"), Reply::bulk("1.0.0")),
+        (Reply::bulk("since"), Reply::bulk(SINCE)),
         (Reply::bulk("group"), Reply::bulk(spec.group)),
         (Reply::bulk("complexity"), Reply::bulk("O(1)")),
     ];
@@ -137,11 +157,13 @@ fn command_docs(spec: &CommandSpec) -> Reply {
                     (Reply::bulk("name"), Reply::bulk(a.name)),
                     (Reply::bulk("type"), Reply::bulk(a.kind)),
                 ];
-                if a.optional {
-                    arg.push((
-                        Reply::bulk("flags"),
-                        Reply::Array(vec![Reply::Simple("optional")]),
-                    ));
+                let flags: Vec<Reply> = [(a.optional, "optional"), (a.multiple, "multiple")]
+                    .into_iter()
+                    .filter(|(set, _)| *set)
+                    .map(|(_, flag)| Reply::Simple(flag))
+                    .collect();
+                if !flags.is_empty() {
+                    arg.push((Reply::bulk("flags"), Reply::Array(flags)));
                 }
                 Reply::Map(arg)
             })
@@ -184,6 +206,17 @@ mod tests {
                     "{key}"
                 );
             }
+            // `since` is the stockgate version a command appeared in.
+            assert!(fields.contains(&(Reply::bulk("since"), Reply::bulk("0.1.0"))));
         }
+    }
+
+    #[test]
+    fn subcommands_are_found_by_their_full_name() {
+        let sub = find(COMMANDS, b"CLIENT|SetName").expect("client|setname");
+        assert_eq!(sub.name, "client|setname");
+        assert!(find(COMMANDS, b"client|nosuch").is_none());
+        assert!(find(COMMANDS, b"ping|x").is_none());
+        assert_eq!(find(COMMANDS, b"Ping").map(|c| c.name), Some("ping"));
     }
 }

@@ -1,8 +1,8 @@
-//! The connection-level commands: PING, ECHO, SELECT, QUIT, HELLO, AUTH,
-//! CLIENT, INFO and COMMAND, answered on the spot from the connection's
-//! [`Session`] and the shared state, never sent to Redis.
+//! The connection-level commands: PING, ECHO, SELECT, QUIT, RESET, HELLO,
+//! AUTH, CLIENT, INFO and COMMAND, answered on the spot from the
+//! connection's [`Session`] and the shared state, never sent to Redis.
 //!
-//! - [`basics`] answers PING, ECHO, SELECT and QUIT;
+//! - [`basics`] answers PING, ECHO, SELECT, QUIT and RESET;
 //! - [`hello`] HELLO and AUTH: the protocol, the password, the name;
 //! - [`client`] CLIENT and its subcommands;
 //! - [`info`] INFO;
@@ -16,6 +16,7 @@ pub mod introspection;
 
 use crate::reply::Protocol;
 use bytes::Bytes;
+use std::time::Instant;
 
 /// The Redis version stockgate answers as (in HELLO and INFO): the protocol
 /// level it implements. Clients use it to pick features; stockgate's own
@@ -39,6 +40,13 @@ pub struct Session {
     /// True once the client gave the password, or from the start when
     /// stockgate asks none.
     pub authenticated: bool,
+    /// `CLIENT NO-EVICT on`, `CLIENT NO-TOUCH on`: accepted and shown in
+    /// CLIENT INFO's flags, as Redis shows them; they change nothing here
+    /// (stockgate evicts no clients and has no keys to touch).
+    pub no_evict: bool,
+    pub no_touch: bool,
+    /// When the connection was accepted (CLIENT INFO's `age`).
+    pub connected: Instant,
 }
 
 impl Session {
@@ -51,11 +59,47 @@ impl Session {
             lib_name: None,
             lib_version: None,
             authenticated,
+            no_evict: false,
+            no_touch: false,
+            connected: Instant::now(),
         }
     }
+}
+
+/// An integer as Redis reads one (`string2ll`): decimal digits, an
+/// optional `-`, no `+`, no leading zeros, no spaces, within 64 bits.
+pub(crate) fn redis_integer(arg: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(arg).ok()?;
+    let value = text.parse::<i64>().ok()?;
+    // The canonical spelling is the only one: `03`, `+3` and `-0` are not
+    // integers to Redis.
+    (itoa::Buffer::new().format(value) == text).then_some(value)
 }
 
 /// An argument kept past the request: its own small allocation.
 pub(crate) fn keep(arg: &Bytes) -> Bytes {
     Bytes::copy_from_slice(arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_integer;
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        for (text, value) in [
+            ("0", Some(0)),
+            ("3", Some(3)),
+            ("-3", Some(-3)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("03", None),
+            ("+3", None),
+            ("-0", None),
+            (" 3", None),
+            ("", None),
+            ("9223372036854775808", None),
+        ] {
+            assert_eq!(redis_integer(text.as_bytes()), value, "{text:?}");
+        }
+    }
 }

@@ -21,7 +21,9 @@
 //! - a malformed stream ends in one `Protocol error: ...`, answered as
 //!   `-ERR Protocol error: ...`, and nothing after it is read;
 //! - every request has a name, and its arguments are, in order, slices of
-//!   the bytes the decoder consumed for it (inline ones with no whitespace);
+//!   the bytes the decoder consumed for it; an inline request's are its
+//!   line split as Redis's `sdssplitargs` splits it (ported here as the
+//!   reference), and a line refused for its quotes is one Redis refuses;
 //! - how the stream is split into reads changes nothing: the requests and
 //!   the error are those of decoding it whole;
 //! - every reply decodes back with redis-protocol's own decoder of the
@@ -176,6 +178,7 @@ pub fn check(case: &Case<'_>) -> Outcome {
                         err.to_string().starts_with("Protocol error: "),
                         "decode error {err:?} is not a protocol error"
                     );
+                    check_refusal(&err, &input);
                     assert_eq!(
                         Some(&err),
                         whole_err.as_ref(),
@@ -229,7 +232,7 @@ fn check_request(request: &Request, consumed: &[u8]) {
             if count > 0 {
                 break rest;
             }
-        } else if !rest[..line].iter().all(u8::is_ascii_whitespace) {
+        } else if sdssplitargs(inline_line(rest)) != Some(Vec::new()) {
             break rest;
         }
         at += line + 1;
@@ -260,19 +263,132 @@ fn check_request(request: &Request, consumed: &[u8]) {
             shown()
         );
     } else {
-        // An inline request: the arguments are its line, split at whitespace.
+        // An inline request: the arguments are its line, split by Redis's
+        // rules (quotes, escapes), as the reference port reads them.
         assert_eq!(
             frame.last(),
             Some(&b'\n'),
             "unterminated line {:?}",
             shown()
         );
-        let words: Vec<&[u8]> = frame[..frame.len() - 1]
-            .split(u8::is_ascii_whitespace)
-            .filter(|w| !w.is_empty())
-            .collect();
         let args: Vec<&[u8]> = request.args.iter().map(|a| &a[..]).collect();
-        assert_eq!(args, words, "inline request from {:?}", shown());
+        let reference = sdssplitargs(inline_line(frame));
+        let reference: Option<Vec<&[u8]>> = reference
+            .as_ref()
+            .map(|words| words.iter().map(Vec::as_slice).collect());
+        assert_eq!(Some(args), reference, "inline request from {:?}", shown());
+    }
+}
+
+/// The text of the inline line at the start of `bytes`: up to its LF,
+/// without the CR before it.
+fn inline_line(bytes: &[u8]) -> &[u8] {
+    let end = find(bytes, b"\n").unwrap_or(bytes.len());
+    let line = &bytes[..end];
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// A refusal is Redis's: an inline line refused for its quotes is one
+/// Redis's `sdssplitargs` refuses too.
+fn check_refusal(err: &ProtocolError, input: &[u8]) {
+    if err.0 == "unbalanced quotes in request" {
+        assert_ne!(
+            input.first(),
+            Some(&b'*'),
+            "quotes refused in a multibulk frame"
+        );
+        assert_eq!(
+            sdssplitargs(inline_line(input)),
+            None,
+            "{:?} refused for its quotes",
+            String::from_utf8_lossy(inline_line(input))
+        );
+    }
+}
+
+/// Redis's `sdssplitargs` (`src/sds.c`), ported statement for statement:
+/// the reference for how an inline line splits into arguments, or `None`
+/// for unbalanced quotes. `at(p)` reads `None` where C reads the string's
+/// terminating NUL; a NUL byte inside the line is an ordinary byte here,
+/// as it is for stockgate (see `frame::split_inline`: Redis never gets to
+/// split such a line).
+pub fn sdssplitargs(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let at = |p: usize| line.get(p).copied();
+    let isspace = |c: Option<u8>| matches!(c, Some(b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'));
+    let is_hex_digit = |c: Option<u8>| c.is_some_and(|c| c.is_ascii_hexdigit());
+    let hex_digit_to_int = |c: Option<u8>| (c.unwrap() as char).to_digit(16).unwrap() as u8;
+    let mut p = 0;
+    let mut vector = Vec::new();
+    loop {
+        // skip blanks
+        while isspace(at(p)) {
+            p += 1;
+        }
+        if at(p).is_none() {
+            return Some(vector);
+        }
+        // get a token
+        let (mut inq, mut insq, mut done) = (false, false, false);
+        let mut current = Vec::new();
+        while !done {
+            if inq {
+                if at(p) == Some(b'\\')
+                    && at(p + 1) == Some(b'x')
+                    && is_hex_digit(at(p + 2))
+                    && is_hex_digit(at(p + 3))
+                {
+                    current.push(hex_digit_to_int(at(p + 2)) * 16 + hex_digit_to_int(at(p + 3)));
+                    p += 3;
+                } else if at(p) == Some(b'\\') && at(p + 1).is_some() {
+                    p += 1;
+                    current.push(match at(p).unwrap() {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        c => c,
+                    });
+                } else if at(p) == Some(b'"') {
+                    // closing quote must be followed by a space or
+                    // nothing at all.
+                    if at(p + 1).is_some() && !isspace(at(p + 1)) {
+                        return None;
+                    }
+                    done = true;
+                } else if at(p).is_none() {
+                    // unterminated quotes
+                    return None;
+                } else {
+                    current.push(at(p).unwrap());
+                }
+            } else if insq {
+                if at(p) == Some(b'\\') && at(p + 1) == Some(b'\'') {
+                    p += 1;
+                    current.push(b'\'');
+                } else if at(p) == Some(b'\'') {
+                    if at(p + 1).is_some() && !isspace(at(p + 1)) {
+                        return None;
+                    }
+                    done = true;
+                } else if at(p).is_none() {
+                    return None;
+                } else {
+                    current.push(at(p).unwrap());
+                }
+            } else {
+                match at(p) {
+                    Some(b' ' | b'\n' | b'\r' | b'\t') | None => done = true,
+                    Some(b'"') => inq = true,
+                    Some(b'\'') => insq = true,
+                    Some(c) => current.push(c),
+                }
+            }
+            if at(p).is_some() {
+                p += 1;
+            }
+        }
+        vector.push(current);
     }
 }
 
@@ -462,6 +578,15 @@ fn assert_same_shape(reply: &Reply, protocol: Protocol, value: &redis::Value) {
     match (reply, value) {
         (Reply::Simple("OK"), V::Okay) => {}
         (Reply::Simple(s), V::SimpleString(v)) => assert_eq!(s, v),
+        (Reply::Status(s), V::Okay) => assert_eq!(s, "OK"),
+        (Reply::Status(s), V::SimpleString(v)) => assert_eq!(&one_line(s), v),
+        (Reply::Verbatim(b), V::BulkString(v)) if protocol == Protocol::Resp2 => {
+            assert_eq!(&b[..], &v[..])
+        }
+        (Reply::Verbatim(b), V::VerbatimString { format, text }) if protocol == Protocol::Resp3 => {
+            assert_eq!(*format, redis::VerbatimFormat::Text);
+            assert_eq!(String::from_utf8_lossy(b), *text);
+        }
         (Reply::Error(_), V::ServerError(_)) => {}
         (Reply::Integer(n), V::Int(v)) => assert_eq!(n, v, "{reply:?}"),
         (Reply::Bulk(b), V::BulkString(v)) => assert_eq!(&b[..], &v[..]),
@@ -500,8 +625,10 @@ fn assert_same_shape(reply: &Reply, protocol: Protocol, value: &redis::Value) {
 /// fuzzer searches the encoder over every value a reply can hold.
 ///
 /// The program is read a byte at a time: `b % 8` picks an integer (the next
-/// 8 bytes, little-endian), a bulk (a length byte, then bytes), a null, a
-/// simple string, an error (a length byte, then text), a stock reply (code,
+/// 8 bytes, little-endian), a bulk (a length byte, then bytes; verbatim text
+/// when the byte's top bit is set), a null, a simple string (of run-time
+/// text, a length byte and bytes, when the top bit is set), an error (a
+/// length byte, then text), a stock reply (code,
 /// remain, order_no, version, reason), an array or a map (a count byte, then
 /// that many replies, or values under distinct bulk keys, at most 4 levels
 /// deep).
@@ -542,9 +669,18 @@ fn build_reply(program: &[u8], at: &mut usize, depth: usize) -> Reply {
         0 => Reply::Integer(take_i64(program, at)),
         1 => {
             let len = usize::from(take_byte(program, at));
-            Reply::Bulk(Bytes::copy_from_slice(take(program, at, len)))
+            let data = Bytes::copy_from_slice(take(program, at, len));
+            if op & 0x80 != 0 {
+                Reply::Verbatim(data)
+            } else {
+                Reply::Bulk(data)
+            }
         }
         2 => Reply::Null,
+        3 if op & 0x80 != 0 => {
+            let len = usize::from(take_byte(program, at) % 64);
+            Reply::Status(String::from_utf8_lossy(take(program, at, len)).into_owned())
+        }
         3 => Reply::Simple(["OK", "PONG", "optional"][usize::from(op / 8) % 3]),
         4 => {
             let len = usize::from(take_byte(program, at) % 64);
@@ -613,9 +749,10 @@ pub fn resp2_frame(reply: &Reply) -> redis_protocol::resp2::types::OwnedFrame {
     use redis_protocol::resp2::types::OwnedFrame as F;
     match reply {
         Reply::Simple(s) => F::SimpleString(s.as_bytes().to_vec()),
+        Reply::Status(s) => F::SimpleString(one_line(s).into_bytes()),
         Reply::Error(e) => F::Error(one_line(e)),
         Reply::Integer(i) => F::Integer(*i),
-        Reply::Bulk(b) => F::BulkString(b.to_vec()),
+        Reply::Bulk(b) | Reply::Verbatim(b) => F::BulkString(b.to_vec()),
         Reply::Null => F::Null,
         Reply::Array(items) => F::Array(items.iter().map(resp2_frame).collect()),
         Reply::Map(pairs) => F::Array(
@@ -634,6 +771,15 @@ pub fn resp3_frame(reply: &Reply) -> redis_protocol::resp3::types::OwnedFrame {
     match reply {
         Reply::Simple(s) => F::SimpleString {
             data: s.as_bytes().to_vec(),
+            attributes: None,
+        },
+        Reply::Status(s) => F::SimpleString {
+            data: one_line(s).into_bytes(),
+            attributes: None,
+        },
+        Reply::Verbatim(b) => F::VerbatimString {
+            data: b.to_vec(),
+            format: redis_protocol::resp3::types::VerbatimStringFormat::Text,
             attributes: None,
         },
         Reply::Error(e) => F::SimpleError {

@@ -72,6 +72,13 @@ VALID = {
     + b"".join(b"REVERT sku-%d req-%d\r\n" % (i, i) for i in range(40)),
     "empty_and_skips": b"\r\n\n  \r\n*0\r\n*-1\r\n" + mb("") + mb("PING") + b" \t PING \t \r\n",
     "binary_args": mb("ECHO", b"\x00\r\n\xff" * 20) + mb(b"\xff\xfe", b"\x00"),
+    # Inline quoting, as Redis's sdssplitargs reads it.
+    "inline_quoted": b'ECHO "two words"\r\n'
+    + b"ECHO 'a\\'b' \"\\x41\\x4g\\n\\\"\" a\"b c\"\r\n"
+    + b'"" ""\r\nDEDUCT "sku-1" \'2\' "req 1"\r\n\x0b\x0c\r\n',
+    "reset_help": mb("CLIENT", "NO-EVICT", "on") + mb("CLIENT", "NO-TOUCH", "OFF")
+    + mb("CLIENT", "INFO") + mb("CLIENT", "HELP") + mb("RESET") + mb("PING")
+    + mb("COMMAND", "INFO", "client|setname") + mb("COMMAND", "DOCS", "CLIENT|help"),
 }
 
 # Redis's own protocol tests (tests/unit/protocol.tcl) and then some.
@@ -97,6 +104,8 @@ MALFORMED = {
     "nul_inline": b"PING\x00\x00\r\n" + b"\x00" * 100 + b"\r\n",
     "inline_too_long": b"DEDUCT " + b"a" * 3000,
     "inline_quotes": b'set """test-key""" test-value\r\n',
+    "inline_unbalanced": b'ECHO "ab\r\n',
+    "inline_quote_then_letter": b"PING\r\nECHO 'a'b\r\n",
     "top_level_bulk": b"$4\r\nPING\r\n",
     "resp3_types": b"%1\r\n+a\r\n:1\r\n~1\r\n",
     "bulk_near_limit": mb("ECHO", "y" * 480),
