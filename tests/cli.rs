@@ -37,7 +37,7 @@ fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
     wait_ready_http(admin);
 
     let first = redis_cli(port, &["DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
-    assert_eq!(first, "0\n7\nORD-CLI\n2\n");
+    assert_eq!(first, "0\n7\nORD-CLI\n3\n");
     let again = redis_cli(port, &["-3", "DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
     assert_eq!(again, "1\n7\nORD-CLI\n2\n");
     let short = redis_cli(port, &["DEDUCT", "cli-sku", "8", "cli-3"]);

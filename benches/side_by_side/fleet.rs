@@ -168,6 +168,18 @@ impl Drop for Proc {
     }
 }
 
+/// `bin`, or `wrap` running it.
+fn wrapped(wrap: &[String], bin: &Path) -> Command {
+    match wrap.split_first() {
+        None => Command::new(bin),
+        Some((first, rest)) => {
+            let mut cmd = Command::new(first);
+            cmd.args(rest).arg(bin);
+            cmd
+        }
+    }
+}
+
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -200,10 +212,23 @@ impl Stockgate {
     /// `stockgate serve --upstream <seeds> --upstream-mode <mode>` on free
     /// ports, ready (`/readyz` 200) before this returns.
     pub fn start(bin: &Path, name: &str, seeds: &[String], mode: &str, dir: &Path) -> Stockgate {
+        Stockgate::start_wrapped(&[], bin, name, seeds, mode, dir)
+    }
+
+    /// [`Stockgate::start`] under `wrap` (a command and its arguments that
+    /// run the binary, e.g. valgrind), with the time a slow start needs.
+    pub fn start_wrapped(
+        wrap: &[String],
+        bin: &Path,
+        name: &str,
+        seeds: &[String],
+        mode: &str,
+        dir: &Path,
+    ) -> Stockgate {
         let mut last = String::new();
         for attempt in 0..5 {
             let (addr, admin) = (free_addr(), free_addr());
-            let mut cmd = Command::new(bin);
+            let mut cmd = wrapped(wrap, bin);
             // Only the flags below configure it: no STOCKGATE_* from the
             // caller's environment.
             for (key, _) in std::env::vars_os() {
@@ -229,7 +254,8 @@ impl Stockgate {
             let log = dir.join(format!("{name}-{attempt}.log"));
             let mut proc = Proc::spawn(name, cmd, log)
                 .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-            match wait(&mut proc, Duration::from_secs(20), || {
+            let within = Duration::from_secs(if wrap.is_empty() { 20 } else { 120 });
+            match wait(&mut proc, within, || {
                 http_get(admin, "/readyz").is_ok_and(|(status, _)| status == 200)
             }) {
                 Ok(()) => return Stockgate { proc, addr, admin },
@@ -257,6 +283,17 @@ pub struct Twemproxy {
 
 impl Twemproxy {
     pub fn start(bin: &Path, name: &str, redis_port: u16, dir: &Path) -> Twemproxy {
+        Twemproxy::start_wrapped(&[], bin, name, redis_port, dir)
+    }
+
+    /// [`Twemproxy::start`] under `wrap`.
+    pub fn start_wrapped(
+        wrap: &[String],
+        bin: &Path,
+        name: &str,
+        redis_port: u16,
+        dir: &Path,
+    ) -> Twemproxy {
         let mut last = String::new();
         for attempt in 0..5 {
             let (addr, stats) = (free_addr(), free_addr());
@@ -273,7 +310,7 @@ impl Twemproxy {
                 ),
             )
             .expect("write the nutcracker config");
-            let mut cmd = Command::new(bin);
+            let mut cmd = wrapped(wrap, bin);
             cmd.arg("--conf-file")
                 .arg(&conf)
                 .arg("--stats-addr")
@@ -290,7 +327,8 @@ impl Twemproxy {
                     bin.display()
                 )
             });
-            match wait(&mut proc, Duration::from_secs(10), || ping(addr)) {
+            let within = Duration::from_secs(if wrap.is_empty() { 10 } else { 60 });
+            match wait(&mut proc, within, || ping(addr)) {
                 Ok(()) => return Twemproxy { proc, addr },
                 Err(why) => last = why,
             }

@@ -6,6 +6,7 @@
 //! cargo bench --bench side_by_side                  # throughput table, then memory scenarios
 //! cargo bench --bench side_by_side -- throughput    # only the table
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
+//! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
 //! ```
 //!
@@ -69,9 +70,11 @@
 //! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
 //! | `BENCH_STOCKGATE_ARGS` | none | extra `stockgate serve` flags, split at whitespace |
+//! | `BENCH_CALLGRIND_REQUESTS` | 20000 | instructions: requests per counted load |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
 mod fleet;
+mod instructions;
 mod loadgen;
 mod memory;
 mod report;
@@ -362,12 +365,28 @@ pub fn measure(
     conns: Vec<Conn>,
     depth: usize,
 ) -> Measured {
+    measure_with(runtime, target, db, conns, depth, || {})
+}
+
+/// [`measure`], calling `at_probe` right before the load starts (with the
+/// connections open) and right after its last reply.
+pub fn measure_with(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    db: &mut Db,
+    conns: Vec<Conn>,
+    depth: usize,
+    mut at_probe: impl FnMut(),
+) -> Measured {
     let requests: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
     if let Some(pid) = target.proxy {
         fleet::reset_peak(pid);
     }
     let (outcome, before, after) = runtime
-        .block_on(loadgen::run(conns, depth, || probe(target.proxy, db)))
+        .block_on(loadgen::run(conns, depth, || {
+            at_probe();
+            probe(target.proxy, db)
+        }))
         .unwrap_or_else(|e| panic!("{}: the load generator failed: {e}", target.id.name()));
     let name = target.id.name();
     assert_eq!(outcome.replies(), requests, "{name}: replies counted");
@@ -541,6 +560,10 @@ fn main() {
     }
     if wants("memory") {
         memory::run(&runtime, &knobs, &mut fleet, fd_limit);
+    }
+    if wants("instructions") {
+        let counts = instructions::run(&runtime, &knobs, &mut fleet);
+        println!("{}", report::instructions(&counts));
     }
     eprintln!("done in {:.0?}", started.elapsed());
 }

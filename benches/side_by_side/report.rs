@@ -184,3 +184,33 @@ pub fn table(knobs: &Knobs, runs: &[Run]) -> String {
     }
     out
 }
+
+/// The instruction counts, and each stockgate's against twemproxy's at the
+/// same depth (the baseline of the same run).
+pub fn instructions(counts: &[crate::instructions::Count]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "Instructions per request (valgrind --tool=callgrind; the whole proxy process, zeroed with the connections open):\n\n\
+         | target | depth | requests | instructions / request | vs twemproxy |\n|---|---:|---:|---:|---:|\n",
+    );
+    for count in counts {
+        let baseline = counts
+            .iter()
+            .find(|c| c.target == crate::TargetId::TwemproxyStandalone && c.depth == count.depth);
+        let ratio = baseline
+            .filter(|b| b.target != count.target)
+            .map_or("-".to_owned(), |b| {
+                format!("{:.2}x", count.per_request() / b.per_request())
+            });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {} |",
+            count.target.name(),
+            count.depth,
+            count.requests,
+            count.per_request(),
+            ratio
+        );
+    }
+    out
+}

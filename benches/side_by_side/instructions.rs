@@ -1,0 +1,241 @@
+//! Instructions per request, counted by `valgrind --tool=callgrind`: the
+//! noise-free figure. Times on these shared machines move by ±20% between
+//! runs; an instruction count is the same whatever else the cores do, so a
+//! change to the hot path is A/B'd by this number.
+//!
+//! ```sh
+//! cargo bench --bench side_by_side -- instructions
+//! BENCH_CALLGRIND_REQUESTS=20000 BENCH_DEPTHS=1,16 cargo bench --bench side_by_side -- instructions
+//! ```
+//!
+//! Each proxy (stockgate in front of the standalone Redis and in front of
+//! the cluster, and twemproxy in front of the standalone Redis, the
+//! baseline) runs under callgrind for the whole scenario. Per depth, with
+//! the connections open and idle, its counters are zeroed
+//! (`callgrind_control --zero`); the fixed load runs (the same requests as
+//! the throughput rows: a DEDUCT, or for twemproxy the same EVALSHA, each
+//! a fresh request_id); then the counters are dumped and their total is
+//! divided by the requests. What the process does besides requests while
+//! the load runs (stockgate's health checks, a timer) is counted too; at
+//! these loads it is well under 1% of the total.
+
+use crate::fleet::{Stockgate, Twemproxy};
+use crate::{Fleet, Knobs, Shape, Target, TargetId, measure, plan};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One counted load.
+pub struct Count {
+    pub target: TargetId,
+    pub depth: usize,
+    pub requests: u64,
+    pub instructions: u64,
+}
+
+impl Count {
+    pub fn per_request(&self) -> f64 {
+        self.instructions as f64 / self.requests as f64
+    }
+}
+
+/// The callgrind command line a proxy runs under; its counters go to
+/// `<dir>/<name>.callgrind`, and each dump to a numbered file beside it.
+fn callgrind(dir: &Path, name: &str) -> Vec<String> {
+    vec![
+        "valgrind".into(),
+        "--tool=callgrind".into(),
+        "--quiet".into(),
+        format!(
+            "--callgrind-out-file={}",
+            dir.join(format!("{name}.callgrind")).display()
+        ),
+    ]
+}
+
+fn control(args: &[&str], pid: u32) {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .arg(pid.to_string())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run callgrind_control ({e}): install valgrind (apt-get install valgrind)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "callgrind_control {args:?} {pid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The instructions counted since the last zeroing, from a fresh dump.
+fn dump_total(dir: &Path, name: &str, pid: u32) -> u64 {
+    let before = dumps(dir, name);
+    control(&["--dump"], pid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = dumps(dir, name);
+        if let Some(new) = now.iter().find(|p| !before.contains(p)) {
+            // The dump may still be being written; its summary line comes
+            // near the top, its totals at the end.
+            if let Some(total) = std::fs::read_to_string(new).ok().and_then(|t| total_of(&t)) {
+                return total;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no callgrind dump of {name} appeared in {}",
+            dir.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn dumps(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!("{name}.callgrind");
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `totals:` (or `summary:`) line of a callgrind profile: instructions.
+fn total_of(text: &str) -> Option<u64> {
+    text.lines()
+        .rev()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Runs the counted loads and returns them, for the report.
+pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) -> Vec<Count> {
+    let requests: usize = std::env::var("BENCH_CALLGRIND_REQUESTS")
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .expect("BENCH_CALLGRIND_REQUESTS: a number")
+        })
+        .unwrap_or(20_000);
+    let dir = fleet.dir.path().to_path_buf();
+    let wanted = [
+        TargetId::StockgateStandalone,
+        TargetId::StockgateCluster,
+        TargetId::TwemproxyStandalone,
+    ];
+    let mut counts = Vec::new();
+    for id in wanted.into_iter().filter(|id| knobs.targets.contains(id)) {
+        let name = format!("{}-callgrind", id.name());
+        let wrap = callgrind(&dir, &name);
+        let (addr, pid, keep): (_, _, Box<dyn std::any::Any>) = match id {
+            TargetId::TwemproxyStandalone => {
+                let t = Twemproxy::start_wrapped(
+                    &wrap,
+                    &knobs.nutcracker_bin,
+                    &name,
+                    fleet.standalone.node.port,
+                    &dir,
+                );
+                (t.addr, t.proc.pid, Box::new(t))
+            }
+            _ => {
+                let on_cluster = id == TargetId::StockgateCluster;
+                let (seeds, mode) = if on_cluster {
+                    (fleet.cluster.seeds(), "cluster")
+                } else {
+                    (vec![fleet.standalone.url()], "standalone")
+                };
+                let s = Stockgate::start_wrapped(
+                    &wrap,
+                    &knobs.stockgate_bin,
+                    &name,
+                    &seeds,
+                    mode,
+                    &dir,
+                );
+                (s.addr, s.proc.pid, Box::new(s))
+            }
+        };
+        let target = Target {
+            id,
+            shape: match id {
+                TargetId::TwemproxyStandalone => Shape::Evalsha,
+                _ => Shape::Deduct,
+            },
+            routes: fleet.routes(id, Some(addr)),
+            proxy: Some(pid),
+        };
+        // Warm up: connections, script caches, allocator pools, JIT-free
+        // but cold code paths.
+        let db = fleet.db(id);
+        db.reset();
+        let warm = plan(
+            &target,
+            db,
+            knobs.connections,
+            20,
+            &format!("cgw-{name}"),
+            7,
+        );
+        measure(runtime, &target, db, warm, 16).checked();
+        for &depth in &knobs.depths {
+            let db = fleet.db(id);
+            db.reset();
+            let per_conn = requests.div_ceil(knobs.connections);
+            let conns = plan(
+                &target,
+                db,
+                knobs.connections,
+                per_conn,
+                &format!("cg{depth}-{name}"),
+                11,
+            );
+            let total: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
+            // The load generator's probe runs once the connections are open
+            // (zero the counters) and once every reply is in (dump them).
+            let mut counted = None;
+            let mut calls = 0;
+            let (run, _) =
+                crate::measure_with(runtime, &target, fleet.db(id), conns, depth, || {
+                    calls += 1;
+                    if calls == 1 {
+                        control(&["--zero"], pid);
+                    } else {
+                        counted = Some(dump_total(&dir, &name, pid));
+                    }
+                })
+                .checked();
+            let instructions = counted.expect("the probe dumped the counters");
+            let count = Count {
+                target: id,
+                depth,
+                requests: total,
+                instructions,
+            };
+            eprintln!(
+                "{:<22} depth {:>2}: {} requests, {:.0} instructions per request ({:.1} s under callgrind)",
+                id.name(),
+                depth,
+                total,
+                count.per_request(),
+                run.seconds
+            );
+            counts.push(count);
+        }
+        drop(keep);
+    }
+    counts
+}
