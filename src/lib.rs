@@ -31,6 +31,7 @@
 //!   NOSCRIPT recovery, readiness.
 //! - [`pipeline`]: the hot path to Redis, one pipelined connection per
 //!   primary, falling back to [`upstream`]'s client on anything unusual.
+//! - [`answer`]: Redis's replies as the node pipes read them (raw bytes).
 //! - [`outcome`]: the business code table and the DEDUCT reply.
 //! - [`reply`]: replies (and commands to Redis) written as exact RESP bytes.
 //! - [`error`]: system faults, by source and whether a retry helps.
@@ -48,6 +49,7 @@
 //! - [`check`]: `stockgate check`, the doctor.
 
 pub mod admin;
+pub mod answer;
 pub mod auth;
 pub mod bulk;
 pub mod check;

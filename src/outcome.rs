@@ -8,7 +8,7 @@
 use crate::error::{FaultKind, UpstreamError};
 use bytes::Bytes;
 use redis::Value;
-use redis_protocol::resp2::types::BytesFrame;
+use crate::answer::{self, Item, Shape};
 
 /// The version of the script set this build ships (the fourth reply
 /// element); `lua/common.lua` says the same, and a test checks they agree.
@@ -104,16 +104,17 @@ impl StockReply {
         StockReply::from_fields(fields.collect(), shown)
     }
 
-    /// Maps a script's reply as the node pipes decode it, without copying.
-    pub fn from_frame(frame: BytesFrame) -> Result<StockReply, UpstreamError> {
-        let shown = || format!("{frame:?}");
-        let BytesFrame::Array(items) = &frame else {
+    /// Maps a script's reply as the node pipes read it: its raw bytes, as
+    /// Redis sent them (the order_no is a slice of them, not a copy).
+    pub fn from_raw(frame: &bytes::Bytes) -> Result<StockReply, UpstreamError> {
+        let shown = || String::from_utf8_lossy(frame).into_owned();
+        if !matches!(answer::shape(frame), Shape::Array(_)) {
             return Err(bad_reply("is not an array", shown));
-        };
-        let fields = items.iter().map(|item| match item {
-            BytesFrame::Integer(i) => Field::Int(*i),
-            BytesFrame::BulkString(b) | BytesFrame::SimpleString(b) => Field::Text(b.clone()),
-            _ => Field::Other,
+        }
+        let fields = answer::items(frame).map(|item| match item {
+            Item::Integer(i) => Field::Int(i),
+            Item::Text(b) => Field::Text(b),
+            Item::Other => Field::Other,
         });
         StockReply::from_fields(fields.collect(), shown)
     }

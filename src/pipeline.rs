@@ -36,8 +36,7 @@ use crate::keys::SLOTS;
 use crate::reply::encode_command;
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
-use redis_protocol::resp2::decode::decode_bytes_mut;
-use redis_protocol::resp2::types::BytesFrame;
+use crate::answer::{self, Shape};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,7 +85,8 @@ pub enum PipeError {
 /// batch it was in (-1 when WAIT itself failed).
 #[derive(Debug)]
 pub struct Answer {
-    pub frame: BytesFrame,
+    /// The reply's bytes, as Redis sent them (see [`crate::answer`]).
+    pub frame: Bytes,
     pub replicas: Option<i64>,
 }
 
@@ -261,7 +261,7 @@ enum InFlight {
 struct Held {
     reply: Option<Reply>,
     deadline: Instant,
-    frame: BytesFrame,
+    frame: Bytes,
 }
 
 /// A pipe's task: connect when there is work, serve until the connection
@@ -327,8 +327,9 @@ async fn connect(addr: &str, login: &Login) -> std::io::Result<TcpStream> {
         if stream.read_buf(&mut buf).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        while let Some((frame, _, _)) = decode_bytes_mut(&mut buf).map_err(std::io::Error::other)? {
-            if matches!(frame, BytesFrame::Error(_)) {
+        while let Some(len) = answer::frame_len(&buf).map_err(std::io::Error::other)? {
+            let frame = buf.split_to(len).freeze();
+            if matches!(answer::shape(&frame), Shape::Error(_)) {
                 return Err(std::io::Error::other("AUTH or SELECT refused"));
             }
             answered += 1;
@@ -391,7 +392,7 @@ impl Conversation<'_> {
     }
 
     /// Matches one reply to what it answers. `Err` when nothing was owed.
-    fn answer(&mut self, frame: BytesFrame) -> Result<(), ()> {
+    fn answer(&mut self, frame: Bytes) -> Result<(), ()> {
         match self.in_flight.pop_front().ok_or(())? {
             InFlight::Call { reply, deadline } => {
                 if self.settings.wait.is_some() {
@@ -409,8 +410,8 @@ impl Conversation<'_> {
             }
             InFlight::Wait => {
                 self.waiting = false;
-                let replicas = match frame {
-                    BytesFrame::Integer(n) => n,
+                let replicas = match answer::shape(&frame) {
+                    Shape::Integer(n) => n,
                     _ => -1,
                 };
                 for held in self.held.drain(..) {
@@ -536,9 +537,9 @@ async fn serve(
                 }
                 let mut broken = None;
                 loop {
-                    match decode_bytes_mut(&mut input) {
-                        Ok(Some((frame, _, _))) => {
-                            if talk.answer(frame).is_err() {
+                    match answer::frame_len(&input) {
+                        Ok(Some(len)) => {
+                            if talk.answer(input.split_to(len).freeze()).is_err() {
                                 broken = Some(std::io::Error::other("a reply no request asked for"));
                                 break;
                             }

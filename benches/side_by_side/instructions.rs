@@ -6,6 +6,8 @@
 //! ```sh
 //! cargo bench --bench side_by_side -- instructions
 //! BENCH_CALLGRIND_REQUESTS=20000 BENCH_DEPTHS=1,16 cargo bench --bench side_by_side -- instructions
+//! BENCH_TARGETS=stockgate-standalone BENCH_DEPTHS=1 BENCH_CALLGRIND_KEEP=/tmp/cg \
+//!     cargo bench --bench side_by_side -- instructions   # then callgrind_annotate /tmp/cg/<dump>
 //! ```
 //!
 //! Each proxy (stockgate in front of the standalone Redis and in front of
@@ -219,6 +221,17 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 })
                 .checked();
             let instructions = counted.expect("the probe dumped the counters");
+            // BENCH_CALLGRIND_KEEP=<dir>: keep each dump, for
+            // `callgrind_annotate <dir>/<file>` (where the instructions go).
+            if let Some(keep) = std::env::var_os("BENCH_CALLGRIND_KEEP") {
+                let keep = PathBuf::from(keep);
+                std::fs::create_dir_all(&keep).expect("BENCH_CALLGRIND_KEEP is a directory");
+                for dump in dumps(&dir, &name) {
+                    let file = dump.file_name().expect("a file name");
+                    let kept = keep.join(format!("depth{depth}-{}", file.to_string_lossy()));
+                    let _ = std::fs::copy(&dump, kept);
+                }
+            }
             let count = Count {
                 target: id,
                 depth,

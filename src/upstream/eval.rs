@@ -33,8 +33,9 @@ impl Upstream {
                 .call(slot, request, started + self.config.timeout)
                 .await
             {
-                Ok(answer) => match answer.frame {
-                    redis_protocol::resp2::types::BytesFrame::Error(text) => {
+                Ok(answer) => match crate::answer::shape(&answer.frame) {
+                    crate::answer::Shape::Error(text) => {
+                        let text = String::from_utf8_lossy(&text);
                         let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
                         if !UpstreamError::is_redirect(code) {
                             return Err(UpstreamError::from_server_error(code, detail));
@@ -43,8 +44,8 @@ impl Upstream {
                             pipelines.mark_stale();
                         }
                     }
-                    frame => {
-                        let reply = StockReply::from_frame(frame)?;
+                    _ => {
+                        let reply = StockReply::from_raw(&answer.frame)?;
                         if let (Some(durability), Some(confirmed)) =
                             (self.config.durability, answer.replicas)
                         {
