@@ -67,9 +67,12 @@ pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, Malformed> {
     Ok(Some(at))
 }
 
-/// One line at `at`: its type byte, the text after it, and where the next
-/// line starts; `None` when the line is not complete.
-fn line(buf: &[u8], at: usize) -> Result<Option<(u8, &[u8], usize)>, Malformed> {
+/// One line of a reply: its type byte, the text after it, and where the
+/// next line starts.
+type Line<'a> = (u8, &'a [u8], usize);
+
+/// The line at `at`; `None` when it is not complete.
+fn line(buf: &[u8], at: usize) -> Result<Option<Line<'_>>, Malformed> {
     let Some(&kind) = buf.get(at) else {
         return Ok(None);
     };
@@ -218,8 +221,18 @@ mod tests {
                 String::from_utf8_lossy(buf)
             );
         }
-        for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$3\r\nabcd\r\n", b"+OK\n", b"$-2\r\n"] {
-            assert!(frame_len(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"?x\r\n"[..],
+            b"$x\r\n",
+            b"$3\r\nabcd\r\n",
+            b"+OK\n",
+            b"$-2\r\n",
+        ] {
+            assert!(
+                frame_len(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

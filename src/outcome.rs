@@ -5,10 +5,10 @@
 //! reply elements or new codes, never by redefining one (code 4 came later
 //! and left 0 to 3 as they were).
 
+use crate::answer::{self, Item, Shape};
 use crate::error::{FaultKind, UpstreamError};
 use bytes::Bytes;
 use redis::Value;
-use crate::answer::{self, Item, Shape};
 
 /// The version of the script set this build ships (the fourth reply
 /// element); `lua/common.lua` says the same, and a test checks they agree.

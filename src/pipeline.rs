@@ -6,17 +6,25 @@
 //! about 20 µs of stockgate's CPU per request (measured with perf and
 //! benches/side_by_side), against ~1 µs of its own work. Here instead:
 //!
-//! - a **node pipe** per primary owns one connection. Callers hand it an
-//!   encoded request; it writes everything waiting in one write, so many
-//!   clients' requests to one node become one upstream pipeline (which also
-//!   costs Redis less per command), and matches replies in order;
-//! - replies are decoded with redis-protocol, without copying;
+//! - a **node pipe** per primary owns one connection, and a queue that
+//!   callers write into directly: a caller encodes its EVALSHA straight
+//!   into the pipe's next batch and leaves a [`Completion`] beside it, all
+//!   under one short lock, with no channel, task hop or allocation per
+//!   request. The pipe's task writes everything queued in one write, so
+//!   many clients' requests to one node become one upstream pipeline (which
+//!   also costs Redis less per command), and matches replies in order;
+//! - a reply is handed over as its raw bytes ([`crate::answer`]) to the
+//!   caller's [`Completion`]: a connection's [`Mailbox`] (one per client
+//!   connection, many replies per wake) or, for the HTTP face and the
+//!   operators' commands, a oneshot;
 //! - one deadline timer per pipe: when the oldest request passes its
 //!   deadline it is answered with a timeout, and its reply, if it ever
-//!   comes, is dropped;
+//!   comes, is dropped. Every I/O phase waits in one `select!` with that
+//!   timer, so a node that stops reading (its window shut) can't hold a
+//!   request past its deadline;
 //! - the slot table maps each of the 16384 slots to its primary's pipe; it
-//!   is read without a lock and rebuilt from CLUSTER SLOTS on every health
-//!   check and after a redirect;
+//!   is read without a lock and rebuilt from CLUSTER SLOTS by the health
+//!   loop and after a redirect;
 //! - with `--wait-replicas`, each batch ends with one `WAIT`: WAIT covers
 //!   every earlier write on its connection, so one per batch confirms the
 //!   whole batch (a group commit), and the batch's replies are held until it
@@ -29,25 +37,24 @@
 //! the request goes again through the redis crate (see
 //! [`crate::upstream`]), which owns redirects, retries and reconnection.
 //! Sending it again is safe because the scripts are idempotent by
-//! request_id: one that already ran answers 1.
+//! request_id, and a resend of the same call answers as the first did.
 
+use crate::answer::{self, Shape};
 use crate::config::Durability;
 use crate::keys::SLOTS;
 use crate::reply::encode_command;
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
-use crate::answer::{self, Shape};
+use futures_util::task::AtomicWaker;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-
-/// Most bytes one write carries; more waits for the next.
-const MAX_BATCH: usize = 256 * 1024;
 
 /// Requests one pipe holds before it has taken them into a batch. Past it,
 /// a caller is refused at once: a node that stopped reading must not
@@ -90,12 +97,80 @@ pub struct Answer {
     pub replicas: Option<i64>,
 }
 
-type Reply = oneshot::Sender<Result<Answer, PipeError>>;
+/// What a call's answer, or its failure, is handed to.
+pub enum Completion {
+    /// A oneshot one caller awaits.
+    Oneshot(oneshot::Sender<Result<Answer, PipeError>>),
+    /// A client connection's mailbox, under the request's ticket.
+    Mailbox(Arc<Mailbox>, u64),
+}
 
-struct Call {
-    request: Bytes,
+impl Completion {
+    fn complete(self, result: Result<Answer, PipeError>) {
+        match self {
+            Completion::Oneshot(reply) => {
+                let _ = reply.send(result);
+            }
+            Completion::Mailbox(mailbox, ticket) => mailbox.deliver(ticket, result),
+        }
+    }
+}
+
+/// Where a client connection's answers arrive from the pipes, in any order,
+/// each under the ticket it was sent with; one wake for however many
+/// arrived meanwhile.
+#[derive(Default)]
+pub struct Mailbox {
+    arrived: Mutex<Vec<(u64, Result<Answer, PipeError>)>>,
+    waker: AtomicWaker,
+}
+
+impl Mailbox {
+    fn deliver(&self, ticket: u64, result: Result<Answer, PipeError>) {
+        lock(&self.arrived).push((ticket, result));
+        self.waker.wake();
+    }
+
+    /// Swaps what has arrived into `into` (left empty by the caller), or
+    /// registers the task to be woken when something does.
+    pub fn poll_take(
+        &self,
+        cx: &mut Context<'_>,
+        into: &mut Vec<(u64, Result<Answer, PipeError>)>,
+    ) -> Poll<()> {
+        self.waker.register(cx.waker());
+        let mut arrived = lock(&self.arrived);
+        if arrived.is_empty() {
+            return Poll::Pending;
+        }
+        std::mem::swap(&mut *arrived, into);
+        Poll::Ready(())
+    }
+}
+
+/// A lock that a panic elsewhere doesn't poison for good: what it guards
+/// (queues of bytes and completions) stays consistent at every await.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A request queued for the pipe's next batch, its bytes in the queue's
+/// `output` at the same position.
+struct Waiter {
+    /// `None` once answered (a timeout before it was sent).
+    completion: Option<Completion>,
     deadline: Instant,
-    reply: Reply,
+}
+
+/// What callers and the pipe's task share.
+struct Queue {
+    /// Encoded requests the task has not taken yet.
+    output: BytesMut,
+    waiting: VecDeque<Waiter>,
+    /// After a failed connect, calls are refused until then.
+    refuse_until: Option<Instant>,
+    /// The pipe left the slot table: finish what is in flight, then stop.
+    retired: bool,
 }
 
 /// How a pipe's connection behaves.
@@ -110,38 +185,79 @@ struct PipeSettings {
     wait: Option<Bytes>,
 }
 
-/// One primary's pipelined connection, served by its own task.
-pub struct NodePipe {
+struct PipeInner {
     addr: String,
-    calls: mpsc::Sender<Call>,
+    queue: Mutex<Queue>,
+    /// Wakes the task: work was queued, or the pipe was retired.
+    work: Notify,
+}
+
+/// One primary's pipelined connection, served by its own task; dropping
+/// the last handle (the slot table no longer names it) retires the task.
+pub struct NodePipe {
+    inner: Arc<PipeInner>,
+}
+
+impl Drop for NodePipe {
+    fn drop(&mut self) {
+        lock(&self.inner.queue).retired = true;
+        self.inner.work.notify_one();
+    }
 }
 
 impl NodePipe {
     fn start(addr: String, settings: PipeSettings) -> Arc<NodePipe> {
-        let (calls, inbox) = mpsc::channel(MAX_WAITING);
-        tokio::spawn(run(addr.clone(), settings, inbox));
-        Arc::new(NodePipe { addr, calls })
+        let inner = Arc::new(PipeInner {
+            addr,
+            queue: Mutex::new(Queue {
+                output: BytesMut::new(),
+                waiting: VecDeque::new(),
+                refuse_until: None,
+                retired: false,
+            }),
+            work: Notify::new(),
+        });
+        tokio::spawn(run(inner.clone(), settings));
+        Arc::new(NodePipe { inner })
     }
 
-    /// Hands `request` to the pipe and waits for its answer, never past
-    /// `deadline`: the pipe answers a timeout itself, and this wait is
-    /// bounded too, so a pipe that cannot run never holds a caller.
-    async fn call(&self, request: Bytes, deadline: Instant) -> Result<Answer, PipeError> {
-        let (reply, answer) = oneshot::channel();
-        let call = Call {
-            request,
+    fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Queues one request: `encode` writes it at the end of the next batch.
+    fn submit(
+        &self,
+        deadline: Instant,
+        completion: Completion,
+        encode: impl FnOnce(&mut BytesMut),
+    ) -> Result<(), (PipeError, Completion)> {
+        let mut queue = lock(&self.inner.queue);
+        if queue.retired {
+            return Err((PipeError::Lost, completion));
+        }
+        if let Some(until) = queue.refuse_until {
+            if Instant::now() < until {
+                return Err((PipeError::Lost, completion));
+            }
+            queue.refuse_until = None;
+        }
+        if queue.waiting.len() >= MAX_WAITING {
+            return Err((PipeError::Overloaded, completion));
+        }
+        encode(&mut queue.output);
+        queue.waiting.push_back(Waiter {
+            completion: Some(completion),
             deadline,
-            reply,
-        };
-        match self.calls.try_send(call) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => return Err(PipeError::Overloaded),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(PipeError::Lost),
+        });
+        let first = queue.waiting.len() == 1;
+        drop(queue);
+        if first {
+            // The task takes everything queued when it wakes; one wake for
+            // the batch. (A stored permit covers a task not waiting yet.)
+            self.inner.work.notify_one();
         }
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
-            Err(_) => Err(PipeError::Timeout),
-        }
+        Ok(())
     }
 }
 
@@ -202,7 +318,7 @@ impl Pipelines {
                 let pipe = current
                     .pipes
                     .iter()
-                    .find(|p| p.addr == *addr)
+                    .find(|p| p.addr() == *addr)
                     .cloned()
                     .unwrap_or_else(|| NodePipe::start(addr.clone(), self.settings.clone()));
                 pipes.push(pipe);
@@ -216,8 +332,8 @@ impl Pipelines {
         self.stale.store(false, Ordering::Relaxed);
     }
 
-    /// Marks the slot table stale (a MOVED said so); the next health check
-    /// rebuilds it, or the caller does now.
+    /// Marks the slot table stale (a MOVED said so); the health loop
+    /// rebuilds it soon.
     pub fn mark_stale(&self) {
         self.stale.store(true, Ordering::Relaxed);
     }
@@ -226,31 +342,52 @@ impl Pipelines {
         self.stale.load(Ordering::Relaxed)
     }
 
-    /// Sends `request` to the primary of `slot` and waits for its reply, at
-    /// most until `deadline`. `Err(Lost)` when no pipe serves the slot yet.
+    /// Queues a request for the primary of `slot`: `encode` writes it into
+    /// that pipe's next batch, and its answer goes to `completion`. Refused
+    /// at once (the completion handed back) when no pipe serves the slot,
+    /// the pipe is reconnecting, or it holds too many requests already.
+    pub fn submit(
+        &self,
+        slot: u16,
+        deadline: Instant,
+        completion: Completion,
+        encode: impl FnOnce(&mut BytesMut),
+    ) -> Result<(), (PipeError, Completion)> {
+        let routes = self.routes.load();
+        match routes.owners.get(slot as usize) {
+            Some(&index) if index != u16::MAX => {
+                routes.pipes[index as usize].submit(deadline, completion, encode)
+            }
+            _ => Err((PipeError::Lost, completion)),
+        }
+    }
+
+    /// [`Pipelines::submit`], then waits for the answer, never past
+    /// `deadline`: the pipe answers a timeout itself, and this wait is
+    /// bounded too, so a pipe that cannot run never holds a caller.
     pub async fn call(
         &self,
         slot: u16,
-        request: Bytes,
         deadline: Instant,
+        encode: impl FnOnce(&mut BytesMut),
     ) -> Result<Answer, PipeError> {
-        let pipe = {
-            let routes = self.routes.load();
-            match routes.owners.get(slot as usize) {
-                Some(&index) if index != u16::MAX => routes.pipes[index as usize].clone(),
-                _ => return Err(PipeError::Lost),
-            }
-        };
-        pipe.call(request, deadline).await
+        let (reply, answer) = oneshot::channel();
+        if let Err((refused, _)) = self.submit(slot, deadline, Completion::Oneshot(reply), encode) {
+            return Err(refused);
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
+            Err(_) => Err(PipeError::Timeout),
+        }
     }
 }
 
 /// What the connection owes, in order.
 enum InFlight {
-    /// A request; `reply` is `None` once answered with a timeout, and its
-    /// late reply is then dropped.
+    /// A request; `completion` is `None` once answered with a timeout, and
+    /// its late reply is then dropped.
     Call {
-        reply: Option<Reply>,
+        completion: Option<Completion>,
         deadline: Instant,
     },
     /// The WAIT closing a batch.
@@ -259,7 +396,7 @@ enum InFlight {
 
 /// A reply waiting for its batch's WAIT.
 struct Held {
-    reply: Option<Reply>,
+    completion: Option<Completion>,
     deadline: Instant,
     frame: Bytes,
 }
@@ -268,33 +405,45 @@ struct Held {
 /// fails, fail what was in flight, and start over. A failed connect makes
 /// the pipe refuse calls for a backoff (they take the slow path at once)
 /// instead of trying again for every request.
-async fn run(addr: String, settings: PipeSettings, mut inbox: mpsc::Receiver<Call>) {
+async fn run(pipe: Arc<PipeInner>, settings: PipeSettings) {
     let mut backoff = RECONNECT_FIRST;
-    let mut retry_at: Option<Instant> = None;
-    while let Some(first) = inbox.recv().await {
-        if retry_at.is_some_and(|at| Instant::now() < at) {
-            let _ = first.reply.send(Err(PipeError::Lost));
+    loop {
+        let (retired, idle) = {
+            let queue = lock(&pipe.queue);
+            (queue.retired, queue.waiting.is_empty())
+        };
+        if retired && idle {
+            return;
+        }
+        if idle {
+            pipe.work.notified().await;
             continue;
         }
-        let connect = connect(&addr, &settings.login);
+        let connect = connect(&pipe.addr, &settings.login);
         let stream = match tokio::time::timeout(settings.connect_timeout, connect).await {
             Ok(Ok(stream)) => stream,
             outcome => {
-                tracing::debug!(%addr, ?outcome, ?backoff, "node pipe cannot connect");
-                retry_at = Some(Instant::now() + backoff);
+                tracing::debug!(addr = %pipe.addr, ?outcome, ?backoff, "node pipe cannot connect");
+                // Everything waiting now fails over to the slow path, and
+                // so does what comes until the backoff is over.
+                let failed = {
+                    let mut queue = lock(&pipe.queue);
+                    queue.refuse_until = Some(Instant::now() + backoff);
+                    queue.output.clear();
+                    std::mem::take(&mut queue.waiting)
+                };
                 backoff = (backoff * 2).min(RECONNECT_MOST);
-                // Everything waiting now fails over to the slow path.
-                let _ = first.reply.send(Err(PipeError::Lost));
-                while let Ok(call) = inbox.try_recv() {
-                    let _ = call.reply.send(Err(PipeError::Lost));
+                for waiter in failed {
+                    if let Some(completion) = waiter.completion {
+                        completion.complete(Err(PipeError::Lost));
+                    }
                 }
                 continue;
             }
         };
         backoff = RECONNECT_FIRST;
-        retry_at = None;
-        if let Err(err) = serve(stream, first, &mut inbox, &settings).await {
-            tracing::debug!(%addr, %err, "node pipe connection ended");
+        if let Err(err) = serve(stream, &pipe, &settings).await {
+            tracing::debug!(addr = %pipe.addr, %err, "node pipe connection ended");
         }
     }
 }
@@ -344,65 +493,66 @@ struct Conversation<'a> {
     held: Vec<Held>,
     /// The batch being written now (ended by its WAIT, if any).
     writing: BytesMut,
-    /// Requests queued behind it, for the next batch.
-    output: BytesMut,
     /// Requests queued since the last WAIT.
     unconfirmed: usize,
     /// A WAIT written and not yet answered. While one is, the next batch
-    /// stays unwritten: Redis would run its WAIT only after this one anyway,
+    /// stays queued: Redis would run its WAIT only after this one anyway,
     /// and everything arriving meanwhile joins it.
     waiting: bool,
     settings: &'a PipeSettings,
 }
 
 impl Conversation<'_> {
-    fn queue(&mut self, call: Call) {
-        if call.deadline <= Instant::now() {
-            // Past its deadline before it was sent: answer it, send nothing.
-            let _ = call.reply.send(Err(PipeError::Timeout));
+    /// Takes what callers queued into the next batch, once the last batch
+    /// is written (and its WAIT answered): their bytes in one move, their
+    /// completions in order behind the ones already in flight. Requests
+    /// already past their deadline are answered, though still sent (their
+    /// bytes sit among the others'); their replies are dropped.
+    fn take_batch(&mut self, queue: &mut Queue, now: Instant) {
+        if !self.writing.is_empty() || self.waiting || queue.waiting.is_empty() {
             return;
         }
-        self.output.extend_from_slice(&call.request);
-        self.in_flight.push_back(InFlight::Call {
-            reply: Some(call.reply),
-            deadline: call.deadline,
-        });
-        self.unconfirmed += 1;
-    }
-
-    /// Ends the batch with its WAIT, when asked for.
-    fn close_batch(&mut self) {
+        // A swap: the queue gets the emptied buffer of the last batch, so a
+        // busy pipe allocates none.
+        std::mem::swap(&mut self.writing, &mut queue.output);
+        for waiter in queue.waiting.drain(..) {
+            let mut completion = waiter.completion;
+            if waiter.deadline <= now
+                && let Some(late) = completion.take()
+            {
+                late.complete(Err(PipeError::Timeout));
+            }
+            self.in_flight.push_back(InFlight::Call {
+                completion,
+                deadline: waiter.deadline,
+            });
+            self.unconfirmed += 1;
+        }
         if let Some(wait) = &self.settings.wait
             && self.unconfirmed > 0
         {
-            self.output.extend_from_slice(wait);
+            self.writing.extend_from_slice(wait);
             self.in_flight.push_back(InFlight::Wait);
             self.unconfirmed = 0;
             self.waiting = true;
         }
     }
 
-    /// Starts the next batch when the last one is written, and unless a
-    /// batch's WAIT is outstanding.
-    fn next_batch(&mut self) {
-        if self.writing.is_empty() && !self.waiting {
-            self.close_batch();
-            std::mem::swap(&mut self.writing, &mut self.output);
-        }
-    }
-
     /// Matches one reply to what it answers. `Err` when nothing was owed.
     fn answer(&mut self, frame: Bytes) -> Result<(), ()> {
         match self.in_flight.pop_front().ok_or(())? {
-            InFlight::Call { reply, deadline } => {
+            InFlight::Call {
+                completion,
+                deadline,
+            } => {
                 if self.settings.wait.is_some() {
                     self.held.push(Held {
-                        reply,
+                        completion,
                         deadline,
                         frame,
                     });
-                } else if let Some(reply) = reply {
-                    let _ = reply.send(Ok(Answer {
+                } else if let Some(completion) = completion {
+                    completion.complete(Ok(Answer {
                         frame,
                         replicas: None,
                     }));
@@ -415,8 +565,8 @@ impl Conversation<'_> {
                     _ => -1,
                 };
                 for held in self.held.drain(..) {
-                    if let Some(reply) = held.reply {
-                        let _ = reply.send(Ok(Answer {
+                    if let Some(completion) = held.completion {
+                        completion.complete(Ok(Answer {
                             frame: held.frame,
                             replicas: Some(replicas),
                         }));
@@ -428,10 +578,10 @@ impl Conversation<'_> {
     }
 
     /// The earliest deadline of a request still owed an answer.
-    fn next_deadline(&self) -> Option<Instant> {
+    fn next_deadline(&self, queue: &Queue) -> Option<Instant> {
         let calls = self.in_flight.iter().filter_map(|f| match f {
             InFlight::Call {
-                reply: Some(_),
+                completion: Some(_),
                 deadline,
             } => Some(*deadline),
             _ => None,
@@ -439,26 +589,41 @@ impl Conversation<'_> {
         let held = self
             .held
             .iter()
-            .filter(|h| h.reply.is_some())
+            .filter(|h| h.completion.is_some())
             .map(|h| h.deadline);
-        calls.chain(held).min()
+        // Requests are queued in arrival order with one --timeout, so the
+        // first still owed is the earliest.
+        let queued = queue
+            .waiting
+            .iter()
+            .find(|w| w.completion.is_some())
+            .map(|w| w.deadline);
+        calls.chain(held).chain(queued).min()
     }
 
-    /// Answers every request past its deadline with a timeout.
-    fn expire(&mut self, now: Instant) {
-        for call in &mut self.in_flight {
-            if let InFlight::Call { reply, deadline } = call
-                && *deadline <= now
-                && let Some(reply) = reply.take()
+    /// Answers every request past its deadline with a timeout, queued ones
+    /// included (their bytes still go out with their batch).
+    fn expire(&mut self, queue: &mut Queue, now: Instant) {
+        let calls = self.in_flight.iter_mut().filter_map(|f| match f {
+            InFlight::Call {
+                completion,
+                deadline,
+            } => Some((completion, *deadline)),
+            InFlight::Wait => None,
+        });
+        let held = self
+            .held
+            .iter_mut()
+            .map(|h| (&mut h.completion, h.deadline));
+        let queued = queue
+            .waiting
+            .iter_mut()
+            .map(|w| (&mut w.completion, w.deadline));
+        for (completion, deadline) in calls.chain(held).chain(queued) {
+            if deadline <= now
+                && let Some(completion) = completion.take()
             {
-                let _ = reply.send(Err(PipeError::Timeout));
-            }
-        }
-        for held in &mut self.held {
-            if held.deadline <= now
-                && let Some(reply) = held.reply.take()
-            {
-                let _ = reply.send(Err(PipeError::Timeout));
+                completion.complete(Err(PipeError::Timeout));
             }
         }
     }
@@ -466,19 +631,18 @@ impl Conversation<'_> {
     /// Answers everything still owed: its outcome is unknown.
     fn fail(self) {
         let calls = self.in_flight.into_iter().filter_map(|f| match f {
-            InFlight::Call { reply, .. } => reply,
+            InFlight::Call { completion, .. } => completion,
             InFlight::Wait => None,
         });
-        for reply in calls.chain(self.held.into_iter().filter_map(|h| h.reply)) {
-            let _ = reply.send(Err(PipeError::Lost));
+        for completion in calls.chain(self.held.into_iter().filter_map(|h| h.completion)) {
+            completion.complete(Err(PipeError::Lost));
         }
     }
 }
 
 async fn serve(
     mut stream: TcpStream,
-    first: Call,
-    inbox: &mut mpsc::Receiver<Call>,
+    pipe: &PipeInner,
     settings: &PipeSettings,
 ) -> std::io::Result<()> {
     let (reader, mut writer) = stream.split();
@@ -487,30 +651,22 @@ async fn serve(
         in_flight: VecDeque::new(),
         held: Vec::new(),
         writing: BytesMut::new(),
-        output: BytesMut::new(),
         unconfirmed: 0,
         waiting: false,
         settings,
     };
-    talk.queue(first);
-    // The inbox closes when the pipe leaves the slot table; what is in
-    // flight is still answered.
-    let mut closed = false;
     // When the node last showed life: a reply read, or bytes it accepted.
     let mut last_heard = Instant::now();
     let result = loop {
-        // Everything that arrived meanwhile goes out in the next write.
-        while talk.output.len() < MAX_BATCH {
-            match inbox.try_recv() {
-                Ok(call) => talk.queue(call),
-                Err(_) => break,
-            }
-        }
-        talk.next_batch();
-        if closed && talk.in_flight.is_empty() {
+        let (next_deadline, retired) = {
+            let mut queue = lock(&pipe.queue);
+            talk.take_batch(&mut queue, Instant::now());
+            let retired = queue.retired && queue.waiting.is_empty();
+            (talk.next_deadline(&queue), retired)
+        };
+        if retired && talk.in_flight.is_empty() {
             break Ok(());
         }
-        let next_deadline = talk.next_deadline();
         // Every phase waits in this one select, with the deadline timer:
         // a node that stops reading (its window shut, a frozen host) blocks
         // the write, and requests must still time out on the dot.
@@ -522,10 +678,10 @@ async fn serve(
                     Err(err) => break Err(err),
                 }
             }
-            call = inbox.recv(), if !closed && talk.output.len() < MAX_BATCH => match call {
-                Some(call) => talk.queue(call),
-                None => closed = true,
-            },
+            // New requests queued (or the pipe retired): go round and take
+            // them. Only while the writer is free: otherwise the end of the
+            // write goes round anyway.
+            _ = pipe.work.notified(), if talk.writing.is_empty() && !talk.waiting => {}
             read = crate::net::read(reader.as_ref(), &mut input), if !talk.in_flight.is_empty() => {
                 match read {
                     Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
@@ -557,7 +713,7 @@ async fn serve(
             }
             _ = tokio::time::sleep_until(next_deadline.unwrap_or_else(Instant::now)), if next_deadline.is_some() => {
                 let now = Instant::now();
-                talk.expire(now);
+                talk.expire(&mut lock(&pipe.queue), now);
                 // A node that neither answers nor takes bytes for longer
                 // than a request may wait is gone (black-holed, stuck, its
                 // window shut): start a fresh connection.

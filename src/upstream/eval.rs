@@ -4,19 +4,106 @@
 //! request's one `--timeout`.
 
 use super::Upstream;
+use crate::answer::Shape;
 use crate::config::Durability;
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::StockReply;
-use crate::pipeline::PipeError;
+use crate::pipeline::{Answer, Completion, PipeError};
 use crate::script::LuaScript;
+use bytes::BytesMut;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::time::Duration;
 
+/// What a node pipe's answer to a script call comes to.
+pub enum Verdict {
+    /// The call's outcome: a business reply, or a fault to report.
+    Settled(Result<StockReply, UpstreamError>),
+    /// Out of the ordinary (a redirect, a lost script, a lost connection, no
+    /// pipe at all): send it again through the redis crate, within what is
+    /// left of the deadline. Safe: a resend of the same call answers as the
+    /// first send did.
+    Fallback,
+}
+
 impl Upstream {
-    /// Runs DEDUCT or REVERT: through the primary's node pipe when there is
-    /// one, else (or when the pipe meets a redirect, a lost script or a lost
-    /// connection) through the redis crate, with what is left of
-    /// `--timeout`. Running it twice is safe: the scripts are idempotent.
+    /// Queues a script call on the node pipe of `slot`: `encode` writes its
+    /// EVALSHA into the pipe's next batch, and the answer goes to
+    /// `completion`. Refused at once, with the completion handed back, when
+    /// there are no node pipes (TLS upstreams) or the pipe can't take it.
+    pub fn submit_script(
+        &self,
+        slot: u16,
+        deadline: tokio::time::Instant,
+        completion: Completion,
+        encode: impl FnOnce(&mut BytesMut),
+    ) -> Result<(), (PipeError, Completion)> {
+        match &self.pipelines {
+            Some(pipelines) => pipelines.submit(slot, deadline, completion, encode),
+            None => Err((PipeError::Lost, completion)),
+        }
+    }
+
+    /// Reads a node pipe's answer to a DEDUCT-shaped script call.
+    pub fn verdict(&self, answer: Result<Answer, PipeError>) -> Verdict {
+        match answer {
+            Ok(answer) => match crate::answer::shape(&answer.frame) {
+                Shape::Error(text) => {
+                    let text = String::from_utf8_lossy(&text);
+                    let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                    if !UpstreamError::is_redirect(code) {
+                        return Verdict::Settled(Err(UpstreamError::from_server_error(
+                            code, detail,
+                        )));
+                    }
+                    if code == "MOVED"
+                        && let Some(pipelines) = &self.pipelines
+                    {
+                        pipelines.mark_stale();
+                    }
+                    Verdict::Fallback
+                }
+                _ => Verdict::Settled(StockReply::from_raw(&answer.frame).and_then(|reply| {
+                    if let (Some(durability), Some(confirmed)) =
+                        (self.config.durability, answer.replicas)
+                    {
+                        replicated(reply.code as i64, confirmed, durability)?;
+                    }
+                    Ok(reply)
+                })),
+            },
+            Err(PipeError::Timeout) => {
+                Verdict::Settled(Err(UpstreamError::timeout(self.config.timeout)))
+            }
+            // Not sent, and the slow path would queue on the same node.
+            Err(PipeError::Overloaded) => Verdict::Settled(Err(UpstreamError::new(
+                FaultKind::Overloaded,
+                "the node's queue is full (it is not keeping up); this request was not sent",
+            ))),
+            Err(PipeError::Lost) => Verdict::Fallback,
+        }
+    }
+
+    /// The slow path of a script call first tried on a node pipe: the redis
+    /// crate, with what is left of the deadline that began at `started`.
+    pub async fn eval_fallback(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        started: tokio::time::Instant,
+    ) -> Result<StockReply, UpstreamError> {
+        let left = self.config.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(UpstreamError::timeout(self.config.timeout));
+        }
+        let value = self.eval_within(script, keys, args, left).await?;
+        StockReply::from_script(value)
+    }
+
+    /// A DEDUCT-shaped script call, awaited: the node pipe of the key's
+    /// slot, and the fallback when the answer calls for it. For callers
+    /// that wait on one call at a time (the HTTP face, operators'
+    /// commands); client connections use [`Upstream::submit_script`].
     pub async fn eval_stock(
         &self,
         script: &LuaScript,
@@ -24,55 +111,25 @@ impl Upstream {
         args: &[&[u8]],
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
-        if let Some(pipelines) = &self.pipelines {
-            let mut request = bytes::BytesMut::with_capacity(256);
-            crate::reply::evalsha(&mut request, &script.sha, &keys, args);
-            let request = request.freeze();
-            let slot = crate::keys::slot(keys[0]);
-            match pipelines
-                .call(slot, request, started + self.config.timeout)
-                .await
-            {
-                Ok(answer) => match crate::answer::shape(&answer.frame) {
-                    crate::answer::Shape::Error(text) => {
-                        let text = String::from_utf8_lossy(&text);
-                        let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
-                        if !UpstreamError::is_redirect(code) {
-                            return Err(UpstreamError::from_server_error(code, detail));
-                        }
-                        if code == "MOVED" {
-                            pipelines.mark_stale();
-                        }
-                    }
-                    _ => {
-                        let reply = StockReply::from_raw(&answer.frame)?;
-                        if let (Some(durability), Some(confirmed)) =
-                            (self.config.durability, answer.replicas)
-                        {
-                            replicated(reply.code as i64, confirmed, durability)?;
-                        }
-                        return Ok(reply);
-                    }
-                },
-                Err(PipeError::Timeout) => return Err(UpstreamError::timeout(self.config.timeout)),
-                // Not sent, and the slow path would queue on the same node.
-                Err(PipeError::Overloaded) => {
-                    return Err(UpstreamError::new(
-                        FaultKind::Overloaded,
-                        "the node's queue is full (it is not keeping up); this request was not sent",
-                    ));
-                }
-                Err(PipeError::Lost) => {}
+        let answer = match &self.pipelines {
+            Some(pipelines) => {
+                pipelines
+                    .call(
+                        crate::keys::slot(keys[0]),
+                        started + self.config.timeout,
+                        |buf| crate::reply::evalsha(buf, &script.sha, &keys, args),
+                    )
+                    .await
+            }
+            None => Err(PipeError::Lost),
+        };
+        match self.verdict(answer) {
+            Verdict::Settled(result) => result,
+            Verdict::Fallback => {
+                self.eval_fallback(script, keys.as_slice(), args, started)
+                    .await
             }
         }
-        let left = self.config.timeout.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err(UpstreamError::timeout(self.config.timeout));
-        }
-        let value = self
-            .eval_within(script, keys.as_slice(), args, left)
-            .await?;
-        StockReply::from_script(value)
     }
 
     /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling

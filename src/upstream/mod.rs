@@ -20,6 +20,7 @@ mod eval;
 mod health;
 mod topology;
 
+pub use eval::Verdict;
 pub use health::Eviction;
 
 use crate::config::UpstreamConfig;
