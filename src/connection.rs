@@ -5,6 +5,13 @@
 //! replies are written back in request order. Replies that are ready
 //! together leave in one write, never one flush per reply.
 //!
+//! DEDUCT and REVERT cost no future, task or channel of their own: each is
+//! checked, then written straight into its node pipe's next batch
+//! ([`crate::pipeline`]) with this connection's [`Mailbox`] and its place
+//! in the reply order as the completion, and the answers that arrived come
+//! back in one wake. Only what needs the redis crate (a redirect, a lost
+//! connection, the operators' commands) runs as a future.
+//!
 //! Bounds: one request is at most `--max-request-bytes`; at most
 //! `--max-pipeline` requests are in flight; and once `MAX_OUTPUT` bytes of
 //! replies wait for a client that doesn't read, stockgate stops reading
@@ -13,20 +20,19 @@
 
 use crate::command::{self, Action};
 use crate::frame::RequestDecoder;
+use crate::pipeline::{Answer, Completion, Mailbox, PipeError};
 use crate::reply::{Protocol, Reply};
 use crate::session::Session;
 use crate::state::Shared;
-use crate::stock::{Caller, StockCommand};
-use bytes::{Bytes, BytesMut};
+use crate::stock::{Caller, Concluded, Prepared, StockCall, StockCommand, StockResult};
+use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use futures_util::stream::{FuturesOrdered, StreamExt};
-use std::future::Future;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -45,6 +51,10 @@ const READ_CHUNK: usize = 4 * 1024;
 /// request at depth 1, and freeing and allocating its buffers each time
 /// cost about a tenth of its instructions per request (callgrind).
 const IDLE_RELEASE: Duration = Duration::from_millis(500);
+/// How far past its deadline an answer may be late before the connection
+/// answers the request itself: the pipe answers every request by its
+/// deadline, and this only guards against a pipe that can't run.
+const ANSWER_GRACE: Duration = Duration::from_millis(500);
 /// How long a closing connection waits for the client to close too, reading
 /// and dropping what it still sends (see [`crate::net::discard_input`]).
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
@@ -86,7 +96,10 @@ async fn run(
     session.peer = Some(peer);
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
-    let mut in_flight: FuturesOrdered<Queued<'_>> = FuturesOrdered::new();
+    let mut replies = Replies::default();
+    let mailbox = Arc::new(Mailbox::default());
+    let mut arrived_answers = Vec::new();
+    let mut running: FuturesUnordered<BoxFuture<'_, (u64, Reply)>> = FuturesUnordered::new();
     // Reading from the socket: stops at EOF, and once a drain has taken in
     // what the client had already sent.
     let mut reading = true;
@@ -103,60 +116,104 @@ async fn run(
 
     loop {
         // Turn buffered bytes into requests while the pipeline has room.
-        while accepting && in_flight.len() < config.max_pipeline {
+        while accepting && replies.len() < config.max_pipeline {
             let request = match decoder.decode(&mut input) {
                 Ok(Some(request)) => request,
                 Ok(None) => break,
                 Err(err) => {
                     tracing::debug!(client = id, %err, "malformed request; closing");
-                    in_flight.push_back(Queued::ready(
-                        Reply::Error(format!("ERR {err}")),
-                        session.protocol,
-                    ));
+                    replies.push(Reply::Error(format!("ERR {err}")), session.protocol);
                     accepting = false;
                     reading = false;
                     break;
                 }
             };
             let arrived = Instant::now();
-            let queued = match command::execute(request, &mut session, shared) {
-                Action::Reply(reply) => Queued::ready(reply, session.protocol),
+            let action = command::execute(request, &mut session, shared);
+            // After the command ran: HELLO's own reply is in the protocol
+            // it chose.
+            let protocol = session.protocol;
+            match action {
+                Action::Reply(reply) => replies.push(reply, protocol),
                 Action::Close(reply) => {
                     accepting = false;
                     reading = false;
-                    Queued::ready(reply, session.protocol)
+                    replies.push(reply, protocol);
                 }
                 Action::Stock(command, args) => {
-                    // Only operators' changes log who sent them.
-                    let caller = match command {
-                        StockCommand::Set | StockCommand::Add => Caller {
-                            client_id: Some(session.id),
-                            addr: session.peer,
-                            name: session.name.clone(),
-                        },
-                        _ => Caller::default(),
-                    };
-                    Queued::stock(shared, command, args, caller, arrived, session.protocol)
+                    let ticket = replies.next_ticket();
+                    match shared.service.prepare(command, &args, arrived) {
+                        Some(Prepared::Answered(result)) => {
+                            replies.push(stock_reply(result), protocol)
+                        }
+                        Some(Prepared::Call(call)) => {
+                            let completion = Completion::Mailbox(mailbox.clone(), ticket);
+                            match shared.service.submit(&call, completion) {
+                                Ok(()) => replies.push_sent(call, protocol),
+                                Err((refused, _)) => {
+                                    replies.push_pending(protocol);
+                                    settle(
+                                        shared,
+                                        &mut replies,
+                                        &mut running,
+                                        ticket,
+                                        call,
+                                        Err(refused),
+                                    );
+                                }
+                            }
+                        }
+                        None => {
+                            // The operators' commands, which only their
+                            // audit log names the sender of, run as futures.
+                            let caller = match command {
+                                StockCommand::Set | StockCommand::Add => Caller {
+                                    client_id: Some(session.id),
+                                    addr: session.peer,
+                                    name: session.name.clone(),
+                                },
+                                _ => Caller::default(),
+                            };
+                            replies.push_pending(protocol);
+                            running.push(
+                                async move {
+                                    let reply = shared
+                                        .service
+                                        .serve(command, &args, arrived, &caller)
+                                        .await;
+                                    (ticket, reply)
+                                }
+                                .boxed(),
+                            );
+                        }
+                    }
                 }
-            };
-            in_flight.push_back(queued);
+            }
         }
 
-        // Collect every reply that is ready now, in order, without waiting.
-        while let Some(Some((reply, protocol))) = in_flight.next().now_or_never() {
-            reply.encode(protocol, &mut output);
+        // Settle every answer that is in, and every future that is done,
+        // without waiting; then write out the replies that are next in order.
+        if mailbox.take(&mut arrived_answers) {
+            for (ticket, answer) in arrived_answers.drain(..) {
+                if let Some(call) = replies.take_sent(ticket) {
+                    settle(shared, &mut replies, &mut running, ticket, call, answer);
+                }
+            }
         }
+        while let Some(Some((ticket, reply))) = running.next().now_or_never() {
+            replies.answer(ticket, reply);
+        }
+        replies.write_ready(&mut output);
 
         // Done when nothing more can arrive and everything is answered. (An
         // incomplete request left in the buffer can't be answered.)
-        if !reading && in_flight.is_empty() && output.is_empty() {
+        if !reading && replies.is_empty() && output.is_empty() {
             break;
         }
-        let idle = in_flight.is_empty() && input.is_empty() && output.is_empty();
+        let idle = replies.is_empty() && input.is_empty() && output.is_empty();
         let holding = input.capacity() > 0 || output.capacity() > 0;
 
-        let can_read =
-            reading && in_flight.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
+        let can_read = reading && replies.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
         if draining && can_read {
             // Draining: take in what the client sent before the signal (it
             // is in the socket buffer now), without waiting for more. Every
@@ -181,8 +238,10 @@ async fn run(
                     return Err(std::io::ErrorKind::WriteZero.into());
                 }
             }
-            Some((reply, protocol)) = in_flight.next(), if !in_flight.is_empty() => {
-                reply.encode(protocol, &mut output);
+            // Answers from the pipes; the top of the loop settles them.
+            _ = std::future::poll_fn(|cx| mailbox.poll_wake(cx)), if replies.sent > 0 => {}
+            Some((ticket, reply)) = running.next(), if !running.is_empty() => {
+                replies.answer(ticket, reply);
             }
             // Wait for bytes before allocating a buffer for them.
             ready = reader.readable(), if can_read && !draining => {
@@ -197,13 +256,18 @@ async fn run(
                     Err(err) => return Err(err),
                 }
             }
-            // Idle long enough: give the buffers back (the next read
-            // allocates again). One timer for the connection's life, polled
-            // only while buffers are held.
-            _ = janitor.tick(), if holding => {
+            // Every half second while it holds buffers or is owed answers:
+            // an idle connection gives its buffers back (the next read
+            // allocates again), and a request whose answer is overdue past
+            // its deadline is answered here (a pipe that can't run).
+            _ = janitor.tick(), if holding || replies.sent > 0 => {
                 if idle && last_read.elapsed() >= IDLE_RELEASE {
                     input = BytesMut::new();
                     output = BytesMut::new();
+                }
+                let overdue = tokio::time::Instant::now() - ANSWER_GRACE;
+                while let Some((ticket, call)) = replies.take_overdue(overdue) {
+                    settle(shared, &mut replies, &mut running, ticket, call, Err(PipeError::Timeout));
                 }
             }
             _ = drain.cancelled(), if reading && !draining => {
@@ -211,7 +275,7 @@ async fn run(
             }
             // --idle-timeout: nothing sent and nothing owed for that long.
             _ = tokio::time::sleep_until(last_read + idle_timeout.unwrap_or_default()),
-                if idle_timeout.is_some() && in_flight.is_empty() && output.is_empty() => {
+                if idle_timeout.is_some() && replies.is_empty() && output.is_empty() => {
                 tracing::debug!(client = id, "idle timeout; closing");
                 break;
             }
@@ -236,55 +300,149 @@ fn read_available(reader: &ReadHalf<'_>, input: &mut BytesMut) -> std::io::Resul
     crate::net::try_read(reader.as_ref(), input)
 }
 
+/// A call's answer (or why there is none) made its reply: at once when the
+/// answer settles it, or through a fallback future.
+fn settle<'a>(
+    shared: &'a Shared,
+    replies: &mut Replies,
+    running: &mut FuturesUnordered<BoxFuture<'a, (u64, Reply)>>,
+    ticket: u64,
+    call: StockCall,
+    answer: Result<Answer, PipeError>,
+) {
+    match shared.service.conclude(call, answer) {
+        Concluded::Answered(result) => replies.answer(ticket, stock_reply(result)),
+        Concluded::Fallback(call) => running.push(
+            async move { (ticket, stock_reply(shared.service.fallback(call).await)) }.boxed(),
+        ),
+    }
+}
+
+fn stock_reply(result: StockResult) -> Reply {
+    match result {
+        Ok(reply) => Reply::Stock(reply),
+        Err(fault) => Reply::Error(fault.reply_text()),
+    }
+}
+
+/// The replies a connection owes, in request order. Each request gets the
+/// next ticket; a reply is written once every reply before it is.
+#[derive(Default)]
+struct Replies {
+    slots: VecDeque<Slot>,
+    /// The ticket of `slots[0]`.
+    first: u64,
+    /// Slots whose call is with a node pipe.
+    sent: usize,
+}
+
 /// One request's place in the reply order, and the protocol its reply is
 /// encoded in (fixed when the request was read: a later HELLO doesn't
 /// change it).
-struct Queued<'a> {
-    reply: Pending<'a>,
+struct Slot {
     protocol: Protocol,
+    state: SlotState,
 }
 
-enum Pending<'a> {
-    Ready(Option<Reply>),
-    Running(BoxFuture<'a, Reply>),
+enum SlotState {
+    Ready(Reply),
+    /// With a node pipe; the answer comes through the mailbox.
+    Sent(StockCall),
+    /// Running as a future, or being settled.
+    Pending,
 }
 
-impl<'a> Queued<'a> {
-    fn ready(reply: Reply, protocol: Protocol) -> Self {
-        Queued {
-            reply: Pending::Ready(Some(reply)),
-            protocol,
-        }
+impl Replies {
+    fn len(&self) -> usize {
+        self.slots.len()
     }
 
-    fn stock(
-        shared: &'a Shared,
-        command: StockCommand,
-        args: Vec<Bytes>,
-        caller: Caller,
-        arrived: Instant,
-        protocol: Protocol,
-    ) -> Self {
-        let call = async move { shared.service.serve(command, &args, arrived, &caller).await };
-        Queued {
-            reply: Pending::Running(call.boxed()),
-            protocol,
-        }
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty()
     }
-}
 
-impl Future for Queued<'_> {
-    type Output = (Reply, Protocol);
+    /// The ticket the next request pushed gets.
+    fn next_ticket(&self) -> u64 {
+        self.first + self.slots.len() as u64
+    }
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let reply = match &mut this.reply {
-            Pending::Ready(reply) => reply.take().expect("a queued reply is taken once"),
-            Pending::Running(call) => match call.as_mut().poll(cx) {
-                Poll::Ready(reply) => reply,
-                Poll::Pending => return Poll::Pending,
-            },
+    fn push(&mut self, reply: Reply, protocol: Protocol) {
+        self.slots.push_back(Slot {
+            protocol,
+            state: SlotState::Ready(reply),
+        });
+    }
+
+    fn push_sent(&mut self, call: StockCall, protocol: Protocol) {
+        self.sent += 1;
+        self.slots.push_back(Slot {
+            protocol,
+            state: SlotState::Sent(call),
+        });
+    }
+
+    fn push_pending(&mut self, protocol: Protocol) {
+        self.slots.push_back(Slot {
+            protocol,
+            state: SlotState::Pending,
+        });
+    }
+
+    fn slot(&mut self, ticket: u64) -> Option<&mut Slot> {
+        let index = usize::try_from(ticket.checked_sub(self.first)?).ok()?;
+        self.slots.get_mut(index)
+    }
+
+    /// The call of `ticket`, if it is still with a pipe (not answered by
+    /// the connection's own overdue check meanwhile).
+    fn take_sent(&mut self, ticket: u64) -> Option<StockCall> {
+        let slot = self.slot(ticket)?;
+        if !matches!(slot.state, SlotState::Sent(_)) {
+            return None;
+        }
+        let SlotState::Sent(call) = std::mem::replace(&mut slot.state, SlotState::Pending) else {
+            unreachable!("checked just above")
         };
-        Poll::Ready((reply, this.protocol))
+        self.sent -= 1;
+        Some(call)
+    }
+
+    /// The first call still with a pipe whose deadline was before
+    /// `overdue`. Calls are sent in order with one `--timeout`, so that is
+    /// the first sent one or none.
+    fn take_overdue(&mut self, overdue: tokio::time::Instant) -> Option<(u64, StockCall)> {
+        if self.sent == 0 {
+            return None;
+        }
+        let (index, _) = self.slots.iter().enumerate().find(
+            |(_, s)| matches!(&s.state, SlotState::Sent(call) if call.deadline() < overdue),
+        )?;
+        let ticket = self.first + index as u64;
+        self.take_sent(ticket).map(|call| (ticket, call))
+    }
+
+    fn answer(&mut self, ticket: u64, reply: Reply) {
+        if let Some(slot) = self.slot(ticket) {
+            slot.state = SlotState::Ready(reply);
+        }
+    }
+
+    /// Encodes every reply that is next in order.
+    fn write_ready(&mut self, output: &mut BytesMut) {
+        while let Some(Slot {
+            state: SlotState::Ready(_),
+            ..
+        }) = self.slots.front()
+        {
+            let Some(Slot {
+                protocol,
+                state: SlotState::Ready(reply),
+            }) = self.slots.pop_front()
+            else {
+                unreachable!("the front slot is ready")
+            };
+            self.first += 1;
+            reply.encode(protocol, output);
+        }
     }
 }

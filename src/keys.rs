@@ -21,6 +21,12 @@ pub fn slot(key: &[u8]) -> u16 {
     redis_protocol::redis_keyslot(key)
 }
 
+/// The slot of every key of `sku`: the sku is their hash tag, and holds no
+/// brace (see [`crate::params`]), so it hashes to the same slot alone.
+pub fn sku_slot(sku: &Sku) -> u16 {
+    slot(sku.as_bytes())
+}
+
 /// The two keys one deduction touches, in the order the script takes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeductKeys {
@@ -58,33 +64,44 @@ impl KeyLayout {
         &self.prefix
     }
 
+    /// `<prefix>:{<sku>}`, as the parts it is made of: the hot path writes
+    /// them straight into the EVALSHA it sends, with no key built between.
+    pub fn stock_key_parts<'a>(&'a self, sku: &'a Sku) -> [&'a [u8]; 4] {
+        [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}"]
+    }
+
+    /// `<prefix>:{<sku>}:req:<request_id>`, as its parts.
+    pub fn record_key_parts<'a>(
+        &'a self,
+        sku: &'a Sku,
+        request_id: &'a RequestId,
+    ) -> [&'a [u8]; 5] {
+        [
+            self.prefix.as_bytes(),
+            b":{",
+            sku.as_bytes(),
+            b"}:req:",
+            request_id.as_bytes(),
+        ]
+    }
+
     /// `<prefix>:{<sku>}`
     pub fn stock_key(&self, sku: &Sku) -> Vec<u8> {
-        let mut key = Vec::with_capacity(self.prefix.len() + sku.as_bytes().len() + 3);
-        key.extend_from_slice(self.prefix.as_bytes());
-        key.extend_from_slice(b":{");
-        key.extend_from_slice(sku.as_bytes());
-        key.push(b'}');
-        key
+        self.stock_key_parts(sku).concat()
     }
 
     /// Both keys of one deduction.
     pub fn deduct_keys(&self, sku: &Sku, request_id: &RequestId) -> DeductKeys {
-        let stock = self.stock_key(sku);
-        let mut record = Vec::with_capacity(stock.len() + 5 + request_id.as_bytes().len());
-        record.extend_from_slice(&stock);
-        record.extend_from_slice(b":req:");
-        record.extend_from_slice(request_id.as_bytes());
-        DeductKeys { stock, record }
+        DeductKeys {
+            stock: self.stock_key(sku),
+            record: self.record_key_parts(sku, request_id).concat(),
+        }
     }
 
     /// The stock key and the record of one operator's change.
     pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> DeductKeys {
         let stock = self.stock_key(sku);
-        let mut record = Vec::with_capacity(stock.len() + 4 + op_id.as_bytes().len());
-        record.extend_from_slice(&stock);
-        record.extend_from_slice(b":op:");
-        record.extend_from_slice(op_id.as_bytes());
+        let record = [&stock[..], b":op:", op_id.as_bytes()].concat();
         DeductKeys { stock, record }
     }
 
@@ -174,6 +191,8 @@ mod tests {
             prop_assert_eq!(slot(&keys.stock), slot(&keys.record));
             // And the slot is the sku's own: the tag is exactly the sku.
             prop_assert_eq!(slot(&keys.stock), crc_whole(sku.as_bytes()));
+            prop_assert_eq!(sku_slot(&parsed), slot(&keys.stock));
+            prop_assert_eq!(layout.stock_key_parts(&parsed).concat(), keys.stock.clone());
             // An operator's change record too.
             let op = layout.op_keys(&parsed, &OpId::parse(id.clone().into()).unwrap());
             prop_assert_eq!(slot(&op.stock), slot(&op.record));

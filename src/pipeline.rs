@@ -131,20 +131,26 @@ impl Mailbox {
         self.waker.wake();
     }
 
-    /// Swaps what has arrived into `into` (left empty by the caller), or
-    /// registers the task to be woken when something does.
-    pub fn poll_take(
-        &self,
-        cx: &mut Context<'_>,
-        into: &mut Vec<(u64, Result<Answer, PipeError>)>,
-    ) -> Poll<()> {
-        self.waker.register(cx.waker());
+    /// Swaps what has arrived into `into` (empty), without waiting; false
+    /// when nothing has.
+    pub fn take(&self, into: &mut Vec<(u64, Result<Answer, PipeError>)>) -> bool {
         let mut arrived = lock(&self.arrived);
         if arrived.is_empty() {
-            return Poll::Pending;
+            return false;
         }
         std::mem::swap(&mut *arrived, into);
-        Poll::Ready(())
+        true
+    }
+
+    /// Ready when something has arrived; registers the task to be woken
+    /// when something does otherwise. ([`Mailbox::take`] collects it.)
+    pub fn poll_wake(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.waker.register(cx.waker());
+        if lock(&self.arrived).is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     }
 }
 

@@ -167,14 +167,38 @@ pub fn command(dst: &mut BytesMut, args: &[&[u8]]) {
 /// Appends `EVALSHA <sha> <numkeys> <keys...> <args...>` to `dst`, every
 /// key and argument kept (no fixed-size copy in between).
 pub fn evalsha(dst: &mut BytesMut, sha: &str, keys: &[&[u8]], args: &[&[u8]]) {
-    header(dst, b'*', 3 + keys.len() + args.len());
-    bulk(dst, b"EVALSHA");
-    bulk(dst, sha.as_bytes());
-    let mut count = itoa::Buffer::new();
-    bulk(dst, count.format(keys.len()).as_bytes());
+    evalsha_start(dst, sha, keys.len(), args.len());
     for part in keys.iter().chain(args) {
         bulk(dst, part);
     }
+}
+
+/// The head of an EVALSHA of `keys` keys and `args` arguments: the array
+/// header, the verb, the SHA and the key count. The keys and arguments
+/// follow, with [`bulk_of`] and [`bulk_parts`].
+pub fn evalsha_start(dst: &mut BytesMut, sha: &str, keys: usize, args: usize) {
+    header(dst, b'*', 3 + keys + args);
+    bulk(dst, b"EVALSHA");
+    bulk(dst, sha.as_bytes());
+    let mut count = itoa::Buffer::new();
+    bulk(dst, count.format(keys).as_bytes());
+}
+
+/// One bulk string of a command.
+pub fn bulk_of(dst: &mut BytesMut, data: &[u8]) {
+    bulk(dst, data);
+}
+
+/// One bulk string made of `parts`, written one after the other (a key
+/// from its layout's parts, with no key built first).
+pub fn bulk_parts(dst: &mut BytesMut, parts: &[&[u8]]) {
+    let len = parts.iter().map(|p| p.len()).sum();
+    header(dst, b'$', len);
+    dst.reserve(len + 2);
+    for part in parts {
+        dst.extend_from_slice(part);
+    }
+    dst.extend_from_slice(b"\r\n");
 }
 
 /// [`command`], as its own buffer.

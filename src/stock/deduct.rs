@@ -11,12 +11,12 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
-use super::{AccessEntry, StockCommand, StockResult, StockService};
+use super::{StockCommand, StockResult, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg, optional};
-use crate::metrics::CommandLabel;
-use crate::outcome::StockReply;
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
-use bytes::Bytes;
+use crate::reply;
+use crate::script::LuaScript;
+use bytes::{Bytes, BytesMut};
 use std::time::Instant;
 
 pub const SPEC: CommandSpec = CommandSpec {
@@ -62,47 +62,45 @@ impl Deduct {
 }
 
 impl StockService {
-    /// DEDUCT, with its metrics and access log.
+    /// DEDUCT, awaited (the HTTP face), with its metrics and access log.
     pub async fn deduct(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        let parsed =
-            Deduct::parse(args, self.max_qty).and_then(|d| self.fresh(&d.request_id).map(|()| d));
-        let result = match parsed {
-            Ok(deduct) => self.apply_deduct(&deduct).await,
-            Err(invalid) => Ok(StockReply::invalid(invalid.0)),
-        };
-        let entry = AccessEntry {
-            command: CommandLabel::Deduct,
-            sku: args.first(),
-            request_id: args.get(2),
-            qty: args.get(1),
-        };
-        self.record(entry, &result, arrived);
-        result
+        match self.prepare(StockCommand::Deduct, args, arrived) {
+            Some(prepared) => self.run(prepared).await,
+            None => unreachable!("DEDUCT is prepared"),
+        }
     }
 
-    /// Runs the DEDUCT script for a validated deduction.
-    pub async fn apply_deduct(&self, deduct: &Deduct) -> StockResult {
-        let keys = self.keys.deduct_keys(&deduct.sku, &deduct.request_id);
-        let nonce = self.nonces.next();
-        let started = Instant::now();
-        let reply = self
-            .upstream
-            .eval_stock(
-                &self.scripts.deduct,
-                [&keys.stock, &keys.record],
-                &[
-                    deduct.qty.as_bytes(),
-                    deduct.order_no.as_bytes(),
-                    self.retry_window_arg.as_bytes(),
-                    self.max_qty_arg.as_bytes(),
-                    self.missing_stock.as_arg().as_bytes(),
-                    &nonce,
-                ],
-            )
-            .await;
-        self.metrics
-            .record_upstream(CommandLabel::Deduct, started.elapsed());
-        reply
+    /// The script's ARGV for `deduct` (`lua/deduct.lua`).
+    pub(super) fn deduct_args<'a>(&'a self, deduct: &'a Deduct, nonce: &'a [u8]) -> [&'a [u8]; 6] {
+        [
+            deduct.qty.as_bytes(),
+            deduct.order_no.as_bytes(),
+            self.retry_window_arg.as_bytes(),
+            self.max_qty_arg.as_bytes(),
+            self.missing_stock.as_arg().as_bytes(),
+            nonce,
+        ]
+    }
+
+    /// The EVALSHA of `deduct`, written into a node pipe's batch: the keys
+    /// from their parts, no key built between.
+    pub(super) fn encode_deduct(
+        &self,
+        deduct: &Deduct,
+        nonce: &[u8],
+        script: &LuaScript,
+        buf: &mut BytesMut,
+    ) {
+        let args = self.deduct_args(deduct, nonce);
+        reply::evalsha_start(buf, &script.sha, 2, args.len());
+        reply::bulk_parts(buf, &self.keys.stock_key_parts(&deduct.sku));
+        reply::bulk_parts(
+            buf,
+            &self.keys.record_key_parts(&deduct.sku, &deduct.request_id),
+        );
+        for arg in args {
+            reply::bulk_of(buf, arg);
+        }
     }
 }
 

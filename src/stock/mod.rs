@@ -23,9 +23,11 @@ use crate::keys::KeyLayout;
 use crate::metrics::{CommandLabel, Metrics, ResultLabel};
 use crate::outcome::StockReply;
 use crate::params::{InvalidParam, RequestId};
+use crate::pipeline::{Answer, Completion, PipeError};
 use crate::reply::Reply;
-use crate::script::Scripts;
+use crate::script::{LuaScript, Scripts};
 use crate::upstream::Upstream;
+use crate::upstream::Verdict;
 use bytes::Bytes;
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
@@ -55,6 +57,83 @@ pub struct Caller {
 
 /// What one DEDUCT or REVERT came to.
 pub type StockResult = Result<StockReply, UpstreamError>;
+
+/// A DEDUCT or REVERT checked and on its way to Redis: what its answer
+/// needs to become a reply, and what its slow path needs to send it again.
+///
+/// A client connection doesn't await each call: it [`prepare`]s it,
+/// [`submit`]s it to the key's node pipe with its mailbox as the
+/// completion, and [`conclude`]s it when the answer arrives; only a call
+/// whose answer calls for the redis crate ([`Concluded::Fallback`]) becomes
+/// a future ([`StockService::fallback`]).
+///
+/// [`prepare`]: StockService::prepare
+/// [`submit`]: StockService::submit
+/// [`conclude`]: StockService::conclude
+pub struct StockCall {
+    op: Op,
+    /// The call's nonce (see [`Nonces`]); the same in a fallback resend.
+    nonce: [u8; 16],
+    /// When the request was read.
+    arrived: Instant,
+    /// When it was handed to Redis: `--timeout` counts from here.
+    sent: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+}
+
+/// The command a [`StockCall`] carries, checked.
+enum Op {
+    Deduct(deduct::Deduct),
+    Revert(revert::Revert),
+}
+
+impl StockCall {
+    /// When the call's answer is owed at the latest.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    fn label(&self) -> CommandLabel {
+        match self.op {
+            Op::Deduct(_) => CommandLabel::Deduct,
+            Op::Revert(_) => CommandLabel::Revert,
+        }
+    }
+
+    fn entry(&self) -> AccessEntry<'_> {
+        match &self.op {
+            Op::Deduct(d) => AccessEntry {
+                command: CommandLabel::Deduct,
+                sku: Some(d.sku.as_bytes()),
+                request_id: Some(d.request_id.as_bytes()),
+                qty: Some(d.qty.as_bytes()),
+            },
+            Op::Revert(r) => AccessEntry {
+                command: CommandLabel::Revert,
+                sku: Some(r.sku.as_bytes()),
+                request_id: Some(r.request_id.as_bytes()),
+                qty: None,
+            },
+        }
+    }
+}
+
+/// What checking a request came to.
+pub enum Prepared {
+    /// Answered without Redis (invalid parameters, a stale id), its metrics
+    /// recorded.
+    Answered(StockResult),
+    /// Ready to send.
+    Call(StockCall),
+}
+
+/// What a node pipe's answer to a call came to.
+pub enum Concluded {
+    /// The reply or fault, its metrics recorded.
+    Answered(StockResult),
+    /// Send it again through the redis crate ([`StockService::fallback`]).
+    Fallback(StockCall),
+}
 
 pub struct StockService {
     upstream: Arc<Upstream>,
@@ -167,6 +246,137 @@ impl StockService {
         }
     }
 
+    /// Checks a DEDUCT or REVERT (`args` after the name) and makes it a
+    /// call, or answers it (code 3). `None` for the other stock commands,
+    /// which run as futures ([`StockService::serve`]).
+    pub fn prepare(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+    ) -> Option<Prepared> {
+        let parsed = match command {
+            StockCommand::Deduct => deduct::Deduct::parse(args, self.max_qty)
+                .and_then(|d| self.fresh(&d.request_id).map(|()| Op::Deduct(d))),
+            StockCommand::Revert => revert::Revert::parse(args)
+                .and_then(|r| self.fresh(&r.request_id).map(|()| Op::Revert(r))),
+            _ => return None,
+        };
+        Some(match parsed {
+            Ok(op) => {
+                let sent = tokio::time::Instant::now();
+                Prepared::Call(StockCall {
+                    op,
+                    nonce: self.nonces.next(),
+                    arrived,
+                    sent,
+                    deadline: sent + self.upstream.timeout(),
+                })
+            }
+            Err(invalid) => {
+                let result = Ok(StockReply::invalid(invalid.0));
+                let entry = match command {
+                    StockCommand::Deduct => AccessEntry {
+                        command: CommandLabel::Deduct,
+                        sku: args.first().map(|a| &a[..]),
+                        request_id: args.get(2).map(|a| &a[..]),
+                        qty: args.get(1).map(|a| &a[..]),
+                    },
+                    _ => AccessEntry {
+                        command: CommandLabel::Revert,
+                        sku: args.first().map(|a| &a[..]),
+                        request_id: args.get(1).map(|a| &a[..]),
+                        qty: None,
+                    },
+                };
+                self.record(entry, &result, arrived);
+                Prepared::Answered(result)
+            }
+        })
+    }
+
+    /// Queues `call` on its key's node pipe; its answer goes to
+    /// `completion`. Refused at once (the completion handed back) when no
+    /// pipe can take it: conclude the call with the refusal.
+    pub fn submit(
+        &self,
+        call: &StockCall,
+        completion: Completion,
+    ) -> Result<(), (PipeError, Completion)> {
+        let (slot, script) = match &call.op {
+            Op::Deduct(d) => (crate::keys::sku_slot(&d.sku), &self.scripts.deduct),
+            Op::Revert(r) => (crate::keys::sku_slot(&r.sku), &self.scripts.revert),
+        };
+        self.upstream
+            .submit_script(slot, call.deadline, completion, |buf| match &call.op {
+                Op::Deduct(d) => self.encode_deduct(d, &call.nonce, script, buf),
+                Op::Revert(r) => self.encode_revert(r, &call.nonce, script, buf),
+            })
+    }
+
+    /// A node pipe's answer to `call` (or why there is none), read: the
+    /// reply, or the fallback it calls for.
+    pub fn conclude(&self, call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
+        match self.upstream.verdict(answer) {
+            Verdict::Settled(result) => {
+                self.finish(&call, &result);
+                Concluded::Answered(result)
+            }
+            Verdict::Fallback => Concluded::Fallback(call),
+        }
+    }
+
+    /// The slow path of a call: the redis crate, within what is left of its
+    /// deadline.
+    pub async fn fallback(&self, call: StockCall) -> StockResult {
+        let (script, keys, args): (&LuaScript, _, Vec<&[u8]>) = match &call.op {
+            Op::Deduct(d) => (
+                &self.scripts.deduct,
+                self.keys.deduct_keys(&d.sku, &d.request_id),
+                self.deduct_args(d, &call.nonce).to_vec(),
+            ),
+            Op::Revert(r) => (
+                &self.scripts.revert,
+                self.keys.deduct_keys(&r.sku, &r.request_id),
+                self.revert_args(&call.nonce).to_vec(),
+            ),
+        };
+        let result = self
+            .upstream
+            .eval_fallback(script, &[&keys.stock, &keys.record], &args, call.sent)
+            .await;
+        self.finish(&call, &result);
+        result
+    }
+
+    /// A call from start to end, awaited: for the HTTP face, which serves
+    /// one request per task.
+    async fn run(&self, prepared: Prepared) -> StockResult {
+        let call = match prepared {
+            Prepared::Answered(result) => return result,
+            Prepared::Call(call) => call,
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let answer = match self.submit(&call, Completion::Oneshot(reply)) {
+            Ok(()) => match tokio::time::timeout_at(call.deadline, answer).await {
+                Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
+                Err(_) => Err(PipeError::Timeout),
+            },
+            Err((refused, _)) => Err(refused),
+        };
+        match self.conclude(call, answer) {
+            Concluded::Answered(result) => result,
+            Concluded::Fallback(call) => self.fallback(call).await,
+        }
+    }
+
+    /// Metrics and the access log of a call that has its outcome.
+    fn finish(&self, call: &StockCall, result: &StockResult) {
+        self.metrics
+            .record_upstream(call.label(), call.sent.elapsed());
+        self.record(call.entry(), result, call.arrived);
+    }
+
     /// Metrics and the access log for one answered request.
     fn record(&self, entry: AccessEntry<'_>, result: &StockResult, arrived: Instant) {
         let elapsed = arrived.elapsed();
@@ -192,7 +402,7 @@ impl StockService {
     /// code or error kind, latency. Nothing else the caller sent (no
     /// order_no). Fields are cut at 128 bytes, as valid ones are.
     fn access_log_line(&self, entry: AccessEntry<'_>, result: &StockResult, elapsed: Duration) {
-        let field = |a: Option<&Bytes>| {
+        let field = |a: Option<&[u8]>| {
             a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
         };
         let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
@@ -253,9 +463,9 @@ impl StockService {
 /// may be invalid), by meaning.
 struct AccessEntry<'a> {
     command: CommandLabel,
-    sku: Option<&'a Bytes>,
-    request_id: Option<&'a Bytes>,
-    qty: Option<&'a Bytes>,
+    sku: Option<&'a [u8]>,
+    request_id: Option<&'a [u8]>,
+    qty: Option<&'a [u8]>,
 }
 
 #[cfg(test)]

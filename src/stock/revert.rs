@@ -12,12 +12,12 @@
 //! given back is the one the DEDUCT recorded, never the caller's. See
 //! `lua/revert.lua` for the state machine.
 
-use super::{AccessEntry, StockCommand, StockResult, StockService};
+use super::{StockCommand, StockResult, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg};
-use crate::metrics::CommandLabel;
-use crate::outcome::StockReply;
 use crate::params::{InvalidParam, RequestId, Sku};
-use bytes::Bytes;
+use crate::reply;
+use crate::script::LuaScript;
+use bytes::{Bytes, BytesMut};
 use std::time::Instant;
 
 pub const SPEC: CommandSpec = CommandSpec {
@@ -50,42 +50,40 @@ impl Revert {
 }
 
 impl StockService {
-    /// REVERT, with its metrics and access log.
+    /// REVERT, awaited (the HTTP face), with its metrics and access log.
     pub async fn revert(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        let parsed = Revert::parse(args).and_then(|r| self.fresh(&r.request_id).map(|()| r));
-        let result = match parsed {
-            Ok(revert) => self.apply_revert(&revert).await,
-            Err(invalid) => Ok(StockReply::invalid(invalid.0)),
-        };
-        let entry = AccessEntry {
-            command: CommandLabel::Revert,
-            sku: args.first(),
-            request_id: args.get(1),
-            qty: None,
-        };
-        self.record(entry, &result, arrived);
-        result
+        match self.prepare(StockCommand::Revert, args, arrived) {
+            Some(prepared) => self.run(prepared).await,
+            None => unreachable!("REVERT is prepared"),
+        }
     }
 
-    /// Runs the REVERT script for a validated revert.
-    pub async fn apply_revert(&self, revert: &Revert) -> StockResult {
-        let keys = self.keys.deduct_keys(&revert.sku, &revert.request_id);
-        let nonce = self.nonces.next();
-        let started = Instant::now();
-        let reply = self
-            .upstream
-            .eval_stock(
-                &self.scripts.revert,
-                [&keys.stock, &keys.record],
-                &[
-                    self.retry_window_arg.as_bytes(),
-                    self.missing_stock.as_arg().as_bytes(),
-                    &nonce,
-                ],
-            )
-            .await;
-        self.metrics
-            .record_upstream(CommandLabel::Revert, started.elapsed());
-        reply
+    /// The script's ARGV for a revert (`lua/revert.lua`).
+    pub(super) fn revert_args<'a>(&'a self, nonce: &'a [u8]) -> [&'a [u8]; 3] {
+        [
+            self.retry_window_arg.as_bytes(),
+            self.missing_stock.as_arg().as_bytes(),
+            nonce,
+        ]
+    }
+
+    /// The EVALSHA of `revert`, written into a node pipe's batch.
+    pub(super) fn encode_revert(
+        &self,
+        revert: &Revert,
+        nonce: &[u8],
+        script: &LuaScript,
+        buf: &mut BytesMut,
+    ) {
+        let args = self.revert_args(nonce);
+        reply::evalsha_start(buf, &script.sha, 2, args.len());
+        reply::bulk_parts(buf, &self.keys.stock_key_parts(&revert.sku));
+        reply::bulk_parts(
+            buf,
+            &self.keys.record_key_parts(&revert.sku, &revert.request_id),
+        );
+        for arg in args {
+            reply::bulk_of(buf, arg);
+        }
     }
 }
