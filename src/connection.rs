@@ -113,6 +113,10 @@ async fn run(
     janitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Taking requests from the buffer: stops after QUIT or a protocol error.
     let mut accepting = true;
+    // One future for the connection's life: made afresh each time round
+    // the loop, it enlisted in the token's waiter list every time.
+    let drained = drain.cancelled();
+    tokio::pin!(drained);
 
     loop {
         // Turn buffered bytes into requests while the pipeline has room.
@@ -270,7 +274,7 @@ async fn run(
                     settle(shared, &mut replies, &mut running, ticket, call, Err(PipeError::Timeout));
                 }
             }
-            _ = drain.cancelled(), if reading && !draining => {
+            () = &mut drained, if reading && !draining => {
                 draining = true;
             }
             // --idle-timeout: nothing sent and nothing owed for that long.
