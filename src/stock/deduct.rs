@@ -83,23 +83,44 @@ impl StockService {
     }
 
     /// The EVALSHA of `deduct`, written into a node pipe's batch: the keys
-    /// from their parts, no key built between.
-    pub(super) fn encode_deduct(
-        &self,
-        deduct: &Deduct,
-        nonce: &[u8],
-        script: &LuaScript,
-        buf: &mut BytesMut,
-    ) {
-        let args = self.deduct_args(deduct, nonce);
-        reply::evalsha_start(buf, &script.sha, 2, args.len());
+    /// from their parts, no key built between, and what every DEDUCT sends
+    /// alike copied in encoded ([`Wire`]). Byte for byte what
+    /// [`reply::evalsha`] of [`StockService::deduct_args`] writes (a test
+    /// checks).
+    pub(super) fn encode_deduct(&self, deduct: &Deduct, nonce: &[u8], buf: &mut BytesMut) {
+        let wire = &self.deduct_wire;
+        buf.extend_from_slice(&wire.head);
         reply::bulk_parts(buf, &self.keys.stock_key_parts(&deduct.sku));
         reply::bulk_parts(
             buf,
             &self.keys.record_key_parts(&deduct.sku, &deduct.request_id),
         );
-        for arg in args {
-            reply::bulk_of(buf, arg);
+        reply::bulk_of(buf, deduct.qty.as_bytes());
+        reply::bulk_of(buf, deduct.order_no.as_bytes());
+        buf.extend_from_slice(&wire.fixed);
+        reply::bulk_of(buf, nonce);
+    }
+}
+
+/// What every DEDUCT's EVALSHA has alike, encoded once at startup: the
+/// head (`*11`, EVALSHA, the SHA, 2 keys) and the arguments stockgate
+/// supplies in the middle (ARGV 3 to 5: window, max qty, missing stock).
+pub(super) struct Wire {
+    head: Bytes,
+    fixed: Bytes,
+}
+
+impl Wire {
+    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 3]) -> Wire {
+        let mut head = BytesMut::new();
+        reply::evalsha_start(&mut head, &script.sha, 2, 6);
+        let mut fixed = BytesMut::new();
+        for arg in fixed_args {
+            reply::bulk_of(&mut fixed, arg);
+        }
+        Wire {
+            head: head.freeze(),
+            fixed: fixed.freeze(),
         }
     }
 }

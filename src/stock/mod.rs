@@ -150,6 +150,8 @@ pub struct StockService {
     access_log: AccessLog,
     metrics: Arc<Metrics>,
     nonces: Nonces,
+    deduct_wire: deduct::Wire,
+    revert_wire: revert::Wire,
 }
 
 /// A fresh nonce for every script call, written into the record it
@@ -200,20 +202,31 @@ impl StockService {
         scripts: Scripts,
         metrics: Arc<Metrics>,
     ) -> StockService {
+        let max_qty_arg = config.max_qty.to_string();
+        let retry_window_arg = config.retry_window.as_millis().to_string();
+        let missing = config.missing_stock.as_arg().as_bytes();
+        let deduct_wire = deduct::Wire::new(
+            &scripts.deduct,
+            [retry_window_arg.as_bytes(), max_qty_arg.as_bytes(), missing],
+        );
+        let revert_wire =
+            revert::Wire::new(&scripts.revert, [retry_window_arg.as_bytes(), missing]);
         StockService {
             upstream,
             scripts,
             keys: config.keys.clone(),
             max_qty: config.max_qty,
             retry_window: config.retry_window,
-            max_qty_arg: config.max_qty.to_string(),
-            retry_window_arg: config.retry_window.as_millis().to_string(),
+            max_qty_arg,
+            retry_window_arg,
             missing_stock: config.missing_stock,
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
             access_log: config.access_log,
             metrics,
             nonces: Nonces::new(),
+            deduct_wire,
+            revert_wire,
         }
     }
 
@@ -303,14 +316,14 @@ impl StockService {
         call: &StockCall,
         completion: Completion,
     ) -> Result<(), (PipeError, Completion)> {
-        let (slot, script) = match &call.op {
-            Op::Deduct(d) => (crate::keys::sku_slot(&d.sku), &self.scripts.deduct),
-            Op::Revert(r) => (crate::keys::sku_slot(&r.sku), &self.scripts.revert),
+        let slot = match &call.op {
+            Op::Deduct(d) => crate::keys::sku_slot(&d.sku),
+            Op::Revert(r) => crate::keys::sku_slot(&r.sku),
         };
         self.upstream
             .submit_script(slot, call.deadline, completion, |buf| match &call.op {
-                Op::Deduct(d) => self.encode_deduct(d, &call.nonce, script, buf),
-                Op::Revert(r) => self.encode_revert(r, &call.nonce, script, buf),
+                Op::Deduct(d) => self.encode_deduct(d, &call.nonce, buf),
+                Op::Revert(r) => self.encode_revert(r, &call.nonce, buf),
             })
     }
 
@@ -471,6 +484,55 @@ struct AccessEntry<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hot_path_writes_exactly_the_evalsha_the_fallback_sends() {
+        // The node pipes get each call's EVALSHA from pre-encoded parts;
+        // the redis-rs fallback from the argument lists. They must agree.
+        let config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
+        let shared = crate::state::Shared::new(config, 0);
+        let service = &shared.service;
+        let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+        for (command, args) in [
+            (
+                StockCommand::Deduct,
+                vec![arg("sku-9"), arg("12"), arg("req-77"), arg("ORD 1")],
+            ),
+            (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
+            (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
+        ] {
+            let Some(Prepared::Call(call)) = service.prepare(command, &args, Instant::now()) else {
+                panic!("{command:?} {args:?} is a valid call")
+            };
+            let mut hot = bytes::BytesMut::new();
+            let mut slow = bytes::BytesMut::new();
+            match &call.op {
+                Op::Deduct(d) => {
+                    service.encode_deduct(d, &call.nonce, &mut hot);
+                    let keys = service.keys.deduct_keys(&d.sku, &d.request_id);
+                    let argv = service.deduct_args(d, &call.nonce);
+                    crate::reply::evalsha(
+                        &mut slow,
+                        &service.scripts.deduct.sha,
+                        &[&keys.stock, &keys.record],
+                        &argv,
+                    );
+                }
+                Op::Revert(r) => {
+                    service.encode_revert(r, &call.nonce, &mut hot);
+                    let keys = service.keys.deduct_keys(&r.sku, &r.request_id);
+                    let argv = service.revert_args(&call.nonce);
+                    crate::reply::evalsha(
+                        &mut slow,
+                        &service.scripts.revert.sha,
+                        &[&keys.stock, &keys.record],
+                        &argv,
+                    );
+                }
+            }
+            assert_eq!(hot, slow, "{command:?}");
+        }
+    }
 
     #[test]
     fn nonces_are_distinct_hex() {

@@ -67,23 +67,38 @@ impl StockService {
         ]
     }
 
-    /// The EVALSHA of `revert`, written into a node pipe's batch.
-    pub(super) fn encode_revert(
-        &self,
-        revert: &Revert,
-        nonce: &[u8],
-        script: &LuaScript,
-        buf: &mut BytesMut,
-    ) {
-        let args = self.revert_args(nonce);
-        reply::evalsha_start(buf, &script.sha, 2, args.len());
+    /// The EVALSHA of `revert`, written into a node pipe's batch, with what
+    /// every REVERT sends alike copied in encoded ([`Wire`]).
+    pub(super) fn encode_revert(&self, revert: &Revert, nonce: &[u8], buf: &mut BytesMut) {
+        buf.extend_from_slice(&self.revert_wire.head);
         reply::bulk_parts(buf, &self.keys.stock_key_parts(&revert.sku));
         reply::bulk_parts(
             buf,
             &self.keys.record_key_parts(&revert.sku, &revert.request_id),
         );
-        for arg in args {
-            reply::bulk_of(buf, arg);
+        buf.extend_from_slice(&self.revert_wire.fixed);
+        reply::bulk_of(buf, nonce);
+    }
+}
+
+/// What every REVERT's EVALSHA has alike, encoded once: the head (`*8`,
+/// EVALSHA, the SHA, 2 keys) and ARGV 1 and 2 (window, missing stock).
+pub(super) struct Wire {
+    head: Bytes,
+    fixed: Bytes,
+}
+
+impl Wire {
+    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 2]) -> Wire {
+        let mut head = BytesMut::new();
+        reply::evalsha_start(&mut head, &script.sha, 2, 3);
+        let mut fixed = BytesMut::new();
+        for arg in fixed_args {
+            reply::bulk_of(&mut fixed, arg);
+        }
+        Wire {
+            head: head.freeze(),
+            fixed: fixed.freeze(),
         }
     }
 }
