@@ -194,11 +194,19 @@ fn header(buf: &[u8], at: usize, what: &str) -> Result<Option<(i64, usize)>, Pro
         return Err(ProtocolError(format!("invalid {what} length")));
     }
     let digits = &window[1..cr];
-    let value = std::str::from_utf8(digits)
-        .ok()
-        .filter(|s| !s.is_empty() && !s.starts_with('+'))
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(|| ProtocolError(format!("invalid {what} length")))?;
+    let value = match digits {
+        // Every header a client sends in practice: a few plain digits.
+        [_, ..] if digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit) => digits
+            .iter()
+            .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0')),
+        // Anything else as the standard library reads an i64 (a sign, more
+        // digits), but never a leading '+', which Redis refuses.
+        _ => std::str::from_utf8(digits)
+            .ok()
+            .filter(|s| !s.is_empty() && !s.starts_with('+'))
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| ProtocolError(format!("invalid {what} length")))?,
+    };
     Ok(Some((value, at + cr + 2)))
 }
 

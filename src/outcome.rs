@@ -101,7 +101,7 @@ impl StockReply {
             Value::SimpleString(s) => Field::Text(Bytes::copy_from_slice(s.as_bytes())),
             _ => Field::Other,
         });
-        StockReply::from_fields(fields.collect(), shown)
+        StockReply::from_fields(fields, shown)
     }
 
     /// Maps a script's reply as the node pipes read it: its raw bytes, as
@@ -116,19 +116,30 @@ impl StockReply {
             Item::Text(b) => Field::Text(b),
             Item::Other => Field::Other,
         });
-        StockReply::from_fields(fields.collect(), shown)
+        StockReply::from_fields(fields, shown)
     }
 
     /// Checks the shape. Elements after the fifth are ignored, so a newer
     /// script that appends some still works; anything else unexpected is a
     /// BADREPLY, never a guessed code.
     fn from_fields(
-        fields: Vec<Field>,
+        fields: impl Iterator<Item = Field>,
         shown: impl Fn() -> String,
     ) -> Result<StockReply, UpstreamError> {
-        if fields.len() < 4 {
+        // The first five, on the stack: a reply is read once per request.
+        let mut first: [Option<Field>; 5] = Default::default();
+        let mut count = 0;
+        for (slot, field) in first.iter_mut().zip(fields) {
+            *slot = Some(field);
+            count += 1;
+        }
+        if count < 4 {
             return Err(bad_reply("has fewer than 4 elements", shown));
         }
+        let [Some(f0), Some(f1), Some(f2), Some(f3), f4] = first else {
+            unreachable!("four fields were counted")
+        };
+        let fields = [f0, f1, f2, f3];
         let int = |f: &Field| match f {
             Field::Int(i) => Some(*i),
             _ => None,
@@ -147,7 +158,7 @@ impl StockReply {
         let version = int(&fields[3])
             .filter(|v| *v >= 1)
             .ok_or_else(|| bad_reply("has no valid version", &shown))?;
-        let reason = match fields.get(4) {
+        let reason = match &f4 {
             Some(f) => Some(text(f).ok_or_else(|| bad_reply("has a non-string reason", &shown))?),
             None => None,
         };

@@ -28,11 +28,21 @@ impl fmt::Display for InvalidParam {
 /// shape of a sku or a request_id. Braces are refused because the sku is the
 /// cluster hash tag; a brace inside it would move the tag.
 fn is_token(value: &[u8]) -> bool {
-    (1..=MAX_FIELD_LEN).contains(&value.len())
-        && value
-            .iter()
-            .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+    (1..=MAX_FIELD_LEN).contains(&value.len()) && value.iter().all(|&b| TOKEN_BYTE[b as usize])
 }
+
+/// Which bytes a token may hold (printable ASCII but braces), looked up:
+/// every request checks two or three tokens of up to 128 bytes.
+const TOKEN_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = byte.is_ascii_graphic() && byte != b'{' && byte != b'}';
+        b += 1;
+    }
+    table
+};
 
 /// A stock-keeping unit: the thing whose stock is counted, and the hash tag
 /// of both keys.
