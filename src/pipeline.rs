@@ -739,16 +739,30 @@ async fn serve(
         if retired && talk.in_flight.is_empty() {
             break Ok(());
         }
-        if let Some(deadline) = next_deadline
-            && armed != Some(deadline)
-        {
-            timer.as_mut().reset(deadline);
-            armed = Some(deadline);
+        if let Some(deadline) = next_deadline {
+            // Due already (a busy pipe whose read is always ready would
+            // otherwise never reach the timer's branch below).
+            let now = Instant::now();
+            if deadline <= now {
+                talk.expire(&mut lock(&pipe.queue), now);
+                if !talk.in_flight.is_empty()
+                    && now.duration_since(last_heard) > settings.stuck_after
+                {
+                    break Err(std::io::ErrorKind::TimedOut.into());
+                }
+                continue;
+            }
+            if armed != Some(deadline) {
+                timer.as_mut().reset(deadline);
+                armed = Some(deadline);
+            }
         }
         // Every phase waits in this one select, with the deadline timer:
         // a node that stops reading (its window shut, a frozen host) blocks
         // the write, and requests must still time out on the dot.
+        // Biased: polled in this order, with no RNG call per select.
         tokio::select! {
+            biased;
             written = writer.write_buf(&mut talk.writing), if !talk.writing.is_empty() => {
                 match written {
                     Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
