@@ -232,6 +232,66 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
     }
 }
 
+/// Operators' stock changes reach the log through the audit target's own
+/// writer, among the access log's lines: one line per change applied, none
+/// for a retry of the same op_id.
+#[test]
+fn every_stock_change_is_one_audit_line_beside_the_access_log() {
+    let cluster = cluster();
+    set_stock(&cluster, "audited", 5);
+    let proc = Proc::start(
+        &cluster.seeds(),
+        &[
+            "--log-format",
+            "json",
+            "--access-log",
+            "all",
+            "--admin-commands",
+        ],
+    );
+    let port = proc.port;
+    let burst: Vec<u8> = (0..200)
+        .flat_map(|i| encode_request(&["DEDUCT", "audited", "1", &format!("a-{i}")]))
+        .collect();
+    let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    busy.write_all(&burst).unwrap();
+    for (args, code) in [
+        (&["STOCK.ADD", "audited", "1000", "restock-1"][..], "0"),
+        (&["STOCK.ADD", "audited", "1000", "restock-1"], "1"),
+        (&["STOCK.SET", "audited", "50", "recount-1"], "0"),
+    ] {
+        let reply = redis_cli(port, args);
+        assert_eq!(reply.lines().next(), Some(code), "{args:?}: {reply}");
+    }
+    proc.signal(libc::SIGTERM);
+    let (status, log) = proc.finish();
+    assert!(status.success(), "{log}");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let audit: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["target"] == "stockgate::audit")
+        .collect();
+    assert_eq!(audit.len(), 2, "{log}");
+    let (add, set) = (&audit[0]["fields"], &audit[1]["fields"]);
+    assert_eq!(
+        (&add["command"], &add["delta"], &add["op_id"]),
+        (&"STOCK.ADD".into(), &1000.into(), &"restock-1".into()),
+        "{add}"
+    );
+    assert_eq!(
+        (&set["command"], &set["qty"], &set["stock_after"]),
+        (&"STOCK.SET".into(), &50.into(), &50.into()),
+        "{set}"
+    );
+    assert!(
+        lines.iter().any(|v| v["target"] == "stockgate::access"),
+        "the access log runs beside it: {log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_reports_totals_and_the_upstream() {
     let cluster = cluster();
