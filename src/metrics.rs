@@ -108,6 +108,9 @@ pub struct Metrics {
     /// request's latency stockgate doesn't add).
     upstream_durations: Vec<Histogram>,
     client_connections: Gauge,
+    /// Client connections closed since start: the upkeep task hands freed
+    /// memory back only when some closed (see `server::upkeep`).
+    disconnects: AtomicU64,
     upstream_ready: Gauge,
     upstream_ready_changes: Counter,
     auth_failures: Counter,
@@ -255,6 +258,7 @@ impl Metrics {
             upstream_errors,
             upstream_durations,
             client_connections,
+            disconnects: AtomicU64::new(0),
             upstream_ready,
             upstream_ready_changes,
             auth_failures,
@@ -330,6 +334,12 @@ impl Metrics {
 
     pub fn client_disconnected(&self) {
         self.client_connections.decrement(1.0);
+        self.disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Client connections closed since start.
+    pub fn disconnects(&self) -> u64 {
+        self.disconnects.load(Ordering::Relaxed)
     }
 
     /// The Prometheus text exposition of every series.
