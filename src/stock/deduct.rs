@@ -97,6 +97,7 @@ impl StockService {
                     self.max_qty_arg.as_bytes(),
                     self.missing_stock.as_arg().as_bytes(),
                     &nonce,
+                    self.replicate_arg.as_bytes(),
                 ],
             )
             .await;

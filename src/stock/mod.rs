@@ -66,6 +66,11 @@ pub struct StockService {
     max_qty_arg: String,
     retry_window_arg: String,
     missing_stock: MissingStock,
+    /// The scripts' "replicate" argument: "1" with `--wait-replicas`. A
+    /// reply that reports an earlier write then writes its record again,
+    /// unchanged, so that the WAIT after it confirms that record and not
+    /// only what this connection wrote (see `lua/common.lua`).
+    replicate_arg: &'static str,
     reject_stale_ids: bool,
     admin_commands: bool,
     access_log: AccessLog,
@@ -130,6 +135,11 @@ impl StockService {
             max_qty_arg: config.max_qty.to_string(),
             retry_window_arg: config.retry_window.as_millis().to_string(),
             missing_stock: config.missing_stock,
+            replicate_arg: if config.upstream.durability.is_some() {
+                "1"
+            } else {
+                "0"
+            },
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
             access_log: config.access_log,

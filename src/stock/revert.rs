@@ -81,6 +81,7 @@ impl StockService {
                     self.retry_window_arg.as_bytes(),
                     self.missing_stock.as_arg().as_bytes(),
                     &nonce,
+                    self.replicate_arg.as_bytes(),
                 ],
             )
             .await;
