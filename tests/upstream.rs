@@ -256,8 +256,9 @@ async fn metrics_count_each_result_without_user_data_in_labels() {
     );
     assert!(text.contains("le=\"0.0005\""), "sub-millisecond buckets");
     let build = format!(
-        "stockgate_build_info{{version=\"{}\",script_version=\"2\"}} 1",
-        env!("CARGO_PKG_VERSION")
+        "stockgate_build_info{{version=\"{}\",script_version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        stockgate::outcome::SCRIPT_VERSION
     );
     assert!(text.contains(&build), "{build} missing");
     for secret in [
