@@ -115,7 +115,8 @@ impl Upstream {
     }
 
     /// True once Redis is reachable and every script is loaded on every
-    /// primary; re-checked every second.
+    /// primary; kept up to date by the health loop (see [`health`] for
+    /// how often it checks what).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
