@@ -91,6 +91,39 @@ local function own_op_args(stock_key, op_key, window_arg, nonce)
   return window
 end
 
+-- ARGV "replicate": "1" with --wait-replicas, else "0" (absent reads as
+-- "0"). Returns the BADCALL error to return for any other value, or nil.
+local function bad_replicate(flag)
+  if flag == nil or flag == '0' or flag == '1' then
+    return nil
+  end
+  return badcall('the replicate flag must be "0" or "1"')
+end
+
+-- With --wait-replicas, stockgate sends WAIT after the script on the same
+-- connection and acknowledges a reply that reports a record (codes 0, 1
+-- and 4) only once replicas confirm it. WAIT confirms what *this
+-- connection* wrote, and Valkey 8 (unlike Redis 7.0, which waits for the
+-- primary's whole stream after any command) tracks that per client: a
+-- duplicate that wrote nothing gets an empty confirmation, though the
+-- record it reports was written through another connection (another
+-- sidecar, the other path of this one) and may be on no replica. So such
+-- a reply writes its record again, unchanged and with the same absolute
+-- expiry: the replication stream carries it after the original write, and
+-- the WAIT that follows covers both. A no-op for the data; off without
+-- --wait-replicas.
+local function replicate_again(flag, key, raw)
+  if flag ~= '1' then
+    return
+  end
+  local at = redis.call('PEXPIRETIME', key)
+  if at > 0 then
+    redis.call('SET', key, raw, 'PXAT', at)
+  else
+    redis.call('SET', key, raw, 'KEEPTTL')
+  end
+end
+
 -- The stock: nil when the key is missing, false when it is not an exact
 -- integer, otherwise the number.
 local function read_stock(stock_key)

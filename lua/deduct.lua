@@ -22,6 +22,11 @@ ARGV[3]  retry window        milliseconds, at least 60000: the record's TTL
 ARGV[4]  max qty             decimal integer
 ARGV[5]  missing stock       "error" or "zero"
 ARGV[6]  nonce               1 to 32 hex digits, new for every call
+ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise:
+                             a reply stating an existing record (0 for a call
+                             sent again, 1, 4) then writes it again unchanged,
+                             so the WAIT after it confirms that record (see
+                             replicate_again in lua/common.lua)
 
 Replies. The first four elements are fixed for good; callers ignore any more.
 VERSION is the script set's version (lua/common.lua).
@@ -37,21 +42,22 @@ VERSION is the script set's version (lua/common.lua).
                                           it never deducts again
 (stock is -1 where it was not read or the stock key is missing.)
 Error replies (nothing changed):
-  BADCALL ...     an argument stockgate supplies is wrong (ARGV[3..6], the keys)
+  BADCALL ...     an argument stockgate supplies is wrong (ARGV[3..7], the keys)
   UNKNOWNSKU ...  the stock key does not exist and ARGV[5] is "error"
   BADSTOCK ...    the stock value is not an integer within +-(2^53 - 1)
   BADRECORD ...   the idempotency record has a shape this version can't read
 
 A duplicate never refreshes the record's TTL: the retry window counts from
-the deduction, not from the latest retry.
+the deduction, not from the latest retry (with ARGV[7] "1" it writes the
+record again with the same absolute expiry).
 ]]
 
 --@common
 
 local stock_key = KEYS[1]
 local record_key = KEYS[2]
-local qty_arg, order_no, window_arg, max_arg, missing, nonce =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local qty_arg, order_no, window_arg, max_arg, missing, nonce, replicate =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
 local function invalid(reason, stock)
   return {3, stock or -1, '', VERSION, reason}
@@ -60,6 +66,10 @@ end
 -- stockgate's own arguments.
 local window, bad = own_args(stock_key, record_key, window_arg, missing, nonce)
 if not window then
+  return bad
+end
+bad = bad_replicate(replicate)
+if bad then
   return bad
 end
 local max_qty = positive_int(max_arg)
@@ -89,11 +99,13 @@ if raw then
     return redis.error_reply(BADRECORD)
   end
   if record.state == 'R' or record.state == 'V' then
+    replicate_again(replicate, record_key, raw)
     return {4, stock or -1, '', VERSION}
   end
   if record.qty ~= qty_arg then
     return invalid('request_id was already used with qty ' .. record.qty .. ' on this sku', stock or -1)
   end
+  replicate_again(replicate, record_key, raw)
   if record.nonce == nonce then
     -- This very call, sent again: it deducted the first time.
     return {0, stock or -1, record.order_no, VERSION}

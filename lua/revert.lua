@@ -31,6 +31,10 @@ KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 ARGV[1]  retry window        milliseconds, at least 60000
 ARGV[2]  missing stock       "error" or "zero"
 ARGV[3]  nonce               1 to 32 hex digits, new for every call
+ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent): a reply
+                             stating an existing record (0 and 4 for a call
+                             sent again, 1) writes it again unchanged, so the
+                             WAIT after it confirms it (lua/common.lua)
 
 Replies, the same shape as DEDUCT's:
   {0, remain, order_no, VERSION}   given back; remain is the stock after it,
@@ -54,10 +58,14 @@ Error replies (nothing changed):
 
 local stock_key = KEYS[1]
 local record_key = KEYS[2]
-local missing, nonce = ARGV[2], ARGV[3]
+local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
 
 local window, bad = own_args(stock_key, record_key, ARGV[1], missing, nonce)
 if not window then
+  return bad
+end
+bad = bad_replicate(replicate)
+if bad then
   return bad
 end
 
@@ -82,10 +90,12 @@ if not record then
   return redis.error_reply(BADRECORD)
 end
 if record.state == 'R' then
+  replicate_again(replicate, record_key, raw)
   local code = record.nonce == nonce and 0 or 1
   return {code, stock or -1, record.order_no, VERSION}
 end
 if record.state == 'V' then
+  replicate_again(replicate, record_key, raw)
   local code = record.nonce == nonce and 4 or 1
   return {code, stock or -1, '', VERSION}
 end

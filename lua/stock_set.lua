@@ -12,6 +12,9 @@ KEYS[2]  op record   <prefix>:{<sku>}:op:<op_id>   "3:S:<qty>:<nonce>:<qty>:"
 ARGV[1]  qty         decimal integer from 0 to 2^53 - 1
 ARGV[2]  retry window   milliseconds, at least 60000: the op record's TTL
 ARGV[3]  nonce       1 to 32 hex digits, new for every call
+ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
+                     op_id already applied writes its record again unchanged,
+                     so the WAIT after it confirms it (lua/common.lua)
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, qty, "", VERSION}      set now (a call sent again that finds its own
@@ -29,6 +32,10 @@ local qty_arg, nonce = ARGV[1], ARGV[3]
 
 local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
 if not window then
+  return bad
+end
+bad = bad_replicate(ARGV[4])
+if bad then
   return bad
 end
 local qty = nil
@@ -50,6 +57,7 @@ if raw then
   if op.kind ~= 'S' or op.amount ~= qty_arg then
     return {3, shown, '', VERSION, 'op_id was already used for another change on this sku'}
   end
+  replicate_again(ARGV[4], op_key, raw)
   return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
 end
 

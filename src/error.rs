@@ -25,6 +25,11 @@ pub enum FaultKind {
     Busy,
     /// Redis refused the write for lack of memory; the script did not run.
     OutOfMemory,
+    /// Redis refuses writes for now, before the script runs: it cannot
+    /// persist to disk (MISCONF, `stop-writes-on-bgsave-error`), or fewer
+    /// good replicas are connected than `min-replicas-to-write`
+    /// (NOREPLICAS). Nothing ran; it passes once the node recovers.
+    WritesRefused,
     /// stockgate has not reached the upstream yet.
     NotReady,
     /// A reply stockgate does not understand: an unexpected shape, or an
@@ -75,6 +80,7 @@ impl FaultKind {
             | FaultKind::ClusterDown
             | FaultKind::Busy
             | FaultKind::OutOfMemory
+            | FaultKind::WritesRefused
             | FaultKind::NotReady
             | FaultKind::NotReplicated
             | FaultKind::Overloaded => FaultClass::Unavailable,
@@ -84,12 +90,13 @@ impl FaultKind {
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
         FaultKind::Busy,
         FaultKind::OutOfMemory,
+        FaultKind::WritesRefused,
         FaultKind::NotReady,
         FaultKind::BadReply,
         FaultKind::BadCall,
@@ -108,6 +115,7 @@ impl FaultKind {
             FaultKind::ClusterDown => "cluster_down",
             FaultKind::Busy => "busy",
             FaultKind::OutOfMemory => "oom",
+            FaultKind::WritesRefused => "writes_refused",
             FaultKind::NotReady => "not_ready",
             FaultKind::BadReply => "bad_reply",
             FaultKind::BadCall => "bad_call",
@@ -182,6 +190,20 @@ impl UpstreamError {
             "OOM" => UpstreamError::new(
                 FaultKind::OutOfMemory,
                 format!("redis is out of memory and refused the script: {detail}"),
+            ),
+            // Both are refused before a script runs (a `#!lua` script
+            // without the no-writes flag counts as a write), so nothing
+            // changed and a retry passes once the node recovers: unavailable,
+            // never a bad reply.
+            "MISCONF" => UpstreamError::new(
+                FaultKind::WritesRefused,
+                format!("redis refuses writes (MISCONF: it cannot persist to disk): {detail}"),
+            ),
+            "NOREPLICAS" => UpstreamError::new(
+                FaultKind::WritesRefused,
+                format!(
+                    "redis refuses writes (NOREPLICAS: too few replicas are connected): {detail}"
+                ),
             ),
             "BUSY" => UpstreamError::new(
                 FaultKind::Busy,
@@ -280,5 +302,38 @@ mod tests {
         assert_eq!(e.kind, FaultKind::BadData);
         assert!(e.reply_text().starts_with("BADSTOCK not an int"));
         assert!(!FaultKind::BadData.retry_may_help());
+    }
+
+    #[test]
+    fn refused_writes_are_unavailable_because_nothing_ran() {
+        // Redis refuses these before a script runs: a retry is safe and
+        // passes once the node persists again or its replicas are back, so
+        // they are UPSTREAM (HTTP 503), not BADREPLY (HTTP 500).
+        for (code, detail, says) in [
+            (
+                "MISCONF",
+                "Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                "cannot persist to disk",
+            ),
+            (
+                "NOREPLICAS",
+                "Not enough good replicas to write.",
+                "too few replicas",
+            ),
+        ] {
+            let err = redis::make_extension_error(code.into(), Some(detail.into()));
+            let e = UpstreamError::from_redis(&err);
+            assert_eq!(e.kind, FaultKind::WritesRefused, "{code}");
+            assert_eq!(e.kind.class(), FaultClass::Unavailable, "{code}");
+            assert!(e.kind.retry_may_help());
+            let text = e.reply_text();
+            assert!(text.starts_with("UPSTREAM redis refuses writes"), "{text}");
+            assert!(text.contains(says) && text.contains(detail), "{text}");
+            assert!(text.contains(&format!("({code}: ")), "{text}");
+        }
+        // An error Redis may send that stockgate does not know stays a bad
+        // reply: nothing says whether it ran.
+        let e = UpstreamError::from_server_error("WHATEVER", "x");
+        assert_eq!(e.kind.class(), FaultClass::BadReply);
     }
 }

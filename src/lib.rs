@@ -40,6 +40,7 @@
 //!
 //! - [`config`]: flags and `STOCKGATE_*` variables, validated.
 //! - [`redact`]: passwords kept out of logs, INFO and `check`.
+//! - [`logging`]: stderr through writer threads; the audit lines lossless.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`auth`]: client passwords.
@@ -61,6 +62,7 @@ pub mod error;
 pub mod frame;
 pub mod http;
 pub mod keys;
+pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod outcome;

@@ -91,20 +91,10 @@ fn raise_open_files_limit() {
     }
 }
 
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
-    use std::io::IsTerminal;
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(writer);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
-    guard
+/// Logs to stderr through writer threads: lossy for request-path lines,
+/// lossless for the audit target (see `stockgate::logging`).
+fn init_logging(format: LogFormat) -> stockgate::logging::LogGuards {
+    stockgate::logging::init(format)
 }
 
 async fn serve(config: Config) -> Result<(), String> {

@@ -99,6 +99,16 @@ struct RequestSeries {
     count: AtomicU64,
 }
 
+/// Requests since start: answered with a business code (Redis ran the
+/// script), and faults a retry may get past (Redis unreachable, slow,
+/// refusing, or answering what stockgate can't read; not the data's
+/// faults, which say nothing about the upstream's health).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Activity {
+    pub answered: u64,
+    pub faults: u64,
+}
+
 /// Every series stockgate exports, resolved once.
 pub struct Metrics {
     handle: PrometheusHandle,
@@ -108,6 +118,9 @@ pub struct Metrics {
     /// request's latency stockgate doesn't add).
     upstream_durations: Vec<Histogram>,
     client_connections: Gauge,
+    /// Client connections closed since start: the upkeep task hands freed
+    /// memory back only when some closed (see `server::upkeep`).
+    disconnects: AtomicU64,
     upstream_ready: Gauge,
     upstream_ready_changes: Counter,
     auth_failures: Counter,
@@ -255,6 +268,7 @@ impl Metrics {
             upstream_errors,
             upstream_durations,
             client_connections,
+            disconnects: AtomicU64::new(0),
             upstream_ready,
             upstream_ready_changes,
             auth_failures,
@@ -298,6 +312,28 @@ impl Metrics {
             .collect()
     }
 
+    /// How requests have fared so far, read from the counters above
+    /// without a lock: the health loop's free signal of how the upstream
+    /// is doing (see `upstream::health`).
+    pub fn activity(&self) -> Activity {
+        let answered = self
+            .requests
+            .iter()
+            .flat_map(|series| {
+                ResultLabel::all()
+                    .filter(|result| *result != ResultLabel::Error)
+                    .map(|result| series[result.index()].count.load(Ordering::Relaxed))
+            })
+            .sum();
+        let faults = FaultKind::ALL
+            .into_iter()
+            .zip(&self.upstream_errors)
+            .filter(|(kind, _)| kind.retry_may_help())
+            .map(|(_, (_, count))| count.load(Ordering::Relaxed))
+            .sum();
+        Activity { answered, faults }
+    }
+
     /// System faults so far, as `(kind, count)`.
     pub fn upstream_error_totals(&self) -> Vec<(&'static str, u64)> {
         FaultKind::ALL
@@ -330,6 +366,12 @@ impl Metrics {
 
     pub fn client_disconnected(&self) {
         self.client_connections.decrement(1.0);
+        self.disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Client connections closed since start.
+    pub fn disconnects(&self) -> u64 {
+        self.disconnects.load(Ordering::Relaxed)
     }
 
     /// The Prometheus text exposition of every series.
@@ -381,6 +423,33 @@ mod tests {
         }
         assert!(text.contains("stockgate_upstream_errors_total{kind=\"timeout\"} 0"));
         assert!(text.contains("stockgate_client_connections 0"));
+    }
+
+    #[test]
+    fn activity_counts_answers_and_the_faults_a_retry_may_get_past() {
+        let metrics = Metrics::new();
+        assert_eq!(metrics.activity(), Activity::default());
+        let elapsed = Duration::from_micros(80);
+        for code in [Code::Ok, Code::Insufficient, Code::Revoked] {
+            metrics.record_request(CommandLabel::Deduct, ResultLabel::Code(code), elapsed);
+        }
+        metrics.record_request(CommandLabel::Revert, ResultLabel::Code(Code::Ok), elapsed);
+        for kind in [
+            FaultKind::Timeout,
+            FaultKind::WritesRefused,
+            FaultKind::UnknownSku,
+        ] {
+            metrics.record_request(CommandLabel::Deduct, ResultLabel::Error, elapsed);
+            metrics.record_upstream_error(kind);
+        }
+        // The unknown sku is the data's fault: it says nothing about Redis.
+        assert_eq!(
+            metrics.activity(),
+            Activity {
+                answered: 4,
+                faults: 2
+            }
+        );
     }
 
     #[test]

@@ -101,3 +101,115 @@ async fn writes_wait_for_replicas_and_unconfirmed_ones_are_retryable_errors() {
         .unwrap_or(0.0);
     assert!(not_replicated >= 2.0, "{metrics}");
 }
+
+/// Stops a server process (SIGSTOP) until dropped: it keeps its
+/// connections, so a primary still counts it as a replica, but its
+/// acknowledged replication offset stands still.
+struct Frozen(i32);
+
+impl Frozen {
+    fn node(node: &stockgate::dev::RedisNode) -> Frozen {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut node.connection().unwrap())
+            .unwrap();
+        let pid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("INFO server names the process");
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_reply_about_an_earlier_write_waits_for_that_write }
+/// WAIT confirms what the connection it is sent on wrote. A duplicate
+/// writes nothing, so on a server that tracks that per client (Valkey 8;
+/// Redis 7.0 waits for its whole stream after any command) its WAIT would
+/// confirm nothing, though the record it reports was written through
+/// another connection (here another sidecar) that was told "not
+/// replicated": acknowledging it would let a failover lose an acknowledged
+/// deduction. Every reply that reports an existing record (DEDUCT 1 and
+/// 4, REVERT 1) must wait for a replica that has it.
+async fn a_reply_about_an_earlier_write_waits_for_that_write(kind: ServerKind) {
+    let cluster =
+        LocalCluster::start(1, 1, &RedisOptions::of(kind)).expect("a primary and a replica");
+    assert_runs(&cluster.nodes[0], kind);
+    set_stock(&cluster, "twice", 10);
+    let durable = |c: &mut stockgate::config::Config| {
+        c.upstream.durability = Some(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(200),
+        });
+    };
+    let (one, other) = (
+        proxy(cluster.seeds(), durable).await,
+        proxy(cluster.seeds(), durable).await,
+    );
+    let (mut first, mut second) = (client(&one, false).await, client(&other, false).await);
+    let reply = parse(deduct(&mut first, "twice", "2", "t1", None).await.unwrap());
+    assert_eq!(reply.code, 0, "{kind}: confirmed while the replica runs");
+
+    let frozen = Frozen::node(&cluster.nodes[1]);
+    let not_replicated = |result: redis::RedisResult<redis::Value>, what: &str| {
+        let err = result.expect_err(what);
+        assert!(
+            err.code() == Some("UPSTREAM") && err.detail().unwrap().starts_with("not replicated"),
+            "{kind}, {what}: {err:?}"
+        );
+    };
+    not_replicated(
+        deduct(&mut first, "twice", "3", "t2", None).await,
+        "a write no replica has",
+    );
+    let record = record_key("twice", "t2");
+    let mut primary = cluster.nodes[0].connection().unwrap();
+    let expiry = |primary: &mut redis::Connection| -> i64 {
+        redis::cmd("PEXPIRETIME")
+            .arg(&record)
+            .query(primary)
+            .unwrap()
+    };
+    let expires_at = expiry(&mut primary);
+    not_replicated(
+        deduct(&mut second, "twice", "3", "t2", None).await,
+        "its retry through another sidecar (code 1)",
+    );
+    not_replicated(revert(&mut first, "twice", "t1").await, "a revert");
+    not_replicated(
+        revert(&mut second, "twice", "t1").await,
+        "its retry through another sidecar (code 1)",
+    );
+    not_replicated(
+        deduct(&mut second, "twice", "2", "t1", None).await,
+        "a late deduct of a reverted id (code 4)",
+    );
+    drop(frozen);
+
+    // Once the replica has caught up, the same retries are acknowledged.
+    let mut retry = None;
+    for _ in 0..100 {
+        if let Ok(value) = deduct(&mut second, "twice", "3", "t2", None).await {
+            retry = Some(parse(value));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let retry = retry.expect("confirmed once the replica is back");
+    assert_eq!((retry.code, retry.remain), (1, 7), "{kind}");
+    let reply = parse(revert(&mut second, "twice", "t1").await.unwrap());
+    assert_eq!(reply.code, 1, "{kind}");
+    // Writing a record again changed neither it nor its expiry: the retry
+    // window still counts from the deduction.
+    assert_eq!(expiry(&mut primary), expires_at, "{kind}");
+    let on_primary: String = redis::cmd("GET").arg(&record).query(&mut primary).unwrap();
+    assert_eq!(summary(&on_primary), "D:3:", "{kind}");
+    assert_eq!(get_stock(&cluster, "twice"), Some(7));
+}

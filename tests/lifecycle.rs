@@ -112,13 +112,11 @@ fn sigterm_answers_every_request_already_sent_then_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
-    // A standalone Redis we can stall with DEBUG SLEEP, so requests are
-    // still waiting on Redis when the drain begins.
-    let redis = LocalRedis::start(&RedisOptions {
-        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
-        ..RedisOptions::default()
-    })
-    .unwrap();
+    // Redis holds every write (CLIENT PAUSE WRITE) until the test lets it
+    // go, so the request is still waiting on Redis when the drain begins,
+    // however slow the machine: each step waits for a state it can see,
+    // never for a time to pass. Reads (stockgate's health checks) go on.
+    let redis = LocalRedis::start(&RedisOptions::default()).unwrap();
     let mut direct = redis.node.connection().unwrap();
     redis::cmd("SET")
         .arg(stock_key("slow"))
@@ -126,31 +124,50 @@ async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
         .query::<()>(&mut direct)
         .unwrap();
     let server = proxy(vec![redis.url()], |c| {
-        c.upstream.timeout = Duration::from_secs(10)
+        c.upstream.timeout = Duration::from_secs(60)
     })
     .await;
     let admin = server.admin_addr.port();
-    let stall = std::thread::spawn(move || {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .query::<()>(&mut direct)
-            .unwrap();
-    });
-    std::thread::sleep(Duration::from_millis(200));
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query::<()>(&mut direct)
+        .unwrap();
     let mut conn = client(&server, false).await;
     let pending = tokio::spawn(async move { deduct(&mut conn, "slow", "1", "slow-1", None).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The DEDUCT's script is held inside Redis.
+    let blocked = |direct: &mut redis::Connection| {
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(direct).unwrap();
+        clients
+            .lines()
+            .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha "))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !blocked(&mut direct) {
+        assert!(Instant::now() < deadline, "the DEDUCT never reached Redis");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
-    let drain = tokio::spawn(server.drain(Duration::from_secs(10)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        tokio::task::spawn_blocking(move || http_status(admin, "/readyz"))
-            .await
-            .unwrap(),
-        Some(503),
-        "readiness is false from the moment the drain begins"
-    );
+    let drain = tokio::spawn(server.drain(Duration::from_secs(60)));
+    // Readiness is false while the request is still in flight: it cannot
+    // finish before Redis is unpaused below.
+    let readyz = move || http_status(admin, "/readyz");
+    while tokio::task::spawn_blocking(readyz).await.unwrap() != Some(503) {
+        assert!(
+            Instant::now() < deadline,
+            "readiness never turned false during the drain"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!pending.is_finished(), "the request is still in flight");
+    assert!(!drain.is_finished(), "the drain waits for it");
+    assert!(blocked(&mut direct), "and it is still held in Redis");
+
+    redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query::<()>(&mut direct)
+        .unwrap();
     let reply = parse(
         pending
             .await
@@ -159,7 +176,6 @@ async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
     );
     assert_eq!((reply.code, reply.remain), (0, 9));
     assert!(drain.await.unwrap(), "drained within the grace");
-    stall.join().unwrap();
 }
 
 #[test]
@@ -230,6 +246,66 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
             "the order_no never reaches the log"
         );
     }
+}
+
+/// Operators' stock changes reach the log through the audit target's own
+/// writer, among the access log's lines: one line per change applied, none
+/// for a retry of the same op_id.
+#[test]
+fn every_stock_change_is_one_audit_line_beside_the_access_log() {
+    let cluster = cluster();
+    set_stock(&cluster, "audited", 5);
+    let proc = Proc::start(
+        &cluster.seeds(),
+        &[
+            "--log-format",
+            "json",
+            "--access-log",
+            "all",
+            "--admin-commands",
+        ],
+    );
+    let port = proc.port;
+    let burst: Vec<u8> = (0..200)
+        .flat_map(|i| encode_request(&["DEDUCT", "audited", "1", &format!("a-{i}")]))
+        .collect();
+    let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    busy.write_all(&burst).unwrap();
+    for (args, code) in [
+        (&["STOCK.ADD", "audited", "1000", "restock-1"][..], "0"),
+        (&["STOCK.ADD", "audited", "1000", "restock-1"], "1"),
+        (&["STOCK.SET", "audited", "50", "recount-1"], "0"),
+    ] {
+        let reply = redis_cli(port, args);
+        assert_eq!(reply.lines().next(), Some(code), "{args:?}: {reply}");
+    }
+    proc.signal(libc::SIGTERM);
+    let (status, log) = proc.finish();
+    assert!(status.success(), "{log}");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let audit: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["target"] == "stockgate::audit")
+        .collect();
+    assert_eq!(audit.len(), 2, "{log}");
+    let (add, set) = (&audit[0]["fields"], &audit[1]["fields"]);
+    assert_eq!(
+        (&add["command"], &add["delta"], &add["op_id"]),
+        (&"STOCK.ADD".into(), &1000.into(), &"restock-1".into()),
+        "{add}"
+    );
+    assert_eq!(
+        (&set["command"], &set["qty"], &set["stock_after"]),
+        (&"STOCK.SET".into(), &50.into(), &50.into()),
+        "{set}"
+    );
+    assert!(
+        lines.iter().any(|v| v["target"] == "stockgate::access"),
+        "the access log runs beside it: {log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

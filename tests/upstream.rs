@@ -275,3 +275,108 @@ async fn metrics_count_each_result_without_user_data_in_labels() {
         (sample(&text, "stockgate_client_connections") == Some(0.0)).then_some(())
     });
 }
+
+/// Calls of each command `conn`'s node has served so far (INFO
+/// commandstats), without INFO itself: the test's own reads.
+fn command_calls(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// What a healthy sidecar costs the cluster while nobody uses it: the
+/// commands its background work sends to a 3-primary cluster, counted by
+/// the servers themselves over a window. A fleet multiplies this by its
+/// size (1,000 sidecars at the former 14 commands per second were 14,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sidecar_sends_at_most_one_command_every_two_seconds() {
+    const WINDOW: Duration = Duration::from_secs(20);
+    /// The budget: 0.5 commands per second per healthy sidecar.
+    const PER_SECOND: f64 = 0.5;
+    /// For a check that straddles the window's start or end.
+    const SLACK: u64 = 3;
+    let cluster = cluster();
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    // Connections first: opening one sends commands of its own.
+    let mut primaries: Vec<redis::Connection> = cluster.nodes[..cluster.masters]
+        .iter()
+        .map(|node| node.connection().unwrap())
+        .collect();
+    let before: Vec<_> = primaries.iter_mut().map(command_calls).collect();
+    tokio::time::sleep(WINDOW).await;
+    let after: Vec<_> = primaries.iter_mut().map(command_calls).collect();
+    let mut sent = std::collections::BTreeMap::<String, u64>::new();
+    for (before, after) in before.iter().zip(&after) {
+        for (name, calls) in after {
+            *sent.entry(name.clone()).or_default() +=
+                calls - before.get(name).copied().unwrap_or(0);
+        }
+    }
+    sent.retain(|_, calls| *calls > 0);
+    let total: u64 = sent.values().sum();
+    eprintln!(
+        "an idle stockgate sent {total} commands in {WINDOW:?} to 3 primaries ({:.2}/s): {sent:?}",
+        total as f64 / WINDOW.as_secs_f64()
+    );
+    let budget = (PER_SECOND * WINDOW.as_secs_f64()) as u64 + SLACK;
+    assert!(
+        total <= budget,
+        "{total} commands, budget {budget}: {sent:?}"
+    );
+    assert!(server.is_ready(), "and it is still ready");
+    assert!(total > 0, "it still checks on the cluster: {sent:?}");
+}
+
+/// Fewer background commands must not make readiness lie: with no
+/// request to fail, an idle sidecar still notices the cluster going away
+/// (by its periodic CLUSTER SLOTS), and comes back by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sidecar_still_notices_redis_going_away_and_coming_back() {
+    let mut cluster = cluster();
+    let server = proxy(cluster.seeds(), |c| {
+        c.upstream.connect_timeout = Duration::from_millis(200);
+        c.upstream.timeout = Duration::from_millis(500);
+    })
+    .await;
+    let admin = server.admin_addr;
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    let down = Instant::now();
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        loop_until(Duration::from_secs(30), || {
+            let (status, body) = http_get(admin, "/readyz");
+            (status == 503).then_some((status, body))
+        })
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "idle: /readyz turned 503 {:?} after the cluster went down: {body}",
+        down.elapsed()
+    );
+    assert_eq!(status, 503);
+    assert!(body.starts_with("not ready: "), "{body}");
+    for node in &mut cluster.nodes {
+        node.restart().unwrap();
+    }
+    cluster
+        .wait_for("the restarted cluster", |info, _| {
+            info.contains("cluster_state:ok")
+        })
+        .unwrap();
+    assert!(
+        server.wait_ready(Duration::from_secs(30)).await,
+        "ready again without a request or a restart"
+    );
+}

@@ -294,3 +294,140 @@ async fn a_standalone_replica_refuses_the_script_with_readonly_and_nothing_is_wr
     }
     server.stop_now();
 }
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_node_that_refuses_writes_is_unavailable_and_nothing_is_written }
+/// A node that cannot persist (`MISCONF`, after a failed BGSAVE with
+/// `stop-writes-on-bgsave-error`) or has too few replicas (`NOREPLICAS`,
+/// `min-replicas-to-write`) refuses the script before it runs, on both
+/// servers. Nothing changed and a retry passes once the node recovers:
+/// `-UPSTREAM` and HTTP 503, never `-BADREPLY` and 500.
+async fn a_node_that_refuses_writes_is_unavailable_and_nothing_is_written(kind: ServerKind) {
+    // Save points, or a failed BGSAVE stops nothing; `dir` may only be
+    // changed at run time with protected configs enabled.
+    let redis = LocalRedis::start(&RedisOptions {
+        extra_args: vec![
+            "--save".into(),
+            "3600 1".into(),
+            "--enable-protected-configs".into(),
+            "yes".into(),
+        ],
+        ..RedisOptions::of(kind)
+    })
+    .unwrap_or_else(|e| panic!("cannot start a {kind}: {e}"));
+    assert_runs(&redis.node, kind);
+    let mut direct = redis.node.connection().unwrap();
+    let mut run = |args: &[&str]| -> String {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        match cmd.query::<Value>(&mut direct).unwrap() {
+            Value::SimpleString(s) => s,
+            Value::BulkString(b) => String::from_utf8(b).unwrap(),
+            Value::VerbatimString { text, .. } => text,
+            Value::Int(n) => n.to_string(),
+            other => format!("{other:?}"),
+        }
+    };
+    run(&["SET", &String::from_utf8(stock_key("held")).unwrap(), "5"]);
+    let server = proxy(vec![redis.url()], |c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let http = server.http_addr.expect("http is enabled");
+    let mut conn = client(&server, false).await;
+
+    let dir = redis.node.dir.to_str().unwrap().to_owned();
+    let persisted = |info: &str, status: &str| {
+        info.contains(&format!("rdb_last_bgsave_status:{status}"))
+            && info.contains("rdb_bgsave_in_progress:0")
+    };
+    // /proc takes no file, not even from root: the BGSAVE fails.
+    run(&["CONFIG", "SET", "dir", "/proc"]);
+    run(&["BGSAVE"]);
+    wait_until("the BGSAVE to fail", || {
+        persisted(&run(&["INFO", "persistence"]), "err")
+    });
+    let misconf = (
+        "MISCONF",
+        "redis refuses writes (MISCONF: it cannot persist to disk)",
+    );
+    let noreplicas = (
+        "NOREPLICAS",
+        "redis refuses writes (NOREPLICAS: too few replicas are connected)",
+    );
+    for (step, (code, says)) in [misconf, noreplicas].into_iter().enumerate() {
+        if step == 1 {
+            run(&["CONFIG", "SET", "dir", &dir]);
+            run(&["BGSAVE"]);
+            wait_until("the BGSAVE to pass", || {
+                persisted(&run(&["INFO", "persistence"]), "ok")
+            });
+            run(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+        }
+        let id = format!("refused-{step}");
+        let err = deduct(&mut conn, "held", "1", &id, None)
+            .await
+            .expect_err("the node refuses writes");
+        let text = err.to_string();
+        assert_eq!(err.code(), Some("UPSTREAM"), "{kind} {code}: {text}");
+        assert!(text.contains(says), "{kind}: {text}");
+        assert!(
+            text.contains("retrying with the same request_id is safe"),
+            "{text}"
+        );
+        let (status, body) = post_deduct(http, "held", &id);
+        assert_eq!(status, 503, "{kind} {code}: {body}");
+        assert!(body.contains("\"retry_safe\":true"), "{body}");
+        assert_eq!(
+            run(&["GET", &String::from_utf8(stock_key("held")).unwrap()]),
+            "5"
+        );
+        assert_eq!(
+            run(&[
+                "EXISTS",
+                &String::from_utf8(record_key("held", &id)).unwrap()
+            ]),
+            "0"
+        );
+    }
+    // Once the node takes writes again, the retry deducts, once.
+    run(&["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    let reply = parse(
+        deduct(&mut conn, "held", "1", "refused-1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 4));
+    let metrics = server.shared().metrics.render();
+    assert!(
+        metrics.contains("stockgate_upstream_errors_total{kind=\"writes_refused\"} 4"),
+        "{metrics}"
+    );
+    server.stop_now();
+}
+
+/// `POST /v1/deduct` of one unit; the status and the body.
+fn post_deduct(addr: std::net::SocketAddr, sku: &str, request_id: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let body = format!(r#"{{"sku":"{sku}","qty":1,"request_id":"{request_id}"}}"#);
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/deduct HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_owned())
+}

@@ -35,6 +35,11 @@ impl Encoded {
         self.ends.len()
     }
 
+    /// Every request, back to back.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Requests `from..to`, as one slice.
     fn range(&self, from: usize, to: usize) -> &[u8] {
         let start = if from == 0 { 0 } else { self.ends[from - 1] };

@@ -66,6 +66,7 @@
 //! | `BENCH_SKUS` | 1000 | |
 //! | `BENCH_TARGETS` | all | comma-separated target names |
 //! | `BENCH_IDLE_CLIENTS` | 1000 | memory: clients connected (of which `BENCH_CONNECTIONS` active) |
+//! | `BENCH_IDLE_HANDSHAKE` | `identify` | memory: what each idle client sends on connect: `identify` (HELLO 3, CLIENT SETINFO LIB-NAME and LIB-VER, CLIENT SETNAME, PING, as real clients do) or `ping` (PING only) |
 //! | `BENCH_MANY_CLIENTS` | 10000 | memory: concurrent clients, one DEDUCT each |
 //! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
@@ -156,6 +157,7 @@ pub struct Knobs {
     pub skus: usize,
     pub targets: Vec<TargetId>,
     pub idle_clients: usize,
+    pub idle_handshake: memory::Handshake,
     pub many_clients: usize,
     pub many_rounds: usize,
     pub stockgate_bin: PathBuf,
@@ -197,6 +199,11 @@ impl Knobs {
             skus: num("BENCH_SKUS", 1000).max(1),
             targets,
             idle_clients: num("BENCH_IDLE_CLIENTS", 1000),
+            idle_handshake: match std::env::var("BENCH_IDLE_HANDSHAKE").as_deref() {
+                Err(_) | Ok("identify") => memory::Handshake::Identify,
+                Ok("ping") => memory::Handshake::Ping,
+                Ok(other) => panic!("BENCH_IDLE_HANDSHAKE={other:?}: identify or ping"),
+            },
             many_clients: num("BENCH_MANY_CLIENTS", 10_000),
             many_rounds: num("BENCH_MANY_ROUNDS", 3),
             stockgate_bin: std::env::var_os("BENCH_STOCKGATE_BIN")

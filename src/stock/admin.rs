@@ -135,7 +135,12 @@ impl StockService {
             .eval_stock(
                 script,
                 [&keys.stock, &keys.record],
-                &[&args[1], self.retry_window_arg.as_bytes(), &nonce],
+                &[
+                    &args[1],
+                    self.retry_window_arg.as_bytes(),
+                    &nonce,
+                    self.replicate_arg.as_bytes(),
+                ],
             )
             .await;
         match result {

@@ -71,7 +71,7 @@ impl StockService {
     }
 
     /// The script's ARGV for `deduct` (`lua/deduct.lua`).
-    pub(super) fn deduct_args<'a>(&'a self, deduct: &'a Deduct, nonce: &'a [u8]) -> [&'a [u8]; 6] {
+    pub(super) fn deduct_args<'a>(&'a self, deduct: &'a Deduct, nonce: &'a [u8]) -> [&'a [u8]; 7] {
         [
             deduct.qty.as_bytes(),
             deduct.order_no.as_bytes(),
@@ -79,6 +79,7 @@ impl StockService {
             self.max_qty_arg.as_bytes(),
             self.missing_stock.as_arg().as_bytes(),
             nonce,
+            self.replicate_arg.as_bytes(),
         ]
     }
 
@@ -99,28 +100,34 @@ impl StockService {
         reply::bulk_of(buf, deduct.order_no.as_bytes());
         buf.extend_from_slice(&wire.fixed);
         reply::bulk_of(buf, nonce);
+        buf.extend_from_slice(&wire.tail);
     }
 }
 
 /// What every DEDUCT's EVALSHA has alike, encoded once at startup: the
-/// head (`*11`, EVALSHA, the SHA, 2 keys) and the arguments stockgate
-/// supplies in the middle (ARGV 3 to 5: window, max qty, missing stock).
+/// head (`*12`, EVALSHA, the SHA, 2 keys), the arguments stockgate supplies
+/// in the middle (ARGV 3 to 5: window, max qty, missing stock) and at the
+/// end (ARGV 7, replicate).
 pub(super) struct Wire {
     head: Bytes,
     fixed: Bytes,
+    tail: Bytes,
 }
 
 impl Wire {
-    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 3]) -> Wire {
+    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 3], replicate: &[u8]) -> Wire {
         let mut head = BytesMut::new();
-        reply::evalsha_start(&mut head, &script.sha, 2, 6);
+        reply::evalsha_start(&mut head, &script.sha, 2, 7);
         let mut fixed = BytesMut::new();
         for arg in fixed_args {
             reply::bulk_of(&mut fixed, arg);
         }
+        let mut tail = BytesMut::new();
+        reply::bulk_of(&mut tail, replicate);
         Wire {
             head: head.freeze(),
             fixed: fixed.freeze(),
+            tail: tail.freeze(),
         }
     }
 }

@@ -145,6 +145,11 @@ pub struct StockService {
     max_qty_arg: String,
     retry_window_arg: String,
     missing_stock: MissingStock,
+    /// The scripts' "replicate" argument: "1" with `--wait-replicas`. A
+    /// reply that reports an earlier write then writes its record again,
+    /// unchanged, so that the WAIT after it confirms that record and not
+    /// only what this connection wrote (see `lua/common.lua`).
+    replicate_arg: &'static str,
     reject_stale_ids: bool,
     admin_commands: bool,
     access_log: AccessLog,
@@ -205,12 +210,21 @@ impl StockService {
         let max_qty_arg = config.max_qty.to_string();
         let retry_window_arg = config.retry_window.as_millis().to_string();
         let missing = config.missing_stock.as_arg().as_bytes();
+        let replicate_arg = if config.upstream.durability.is_some() {
+            "1"
+        } else {
+            "0"
+        };
         let deduct_wire = deduct::Wire::new(
             &scripts.deduct,
             [retry_window_arg.as_bytes(), max_qty_arg.as_bytes(), missing],
+            replicate_arg.as_bytes(),
         );
-        let revert_wire =
-            revert::Wire::new(&scripts.revert, [retry_window_arg.as_bytes(), missing]);
+        let revert_wire = revert::Wire::new(
+            &scripts.revert,
+            [retry_window_arg.as_bytes(), missing],
+            replicate_arg.as_bytes(),
+        );
         StockService {
             upstream,
             scripts,
@@ -220,6 +234,7 @@ impl StockService {
             max_qty_arg,
             retry_window_arg,
             missing_stock: config.missing_stock,
+            replicate_arg,
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
             access_log: config.access_log,
@@ -489,48 +504,57 @@ mod tests {
     fn the_hot_path_writes_exactly_the_evalsha_the_fallback_sends() {
         // The node pipes get each call's EVALSHA from pre-encoded parts;
         // the redis-rs fallback from the argument lists. They must agree.
-        let config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
-        let shared = crate::state::Shared::new(config, 0);
-        let service = &shared.service;
-        let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-        for (command, args) in [
-            (
-                StockCommand::Deduct,
-                vec![arg("sku-9"), arg("12"), arg("req-77"), arg("ORD 1")],
-            ),
-            (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
-            (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
-        ] {
-            let Some(Prepared::Call(call)) = service.prepare(command, &args, Instant::now()) else {
-                panic!("{command:?} {args:?} is a valid call")
-            };
-            let mut hot = bytes::BytesMut::new();
-            let mut slow = bytes::BytesMut::new();
-            match &call.op {
-                Op::Deduct(d) => {
-                    service.encode_deduct(d, &call.nonce, &mut hot);
-                    let keys = service.keys.deduct_keys(&d.sku, &d.request_id);
-                    let argv = service.deduct_args(d, &call.nonce);
-                    crate::reply::evalsha(
-                        &mut slow,
-                        &service.scripts.deduct.sha,
-                        &[&keys.stock, &keys.record],
-                        &argv,
-                    );
-                }
-                Op::Revert(r) => {
-                    service.encode_revert(r, &call.nonce, &mut hot);
-                    let keys = service.keys.deduct_keys(&r.sku, &r.request_id);
-                    let argv = service.revert_args(&call.nonce);
-                    crate::reply::evalsha(
-                        &mut slow,
-                        &service.scripts.revert.sha,
-                        &[&keys.stock, &keys.record],
-                        &argv,
-                    );
-                }
+        for durable in [false, true] {
+            let mut config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
+            if durable {
+                config.upstream.durability = Some(crate::config::Durability {
+                    replicas: 1,
+                    timeout: Duration::from_millis(100),
+                });
             }
-            assert_eq!(hot, slow, "{command:?}");
+            let shared = crate::state::Shared::new(config, 0);
+            let service = &shared.service;
+            let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+            for (command, args) in [
+                (
+                    StockCommand::Deduct,
+                    vec![arg("sku-9"), arg("12"), arg("req-77"), arg("ORD 1")],
+                ),
+                (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
+                (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
+            ] {
+                let Some(Prepared::Call(call)) = service.prepare(command, &args, Instant::now())
+                else {
+                    panic!("{command:?} {args:?} is a valid call")
+                };
+                let mut hot = bytes::BytesMut::new();
+                let mut slow = bytes::BytesMut::new();
+                match &call.op {
+                    Op::Deduct(d) => {
+                        service.encode_deduct(d, &call.nonce, &mut hot);
+                        let keys = service.keys.deduct_keys(&d.sku, &d.request_id);
+                        let argv = service.deduct_args(d, &call.nonce);
+                        crate::reply::evalsha(
+                            &mut slow,
+                            &service.scripts.deduct.sha,
+                            &[&keys.stock, &keys.record],
+                            &argv,
+                        );
+                    }
+                    Op::Revert(r) => {
+                        service.encode_revert(r, &call.nonce, &mut hot);
+                        let keys = service.keys.deduct_keys(&r.sku, &r.request_id);
+                        let argv = service.revert_args(&call.nonce);
+                        crate::reply::evalsha(
+                            &mut slow,
+                            &service.scripts.revert.sha,
+                            &[&keys.stock, &keys.record],
+                            &argv,
+                        );
+                    }
+                }
+                assert_eq!(hot, slow, "{command:?}, durable {durable}");
+            }
         }
     }
 

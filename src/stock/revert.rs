@@ -59,11 +59,12 @@ impl StockService {
     }
 
     /// The script's ARGV for a revert (`lua/revert.lua`).
-    pub(super) fn revert_args<'a>(&'a self, nonce: &'a [u8]) -> [&'a [u8]; 3] {
+    pub(super) fn revert_args<'a>(&'a self, nonce: &'a [u8]) -> [&'a [u8]; 4] {
         [
             self.retry_window_arg.as_bytes(),
             self.missing_stock.as_arg().as_bytes(),
             nonce,
+            self.replicate_arg.as_bytes(),
         ]
     }
 
@@ -78,27 +79,33 @@ impl StockService {
         );
         buf.extend_from_slice(&self.revert_wire.fixed);
         reply::bulk_of(buf, nonce);
+        buf.extend_from_slice(&self.revert_wire.tail);
     }
 }
 
-/// What every REVERT's EVALSHA has alike, encoded once: the head (`*8`,
-/// EVALSHA, the SHA, 2 keys) and ARGV 1 and 2 (window, missing stock).
+/// What every REVERT's EVALSHA has alike, encoded once: the head (`*9`,
+/// EVALSHA, the SHA, 2 keys), ARGV 1 and 2 (window, missing stock), and
+/// ARGV 4 (replicate).
 pub(super) struct Wire {
     head: Bytes,
     fixed: Bytes,
+    tail: Bytes,
 }
 
 impl Wire {
-    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 2]) -> Wire {
+    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 2], replicate: &[u8]) -> Wire {
         let mut head = BytesMut::new();
-        reply::evalsha_start(&mut head, &script.sha, 2, 3);
+        reply::evalsha_start(&mut head, &script.sha, 2, 4);
         let mut fixed = BytesMut::new();
         for arg in fixed_args {
             reply::bulk_of(&mut fixed, arg);
         }
+        let mut tail = BytesMut::new();
+        reply::bulk_of(&mut tail, replicate);
         Wire {
             head: head.freeze(),
             fixed: fixed.freeze(),
+            tail: tail.freeze(),
         }
     }
 }

@@ -1,18 +1,58 @@
 //! Health, in the background: connect, load the scripts on every
-//! primary, keep readiness (and `/readyz`) truthful, replace a cluster
-//! connection that stays stuck, and warn about a risky eviction policy.
+//! primary, keep readiness (and `/readyz`) truthful and the node pipes'
+//! slot table current, replace a cluster connection that stays stuck, and
+//! warn about a risky eviction policy.
+//!
+//! All of it at a cost a fleet can carry. Every sidecar's background
+//! commands add up on the shared cluster (at one full check a second, an
+//! idle sidecar in front of 3 primaries sent 16 commands a second, so a
+//! fleet of 1,000 sent 16,000), so the loop spends commands only where a
+//! signal says they are needed, and reads the free signals often:
+//!
+//! - a MOVED seen on the hot path ([`crate::pipeline::Pipelines::is_stale`])
+//!   rebuilds the slot table within [`TICK`];
+//! - a fault a retry may get past (a timeout, a lost connection, a refusal;
+//!   [`crate::metrics::Metrics::activity`]) brings the full check forward,
+//!   and while not ready it runs every [`RECHECK`], as it always did;
+//! - ready and quiet: one CLUSTER SLOTS every [`PROBE`] proves the cluster
+//!   answers and keeps the slot table from drifting, unless requests were
+//!   answered meanwhile without a fault, which prove as much for free; the
+//!   scripts are checked every [`SCRIPTS`], one SCRIPT EXISTS per primary
+//!   (a NOSCRIPT on the hot path is recovered inline anyway).
+//!
+//! So an idle sidecar sends 0.2 + 3/60 = 0.25 commands a second to 3
+//! primaries (`tests/upstream.rs` counts them in the servers'
+//! commandstats), and `/readyz` still turns 503 within a check of a
+//! failing request, or within [`PROBE`] plus `--timeout` when idle.
 
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
 use crate::error::{FaultKind, UpstreamError};
+use crate::metrics::Activity;
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// How often readiness is re-checked (script present on every primary).
-const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the loop reads its free signals: no command is sent for it.
+const TICK: Duration = Duration::from_millis(100);
+
+/// The full check (scripts on every primary, then the topology) while not
+/// ready, and after a fault: at most this often.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Ready: how often one CLUSTER SLOTS proves the cluster answers, when no
+/// answered request has proved it meanwhile. (Standalone: one SCRIPT
+/// EXISTS, which proves as much and checks the scripts too.)
+const PROBE: Duration = Duration::from_secs(5);
+
+/// Ready: how often the scripts are checked on every primary.
+const SCRIPTS: Duration = Duration::from_secs(60);
+
+/// A stale slot table (a MOVED on the hot path) is rebuilt at most this
+/// often, so a slot migration's burst of MOVED costs a few CLUSTER SLOTS.
+const STALE_REFRESH: Duration = Duration::from_millis(250);
 
 /// How long a cluster connection may fail its health checks before a fresh
 /// one is tried in its place (see [`Upstream::maintain`]).
@@ -27,9 +67,24 @@ pub enum Eviction {
     Risky(String),
 }
 
+/// What the loop remembers between ticks.
+struct Schedule {
+    /// The last full check, if any ran yet.
+    checked: Option<Instant>,
+    /// The last liveness probe (or full check, which is one too).
+    probed: Instant,
+    /// The last rebuild of the slot table.
+    refreshed: Instant,
+    /// The counters when they were last looked at by a check or probe.
+    seen: Activity,
+    /// Since when the cluster connection has failed every check.
+    failing_since: Option<Instant>,
+}
+
 impl Upstream {
-    /// Connects, loads the scripts, and keeps readiness up to date until
-    /// `stop` is cancelled.
+    /// Connects, loads the scripts, and keeps readiness and the slot table
+    /// up to date until `stop` is cancelled (the schedule is in the module
+    /// docs).
     ///
     /// A cluster connection that has failed every check for
     /// [`REPLACE_AFTER`] is replaced by a fresh one, if a fresh one works:
@@ -40,44 +95,115 @@ impl Upstream {
     /// restart (tests/faults network::whole_upstream_down_then_back, long
     /// variant, about one outage in twenty).
     pub async fn maintain(self: Arc<Self>, stop: CancellationToken) {
-        let mut failing_since: Option<std::time::Instant> = None;
+        let now = Instant::now();
+        let mut schedule = Schedule {
+            checked: None,
+            probed: now,
+            refreshed: now,
+            seen: self.metrics.activity(),
+            failing_since: None,
+        };
         loop {
-            let outcome = match self.current() {
-                None => self.connect().await,
-                Some((mode, connection)) => match self.ensure_scripts(connection).await {
-                    Ok(()) => Ok(()),
-                    Err(problem) => {
-                        let since = *failing_since.get_or_insert_with(std::time::Instant::now);
-                        if mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
-                            match self.connect().await {
-                                Ok(()) => {
-                                    tracing::warn!(
-                                        %problem,
-                                        "replaced a cluster connection that kept failing while a fresh one works"
-                                    );
-                                    Ok(())
-                                }
-                                Err(_) => Err(problem),
-                            }
-                        } else {
-                            Err(problem)
-                        }
-                    }
-                },
-            };
-            if outcome.is_ok() {
-                failing_since = None;
-                if let Ok(nodes) = self.primaries().await {
-                    *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = nodes;
-                }
-                self.refresh_routes().await;
-            }
-            self.set_ready(outcome);
+            self.tick(&mut schedule).await;
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
+                _ = tokio::time::sleep(TICK) => {}
             }
         }
+    }
+
+    /// One look at the signals, and the one piece of work they call for.
+    async fn tick(&self, schedule: &mut Schedule) {
+        let now = Instant::now();
+        let activity = self.metrics.activity();
+        let faults = activity.faults > schedule.seen.faults;
+        let answered = activity.answered > schedule.seen.answered;
+        let ready = self.is_ready();
+        let check_due = match schedule.checked {
+            None => true,
+            Some(at) if !ready || faults => now - at >= RECHECK,
+            Some(at) => now - at >= SCRIPTS,
+        };
+        // A pending fault waits for its check (at most RECHECK away); a
+        // probe would only take its place.
+        let probe_due = ready && !faults && now - schedule.probed >= PROBE;
+        if check_due {
+            self.full_check(schedule, activity).await;
+        } else if probe_due {
+            schedule.probed = now;
+            schedule.seen = activity;
+            if answered {
+                // Requests were answered and none failed: the cluster
+                // answers, and the topology has not moved under them (a
+                // move would have shown as a MOVED).
+                return;
+            }
+            if self.mode() == Some(Mode::Standalone) {
+                // No topology to read: the scripts' check is the probe.
+                self.full_check(schedule, activity).await;
+                return;
+            }
+            match self.refresh_topology().await {
+                Ok(()) => schedule.refreshed = now,
+                // Not answering: find out now, with the full check.
+                Err(_) => self.full_check(schedule, activity).await,
+            }
+        } else if self.pipelines.as_ref().is_some_and(|p| p.is_stale())
+            && now - schedule.refreshed >= STALE_REFRESH
+        {
+            schedule.refreshed = now;
+            if let Err(err) = self.refresh_topology().await {
+                tracing::debug!(%err, "cannot rebuild the slot table after a MOVED");
+            }
+        }
+    }
+
+    /// Connects (or checks the scripts on every primary), replaces a stuck
+    /// cluster connection, rebuilds the topology, and sets readiness.
+    async fn full_check(&self, schedule: &mut Schedule, activity: Activity) {
+        let now = Instant::now();
+        schedule.checked = Some(now);
+        schedule.probed = now;
+        schedule.seen = activity;
+        let outcome = match self.current() {
+            None => self.connect().await,
+            Some((mode, connection)) => match self.ensure_scripts(connection).await {
+                Ok(()) => Ok(()),
+                Err(problem) => {
+                    let since = *schedule.failing_since.get_or_insert(now);
+                    if mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
+                        match self.connect().await {
+                            Ok(()) => {
+                                tracing::warn!(
+                                    %problem,
+                                    "replaced a cluster connection that kept failing while a fresh one works"
+                                );
+                                Ok(())
+                            }
+                            Err(_) => Err(problem),
+                        }
+                    } else {
+                        Err(problem)
+                    }
+                }
+            },
+        };
+        let outcome = match outcome {
+            Ok(()) => {
+                schedule.failing_since = None;
+                // Ready means the topology was read too: the slot table
+                // and INFO's primaries are the cluster's now.
+                match self.refresh_topology().await {
+                    Ok(()) => {
+                        schedule.refreshed = Instant::now();
+                        Ok(())
+                    }
+                    Err(err) => Err(format!("cannot read the cluster's slots: {err}")),
+                }
+            }
+            Err(problem) => Err(problem),
+        };
+        self.set_ready(outcome);
     }
 
     fn set_ready(&self, outcome: Result<(), String>) {
@@ -154,27 +280,45 @@ impl Upstream {
         })
     }
 
-    /// Loads every script on every primary where it is missing. In cluster
-    /// mode the crate sends SCRIPT EXISTS and SCRIPT LOAD to all primaries.
+    /// Loads every script on every primary where it is missing: one
+    /// SCRIPT EXISTS naming every script, which the cluster client sends to
+    /// each primary and answers with one flag per script, each true only if
+    /// every primary has it; then SCRIPT LOAD (to every primary) of those
+    /// missing somewhere.
     pub(super) async fn ensure_scripts(&self, mut connection: Connection) -> Result<(), String> {
+        if self.scripts.is_empty() {
+            // The one-shot tools (`stock import|export`) run no script, and
+            // SCRIPT EXISTS without a SHA is a syntax error.
+            return Ok(());
+        }
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
         for script in &self.scripts {
-            let mut exists = redis::cmd("SCRIPT");
-            exists.arg("EXISTS").arg(&script.sha);
-            let present = match connection.query(&exists).await {
-                Ok(Value::Array(flags)) => flags.iter().all(|f| matches!(f, Value::Int(1))),
-                Ok(Value::Int(flag)) => flag == 1,
-                Ok(other) => return Err(format!("SCRIPT EXISTS answered {other:?}")),
-                Err(err) => return Err(format!("redis unreachable: {err}")),
-            };
-            if !present {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(&script.body);
-                connection
-                    .query(&load)
-                    .await
-                    .map_err(|e| format!("SCRIPT LOAD {} failed: {e}", script.name))?;
-                tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
+            exists.arg(&script.sha);
+        }
+        let call = connection.query(&exists);
+        let flags = match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(Value::Array(flags))) if flags.len() == self.scripts.len() => flags,
+            Ok(Ok(other)) => return Err(format!("SCRIPT EXISTS answered {other:?}")),
+            Ok(Err(err)) => return Err(format!("redis unreachable: {err}")),
+            Err(_) => {
+                return Err(format!(
+                    "redis unreachable: SCRIPT EXISTS got no answer within {} ms",
+                    self.config.timeout.as_millis()
+                ));
             }
+        };
+        for (script, flag) in self.scripts.iter().zip(flags) {
+            if matches!(flag, Value::Int(1)) {
+                continue;
+            }
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(&script.body);
+            connection
+                .query(&load)
+                .await
+                .map_err(|e| format!("SCRIPT LOAD {} failed: {e}", script.name))?;
+            tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
         }
         Ok(())
     }

@@ -68,8 +68,9 @@ pub struct Upstream {
     metrics: Arc<Metrics>,
     /// The primaries at the last health check, for INFO.
     nodes: Mutex<Vec<Node>>,
-    /// The hot path for DEDUCT and REVERT (`crate::pipeline`); none for
-    /// TLS upstreams and with --wait-replicas, which use the redis crate.
+    /// The hot path for DEDUCT and REVERT (`crate::pipeline`, which with
+    /// --wait-replicas ends each batch with one WAIT); none for TLS
+    /// upstreams, which use the redis crate throughout.
     pipelines: Option<Pipelines>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
@@ -116,7 +117,8 @@ impl Upstream {
     }
 
     /// True once Redis is reachable and every script is loaded on every
-    /// primary; re-checked every second.
+    /// primary; kept up to date by the health loop (see [`health`] for
+    /// how often it checks what).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
