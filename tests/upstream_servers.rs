@@ -167,6 +167,15 @@ async fn during_a_migration_replicas_answer_ask_and_tryagain_on_valkey_only_to_r
         .unwrap();
     assert_eq!(acked, 1, "the replica is in sync");
 
+    // WAIT says the replica has the replication stream, not that its
+    // cluster state already shows the migration (Valkey applies SETSLOT
+    // there as it reads it; under load that can lag): wait until it says
+    // so by its answer, a state, not a time.
+    if kind == ServerKind::Valkey {
+        wait_until("the replica to know the slot is migrating", || {
+            refused(eval_deduct(&mut readonly(replica), &empty)).0 == "ASK"
+        });
+    }
     // The stock key is here and the record is not: some keys of the
     // request are missing. None of the empty sku's are.
     let some_missing = refused(eval_deduct(&mut readonly(replica), &sku));
