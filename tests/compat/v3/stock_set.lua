@@ -1,0 +1,66 @@
+#!lua
+--[[
+stockgate STOCK.SET: set one SKU's stock, once per op_id, atomically.
+
+A SET sent twice is not harmless: deductions that ran between the first
+one and its resend would be overwritten, and the units they took sold
+again. So, as STOCK.ADD, each SET names itself with an op_id and is
+applied at most once per op_id within the retry window.
+
+KEYS[1]  stock key   <prefix>:{<sku>}
+KEYS[2]  op record   <prefix>:{<sku>}:op:<op_id>   "3:S:<qty>:<nonce>:<qty>:"
+ARGV[1]  qty         decimal integer from 0 to 2^53 - 1
+ARGV[2]  retry window   milliseconds, at least 60000: the op record's TTL
+ARGV[3]  nonce       1 to 32 hex digits, new for every call
+ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
+                     op_id already applied writes its record again unchanged,
+                     so the WAIT after it confirms it (lua/common.lua)
+
+Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
+  {0, qty, "", VERSION}      set now (a call sent again that finds its own
+                             nonce answers 0)
+  {1, stock, "", VERSION}    this op_id was already applied; nothing changed
+  {3, stock, "", VERSION, reason}  invalid: a bad qty, or the op_id already
+                             used with another change
+Error replies (nothing changed): BADCALL, BADRECORD.
+]]
+
+--@common
+
+local stock_key, op_key = KEYS[1], KEYS[2]
+local qty_arg, nonce = ARGV[1], ARGV[3]
+
+local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
+if not window then
+  return bad
+end
+bad = bad_replicate(ARGV[4])
+if bad then
+  return bad
+end
+local qty = nil
+if type(qty_arg) == 'string' and (qty_arg == '0' or positive_int(qty_arg)) then
+  qty = tonumber(qty_arg)
+end
+if not qty or qty > EXACT then
+  return {3, -1, '', VERSION, 'stock must be an integer from 0 to 2^53 - 1'}
+end
+
+local current = redis.call('GET', stock_key)
+local shown = tonumber(current or '') or -1
+local raw = redis.call('GET', op_key)
+if raw then
+  local op = parse_op(raw)
+  if not op then
+    return redis.error_reply(BADRECORD)
+  end
+  if op.kind ~= 'S' or op.amount ~= qty_arg then
+    return {3, shown, '', VERSION, 'op_id was already used for another change on this sku'}
+  end
+  replicate_again(ARGV[4], op_key, raw)
+  return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
+end
+
+redis.call('SET', stock_key, qty_arg)
+redis.call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
+return {0, qty, '', VERSION}
