@@ -48,7 +48,9 @@ fn ok_reply() -> StockReply {
         remain: 999_958,
         order_no: Bytes::from_static(b"ORD-20261129-0000042"),
         version: SCRIPT_VERSION,
+        expires_at: None,
         reason: None,
+        effects: Default::default(),
     }
 }
 
@@ -90,9 +92,9 @@ fn validate(c: &mut Criterion) {
 fn keys_and_slot(c: &mut Criterion) {
     let layout = KeyLayout::new("stock").unwrap();
     let deduct = Deduct::parse(&args(), MAX_QTY).unwrap();
-    c.bench_function("keys/deduct_keys + slot", |b| {
+    c.bench_function("keys/request_keys + slot", |b| {
         b.iter(|| {
-            let keys = layout.deduct_keys(black_box(&deduct.sku), black_box(&deduct.request_id));
+            let keys = layout.request_keys(black_box(&deduct.sku), black_box(&deduct.request_id));
             black_box(keys::slot(&keys.stock));
             black_box(keys)
         })
@@ -127,7 +129,7 @@ fn whole_path(c: &mut Criterion) {
             |buf| {
                 let request = decoder.decode(buf).unwrap().unwrap();
                 let deduct = Deduct::parse(&request.args[1..], MAX_QTY).unwrap();
-                let keys = layout.deduct_keys(&deduct.sku, &deduct.request_id);
+                let keys = layout.request_keys(&deduct.sku, &deduct.request_id);
                 black_box(keys::slot(&keys.stock));
                 black_box(&keys);
                 out.clear();

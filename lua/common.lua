@@ -5,7 +5,8 @@
 -- The version of the script set: the fourth element of every reply.
 -- 3: records carry the call's nonce; stockgate's own arguments, when
 -- wrong, are a BADCALL error, never code 3.
-local VERSION = 3
+-- 4: holds (HOLD, CONFIRM, code 5), released by Redis time.
+local VERSION = 4
 -- Lua numbers are doubles: integers beyond 2^53 - 1 lose precision.
 local EXACT = 9007199254740991
 
@@ -49,6 +50,13 @@ local function op_key_follows_layout(stock_key, op_key)
     and not string.find(op_id, '[{}]')
 end
 
+-- A SKU's holds live beside its stock key: a sorted set of the request_ids
+-- holding units, by expiry (milliseconds of Redis time), and the units held
+-- now. Returns true when the keys are those of `stock_key`.
+local function hold_keys_follow(stock_key, holds_key, held_key)
+  return holds_key == stock_key .. ':holds' and held_key == stock_key .. ':held'
+end
+
 -- An error for an argument stockgate itself supplies (not the caller): a
 -- version mismatch between stockgate and its scripts, or a bug. Never a
 -- business code: the caller must not take it for "invalid parameters".
@@ -56,10 +64,12 @@ local function badcall(what)
   return redis.error_reply('BADCALL ' .. what .. ' (stockgate supplies it: a version mismatch or a bug); nothing was changed')
 end
 
--- The checks every stock script makes of what stockgate supplies: the
--- window, the missing-stock mode, the key layout and the call's nonce.
+-- The checks every script on one request (DEDUCT, REVERT, HOLD, CONFIRM)
+-- makes of what stockgate supplies: the window, the missing-stock mode,
+-- the key layout (KEYS: stock, record, holds, held) and the call's nonce.
 -- Returns the window, or nil and the BADCALL error to return.
-local function own_args(stock_key, record_key, window_arg, missing, nonce)
+local function own_args(keys, window_arg, missing, nonce)
+  local stock_key, record_key = keys[1], keys[2]
   local window = window_ms(window_arg)
   if not window then
     return nil, badcall('retry window must be at least 60000 ms')
@@ -67,7 +77,8 @@ local function own_args(stock_key, record_key, window_arg, missing, nonce)
   if missing ~= 'error' and missing ~= 'zero' then
     return nil, badcall('missing-stock mode must be "error" or "zero"')
   end
-  if not keys_follow_layout(stock_key, record_key) then
+  if not keys_follow_layout(stock_key, record_key)
+    or not hold_keys_follow(stock_key, keys[3], keys[4]) or keys[5] then
     return nil, badcall('keys do not follow the stockgate key layout')
   end
   if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
@@ -146,35 +157,182 @@ local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing wa
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
 -- An idempotency record, one string with a TTL. States:
---   D  DEDUCTED  qty units were deducted
---   R  REVERTED  qty units were deducted, then given back
---   V  REVOKED   a REVERT came first (qty 0); this id may never deduct
+--   D  DEDUCTED   qty units were deducted
+--   R  REVERTED   qty units were deducted or held, then given back
+--   V  REVOKED    a REVERT (or a CONFIRM) came first (qty 0); this id may
+--                 never deduct or hold
+--   H  HELD       qty units are on hold until aux's expiry
+--   C  CONFIRMED  a hold made final: qty units deducted for good
+--   X  EXPIRED    a hold that ran out: its units went back to stock
 --
--- Written as "3:<state>:<qty>:<nonce>:<aux>:<order_no>" (aux is empty for
--- these states). The nonce names the call that wrote it: a call sent again
+-- Written as "3:<state>:<qty>:<nonce>:<aux>:<order_no>"; aux is empty for
+-- D, R and V, and "<expires_at>.<held_at>" (milliseconds of Redis time) for
+-- H, C and X, which keep it. The nonce names the call that wrote it: a call sent again
 -- after its connection was lost finds its own nonce and answers what it
 -- answered the first time, not "duplicate". Scripts of version 2 and older
 -- read only "<state>:<qty>:<order_no>", which stockgate no longer writes;
 -- they answer BADRECORD for a version-3 record (an error, never a code)
 -- because "3" is no state they know.
 --
--- Returns {state, qty (string), nonce, aux, order_no}, or nil for any
--- other shape. Older records read with an empty nonce and aux.
+-- Returns {state, qty (string), nonce, aux, order_no, expires, held_at},
+-- or nil for any other shape. Older records read with an empty nonce and
+-- aux; expires and held_at are numbers for H, C and X, else 0.
 local function parse_record(raw)
   local state, qty, nonce, aux, order_no =
-    string.match(raw, '^3:([DRV]):(%d+):(%x*):(%d*):(.*)$')
+    string.match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
   if state then
-    return {state = state, qty = qty, nonce = nonce, aux = aux, order_no = order_no}
+    local expires, held_at = 0, 0
+    if state == 'H' or state == 'C' or state == 'X' then
+      local e, h = string.match(aux, '^(%d+)%.(%d+)$')
+      if not e then
+        return nil
+      end
+      expires, held_at = tonumber(e), tonumber(h)
+    elseif not string.match(aux, '^%d*$') then
+      -- Version 3 read (and ignored) digits here; so does this one.
+      return nil
+    end
+    return {state = state, qty = qty, nonce = nonce, aux = aux, order_no = order_no,
+            expires = expires, held_at = held_at}
   end
   state, qty, order_no = string.match(raw, '^([DRV]):(%d+):(.*)$')
   if state then
-    return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no}
+    return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no,
+            expires = 0, held_at = 0}
   end
   return nil
 end
 
 local function record_text(state, qty, nonce, aux, order_no)
   return '3:' .. state .. ':' .. qty .. ':' .. nonce .. ':' .. aux .. ':' .. order_no
+end
+
+-- Now, in milliseconds of Redis time: what decides every expiry. Sidecars on
+-- many hosts may disagree about the time; Redis does not.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Lua 5.1 spells integers past 10^14 as 1e+14: every integer put in a key
+-- or a record goes through this.
+local function int_text(n)
+  return string.format('%d', n)
+end
+
+-- How many expired holds one call releases at most: a SKU with a backlog
+-- is cleaned over several calls, and no call blocks Redis for long.
+local RELEASE_BOUND = 32
+
+-- The units on hold go down by qty; the counter goes when it reaches 0.
+local function unhold(held_key, qty)
+  if redis.call('DECRBY', held_key, qty) <= 0 then
+    redis.call('DEL', held_key)
+  end
+end
+
+-- Gives one expired hold's units back: the record becomes EXPIRED (keeping
+-- its TTL: the rest of the hold's window plus the retry window) and leaves
+-- the holds set. `record` is the parsed record of `record_key`, in state H.
+local function release_one(stock_key, holds_key, held_key, record_key, record)
+  redis.call('INCRBY', stock_key, record.qty)
+  unhold(held_key, record.qty)
+  redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
+  redis.call('SET', record_key,
+    record_text('X', record.qty, record.nonce, record.aux, record.order_no), 'KEEPTTL')
+end
+
+-- Releases the SKU's holds that expired by `now`, at most RELEASE_BOUND of
+-- them. Returns how many it released and their units. Call it only once
+-- the stock was read as an integer (a release adds to it). An entry whose
+-- record is a hold no more (confirmed, given back, gone with its TTL)
+-- just leaves the set; one whose record this version can't read stays,
+-- for the newer script that wrote it.
+local function release_expired(stock_key, holds_key, held_key, now)
+  local due = redis.call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', 0, RELEASE_BOUND)
+  local released, units = 0, 0
+  for _, id in ipairs(due) do
+    local record_key = stock_key .. ':req:' .. id
+    local raw = redis.call('GET', record_key)
+    local record = raw and parse_record(raw)
+    if record and record.state == 'H' and record.expires <= now then
+      release_one(stock_key, holds_key, held_key, record_key, record)
+      released = released + 1
+      units = units + tonumber(record.qty)
+    elseif record and record.state == 'H' then
+      -- Not due after all: back at its own expiry.
+      redis.call('ZADD', holds_key, record.expires, id)
+    elseif not raw or record then
+      redis.call('ZREM', holds_key, id)
+    end
+  end
+  return released, units
+end
+
+-- What every call on a SKU does before it decides anything: the SKU's
+-- expired holds go back to stock (at most RELEASE_BOUND of them). `stock`
+-- is the stock as read: nothing is released when the key is missing.
+-- Returns the stock after it, how many holds were released, and now (0
+-- when the SKU has no holds, so Redis time was not needed). A SKU with no
+-- holds pays one EXISTS.
+local function release_due(stock_key, holds_key, held_key, stock)
+  if stock == nil or redis.call('EXISTS', holds_key) == 0 then
+    return stock, 0, 0
+  end
+  local now = now_ms()
+  local released, units = release_expired(stock_key, holds_key, held_key, now)
+  return stock + units, released, now
+end
+
+-- The request's own hold, when it ran out by `now` but the bounded release
+-- above did not reach it: released here, so the call answers by the hold's
+-- expiry, not by whether anything released it yet. Returns the record as
+-- it is now, and 1 when it was released here (0 otherwise). A missing
+-- stock key is created by the release (the caller has refused the call
+-- already unless --missing-stock is "zero").
+local function release_own(stock_key, holds_key, held_key, record_key, record, now)
+  if not record or record.state ~= 'H' or record.expires > now then
+    return record, 0
+  end
+  local raw = redis.call('GET', record_key)
+  local fresh = raw and parse_record(raw)
+  if not fresh or fresh.state ~= 'H' then
+    return fresh, 0
+  end
+  release_one(stock_key, holds_key, held_key, record_key, fresh)
+  fresh.state = 'X'
+  return fresh, 1
+end
+
+-- The earliest expiry among the SKU's holds, or 0 when it has none.
+local function earliest_hold(holds_key)
+  local first = redis.call('ZRANGE', holds_key, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return tonumber(first[2])
+  end
+  return 0
+end
+
+-- A record's TTL when its state changes: never shorter than it was, and
+-- at least a retry window from now.
+local function set_lasting(record_key, text, window)
+  if redis.call('PTTL', record_key) > window then
+    redis.call('SET', record_key, text, 'KEEPTTL')
+  else
+    redis.call('SET', record_key, text, 'PX', window)
+  end
+end
+
+-- The reply of every call on one request (DEDUCT, REVERT, HOLD, CONFIRM):
+-- {code, stock, order_no, VERSION, reason, expires_at, released, held_ms,
+-- event}. stockgate shows the caller the first four (and the reason for
+-- code 3; expires_at for HOLD and CONFIRM); the rest feeds its metrics:
+-- released counts the SKU's expired holds this call gave back, held_ms is
+-- how long a hold was held before its CONFIRM, and event what this call
+-- did to the request's own hold ("placed", "confirmed", "cancelled", or "").
+local function answer(code, stock, order_no, reason, expires_at, released, held_ms, event)
+  return {code, stock or -1, order_no or '', VERSION, reason or '', expires_at or 0,
+          released or 0, held_ms or 0, event or ''}
 end
 
 -- An operator's change, recorded under its op_id (STOCK.SET, STOCK.ADD):

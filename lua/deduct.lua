@@ -6,15 +6,18 @@ Deducts qty units of one SKU's stock at most once per request_id, atomically.
 stockgate validates every argument before it calls this script; the script
 checks them again (defence in depth): a bad qty or order_no (the caller's)
 is code 3, a bad window, mode, key layout or nonce (stockgate's own) is a
-BADCALL error. Every read and check happens before the first write, so a
-failure or an error reply never leaves a partial change behind. The `#!lua`
-line above declares a Redis 7 script with no flags: Redis then treats it as
-a write, so a replica redirects the call (MOVED) instead of failing at the
-first write, and an out-of-memory server rejects it before it runs.
+BADCALL error. Every read and check that can fail happens before the first
+write (the release of the SKU's expired holds, lua/common.lua, included),
+so an error reply never leaves a change behind. The `#!lua` line above
+declares a Redis 7 script with no flags: Redis then treats it as a write,
+so a replica redirects the call (MOVED) instead of failing at the first
+write, and an out-of-memory server rejects it before it runs.
 
 KEYS[1]  stock key           <prefix>:{<sku>}                  integer string
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id> see lua/common.lua, always with a TTL
-         (one hash tag, so both keys live in one cluster slot)
+KEYS[3]  holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
+KEYS[4]  held units          <prefix>:{<sku>}:held             integer string
+         (one hash tag, so all four live in one cluster slot)
 
 ARGV[1]  qty                 decimal integer from 1 to ARGV[4]
 ARGV[2]  order_no            0 to 128 printable ASCII bytes ("" when none)
@@ -28,19 +31,23 @@ ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise
                              so the WAIT after it confirms that record (see
                              replicate_again in lua/common.lua)
 
-Replies. The first four elements are fixed for good; callers ignore any more.
-VERSION is the script set's version (lua/common.lua).
-  {0, remain, order_no, VERSION}          deducted; remain is the stock after it
-                                          (a call sent again that finds its own
-                                          nonce answers 0 with the stock now)
-  {1, stock, first_order_no, VERSION}     duplicate: request_id already deducted;
-                                          nothing changed
-  {2, stock, "", VERSION}                 insufficient stock; nothing changed
-  {3, stock, "", VERSION, reason}         invalid parameters; nothing changed
-  {4, stock, "", VERSION}                 revoked: this request_id was reverted,
-                                          or revoked by a REVERT that came first;
-                                          it never deducts again
-(stock is -1 where it was not read or the stock key is missing.)
+Replies (lua/common.lua's answer(): {code, stock, order_no, VERSION,
+reason, expires_at, released, held_ms}). The first four elements are fixed
+for good; callers ignore any more. VERSION is the script set's version.
+  {0, remain, order_no, ...}          deducted; remain is the stock after it
+                                      (a call sent again that finds its own
+                                      nonce answers 0 with the stock now)
+  {1, stock, first_order_no, ...}     duplicate: request_id already deducted;
+                                      nothing changed
+  {2, stock, "", ...}                 insufficient stock; nothing changed
+  {3, stock, "", VERSION, reason}     invalid parameters, or the request_id is
+                                      a hold's (HOLD): nothing changed
+  {4, stock, "", ...}                 revoked: this request_id was reverted,
+                                      or revoked by a REVERT that came first;
+                                      it never deducts again
+(stock is -1 where it was not read or the stock key is missing.) reason is
+"" but for code 3, expires_at 0; released counts the SKU's expired holds
+this call gave back to stock first (lua/common.lua, release_due).
 Error replies (nothing changed):
   BADCALL ...     an argument stockgate supplies is wrong (ARGV[3..7], the keys)
   UNKNOWNSKU ...  the stock key does not exist and ARGV[5] is "error"
@@ -54,17 +61,16 @@ record again with the same absolute expiry).
 
 --@common
 
-local stock_key = KEYS[1]
-local record_key = KEYS[2]
+local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local qty_arg, order_no, window_arg, max_arg, missing, nonce, replicate =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
 local function invalid(reason, stock)
-  return {3, stock or -1, '', VERSION, reason}
+  return answer(3, stock, '', reason)
 end
 
 -- stockgate's own arguments.
-local window, bad = own_args(stock_key, record_key, window_arg, missing, nonce)
+local window, bad = own_args(KEYS, window_arg, missing, nonce)
 if not window then
   return bad
 end
@@ -90,40 +96,47 @@ local stock = read_stock(stock_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
+local raw = redis.call('GET', record_key)
+local record = raw and parse_record(raw)
+if raw and not record then
+  return redis.error_reply(BADRECORD)
+end
+
+-- Expired holds go back to stock before anything is decided.
+local released
+stock, released = release_due(stock_key, holds_key, held_key, stock)
 
 -- Idempotency: a known request_id never deducts again.
-local raw = redis.call('GET', record_key)
-if raw then
-  local record = parse_record(raw)
-  if not record then
-    return redis.error_reply(BADRECORD)
-  end
+if record then
   if record.state == 'R' or record.state == 'V' then
     replicate_again(replicate, record_key, raw)
-    return {4, stock or -1, '', VERSION}
+    return answer(4, stock, '', '', 0, released)
+  end
+  if record.state ~= 'D' then
+    return answer(3, stock, '', 'request_id holds units on this sku (HOLD); CONFIRM or REVERT it', 0, released)
   end
   if record.qty ~= qty_arg then
-    return invalid('request_id was already used with qty ' .. record.qty .. ' on this sku', stock or -1)
+    return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
   end
   replicate_again(replicate, record_key, raw)
   if record.nonce == nonce then
     -- This very call, sent again: it deducted the first time.
-    return {0, stock or -1, record.order_no, VERSION}
+    return answer(0, stock, record.order_no, '', 0, released)
   end
-  return {1, stock or -1, record.order_no, VERSION}
+  return answer(1, stock, record.order_no, '', 0, released)
 end
 
 if stock == nil then
   if missing == 'zero' then
-    return {2, 0, '', VERSION}
+    return answer(2, 0)
   end
   return redis.error_reply(UNKNOWNSKU)
 end
 if stock < qty then
-  return {2, stock, '', VERSION}
+  return answer(2, stock, '', '', 0, released)
 end
 
 -- Writes: only after every check above has passed.
 local remain = redis.call('DECRBY', stock_key, qty)
 redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window)
-return {0, remain, order_no, VERSION}
+return answer(0, remain, order_no, '', 0, released)

@@ -2,32 +2,51 @@
 --[[
 stockgate REVERT.
 
-Gives back what one request deducted, at most once, atomically; and guards
-against the two hazards of compensation (as in TCC / Seata):
-  empty rollback  a REVERT arrives for a DEDUCT that never happened: it is
-                  recorded as REVOKED and gives nothing back;
-  hanging         a DEDUCT arrives after its REVERT: REVOKED (or REVERTED)
-                  refuses it with code 4 (see lua/deduct.lua).
+Gives back what one request deducted or holds, at most once, atomically;
+and guards against the two hazards of compensation (as in TCC / Seata):
+  empty rollback  a REVERT arrives for a DEDUCT (or HOLD) that never
+                  happened: it is recorded as REVOKED and gives nothing back;
+  hanging         a DEDUCT or HOLD arrives after its REVERT: REVOKED (or
+                  REVERTED) refuses it with code 4 (see lua/deduct.lua).
 
 Each (sku, request_id) is a small state machine kept in its idempotency
-record (format in lua/common.lua), always with the retry-window TTL:
+record (format in lua/common.lua), always with a TTL of at least the retry
+window (a hold's: the rest of its time plus the window). The whole machine,
+every command against every state (lua/hold.lua and lua/confirm.lua hold
+their columns):
 
-  state now   DEDUCT                          REVERT
-  none        deduct -> DEDUCTED, 0 (or 2)    -> REVOKED, 4 (UNKNOWNSKU when
-                                              the sku has no stock at all)
-  DEDUCTED    1 (duplicate)                   give qty back -> REVERTED, 0
-  REVERTED    4 (revoked)                     1 (duplicate)
-  REVOKED     4                               1
+  state now  DEDUCT          HOLD              CONFIRM            REVERT
+  none       ->DEDUCTED 0    ->HELD 0          ->REVOKED 4        ->REVOKED 4
+             (2 when short)  (2 when short)    (UNKNOWNSKU: *)    (UNKNOWNSKU: *)
+  DEDUCTED   1 (3: other     3 (a DEDUCT's     3                  give back
+             qty)            id)                                  ->REVERTED 0
+  HELD       3 (a hold's id) 1 (3: other qty)  ->CONFIRMED 0      give back
+                                                                  ->REVERTED 0
+  HELD, ran  3               ->EXPIRED 5       ->EXPIRED 5        ->EXPIRED 1
+  out **
+  CONFIRMED  3               1 (3: other qty)  1                  give back
+                                                                  ->REVERTED 0
+  EXPIRED    3               5                 5                  1
+  REVERTED   4               4                 4                  1
+  REVOKED    4               4                 4                  1
+
+  *  when the sku has no stock key and --missing-stock is "error"
+  ** a hold whose expiry (Redis time) has passed, whether or not anything
+     has released it yet: the call releases it first, so it answers by
+     the clock, not by the sweeper
 
 The qty given back is read from the record, never from the caller. A
-REVERTED or REVOKED record gets a full retry window from the moment of the
-REVERT, so the update never shortens its TTL. Every read and check happens
-before the first write. A call sent again after its connection was lost
-finds its own nonce in the record and answers what it answered the first
-time (0 given back, 4 revoked), not 1.
+REVERTED or REVOKED record lasts a full retry window from the REVERT, and
+no update shortens a record's TTL. Every read and check that can fail
+happens before the first write. A call sent again after its connection was
+lost finds its own nonce in the record and answers what it answered the
+first time (0 given back, 4 revoked), not 1. Every call first gives the
+SKU's expired holds back to stock (lua/common.lua, release_due).
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
+KEYS[3]  holds               <prefix>:{<sku>}:holds
+KEYS[4]  held units          <prefix>:{<sku>}:held
 ARGV[1]  retry window        milliseconds, at least 60000
 ARGV[2]  missing stock       "error" or "zero"
 ARGV[3]  nonce               1 to 32 hex digits, new for every call
@@ -36,13 +55,15 @@ ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent): a reply
                              sent again, 1) writes it again unchanged, so the
                              WAIT after it confirms it (lua/common.lua)
 
-Replies, the same shape as DEDUCT's:
-  {0, remain, order_no, VERSION}   given back; remain is the stock after it,
-                                   order_no the one the DEDUCT stored
-  {1, stock, order_no, VERSION}    duplicate: already reverted (order_no of the
-                                   DEDUCT) or already revoked (""); nothing changed
-  {4, stock, "", VERSION}          revoked: nothing had been deducted; the id
-                                   is now refused by DEDUCT
+Replies, DEDUCT's shape (lua/common.lua, answer()):
+  {0, remain, order_no, ...}   given back; remain is the stock after it,
+                               order_no the one the DEDUCT or HOLD stored
+  {1, stock, order_no, ...}    duplicate: already reverted (order_no of the
+                               DEDUCT) or already revoked (""), or a hold
+                               that expired (its units went back then);
+                               nothing changed
+  {4, stock, "", ...}          revoked: nothing had been deducted or held;
+                               the id is now refused by DEDUCT and HOLD
 (stock is -1 where it was not read or the stock key is missing.)
 Error replies (nothing changed):
   BADCALL ...     an argument stockgate supplies is wrong (ARGV, the keys)
@@ -56,11 +77,10 @@ Error replies (nothing changed):
 
 --@common
 
-local stock_key = KEYS[1]
-local record_key = KEYS[2]
+local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
 
-local window, bad = own_args(stock_key, record_key, ARGV[1], missing, nonce)
+local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
 end
@@ -73,37 +93,67 @@ local stock = read_stock(stock_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
-
 local raw = redis.call('GET', record_key)
-if not raw then
-  if stock == nil and missing ~= 'zero' then
-    return redis.error_reply(UNKNOWNSKU)
-  end
-  -- Empty rollback: nothing to give back, but remember the id so a late
-  -- DEDUCT of it is refused instead of deducting after its cancel.
-  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
-  return {4, stock or -1, '', VERSION}
+local record = raw and parse_record(raw)
+if raw and not record then
+  return redis.error_reply(BADRECORD)
+end
+if stock == nil and missing ~= 'zero' and (not record or record.state == 'D'
+    or record.state == 'H' or record.state == 'C') then
+  return redis.error_reply(UNKNOWNSKU)
 end
 
-local record = parse_record(raw)
+-- Expired holds go back to stock before anything is decided.
+local released, now
+local own = 0
+stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+
 if not record then
-  return redis.error_reply(BADRECORD)
+  -- Empty rollback: nothing to give back, but remember the id so a late
+  -- DEDUCT or HOLD of it is refused instead of taking stock after its
+  -- cancel.
+  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
+  return answer(4, stock, '', '', 0, released)
+end
+
+if record.state == 'H' then
+  if now == 0 then
+    now = now_ms()
+  end
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+  if own == 1 then
+    stock = (stock or 0) + tonumber(record.qty)
+    released = released + 1
+  end
 end
 if record.state == 'R' then
   replicate_again(replicate, record_key, raw)
   local code = record.nonce == nonce and 0 or 1
-  return {code, stock or -1, record.order_no, VERSION}
+  return answer(code, stock, record.order_no, '', 0, released)
 end
 if record.state == 'V' then
   replicate_again(replicate, record_key, raw)
   local code = record.nonce == nonce and 4 or 1
-  return {code, stock or -1, '', VERSION}
+  return answer(code, stock, '', '', 0, released)
 end
-if stock == nil and missing ~= 'zero' then
-  return redis.error_reply(UNKNOWNSKU)
+if record.state == 'X' then
+  -- The hold ran out: its units went back to stock then.
+  if own == 0 then
+    replicate_again(replicate, record_key, raw)
+  end
+  return answer(1, stock, record.order_no, '', record.expires, released)
 end
 
+-- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.
 -- Writes: only after every check above has passed.
 local remain = redis.call('INCRBY', stock_key, record.qty)
-redis.call('SET', record_key, record_text('R', record.qty, nonce, '', record.order_no), 'PX', window)
-return {0, remain, record.order_no, VERSION}
+if record.state == 'H' then
+  unhold(held_key, record.qty)
+  redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
+end
+local event = ''
+if record.state == 'H' then
+  event = 'cancelled'
+end
+set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window)
+return answer(0, remain, record.order_no, '', 0, released, 0, event)

@@ -1,30 +1,63 @@
-#!lua flags=no-writes
+#!lua
 --[[
-stockgate STOCK.STATUS: the state of one request, for reconciliation and
-support. Reads only (the no-writes flag lets Redis run it anywhere).
+stockgate STOCK.STATUS: the state of one request and of its SKU, for
+reconciliation and support. Like every call on a SKU it first gives the
+SKU's expired holds back to stock (the request's own hold too, when it ran
+out), so what it shows is what Redis time says, not what was swept.
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
+KEYS[3]  holds               <prefix>:{<sku>}:holds
+KEYS[4]  held units          <prefix>:{<sku>}:held
 
-Replies: {state, qty, order_no, ttl_ms, stock}
-  state     "none", "DEDUCTED", "REVERTED" or "REVOKED"
-  qty       the qty of the DEDUCT (0 for none and REVOKED)
-  order_no  the DEDUCT's order_no ("" for none and REVOKED)
-  ttl_ms    the record's remaining TTL in milliseconds (-2 for none)
-  stock     the SKU's current stock, as stored ("" when missing)
-Error replies: BADRECORD ... when the record has an unknown shape.
+Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, released}
+  state        "none", "DEDUCTED", "REVERTED", "REVOKED", "HELD",
+               "CONFIRMED" or "EXPIRED"
+  qty          the request's qty (0 for none and REVOKED)
+  order_no     its order_no ("" for none and REVOKED)
+  ttl_ms       the record's remaining TTL in milliseconds (-2 for none)
+  stock        the SKU's available stock, as stored ("" when missing)
+  held         the SKU's units on hold now
+  next_expiry  the earliest expiry among the SKU's holds (ms of Redis time;
+               0 when it has none)
+  expires_at   the request's hold expiry (HELD, CONFIRMED, EXPIRED; else 0)
+  released     expired holds this call gave back to stock
+Error replies: BADRECORD ... when the record has an unknown shape, BADCALL
+when the keys do not follow the layout.
 ]]
 
 --@common
 
-local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED'}
-local stock = redis.call('GET', KEYS[1]) or ''
-local record = redis.call('GET', KEYS[2])
-if not record then
-  return {'none', 0, '', -2, stock}
+local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if not keys_follow_layout(stock_key, record_key)
+  or not hold_keys_follow(stock_key, holds_key, held_key) then
+  return badcall('keys do not follow the stockgate key layout')
 end
-local parsed = parse_record(record)
-if not parsed then
+local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
+               C = 'CONFIRMED', X = 'EXPIRED'}
+local stock = read_stock(stock_key)
+local raw = redis.call('GET', record_key)
+local record = raw and parse_record(raw)
+if raw and not record then
   return redis.error_reply(BADRECORD)
 end
-return {names[parsed.state], tonumber(parsed.qty), parsed.order_no, redis.call('PTTL', KEYS[2]), stock}
+local released, now = 0, 0
+if stock then
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+  if record and record.state == 'H' then
+    if now == 0 then
+      now = now_ms()
+    end
+    local own
+    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+    released = released + own
+  end
+end
+local shown = redis.call('GET', stock_key) or ''
+local held = tonumber(redis.call('GET', held_key) or '0')
+local next_expiry = earliest_hold(holds_key)
+if not record then
+  return {'none', 0, '', -2, shown, held, next_expiry, 0, released}
+end
+return {names[record.state], tonumber(record.qty), record.order_no,
+        redis.call('PTTL', record_key), shown, held, next_expiry, record.expires, released}

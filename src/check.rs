@@ -434,9 +434,9 @@ async fn scripts(
             return;
         };
         let id = RequestId::parse("stockgate-check".into()).expect("valid id");
-        let probe_keys = keys.deduct_keys(&sku, &id);
+        let probe_keys = keys.request_keys(&sku, &id);
         let mut exists = redis::cmd("EXISTS");
-        exists.arg(&probe_keys.stock).arg(&probe_keys.record);
+        exists.arg(&probe_keys.all()[..]);
         if !matches!(upstream.query(&exists).await, Ok(Value::Int(0))) {
             report.add(
                 Verdict::Warn,
@@ -453,7 +453,7 @@ async fn scripts(
         let run = upstream
             .eval(
                 &scripts.deduct,
-                &[&probe_keys.stock, &probe_keys.record],
+                &probe_keys.all(),
                 &[
                     b"1",
                     b"",
@@ -524,7 +524,7 @@ async fn slot_owners(upstream: &Upstream, mode: Mode) -> Result<Vec<(u16, u16, N
 async fn key_slots(upstream: &Upstream, keys: &KeyLayout, mode: Mode, report: &mut Report) {
     let sku = Sku::parse("SKU-10086".into()).expect("valid sku");
     let id = RequestId::parse("order-20261129-001".into()).expect("valid id");
-    let both = keys.deduct_keys(&sku, &id);
+    let both = keys.request_keys(&sku, &id);
     let ours = (slot(&both.stock), slot(&both.record));
     if ours.0 != ours.1 {
         report.add(

@@ -225,7 +225,8 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_LISTEN", default_value = "127.0.0.1:6390")]
     pub listen: SocketAddr,
 
-    /// Serve the HTTP/JSON API (POST /v1/deduct, /v1/revert) here. Off
+    /// Serve the HTTP/JSON API (POST /v1/deduct, /v1/revert, /v1/hold,
+    /// /v1/confirm) here. Off
     /// unless given; the bare flag means 127.0.0.1:8390.
     #[arg(long, env = "STOCKGATE_HTTP_LISTEN", num_args = 0..=1, default_missing_value = "127.0.0.1:8390")]
     pub http_listen: Option<SocketAddr>,
@@ -242,6 +243,18 @@ pub struct ProxyArgs {
     /// Largest qty one DEDUCT may take.
     #[arg(long, env = "STOCKGATE_MAX_QTY", default_value_t = 1_000_000)]
     pub max_qty: u64,
+
+    /// Longest hold a HOLD may ask for (its ttl_ms): from 1s up. A hold's
+    /// record lasts its ttl plus --retry-window.
+    #[arg(long, env = "STOCKGATE_MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub max_hold: Duration,
+
+    /// Run the hold sweeper, which gives back the expired holds of SKUs no
+    /// request touches. Correctness never depends on it (every call on a
+    /// SKU releases its expired holds first); with it off, such units come
+    /// back only with the next call on their SKU.
+    #[arg(long, env = "STOCKGATE_SWEEPER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub sweeper: bool,
 
     /// What a DEDUCT of a sku without a stock key gets.
     #[arg(long, env = "STOCKGATE_MISSING_STOCK", value_enum, default_value_t = MissingStock::Error)]
@@ -379,6 +392,8 @@ pub struct Config {
     pub keys: KeyLayout,
     pub retry_window: Duration,
     pub max_qty: u64,
+    pub max_hold: Duration,
+    pub sweeper: bool,
     pub missing_stock: MissingStock,
     pub max_request_bytes: usize,
     pub max_pipeline: usize,
@@ -469,6 +484,14 @@ impl ProxyArgs {
                 "--max-qty must be from 1 to {MAX_MAX_QTY} (the script's arithmetic is exact up to 2^53)"
             ));
         }
+        if self.max_hold < Duration::from_secs(1)
+            || self.max_hold > Duration::from_secs(366 * 86_400)
+        {
+            return Err(format!(
+                "--max-hold {} must be from 1s to 366d: HOLD's ttl_ms runs from 1000 to it",
+                humantime::format_duration(self.max_hold)
+            ));
+        }
         if !(512..=16 * 1024 * 1024).contains(&self.max_request_bytes) {
             return Err("--max-request-bytes must be from 512 to 16777216".into());
         }
@@ -523,6 +546,8 @@ impl ProxyArgs {
             keys,
             retry_window: self.retry_window,
             max_qty: self.max_qty,
+            max_hold: self.max_hold,
+            sweeper: self.sweeper,
             missing_stock: self.missing_stock,
             max_request_bytes: self.max_request_bytes,
             max_pipeline: self.max_pipeline,

@@ -2,8 +2,10 @@
 //! middleware, monitors. Off unless `--http-listen` is set.
 //!
 //! ```text
-//! POST /v1/deduct  {"sku": "...", "qty": 1, "request_id": "...", "order_no": "..."}
-//! POST /v1/revert  {"sku": "...", "request_id": "..."}
+//! POST /v1/deduct   {"sku": "...", "qty": 1, "request_id": "...", "order_no": "..."}
+//! POST /v1/revert   {"sku": "...", "request_id": "..."}
+//! POST /v1/hold     {"sku": "...", "qty": 1, "request_id": "...", "ttl_ms": 900000, "order_no": "..."}
+//! POST /v1/confirm  {"sku": "...", "request_id": "..."}
 //! ```
 //!
 //! Requests go through the same [`StockService`] as RESP: one validation,
@@ -15,7 +17,8 @@
 //! | outcome | status |
 //! |---|---|
 //! | code 0, 1 (`"duplicate": true`) | 200 |
-//! | DEDUCT code 2, 4 (`"revoked": true`) | 409 |
+//! | DEDUCT and HOLD code 2, 4 (`"revoked": true`); CONFIRM code 4 | 409 |
+//! | HOLD and CONFIRM code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
 //! | code 3 | 400 |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB | 400 `{"error"}`; Redis is not called |
@@ -52,6 +55,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
     let app = Router::new()
         .route("/v1/deduct", post(deduct))
         .route("/v1/revert", post(revert))
+        .route("/v1/hold", post(hold))
+        .route("/v1/confirm", post(confirm))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(drain.cancelled_owned())
@@ -66,17 +71,29 @@ struct DeductBody {
     sku: String,
     /// Kept as the JSON text: a `u64` would turn an integer past 2^64 into
     /// a serde type error, where the contract says an out-of-range integer
-    /// is code 3. See [`qty_text`].
+    /// is code 3. See [`integer_text`].
     qty: Box<RawValue>,
     request_id: String,
     #[serde(default)]
     order_no: Option<String>,
 }
 
+/// The body of REVERT and CONFIRM.
 #[derive(Deserialize)]
 struct RevertBody {
     sku: String,
     request_id: String,
+}
+
+#[derive(Deserialize)]
+struct HoldBody {
+    sku: String,
+    /// Raw, as DEDUCT's qty; so is ttl_ms.
+    qty: Box<RawValue>,
+    request_id: String,
+    ttl_ms: Box<RawValue>,
+    #[serde(default)]
+    order_no: Option<String>,
 }
 
 /// The body of every business outcome.
@@ -91,7 +108,14 @@ struct OutcomeBody<'a> {
     /// Present, and true, only for code 4.
     #[serde(skip_serializing_if = "Option::is_none")]
     revoked: Option<bool>,
+    /// Present, and true, only for code 5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expired: Option<bool>,
     version: i64,
+    /// The hold's expiry, ms of Redis time (HOLD and CONFIRM; 0 when there
+    /// is no hold to speak of).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<i64>,
     /// Why the parameters were refused (code 3 only).
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
@@ -138,7 +162,7 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(body) => body,
         Err(response) => return response,
     };
-    let qty = match qty_text(&body.qty) {
+    let qty = match integer_text(&body.qty, "qty") {
         Ok(qty) => qty,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
@@ -147,6 +171,47 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
     respond(
         Operation::Deduct,
         shared.service.deduct(&args, arrived).await,
+    )
+}
+
+async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let body: HoldBody = match read_json(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let numbers = integer_text(&body.qty, "qty")
+        .and_then(|qty| Ok((qty, integer_text(&body.ttl_ms, "ttl_ms")?)));
+    let (qty, ttl) = match numbers {
+        Ok(numbers) => numbers,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let mut args = vec![
+        Bytes::from(body.sku),
+        qty,
+        Bytes::from(body.request_id),
+        ttl,
+    ];
+    args.extend(body.order_no.map(Bytes::from));
+    respond(Operation::Hold, shared.service.hold(&args, arrived).await)
+}
+
+async fn confirm(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let body: RevertBody = match read_json(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
+    respond(
+        Operation::Confirm,
+        shared.service.confirm(&args, arrived).await,
     )
 }
 
@@ -166,13 +231,14 @@ async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response
     )
 }
 
-/// The qty a JSON body gave, as the digits RESP would carry. A JSON integer
+/// An integer field (qty, ttl_ms) a JSON body gave, as the digits RESP
+/// would carry. A JSON integer
 /// (an optional `-` and digits: JSON allows no `+` and no leading zero) of
-/// any size goes to the same rule as a RESP qty, so one out of range, `0`,
+/// any size goes to the same rule as RESP's, so one out of range, `0`,
 /// `-1` or `18446744073709551616` alike, is code 3 with its reason. Anything
 /// else (a string, a fraction, an exponent, null) is a malformed body; the
 /// error says what was found.
-fn qty_text(raw: &RawValue) -> Result<Bytes, String> {
+fn integer_text(raw: &RawValue, field: &str) -> Result<Bytes, String> {
     let text = raw.get();
     let digits = text.strip_prefix('-').unwrap_or(text);
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -189,7 +255,7 @@ fn qty_text(raw: &RawValue) -> Result<Bytes, String> {
     };
     let shown: String = text.chars().take(64).collect();
     Err(format!(
-        "invalid request body: invalid type for qty: {found} `{shown}`, expected an integer"
+        "invalid request body: invalid type for {field}: {found} `{shown}`, expected an integer"
     ))
 }
 
@@ -217,18 +283,21 @@ async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, 
 pub enum Operation {
     Deduct,
     Revert,
+    Hold,
+    Confirm,
 }
 
 /// The HTTP status of a business code: never a 5xx. A status says whether
 /// the caller's intent was met, since that is what generic retry middleware
 /// acts on: a DEDUCT that was revoked did not deduct (409), but a REVERT
 /// that revoked is compensation done, there was nothing to give back (200,
-/// as for a duplicate).
+/// as for a duplicate). A hold that expired (5) did not hold or confirm
+/// (409); REVERT never answers 5.
 pub fn status_for(operation: Operation, code: Code) -> StatusCode {
     match (operation, code) {
         (_, Code::Ok | Code::Duplicate) => StatusCode::OK,
-        (Operation::Revert, Code::Revoked) => StatusCode::OK,
-        (Operation::Deduct, Code::Revoked) => StatusCode::CONFLICT,
+        (Operation::Revert, Code::Revoked | Code::Expired) => StatusCode::OK,
+        (_, Code::Revoked | Code::Expired) => StatusCode::CONFLICT,
         (_, Code::Insufficient) => StatusCode::CONFLICT,
         (_, Code::Invalid) => StatusCode::BAD_REQUEST,
     }
@@ -243,7 +312,9 @@ fn respond(operation: Operation, result: Result<StockReply, UpstreamError>) -> R
                 order_no: std::str::from_utf8(&reply.order_no).unwrap_or(""),
                 duplicate: (reply.code == Code::Duplicate).then_some(true),
                 revoked: (reply.code == Code::Revoked).then_some(true),
+                expired: (reply.code == Code::Expired).then_some(true),
                 version: reply.version,
+                expires_at: reply.expires_at,
                 reason: reply
                     .reason
                     .as_deref()
@@ -307,7 +378,12 @@ mod tests {
 
     #[test]
     fn business_codes_never_map_to_5xx() {
-        for operation in [Operation::Deduct, Operation::Revert] {
+        for operation in [
+            Operation::Deduct,
+            Operation::Revert,
+            Operation::Hold,
+            Operation::Confirm,
+        ] {
             for code in Code::ALL {
                 let status = status_for(operation, code);
                 assert!(status.is_success() || status.is_client_error());
@@ -318,5 +394,13 @@ mod tests {
             StatusCode::CONFLICT
         );
         assert_eq!(status_for(Operation::Revert, Code::Revoked), StatusCode::OK);
+        assert_eq!(
+            status_for(Operation::Confirm, Code::Expired),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            status_for(Operation::Hold, Code::Revoked),
+            StatusCode::CONFLICT
+        );
     }
 }

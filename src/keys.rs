@@ -4,11 +4,25 @@
 //! stock key           <prefix>:{<sku>}
 //! idempotency record  <prefix>:{<sku>}:req:<request_id>
 //! operator's change   <prefix>:{<sku>}:op:<op_id>        (STOCK.SET, STOCK.ADD)
+//! holds               <prefix>:{<sku>}:holds             sorted set: request_id by expiry
+//! units held          <prefix>:{<sku>}:held              integer
+//!
+//! sweep index         <prefix>:{<shard tag>}:due         sorted set: sku by when to look
+//! sweep marks         <prefix>:{<shard tag>}:marks       hash: sku -> when it was marked
+//! sweep lease         <prefix>:{sweep}:lease             the sweeping stockgate's id
+//! active shards       <prefix>:{sweep}:active            sorted set: shard by until when
 //! ```
 //!
-//! The sku is the Redis Cluster hash tag of both keys, so the two always
-//! hash to one slot and one script can touch both. Skus and prefixes may not
-//! contain braces (see [`crate::params`]), so the tag is exactly the sku.
+//! The sku is the Redis Cluster hash tag of a SKU's keys, so they always
+//! hash to one slot and one script can touch them all. Skus and prefixes
+//! may not contain braces (see [`crate::params`]), so the tag is exactly
+//! the sku.
+//!
+//! The sweep index ([`crate::stock::sweeper`]) has [`SWEEP_SHARDS`]
+//! shards; shard `k` indexes the skus whose slots fall in the k-th
+//! [`SWEEP_SHARD_SLOTS`] slots, and its tag is chosen to hash into that
+//! range too, so on a cluster whose primaries own ranges of slots the
+//! index of a SKU lives on the SKU's own primary.
 
 use crate::params::{OpId, RequestId, Sku};
 
@@ -27,17 +41,61 @@ pub fn sku_slot(sku: &Sku) -> u16 {
     slot(sku.as_bytes())
 }
 
-/// The two keys one deduction touches, in the order the script takes them.
+/// Shards of the sweep index, and the slots each covers.
+pub const SWEEP_SHARDS: usize = 16;
+pub const SWEEP_SHARD_SLOTS: u16 = SLOTS / SWEEP_SHARDS as u16;
+
+/// The two keys an operator's change touches (STOCK.SET, STOCK.ADD).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeductKeys {
     pub stock: Vec<u8>,
     pub record: Vec<u8>,
 }
 
+/// The four keys a call on one request touches (DEDUCT, REVERT, HOLD,
+/// CONFIRM, STOCK.STATUS), in the order the scripts take them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestKeys {
+    pub stock: Vec<u8>,
+    pub record: Vec<u8>,
+    pub holds: Vec<u8>,
+    pub held: Vec<u8>,
+}
+
+impl RequestKeys {
+    pub fn all(&self) -> [&[u8]; 4] {
+        [&self.stock, &self.record, &self.holds, &self.held]
+    }
+}
+
+/// The three keys of a SKU that a call on the SKU alone touches
+/// (STOCK.GET, the sweeper's release).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkuKeys {
+    pub stock: Vec<u8>,
+    pub holds: Vec<u8>,
+    pub held: Vec<u8>,
+}
+
+impl SkuKeys {
+    pub fn all(&self) -> [&[u8]; 3] {
+        [&self.stock, &self.holds, &self.held]
+    }
+}
+
+/// One shard of the sweep index: the keys its scripts take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepShard {
+    pub due: Vec<u8>,
+    pub marks: Vec<u8>,
+}
+
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
 pub struct KeyLayout {
     prefix: String,
+    /// The sweep index's shards, by shard number.
+    shards: Vec<SweepShard>,
 }
 
 impl KeyLayout {
@@ -53,8 +111,18 @@ impl KeyLayout {
                 "key prefix {prefix:?} must be 1 to 64 printable ASCII bytes without whitespace, '{{' or '}}'"
             ));
         }
+        let shards = (0..SWEEP_SHARDS)
+            .map(|k| {
+                let tag = shard_tag(k);
+                SweepShard {
+                    due: format!("{prefix}:{{{tag}}}:due").into_bytes(),
+                    marks: format!("{prefix}:{{{tag}}}:marks").into_bytes(),
+                }
+            })
+            .collect();
         let layout = KeyLayout {
             prefix: prefix.to_owned(),
+            shards,
         };
         layout.verify_one_slot()?;
         Ok(layout)
@@ -85,17 +153,58 @@ impl KeyLayout {
         ]
     }
 
+    /// `<prefix>:{<sku>}:holds` and `<prefix>:{<sku>}:held`, as parts.
+    pub fn hold_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 4]; 2] {
+        [
+            [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:holds"],
+            [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:held"],
+        ]
+    }
+
     /// `<prefix>:{<sku>}`
     pub fn stock_key(&self, sku: &Sku) -> Vec<u8> {
         self.stock_key_parts(sku).concat()
     }
 
-    /// Both keys of one deduction.
-    pub fn deduct_keys(&self, sku: &Sku, request_id: &RequestId) -> DeductKeys {
-        DeductKeys {
+    /// The four keys of one request.
+    pub fn request_keys(&self, sku: &Sku, request_id: &RequestId) -> RequestKeys {
+        let [holds, held] = self.hold_key_parts(sku);
+        RequestKeys {
             stock: self.stock_key(sku),
             record: self.record_key_parts(sku, request_id).concat(),
+            holds: holds.concat(),
+            held: held.concat(),
         }
+    }
+
+    /// The keys of a SKU itself: its stock and its holds.
+    pub fn sku_keys(&self, sku: &Sku) -> SkuKeys {
+        let [holds, held] = self.hold_key_parts(sku);
+        SkuKeys {
+            stock: self.stock_key(sku),
+            holds: holds.concat(),
+            held: held.concat(),
+        }
+    }
+
+    /// The number of the sweep index's shard that indexes `sku`.
+    pub fn sweep_shard_index(&self, sku: &Sku) -> usize {
+        (sku_slot(sku) / SWEEP_SHARD_SLOTS) as usize
+    }
+
+    /// Every shard of the sweep index.
+    pub fn sweep_shards(&self) -> &[SweepShard] {
+        &self.shards
+    }
+
+    /// `<prefix>:{sweep}:lease`: who sweeps now.
+    pub fn sweep_lease(&self) -> Vec<u8> {
+        format!("{}:{{sweep}}:lease", self.prefix).into_bytes()
+    }
+
+    /// `<prefix>:{sweep}:active`: the shards with holds to watch.
+    pub fn sweep_active(&self) -> Vec<u8> {
+        format!("{}:{{sweep}}:active", self.prefix).into_bytes()
     }
 
     /// The stock key and the record of one operator's change.
@@ -115,8 +224,8 @@ impl KeyLayout {
         ] {
             let sku = Sku::parse(sku.into()).expect("probe sku is valid");
             let id = RequestId::parse(id.into()).expect("probe request_id is valid");
-            let keys = self.deduct_keys(&sku, &id);
-            if slot(&keys.stock) != slot(&keys.record) {
+            let keys = self.request_keys(&sku, &id);
+            if keys.all().iter().any(|key| slot(key) != slot(&keys.stock)) {
                 return Err(format!(
                     "key layout error: {:?} and {:?} hash to different slots",
                     String::from_utf8_lossy(&keys.stock),
@@ -128,6 +237,17 @@ impl KeyLayout {
     }
 }
 
+/// A hash tag for sweep shard `k` that hashes into the shard's slot range:
+/// `sweep-<k>-<n>` for the first `n` that does. The same on every
+/// stockgate, since it depends on nothing but `k`.
+fn shard_tag(k: usize) -> String {
+    let range = k as u16 * SWEEP_SHARD_SLOTS..(k as u16 + 1) * SWEEP_SHARD_SLOTS;
+    (0u32..)
+        .map(|n| format!("sweep-{k}-{n}"))
+        .find(|tag| range.contains(&slot(tag.as_bytes())))
+        .expect("CRC16 reaches every range")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,12 +256,32 @@ mod tests {
     #[test]
     fn layout_matches_the_documented_shape() {
         let layout = KeyLayout::new("stock").unwrap();
-        let keys = layout.deduct_keys(
+        let keys = layout.request_keys(
             &Sku::parse("10086".into()).unwrap(),
             &RequestId::parse("order-1".into()).unwrap(),
         );
         assert_eq!(keys.stock, b"stock:{10086}");
         assert_eq!(keys.record, b"stock:{10086}:req:order-1");
+        assert_eq!(keys.holds, b"stock:{10086}:holds");
+        assert_eq!(keys.held, b"stock:{10086}:held");
+        assert_eq!(layout.sweep_lease(), b"stock:{sweep}:lease");
+    }
+
+    #[test]
+    fn each_sweep_shard_lives_in_the_slots_it_indexes() {
+        let layout = KeyLayout::new("stock").unwrap();
+        assert_eq!(layout.sweep_shards().len(), SWEEP_SHARDS);
+        for (k, shard) in layout.sweep_shards().iter().enumerate() {
+            let first = k as u16 * SWEEP_SHARD_SLOTS;
+            assert!((first..first + SWEEP_SHARD_SLOTS).contains(&slot(&shard.due)));
+            assert_eq!(slot(&shard.due), slot(&shard.marks));
+        }
+        let sku = Sku::parse("10086".into()).unwrap();
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&sku)];
+        assert_eq!(
+            slot(&shard.due) / SWEEP_SHARD_SLOTS,
+            sku_slot(&sku) / SWEEP_SHARD_SLOTS
+        );
     }
 
     #[test]
@@ -187,8 +327,10 @@ mod tests {
         fn both_keys_share_a_slot(prefix in "[!-z|~]{1,64}", sku in token(), id in token()) {
             let layout = KeyLayout::new(&prefix).unwrap();
             let parsed = Sku::parse(sku.clone().into()).unwrap();
-            let keys = layout.deduct_keys(&parsed, &RequestId::parse(id.clone().into()).unwrap());
-            prop_assert_eq!(slot(&keys.stock), slot(&keys.record));
+            let keys = layout.request_keys(&parsed, &RequestId::parse(id.clone().into()).unwrap());
+            for key in keys.all() {
+                prop_assert_eq!(slot(key), slot(&keys.stock));
+            }
             // And the slot is the sku's own: the tag is exactly the sku.
             prop_assert_eq!(slot(&keys.stock), crc_whole(sku.as_bytes()));
             prop_assert_eq!(sku_slot(&parsed), slot(&keys.stock));

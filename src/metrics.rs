@@ -9,7 +9,7 @@
 //! and recording a request touches a pre-resolved handle, not a registry.
 
 use crate::error::FaultKind;
-use crate::outcome::Code;
+use crate::outcome::{Code, HoldEvent};
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,9 @@ pub const UPSTREAM_READY: &str = "stockgate_upstream_ready";
 pub const AUTH_FAILURES_TOTAL: &str = "stockgate_auth_failures_total";
 pub const UPSTREAM_READY_CHANGES_TOTAL: &str = "stockgate_upstream_ready_changes_total";
 pub const BUILD_INFO: &str = "stockgate_build_info";
+pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
+pub const HOLD_HELD: &str = "stockgate_hold_held_seconds";
+pub const SWEEPS_TOTAL: &str = "stockgate_sweeps_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -32,31 +35,49 @@ const DURATION_BUCKETS: [f64; 16] = [
     1.0, 2.5, 5.0,
 ];
 
+/// How long holds are held before their CONFIRM, in seconds: from a
+/// customer who pays at once to a day-long hold.
+const HELD_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 86_400.0,
+];
+
 /// The commands that get request metrics (the `command` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommandLabel {
     Deduct,
     Revert,
+    Hold,
+    Confirm,
 }
 
 impl CommandLabel {
-    const ALL: [CommandLabel; 2] = [CommandLabel::Deduct, CommandLabel::Revert];
+    const ALL: [CommandLabel; 4] = [
+        CommandLabel::Deduct,
+        CommandLabel::Revert,
+        CommandLabel::Hold,
+        CommandLabel::Confirm,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             CommandLabel::Deduct => "deduct",
             CommandLabel::Revert => "revert",
+            CommandLabel::Hold => "hold",
+            CommandLabel::Confirm => "confirm",
         }
     }
 
-    /// Whether this command can ever answer `result`. REVERT never looks at
-    /// the stock level, so it has no code 2; a series for it would be a
-    /// permanent 0 that a dashboard or an alert could only misread.
+    /// Whether this command can ever answer `result`: a series for a code
+    /// it never gives would be a permanent 0 that a dashboard or an alert
+    /// could only misread. REVERT and CONFIRM never look at the stock
+    /// level (no 2); only HOLD and CONFIRM speak of expired holds (5).
     pub fn answers(self, result: ResultLabel) -> bool {
-        !matches!(
-            (self, result),
-            (CommandLabel::Revert, ResultLabel::Code(Code::Insufficient))
-        )
+        use CommandLabel::*;
+        match result {
+            ResultLabel::Code(Code::Insufficient) => matches!(self, Deduct | Hold),
+            ResultLabel::Code(Code::Expired) => matches!(self, Hold | Confirm),
+            _ => true,
+        }
     }
 }
 
@@ -124,6 +145,11 @@ pub struct Metrics {
     upstream_ready: Gauge,
     upstream_ready_changes: Counter,
     auth_failures: Counter,
+    /// Holds by what happened to them, in [`HoldEvent::ALL`]'s order.
+    holds: Vec<(Counter, AtomicU64)>,
+    held: Histogram,
+    /// The sweeper's passes, by whether it could finish them.
+    sweeps: [Counter; 2],
 }
 
 impl Metrics {
@@ -133,12 +159,13 @@ impl Metrics {
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(UPSTREAM_DURATION.into()), &DURATION_BUCKETS)
             })
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HOLD_HELD.into()), &HELD_BUCKETS))
             .expect("bucket list is not empty")
             .build_recorder();
         recorder.describe_counter(
             REQUESTS_TOTAL.into(),
             None,
-            "Requests answered, by command and result (ok, duplicate, insufficient, invalid, revoked, error).".into(),
+            "Requests answered, by command and result (ok, duplicate, insufficient, invalid, revoked, expired, error).".into(),
         );
         recorder.describe_histogram(
             REQUEST_DURATION.into(),
@@ -262,8 +289,46 @@ impl Metrics {
                 &meta,
             )
             .set(1.0);
+        recorder.describe_counter(
+            HOLDS_TOTAL.into(),
+            None,
+            "Holds by what happened to them: placed (HOLD), confirmed (CONFIRM), cancelled (REVERT), expired (released by Redis time, by any call or the sweeper).".into(),
+        );
+        let holds = HoldEvent::ALL
+            .into_iter()
+            .map(|event| {
+                let counter = recorder.register_counter(
+                    &Key::from_parts(HOLDS_TOTAL, vec![Label::new("event", event.label())]),
+                    &meta,
+                );
+                counter.increment(0);
+                (counter, AtomicU64::new(0))
+            })
+            .collect();
+        recorder.describe_histogram(
+            HOLD_HELD.into(),
+            Some(Unit::Seconds),
+            "Time from a HOLD to its CONFIRM, in Redis time.".into(),
+        );
+        let held = recorder.register_histogram(&Key::from_name(HOLD_HELD), &meta);
+        recorder.describe_counter(
+            SWEEPS_TOTAL.into(),
+            None,
+            "Passes of this stockgate's hold sweeper over the shards it sweeps, by result (ok, or error when Redis failed it; the next pass tries again).".into(),
+        );
+        let sweeps = ["ok", "error"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(SWEEPS_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
         Metrics {
             handle: recorder.handle(),
+            holds,
+            held,
+            sweeps,
             requests,
             upstream_errors,
             upstream_durations,
@@ -281,6 +346,36 @@ impl Metrics {
         series.total.increment(1);
         series.count.fetch_add(1, Ordering::Relaxed);
         series.duration.record(elapsed.as_secs_f64());
+    }
+
+    /// Counts `n` holds that met `event`.
+    pub fn record_holds(&self, event: HoldEvent, n: u64) {
+        let index = HoldEvent::ALL
+            .iter()
+            .position(|e| *e == event)
+            .expect("every event is registered");
+        let (counter, count) = &self.holds[index];
+        counter.increment(n);
+        count.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Holds so far, as `(event, count)`.
+    pub fn hold_totals(&self) -> Vec<(&'static str, u64)> {
+        HoldEvent::ALL
+            .into_iter()
+            .zip(&self.holds)
+            .map(|(event, (_, count))| (event.label(), count.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// How long a confirmed hold was held.
+    pub fn record_held(&self, held: Duration) {
+        self.held.record(held.as_secs_f64());
+    }
+
+    /// One pass of the sweeper, finished or failed.
+    pub fn record_sweep(&self, ok: bool) {
+        self.sweeps[usize::from(!ok)].increment(1);
     }
 
     pub fn record_upstream_error(&self, kind: FaultKind) {

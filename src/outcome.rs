@@ -1,9 +1,10 @@
-//! The business code table, and the reply DEDUCT and REVERT give.
+//! The business code table, and the reply DEDUCT, REVERT, HOLD and CONFIRM
+//! give.
 //!
 //! This module is the one place that knows what each code means. A code's
 //! meaning never changes once published; new information is added as new
-//! reply elements or new codes, never by redefining one (code 4 came later
-//! and left 0 to 3 as they were).
+//! reply elements or new codes, never by redefining one (codes 4 and 5
+//! came later and left the others as they were).
 
 use crate::answer::{self, Item, Shape};
 use crate::error::{FaultKind, UpstreamError};
@@ -14,8 +15,10 @@ use redis::Value;
 /// element); `lua/common.lua` says the same, and a test checks they agree.
 /// 1: DEDUCT only. 2: REVERT and code 4. 3: records name the call that
 /// wrote them (a resent call answers as it did the first time), and
-/// stockgate's own arguments, when wrong, are a BADCALL error.
-pub const SCRIPT_VERSION: i64 = 3;
+/// stockgate's own arguments, when wrong, are a BADCALL error. 4: holds
+/// (HOLD, CONFIRM, code 5), released by Redis time; every reply carries
+/// eight elements.
+pub const SCRIPT_VERSION: i64 = 4;
 
 /// A business outcome: what happened to the stock. System faults are never
 /// a `Code`; they are [`UpstreamError`]s.
@@ -29,19 +32,23 @@ pub enum Code {
     Insufficient = 2,
     /// Invalid parameters; nothing changed.
     Invalid = 3,
-    /// The request_id was revoked: reverted, or revoked by a REVERT that
-    /// came before any DEDUCT. It never deducts.
+    /// The request_id was revoked: reverted, or revoked by a REVERT (or a
+    /// CONFIRM) that came before any DEDUCT or HOLD. It never deducts.
     Revoked = 4,
+    /// The request's hold ran out (by Redis time) before this call, and its
+    /// units went back to stock.
+    Expired = 5,
 }
 
 impl Code {
     /// Every code, in numeric order.
-    pub const ALL: [Code; 5] = [
+    pub const ALL: [Code; 6] = [
         Code::Ok,
         Code::Duplicate,
         Code::Insufficient,
         Code::Invalid,
         Code::Revoked,
+        Code::Expired,
     ];
 
     /// The code a script reply carries, if this build knows it.
@@ -57,12 +64,14 @@ impl Code {
             Code::Insufficient => "insufficient",
             Code::Invalid => "invalid",
             Code::Revoked => "revoked",
+            Code::Expired => "expired",
         }
     }
 }
 
-/// The reply to one DEDUCT or REVERT: `[code, remain, order_no, version]`,
-/// plus a human reason for code 3.
+/// The reply to one DEDUCT or REVERT, `[code, remain, order_no, version]`
+/// plus a human reason for code 3; HOLD and CONFIRM put the hold's expiry
+/// fifth, before the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StockReply {
     pub code: Code,
@@ -73,8 +82,60 @@ pub struct StockReply {
     /// contract table); empty when there is none.
     pub order_no: Bytes,
     pub version: i64,
+    /// The hold's expiry, in milliseconds of Redis time (0 when there is no
+    /// hold to speak of): HOLD and CONFIRM replies only.
+    pub expires_at: Option<i64>,
     /// Why the parameters were refused (code 3 only).
     pub reason: Option<Bytes>,
+    /// What the call did besides its answer, for the metrics; never sent.
+    pub effects: Effects,
+}
+
+/// What a script call did that its caller is not told: from the elements
+/// after the sixth of a version-4 reply (none from older scripts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// The SKU's expired holds the call gave back to stock first.
+    pub released: u32,
+    /// For a CONFIRM that confirmed: how long the units were held (ms).
+    pub held_ms: u64,
+    /// What the call did to the request's own hold.
+    pub event: Option<HoldEvent>,
+}
+
+/// What happens to a hold, for `stockgate_holds_total`. `Expired` is
+/// counted from [`Effects::released`], whichever call released it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEvent {
+    Placed,
+    Confirmed,
+    Cancelled,
+    Expired,
+}
+
+impl HoldEvent {
+    pub const ALL: [HoldEvent; 4] = [
+        HoldEvent::Placed,
+        HoldEvent::Confirmed,
+        HoldEvent::Cancelled,
+        HoldEvent::Expired,
+    ];
+
+    /// The `event` label, and the script's word for it.
+    pub fn label(self) -> &'static str {
+        match self {
+            HoldEvent::Placed => "placed",
+            HoldEvent::Confirmed => "confirmed",
+            HoldEvent::Cancelled => "cancelled",
+            HoldEvent::Expired => "expired",
+        }
+    }
+
+    fn from_script(word: &[u8]) -> Option<HoldEvent> {
+        HoldEvent::ALL
+            .into_iter()
+            .find(|e| e.label().as_bytes() == word)
+    }
 }
 
 impl StockReply {
@@ -85,8 +146,21 @@ impl StockReply {
             remain: -1,
             order_no: Bytes::new(),
             version: SCRIPT_VERSION,
+            expires_at: None,
             reason: Some(reason.into()),
+            effects: Effects::default(),
         }
+    }
+
+    /// The reply as HOLD and CONFIRM show it (with the hold's expiry), or
+    /// as DEDUCT and REVERT do (without).
+    pub fn with_expiry(mut self, shown: bool) -> Self {
+        self.expires_at = if shown {
+            Some(self.expires_at.unwrap_or(0))
+        } else {
+            None
+        };
+        self
     }
 
     /// Maps a script's reply from the redis crate, checking its shape.
@@ -119,15 +193,17 @@ impl StockReply {
         StockReply::from_fields(fields, shown)
     }
 
-    /// Checks the shape. Elements after the fifth are ignored, so a newer
-    /// script that appends some still works; anything else unexpected is a
-    /// BADREPLY, never a guessed code.
+    /// Checks the shape: `{code, remain, order_no, version}`, then (from
+    /// version 4) `reason, expires_at, released, held_ms, event`, where an
+    /// older script put only a reason, for code 3. Elements after the ninth are
+    /// ignored, so a newer script that appends some still works; anything
+    /// else unexpected is a BADREPLY, never a guessed code.
     fn from_fields(
         fields: impl Iterator<Item = Field>,
         shown: impl Fn() -> String,
     ) -> Result<StockReply, UpstreamError> {
-        // The first five, on the stack: a reply is read once per request.
-        let mut first: [Option<Field>; 5] = Default::default();
+        // The first nine, on the stack: a reply is read once per request.
+        let mut first: [Option<Field>; 9] = Default::default();
         let mut count = 0;
         for (slot, field) in first.iter_mut().zip(fields) {
             *slot = Some(field);
@@ -136,38 +212,64 @@ impl StockReply {
         if count < 4 {
             return Err(bad_reply("has fewer than 4 elements", shown));
         }
-        let [Some(f0), Some(f1), Some(f2), Some(f3), f4] = first else {
-            unreachable!("four fields were counted")
-        };
-        let fields = [f0, f1, f2, f3];
-        let int = |f: &Field| match f {
-            Field::Int(i) => Some(*i),
+        let int = |f: &Option<Field>| match f {
+            Some(Field::Int(i)) => Some(*i),
             _ => None,
         };
-        let text = |f: &Field| match f {
-            Field::Text(b) => Some(b.clone()),
+        let text = |f: &Option<Field>| match f {
+            Some(Field::Text(b)) => Some(b.clone()),
             _ => None,
         };
-        let code = int(&fields[0])
+        let code = int(&first[0])
             .and_then(Code::from_wire)
             .ok_or_else(|| bad_reply("has an unknown code", &shown))?;
-        let remain =
-            int(&fields[1]).ok_or_else(|| bad_reply("has a non-integer remain", &shown))?;
+        let remain = int(&first[1]).ok_or_else(|| bad_reply("has a non-integer remain", &shown))?;
         let order_no =
-            text(&fields[2]).ok_or_else(|| bad_reply("has a non-string order_no", &shown))?;
-        let version = int(&fields[3])
+            text(&first[2]).ok_or_else(|| bad_reply("has a non-string order_no", &shown))?;
+        let version = int(&first[3])
             .filter(|v| *v >= 1)
             .ok_or_else(|| bad_reply("has no valid version", &shown))?;
-        let reason = match &f4 {
-            Some(f) => Some(text(f).ok_or_else(|| bad_reply("has a non-string reason", &shown))?),
+        let reason = match &first[4] {
+            Some(_) => {
+                Some(text(&first[4]).ok_or_else(|| bad_reply("has a non-string reason", &shown))?)
+                    .filter(|r| !r.is_empty())
+            }
             None => None,
+        };
+        // Integers from here on, where present.
+        let number = |i: usize, what: &str| match &first[i] {
+            None => Ok(0),
+            Some(_) => int(&first[i])
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| bad_reply(what, &shown)),
+        };
+        let expires_at = first[5]
+            .is_some()
+            .then(|| number(5, "has a bad expires_at"))
+            .transpose()?;
+        let released = number(6, "has a bad released count")?;
+        let held_ms = number(7, "has a bad held_ms")?;
+        let event = match &first[8] {
+            None => None,
+            Some(Field::Text(word)) if word.is_empty() => None,
+            Some(Field::Text(word)) => Some(
+                HoldEvent::from_script(word)
+                    .ok_or_else(|| bad_reply("has an unknown hold event", &shown))?,
+            ),
+            Some(_) => return Err(bad_reply("has a non-string hold event", &shown)),
         };
         Ok(StockReply {
             code,
             remain,
             order_no,
             version,
+            expires_at,
             reason,
+            effects: Effects {
+                released: u32::try_from(released).unwrap_or(u32::MAX),
+                held_ms: held_ms as u64,
+                event,
+            },
         })
     }
 }
@@ -196,28 +298,47 @@ mod tests {
         assert_eq!(Code::from_wire(2), Some(Code::Insufficient));
         assert_eq!(Code::from_wire(3), Some(Code::Invalid));
         assert_eq!(Code::from_wire(4), Some(Code::Revoked));
-        assert_eq!(Code::from_wire(5), None);
+        assert_eq!(Code::from_wire(5), Some(Code::Expired));
+        assert_eq!(Code::from_wire(6), None);
         assert_eq!(Code::from_wire(-1), None);
     }
 
     #[test]
     fn script_replies_map_to_codes_and_extra_elements_are_ignored() {
         let reply = StockReply::from_script(Value::Array(vec![
-            Value::Int(1),
+            Value::Int(5),
             Value::Int(7),
             Value::BulkString(b"ORD".to_vec()),
-            Value::Int(1),
+            Value::Int(4),
+            Value::BulkString(vec![]),
+            Value::Int(1_790_000_000_000),
+            Value::Int(2),
+            Value::Int(0),
+            Value::BulkString(vec![]),
             Value::BulkString(b"appended later".to_vec()),
-            Value::Int(99),
         ]))
         .unwrap();
-        assert_eq!(reply.code, Code::Duplicate);
+        assert_eq!(reply.code, Code::Expired);
         assert_eq!(reply.remain, 7);
         assert_eq!(&reply.order_no[..], b"ORD");
+        assert_eq!(reply.reason, None, "an empty reason is none");
+        assert_eq!(reply.expires_at, Some(1_790_000_000_000));
+        assert_eq!(reply.effects.released, 2);
+        // A version-3 script's code 3: four elements and the reason.
+        let old = StockReply::from_script(Value::Array(vec![
+            Value::Int(3),
+            Value::Int(-1),
+            Value::BulkString(vec![]),
+            Value::Int(3),
+            Value::BulkString(b"qty must be".to_vec()),
+        ]))
+        .unwrap();
         assert_eq!(
-            reply.version, 1,
+            (old.code, old.version, old.reason.as_deref()),
+            (Code::Invalid, 3, Some(&b"qty must be"[..])),
             "an older script's reply is still understood"
         );
+        assert_eq!(old.effects, Effects::default());
     }
 
     #[test]
@@ -240,6 +361,14 @@ mod tests {
             four(Value::Int(9), Value::Int(1)),
             four(Value::BulkString(b"0".to_vec()), Value::Int(1)),
             four(Value::Int(0), Value::Int(0)),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(1),
+                Value::BulkString(vec![]),
+                Value::Int(4),
+                Value::BulkString(vec![]),
+                Value::Int(-5),
+            ]),
         ];
         for value in odd {
             let err = StockReply::from_script(value).unwrap_err();

@@ -212,18 +212,56 @@ pub struct Qty {
 
 impl Qty {
     pub fn parse(text: Bytes, max: u64) -> Result<Qty, InvalidParam> {
-        let canonical = !text.is_empty()
-            && text.len() <= 16
-            && text[0] != b'0'
-            && text.iter().all(u8::is_ascii_digit);
-        let value = canonical
-            .then(|| std::str::from_utf8(&text).ok()?.parse::<u64>().ok())
-            .flatten()
-            .filter(|v| (1..=max).contains(v));
+        let value = canonical_u64(&text).filter(|v| (1..=max).contains(v));
         match value {
             Some(value) => Ok(Qty { value, text }),
             None => Err(InvalidParam(format!(
                 "qty must be an integer from 1 to {max}"
+            ))),
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value
+    }
+
+    /// The decimal text, as the caller sent it (it is canonical).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.text
+    }
+}
+
+/// A positive integer in its one spelling ("1", never "01" or "+1"), of at
+/// most 16 digits: what the scripts accept too.
+fn canonical_u64(text: &[u8]) -> Option<u64> {
+    let canonical = !text.is_empty()
+        && text.len() <= 16
+        && text[0] != b'0'
+        && text.iter().all(u8::is_ascii_digit);
+    canonical
+        .then(|| std::str::from_utf8(text).ok()?.parse::<u64>().ok())
+        .flatten()
+}
+
+/// How long a HOLD holds, in milliseconds: a canonical decimal integer
+/// from 1000 (a shorter hold would expire before a retry of it could
+/// arrive) to `--max-hold`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldTtl {
+    value: u64,
+    text: Bytes,
+}
+
+/// The shortest hold, in milliseconds.
+pub const MIN_HOLD_MS: u64 = 1000;
+
+impl HoldTtl {
+    pub fn parse(text: Bytes, max_ms: u64) -> Result<HoldTtl, InvalidParam> {
+        let value = canonical_u64(&text).filter(|v| (MIN_HOLD_MS..=max_ms).contains(v));
+        match value {
+            Some(value) => Ok(HoldTtl { value, text }),
+            None => Err(InvalidParam(format!(
+                "ttl_ms must be an integer from {MIN_HOLD_MS} to {max_ms}"
             ))),
         }
     }

@@ -7,16 +7,25 @@
 //! 3:<state>:<qty>:<nonce>:<aux>:<order_no>   written since script version 3
 //! <state>:<qty>:<order_no>                   written by versions 1 and 2
 //! ```
+//!
+//! aux is empty, but for the states of a hold (H, C, X, from version 4):
+//! `<expires_at>.<held_at>`, milliseconds of Redis time.
 
 /// Where a request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     /// qty units were deducted.
     Deducted,
-    /// qty units were deducted, then given back.
+    /// qty units were deducted (or held), then given back.
     Reverted,
-    /// A REVERT came first; the id may never deduct.
+    /// A REVERT (or a CONFIRM) came first; the id may never deduct or hold.
     Revoked,
+    /// qty units are on hold until the record's expiry.
+    Held,
+    /// A hold made final: qty units deducted for good.
+    Confirmed,
+    /// A hold that ran out: its units went back to stock.
+    Expired,
 }
 
 impl State {
@@ -25,6 +34,9 @@ impl State {
             "D" => Some(State::Deducted),
             "R" => Some(State::Reverted),
             "V" => Some(State::Revoked),
+            "H" => Some(State::Held),
+            "C" => Some(State::Confirmed),
+            "X" => Some(State::Expired),
             _ => None,
         }
     }
@@ -35,7 +47,15 @@ impl State {
             State::Deducted => 'D',
             State::Reverted => 'R',
             State::Revoked => 'V',
+            State::Held => 'H',
+            State::Confirmed => 'C',
+            State::Expired => 'X',
         }
+    }
+
+    /// Whether records in this state carry a hold's times.
+    pub fn is_hold(self) -> bool {
+        matches!(self, State::Held | State::Confirmed | State::Expired)
     }
 }
 
@@ -46,6 +66,8 @@ pub struct Record {
     pub qty: u64,
     /// The call that wrote it (empty in records of scripts before 3).
     pub nonce: String,
+    /// A hold's expiry and start, ms of Redis time (hold states only).
+    pub hold: Option<(u64, u64)>,
     pub order_no: String,
 }
 
@@ -53,7 +75,7 @@ impl Record {
     /// Parses a record's value; `None` for any shape the scripts would call
     /// BADRECORD.
     pub fn parse(raw: &str) -> Option<Record> {
-        let (state, qty, nonce, order_no) = match raw.strip_prefix("3:") {
+        let (state, qty, nonce, aux, order_no) = match raw.strip_prefix("3:") {
             Some(rest) => {
                 let mut fields = rest.splitn(5, ':');
                 let (state, qty, nonce, aux, order_no) = (
@@ -63,26 +85,40 @@ impl Record {
                     fields.next()?,
                     fields.next()?,
                 );
-                if !nonce.bytes().all(|b| b.is_ascii_hexdigit())
-                    || !aux.bytes().all(|b| b.is_ascii_digit())
-                {
+                if !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return None;
                 }
-                (state, qty, nonce, order_no)
+                (state, qty, nonce, aux, order_no)
             }
             None => {
                 let mut fields = raw.splitn(3, ':');
                 let (state, qty, order_no) = (fields.next()?, fields.next()?, fields.next()?);
-                (state, qty, "", order_no)
+                if !matches!(state, "D" | "R" | "V") {
+                    return None;
+                }
+                (state, qty, "", "", order_no)
             }
         };
         if qty.is_empty() || !qty.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
+        let state = State::from_letter(state)?;
+        let number = |s: &str| {
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        };
+        let hold = match (state.is_hold(), aux.split_once('.')) {
+            (true, Some((expires, held))) => Some((number(expires)?, number(held)?)),
+            // Version 3 read (and ignored) digits here; so does this one.
+            (false, _) if aux.bytes().all(|b| b.is_ascii_digit()) => None,
+            _ => return None,
+        };
         Some(Record {
-            state: State::from_letter(state)?,
+            state,
             qty: qty.parse().ok()?,
             nonce: nonce.to_owned(),
+            hold,
             order_no: order_no.to_owned(),
         })
     }
@@ -111,9 +147,18 @@ mod tests {
             (State::Reverted, 3, "")
         );
         assert_eq!(Record::parse("V:0:").unwrap().summary(), "V:0:");
+        let held = Record::parse("3:H:4:ab:1790000000000.1789999000000:O").unwrap();
+        assert_eq!(held.state, State::Held);
+        assert_eq!(held.hold, Some((1_790_000_000_000, 1_789_999_000_000)));
+        assert_eq!(held.summary(), "H:4:O");
         for bad in [
             "",
             "X:1:",
+            "H:1:",
+            "3:H:1:ab::",
+            "3:D:1:ab:5.6:",
+            "3:R:1:ab:x:",
+            "3:C:1:ab:5:",
             "D::",
             "D:x:",
             "3:D:1:zz::",

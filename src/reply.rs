@@ -101,11 +101,15 @@ impl Reply {
 
 fn stock(dst: &mut BytesMut, reply: &StockReply) {
     let reason = reply.reason.as_deref();
-    header(dst, b'*', if reason.is_some() { 5 } else { 4 });
+    let len = 4 + usize::from(reply.expires_at.is_some()) + usize::from(reason.is_some());
+    header(dst, b'*', len);
     integer(dst, reply.code as i64);
     integer(dst, reply.remain);
     bulk(dst, &reply.order_no);
     integer(dst, reply.version);
+    if let Some(expires_at) = reply.expires_at {
+        integer(dst, expires_at);
+    }
     if let Some(reason) = reason {
         bulk(dst, reason);
     }
@@ -237,11 +241,34 @@ mod tests {
             remain: 9,
             order_no: Bytes::from_static(b"ORD-1"),
             version: 1,
+            expires_at: None,
             reason: None,
+            effects: Default::default(),
         });
         let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
         assert_eq!(encoded(&deduct, Protocol::Resp2), wire);
         assert_eq!(encoded(&deduct, Protocol::Resp3), wire);
+        let hold = Reply::Stock(StockReply {
+            code: Code::Expired,
+            remain: 9,
+            order_no: Bytes::new(),
+            version: 4,
+            expires_at: Some(1_790_000_000_123),
+            reason: None,
+            effects: Default::default(),
+        });
+        assert_eq!(
+            encoded(&hold, Protocol::Resp3),
+            "*5\r\n:5\r\n:9\r\n$0\r\n\r\n:4\r\n:1790000000123\r\n"
+        );
+        let refused = Reply::Stock(StockReply::invalid("ttl").with_expiry(true));
+        assert_eq!(
+            encoded(&refused, Protocol::Resp2),
+            format!(
+                "*6\r\n:3\r\n:-1\r\n$0\r\n\r\n:{}\r\n:0\r\n$3\r\nttl\r\n",
+                crate::outcome::SCRIPT_VERSION
+            )
+        );
         let invalid = Reply::Stock(StockReply::invalid("qty bad"));
         assert_eq!(
             encoded(&invalid, Protocol::Resp2),
@@ -292,7 +319,9 @@ mod tests {
                 remain: n,
                 order_no: Bytes::new(),
                 version: 2,
+                expires_at: None,
                 reason: None,
+                effects: Default::default(),
             });
             assert_eq!(
                 encoded(&reply, Protocol::Resp2),

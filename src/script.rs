@@ -44,9 +44,20 @@ impl LuaScript {
 pub struct Scripts {
     pub deduct: Arc<LuaScript>,
     pub revert: Arc<LuaScript>,
+    pub hold: Arc<LuaScript>,
+    pub confirm: Arc<LuaScript>,
     pub stock_add: Arc<LuaScript>,
     pub stock_set: Arc<LuaScript>,
     pub status: Arc<LuaScript>,
+    pub get: Arc<LuaScript>,
+    /// The sweeper's: release one SKU's expired holds, mark a SKU in the
+    /// sweep index, file and list the index's due SKUs, take the lease
+    /// (and learn the active shards), tell the leader a shard is active.
+    pub release: Arc<LuaScript>,
+    pub due_mark: Arc<LuaScript>,
+    pub due_sweep: Arc<LuaScript>,
+    pub sweep_lease: Arc<LuaScript>,
+    pub sweep_active: Arc<LuaScript>,
 }
 
 impl Scripts {
@@ -54,9 +65,17 @@ impl Scripts {
         Scripts {
             deduct: LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
             revert: LuaScript::new("revert", include_str!("../lua/revert.lua")),
+            hold: LuaScript::new("hold", include_str!("../lua/hold.lua")),
+            confirm: LuaScript::new("confirm", include_str!("../lua/confirm.lua")),
             stock_add: LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
             stock_set: LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
             status: LuaScript::new("status", include_str!("../lua/status.lua")),
+            get: LuaScript::new("get", include_str!("../lua/get.lua")),
+            release: LuaScript::new("release", include_str!("../lua/release.lua")),
+            due_mark: LuaScript::new("due_mark", include_str!("../lua/due_mark.lua")),
+            due_sweep: LuaScript::new("due_sweep", include_str!("../lua/due_sweep.lua")),
+            sweep_lease: LuaScript::new("sweep_lease", include_str!("../lua/sweep_lease.lua")),
+            sweep_active: LuaScript::new("sweep_active", include_str!("../lua/sweep_active.lua")),
         }
     }
 
@@ -65,9 +84,17 @@ impl Scripts {
         vec![
             self.deduct.clone(),
             self.revert.clone(),
+            self.hold.clone(),
+            self.confirm.clone(),
             self.stock_add.clone(),
             self.stock_set.clone(),
             self.status.clone(),
+            self.get.clone(),
+            self.release.clone(),
+            self.due_mark.clone(),
+            self.due_sweep.clone(),
+            self.sweep_lease.clone(),
+            self.sweep_active.clone(),
         ]
     }
 }

@@ -88,6 +88,11 @@ pub async fn start(config: Config) -> io::Result<Server> {
     background.spawn(upstream.maintain(stop.clone()));
     background.spawn(admin::serve(admin_listener, shared.clone(), stop.clone()));
     background.spawn(upkeep(metrics, stop.clone()));
+    if shared.config.sweeper {
+        let shared = shared.clone();
+        let stop = stop.clone();
+        background.spawn(async move { shared.service.sweep(stop).await });
+    }
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.
         connections.spawn(http::serve(http_listener, shared.clone(), drain.clone()));

@@ -37,15 +37,16 @@ fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
     wait_ready_http(admin);
 
     let first = redis_cli(port, &["DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
-    assert_eq!(first, "0\n7\nORD-CLI\n3\n");
+    let v = stockgate::outcome::SCRIPT_VERSION;
+    assert_eq!(first, format!("0\n7\nORD-CLI\n{v}\n"));
     let again = redis_cli(port, &["-3", "DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
-    assert_eq!(again, "1\n7\nORD-CLI\n3\n");
+    assert_eq!(again, format!("1\n7\nORD-CLI\n{v}\n"));
     let short = redis_cli(port, &["DEDUCT", "cli-sku", "8", "cli-3"]);
-    assert_eq!(short, "2\n7\n\n3\n");
+    assert_eq!(short, format!("2\n7\n\n{v}\n"));
     let invalid = redis_cli(port, &["DEDUCT", "cli-sku", "x", "cli-2"]);
     assert_eq!(
         invalid,
-        "3\n-1\n\n3\nqty must be an integer from 1 to 1000000\n"
+        format!("3\n-1\n\n{v}\nqty must be an integer from 1 to 1000000\n")
     );
 
     // The 2h window from the environment reached the record.

@@ -6,6 +6,7 @@ mod support;
 use redis::Value;
 use std::time::Duration;
 use stockgate::config::MissingStock;
+use stockgate::outcome::SCRIPT_VERSION;
 use support::*;
 
 matrix! { #[tokio::test] async fn every_code_over_the_wire_in_resp2_and_resp3 }
@@ -28,7 +29,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3(kind: ServerKind) {
                 code: 0,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 3,
+                version: SCRIPT_VERSION,
                 reason: None
             }
         );
@@ -46,7 +47,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3(kind: ServerKind) {
                 code: 1,
                 remain: 3,
                 order_no: "ORD-1".into(),
-                version: 3,
+                version: SCRIPT_VERSION,
                 reason: None
             }
         );
@@ -62,7 +63,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3(kind: ServerKind) {
                 code: 2,
                 remain: 3,
                 order_no: "".into(),
-                version: 3,
+                version: SCRIPT_VERSION,
                 reason: None
             }
         );
@@ -71,7 +72,7 @@ async fn every_code_over_the_wire_in_resp2_and_resp3(kind: ServerKind) {
         assert_eq!(invalid.code, 3);
         assert_eq!(invalid.remain, -1);
         assert_eq!(invalid.order_no, "");
-        assert_eq!(invalid.version, 3);
+        assert_eq!(invalid.version, SCRIPT_VERSION);
         assert_eq!(
             invalid.reason.as_deref(),
             Some("qty must be an integer from 1 to 1000000")
@@ -481,17 +482,36 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     let stock = stock_key("own");
     let record = record_key("own", "r1");
     let good = ["2", "", "86400000", "100", "error", "00ff"];
-    let call = |keys: [&[u8]; 2], argv: [&str; 6], direct: &mut redis::Connection| {
+    // The two hold keys follow the stock key given, unless a test names
+    // them: `holds` replaces the holds set's name.
+    let call_with = |keys: [&[u8]; 2],
+                     holds: Option<&[u8]>,
+                     argv: [&str; 6],
+                     direct: &mut redis::Connection| {
         let mut cmd = redis::cmd("EVAL");
+        let own_holds = [keys[0], b":holds"].concat();
         cmd.arg(&scripts.deduct.body)
-            .arg(2)
+            .arg(4)
             .arg(keys[0])
-            .arg(keys[1]);
+            .arg(keys[1])
+            .arg(holds.unwrap_or(&own_holds))
+            .arg([keys[0], b":held"].concat());
         for a in argv {
             cmd.arg(a);
         }
         cmd.query::<Value>(direct)
     };
+    let call = |keys: [&[u8]; 2], argv: [&str; 6], direct: &mut redis::Connection| {
+        call_with(keys, None, argv, direct)
+    };
+    let err = call_with(
+        [&stock, &record],
+        Some(b"stock:{other}:holds"),
+        good,
+        &mut direct,
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Some("BADCALL"), "another sku's holds: {err:?}");
     let own_faults: [([&[u8]; 2], [&str; 6]); 6] = [
         (
             [&stock, &record],

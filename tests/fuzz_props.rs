@@ -20,9 +20,9 @@ use stockgate::reply::{Protocol, Reply};
 fn name() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         8 => prop::sample::select(vec![
-            "DEDUCT", "deduct", "REVERT", "revert", "HELLO", "AUTH", "PING", "ECHO", "SELECT",
-            "QUIT", "INFO", "CLIENT", "COMMAND", "STOCK.GET", "STOCK.SET", "STOCK.ADD",
-            "stock.status",
+            "DEDUCT", "deduct", "REVERT", "revert", "HOLD", "hold", "CONFIRM", "HELLO", "AUTH",
+            "PING", "ECHO", "SELECT", "QUIT", "INFO", "CLIENT", "COMMAND", "STOCK.GET",
+            "STOCK.SET", "STOCK.ADD", "stock.status",
         ])
         .prop_map(|n| n.as_bytes().to_vec()),
         1 => prop::collection::vec(any::<u8>(), 0..12),
@@ -33,7 +33,8 @@ fn name() -> impl Strategy<Value = Vec<u8>> {
 fn arg() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => prop::sample::select(vec![
-            "sku-1", "req-1", "1", "2", "0", "01", "-1", "-0", "1000", "1001", "3", "2",
+            "sku-1", "req-1", "1", "2", "0", "01", "-1", "-0", "1000", "1001", "3", "2", "999",
+            "86400000", "86400001",
             "9007199254740991", "9007199254740992", "-9007199254740991", "default",
             "fuzz-secret", "AUTH", "SETNAME", "SETINFO", "LIB-NAME", "LIB-VER", "GETNAME",
             "ID", "COUNT", "DOCS", "INFO", "LIST", "all", "server", "stats",
@@ -269,14 +270,17 @@ fn reply() -> impl Strategy<Value = Reply> {
             prop::collection::vec(any::<u8>(), 0..40),
             any::<i64>(),
             prop::option::of(prop::collection::vec(any::<u8>(), 0..40)),
+            prop::option::of(any::<i64>()),
         )
-            .prop_map(|(code, remain, order_no, version, reason)| {
+            .prop_map(|(code, remain, order_no, version, reason, expires_at)| {
                 Reply::Stock(StockReply {
                     code,
                     remain,
                     order_no: order_no.into(),
                     version,
+                    expires_at,
                     reason: reason.map(Bytes::from),
+                    effects: Default::default(),
                 })
             }),
     ];

@@ -14,6 +14,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 use support::*;
 
+/// The script version every reply carries.
+const V: i64 = stockgate::outcome::SCRIPT_VERSION;
+
 /// One real exchange, kept for the schema check.
 #[derive(Debug, Clone)]
 struct Exchange {
@@ -164,22 +167,22 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         200,
-        json!({"code": 0, "remain": 3, "order_no": "ORD-W", "version": 3}),
+        json!({"code": 0, "remain": 3, "order_no": "ORD-W", "version": V}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         200,
-        json!({"code": 1, "remain": 3, "order_no": "ORD-W", "duplicate": true, "version": 3}),
+        json!({"code": 1, "remain": 3, "order_no": "ORD-W", "duplicate": true, "version": V}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(9), "w2")),
         409,
-        json!({"code": 2, "remain": 3, "order_no": "", "version": 3}),
+        json!({"code": 2, "remain": 3, "order_no": "", "version": V}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(0), "w3")),
         400,
-        json!({"code": 3, "remain": -1, "order_no": "", "version": 3, "reason": "qty must be an integer from 1 to 1000000"}),
+        json!({"code": 3, "remain": -1, "order_no": "", "version": V, "reason": "qty must be an integer from 1 to 1000000"}),
     );
     check(
         post_json(
@@ -188,7 +191,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "has space", "qty": 1, "request_id": "w4"}),
         ),
         400,
-        json!({"code": 3, "remain": -1, "order_no": "", "version": 3,
+        json!({"code": 3, "remain": -1, "order_no": "", "version": V,
                "reason": "sku must be 1 to 128 printable ASCII bytes without whitespace, '{' or '}'"}),
     );
     check(
@@ -198,7 +201,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "w1"}),
         ),
         200,
-        json!({"code": 0, "remain": 5, "order_no": "ORD-W", "version": 3}),
+        json!({"code": 0, "remain": 5, "order_no": "ORD-W", "version": V}),
     );
     check(
         post_json(
@@ -207,7 +210,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "w1"}),
         ),
         200,
-        json!({"code": 1, "remain": 5, "order_no": "ORD-W", "duplicate": true, "version": 3}),
+        json!({"code": 1, "remain": 5, "order_no": "ORD-W", "duplicate": true, "version": V}),
     );
     // DEDUCT 4 did not deduct: a conflict. REVERT 4 is compensation done
     // (nothing had been deducted, the id is now revoked): a 200, so generic
@@ -215,7 +218,7 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
     check(
         post_json(http, "/v1/deduct", deduct(json!(2), "w1")),
         409,
-        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": V}),
     );
     check(
         post_json(
@@ -224,17 +227,17 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             json!({"sku": "web", "request_id": "never"}),
         ),
         200,
-        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": V}),
     );
     check(
         post_json(http, "/v1/deduct", deduct(json!(1), "never")),
         409,
-        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": 3}),
+        json!({"code": 4, "remain": 5, "order_no": "", "revoked": true, "version": V}),
     );
     // Any JSON integer goes through the same rule as a RESP qty, however
     // far out of range: past u64 too, where a u64 field would have made
     // it a type error.
-    let qty_refused = json!({"code": 3, "remain": -1, "order_no": "", "version": 3,
+    let qty_refused = json!({"code": 3, "remain": -1, "order_no": "", "version": V,
                              "reason": "qty must be an integer from 1 to 1000000"});
     let huge = "9".repeat(400);
     for qty in ["-1", "1000001", "18446744073709551616", huge.as_str()] {
@@ -331,6 +334,122 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
     }
     assert!(down.drain(Duration::from_secs(5)).await);
 
+    assert_conform(&seen);
+}
+
+/// HOLD and CONFIRM over HTTP: each outcome's status and body, and every
+/// response against deploy/openapi.yaml.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_map_to_their_statuses_and_conform_to_the_openapi_document() {
+    let cluster = cluster();
+    set_stock(&cluster, "web-h", 5);
+    let server = proxy(cluster.seeds(), |c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let http = server.http_addr.expect("http is enabled");
+    let mut seen = Vec::new();
+    let hold = |qty: i64, id: &str, ttl: Json| json!({"sku": "web-h", "qty": qty, "request_id": id, "ttl_ms": ttl, "order_no": "ORD-H"});
+    let confirm = |id: &str| json!({"sku": "web-h", "request_id": id});
+
+    let e = post_json(http, "/v1/hold", hold(2, "h1", json!(600000)));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (200, &json!(0), &json!(3)),
+        "{e:?}"
+    );
+    let expires_at = e.body["expires_at"].as_i64().expect("expires_at");
+    assert!(expires_at > 1_700_000_000_000, "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold", hold(2, "h1", json!(600000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 1, "remain": 3, "order_no": "ORD-H", "duplicate": true, "version": V, "expires_at": expires_at})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/confirm", confirm("h1"));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 0, "remain": 3, "order_no": "ORD-H", "version": V, "expires_at": expires_at})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/confirm", confirm("h1"));
+    assert_eq!((e.status, &e.body["duplicate"]), (200, &json!(true)));
+    seen.push(e);
+    // A CONFIRM with no hold revokes the id: 409.
+    let e = post_json(http, "/v1/confirm", confirm("never"));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 4, "remain": 3, "order_no": "", "revoked": true, "version": V, "expires_at": 0})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold", hold(9, "h2", json!(600000)));
+    assert_eq!((e.status, &e.body["code"]), (409, &json!(2)));
+    seen.push(e);
+    for ttl in ["999", "86400001", "18446744073709551616"] {
+        let body = format!(r#"{{"sku": "web-h", "qty": 1, "request_id": "h3", "ttl_ms": {ttl}}}"#);
+        let e = post(http, "/v1/hold", body.as_bytes());
+        assert_eq!(
+            (e.status, &e.body),
+            (
+                400,
+                &json!({"code": 3, "remain": -1, "order_no": "", "version": V, "expires_at": 0,
+                          "reason": "ttl_ms must be an integer from 1000 to 86400000"})
+            ),
+        );
+        seen.push(e);
+    }
+    let e = post(
+        http,
+        "/v1/hold",
+        br#"{"sku": "web-h", "qty": 1, "request_id": "h3", "ttl_ms": "1000"}"#,
+    );
+    assert_eq!(e.status, 400);
+    assert!(
+        e.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid type for ttl_ms"),
+        "{e:?}"
+    );
+    seen.push(e);
+    // A hold that runs out: its CONFIRM is a 409 with `expired`, and the
+    // units are back.
+    let e = post_json(http, "/v1/hold", hold(1, "short", json!(1000)));
+    let short_expiry = e.body["expires_at"].as_i64().unwrap();
+    seen.push(e);
+    let mut node = cluster.cluster_connection().unwrap();
+    loop {
+        let time: Vec<String> = redis::cmd("TIME").query(&mut node).unwrap();
+        if time[0].parse::<i64>().unwrap() * 1000 > short_expiry + 1000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let e = post_json(http, "/v1/confirm", confirm("short"));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 5, "remain": 3, "order_no": "ORD-H", "expired": true, "version": V, "expires_at": short_expiry})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold", hold(1, "short", json!(1000)));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["expired"]),
+        (409, &json!(5), &json!(true))
+    );
+    seen.push(e);
     assert_conform(&seen);
 }
 

@@ -326,15 +326,23 @@ async fn info_reports_totals_and_the_upstream() {
         .query_async::<redis::Value>(&mut conn)
         .await
         .unwrap();
+    hold(&mut conn, "info", "1", "h1", "600000", None)
+        .await
+        .unwrap();
+    confirm(&mut conn, "info-none", "h2").await.unwrap_err();
     let info: redis::InfoDict = redis::cmd("INFO").query_async(&mut conn).await.unwrap();
     for (key, want) in [
+        ("hold_ok", 1),
+        ("confirm_error", 1),
+        ("holds_placed", 1),
+        ("holds_confirmed", 0),
         ("deduct_ok", 1),
         ("deduct_duplicate", 1),
         ("deduct_insufficient", 1),
         ("deduct_error", 1),
         ("revert_ok", 1),
-        ("upstream_errors_unknown_sku", 1),
-        ("script_version", 3),
+        ("upstream_errors_unknown_sku", 2),
+        ("script_version", stockgate::outcome::SCRIPT_VERSION),
     ] {
         assert_eq!(info.get::<i64>(key), Some(want), "{key}");
     }

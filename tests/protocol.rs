@@ -27,16 +27,20 @@ async fn pipelined_mixed_commands_are_answered_in_order() {
     ] {
         request.extend_from_slice(&encode_request(args));
     }
-    let expected = concat!(
-        "+PONG\r\n",
-        "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:3\r\n",
-        "$7\r\nbetween\r\n",
-        "-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n",
-        "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:3\r\n",
-        "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:3\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
-        "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:3\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n",
-        "$4\r\nlast\r\n",
+    let v = stockgate::outcome::SCRIPT_VERSION;
+    let expected = format!(
+        concat!(
+            "+PONG\r\n",
+            "*4\r\n:0\r\n:3\r\n$2\r\nO1\r\n:{v}\r\n",
+            "$7\r\nbetween\r\n",
+            "-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n",
+            "*4\r\n:1\r\n:3\r\n$2\r\nO1\r\n:{v}\r\n",
+            "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:{v}\r\n$40\r\nqty must be an integer from 1 to 1000000\r\n",
+            "*4\r\n:2\r\n:3\r\n$0\r\n\r\n:{v}\r\n",
+            "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:{v}\r\n",
+            "$4\r\nlast\r\n",
+        ),
+        v = v
     );
     let (got, closed) = raw(server.addr, &request, expected.len());
     assert_eq!(String::from_utf8_lossy(&got), expected);
@@ -196,7 +200,10 @@ async fn inline_commands_work_for_telnet_and_nc() {
     let cluster = cluster();
     set_stock(&cluster, "inline", 3);
     let server = proxy(cluster.seeds(), |_| {}).await;
-    let expected = "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n";
+    let expected = format!(
+        "+PONG\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:{}\r\n",
+        stockgate::outcome::SCRIPT_VERSION
+    );
     let (got, _) = raw(server.addr, b"PING\r\ndeduct inline 1 i1\n", expected.len());
     assert_eq!(String::from_utf8_lossy(&got), expected);
 }
@@ -235,12 +242,11 @@ async fn hello_switches_the_connection_to_resp3() {
             "\r\n"
         ))
         .expect("HELLO 3 map ends with modules, then stockgate_version");
-    let expected_rest = concat!(
-        "$5\r\napp-1\r\n",
-        "*4\r\n:0\r\n:2\r\n$0\r\n\r\n:3\r\n",
-        "*16\r\n",
+    let expected_rest = format!(
+        "$5\r\napp-1\r\n*4\r\n:0\r\n:2\r\n$0\r\n\r\n:{}\r\n*16\r\n",
+        stockgate::outcome::SCRIPT_VERSION
     );
-    assert!(rest.starts_with(expected_rest), "{rest:?}");
+    assert!(rest.starts_with(&expected_rest), "{rest:?}");
     assert!(
         rest.ends_with("+OK\r\n$-1\r\n-NOPROTO unsupported protocol version\r\n"),
         "back on RESP2 the null is $-1 again: {rest:?}"

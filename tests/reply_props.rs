@@ -58,14 +58,19 @@ fn stock_reply() -> impl Strategy<Value = StockReply> {
         bytes(),
         integer(),
         prop::option::of(bytes()),
+        prop::option::of(integer()),
     )
-        .prop_map(|(code, remain, order_no, version, reason)| StockReply {
-            code,
-            remain,
-            order_no,
-            version,
-            reason,
-        })
+        .prop_map(
+            |(code, remain, order_no, version, reason, expires_at)| StockReply {
+                code,
+                remain,
+                order_no,
+                version,
+                expires_at,
+                reason,
+                effects: Default::default(),
+            },
+        )
 }
 
 /// Any reply tree stockgate's types can express.
@@ -131,6 +136,7 @@ fn meaning(reply: &Reply, protocol: Protocol) -> Value {
                 Value::BulkString(stock.order_no.to_vec()),
                 Value::Int(stock.version),
             ];
+            items.extend(stock.expires_at.map(Value::Int));
             items.extend(stock.reason.as_ref().map(|r| Value::BulkString(r.to_vec())));
             Value::Array(items)
         }
@@ -289,7 +295,9 @@ fn the_issue_11_reply_parses_and_leaves_nothing_behind() {
                 remain,
                 order_no: Bytes::new(),
                 version: 3,
+                expires_at: None,
                 reason: None,
+                effects: Default::default(),
             })
         })
         .collect();

@@ -38,7 +38,7 @@ async fn every_cell_of_the_state_machine(kind: ServerKind) {
         .unwrap());
     assert_eq!(
         (got.code, got.remain, got.order_no.as_str(), got.version),
-        (0, 7, "ORD-A", 3)
+        (0, 7, "ORD-A", stockgate::outcome::SCRIPT_VERSION)
     );
     // none + DEDUCT, short -> stays none, 2
     let got = r(deduct(&mut conn, "sm", "99", "short", None).await.unwrap());
@@ -60,7 +60,7 @@ async fn every_cell_of_the_state_machine(kind: ServerKind) {
     let got = r(revert(&mut conn, "sm", "a").await.unwrap());
     assert_eq!(
         (got.code, got.remain, got.order_no.as_str(), got.version),
-        (0, 10, "ORD-A", 3)
+        (0, 10, "ORD-A", stockgate::outcome::SCRIPT_VERSION)
     );
     let (value, pttl) = record(&cluster, "sm", "a");
     assert_eq!(value.as_deref(), Some("R:3:ORD-A"));

@@ -1,5 +1,5 @@
-//! Rolling upgrades: sidecars of the previous release (script version 2,
-//! in `tests/compat/v2/`) serve beside new ones for minutes, each running
+//! Rolling upgrades: sidecars of earlier releases (script versions 2 and
+//! 3, in `tests/compat/`) serve beside new ones for minutes, each running
 //! its own scripts on the same keys. A record an old script can't read
 //! must make it answer an error (BADRECORD), never a business code; and
 //! the new scripts must read every record the old ones wrote.
@@ -9,9 +9,14 @@ mod support;
 use redis::Value;
 use support::*;
 
-/// An old script, with its own common helpers spliced in as it shipped.
+/// A version-2 script, with its own common helpers spliced in as it shipped.
 fn old_script(name: &str) -> String {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/compat/v2/");
+    script_of("v2", name)
+}
+
+/// An earlier release's script, as it shipped.
+fn script_of(version: &str, name: &str) -> String {
+    let dir = format!("{}/tests/compat/{version}/", env!("CARGO_MANIFEST_DIR"));
     let common = std::fs::read_to_string(format!("{dir}common.lua")).unwrap();
     let body = std::fs::read_to_string(format!("{dir}{name}.lua")).unwrap();
     assert!(body.contains("--@common\n"));
@@ -52,7 +57,10 @@ async fn old_scripts_refuse_new_records_with_an_error_and_new_scripts_read_old_o
             .await
             .unwrap(),
     );
-    assert_eq!((first.code, first.version), (0, 3));
+    assert_eq!(
+        (first.code, first.version),
+        (0, stockgate::outcome::SCRIPT_VERSION)
+    );
     let keys = (stock_key("up-new"), record_key("up-new", "r1"));
     let keys = [&keys.0[..], &keys.1[..]];
     for (script, args) in [
@@ -122,4 +130,118 @@ async fn old_scripts_refuse_new_records_with_an_error_and_new_scripts_read_old_o
     )
     .unwrap_err();
     assert_eq!(err.code(), Some("BADRECORD"));
+}
+
+/// The release before holds (script version 3) beside this one: its
+/// scripts answer BADRECORD, never a code, for a request in any hold state
+/// (HELD, CONFIRMED, EXPIRED), and change nothing; they still serve other
+/// requests on a SKU with holds, and the units they see are the ones not
+/// held. This release reads what version 3 wrote.
+#[tokio::test]
+async fn version_3_scripts_refuse_hold_records_with_an_error() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("up-hold"))
+        .arg(20)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let server = proxy(vec![redis.url()], |c| c.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let placed = |reply: Value| parse_hold(reply).code;
+    assert_eq!(
+        placed(
+            hold(&mut conn, "up-hold", "2", "held", "600000", None)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    assert_eq!(
+        placed(
+            hold(&mut conn, "up-hold", "3", "done", "600000", None)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    assert_eq!(
+        placed(confirm(&mut conn, "up-hold", "done").await.unwrap()),
+        0
+    );
+    let short = parse_hold(
+        hold(&mut conn, "up-hold", "4", "gone", "1000", None)
+            .await
+            .unwrap(),
+    );
+    loop {
+        let now: Vec<String> = redis::cmd("TIME").query(&mut direct).unwrap();
+        if now[0].parse::<i64>().unwrap() * 1000 > short.expires_at + 1000 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Anything on the sku releases the expired hold: EXPIRED.
+    let _: Value = redis::cmd("STOCK.GET")
+        .arg("up-hold")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let stock = |direct: &mut redis::Connection| -> i64 {
+        redis::cmd("GET")
+            .arg(stock_key("up-hold"))
+            .query(direct)
+            .unwrap()
+    };
+    assert_eq!(stock(&mut direct), 15, "20 less 2 held and 3 confirmed");
+    for (id, state) in [("held", "H:2:"), ("done", "C:3:"), ("gone", "X:4:")] {
+        let raw: String = redis::cmd("GET")
+            .arg(record_key("up-hold", id))
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(summary(&raw), state);
+        let keys = (stock_key("up-hold"), record_key("up-hold", id));
+        let keys = [&keys.0[..], &keys.1[..]];
+        for (script, args) in [
+            (
+                "deduct",
+                &["2", "", "86400000", "1000000", "error", "ab12", "0"][..],
+            ),
+            ("revert", &["86400000", "error", "ab12", "0"][..]),
+            ("status", &[][..]),
+        ] {
+            let err = eval(&mut direct, &script_of("v3", script), keys, args).unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some("BADRECORD"),
+                "v3 {script} on {id}: {err:?}"
+            );
+        }
+    }
+    assert_eq!(stock(&mut direct), 15, "the old scripts changed nothing");
+
+    // A version-3 DEDUCT of another id on the same sku works, on the
+    // units not held, and leaves the holds alone.
+    let keys = (stock_key("up-hold"), record_key("up-hold", "v3-new"));
+    let old = parse(
+        eval(
+            &mut direct,
+            &script_of("v3", "deduct"),
+            [&keys.0[..], &keys.1[..]],
+            &["5", "", "86400000", "1000000", "error", "cd34", "0"],
+        )
+        .unwrap(),
+    );
+    assert_eq!((old.code, old.remain, old.version), (0, 10, 3));
+    let status = parse_hold(confirm(&mut conn, "up-hold", "held").await.unwrap());
+    assert_eq!((status.code, status.remain), (0, 10));
+    // And this release reads the version-3 record.
+    let retry = parse(
+        deduct(&mut conn, "up-hold", "5", "v3-new", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((retry.code, retry.remain), (1, 10));
+    let back = parse(revert(&mut conn, "up-hold", "v3-new").await.unwrap());
+    assert_eq!((back.code, back.remain), (0, 15));
 }

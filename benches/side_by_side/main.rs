@@ -279,16 +279,18 @@ pub fn plan(
                         order_no.as_bytes(),
                     ]),
                     Shape::Evalsha => {
-                        let keys = db.layout().deduct_keys(
+                        let keys = db.layout().request_keys(
                             &Sku::parse(sku.clone().into()).expect("valid sku"),
                             &RequestId::parse(request_id.into()).expect("valid request_id"),
                         );
                         requests.push(&[
                             b"EVALSHA",
                             db.sha().as_bytes(),
-                            b"2",
+                            b"4",
                             &keys.stock,
                             &keys.record,
+                            &keys.holds,
+                            &keys.held,
                             qty,
                             order_no.as_bytes(),
                             RETRY_WINDOW_MS,

@@ -25,6 +25,8 @@ use spec::{Call, CommandSpec, Serve, resolve, wrong_arity};
 pub static COMMANDS: &[CommandSpec] = &[
     stock::deduct::SPEC,
     stock::revert::SPEC,
+    stock::hold::SPEC,
+    stock::confirm::SPEC,
     stock::admin::GET,
     stock::admin::SET,
     stock::admin::ADD,

@@ -71,6 +71,9 @@ fn info(shared: &Shared, args: &[Bytes]) -> String {
         for (kind, count) in shared.metrics.upstream_error_totals() {
             let _ = write!(out, "upstream_errors_{kind}:{count}\r\n");
         }
+        for (event, count) in shared.metrics.hold_totals() {
+            let _ = write!(out, "holds_{event}:{count}\r\n");
+        }
         out.push_str("\r\n");
     }
     if wanted("stockgate") {

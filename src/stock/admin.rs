@@ -4,7 +4,8 @@
 //! # Format
 //!
 //! ```text
-//! STOCK.GET <sku>                    the stock, or nil when the sku has none
+//! STOCK.GET <sku>                    the stock (available: units on hold are
+//!                                    not in it), or nil when the sku has none
 //! STOCK.SET <sku> <qty> <op_id>      [code, stock, "", version]   (--admin-commands)
 //! STOCK.ADD <sku> <delta> <op_id>    [code, stock, "", version]   (--admin-commands)
 //! ```
@@ -91,10 +92,24 @@ impl StockService {
             Ok(sku) => sku,
             Err(invalid) => return Reply::error(format!("ERR {invalid}")),
         };
-        let mut get = redis::cmd("GET");
-        get.arg(self.keys.stock_key(&sku));
-        match self.upstream.query(&get).await {
-            Ok(value) => stock_value(value),
+        // A script, not a GET: like every call on a SKU, it first gives
+        // back the SKU's expired holds (`lua/get.lua`).
+        let keys = self.keys.sku_keys(&sku);
+        match self
+            .upstream
+            .eval(&self.scripts.get, &keys.all(), &[])
+            .await
+        {
+            Ok(Value::Array(mut items)) if items.len() >= 4 => {
+                if let Value::Int(released) = items[3]
+                    && released > 0
+                {
+                    self.metrics
+                        .record_holds(crate::outcome::HoldEvent::Expired, released as u64);
+                }
+                stock_value(items.swap_remove(0))
+            }
+            Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
             Err(fault) => Reply::Error(fault.reply_text()),
         }
     }

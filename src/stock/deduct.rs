@@ -14,9 +14,7 @@
 use super::{StockCommand, StockResult, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
-use crate::reply;
-use crate::script::LuaScript;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::time::Instant;
 
 pub const SPEC: CommandSpec = CommandSpec {
@@ -46,6 +44,11 @@ pub struct Deduct {
 }
 
 impl Deduct {
+    /// The caller's arguments of the script, in its ARGV order.
+    pub(super) fn caller_args(&self) -> [&[u8]; 2] {
+        [self.qty.as_bytes(), self.order_no.as_bytes()]
+    }
+
     /// Checks the arguments after the command name: sku, qty, request_id,
     /// and an optional order_no. The caller has checked their count.
     pub fn parse(args: &[Bytes], max_qty: u64) -> Result<Deduct, InvalidParam> {
@@ -67,67 +70,6 @@ impl StockService {
         match self.prepare(StockCommand::Deduct, args, arrived) {
             Some(prepared) => self.run(prepared).await,
             None => unreachable!("DEDUCT is prepared"),
-        }
-    }
-
-    /// The script's ARGV for `deduct` (`lua/deduct.lua`).
-    pub(super) fn deduct_args<'a>(&'a self, deduct: &'a Deduct, nonce: &'a [u8]) -> [&'a [u8]; 7] {
-        [
-            deduct.qty.as_bytes(),
-            deduct.order_no.as_bytes(),
-            self.retry_window_arg.as_bytes(),
-            self.max_qty_arg.as_bytes(),
-            self.missing_stock.as_arg().as_bytes(),
-            nonce,
-            self.replicate_arg.as_bytes(),
-        ]
-    }
-
-    /// The EVALSHA of `deduct`, written into a node pipe's batch: the keys
-    /// from their parts, no key built between, and what every DEDUCT sends
-    /// alike copied in encoded ([`Wire`]). Byte for byte what
-    /// [`reply::evalsha`] of [`StockService::deduct_args`] writes (a test
-    /// checks).
-    pub(super) fn encode_deduct(&self, deduct: &Deduct, nonce: &[u8], buf: &mut BytesMut) {
-        let wire = &self.deduct_wire;
-        buf.extend_from_slice(&wire.head);
-        reply::bulk_parts(buf, &self.keys.stock_key_parts(&deduct.sku));
-        reply::bulk_parts(
-            buf,
-            &self.keys.record_key_parts(&deduct.sku, &deduct.request_id),
-        );
-        reply::bulk_of(buf, deduct.qty.as_bytes());
-        reply::bulk_of(buf, deduct.order_no.as_bytes());
-        buf.extend_from_slice(&wire.fixed);
-        reply::bulk_of(buf, nonce);
-        buf.extend_from_slice(&wire.tail);
-    }
-}
-
-/// What every DEDUCT's EVALSHA has alike, encoded once at startup: the
-/// head (`*12`, EVALSHA, the SHA, 2 keys), the arguments stockgate supplies
-/// in the middle (ARGV 3 to 5: window, max qty, missing stock) and at the
-/// end (ARGV 7, replicate).
-pub(super) struct Wire {
-    head: Bytes,
-    fixed: Bytes,
-    tail: Bytes,
-}
-
-impl Wire {
-    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 3], replicate: &[u8]) -> Wire {
-        let mut head = BytesMut::new();
-        reply::evalsha_start(&mut head, &script.sha, 2, 7);
-        let mut fixed = BytesMut::new();
-        for arg in fixed_args {
-            reply::bulk_of(&mut fixed, arg);
-        }
-        let mut tail = BytesMut::new();
-        reply::bulk_of(&mut tail, replicate);
-        Wire {
-            head: head.freeze(),
-            fixed: fixed.freeze(),
-            tail: tail.freeze(),
         }
     }
 }

@@ -3,29 +3,39 @@
 //! with its format, its arguments, its script call and its reply:
 //!
 //! - [`deduct`]: DEDUCT, the hot path.
-//! - [`revert`]: REVERT, compensation.
+//! - [`revert`]: REVERT, compensation (of a deduction or a hold).
+//! - [`hold`]: HOLD, units set aside until CONFIRM or their expiry.
+//! - [`confirm`]: CONFIRM, a hold made final.
 //! - [`admin`]: STOCK.GET, STOCK.SET, STOCK.ADD: reading, restocking and
 //!   correcting stock (SET and ADD need `--admin-commands`, are applied
 //!   once per op_id, and each is written to the audit log).
 //! - [`status`]: STOCK.STATUS: one request's record, for support.
 //!
+//! Beside them, [`wire`] encodes the script calls the four request
+//! commands make, and [`sweeper`] gives back the expired holds of SKUs no
+//! request touches.
+//!
 //! What they share lives here: the service's settings, the metrics and the
 //! access log of each answered request, and the stale-id check.
 
 pub mod admin;
+pub mod confirm;
 pub mod deduct;
+pub mod hold;
 pub mod revert;
 pub mod status;
+pub mod sweeper;
+mod wire;
 
-use crate::config::{AccessLog, Config, MissingStock};
+use crate::config::{AccessLog, Config};
 use crate::error::UpstreamError;
 use crate::keys::KeyLayout;
 use crate::metrics::{CommandLabel, Metrics, ResultLabel};
-use crate::outcome::StockReply;
-use crate::params::{InvalidParam, RequestId};
+use crate::outcome::{Code, HoldEvent, StockReply};
+use crate::params::{InvalidParam, RequestId, Sku};
 use crate::pipeline::{Answer, Completion, PipeError};
 use crate::reply::Reply;
-use crate::script::{LuaScript, Scripts};
+use crate::script::Scripts;
 use crate::upstream::Upstream;
 use crate::upstream::Verdict;
 use bytes::Bytes;
@@ -40,6 +50,8 @@ use std::time::{Duration, Instant, SystemTime};
 pub enum StockCommand {
     Deduct,
     Revert,
+    Hold,
+    Confirm,
     Get,
     Set,
     Add,
@@ -55,10 +67,10 @@ pub struct Caller {
     pub name: Option<Bytes>,
 }
 
-/// What one DEDUCT or REVERT came to.
+/// What one DEDUCT, REVERT, HOLD or CONFIRM came to.
 pub type StockResult = Result<StockReply, UpstreamError>;
 
-/// A DEDUCT or REVERT checked and on its way to Redis: what its answer
+/// A DEDUCT, REVERT, HOLD or CONFIRM checked and on its way to Redis: what its answer
 /// needs to become a reply, and what its slow path needs to send it again.
 ///
 /// A client connection doesn't await each call: it [`prepare`]s it,
@@ -85,6 +97,91 @@ pub struct StockCall {
 enum Op {
     Deduct(deduct::Deduct),
     Revert(revert::Revert),
+    Hold(hold::Hold),
+    Confirm(confirm::Confirm),
+}
+
+impl Op {
+    fn command(&self) -> StockCommand {
+        match self {
+            Op::Deduct(_) => StockCommand::Deduct,
+            Op::Revert(_) => StockCommand::Revert,
+            Op::Hold(_) => StockCommand::Hold,
+            Op::Confirm(_) => StockCommand::Confirm,
+        }
+    }
+
+    fn request(&self) -> (&Sku, &RequestId) {
+        match self {
+            Op::Deduct(d) => (&d.sku, &d.request_id),
+            Op::Revert(r) => (&r.sku, &r.request_id),
+            Op::Hold(h) => (&h.sku, &h.request_id),
+            Op::Confirm(c) => (&c.sku, &c.request_id),
+        }
+    }
+
+    /// The caller's script arguments, in ARGV order.
+    fn caller_args(&self) -> CallerArgs<'_> {
+        match self {
+            Op::Deduct(d) => {
+                let [qty, order_no] = d.caller_args();
+                CallerArgs([qty, order_no, b""], 2)
+            }
+            Op::Hold(h) => CallerArgs(h.caller_args(), 3),
+            Op::Revert(_) | Op::Confirm(_) => CallerArgs([b""; 3], 0),
+        }
+    }
+
+    fn qty(&self) -> Option<&[u8]> {
+        match self {
+            Op::Deduct(d) => Some(d.qty.as_bytes()),
+            Op::Hold(h) => Some(h.qty.as_bytes()),
+            Op::Revert(_) | Op::Confirm(_) => None,
+        }
+    }
+}
+
+/// Up to three of the caller's script arguments, without an allocation.
+struct CallerArgs<'a>([&'a [u8]; 3], usize);
+
+impl<'a> CallerArgs<'a> {
+    fn as_slice(&self) -> &[&'a [u8]] {
+        &self.0[..self.1]
+    }
+}
+
+impl StockCommand {
+    /// The `command` label of the four that are calls on one request.
+    fn label(self) -> CommandLabel {
+        match self {
+            StockCommand::Deduct => CommandLabel::Deduct,
+            StockCommand::Revert => CommandLabel::Revert,
+            StockCommand::Hold => CommandLabel::Hold,
+            _ => CommandLabel::Confirm,
+        }
+    }
+
+    /// HOLD and CONFIRM show the hold's expiry fifth in their replies.
+    fn shows_expiry(self) -> bool {
+        matches!(self, StockCommand::Hold | StockCommand::Confirm)
+    }
+
+    /// The access-log fields of a request as sent (it may be invalid).
+    fn entry(self, args: &[Bytes]) -> AccessEntry<'_> {
+        let field = |i: usize| args.get(i).map(|a| &a[..]);
+        let (request_id, qty) = match self {
+            // <sku> <qty> <request_id> ...
+            StockCommand::Deduct | StockCommand::Hold => (field(2), field(1)),
+            // <sku> <request_id>
+            _ => (field(1), None),
+        };
+        AccessEntry {
+            command: self.label(),
+            sku: field(0),
+            request_id,
+            qty,
+        }
+    }
 }
 
 impl StockCall {
@@ -93,27 +190,13 @@ impl StockCall {
         self.deadline
     }
 
-    fn label(&self) -> CommandLabel {
-        match self.op {
-            Op::Deduct(_) => CommandLabel::Deduct,
-            Op::Revert(_) => CommandLabel::Revert,
-        }
-    }
-
     fn entry(&self) -> AccessEntry<'_> {
-        match &self.op {
-            Op::Deduct(d) => AccessEntry {
-                command: CommandLabel::Deduct,
-                sku: Some(d.sku.as_bytes()),
-                request_id: Some(d.request_id.as_bytes()),
-                qty: Some(d.qty.as_bytes()),
-            },
-            Op::Revert(r) => AccessEntry {
-                command: CommandLabel::Revert,
-                sku: Some(r.sku.as_bytes()),
-                request_id: Some(r.request_id.as_bytes()),
-                qty: None,
-            },
+        let (sku, request_id) = self.op.request();
+        AccessEntry {
+            command: self.op.command().label(),
+            sku: Some(sku.as_bytes()),
+            request_id: Some(request_id.as_bytes()),
+            qty: self.op.qty(),
         }
     }
 }
@@ -140,11 +223,10 @@ pub struct StockService {
     scripts: Scripts,
     keys: KeyLayout,
     max_qty: u64,
+    max_hold_ms: u64,
     retry_window: Duration,
     /// Script arguments that never change, spelled once at startup.
-    max_qty_arg: String,
     retry_window_arg: String,
-    missing_stock: MissingStock,
     /// The scripts' "replicate" argument: "1" with `--wait-replicas`. A
     /// reply that reports an earlier write then writes its record again,
     /// unchanged, so that the WAIT after it confirms that record and not
@@ -155,8 +237,17 @@ pub struct StockService {
     access_log: AccessLog,
     metrics: Arc<Metrics>,
     nonces: Nonces,
-    deduct_wire: deduct::Wire,
-    revert_wire: revert::Wire,
+    wires: Wires,
+    /// What this stockgate told the sweep leader lately ([`sweeper`]).
+    sweep_hints: Arc<sweeper::Hints>,
+}
+
+/// The pre-encoded script call of each command on one request.
+struct Wires {
+    deduct: wire::Wire,
+    revert: wire::Wire,
+    hold: wire::Wire,
+    confirm: wire::Wire,
 }
 
 /// A fresh nonce for every script call, written into the record it
@@ -208,40 +299,56 @@ impl StockService {
         metrics: Arc<Metrics>,
     ) -> StockService {
         let max_qty_arg = config.max_qty.to_string();
+        let max_hold_ms = config.max_hold.as_millis() as u64;
+        let max_hold_arg = max_hold_ms.to_string();
         let retry_window_arg = config.retry_window.as_millis().to_string();
+        let window = retry_window_arg.as_bytes();
         let missing = config.missing_stock.as_arg().as_bytes();
         let replicate_arg = if config.upstream.durability.is_some() {
             "1"
         } else {
             "0"
         };
-        let deduct_wire = deduct::Wire::new(
-            &scripts.deduct,
-            [retry_window_arg.as_bytes(), max_qty_arg.as_bytes(), missing],
-            replicate_arg.as_bytes(),
-        );
-        let revert_wire = revert::Wire::new(
-            &scripts.revert,
-            [retry_window_arg.as_bytes(), missing],
-            replicate_arg.as_bytes(),
-        );
+        let replicate = replicate_arg.as_bytes();
+        // Each script's ARGV: the caller's arguments, then these, then the
+        // nonce and the replicate flag (see `wire`, and each lua/ header).
+        let wires = Wires {
+            deduct: wire::Wire::new(
+                &scripts.deduct,
+                2,
+                &[window, max_qty_arg.as_bytes(), missing],
+                replicate,
+            ),
+            revert: wire::Wire::new(&scripts.revert, 0, &[window, missing], replicate),
+            hold: wire::Wire::new(
+                &scripts.hold,
+                3,
+                &[
+                    max_hold_arg.as_bytes(),
+                    window,
+                    max_qty_arg.as_bytes(),
+                    missing,
+                ],
+                replicate,
+            ),
+            confirm: wire::Wire::new(&scripts.confirm, 0, &[window, missing], replicate),
+        };
         StockService {
             upstream,
             scripts,
             keys: config.keys.clone(),
             max_qty: config.max_qty,
+            max_hold_ms,
             retry_window: config.retry_window,
-            max_qty_arg,
             retry_window_arg,
-            missing_stock: config.missing_stock,
             replicate_arg,
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
             access_log: config.access_log,
             metrics,
             nonces: Nonces::new(),
-            deduct_wire,
-            revert_wire,
+            wires,
+            sweep_hints: Arc::default(),
         }
     }
 
@@ -262,6 +369,8 @@ impl StockService {
         let result = match command {
             StockCommand::Deduct => self.deduct(args, arrived).await,
             StockCommand::Revert => self.revert(args, arrived).await,
+            StockCommand::Hold => self.hold(args, arrived).await,
+            StockCommand::Confirm => self.confirm(args, arrived).await,
             StockCommand::Get => return self.get(args).await,
             StockCommand::Set | StockCommand::Add => {
                 return self.change(command, args, caller).await;
@@ -274,9 +383,9 @@ impl StockService {
         }
     }
 
-    /// Checks a DEDUCT or REVERT (`args` after the name) and makes it a
-    /// call, or answers it (code 3). `None` for the other stock commands,
-    /// which run as futures ([`StockService::serve`]).
+    /// Checks a DEDUCT, REVERT, HOLD or CONFIRM (`args` after the name)
+    /// and makes it a call, or answers it (code 3). `None` for the other
+    /// stock commands, which run as futures ([`StockService::serve`]).
     pub fn prepare(
         &self,
         command: StockCommand,
@@ -284,12 +393,15 @@ impl StockService {
         arrived: Instant,
     ) -> Option<Prepared> {
         let parsed = match command {
-            StockCommand::Deduct => deduct::Deduct::parse(args, self.max_qty)
-                .and_then(|d| self.fresh(&d.request_id).map(|()| Op::Deduct(d))),
-            StockCommand::Revert => revert::Revert::parse(args)
-                .and_then(|r| self.fresh(&r.request_id).map(|()| Op::Revert(r))),
+            StockCommand::Deduct => deduct::Deduct::parse(args, self.max_qty).map(Op::Deduct),
+            StockCommand::Revert => revert::Revert::parse(args).map(Op::Revert),
+            StockCommand::Hold => {
+                hold::Hold::parse(args, self.max_qty, self.max_hold_ms).map(Op::Hold)
+            }
+            StockCommand::Confirm => confirm::Confirm::parse(args).map(Op::Confirm),
             _ => return None,
-        };
+        }
+        .and_then(|op| self.fresh(op.request().1).map(|()| op));
         Some(match parsed {
             Ok(op) => {
                 let sent = tokio::time::Instant::now();
@@ -302,22 +414,9 @@ impl StockService {
                 })
             }
             Err(invalid) => {
-                let result = Ok(StockReply::invalid(invalid.0));
-                let entry = match command {
-                    StockCommand::Deduct => AccessEntry {
-                        command: CommandLabel::Deduct,
-                        sku: args.first().map(|a| &a[..]),
-                        request_id: args.get(2).map(|a| &a[..]),
-                        qty: args.get(1).map(|a| &a[..]),
-                    },
-                    _ => AccessEntry {
-                        command: CommandLabel::Revert,
-                        sku: args.first().map(|a| &a[..]),
-                        request_id: args.get(1).map(|a| &a[..]),
-                        qty: None,
-                    },
-                };
-                self.record(entry, &result, arrived);
+                let reply = StockReply::invalid(invalid.0).with_expiry(command.shows_expiry());
+                let result = Ok(reply);
+                self.record(command.entry(args), &result, arrived);
                 Prepared::Answered(result)
             }
         })
@@ -325,21 +424,43 @@ impl StockService {
 
     /// Queues `call` on its key's node pipe; its answer goes to
     /// `completion`. Refused at once (the completion handed back) when no
-    /// pipe can take it: conclude the call with the refusal.
+    /// pipe can take it: conclude the call with the refusal. A HOLD also
+    /// marks its SKU in the sweep index ([`sweeper`]).
     pub fn submit(
         &self,
         call: &StockCall,
         completion: Completion,
     ) -> Result<(), (PipeError, Completion)> {
-        let slot = match &call.op {
-            Op::Deduct(d) => crate::keys::sku_slot(&d.sku),
-            Op::Revert(r) => crate::keys::sku_slot(&r.sku),
-        };
-        self.upstream
-            .submit_script(slot, call.deadline, completion, |buf| match &call.op {
-                Op::Deduct(d) => self.encode_deduct(d, &call.nonce, buf),
-                Op::Revert(r) => self.encode_revert(r, &call.nonce, buf),
-            })
+        let (sku, request_id) = call.op.request();
+        if let Op::Hold(hold) = &call.op {
+            self.mark_for_sweep(sku, Duration::from_millis(hold.ttl.get()));
+        }
+        let wire = self.wire(&call.op);
+        self.upstream.submit_script(
+            crate::keys::sku_slot(sku),
+            call.deadline,
+            completion,
+            |buf| {
+                let caller = call.op.caller_args();
+                wire.encode(
+                    &self.keys,
+                    sku,
+                    request_id,
+                    caller.as_slice(),
+                    &call.nonce,
+                    buf,
+                )
+            },
+        )
+    }
+
+    fn wire(&self, op: &Op) -> &wire::Wire {
+        match op {
+            Op::Deduct(_) => &self.wires.deduct,
+            Op::Revert(_) => &self.wires.revert,
+            Op::Hold(_) => &self.wires.hold,
+            Op::Confirm(_) => &self.wires.confirm,
+        }
     }
 
     /// A node pipe's answer to `call` (or why there is none), read: the
@@ -347,7 +468,7 @@ impl StockService {
     pub fn conclude(&self, call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
         match self.upstream.verdict(answer) {
             Verdict::Settled(result) => {
-                self.finish(&call, &result);
+                let result = self.finish(&call, result);
                 Concluded::Answered(result)
             }
             Verdict::Fallback => Concluded::Fallback(call),
@@ -357,24 +478,16 @@ impl StockService {
     /// The slow path of a call: the redis crate, within what is left of its
     /// deadline.
     pub async fn fallback(&self, call: StockCall) -> StockResult {
-        let (script, keys, args): (&LuaScript, _, Vec<&[u8]>) = match &call.op {
-            Op::Deduct(d) => (
-                &self.scripts.deduct,
-                self.keys.deduct_keys(&d.sku, &d.request_id),
-                self.deduct_args(d, &call.nonce).to_vec(),
-            ),
-            Op::Revert(r) => (
-                &self.scripts.revert,
-                self.keys.deduct_keys(&r.sku, &r.request_id),
-                self.revert_args(&call.nonce).to_vec(),
-            ),
-        };
+        let (sku, request_id) = call.op.request();
+        let keys = self.keys.request_keys(sku, request_id);
+        let wire = self.wire(&call.op);
+        let caller = call.op.caller_args();
+        let argv = wire.argv(caller.as_slice(), &call.nonce);
         let result = self
             .upstream
-            .eval_fallback(script, &[&keys.stock, &keys.record], &args, call.sent)
+            .eval_fallback(&wire.script, &keys.all(), &argv, call.sent)
             .await;
-        self.finish(&call, &result);
-        result
+        self.finish(&call, result)
     }
 
     /// A call from start to end, awaited: for the HTTP face, which serves
@@ -398,11 +511,36 @@ impl StockService {
         }
     }
 
-    /// Metrics and the access log of a call that has its outcome.
-    fn finish(&self, call: &StockCall, result: &StockResult) {
+    /// A call's outcome as its command shows it, with its metrics and
+    /// access log recorded.
+    fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
+        let command = call.op.command();
+        let result = result.map(|reply| reply.with_expiry(command.shows_expiry()));
         self.metrics
-            .record_upstream(call.label(), call.sent.elapsed());
-        self.record(call.entry(), result, call.arrived);
+            .record_upstream(command.label(), call.sent.elapsed());
+        if let Ok(reply) = &result {
+            self.record_holds(command, reply);
+        }
+        self.record(call.entry(), &result, call.arrived);
+        result
+    }
+
+    /// What a reply says happened to holds: counted by event, and the time
+    /// a confirmed hold was held.
+    fn record_holds(&self, command: StockCommand, reply: &StockReply) {
+        let effects = reply.effects;
+        if effects.released > 0 {
+            self.metrics
+                .record_holds(HoldEvent::Expired, u64::from(effects.released));
+        }
+        if let Some(event) = effects.event {
+            self.metrics.record_holds(event, 1);
+            if event == HoldEvent::Confirmed && command == StockCommand::Confirm {
+                debug_assert_eq!(reply.code, Code::Ok);
+                self.metrics
+                    .record_held(Duration::from_millis(effects.held_ms));
+            }
+        }
     }
 
     /// Metrics and the access log for one answered request.
@@ -522,6 +660,15 @@ mod tests {
                 ),
                 (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
                 (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
+                (
+                    StockCommand::Hold,
+                    vec![arg("sku-9"), arg("3"), arg("h-1"), arg("900000"), arg("O")],
+                ),
+                (
+                    StockCommand::Hold,
+                    vec![arg("s"), arg("1"), arg("h-2"), arg("1000")],
+                ),
+                (StockCommand::Confirm, vec![arg("sku-9"), arg("h-1")]),
             ] {
                 let Some(Prepared::Call(call)) = service.prepare(command, &args, Instant::now())
                 else {
@@ -529,30 +676,25 @@ mod tests {
                 };
                 let mut hot = bytes::BytesMut::new();
                 let mut slow = bytes::BytesMut::new();
-                match &call.op {
-                    Op::Deduct(d) => {
-                        service.encode_deduct(d, &call.nonce, &mut hot);
-                        let keys = service.keys.deduct_keys(&d.sku, &d.request_id);
-                        let argv = service.deduct_args(d, &call.nonce);
-                        crate::reply::evalsha(
-                            &mut slow,
-                            &service.scripts.deduct.sha,
-                            &[&keys.stock, &keys.record],
-                            &argv,
-                        );
-                    }
-                    Op::Revert(r) => {
-                        service.encode_revert(r, &call.nonce, &mut hot);
-                        let keys = service.keys.deduct_keys(&r.sku, &r.request_id);
-                        let argv = service.revert_args(&call.nonce);
-                        crate::reply::evalsha(
-                            &mut slow,
-                            &service.scripts.revert.sha,
-                            &[&keys.stock, &keys.record],
-                            &argv,
-                        );
-                    }
-                }
+                let (sku, request_id) = call.op.request();
+                let wire = service.wire(&call.op);
+                let caller = call.op.caller_args();
+                let caller = caller.as_slice();
+                wire.encode(
+                    &service.keys,
+                    sku,
+                    request_id,
+                    caller,
+                    &call.nonce,
+                    &mut hot,
+                );
+                let keys = service.keys.request_keys(sku, request_id);
+                crate::reply::evalsha(
+                    &mut slow,
+                    &wire.script.sha,
+                    &keys.all(),
+                    &wire.argv(caller, &call.nonce),
+                );
                 assert_eq!(hot, slow, "{command:?}, durable {durable}");
             }
         }

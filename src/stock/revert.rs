@@ -1,4 +1,4 @@
-//! REVERT: give back what one request deducted.
+//! REVERT: give back what one request deducted, or cancel its hold.
 //!
 //! # Format
 //!
@@ -6,18 +6,17 @@
 //! REVERT <sku> <request_id>
 //! ```
 //!
-//! Replies like DEDUCT, `[code, remain, order_no, version]`: 0 given back,
-//! 1 already reverted or revoked, 3 invalid, 4 nothing had been deducted
-//! (the id is now revoked, and a later DEDUCT of it is refused). The qty
-//! given back is the one the DEDUCT recorded, never the caller's. See
-//! `lua/revert.lua` for the state machine.
+//! Replies like DEDUCT, `[code, remain, order_no, version]`: 0 given back
+//! (a deduction, a hold, a confirmed hold), 1 already reverted or revoked,
+//! or a hold that expired, 3 invalid, 4 nothing had been deducted or held
+//! (the id is now revoked, and a later DEDUCT or HOLD of it is refused).
+//! The qty given back is the one the record holds, never the caller's.
+//! See `lua/revert.lua` for the whole state machine.
 
 use super::{StockCommand, StockResult, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
-use crate::reply;
-use crate::script::LuaScript;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::time::Instant;
 
 pub const SPEC: CommandSpec = CommandSpec {
@@ -26,7 +25,7 @@ pub const SPEC: CommandSpec = CommandSpec {
     max_args: None,
     flags: &["write", "denyoom"],
     group: "stockgate",
-    summary: "Gives back what one request_id deducted, once. Replies like DEDUCT: 0 given back, 1 already reverted, 3 invalid, 4 nothing was deducted (the id is revoked).",
+    summary: "Gives back what one request_id deducted or holds, once. Replies like DEDUCT: 0 given back, 1 already reverted (or the hold expired), 3 invalid, 4 nothing was deducted or held (the id is revoked).",
     args: &[arg("sku", "string"), arg("request_id", "string")],
     subcommands: &[],
     serve: Serve::Stock(StockCommand::Revert),
@@ -55,57 +54,6 @@ impl StockService {
         match self.prepare(StockCommand::Revert, args, arrived) {
             Some(prepared) => self.run(prepared).await,
             None => unreachable!("REVERT is prepared"),
-        }
-    }
-
-    /// The script's ARGV for a revert (`lua/revert.lua`).
-    pub(super) fn revert_args<'a>(&'a self, nonce: &'a [u8]) -> [&'a [u8]; 4] {
-        [
-            self.retry_window_arg.as_bytes(),
-            self.missing_stock.as_arg().as_bytes(),
-            nonce,
-            self.replicate_arg.as_bytes(),
-        ]
-    }
-
-    /// The EVALSHA of `revert`, written into a node pipe's batch, with what
-    /// every REVERT sends alike copied in encoded ([`Wire`]).
-    pub(super) fn encode_revert(&self, revert: &Revert, nonce: &[u8], buf: &mut BytesMut) {
-        buf.extend_from_slice(&self.revert_wire.head);
-        reply::bulk_parts(buf, &self.keys.stock_key_parts(&revert.sku));
-        reply::bulk_parts(
-            buf,
-            &self.keys.record_key_parts(&revert.sku, &revert.request_id),
-        );
-        buf.extend_from_slice(&self.revert_wire.fixed);
-        reply::bulk_of(buf, nonce);
-        buf.extend_from_slice(&self.revert_wire.tail);
-    }
-}
-
-/// What every REVERT's EVALSHA has alike, encoded once: the head (`*9`,
-/// EVALSHA, the SHA, 2 keys), ARGV 1 and 2 (window, missing stock), and
-/// ARGV 4 (replicate).
-pub(super) struct Wire {
-    head: Bytes,
-    fixed: Bytes,
-    tail: Bytes,
-}
-
-impl Wire {
-    pub(super) fn new(script: &LuaScript, fixed_args: [&[u8]; 2], replicate: &[u8]) -> Wire {
-        let mut head = BytesMut::new();
-        reply::evalsha_start(&mut head, &script.sha, 2, 4);
-        let mut fixed = BytesMut::new();
-        for arg in fixed_args {
-            reply::bulk_of(&mut fixed, arg);
-        }
-        let mut tail = BytesMut::new();
-        reply::bulk_of(&mut tail, replicate);
-        Wire {
-            head: head.freeze(),
-            fixed: fixed.freeze(),
-            tail: tail.freeze(),
         }
     }
 }

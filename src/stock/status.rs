@@ -6,9 +6,13 @@
 //! STOCK.STATUS <sku> <request_id>
 //! ```
 //!
-//! Replies a map: `state` (none, DEDUCTED, REVERTED, REVOKED), `qty`,
-//! `order_no`, `ttl_ms` (the record's remaining TTL; -2 when there is no
-//! record) and `stock`. Reads only (`lua/status.lua`).
+//! Replies a map: `state` (none, DEDUCTED, REVERTED, REVOKED, HELD,
+//! CONFIRMED, EXPIRED), `qty`, `order_no`, `ttl_ms` (the record's remaining
+//! TTL; -2 when there is no record), `stock` (available), `expires_at`
+//! (the request's hold expiry, ms of Redis time, 0 when it has none),
+//! `held` (the SKU's units on hold) and `next_expiry` (the earliest of the
+//! SKU's holds, 0 when none). Like every call on a SKU it first gives back
+//! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
 
 use super::{StockCommand, StockService};
 use crate::command::spec::{CommandSpec, Serve, arg};
@@ -23,7 +27,7 @@ pub const SPEC: CommandSpec = CommandSpec {
     max_args: None,
     flags: &["fast"],
     group: "stockgate",
-    summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED), qty, order_no and remaining TTL.",
+    summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED, HELD, CONFIRMED, EXPIRED), qty, order_no, remaining TTL and hold expiry, and its sku's stock, units held and next expiry.",
     args: &[arg("sku", "string"), arg("request_id", "string")],
     subcommands: &[],
     serve: Serve::Stock(StockCommand::Status),
@@ -38,19 +42,29 @@ impl StockService {
             Ok(parsed) => parsed,
             Err(invalid) => return Reply::error(format!("ERR {invalid}")),
         };
-        let keys = self.keys.deduct_keys(&sku, &request_id);
+        let keys = self.keys.request_keys(&sku, &request_id);
         match self
             .upstream
-            .eval(&self.scripts.status, &[&keys.stock, &keys.record], &[])
+            .eval(&self.scripts.status, &keys.all(), &[])
             .await
         {
-            Ok(value) => status_reply(value),
+            Ok(value) => {
+                if let Value::Array(items) = &value
+                    && let Some(Value::Int(released)) = items.get(8)
+                    && *released > 0
+                {
+                    self.metrics
+                        .record_holds(crate::outcome::HoldEvent::Expired, *released as u64);
+                }
+                status_reply(value)
+            }
             Err(fault) => Reply::Error(fault.reply_text()),
         }
     }
 }
 
-/// The status script's `{state, qty, order_no, ttl_ms, stock}` as a map.
+/// The status script's `{state, qty, order_no, ttl_ms, stock, held,
+/// next_expiry, expires_at, released}` as a map.
 fn status_reply(value: Value) -> Reply {
     let Value::Array(items) = value else {
         return Reply::error("BADREPLY STOCK.STATUS answered an unexpected shape");
@@ -78,5 +92,8 @@ fn status_reply(value: Value) -> Reply {
         (Reply::bulk("order_no"), text(field(2))),
         (Reply::bulk("ttl_ms"), int(field(3))),
         (Reply::bulk("stock"), stock),
+        (Reply::bulk("expires_at"), int(field(7))),
+        (Reply::bulk("held"), int(field(5))),
+        (Reply::bulk("next_expiry"), int(field(6))),
     ])
 }

@@ -428,6 +428,13 @@ fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, share
     let invalid_reason = match command {
         StockCommand::Deduct => Deduct::parse(args, config.max_qty).err(),
         StockCommand::Revert => Revert::parse(args).err(),
+        StockCommand::Hold => stockgate::stock::hold::Hold::parse(
+            args,
+            config.max_qty,
+            config.max_hold.as_millis() as u64,
+        )
+        .err(),
+        StockCommand::Confirm => stockgate::stock::confirm::Confirm::parse(args).err(),
         // The order stockgate checks them in: the amount, the sku, the op_id.
         StockCommand::Set | StockCommand::Add if config.admin_commands => {
             let amount = if command == StockCommand::Set {
@@ -456,8 +463,20 @@ fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, share
                 "{command:?} {args:?} has bad arguments ({invalid_reason:?}) but got {text}"
             );
         }
-        (StockCommand::Deduct | StockCommand::Revert, Reply::Stock(stock)) => {
+        (
+            StockCommand::Deduct
+            | StockCommand::Revert
+            | StockCommand::Hold
+            | StockCommand::Confirm,
+            Reply::Stock(stock),
+        ) => {
             assert_eq!(stock.code, Code::Invalid, "{command:?} {args:?}: {stock:?}");
+            let shows_expiry = matches!(command, StockCommand::Hold | StockCommand::Confirm);
+            assert_eq!(
+                stock.expires_at,
+                shows_expiry.then_some(0),
+                "{command:?}: the expiry is HOLD's and CONFIRM's"
+            );
             assert_eq!(stock.remain, -1);
             assert!(stock.order_no.is_empty());
             let reason = stock.reason.as_deref().expect("code 3 says why");
@@ -472,13 +491,25 @@ fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, share
                 ),
             }
         }
-        (StockCommand::Deduct | StockCommand::Revert, Reply::Error(text)) => {
+        (
+            StockCommand::Deduct
+            | StockCommand::Revert
+            | StockCommand::Hold
+            | StockCommand::Confirm,
+            Reply::Error(text),
+        ) => {
             assert!(
                 invalid_reason.is_none(),
                 "{command:?} {args:?} has bad arguments ({invalid_reason:?}) but got {text}"
             );
         }
-        (StockCommand::Deduct | StockCommand::Revert, other) => {
+        (
+            StockCommand::Deduct
+            | StockCommand::Revert
+            | StockCommand::Hold
+            | StockCommand::Confirm,
+            other,
+        ) => {
             panic!("{command:?} answered {other:?} without an upstream")
         }
         (_, Reply::Error(_)) => {}
@@ -697,12 +728,15 @@ fn build_reply(program: &[u8], at: &mut usize, depth: usize) -> Reply {
                 let len = usize::from(take_byte(program, at));
                 Bytes::copy_from_slice(take(program, at, len))
             });
+            let expires_at = (op & 0x40 != 0).then(|| take_i64(program, at));
             Reply::Stock(stockgate::outcome::StockReply {
                 code,
                 remain,
                 order_no,
                 version,
+                expires_at,
                 reason,
+                effects: Default::default(),
             })
         }
         kind => {
@@ -740,6 +774,7 @@ fn stock_items(stock: &stockgate::outcome::StockReply) -> Vec<Reply> {
         Reply::Bulk(stock.order_no.clone()),
         Reply::Integer(stock.version),
     ];
+    items.extend(stock.expires_at.map(Reply::Integer));
     items.extend(stock.reason.clone().map(Reply::Bulk));
     items
 }

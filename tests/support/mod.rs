@@ -190,6 +190,76 @@ pub async fn revert(
         .await
 }
 
+/// HOLD through `conn`; the raw reply.
+pub async fn hold(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sku: &str,
+    qty: &str,
+    request_id: &str,
+    ttl_ms: &str,
+    order_no: Option<&str>,
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("HOLD");
+    cmd.arg(sku).arg(qty).arg(request_id).arg(ttl_ms);
+    if let Some(order_no) = order_no {
+        cmd.arg(order_no);
+    }
+    cmd.query_async(conn).await
+}
+
+/// CONFIRM through `conn`; the raw reply.
+pub async fn confirm(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sku: &str,
+    request_id: &str,
+) -> redis::RedisResult<Value> {
+    redis::cmd("CONFIRM")
+        .arg(sku)
+        .arg(request_id)
+        .query_async(conn)
+        .await
+}
+
+/// A HOLD or CONFIRM reply: `[code, remain, order_no, version,
+/// expires_at]`, then a reason for code 3; checked for type.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HoldReply {
+    pub code: i64,
+    pub remain: i64,
+    pub order_no: String,
+    pub version: i64,
+    pub expires_at: i64,
+    pub reason: Option<String>,
+}
+
+pub fn parse_hold(value: Value) -> HoldReply {
+    let Value::Array(items) = value else {
+        panic!("HOLD and CONFIRM reply with an array, got {value:?}")
+    };
+    assert!(
+        items.len() == 5 || items.len() == 6,
+        "five elements, six with a reason: {items:?}"
+    );
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer, got {other:?}"),
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+        other => panic!("expected a bulk string, got {other:?}"),
+    };
+    let reply = HoldReply {
+        code: int(&items[0]),
+        remain: int(&items[1]),
+        order_no: text(&items[2]),
+        version: int(&items[3]),
+        expires_at: int(&items[4]),
+        reason: items.get(5).map(text),
+    };
+    assert_eq!(reply.reason.is_some(), reply.code == 3, "{reply:?}");
+    reply
+}
+
 /// A DEDUCT reply's first four elements, checked for type.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reply {
@@ -233,7 +303,7 @@ pub fn stock_key(sku: &str) -> Vec<u8> {
 
 pub fn record_key(sku: &str, request_id: &str) -> Vec<u8> {
     layout()
-        .deduct_keys(
+        .request_keys(
             &Sku::parse(sku.to_owned().into()).unwrap(),
             &RequestId::parse(request_id.to_owned().into()).unwrap(),
         )

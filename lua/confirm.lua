@@ -1,0 +1,123 @@
+#!lua
+--[[
+stockgate CONFIRM.
+
+Makes one hold final, at most once, atomically: its units stay deducted for
+good and can never be released. Against its expiry, Redis decides: a
+CONFIRM that runs before the hold's expires_at (Redis time) answers 0; one
+that runs at or after it answers 5, whether or not anything has released
+the hold yet (this script releases it then). Whichever of the two Redis
+runs first wins, and the books show exactly one of them.
+
+This script's column of the state machine (the whole table is in
+lua/revert.lua):
+  none       ->REVOKED 4: nothing was held; a late HOLD of the id is then
+             refused (4), so a CONFIRM that overtook its HOLD leaves no hold
+             behind that nobody will confirm (UNKNOWNSKU when the sku has no
+             stock key and --missing-stock is "error")
+  HELD       ->CONFIRMED 0; a hold that ran out is released: 5
+  CONFIRMED  1 (0 for this very call sent again)
+  EXPIRED    5
+  REVERTED, REVOKED  4
+  DEDUCTED   3: the id is a DEDUCT's, which needs no CONFIRM
+
+KEYS[1]  stock key           <prefix>:{<sku>}
+KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
+KEYS[3]  holds               <prefix>:{<sku>}:holds
+KEYS[4]  held units          <prefix>:{<sku>}:held
+ARGV[1]  retry window        milliseconds, at least 60000
+ARGV[2]  missing stock       "error" or "zero"
+ARGV[3]  nonce               1 to 32 hex digits, new for every call
+ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent)
+
+Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
+expires_at, released, held_ms, event}:
+  {0, stock, order_no, .., "", expires_at, released, held_ms, "confirmed"}
+                                   confirmed now; held_ms is how long the
+                                   units were held
+  {1, stock, order_no, .., "", expires_at}   already confirmed
+  {3, stock, "", .., reason}                 the id is a DEDUCT's
+  {4, stock, "", ..}                         cancelled (REVERT) or revoked
+  {5, stock, order_no, .., "", expires_at}   the hold ran out first; its
+                                             units went back to stock
+Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD.
+]]
+
+--@common
+
+local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
+
+local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
+if not window then
+  return bad
+end
+bad = bad_replicate(replicate)
+if bad then
+  return bad
+end
+
+local stock = read_stock(stock_key)
+if stock == false then
+  return redis.error_reply(BADSTOCK)
+end
+local raw = redis.call('GET', record_key)
+local record = raw and parse_record(raw)
+if raw and not record then
+  return redis.error_reply(BADRECORD)
+end
+if stock == nil and missing ~= 'zero' then
+  return redis.error_reply(UNKNOWNSKU)
+end
+
+-- Expired holds go back to stock before anything is decided.
+local released, now
+stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+
+if not record then
+  -- Nothing was held under this id: revoke it, so a HOLD that arrives
+  -- after its CONFIRM holds nothing nobody would confirm.
+  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
+  return answer(4, stock, '', '', 0, released)
+end
+
+if now == 0 then
+  now = now_ms()
+end
+local own
+record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+if own == 1 then
+  stock = (stock or 0) + tonumber(record.qty)
+  released = released + 1
+end
+local state = record.state
+if state == 'X' then
+  if own == 0 then
+    replicate_again(replicate, record_key, raw)
+  end
+  return answer(5, stock, record.order_no, '', record.expires, released)
+end
+if state == 'R' or state == 'V' then
+  replicate_again(replicate, record_key, raw)
+  return answer(4, stock, '', '', 0, released)
+end
+if state == 'D' then
+  return answer(3, stock, '', 'request_id was used by a DEDUCT, which needs no CONFIRM', 0, released)
+end
+if state == 'C' then
+  replicate_again(replicate, record_key, raw)
+  if record.nonce == nonce then
+    -- This very call, sent again: it confirmed the first time.
+    return answer(0, stock, record.order_no, '', record.expires, released,
+      now - record.held_at, 'confirmed')
+  end
+  return answer(1, stock, record.order_no, '', record.expires, released)
+end
+
+-- HELD, in time. Writes: only after every check above has passed.
+unhold(held_key, record.qty)
+redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
+redis.call('SET', record_key,
+  record_text('C', record.qty, nonce, record.aux, record.order_no), 'KEEPTTL')
+return answer(0, stock, record.order_no, '', record.expires, released, now - record.held_at,
+  'confirmed')

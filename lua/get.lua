@@ -1,0 +1,34 @@
+#!lua
+--[[
+stockgate STOCK.GET: one SKU's stock. Like every call on a SKU it first
+gives the SKU's expired holds back to stock, so the stock it shows counts
+every unit whose hold ran out by Redis time.
+
+KEYS[1]  stock key   <prefix>:{<sku>}
+KEYS[2]  holds       <prefix>:{<sku>}:holds
+KEYS[3]  held units  <prefix>:{<sku>}:held
+
+Replies: {stock, held, next_expiry, released}
+  stock        the available stock as stored, or false (nil) when missing
+  held         units on hold now
+  next_expiry  the earliest expiry among the SKU's holds (ms of Redis time;
+               0 when it has none)
+  released     expired holds this call gave back to stock
+Error replies: BADCALL when the keys do not follow the layout. A stock
+value that is not an integer is shown as stored, and nothing is released.
+]]
+
+--@common
+
+local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
+if string.find(stock_key, '{', 1, true) == nil
+  or not hold_keys_follow(stock_key, holds_key, held_key) then
+  return badcall('keys do not follow the stockgate key layout')
+end
+local released = 0
+local stock = read_stock(stock_key)
+if stock then
+  stock, released = release_due(stock_key, holds_key, held_key, stock)
+end
+local shown = redis.call('GET', stock_key)
+return {shown, tonumber(redis.call('GET', held_key) or '0'), earliest_hold(holds_key), released}

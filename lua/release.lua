@@ -1,0 +1,36 @@
+#!lua
+--[[
+stockgate's sweeper, on one SKU: gives its expired holds back to stock, at
+most RELEASE_BOUND of them (lua/common.lua), exactly as any call on the SKU
+would. Releasing is idempotent: many sidecars may send it at once.
+
+KEYS[1]  stock key   <prefix>:{<sku>}
+KEYS[2]  holds       <prefix>:{<sku>}:holds
+KEYS[3]  held units  <prefix>:{<sku>}:held
+
+Replies: {released, next_at}
+  released  holds released by this call
+  next_at   when the sweeper should look at this SKU again (ms of Redis
+            time): the earliest expiry among its holds now, which is in the
+            past when a backlog remains; 0 when it has no holds. A SKU whose
+            stock key is missing or not an integer keeps its holds and is
+            looked at again in a minute.
+Error replies: BADCALL when the keys do not follow the layout.
+]]
+
+--@common
+
+local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
+if string.find(stock_key, '{', 1, true) == nil
+  or not hold_keys_follow(stock_key, holds_key, held_key) then
+  return badcall('keys do not follow the stockgate key layout')
+end
+local stock = read_stock(stock_key)
+if not stock then
+  if redis.call('EXISTS', holds_key) == 0 then
+    return {0, 0}
+  end
+  return {0, now_ms() + 60000}
+end
+local _, released = release_due(stock_key, holds_key, held_key, stock)
+return {released, earliest_hold(holds_key)}

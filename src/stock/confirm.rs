@@ -1,0 +1,60 @@
+//! CONFIRM: make a hold final (the customer paid).
+//!
+//! # Format
+//!
+//! ```text
+//! CONFIRM <sku> <request_id>
+//! ```
+//!
+//! Replies like HOLD, `[code, remain, order_no, version, expires_at_ms]`:
+//! 0 confirmed (the units are deducted for good), 1 already confirmed,
+//! 3 the id is a DEDUCT's, 4 the hold was cancelled or revoked (or there
+//! never was one: the id is then revoked, so a late HOLD holds nothing),
+//! 5 the hold ran out first and its units went back to stock. Against the
+//! hold's expiry, Redis decides: whichever runs first wins
+//! (`lua/confirm.lua`).
+
+use super::{StockCommand, StockResult, StockService};
+use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::params::{InvalidParam, RequestId, Sku};
+use bytes::Bytes;
+use std::time::Instant;
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "confirm",
+    arity: 3,
+    max_args: None,
+    flags: &["write", "denyoom"],
+    group: "stockgate",
+    summary: "Makes a hold final, once. Replies [code, remain, order_no, version, expires_at_ms]: 0 confirmed, 1 already confirmed, 3 invalid, 4 cancelled or revoked, 5 expired first.",
+    args: &[arg("sku", "string"), arg("request_id", "string")],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::Confirm),
+};
+
+/// One validated confirm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirm {
+    pub sku: Sku,
+    pub request_id: RequestId,
+}
+
+impl Confirm {
+    /// Checks the arguments after the command name: sku and request_id.
+    pub fn parse(args: &[Bytes]) -> Result<Confirm, InvalidParam> {
+        Ok(Confirm {
+            sku: Sku::parse(args[0].clone())?,
+            request_id: RequestId::parse(args[1].clone())?,
+        })
+    }
+}
+
+impl StockService {
+    /// CONFIRM, awaited (the HTTP face), with its metrics and access log.
+    pub async fn confirm(&self, args: &[Bytes], arrived: Instant) -> StockResult {
+        match self.prepare(StockCommand::Confirm, args, arrived) {
+            Some(prepared) => self.run(prepared).await,
+            None => unreachable!("CONFIRM is prepared"),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! HOLD: put qty units of a sku on hold while the customer pays.
+//!
+//! # Format
+//!
+//! ```text
+//! HOLD <sku> <qty> <request_id> <ttl_ms> [order_no]
+//! ```
+//!
+//! The units leave the stock at once, as for a DEDUCT, and come back by
+//! themselves at the hold's expiry (Redis time) unless a CONFIRM makes the
+//! hold final first; a REVERT cancels it. Replies `[code, remain, order_no,
+//! version, expires_at_ms]` (plus a reason for code 3): 0 held, 1 already
+//! held or confirmed, 2 insufficient, 3 invalid, 4 reverted or revoked,
+//! 5 this id's hold already ran out. `lua/hold.lua` has the script;
+//! `lua/revert.lua` the whole state machine.
+
+use super::{StockCommand, StockResult, StockService};
+use crate::command::spec::{CommandSpec, Serve, arg, optional};
+use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
+use bytes::Bytes;
+use std::time::Instant;
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "hold",
+    arity: -5,
+    max_args: Some(6),
+    flags: &["write", "denyoom"],
+    group: "stockgate",
+    summary: "Holds qty units of a sku for ttl_ms (Redis time), once per request_id, until CONFIRM or REVERT. Replies [code, remain, order_no, version, expires_at_ms]: 0 held, 1 already held or confirmed, 2 insufficient stock, 3 invalid, 4 revoked, 5 expired.",
+    args: &[
+        arg("sku", "string"),
+        arg("qty", "integer"),
+        arg("request_id", "string"),
+        arg("ttl_ms", "integer"),
+        optional("order_no", "string"),
+    ],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::Hold),
+};
+
+/// One validated hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub sku: Sku,
+    pub qty: Qty,
+    pub request_id: RequestId,
+    pub ttl: HoldTtl,
+    pub order_no: OrderNo,
+}
+
+impl Hold {
+    /// Checks the arguments after the command name. The caller has checked
+    /// their count.
+    pub fn parse(args: &[Bytes], max_qty: u64, max_hold_ms: u64) -> Result<Hold, InvalidParam> {
+        Ok(Hold {
+            sku: Sku::parse(args[0].clone())?,
+            qty: Qty::parse(args[1].clone(), max_qty)?,
+            request_id: RequestId::parse(args[2].clone())?,
+            ttl: HoldTtl::parse(args[3].clone(), max_hold_ms)?,
+            order_no: match args.get(4) {
+                Some(order_no) => OrderNo::parse(order_no.clone())?,
+                None => OrderNo::default(),
+            },
+        })
+    }
+
+    /// The caller's arguments of the script, in its ARGV order.
+    pub(super) fn caller_args(&self) -> [&[u8]; 3] {
+        [
+            self.qty.as_bytes(),
+            self.order_no.as_bytes(),
+            self.ttl.as_bytes(),
+        ]
+    }
+}
+
+impl StockService {
+    /// HOLD, awaited (the HTTP face), with its metrics and access log.
+    pub async fn hold(&self, args: &[Bytes], arrived: Instant) -> StockResult {
+        match self.prepare(StockCommand::Hold, args, arrived) {
+            Some(prepared) => self.run(prepared).await,
+            None => unreachable!("HOLD is prepared"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<Bytes> {
+        list.iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect()
+    }
+
+    #[test]
+    fn parse_checks_each_field() {
+        let h = Hold::parse(&args(&["s", "2", "r", "1000", "ORD"]), 10, 5000).unwrap();
+        assert_eq!((h.qty.get(), h.ttl.get()), (2, 1000));
+        assert_eq!(h.order_no.as_bytes(), b"ORD");
+        for (bad, why) in [
+            ("999", "ttl_ms must be an integer from 1000 to 5000"),
+            ("5001", "ttl_ms must be an integer from 1000 to 5000"),
+            ("01000", "ttl_ms must be an integer from 1000 to 5000"),
+            ("1e3", "ttl_ms must be an integer from 1000 to 5000"),
+        ] {
+            let err = Hold::parse(&args(&["s", "2", "r", bad]), 10, 5000).unwrap_err();
+            assert_eq!(err.0, why, "{bad}");
+        }
+        assert!(Hold::parse(&args(&["s", "11", "r", "1000"]), 10, 5000).is_err());
+    }
+
+    #[test]
+    fn arity_is_five_or_six_words() {
+        assert!(!SPEC.arity_ok(4));
+        assert!(SPEC.arity_ok(5));
+        assert!(SPEC.arity_ok(6));
+        assert!(!SPEC.arity_ok(7));
+    }
+}

@@ -1,0 +1,98 @@
+//! The EVALSHA of a call on one request (DEDUCT, REVERT, HOLD, CONFIRM), as
+//! the node pipes send it and as the redis-rs fallback sends it.
+//!
+//! Every such script takes the request's four keys (stock, record, holds,
+//! held: [`crate::keys::RequestKeys`]) and its ARGV in one order: the
+//! caller's arguments, then what stockgate supplies alike for every call
+//! (window, limits, missing-stock mode), then the call's nonce, then the
+//! replicate flag. What every call has alike is encoded once at startup;
+//! the hot path copies it in and writes only the keys from their parts,
+//! the caller's arguments and the nonce.
+
+use crate::keys::KeyLayout;
+use crate::params::{RequestId, Sku};
+use crate::reply;
+use crate::script::LuaScript;
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
+/// One script's call, pre-encoded.
+pub(super) struct Wire {
+    pub(super) script: Arc<LuaScript>,
+    /// `*<n>`, EVALSHA, the SHA, `4`.
+    head: Bytes,
+    /// The arguments stockgate supplies before the nonce, encoded...
+    fixed: Bytes,
+    /// ... and as they are, for the fallback.
+    fixed_args: Vec<Vec<u8>>,
+    /// The replicate flag after the nonce, encoded and as it is.
+    tail: Bytes,
+    replicate: Vec<u8>,
+    caller_args: usize,
+}
+
+impl Wire {
+    /// The call of `script`, which takes `caller_args` of the caller's
+    /// arguments, then `fixed`, the nonce and `replicate`.
+    pub(super) fn new(
+        script: &Arc<LuaScript>,
+        caller_args: usize,
+        fixed: &[&[u8]],
+        replicate: &[u8],
+    ) -> Wire {
+        let mut head = BytesMut::new();
+        reply::evalsha_start(&mut head, &script.sha, 4, caller_args + fixed.len() + 2);
+        let mut encoded = BytesMut::new();
+        for arg in fixed {
+            reply::bulk_of(&mut encoded, arg);
+        }
+        let mut tail = BytesMut::new();
+        reply::bulk_of(&mut tail, replicate);
+        Wire {
+            script: script.clone(),
+            head: head.freeze(),
+            fixed: encoded.freeze(),
+            fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
+            tail: tail.freeze(),
+            replicate: replicate.to_vec(),
+            caller_args,
+        }
+    }
+
+    /// Writes the call into a node pipe's batch: byte for byte what
+    /// [`reply::evalsha`] of the request's keys and [`Wire::argv`] writes
+    /// (a test checks).
+    pub(super) fn encode(
+        &self,
+        keys: &KeyLayout,
+        sku: &Sku,
+        request_id: &RequestId,
+        caller: &[&[u8]],
+        nonce: &[u8],
+        buf: &mut BytesMut,
+    ) {
+        debug_assert_eq!(caller.len(), self.caller_args);
+        buf.extend_from_slice(&self.head);
+        reply::bulk_parts(buf, &keys.stock_key_parts(sku));
+        reply::bulk_parts(buf, &keys.record_key_parts(sku, request_id));
+        for parts in keys.hold_key_parts(sku) {
+            reply::bulk_parts(buf, &parts);
+        }
+        for arg in caller {
+            reply::bulk_of(buf, arg);
+        }
+        buf.extend_from_slice(&self.fixed);
+        reply::bulk_of(buf, nonce);
+        buf.extend_from_slice(&self.tail);
+    }
+
+    /// The script's ARGV, for the fallback.
+    pub(super) fn argv<'a>(&'a self, caller: &[&'a [u8]], nonce: &'a [u8]) -> Vec<&'a [u8]> {
+        let mut argv = Vec::with_capacity(self.caller_args + self.fixed_args.len() + 2);
+        argv.extend_from_slice(caller);
+        argv.extend(self.fixed_args.iter().map(Vec::as_slice));
+        argv.push(nonce);
+        argv.push(&self.replicate);
+        argv
+    }
+}

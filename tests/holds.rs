@@ -1,0 +1,699 @@
+//! HOLD and CONFIRM over the wire, against real Redis: every cell of the
+//! state machine (`lua/revert.lua`), expiry by Redis time, the bounded
+//! release, the sweeper, the rolling upgrade. No timed assertions: tests
+//! wait for states and counts (with a generous bound for a state that
+//! never comes), never for a duration to be short.
+
+mod support;
+
+use redis::Value;
+use std::time::{Duration, Instant};
+use support::*;
+
+fn set(conn: &mut impl redis::ConnectionLike, key: &[u8], value: i64) {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query::<()>(conn)
+        .unwrap();
+}
+
+fn get_int(conn: &mut impl redis::ConnectionLike, key: &[u8]) -> Option<i64> {
+    redis::cmd("GET").arg(key).query(conn).unwrap()
+}
+
+fn held_key(sku: &str) -> Vec<u8> {
+    [stock_key(sku), b":held".to_vec()].concat()
+}
+
+fn holds_key(sku: &str) -> Vec<u8> {
+    [stock_key(sku), b":holds".to_vec()].concat()
+}
+
+/// Redis's clock, in milliseconds: what every expiry is measured by.
+fn redis_now_ms(conn: &mut impl redis::ConnectionLike) -> i64 {
+    let time: Vec<String> = redis::cmd("TIME").query(conn).unwrap();
+    time[0].parse::<i64>().unwrap() * 1000 + time[1].parse::<i64>().unwrap() / 1000
+}
+
+/// Waits until Redis's clock has passed `at_ms`.
+fn wait_redis_past(conn: &mut impl redis::ConnectionLike, at_ms: i64) {
+    loop {
+        let now = redis_now_ms(conn);
+        if now > at_ms {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis((at_ms - now + 1).min(200) as u64));
+    }
+}
+
+/// The record's state letter (D, R, V, H, C, X), or '-' when there is none.
+fn state_of(conn: &mut impl redis::ConnectionLike, sku: &str, id: &str) -> char {
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(record_key(sku, id))
+        .query(conn)
+        .unwrap();
+    match raw {
+        None => '-',
+        Some(raw) => stockgate::record::Record::parse(&raw)
+            .unwrap_or_else(|| panic!("unreadable record {raw:?}"))
+            .state
+            .letter(),
+    }
+}
+
+fn code_of(value: &Value) -> i64 {
+    match value {
+        Value::Array(items) => match items.first() {
+            Some(Value::Int(code)) => *code,
+            _ => panic!("no code in {value:?}"),
+        },
+        other => panic!("not a stock reply: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_hold_takes_stock_at_once_and_confirm_makes_it_final() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("h1"), 10);
+    let server = proxy(vec![redis.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+
+    let before = redis_now_ms(&mut direct);
+    let held = parse_hold(
+        hold(&mut conn, "h1", "3", "o-1", "60000", Some("ORD-1"))
+            .await
+            .unwrap(),
+    );
+    let after = redis_now_ms(&mut direct);
+    assert_eq!(
+        (held.code, held.remain, held.order_no.as_str()),
+        (0, 7, "ORD-1")
+    );
+    assert_eq!(held.version, stockgate::outcome::SCRIPT_VERSION);
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&held.expires_at),
+        "expires_at is Redis time plus ttl_ms: {held:?}, Redis said {before}..{after}"
+    );
+    assert_eq!(get_int(&mut direct, &stock_key("h1")), Some(7));
+    assert_eq!(get_int(&mut direct, &held_key("h1")), Some(3));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(record_key("h1", "o-1"))
+        .query(&mut direct)
+        .unwrap();
+    assert!(
+        ttl > 86_400_000,
+        "the record outlives the hold by the retry window: {ttl}"
+    );
+
+    let again = parse_hold(
+        hold(&mut conn, "h1", "3", "o-1", "60000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (
+            again.code,
+            again.remain,
+            again.order_no.as_str(),
+            again.expires_at
+        ),
+        (1, 7, "ORD-1", held.expires_at)
+    );
+    let other_qty = parse_hold(
+        hold(&mut conn, "h1", "4", "o-1", "60000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(other_qty.code, 3);
+
+    let done = parse_hold(confirm(&mut conn, "h1", "o-1").await.unwrap());
+    assert_eq!(
+        (done.code, done.remain, done.order_no.as_str()),
+        (0, 7, "ORD-1")
+    );
+    assert_eq!(done.expires_at, held.expires_at);
+    assert_eq!(get_int(&mut direct, &held_key("h1")), None, "no units held");
+    let members: i64 = redis::cmd("ZCARD")
+        .arg(holds_key("h1"))
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(members, 0, "a confirmed hold leaves the holds set");
+    let twice = parse_hold(confirm(&mut conn, "h1", "o-1").await.unwrap());
+    assert_eq!((twice.code, twice.remain), (1, 7));
+    assert_eq!(
+        get_int(&mut direct, &stock_key("h1")),
+        Some(7),
+        "confirmed units stay taken"
+    );
+
+    // STOCK.STATUS shows the request and its sku's holds.
+    let _ = parse_hold(
+        hold(&mut conn, "h1", "2", "o-2", "90000", None)
+            .await
+            .unwrap(),
+    );
+    let status: Value = redis::cmd("STOCK.STATUS")
+        .arg("h1")
+        .arg("o-2")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let Value::Array(fields) = status else {
+        panic!("a map, flat in RESP2: {status:?}")
+    };
+    let field = |name: &str| {
+        let at = fields
+            .iter()
+            .position(|f| *f == Value::BulkString(name.as_bytes().to_vec()))
+            .unwrap_or_else(|| panic!("{name} in {fields:?}"));
+        fields[at + 1].clone()
+    };
+    assert_eq!(field("state"), Value::BulkString(b"HELD".to_vec()));
+    assert_eq!(field("held"), Value::Int(2));
+    assert_eq!(field("stock"), Value::Int(5));
+    let Value::Int(next) = field("next_expiry") else {
+        panic!("next_expiry is an integer")
+    };
+    assert_eq!(field("expires_at"), Value::Int(next));
+    assert!(next > after + 60_000);
+}
+
+/// The states a (sku, request_id) can be in, and how a test gets there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Start {
+    Fresh,
+    Deducted,
+    Held,
+    /// HELD, with its expiry passed and nothing released yet.
+    RanOut,
+    Confirmed,
+    Expired,
+    Reverted,
+    Revoked,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Command {
+    Deduct,
+    Hold,
+    Confirm,
+    Revert,
+}
+
+/// A cell of the table: the code, the record's state after, the stock after.
+type Cell = (i64, char, i64);
+
+/// Every cell of the README's state-machine table, over the wire: the
+/// code, the record's state after, and the stock after (10 to start, 2
+/// units a call).
+#[tokio::test]
+async fn every_cell_of_the_state_machine() {
+    use Command::*;
+    use Start::*;
+    #[rustfmt::skip]
+    let table: [(Start, [Cell; 4]); 8] = [
+        //             DEDUCT          HOLD            CONFIRM         REVERT
+        (Fresh,     [(0, 'D', 8),  (0, 'H', 8),  (4, 'V', 10), (4, 'V', 10)]),
+        (Deducted,  [(1, 'D', 8),  (3, 'D', 8),  (3, 'D', 8),  (0, 'R', 10)]),
+        (Held,      [(3, 'H', 8),  (1, 'H', 8),  (0, 'C', 8),  (0, 'R', 10)]),
+        (RanOut,    [(3, 'X', 10), (5, 'X', 10), (5, 'X', 10), (1, 'X', 10)]),
+        (Confirmed, [(3, 'C', 8),  (1, 'C', 8),  (1, 'C', 8),  (0, 'R', 10)]),
+        (Expired,   [(3, 'X', 10), (5, 'X', 10), (5, 'X', 10), (1, 'X', 10)]),
+        (Reverted,  [(4, 'R', 10), (4, 'R', 10), (4, 'R', 10), (1, 'R', 10)]),
+        (Revoked,   [(4, 'V', 10), (4, 'V', 10), (4, 'V', 10), (1, 'V', 10)]),
+    ];
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    // No sweeper: the ran-out holds must still be HELD when the command
+    // under test arrives, so that it is the command that settles them.
+    let server = proxy(vec![redis.url()], |c| c.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let sku = |start: Start, command: Command| format!("cell-{start:?}-{command:?}");
+    let mut ran_out_at = 0;
+    for (start, _) in &table {
+        for command in [Deduct, Hold, Confirm, Revert] {
+            let sku = sku(*start, command);
+            set(&mut direct, &stock_key(&sku), 10);
+            let short = matches!(start, RanOut | Expired);
+            let ttl = if short { "1000" } else { "600000" };
+            let codes: Vec<i64> = match start {
+                Fresh => vec![],
+                Deducted => vec![code_of(
+                    &deduct(&mut conn, &sku, "2", "id", None).await.unwrap(),
+                )],
+                Held | RanOut | Expired => {
+                    let held =
+                        parse_hold(hold(&mut conn, &sku, "2", "id", ttl, None).await.unwrap());
+                    if short {
+                        ran_out_at = ran_out_at.max(held.expires_at);
+                    }
+                    vec![held.code]
+                }
+                Confirmed => vec![
+                    code_of(&hold(&mut conn, &sku, "2", "id", ttl, None).await.unwrap()),
+                    code_of(&confirm(&mut conn, &sku, "id").await.unwrap()),
+                ],
+                Reverted => vec![
+                    code_of(&deduct(&mut conn, &sku, "2", "id", None).await.unwrap()),
+                    code_of(&revert(&mut conn, &sku, "id").await.unwrap()),
+                ],
+                Revoked => vec![code_of(&revert(&mut conn, &sku, "id").await.unwrap())],
+            };
+            let expected_setup = match start {
+                Revoked => vec![4],
+                _ => vec![0; codes.len()],
+            };
+            assert_eq!(codes, expected_setup, "setting up {sku}");
+        }
+    }
+    wait_redis_past(&mut direct, ran_out_at);
+    for (start, _) in &table {
+        if *start == Expired {
+            for command in [Deduct, Hold, Confirm, Revert] {
+                // Anything that touches the sku releases it: EXPIRED now.
+                let _: Value = redis::cmd("STOCK.GET")
+                    .arg(sku(*start, command))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(state_of(&mut direct, &sku(*start, command), "id"), 'X');
+            }
+        }
+        if *start == RanOut {
+            for command in [Deduct, Hold, Confirm, Revert] {
+                assert_eq!(state_of(&mut direct, &sku(*start, command), "id"), 'H');
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for (start, cells) in &table {
+        for (command, (code, state, stock)) in
+            [Deduct, Hold, Confirm, Revert].into_iter().zip(cells)
+        {
+            let sku = sku(*start, command);
+            let reply = match command {
+                Deduct => deduct(&mut conn, &sku, "2", "id", None).await,
+                Hold => hold(&mut conn, &sku, "2", "id", "600000", None).await,
+                Confirm => confirm(&mut conn, &sku, "id").await,
+                Revert => revert(&mut conn, &sku, "id").await,
+            }
+            .unwrap();
+            if matches!(command, Hold | Confirm) {
+                parse_hold(reply.clone());
+            } else {
+                parse(reply.clone());
+            }
+            let got = (
+                code_of(&reply),
+                state_of(&mut direct, &sku, "id"),
+                get_int(&mut direct, &stock_key(&sku)).unwrap(),
+            );
+            let held = get_int(&mut direct, &held_key(&sku)).unwrap_or(0);
+            let want_held = if got.1 == 'H' { 2 } else { 0 };
+            if got != (*code, *state, *stock) || held != want_held {
+                wrong.push(format!(
+                    "{start:?} + {command:?}: got {got:?} held {held}, want {:?} held {want_held}",
+                    (code, state, stock)
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "cells that disagree:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Hundreds of one-second holds, each CONFIRMed around its expiry (some
+/// just before, some just after, by Redis time): every CONFIRM answers 0 or
+/// 5, its record agrees, and once everything settled the stock is the
+/// initial less what was confirmed, with no unit held and none counted
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_racing_expiry_settles_every_hold_exactly_once() {
+    const HOLDS: usize = 300;
+    const SKUS: usize = 3;
+    const INITIAL: i64 = 10_000;
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    let skus: Vec<String> = (0..SKUS).map(|i| format!("race-{i}")).collect();
+    for sku in &skus {
+        set(&mut direct, &stock_key(sku), INITIAL);
+    }
+    let server = proxy(vec![redis.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+    // Place them in waves, so expiries spread over a few seconds.
+    let mut holds = Vec::new();
+    for i in 0..HOLDS {
+        let sku = &skus[i % SKUS];
+        let id = format!("race-{i}");
+        let qty = (1 + i % 3).to_string();
+        let held = parse_hold(hold(&mut conn, sku, &qty, &id, "1000", None).await.unwrap());
+        assert_eq!(held.code, 0, "{held:?}");
+        holds.push((sku.clone(), id, 1 + (i % 3) as i64, held.expires_at));
+        if i % 50 == 49 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Redis's clock against ours, once: only to aim the CONFIRMs near each
+    // expiry. Which side of it each lands on is Redis's to decide.
+    let offset = redis_now_ms(&mut direct) - wall_ms();
+    let tasks: Vec<_> = holds
+        .iter()
+        .enumerate()
+        .map(|(i, (sku, id, _, expires_at))| {
+            let aim = expires_at - offset + (i as i64 % 41) - 20;
+            let (sku, id) = (sku.clone(), id.clone());
+            let addr = server.addr;
+            tokio::spawn(async move {
+                let wait = aim - wall_ms();
+                if wait > 0 {
+                    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+                }
+                let mut conn = client_at(addr, false).await;
+                parse_hold(confirm(&mut conn, &sku, &id).await.unwrap())
+            })
+        })
+        .collect();
+    let mut confirmed = [0i64; SKUS];
+    let (mut zeros, mut fives) = (0, 0);
+    for (task, (sku, id, qty, expires_at)) in tasks.into_iter().zip(&holds) {
+        let reply = task.await.unwrap();
+        assert!(matches!(reply.code, 0 | 5), "{id}: {reply:?}");
+        assert_eq!(reply.expires_at, *expires_at);
+        let state = state_of(&mut direct, sku, id);
+        if reply.code == 0 {
+            zeros += 1;
+            confirmed[skus.iter().position(|s| s == sku).unwrap()] += qty;
+            assert_eq!(state, 'C', "{id} answered 0");
+        } else {
+            fives += 1;
+            assert_eq!(state, 'X', "{id} answered 5");
+        }
+    }
+    eprintln!("{zeros} confirmed, {fives} expired first");
+    // Settled: no unit held anywhere, and the books add up.
+    for (i, sku) in skus.iter().enumerate() {
+        let stock = loop_until_async(Duration::from_secs(30), || async {
+            let mut direct = redis.node.connection().unwrap();
+            (get_int(&mut direct, &held_key(sku)).is_none())
+                .then(|| get_int(&mut direct, &stock_key(sku)).unwrap())
+        })
+        .await;
+        assert_eq!(stock, INITIAL - confirmed[i], "{sku}");
+    }
+    let counts = hold_counts(&server);
+    assert_eq!(counts["placed"], HOLDS as u64);
+    assert_eq!(counts["confirmed"], zeros);
+    assert_eq!(counts["expired"], fives, "each expiry counted once");
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// `stockgate_holds_total` by event, as this stockgate counted them.
+fn hold_counts(server: &stockgate::server::Server) -> std::collections::HashMap<&'static str, u64> {
+    server.shared().metrics.hold_totals().into_iter().collect()
+}
+
+/// Polls `check` until it gives a value; panics after `within` (a bound
+/// for a state that never comes, not a measure of how fast it came).
+async fn loop_until_async<T, F, Fut>(within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(start.elapsed() < within, "not there after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// More expired holds than one call releases (lua/common.lua's
+/// RELEASE_BOUND, 32): each call on the SKU gives back at most that many,
+/// the earliest first, and a few calls clean the backlog.
+#[tokio::test]
+async fn a_backlog_is_released_a_bounded_batch_per_call() {
+    const HOLDS: i64 = 100;
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("backlog"), HOLDS);
+    let server = proxy(vec![redis.url()], |c| c.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let mut last = 0;
+    for i in 0..HOLDS {
+        let held = parse_hold(
+            hold(&mut conn, "backlog", "1", &format!("b-{i}"), "1000", None)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(held.code, 0);
+        last = held.expires_at;
+    }
+    assert_eq!(get_int(&mut direct, &stock_key("backlog")), Some(0));
+    wait_redis_past(&mut direct, last);
+    let mut left = HOLDS;
+    let mut calls = 0;
+    while left > 0 {
+        // Any call on the sku: a DEDUCT that is short until enough came back.
+        let reply = parse(
+            deduct(&mut conn, "backlog", "1000", &format!("d-{calls}"), None)
+                .await
+                .unwrap(),
+        );
+        calls += 1;
+        let released = left.min(32);
+        left -= released;
+        assert_eq!(reply.code, 2, "still short of 1000");
+        assert_eq!(
+            reply.remain,
+            HOLDS - left,
+            "call {calls} gave back {released}"
+        );
+        let members: i64 = redis::cmd("ZCARD")
+            .arg(holds_key("backlog"))
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(members, left);
+        assert_eq!(
+            get_int(&mut direct, &held_key("backlog")).unwrap_or(0),
+            left
+        );
+    }
+    assert_eq!(calls, 4, "100 holds at 32 a call");
+    assert_eq!(hold_counts(&server)["expired"], HOLDS as u64);
+}
+
+/// Nobody touches the SKU: the sweeper gives the units back by itself, and
+/// the record says EXPIRED.
+#[tokio::test]
+async fn the_sweeper_gives_back_holds_nobody_touches() {
+    let cluster = cluster();
+    set_stock(&cluster, "untouched", 5);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let held = parse_hold(
+        hold(&mut conn, "untouched", "5", "u-1", "1000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held.code, held.remain), (0, 0));
+    let stock = loop_until_async(Duration::from_secs(30), || async {
+        (get_stock(&cluster, "untouched") == Some(5)).then_some(5)
+    })
+    .await;
+    assert_eq!(stock, 5);
+    let mut direct = cluster.cluster_connection().unwrap();
+    let raw: String = redis::cmd("GET")
+        .arg(record_key("untouched", "u-1"))
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(summary(&raw), "X:5:");
+    assert_eq!(hold_counts(&server)["expired"], 1);
+    let late = parse_hold(confirm(&mut conn, "untouched", "u-1").await.unwrap());
+    assert_eq!(
+        (late.code, late.remain, late.expires_at),
+        (5, 5, held.expires_at)
+    );
+}
+
+/// A stockgate killed (SIGKILL: no drain, its sweep lease left behind)
+/// while its holds are active: another stockgate's sweeper takes the lease
+/// over and gives the units back, and every record says EXPIRED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_of_a_killed_stockgate_come_back_through_another() {
+    use std::process::{Command, Stdio};
+    const HOLDS: usize = 40;
+    let cluster = cluster();
+    let skus: Vec<String> = (0..8).map(|i| format!("orphan-{i}")).collect();
+    for sku in &skus {
+        set_stock(&cluster, sku, 100);
+    }
+    let (port, admin) = (free_port(), free_port());
+    let mut doomed = Command::new(stockgate_bin())
+        .arg("serve")
+        .args(["--upstream", &cluster.seeds().join(",")])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runs stockgate");
+    wait_ready_http(admin);
+    let mut conn = client_at(format!("127.0.0.1:{port}").parse().unwrap(), false).await;
+    for i in 0..HOLDS {
+        let held = parse_hold(
+            hold(
+                &mut conn,
+                &skus[i % skus.len()],
+                "2",
+                &format!("k-{i}"),
+                "2000",
+                None,
+            )
+            .await
+            .unwrap(),
+        );
+        assert_eq!(held.code, 0);
+    }
+    // The survivor starts while the doomed one still leads the sweep.
+    let survivor = proxy(cluster.seeds(), |_| {}).await;
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    drop(conn);
+    for sku in &skus {
+        loop_until_async(Duration::from_secs(60), || async {
+            (get_stock(&cluster, sku) == Some(100)).then_some(())
+        })
+        .await;
+    }
+    let mut direct = cluster.cluster_connection().unwrap();
+    for i in 0..HOLDS {
+        let raw: String = redis::cmd("GET")
+            .arg(record_key(&skus[i % skus.len()], &format!("k-{i}")))
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(summary(&raw), "X:2:", "k-{i}");
+    }
+    assert_eq!(
+        hold_counts(&survivor)["expired"],
+        HOLDS as u64,
+        "the survivor released every one, once"
+    );
+}
+
+/// Holds through two stockgates at once, every step sent through both (a
+/// retry through another sidecar, while the first attempt still runs), on
+/// SKUs with less stock than asked for. Each pair of answers agrees, each
+/// record agrees with its answers, and the books add up: per SKU, initial
+/// less final is what was confirmed plus what is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_through_two_stockgates_at_once_add_up() {
+    const ORDERS: usize = 160;
+    const INITIAL: i64 = 60;
+    let cluster = cluster();
+    let skus: Vec<String> = (0..4).map(|i| format!("two-{i}")).collect();
+    for sku in &skus {
+        set_stock(&cluster, sku, INITIAL);
+    }
+    let a = proxy(cluster.seeds(), |_| {}).await;
+    let b = proxy(cluster.seeds(), |_| {}).await;
+    let (a, b) = (a.addr, b.addr);
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let sku = skus[i % skus.len()].clone();
+            tokio::spawn(async move {
+                let id = format!("two-{i}");
+                let qty = (1 + i % 3).to_string();
+                // Short holds for a quarter: they expire untouched.
+                let ttl = if i % 4 == 3 { "1000" } else { "600000" };
+                let mut ca = client_at(a, false).await;
+                let mut cb = client_at(b, false).await;
+                let (ha, hb) = tokio::join!(
+                    hold(&mut ca, &sku, &qty, &id, ttl, None),
+                    hold(&mut cb, &sku, &qty, &id, ttl, None)
+                );
+                let pair = (parse_hold(ha.unwrap()).code, parse_hold(hb.unwrap()).code);
+                assert!(
+                    matches!(pair, (0, 1) | (1, 0) | (2, 2)),
+                    "{id}: HOLD answered {pair:?}"
+                );
+                let step = match i % 4 {
+                    0 | 1 if pair != (2, 2) => {
+                        let (x, y) =
+                            tokio::join!(confirm(&mut ca, &sku, &id), confirm(&mut cb, &sku, &id));
+                        let pair = (parse_hold(x.unwrap()).code, parse_hold(y.unwrap()).code);
+                        assert!(
+                            matches!(pair, (0, 1) | (1, 0)),
+                            "{id}: CONFIRM answered {pair:?}"
+                        );
+                        'C'
+                    }
+                    2 if pair != (2, 2) => {
+                        let (x, y) =
+                            tokio::join!(revert(&mut ca, &sku, &id), revert(&mut cb, &sku, &id));
+                        let pair = (parse(x.unwrap()).code, parse(y.unwrap()).code);
+                        assert!(
+                            matches!(pair, (0, 1) | (1, 0)),
+                            "{id}: REVERT answered {pair:?}"
+                        );
+                        'R'
+                    }
+                    _ if pair == (2, 2) => '-',
+                    3 => 'X',
+                    _ => 'H',
+                };
+                (sku, id, qty.parse::<i64>().unwrap(), step)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    // The short holds run out and the sweepers give them back.
+    let mut direct = cluster.cluster_connection().unwrap();
+    for (sku, id, _, step) in &outcomes {
+        if *step == 'X' {
+            loop_until_async(Duration::from_secs(30), || async {
+                let mut direct = cluster.cluster_connection().unwrap();
+                (state_of(&mut direct, sku, id) == 'X').then_some(())
+            })
+            .await;
+        }
+    }
+    for sku in &skus {
+        let (mut confirmed, mut held) = (0, 0);
+        for (s, id, qty, step) in &outcomes {
+            if s != sku {
+                continue;
+            }
+            let state = state_of(&mut direct, sku, id);
+            assert_eq!(state, *step, "{id}");
+            match step {
+                'C' => confirmed += qty,
+                'H' => held += qty,
+                _ => {}
+            }
+        }
+        let stock = get_stock(&cluster, sku).unwrap();
+        assert!(stock >= 0);
+        assert_eq!(INITIAL - stock, confirmed + held, "{sku}");
+        assert_eq!(
+            get_int(&mut direct, &held_key(sku)).unwrap_or(0),
+            held,
+            "{sku}"
+        );
+    }
+}
