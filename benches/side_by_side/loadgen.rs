@@ -100,6 +100,21 @@ impl RunOutcome {
     pub fn replies(&self) -> u64 {
         self.codes.iter().sum::<u64>() + self.errors
     }
+
+    /// Adds what one connection saw; `last` becomes the later of itself
+    /// and the connection's end.
+    fn add(&mut self, conn: ConnOutcome, last: &mut Instant) {
+        self.latency.add(&conn.latency).expect("same bounds");
+        for (total, n) in self.codes.iter_mut().zip(conn.codes) {
+            *total += n;
+        }
+        self.errors += conn.errors;
+        if self.first_error.is_none() {
+            self.first_error = conn.first_error;
+        }
+        *last = (*last).max(conn.finished);
+        self.streams.push(conn.stream);
+    }
 }
 
 pub fn histogram() -> Histogram<u64> {
@@ -172,6 +187,22 @@ pub async fn run<P>(
         .zip(streams)
         .map(|(conn, stream)| tokio::spawn(drive(stream, conn.requests, depth)))
         .collect();
+    let (outcome, failure) = gather(tasks, connecting, started).await;
+    let after = probe();
+    match failure {
+        Some(err) => Err(err),
+        None => Ok((outcome, before, after)),
+    }
+}
+
+/// Waits for every connection's task and sums what they saw; `elapsed` is
+/// from `started` to the last reply. The first failure, if any, comes
+/// back beside the sum of the others.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<Result<ConnOutcome, String>>>,
+    connecting: Duration,
+    started: Instant,
+) -> (RunOutcome, Option<String>) {
     let mut outcome = RunOutcome {
         latency: histogram(),
         codes: [0; 4],
@@ -185,27 +216,84 @@ pub async fn run<P>(
     let mut failure = None;
     for task in tasks {
         match task.await.map_err(|e| e.to_string()).and_then(|r| r) {
-            Ok(conn) => {
-                outcome.latency.add(&conn.latency).expect("same bounds");
-                for (total, n) in outcome.codes.iter_mut().zip(conn.codes) {
-                    *total += n;
-                }
-                outcome.errors += conn.errors;
-                if outcome.first_error.is_none() {
-                    outcome.first_error = conn.first_error;
-                }
-                last = last.max(conn.finished);
-                outcome.streams.push(conn.stream);
-            }
+            Ok(conn) => outcome.add(conn, &mut last),
             Err(err) => failure = failure.or(Some(err)),
         }
     }
-    let after = probe();
-    if let Some(err) = failure {
-        return Err(err);
+    outcome.elapsed = last.saturating_duration_since(started);
+    (outcome, failure)
+}
+
+/// What the replies of one connection said, and their latencies.
+struct Tally {
+    latency: Histogram<u64>,
+    codes: [u64; 4],
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            latency: histogram(),
+            codes: [0; 4],
+            errors: 0,
+            first_error: None,
+        }
     }
-    outcome.elapsed = last - started;
-    Ok((outcome, before, after))
+
+    /// Counts one reply that took `latency`.
+    fn record(&mut self, reply: ParsedReply, latency: Duration) {
+        self.latency
+            .saturating_record((latency.as_nanos() as u64).max(1_000));
+        let error = match reply {
+            ParsedReply::Code(code @ 0..=3) => {
+                self.codes[code as usize] += 1;
+                None
+            }
+            ParsedReply::Code(other) => Some(format!("unknown code {other}")),
+            ParsedReply::Error(text) | ParsedReply::Other(text) => Some(text),
+        };
+        if let Some(text) = error {
+            self.errors += 1;
+            self.first_error.get_or_insert(text);
+        }
+    }
+
+    fn done(self, stream: TcpStream, finished: Instant) -> ConnOutcome {
+        ConnOutcome {
+            latency: self.latency,
+            codes: self.codes,
+            errors: self.errors,
+            first_error: self.first_error,
+            finished,
+            stream,
+        }
+    }
+}
+
+/// Reads once, within [`REPLY_TIMEOUT`]; an error if the read fails or the
+/// server closed the connection.
+async fn read_some(
+    stream: &mut TcpStream,
+    input: &mut BytesMut,
+    answered: usize,
+    total: usize,
+) -> Result<(), String> {
+    let read = tokio::time::timeout(REPLY_TIMEOUT, stream.read_buf(input))
+        .await
+        .map_err(|_| {
+            format!(
+                "no reply within {REPLY_TIMEOUT:?} ({answered} of {total} answered on this connection)"
+            )
+        })?
+        .map_err(|e| format!("read: {e}"))?;
+    if read == 0 {
+        return Err(format!(
+            "connection closed by the server after {answered} of {total} replies"
+        ));
+    }
+    Ok(())
 }
 
 /// One connection: keeps `depth` requests in flight until all are answered.
@@ -215,10 +303,7 @@ async fn drive(
     depth: usize,
 ) -> Result<ConnOutcome, String> {
     let total = requests.len();
-    let mut latency = histogram();
-    let mut codes = [0u64; 4];
-    let mut errors = 0;
-    let mut first_error = None;
+    let mut tally = Tally::new();
     let mut sent = 0;
     let mut answered = 0;
     let mut sent_at: VecDeque<Instant> = VecDeque::with_capacity(depth);
@@ -234,49 +319,18 @@ async fn drive(
             sent_at.extend(std::iter::repeat_n(now, room));
             sent += room;
         }
-        let read = tokio::time::timeout(REPLY_TIMEOUT, stream.read_buf(&mut input))
-            .await
-            .map_err(|_| {
-                format!(
-                    "no reply within {REPLY_TIMEOUT:?} ({answered} of {total} answered on this connection)"
-                )
-            })?
-            .map_err(|e| format!("read: {e}"))?;
-        if read == 0 {
-            return Err(format!(
-                "connection closed by the server after {answered} of {total} replies"
-            ));
-        }
+        read_some(&mut stream, &mut input, answered, total).await?;
         let now = Instant::now();
         while let Some((len, reply)) = parse_reply(&input)? {
             input.advance(len);
             let started = sent_at
                 .pop_front()
                 .ok_or("a reply to a request never sent")?;
-            latency.saturating_record(((now - started).as_nanos() as u64).max(1_000));
-            let error = match reply {
-                ParsedReply::Code(code @ 0..=3) => {
-                    codes[code as usize] += 1;
-                    None
-                }
-                ParsedReply::Code(other) => Some(format!("unknown code {other}")),
-                ParsedReply::Error(text) | ParsedReply::Other(text) => Some(text),
-            };
-            if let Some(text) = error {
-                errors += 1;
-                first_error.get_or_insert(text);
-            }
+            tally.record(reply, now - started);
             answered += 1;
         }
     }
-    Ok(ConnOutcome {
-        latency,
-        codes,
-        errors,
-        first_error,
-        finished: Instant::now(),
-        stream,
-    })
+    Ok(tally.done(stream, Instant::now()))
 }
 
 /// The part of a reply the harness looks at.

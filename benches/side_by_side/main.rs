@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! deploy/bench.sh                                   # installs Redis + nutcracker, then runs all
-//! cargo bench --bench side_by_side                  # throughput table, then memory scenarios
+//! cargo bench --bench side_by_side                  # every mode below, in this order
 //! cargo bench --bench side_by_side -- throughput    # only the table
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
@@ -396,21 +396,7 @@ pub fn measure_with(
         }))
         .unwrap_or_else(|e| panic!("{}: the load generator failed: {e}", target.id.name()));
     let name = target.id.name();
-    assert_eq!(outcome.replies(), requests, "{name}: replies counted");
-    let applied = db.audit();
-    let mut problems = Vec::new();
-    if outcome.errors != 0 || outcome.codes[0] != requests {
-        problems.push(format!(
-            "expected {requests} code-0 replies, got codes {:?} and {} errors (first: {:?})",
-            outcome.codes, outcome.errors, outcome.first_error
-        ));
-    }
-    if applied.records != outcome.codes[0] || applied.stock_decrease != outcome.codes[0] {
-        problems.push(format!(
-            "Redis applied {} deductions ({} records created), the clients saw {} (code 0)",
-            applied.stock_decrease, applied.records, outcome.codes[0]
-        ));
-    }
+    let problems = audit(target, db, &outcome, requests);
     let per = |seconds: f64| seconds * 1e6 / requests as f64;
     let run = Run {
         target: target.id,
@@ -433,6 +419,34 @@ pub fn measure_with(
         problem: (!problems.is_empty())
             .then(|| format!("{name}, depth {depth}: {}", problems.join("; "))),
     }
+}
+
+/// What is wrong with a run of `requests`: replies other than code 0, or
+/// Redis (audited now) applying a different number of deductions than the
+/// clients saw. Empty when all is well.
+pub fn audit(
+    target: &Target,
+    db: &mut Db,
+    outcome: &loadgen::RunOutcome,
+    requests: u64,
+) -> Vec<String> {
+    let name = target.id.name();
+    assert_eq!(outcome.replies(), requests, "{name}: replies counted");
+    let applied = db.audit();
+    let mut problems = Vec::new();
+    if outcome.errors != 0 || outcome.codes[0] != requests {
+        problems.push(format!(
+            "expected {requests} code-0 replies, got codes {:?} and {} errors (first: {:?})",
+            outcome.codes, outcome.errors, outcome.first_error
+        ));
+    }
+    if applied.records != outcome.codes[0] || applied.stock_decrease != outcome.codes[0] {
+        problems.push(format!(
+            "Redis applied {} deductions ({} records created), the clients saw {} (code 0)",
+            applied.stock_decrease, applied.records, outcome.codes[0]
+        ));
+    }
+    problems
 }
 
 /// Everything the benchmark starts, stopped when dropped.
@@ -575,41 +589,98 @@ fn main() {
     eprintln!("done in {:.0?}", started.elapsed());
 }
 
-/// The side-by-side table.
-fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
-    let wanted = |id: TargetId| knobs.targets.contains(&id);
-    let mut stockgate_cluster = wanted(TargetId::StockgateCluster)
-        .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true));
-    let mut stockgate_standalone = wanted(TargetId::StockgateStandalone)
-        .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false));
-    let mut twemproxy = wanted(TargetId::TwemproxyStandalone)
-        .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone"));
-    let proxy_of = |id: TargetId| -> Option<(SocketAddr, u32)> {
+/// The proxies of the wanted targets, as the throughput and latency rows
+/// go through them; stopped when dropped.
+pub struct Proxies {
+    stockgate_cluster: Option<Stockgate>,
+    stockgate_standalone: Option<Stockgate>,
+    twemproxy: Option<Twemproxy>,
+}
+
+impl Proxies {
+    pub fn start(knobs: &Knobs, fleet: &Fleet) -> Proxies {
+        let wanted = |id: TargetId| knobs.targets.contains(&id);
+        Proxies {
+            stockgate_cluster: wanted(TargetId::StockgateCluster)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true)),
+            stockgate_standalone: wanted(TargetId::StockgateStandalone)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false)),
+            twemproxy: wanted(TargetId::TwemproxyStandalone)
+                .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone")),
+        }
+    }
+
+    /// Where a proxied target's clients connect, and the proxy's pid.
+    fn proxy_of(&self, id: TargetId) -> Option<(SocketAddr, u32)> {
         match id {
-            TargetId::StockgateCluster => stockgate_cluster.as_ref().map(|s| (s.addr, s.proc.pid)),
-            TargetId::StockgateStandalone => {
-                stockgate_standalone.as_ref().map(|s| (s.addr, s.proc.pid))
-            }
-            TargetId::TwemproxyStandalone => twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
+            TargetId::StockgateCluster => self
+                .stockgate_cluster
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::StockgateStandalone => self
+                .stockgate_standalone
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::TwemproxyStandalone => self.twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
             _ => None,
         }
-    };
-    let targets: Vec<Target> = knobs
-        .targets
-        .iter()
-        .map(|&id| {
-            let proxy = proxy_of(id);
-            Target {
-                id,
-                shape: match id {
-                    TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
-                    _ => Shape::Evalsha,
-                },
-                routes: fleet.routes(id, proxy.map(|p| p.0)),
-                proxy: proxy.map(|p| p.1),
-            }
-        })
-        .collect();
+    }
+
+    /// The wanted targets, in the order of `BENCH_TARGETS`.
+    pub fn targets(&self, knobs: &Knobs, fleet: &Fleet) -> Vec<Target> {
+        knobs
+            .targets
+            .iter()
+            .map(|&id| {
+                let proxy = self.proxy_of(id);
+                Target {
+                    id,
+                    shape: match id {
+                        TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
+                        _ => Shape::Evalsha,
+                    },
+                    routes: fleet.routes(id, proxy.map(|p| p.0)),
+                    proxy: proxy.map(|p| p.1),
+                }
+            })
+            .collect()
+    }
+
+    fn procs(&mut self) -> impl Iterator<Item = &mut Proc> {
+        [
+            self.stockgate_cluster.as_mut().map(|s| &mut s.proc),
+            self.stockgate_standalone.as_mut().map(|s| &mut s.proc),
+            self.twemproxy.as_mut().map(|t| &mut t.proc),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Fails loudly if a proxy has died.
+    pub fn check_alive(&mut self) {
+        self.procs().for_each(Proc::check_alive);
+    }
+
+    /// What the proxies logged (warnings and errors), as a markdown
+    /// paragraph, or nothing when they logged nothing.
+    pub fn logs(&mut self) -> String {
+        let logs: Vec<String> = self
+            .procs()
+            .filter_map(|proc| proc.log_summary())
+            .map(|line| format!("- {line}"))
+            .collect();
+        if logs.is_empty() {
+            String::new()
+        } else {
+            format!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"))
+        }
+    }
+}
+
+/// The side-by-side table.
+fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
+    let mut proxies = Proxies::start(knobs, fleet);
+    let targets = proxies.targets(knobs, fleet);
 
     let per_conn = knobs.requests.div_ceil(knobs.connections);
     let mut row = 0u64;
@@ -648,31 +719,13 @@ fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Flee
                 eprintln!("{}", report::progress(repeat, &run));
                 runs.push(run);
                 row += 1;
-                for proc in [
-                    stockgate_cluster.as_mut().map(|s| &mut s.proc),
-                    stockgate_standalone.as_mut().map(|s| &mut s.proc),
-                    twemproxy.as_mut().map(|t| &mut t.proc),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    Proc::check_alive(proc);
-                }
+                proxies.check_alive();
             }
         }
     }
     println!("{}", report::table(knobs, &runs));
-    let logs: Vec<String> = [
-        stockgate_cluster.as_ref().map(|s| &s.proc),
-        stockgate_standalone.as_ref().map(|s| &s.proc),
-        twemproxy.as_ref().map(|t| &t.proc),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(Proc::log_summary)
-    .map(|line| format!("- {line}"))
-    .collect();
+    let logs = proxies.logs();
     if !logs.is_empty() {
-        println!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"));
+        println!("{logs}");
     }
 }
