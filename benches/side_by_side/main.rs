@@ -5,6 +5,7 @@
 //! deploy/bench.sh                                   # installs Redis + nutcracker, then runs all
 //! cargo bench --bench side_by_side                  # every mode below, in this order
 //! cargo bench --bench side_by_side -- throughput    # only the table
+//! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
@@ -55,14 +56,26 @@
 //! Targets are interleaved (rotated each repetition) to spread noise, and
 //! the table shows the median of `BENCH_REPEATS` runs.
 //!
+//! The throughput rows are a closed loop (`depth` requests in flight per
+//! connection): they find the most a target serves, and their latencies
+//! follow from the queue they build (Little's law). The latency rows
+//! (`latency.rs`) are an open loop at fixed rates far below that, where a
+//! sidecar spends its life: requests go out on a schedule whatever the
+//! replies do, and each latency runs from the request's intended send
+//! time, so a stall is not hidden (no coordinated omission). Same targets
+//! (twemproxy too), same requests, same audit after every row.
+//!
 //! # Knobs (environment)
 //!
 //! | variable | default | |
 //! |---|---|---|
 //! | `BENCH_REQUESTS` | 200000 | requests per row |
-//! | `BENCH_REPEATS` | 3 | runs of each (target, depth) |
+//! | `BENCH_REPEATS` | 3 | runs of each (target, depth); latency: the runs each row's seconds are split into, interleaved and merged |
 //! | `BENCH_CONNECTIONS` | 50 | client connections |
 //! | `BENCH_DEPTHS` | `1,16` | requests in flight per connection |
+//! | `BENCH_RATES` | `5000,20000` | latency: fixed total rates, requests per second, spread round-robin over `BENCH_CONNECTIONS` |
+//! | `BENCH_LATENCY_SECONDS` | 10 | latency: how long each (target, rate) row sends |
+//! | `BENCH_LATENCY_PRIORITY` | `normal` | latency: the load generator's thread at `normal` priority, `nice` (-20) or `fifo` (`SCHED_FIFO`; both need root or `CAP_SYS_NICE`): its sends are then on time, but it preempts the servers it measures (see `latency.rs`) |
 //! | `BENCH_SKUS` | 1000 | |
 //! | `BENCH_TARGETS` | all | comma-separated target names |
 //! | `BENCH_IDLE_CLIENTS` | 1000 | memory: clients connected (of which `BENCH_CONNECTIONS` active) |
@@ -76,6 +89,7 @@
 
 mod fleet;
 mod instructions;
+mod latency;
 mod loadgen;
 mod memory;
 mod report;
@@ -154,6 +168,12 @@ pub struct Knobs {
     pub repeats: usize,
     pub connections: usize,
     pub depths: Vec<usize>,
+    /// Latency: the fixed total rates, requests per second.
+    pub rates: Vec<u64>,
+    /// Latency: how long each (target, rate) row sends.
+    pub latency_seconds: f64,
+    /// Latency: what the load generator's thread asks the scheduler for.
+    pub latency_priority: loadgen::Priority,
     pub skus: usize,
     pub targets: Vec<TargetId>,
     pub idle_clients: usize,
@@ -176,6 +196,7 @@ impl Knobs {
             }
         }
         let depths = std::env::var("BENCH_DEPTHS").unwrap_or_else(|_| "1,16".into());
+        let rates = std::env::var("BENCH_RATES").unwrap_or_else(|_| "5000,20000".into());
         let targets = match std::env::var("BENCH_TARGETS") {
             Ok(list) => list
                 .split(',')
@@ -196,6 +217,26 @@ impl Knobs {
                 .split(',')
                 .map(|d| d.trim().parse().expect("BENCH_DEPTHS: numbers"))
                 .collect(),
+            rates: rates
+                .split(',')
+                .map(|r| match r.trim().parse() {
+                    Ok(rate) if rate > 0 => rate,
+                    _ => panic!("BENCH_RATES: requests per second above 0, got {r:?}"),
+                })
+                .collect(),
+            latency_seconds: match std::env::var("BENCH_LATENCY_SECONDS") {
+                Ok(v) => match v.trim().parse::<f64>() {
+                    Ok(s) if s > 0.0 => s,
+                    _ => panic!("BENCH_LATENCY_SECONDS={v:?} is not a number of seconds"),
+                },
+                Err(_) => 10.0,
+            },
+            latency_priority: match std::env::var("BENCH_LATENCY_PRIORITY").as_deref() {
+                Err(_) | Ok("normal") => loadgen::Priority::Normal,
+                Ok("nice") => loadgen::Priority::Nice,
+                Ok("fifo") => loadgen::Priority::Fifo,
+                Ok(other) => panic!("BENCH_LATENCY_PRIORITY={other:?}: normal, nice or fifo"),
+            },
             skus: num("BENCH_SKUS", 1000).max(1),
             targets,
             idle_clients: num("BENCH_IDLE_CLIENTS", 1000),
@@ -578,6 +619,9 @@ fn main() {
     let mut fleet = Fleet::start(&knobs);
     if wants("throughput") {
         throughput(&runtime, &knobs, &mut fleet);
+    }
+    if wants("latency") {
+        latency::run(&runtime, &knobs, &mut fleet);
     }
     if wants("memory") {
         memory::run(&runtime, &knobs, &mut fleet, fd_limit);
