@@ -3,8 +3,9 @@
 //!
 //! ```sh
 //! deploy/bench.sh                                   # installs Redis + nutcracker, then runs all
-//! cargo bench --bench side_by_side                  # throughput table, then memory scenarios
+//! cargo bench --bench side_by_side                  # every mode below, in this order
 //! cargo bench --bench side_by_side -- throughput    # only the table
+//! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
@@ -55,14 +56,26 @@
 //! Targets are interleaved (rotated each repetition) to spread noise, and
 //! the table shows the median of `BENCH_REPEATS` runs.
 //!
+//! The throughput rows are a closed loop (`depth` requests in flight per
+//! connection): they find the most a target serves, and their latencies
+//! follow from the queue they build (Little's law). The latency rows
+//! (`latency.rs`) are an open loop at fixed rates far below that, where a
+//! sidecar spends its life: requests go out on a schedule whatever the
+//! replies do, and each latency runs from the request's intended send
+//! time, so a stall is not hidden (no coordinated omission). Same targets
+//! (twemproxy too), same requests, same audit after every row.
+//!
 //! # Knobs (environment)
 //!
 //! | variable | default | |
 //! |---|---|---|
 //! | `BENCH_REQUESTS` | 200000 | requests per row |
-//! | `BENCH_REPEATS` | 3 | runs of each (target, depth) |
+//! | `BENCH_REPEATS` | 3 | runs of each (target, depth); latency: the runs each row's seconds are split into, interleaved and merged |
 //! | `BENCH_CONNECTIONS` | 50 | client connections |
 //! | `BENCH_DEPTHS` | `1,16` | requests in flight per connection |
+//! | `BENCH_RATES` | `5000,20000` | latency: fixed total rates, requests per second, spread round-robin over `BENCH_CONNECTIONS` |
+//! | `BENCH_LATENCY_SECONDS` | 10 | latency: how long each (target, rate) row sends |
+//! | `BENCH_LATENCY_PRIORITY` | `normal` | latency: the load generator's thread at `normal` priority, `nice` (-20) or `fifo` (`SCHED_FIFO`; both need root or `CAP_SYS_NICE`): its sends are then on time, but it preempts the servers it measures (see `latency.rs`) |
 //! | `BENCH_SKUS` | 1000 | |
 //! | `BENCH_TARGETS` | all | comma-separated target names |
 //! | `BENCH_IDLE_CLIENTS` | 1000 | memory: clients connected (of which `BENCH_CONNECTIONS` active) |
@@ -76,6 +89,7 @@
 
 mod fleet;
 mod instructions;
+mod latency;
 mod loadgen;
 mod memory;
 mod report;
@@ -154,6 +168,12 @@ pub struct Knobs {
     pub repeats: usize,
     pub connections: usize,
     pub depths: Vec<usize>,
+    /// Latency: the fixed total rates, requests per second.
+    pub rates: Vec<u64>,
+    /// Latency: how long each (target, rate) row sends.
+    pub latency_seconds: f64,
+    /// Latency: what the load generator's thread asks the scheduler for.
+    pub latency_priority: loadgen::Priority,
     pub skus: usize,
     pub targets: Vec<TargetId>,
     pub idle_clients: usize,
@@ -176,6 +196,7 @@ impl Knobs {
             }
         }
         let depths = std::env::var("BENCH_DEPTHS").unwrap_or_else(|_| "1,16".into());
+        let rates = std::env::var("BENCH_RATES").unwrap_or_else(|_| "5000,20000".into());
         let targets = match std::env::var("BENCH_TARGETS") {
             Ok(list) => list
                 .split(',')
@@ -196,6 +217,26 @@ impl Knobs {
                 .split(',')
                 .map(|d| d.trim().parse().expect("BENCH_DEPTHS: numbers"))
                 .collect(),
+            rates: rates
+                .split(',')
+                .map(|r| match r.trim().parse() {
+                    Ok(rate) if rate > 0 => rate,
+                    _ => panic!("BENCH_RATES: requests per second above 0, got {r:?}"),
+                })
+                .collect(),
+            latency_seconds: match std::env::var("BENCH_LATENCY_SECONDS") {
+                Ok(v) => match v.trim().parse::<f64>() {
+                    Ok(s) if s > 0.0 => s,
+                    _ => panic!("BENCH_LATENCY_SECONDS={v:?} is not a number of seconds"),
+                },
+                Err(_) => 10.0,
+            },
+            latency_priority: match std::env::var("BENCH_LATENCY_PRIORITY").as_deref() {
+                Err(_) | Ok("normal") => loadgen::Priority::Normal,
+                Ok("nice") => loadgen::Priority::Nice,
+                Ok("fifo") => loadgen::Priority::Fifo,
+                Ok(other) => panic!("BENCH_LATENCY_PRIORITY={other:?}: normal, nice or fifo"),
+            },
             skus: num("BENCH_SKUS", 1000).max(1),
             targets,
             idle_clients: num("BENCH_IDLE_CLIENTS", 1000),
@@ -398,21 +439,7 @@ pub fn measure_with(
         }))
         .unwrap_or_else(|e| panic!("{}: the load generator failed: {e}", target.id.name()));
     let name = target.id.name();
-    assert_eq!(outcome.replies(), requests, "{name}: replies counted");
-    let applied = db.audit();
-    let mut problems = Vec::new();
-    if outcome.errors != 0 || outcome.codes[0] != requests {
-        problems.push(format!(
-            "expected {requests} code-0 replies, got codes {:?} and {} errors (first: {:?})",
-            outcome.codes, outcome.errors, outcome.first_error
-        ));
-    }
-    if applied.records != outcome.codes[0] || applied.stock_decrease != outcome.codes[0] {
-        problems.push(format!(
-            "Redis applied {} deductions ({} records created), the clients saw {} (code 0)",
-            applied.stock_decrease, applied.records, outcome.codes[0]
-        ));
-    }
+    let problems = audit(target, db, &outcome, requests);
     let per = |seconds: f64| seconds * 1e6 / requests as f64;
     let run = Run {
         target: target.id,
@@ -435,6 +462,34 @@ pub fn measure_with(
         problem: (!problems.is_empty())
             .then(|| format!("{name}, depth {depth}: {}", problems.join("; "))),
     }
+}
+
+/// What is wrong with a run of `requests`: replies other than code 0, or
+/// Redis (audited now) applying a different number of deductions than the
+/// clients saw. Empty when all is well.
+pub fn audit(
+    target: &Target,
+    db: &mut Db,
+    outcome: &loadgen::RunOutcome,
+    requests: u64,
+) -> Vec<String> {
+    let name = target.id.name();
+    assert_eq!(outcome.replies(), requests, "{name}: replies counted");
+    let applied = db.audit();
+    let mut problems = Vec::new();
+    if outcome.errors != 0 || outcome.codes[0] != requests {
+        problems.push(format!(
+            "expected {requests} code-0 replies, got codes {:?} and {} errors (first: {:?})",
+            outcome.codes, outcome.errors, outcome.first_error
+        ));
+    }
+    if applied.records != outcome.codes[0] || applied.stock_decrease != outcome.codes[0] {
+        problems.push(format!(
+            "Redis applied {} deductions ({} records created), the clients saw {} (code 0)",
+            applied.stock_decrease, applied.records, outcome.codes[0]
+        ));
+    }
+    problems
 }
 
 /// Everything the benchmark starts, stopped when dropped.
@@ -567,6 +622,9 @@ fn main() {
     if wants("throughput") {
         throughput(&runtime, &knobs, &mut fleet);
     }
+    if wants("latency") {
+        latency::run(&runtime, &knobs, &mut fleet);
+    }
     if wants("memory") {
         memory::run(&runtime, &knobs, &mut fleet, fd_limit);
     }
@@ -577,41 +635,98 @@ fn main() {
     eprintln!("done in {:.0?}", started.elapsed());
 }
 
-/// The side-by-side table.
-fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
-    let wanted = |id: TargetId| knobs.targets.contains(&id);
-    let mut stockgate_cluster = wanted(TargetId::StockgateCluster)
-        .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true));
-    let mut stockgate_standalone = wanted(TargetId::StockgateStandalone)
-        .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false));
-    let mut twemproxy = wanted(TargetId::TwemproxyStandalone)
-        .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone"));
-    let proxy_of = |id: TargetId| -> Option<(SocketAddr, u32)> {
+/// The proxies of the wanted targets, as the throughput and latency rows
+/// go through them; stopped when dropped.
+pub struct Proxies {
+    stockgate_cluster: Option<Stockgate>,
+    stockgate_standalone: Option<Stockgate>,
+    twemproxy: Option<Twemproxy>,
+}
+
+impl Proxies {
+    pub fn start(knobs: &Knobs, fleet: &Fleet) -> Proxies {
+        let wanted = |id: TargetId| knobs.targets.contains(&id);
+        Proxies {
+            stockgate_cluster: wanted(TargetId::StockgateCluster)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true)),
+            stockgate_standalone: wanted(TargetId::StockgateStandalone)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false)),
+            twemproxy: wanted(TargetId::TwemproxyStandalone)
+                .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone")),
+        }
+    }
+
+    /// Where a proxied target's clients connect, and the proxy's pid.
+    fn proxy_of(&self, id: TargetId) -> Option<(SocketAddr, u32)> {
         match id {
-            TargetId::StockgateCluster => stockgate_cluster.as_ref().map(|s| (s.addr, s.proc.pid)),
-            TargetId::StockgateStandalone => {
-                stockgate_standalone.as_ref().map(|s| (s.addr, s.proc.pid))
-            }
-            TargetId::TwemproxyStandalone => twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
+            TargetId::StockgateCluster => self
+                .stockgate_cluster
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::StockgateStandalone => self
+                .stockgate_standalone
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::TwemproxyStandalone => self.twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
             _ => None,
         }
-    };
-    let targets: Vec<Target> = knobs
-        .targets
-        .iter()
-        .map(|&id| {
-            let proxy = proxy_of(id);
-            Target {
-                id,
-                shape: match id {
-                    TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
-                    _ => Shape::Evalsha,
-                },
-                routes: fleet.routes(id, proxy.map(|p| p.0)),
-                proxy: proxy.map(|p| p.1),
-            }
-        })
-        .collect();
+    }
+
+    /// The wanted targets, in the order of `BENCH_TARGETS`.
+    pub fn targets(&self, knobs: &Knobs, fleet: &Fleet) -> Vec<Target> {
+        knobs
+            .targets
+            .iter()
+            .map(|&id| {
+                let proxy = self.proxy_of(id);
+                Target {
+                    id,
+                    shape: match id {
+                        TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
+                        _ => Shape::Evalsha,
+                    },
+                    routes: fleet.routes(id, proxy.map(|p| p.0)),
+                    proxy: proxy.map(|p| p.1),
+                }
+            })
+            .collect()
+    }
+
+    fn procs(&mut self) -> impl Iterator<Item = &mut Proc> {
+        [
+            self.stockgate_cluster.as_mut().map(|s| &mut s.proc),
+            self.stockgate_standalone.as_mut().map(|s| &mut s.proc),
+            self.twemproxy.as_mut().map(|t| &mut t.proc),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Fails loudly if a proxy has died.
+    pub fn check_alive(&mut self) {
+        self.procs().for_each(Proc::check_alive);
+    }
+
+    /// What the proxies logged (warnings and errors), as a markdown
+    /// paragraph, or nothing when they logged nothing.
+    pub fn logs(&mut self) -> String {
+        let logs: Vec<String> = self
+            .procs()
+            .filter_map(|proc| proc.log_summary())
+            .map(|line| format!("- {line}"))
+            .collect();
+        if logs.is_empty() {
+            String::new()
+        } else {
+            format!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"))
+        }
+    }
+}
+
+/// The side-by-side table.
+fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
+    let mut proxies = Proxies::start(knobs, fleet);
+    let targets = proxies.targets(knobs, fleet);
 
     let per_conn = knobs.requests.div_ceil(knobs.connections);
     let mut row = 0u64;
@@ -650,31 +765,13 @@ fn throughput(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Flee
                 eprintln!("{}", report::progress(repeat, &run));
                 runs.push(run);
                 row += 1;
-                for proc in [
-                    stockgate_cluster.as_mut().map(|s| &mut s.proc),
-                    stockgate_standalone.as_mut().map(|s| &mut s.proc),
-                    twemproxy.as_mut().map(|t| &mut t.proc),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    Proc::check_alive(proc);
-                }
+                proxies.check_alive();
             }
         }
     }
     println!("{}", report::table(knobs, &runs));
-    let logs: Vec<String> = [
-        stockgate_cluster.as_ref().map(|s| &s.proc),
-        stockgate_standalone.as_ref().map(|s| &s.proc),
-        twemproxy.as_ref().map(|t| &t.proc),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(Proc::log_summary)
-    .map(|line| format!("- {line}"))
-    .collect();
+    let logs = proxies.logs();
     if !logs.is_empty() {
-        println!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"));
+        println!("{logs}");
     }
 }
