@@ -145,7 +145,7 @@ impl TargetId {
 /// What goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// `EVALSHA <sha> 2 <stock key> <record key> <qty> <order_no> ...`
+    /// `EVALSHA <sha> 4 <stock key> <record key> <holds> <held> <qty> <order_no> ...`
     Evalsha,
     /// `DEDUCT <sku> <qty> <request_id> <order_no>`
     Deduct,
