@@ -57,11 +57,10 @@ if bad then
   return bad
 end
 
-local stock = read_stock(stock_key)
+local stock, raw, held = read_request(stock_key, record_key, held_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
-local raw = redis.call('GET', record_key)
 local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
@@ -72,7 +71,7 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released, now
-stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
 
 if not record then
   -- Nothing was held under this id: revoke it, so a HOLD that arrives

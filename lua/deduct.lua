@@ -92,11 +92,10 @@ if type(order_no) ~= 'string' or #order_no > 128 or string.find(order_no, '[^ -~
   return invalid('order_no must be at most 128 printable ASCII bytes')
 end
 
-local stock = read_stock(stock_key)
+local stock, raw, held = read_request(stock_key, record_key, held_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
-local raw = redis.call('GET', record_key)
 local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
@@ -104,7 +103,7 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released
-stock, released = release_due(stock_key, holds_key, held_key, stock)
+stock, released = release_due(stock_key, holds_key, held_key, stock, held)
 
 -- Idempotency: a known request_id never deducts again.
 if record then

@@ -86,11 +86,10 @@ if not ttl or ttl < 1000 or ttl > max_hold then
   return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. max_hold_arg)
 end
 
-local stock = read_stock(stock_key)
+local stock, raw, held = read_request(stock_key, record_key, held_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
-local raw = redis.call('GET', record_key)
 local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
@@ -101,7 +100,7 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released, now
-stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
 if now == 0 then
   now = now_ms()
 end

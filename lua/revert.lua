@@ -89,11 +89,10 @@ if bad then
   return bad
 end
 
-local stock = read_stock(stock_key)
+local stock, raw, held = read_request(stock_key, record_key, held_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
 end
-local raw = redis.call('GET', record_key)
 local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
@@ -106,7 +105,7 @@ end
 -- Expired holds go back to stock before anything is decided.
 local released, now
 local own = 0
-stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
 
 if not record then
   -- Empty rollback: nothing to give back, but remember the id so a late

@@ -35,15 +35,14 @@ if not keys_follow_layout(stock_key, record_key)
 end
 local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}
-local stock = read_stock(stock_key)
-local raw = redis.call('GET', record_key)
+local stock, raw, held = read_request(stock_key, record_key, held_key)
 local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
 end
 local released, now = 0, 0
 if stock then
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock)
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
   if record and record.state == 'H' then
     if now == 0 then
       now = now_ms()

@@ -625,8 +625,11 @@ async fn holds_through_two_stockgates_at_once_add_up() {
                     hold(&mut cb, &sku, &qty, &id, ttl, None)
                 );
                 let pair = (parse_hold(ha.unwrap()).code, parse_hold(hb.unwrap()).code);
+                // One holds and the other sees it (0 and 1), or both find the
+                // stock short; or the first finds it short and a short hold
+                // runs out before the second, which then holds (2 and 0).
                 assert!(
-                    matches!(pair, (0, 1) | (1, 0) | (2, 2)),
+                    matches!(pair, (0, 1) | (1, 0) | (2, 2) | (2, 0) | (0, 2)),
                     "{id}: HOLD answered {pair:?}"
                 );
                 let step = match i % 4 {

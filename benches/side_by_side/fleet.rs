@@ -381,6 +381,8 @@ pub struct Db {
     pub skus: Vec<(String, usize)>,
     layout: KeyLayout,
     script: std::sync::Arc<LuaScript>,
+    /// The DEDUCT script of script version 3, for `direct-standalone-v3`.
+    v3: LuaScript,
 }
 
 struct Node {
@@ -421,6 +423,19 @@ impl Db {
             skus,
             layout,
             script: Scripts::new().deduct,
+            v3: {
+                let body = include_str!("../../tests/compat/v3/deduct.lua").replacen(
+                    "--@common\n",
+                    include_str!("../../tests/compat/v3/common.lua"),
+                    1,
+                );
+                let sha = redis::Script::new(&body).get_hash().to_owned();
+                LuaScript {
+                    name: "deduct-v3",
+                    body,
+                    sha,
+                }
+            },
         }
     }
 
@@ -434,6 +449,10 @@ impl Db {
 
     pub fn sha(&self) -> &str {
         &self.script.sha
+    }
+
+    pub fn v3_sha(&self) -> &str {
+        &self.v3.sha
     }
 
     /// Empties every node, loads the script, and seeds every sku with
@@ -450,6 +469,12 @@ impl Db {
                 .query(&mut node.conn)
                 .unwrap_or_else(|e| panic!("SCRIPT LOAD on {}: {e}", node.port));
             assert_eq!(sha, self.script.sha, "the script's SHA1");
+            let v3: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&self.v3.body)
+                .query(&mut node.conn)
+                .unwrap_or_else(|e| panic!("SCRIPT LOAD on {}: {e}", node.port));
+            assert_eq!(v3, self.v3.sha, "the version 3 script's SHA1");
             let mut pipe = redis::pipe();
             for (sku, _) in self.skus.iter().filter(|(_, n)| *n == index) {
                 pipe.set(stock_key(&self.layout, sku), START_STOCK).ignore();

@@ -32,6 +32,10 @@
 //! - `direct-standalone`: the same EVALSHA to the standalone Redis.
 //! - `twemproxy-standalone`: the same EVALSHA through nutcracker.
 //! - `stockgate-standalone`: DEDUCT through a second stockgate.
+//! - `direct-standalone-v3`: the same EVALSHA of the DEDUCT script of
+//!   script version 3, the release before holds (`tests/compat/v3/`), with
+//!   its two keys: the baseline for what holds cost a DEDUCT on a SKU
+//!   that has none (the ratio table's last row, Redis CPU).
 //!
 //! Every request deducts 1 from a random one of `BENCH_SKUS` skus with a
 //! request_id never used before (`<row>-<connection>-<n>`) and an
@@ -116,15 +120,19 @@ pub enum TargetId {
     DirectStandalone,
     TwemproxyStandalone,
     StockgateStandalone,
+    /// The DEDUCT script of script version 3 (before holds), direct: what
+    /// a DEDUCT cost Redis before every script looked at the SKU's holds.
+    DirectStandaloneV3,
 }
 
 impl TargetId {
-    pub const ALL: [TargetId; 5] = [
+    pub const ALL: [TargetId; 6] = [
         TargetId::DirectCluster,
         TargetId::StockgateCluster,
         TargetId::DirectStandalone,
         TargetId::TwemproxyStandalone,
         TargetId::StockgateStandalone,
+        TargetId::DirectStandaloneV3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -134,6 +142,7 @@ impl TargetId {
             TargetId::DirectStandalone => "direct-standalone",
             TargetId::TwemproxyStandalone => "twemproxy-standalone",
             TargetId::StockgateStandalone => "stockgate-standalone",
+            TargetId::DirectStandaloneV3 => "direct-standalone-v3",
         }
     }
 
@@ -149,6 +158,9 @@ pub enum Shape {
     Evalsha,
     /// `DEDUCT <sku> <qty> <request_id> <order_no>`
     Deduct,
+    /// `EVALSHA <v3 sha> 2 <stock key> <record key> <qty> <order_no> ...`:
+    /// the same call to the script version before holds.
+    EvalshaV3,
 }
 
 /// Where a target's connections go.
@@ -319,6 +331,25 @@ pub fn plan(
                         request_id.as_bytes(),
                         order_no.as_bytes(),
                     ]),
+                    Shape::EvalshaV3 => {
+                        let keys = db.layout().request_keys(
+                            &Sku::parse(sku.clone().into()).expect("valid sku"),
+                            &RequestId::parse(request_id.into()).expect("valid request_id"),
+                        );
+                        requests.push(&[
+                            b"EVALSHA",
+                            db.v3_sha().as_bytes(),
+                            b"2",
+                            &keys.stock,
+                            &keys.record,
+                            qty,
+                            order_no.as_bytes(),
+                            RETRY_WINDOW_MS,
+                            MAX_QTY,
+                            MISSING_STOCK,
+                            nonce.as_bytes(),
+                        ]);
+                    }
                     Shape::Evalsha => {
                         let keys = db.layout().request_keys(
                             &Sku::parse(sku.clone().into()).expect("valid sku"),
@@ -683,6 +714,7 @@ impl Proxies {
                     id,
                     shape: match id {
                         TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
+                        TargetId::DirectStandaloneV3 => Shape::EvalshaV3,
                         _ => Shape::Evalsha,
                     },
                     routes: fleet.routes(id, proxy.map(|p| p.0)),

@@ -161,24 +161,27 @@ pub fn table(knobs: &Knobs, runs: &[Run]) -> String {
     out.push_str(
         "\nspread: (max - min) / median throughput over the runs. CPU: user + system time over the \
          measured interval / requests; Redis summed over its primaries.\n\n\
-         | ratio (medians) | depth | throughput | p50 |\n|---|---:|---:|---:|\n",
+         | ratio (medians) | depth | throughput | p50 | Redis CPU |\n|---|---:|---:|---:|---:|\n",
     );
     let pairs = [
         (TargetId::StockgateCluster, TargetId::DirectCluster),
         (TargetId::StockgateStandalone, TargetId::DirectStandalone),
         (TargetId::StockgateStandalone, TargetId::TwemproxyStandalone),
         (TargetId::TwemproxyStandalone, TargetId::DirectStandalone),
+        // What holds cost a DEDUCT on a SKU that has none.
+        (TargetId::DirectStandalone, TargetId::DirectStandaloneV3),
     ];
     for &depth in &knobs.depths {
         for (a, b) in pairs {
             if let (Some(x), Some(y)) = (row(runs, a, depth), row(runs, b, depth)) {
                 let _ = writeln!(
                     out,
-                    "| {} / {} | {depth} | {:.2} | {:.2} |",
+                    "| {} / {} | {depth} | {:.2} | {:.2} | {:.2} |",
                     a.name(),
                     b.name(),
                     x.throughput / y.throughput,
                     x.p50 / y.p50,
+                    x.redis_cpu / y.redis_cpu,
                 );
             }
         }

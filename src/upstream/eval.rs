@@ -158,13 +158,30 @@ impl Upstream {
         let mut connection = self.connection()?;
         let call = async move {
             let evalsha = script_call("EVALSHA", &script.sha, keys, args);
-            match connection.query(&evalsha).await {
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tracing::debug!(script = script.name, "NOSCRIPT; sending the body with EVAL");
-                    let eval = script_call("EVAL", &script.body, keys, args);
-                    connection.query(&eval).await
+            loop {
+                let result = match connection.query(&evalsha).await {
+                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        tracing::debug!(
+                            script = script.name,
+                            "NOSCRIPT; sending the body with EVAL"
+                        );
+                        let eval = script_call("EVAL", &script.body, keys, args);
+                        connection.query(&eval).await
+                    }
+                    other => other,
+                };
+                match result {
+                    // The redis crate counts hops, and while a slot moves a
+                    // call that is new to the target goes source (ASK),
+                    // target (TRYAGAIN: its record isn't there), and round
+                    // again, so its count can run out long before the
+                    // deadline (seen as `-UPSTREAM redis answered ASK` a
+                    // few hundred ms into a 600 ms move under load). The
+                    // deadline decides: ask again after a pause. Safe, as
+                    // every resend of a call answers as its first send.
+                    Err(err) if slot_moving(&err) => tokio::time::sleep(SLOT_MOVE_PAUSE).await,
+                    other => return other,
                 }
-                other => other,
             }
         };
         match tokio::time::timeout(budget, call).await {
@@ -241,6 +258,20 @@ impl Upstream {
         }
         Ok(reply)
     }
+}
+
+/// Between the fallback's attempts while a slot moves.
+const SLOT_MOVE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Whether the redis crate gave up on a call only because a slot is moving
+/// (its redirects or TRYAGAINs outnumbered its retries).
+fn slot_moving(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
+        )
+    )
 }
 
 /// With `--wait-replicas`, a reply that reports the request's record
