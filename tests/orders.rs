@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use stockgate::keys::sku_slot;
 use stockgate::params::{RequestId, Sku};
+use stockgate::script::Scripts;
 use support::*;
 
 /// An order command's reply, read.
@@ -520,6 +521,310 @@ async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted() {
     }
     for sku in [&a, &b, &c] {
         assert_eq!(get_stock(&cluster, sku), Some(1000), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
+
+/// What stockgate's saga does, step by step, run by hand against the
+/// cluster with stockgate's own scripts: to leave an order where a
+/// stockgate that died would have left it.
+struct Saga {
+    conn: redis::cluster::ClusterConnection,
+    scripts: Scripts,
+}
+
+const WINDOW: &str = "86400000";
+
+impl Saga {
+    fn new(cluster: &stockgate::dev::LocalCluster) -> Saga {
+        Saga {
+            conn: cluster.cluster_connection().unwrap(),
+            scripts: Scripts::new(),
+        }
+    }
+
+    fn intent(&mut self, order: &str, args: &[&str]) -> Value {
+        let key = layout().order_key(&RequestId::parse(order.to_owned().into()).unwrap());
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&self.scripts.order.body).arg(1).arg(key);
+        cmd.arg(args[0]).arg(WINDOW).arg("abc123");
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut self.conn).unwrap()
+    }
+
+    fn line(&mut self, script: &str, sku: &str, order: &str, args: &[&str]) -> i64 {
+        let body = match script {
+            "hold" => &self.scripts.hold.body,
+            "confirm" => &self.scripts.confirm.body,
+            _ => &self.scripts.revert.body,
+        };
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(body).arg(4).arg(stock_key(sku));
+        cmd.arg(record_key(sku, &line_id(order)));
+        cmd.arg([stock_key(sku), b":holds".to_vec()].concat());
+        cmd.arg([stock_key(sku), b":held".to_vec()].concat());
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd.arg("def456").arg("0");
+        let reply: Value = cmd.query(&mut self.conn).unwrap();
+        match reply {
+            Value::Array(items) => match items[0] {
+                Value::Int(code) => code,
+                _ => panic!("{items:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
+        let args = [qty, "", ttl, "86400000", WINDOW, "1000000", "error"];
+        self.line("hold", sku, order, &args)
+    }
+
+    fn confirm(&mut self, sku: &str, order: &str) -> i64 {
+        self.line("confirm", sku, order, &[WINDOW, "error"])
+    }
+
+    fn advance(&mut self, order: &str, from: &str, to: &str, code: &str, short: &str) {
+        let reply = self.intent(order, &["advance", from, to, code, short]);
+        let Value::Array(items) = reply else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(
+            items[0],
+            Value::Int(1),
+            "{order}: {from} -> {to}: {items:?}"
+        );
+    }
+}
+
+/// A saga cut short after k of n lines, in each phase, then retried
+/// through a stockgate: the retry finishes (or undoes) the order whole.
+#[tokio::test]
+async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
+    let cluster = cluster();
+    let skus = spread("cut");
+    let lines = {
+        let mut l: Vec<(String, &str)> = skus.iter().cloned().zip(["1", "2", "3"]).collect();
+        l.sort();
+        l
+    };
+    let canonical = lines
+        .iter()
+        .map(|(s, q)| format!("{s} {q}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let order_args = |id: &str| -> Vec<String> {
+        let mut args = vec!["ORDER".to_string(), id.to_string()];
+        for (sku, qty) in &lines {
+            args.push(sku.clone());
+            args.push(qty.to_string());
+        }
+        args
+    };
+    for sku in &skus {
+        set_stock(&cluster, sku, 100);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let mut saga = Saga::new(&cluster);
+    let mut deducted = [0i64; 3];
+
+    // HOLDING, k of 3 lines held (k = 0..=3): the retry completes it.
+    for k in 0..=3 {
+        let id = format!("cut-holding-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in lines.iter().take(k) {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        let args = order_args(&id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        assert_eq!(retry.code, 0, "{id}: {retry:?}");
+        for (sku, _) in &lines {
+            assert_eq!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+        }
+        for (i, (_, qty)) in lines.iter().enumerate() {
+            deducted[i] += qty.parse::<i64>().unwrap();
+        }
+        assert_eq!(must(&mut conn, &args).await.code, 1);
+    }
+
+    // CONFIRMING, k of 3 confirmed: the retry confirms the rest.
+    for k in 0..=3 {
+        let id = format!("cut-confirming-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in &lines {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        saga.advance(&id, "HOLDING", "CONFIRMING", "", "");
+        for (sku, _) in lines.iter().take(k) {
+            assert_eq!(saga.confirm(sku, &id), 0);
+        }
+        let args = order_args(&id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        assert_eq!(retry.code, 0, "{id}: {retry:?}");
+        for (sku, _) in &lines {
+            assert_eq!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+        }
+        for (i, (_, qty)) in lines.iter().enumerate() {
+            deducted[i] += qty.parse::<i64>().unwrap();
+        }
+    }
+
+    // ABORTING (the last line was short), 2 lines held: the retry gives
+    // them back and answers 2, naming the short line.
+    let id = "cut-aborting";
+    let short_sku = lines[2].0.clone();
+    saga.intent(id, &["begin", "D", &canonical, "0", "300000"]);
+    for (sku, qty) in lines.iter().take(2) {
+        assert_eq!(saga.hold(sku, id, qty, "300000"), 0);
+    }
+    saga.advance(id, "HOLDING", "ABORTING", "2", &short_sku);
+    let args = order_args(id);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let retry = must(&mut conn, &args).await;
+    assert_eq!((retry.code, retry.short.clone()), (2, vec![short_sku]));
+    for (sku, _) in &lines {
+        assert!(matches!(line_state(&cluster, sku, id), 'R' | 'V'), "{sku}");
+    }
+
+    // An ORDER.HOLD cut short in CONFIRMING after 1 of 3: ORDER.CONFIRM
+    // (through the stockgate) confirms the rest.
+    let id = "cut-hold";
+    saga.intent(id, &["begin", "H", &canonical, "600000", "602000"]);
+    for (sku, qty) in &lines {
+        assert_eq!(saga.hold(sku, id, qty, "602000"), 0);
+    }
+    saga.advance(id, "HOLDING", "HELD", "", "");
+    let confirm_first = saga.intent(id, &["confirm"]);
+    assert!(matches!(&confirm_first, Value::Array(items) if items[0] == Value::Int(1)));
+    assert_eq!(saga.confirm(&lines[0].0, id), 0);
+    let retry = must(&mut conn, &["ORDER.CONFIRM", id]).await;
+    assert_eq!(retry.code, 0, "{retry:?}");
+    for (i, (sku, qty)) in lines.iter().enumerate() {
+        assert_eq!(line_state(&cluster, sku, id), 'C', "{sku}");
+        deducted[i] += qty.parse::<i64>().unwrap();
+    }
+
+    // The books: what was deducted, nothing held.
+    for (i, (sku, _)) in lines.iter().enumerate() {
+        assert_eq!(get_stock(&cluster, sku), Some(100 - deducted[i]), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
+
+/// A stockgate SIGKILLed under a load of orders: with nobody retrying,
+/// its line holds come back by themselves; then every order is retried
+/// through another stockgate, and each is applied whole, once, or not
+/// at all, and the books add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries() {
+    use std::process::{Command, Stdio};
+    const ORDERS: usize = 60;
+    let cluster = cluster();
+    let skus = spread("killed");
+    for sku in &skus {
+        set_stock(&cluster, sku, 10_000);
+    }
+    let (port, admin) = (free_port(), free_port());
+    // A short --max-hold: its sagas' line holds last 4 s.
+    let mut doomed = Command::new(stockgate_bin())
+        .arg("serve")
+        .args(["--upstream", &cluster.seeds().join(",")])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--max-hold", "4s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runs stockgate");
+    wait_ready_http(admin);
+    let survivor = proxy(cluster.seeds(), |_| {}).await;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let qty = |i: usize, line: usize| (1 + (i + line) % 3).to_string();
+    let args_of = |i: usize| -> Vec<String> {
+        let mut args = vec!["ORDER".to_string(), format!("killed-{i}")];
+        for (line, sku) in skus.iter().enumerate() {
+            args.push(sku.clone());
+            args.push(qty(i, line));
+        }
+        args
+    };
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(HashMap::new()));
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let args = args_of(i);
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut conn = client_at(addr, false).await;
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                if let Ok(reply) = send(&mut conn, &args).await {
+                    answered.lock().unwrap().insert(i, reply.code);
+                }
+            })
+        })
+        .collect();
+    // Kill it once some orders are done and others in flight.
+    wait_for(Duration::from_secs(30), || {
+        let n = answered.lock().unwrap().len();
+        async move { (n >= ORDERS / 4).then_some(()) }
+    })
+    .await;
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let first: HashMap<usize, i64> = answered.lock().unwrap().clone();
+    assert!(first.values().all(|code| *code == 0), "{first:?}");
+
+    // Nobody retries yet: every line hold comes back by itself.
+    for sku in &skus {
+        let cluster = &cluster;
+        wait_for(Duration::from_secs(90), || async move {
+            (held(cluster, sku) == 0).then_some(())
+        })
+        .await;
+    }
+
+    // Every order retried through the survivor.
+    let mut conn = client(&survivor, false).await;
+    let mut taken = [0i64; 3];
+    for i in 0..ORDERS {
+        let args = args_of(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        let id = format!("killed-{i}");
+        if first.contains_key(&i) {
+            assert_eq!(retry.code, 1, "{id} answered 0 before the kill");
+        }
+        // 0: it had not begun, or no line was held yet; 5: its line
+        // holds ran out first.
+        assert!(matches!(retry.code, 0 | 1 | 5), "{id}: {retry:?}");
+        for (line, sku) in skus.iter().enumerate() {
+            let state = line_state(&cluster, sku, &id);
+            if retry.code == 5 {
+                assert_ne!(state, 'C', "{id} {sku}");
+            } else {
+                assert_eq!(state, 'C', "{id} {sku}");
+                taken[line] += qty(i, line).parse::<i64>().unwrap();
+            }
+        }
+        // A second retry agrees.
+        let again = must(&mut conn, &args).await;
+        assert_eq!(again.code, if retry.code == 5 { 5 } else { 1 }, "{id}");
+    }
+    for (line, sku) in skus.iter().enumerate() {
+        assert_eq!(
+            get_stock(&cluster, sku),
+            Some(10_000 - taken[line]),
+            "{sku}"
+        );
         assert_eq!(held(&cluster, sku), 0, "{sku}");
     }
 }
