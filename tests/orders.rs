@@ -325,6 +325,31 @@ async fn an_order_hold_is_confirmed_whole_or_reverted_whole() {
         assert_eq!(held(&cluster, sku), 0);
     }
     assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "h-1"]).await.code, 1);
+    let status: Vec<Value> = redis::cmd("ORDER.STATUS")
+        .arg("h-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |name: &str| {
+        let at = status
+            .iter()
+            .position(|v| matches!(v, Value::BulkString(b) if b == name.as_bytes()))
+            .unwrap_or_else(|| panic!("no {name} in {status:?}"));
+        status[at + 1].clone()
+    };
+    assert_eq!(text(&field("phase")), "DONE");
+    assert_eq!(text(&field("kind")), "hold");
+    assert_eq!(field("expires_at"), Value::Int(hold.expires_at));
+    let Value::Array(lines) = field("lines") else {
+        panic!("{status:?}")
+    };
+    assert_eq!(lines.len(), 6);
+    let none: Vec<Value> = redis::cmd("ORDER.STATUS")
+        .arg("h-unseen")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(text(&none[1]), "none");
     let hold_again = &["ORDER.HOLD", "h-1", "600000", &a, "1", &b, "2", &c, "3"];
     assert_eq!(must(&mut conn, hold_again).await.code, 1);
 

@@ -31,6 +31,7 @@ pub static COMMANDS: &[CommandSpec] = &[
     stock::order::hold::SPEC,
     stock::order::confirm::SPEC,
     stock::order::revert::SPEC,
+    stock::order::status::SPEC,
     stock::admin::GET,
     stock::admin::SET,
     stock::admin::ADD,

@@ -57,6 +57,7 @@ pub enum StockCommand {
     OrderHold,
     OrderConfirm,
     OrderRevert,
+    OrderStatus,
     Get,
     Set,
     Add,
@@ -391,6 +392,7 @@ impl StockService {
                 return self.change(command, args, caller).await;
             }
             StockCommand::Status => return self.status(args).await,
+            StockCommand::OrderStatus => return self.order_status(args).await,
         };
         match result {
             Ok(reply) => Reply::Stock(reply),

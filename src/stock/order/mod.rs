@@ -41,6 +41,7 @@ pub mod confirm;
 pub mod deduct;
 pub mod hold;
 pub mod revert;
+pub mod status;
 
 use super::{AccessEntry, Op, StockCall, StockCommand, StockResult, StockService};
 use crate::error::{FaultKind, UpstreamError};
@@ -488,6 +489,46 @@ impl StockService {
         } else {
             SAGA_TTL_MS.min(self.max_hold_ms)
         }
+    }
+
+    /// ORDER.STATUS: the intent record, read.
+    pub(crate) async fn order_status(&self, args: &[Bytes]) -> Reply {
+        let id = match parse_id(&args[0]) {
+            Ok(id) => id,
+            Err(invalid) => return Reply::error(format!("ERR {invalid}")),
+        };
+        let attempt = self.attempt(&id);
+        let intent = match self.intent(&attempt, &[b"read"]).await {
+            Ok(intent) => intent,
+            Err(fault) => return Reply::Error(fault.reply_text()),
+        };
+        let words = |text: &Bytes| -> Vec<Reply> {
+            text.split(|b| *b == b' ')
+                .filter(|w| !w.is_empty())
+                .map(|w| Reply::Bulk(Bytes::copy_from_slice(w)))
+                .collect()
+        };
+        let kind = match &intent.kind[..] {
+            b"D" => "order",
+            b"H" => "hold",
+            _ => "",
+        };
+        let phase = match intent.phase {
+            Phase::None => "none",
+            phase => phase.as_str(),
+        };
+        Reply::Map(vec![
+            (Reply::bulk("phase"), Reply::bulk(phase)),
+            (Reply::bulk("kind"), Reply::bulk(kind)),
+            (Reply::bulk("lines"), Reply::Array(words(&intent.lines))),
+            (Reply::bulk("expires_at"), Reply::Integer(intent.expires_at)),
+            (
+                Reply::bulk("expired"),
+                Reply::Integer(i64::from(intent.ran_out())),
+            ),
+            (Reply::bulk("code"), Reply::Integer(intent.code)),
+            (Reply::bulk("short"), Reply::Array(words(&intent.short))),
+        ])
     }
 
     /// One call of the intent script.
