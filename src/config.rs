@@ -249,6 +249,10 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
+    /// Most lines one ORDER or ORDER.HOLD may have (1 to 1000).
+    #[arg(long, env = "STOCKGATE_MAX_ORDER_LINES", default_value_t = 100)]
+    pub max_order_lines: usize,
+
     /// Run the hold sweeper, which gives back the expired holds of SKUs no
     /// request touches. Correctness never depends on it (every call on a
     /// SKU releases its expired holds first); with it off, such units come
@@ -393,6 +397,7 @@ pub struct Config {
     pub retry_window: Duration,
     pub max_qty: u64,
     pub max_hold: Duration,
+    pub max_order_lines: usize,
     pub sweeper: bool,
     pub missing_stock: MissingStock,
     pub max_request_bytes: usize,
@@ -492,6 +497,12 @@ impl ProxyArgs {
                 humantime::format_duration(self.max_hold)
             ));
         }
+        if !(1..=1000).contains(&self.max_order_lines) {
+            return Err(format!(
+                "--max-order-lines {} must be from 1 to 1000",
+                self.max_order_lines
+            ));
+        }
         if !(512..=16 * 1024 * 1024).contains(&self.max_request_bytes) {
             return Err("--max-request-bytes must be from 512 to 16777216".into());
         }
@@ -547,6 +558,7 @@ impl ProxyArgs {
             retry_window: self.retry_window,
             max_qty: self.max_qty,
             max_hold: self.max_hold,
+            max_order_lines: self.max_order_lines,
             sweeper: self.sweeper,
             missing_stock: self.missing_stock,
             max_request_bytes: self.max_request_bytes,

@@ -90,6 +90,9 @@ pub struct SweepShard {
     pub marks: Vec<u8>,
 }
 
+/// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
+pub const ORDER_LINE_PREFIX: &str = "~ord:";
+
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
 pub struct KeyLayout {
@@ -207,6 +210,30 @@ impl KeyLayout {
         format!("{}:{{sweep}}:active", self.prefix).into_bytes()
     }
 
+    /// `<prefix>:{order:<request_id>}:intent`: one order's intent record
+    /// (`lua/order.lua`), under its own hash tag. No SKU's keys end in
+    /// `:intent`, so it can't be mistaken for one, even of a sku named
+    /// `order:<request_id>`.
+    pub fn order_key(&self, request_id: &RequestId) -> Vec<u8> {
+        [
+            self.prefix.as_bytes(),
+            b":{order:",
+            request_id.as_bytes(),
+            b"}:intent",
+        ]
+        .concat()
+    }
+
+    /// The request_id of an order's line on each of its SKUs: the order's
+    /// request_id behind the reserved prefix [`ORDER_LINE_PREFIX`], which
+    /// the single-line commands refuse, so a caller's own DEDUCT or HOLD
+    /// can never name (or REVERT) an order's line. `None` when the
+    /// order's request_id is too long to carry the prefix.
+    pub fn order_line_id(request_id: &RequestId) -> Option<RequestId> {
+        let id = [ORDER_LINE_PREFIX.as_bytes(), request_id.as_bytes()].concat();
+        RequestId::parse(id.into()).ok()
+    }
+
     /// The stock key and the record of one operator's change.
     pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> DeductKeys {
         let stock = self.stock_key(sku);
@@ -265,6 +292,16 @@ mod tests {
         assert_eq!(keys.holds, b"stock:{10086}:holds");
         assert_eq!(keys.held, b"stock:{10086}:held");
         assert_eq!(layout.sweep_lease(), b"stock:{sweep}:lease");
+        let order = RequestId::parse("cart-7".into()).unwrap();
+        assert_eq!(layout.order_key(&order), b"stock:{order:cart-7}:intent");
+        assert_eq!(
+            KeyLayout::order_line_id(&order).unwrap().as_bytes(),
+            b"~ord:cart-7"
+        );
+        let longest = RequestId::parse("x".repeat(123).into()).unwrap();
+        assert!(KeyLayout::order_line_id(&longest).is_some());
+        let too_long = RequestId::parse("x".repeat(124).into()).unwrap();
+        assert!(KeyLayout::order_line_id(&too_long).is_none());
     }
 
     #[test]

@@ -48,14 +48,22 @@ pub enum CommandLabel {
     Revert,
     Hold,
     Confirm,
+    Order,
+    OrderHold,
+    OrderConfirm,
+    OrderRevert,
 }
 
 impl CommandLabel {
-    const ALL: [CommandLabel; 4] = [
+    const ALL: [CommandLabel; 8] = [
         CommandLabel::Deduct,
         CommandLabel::Revert,
         CommandLabel::Hold,
         CommandLabel::Confirm,
+        CommandLabel::Order,
+        CommandLabel::OrderHold,
+        CommandLabel::OrderConfirm,
+        CommandLabel::OrderRevert,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +72,10 @@ impl CommandLabel {
             CommandLabel::Revert => "revert",
             CommandLabel::Hold => "hold",
             CommandLabel::Confirm => "confirm",
+            CommandLabel::Order => "order",
+            CommandLabel::OrderHold => "order.hold",
+            CommandLabel::OrderConfirm => "order.confirm",
+            CommandLabel::OrderRevert => "order.revert",
         }
     }
 
@@ -74,8 +86,12 @@ impl CommandLabel {
     pub fn answers(self, result: ResultLabel) -> bool {
         use CommandLabel::*;
         match result {
-            ResultLabel::Code(Code::Insufficient) => matches!(self, Deduct | Hold),
-            ResultLabel::Code(Code::Expired) => matches!(self, Hold | Confirm),
+            ResultLabel::Code(Code::Insufficient) => {
+                matches!(self, Deduct | Hold | Order | OrderHold)
+            }
+            ResultLabel::Code(Code::Expired) => {
+                matches!(self, Hold | Confirm | Order | OrderHold | OrderConfirm)
+            }
             _ => true,
         }
     }

@@ -22,6 +22,7 @@ pub mod admin;
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
+pub mod order;
 pub mod revert;
 pub mod status;
 pub mod sweeper;
@@ -52,6 +53,11 @@ pub enum StockCommand {
     Revert,
     Hold,
     Confirm,
+    Order,
+    OrderHold,
+    OrderConfirm,
+    OrderRevert,
+    OrderStatus,
     Get,
     Set,
     Add,
@@ -157,6 +163,10 @@ impl StockCommand {
             StockCommand::Deduct => CommandLabel::Deduct,
             StockCommand::Revert => CommandLabel::Revert,
             StockCommand::Hold => CommandLabel::Hold,
+            StockCommand::Order => CommandLabel::Order,
+            StockCommand::OrderHold => CommandLabel::OrderHold,
+            StockCommand::OrderConfirm => CommandLabel::OrderConfirm,
+            StockCommand::OrderRevert => CommandLabel::OrderRevert,
             _ => CommandLabel::Confirm,
         }
     }
@@ -224,6 +234,7 @@ pub struct StockService {
     keys: KeyLayout,
     max_qty: u64,
     max_hold_ms: u64,
+    max_order_lines: usize,
     retry_window: Duration,
     /// Script arguments that never change, spelled once at startup.
     retry_window_arg: String,
@@ -339,6 +350,7 @@ impl StockService {
             keys: config.keys.clone(),
             max_qty: config.max_qty,
             max_hold_ms,
+            max_order_lines: config.max_order_lines,
             retry_window: config.retry_window,
             retry_window_arg,
             replicate_arg,
@@ -371,11 +383,16 @@ impl StockService {
             StockCommand::Revert => self.revert(args, arrived).await,
             StockCommand::Hold => self.hold(args, arrived).await,
             StockCommand::Confirm => self.confirm(args, arrived).await,
+            StockCommand::Order
+            | StockCommand::OrderHold
+            | StockCommand::OrderConfirm
+            | StockCommand::OrderRevert => return self.order(command, args, arrived).await,
             StockCommand::Get => return self.get(args).await,
             StockCommand::Set | StockCommand::Add => {
                 return self.change(command, args, caller).await;
             }
             StockCommand::Status => return self.status(args).await,
+            StockCommand::OrderStatus => return self.order_status(args).await,
         };
         match result {
             Ok(reply) => Reply::Stock(reply),
@@ -401,6 +418,7 @@ impl StockService {
             StockCommand::Confirm => confirm::Confirm::parse(args).map(Op::Confirm),
             _ => return None,
         }
+        .and_then(|op| not_an_order_line(op.request().1).map(|()| op))
         .and_then(|op| self.fresh(op.request().1).map(|()| op));
         Some(match parsed {
             Ok(op) => {
@@ -415,8 +433,8 @@ impl StockService {
             }
             Err(invalid) => {
                 let reply = StockReply::invalid(invalid.0).with_expiry(command.shows_expiry());
+                self.record(command.entry(args), Ok(reply.code), arrived);
                 let result = Ok(reply);
-                self.record(command.entry(args), &result, arrived);
                 Prepared::Answered(result)
             }
         })
@@ -478,16 +496,21 @@ impl StockService {
     /// The slow path of a call: the redis crate, within what is left of its
     /// deadline.
     pub async fn fallback(&self, call: StockCall) -> StockResult {
+        let result = self.resend(&call).await;
+        self.finish(&call, result)
+    }
+
+    /// `call` sent again through the redis crate, its outcome not yet
+    /// recorded.
+    async fn resend(&self, call: &StockCall) -> StockResult {
         let (sku, request_id) = call.op.request();
         let keys = self.keys.request_keys(sku, request_id);
         let wire = self.wire(&call.op);
         let caller = call.op.caller_args();
         let argv = wire.argv(caller.as_slice(), &call.nonce);
-        let result = self
-            .upstream
+        self.upstream
             .eval_fallback(&wire.script, &keys.all(), &argv, call.sent)
-            .await;
-        self.finish(&call, result)
+            .await
     }
 
     /// A call from start to end, awaited: for the HTTP face, which serves
@@ -521,7 +544,11 @@ impl StockService {
         if let Ok(reply) = &result {
             self.record_holds(command, reply);
         }
-        self.record(call.entry(), &result, call.arrived);
+        self.record(
+            call.entry(),
+            result.as_ref().map(|reply| reply.code),
+            call.arrived,
+        );
         result
     }
 
@@ -544,10 +571,15 @@ impl StockService {
     }
 
     /// Metrics and the access log for one answered request.
-    fn record(&self, entry: AccessEntry<'_>, result: &StockResult, arrived: Instant) {
+    fn record(
+        &self,
+        entry: AccessEntry<'_>,
+        result: Result<Code, &UpstreamError>,
+        arrived: Instant,
+    ) {
         let elapsed = arrived.elapsed();
         let label = match result {
-            Ok(reply) => ResultLabel::Code(reply.code),
+            Ok(code) => ResultLabel::Code(code),
             Err(fault) => {
                 self.metrics.record_upstream_error(fault.kind);
                 ResultLabel::Error
@@ -567,7 +599,12 @@ impl StockService {
     /// One access-log line, as the design asks: request_id, stock key, qty,
     /// code or error kind, latency. Nothing else the caller sent (no
     /// order_no). Fields are cut at 128 bytes, as valid ones are.
-    fn access_log_line(&self, entry: AccessEntry<'_>, result: &StockResult, elapsed: Duration) {
+    fn access_log_line(
+        &self,
+        entry: AccessEntry<'_>,
+        result: Result<Code, &UpstreamError>,
+        elapsed: Duration,
+    ) {
         let field = |a: Option<&[u8]>| {
             a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
         };
@@ -579,13 +616,13 @@ impl StockService {
         // filter keeps exactly the lines an operator must look at; a
         // business code, whatever it is, is an answer and stays INFO.
         match result {
-            Ok(reply) => tracing::info!(
+            Ok(code) => tracing::info!(
                 target: "stockgate::access",
                 command,
                 request_id,
                 key,
                 qty,
-                code = reply.code as i64,
+                code = code as i64,
                 latency_us,
             ),
             Err(fault) => tracing::warn!(
@@ -623,6 +660,22 @@ impl StockService {
         }
         Ok(())
     }
+}
+
+/// The single-line commands refuse the request_ids of order lines (code
+/// 3): only an order's own saga may hold, confirm or give back its lines,
+/// or the order would no longer be all or nothing.
+fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
+    if request_id
+        .as_bytes()
+        .starts_with(crate::keys::ORDER_LINE_PREFIX.as_bytes())
+    {
+        return Err(InvalidParam(format!(
+            "request_id may not start with {:?}: it names the lines of an ORDER",
+            crate::keys::ORDER_LINE_PREFIX
+        )));
+    }
+    Ok(())
 }
 
 /// What the access log says of one request: the arguments as sent (they

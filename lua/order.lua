@@ -1,0 +1,175 @@
+#!lua
+--[[
+stockgate ORDER: one order's intent record.
+
+An order (ORDER, ORDER.HOLD) is a saga over per-line HOLDs, one per SKU,
+each on its own primary; this script keeps the one record that says how
+far the saga got, so that any stockgate (a retry, a concurrent attempt, or
+the next one after a crash) can resume it. Every change is a
+compare-and-set here: of two stockgates racing on one order, exactly one
+moves it on, and the other follows what the record then says.
+
+Phases (the record's field p):
+  HOLDING     lines are being held (the line holds may be partly placed)
+  HELD        ORDER.HOLD only: every line holds until e (Redis time here)
+  CONFIRMING  the commit point: lines are being confirmed
+  DONE        every line confirmed: deducted for good
+  ABORTING    lines are being given back (c: why, 2 short, 4 revoked,
+              5 expired, 3 a line refused; s: the SKUs at fault)
+  ABORTED     every line given back or revoked; c and s as above
+  REVERTING   ORDER.REVERT: lines are being given back
+  REVERTED    every line given back or revoked
+  REVOKED     an ORDER.REVERT (or ORDER.CONFIRM) came first: nothing was
+              ever held, and a late ORDER / ORDER.HOLD of the id gets 4
+
+The record is a hash with a TTL: p phase, k kind (D for ORDER, H for
+ORDER.HOLD), l the canonical line set ("sku qty sku qty ...", sorted by
+sku), e the order hold's expiry (ms of Redis time; 0 for ORDER), c and s,
+and w the nonce of the call that wrote it last (a call sent again finds
+its own nonce and is told it made the change). Its TTL is never
+shortened, and always outlasts the line records it speaks for: the line
+holds' ttl plus two retry windows at begin (renewed by each attempt), at
+least two retry windows from any change.
+
+KEYS[1]  intent  <prefix>:{order:<request_id>}:intent
+ARGV[1]  op      begin | advance | confirm | revert | read
+ARGV[2]  retry window, milliseconds, at least 60000
+ARGV[3]  nonce   1 to 32 hex digits, new for every attempt
+begin:   ARGV[4] kind (D or H), ARGV[5] lines, ARGV[6] ttl_ms (H; else 0),
+         ARGV[7] line ttl ms (how long the line holds last)
+advance: ARGV[4] from, ARGV[5] to, ARGV[6] code, ARGV[7] short; to HELD
+         after e has passed goes to ABORTING with code 5 instead
+confirm: HELD before e -> CONFIRMING, at or after e -> ABORTING (5); no
+         record -> REVOKED
+revert:  no record -> REVOKED; HOLDING, HELD (before e), CONFIRMING, DONE
+         -> REVERTING; HELD at or after e -> ABORTING (5)
+
+Reply: {changed, p, k, l, e, c, s, now, VERSION}; changed is 1 when this
+call (or this call sent again) made the change, p is "" when there is no
+record. Errors: BADCALL for what stockgate supplies.
+]]
+
+--@common
+
+local key = KEYS[1]
+local op, window_arg, nonce = ARGV[1], ARGV[2], ARGV[3]
+local window = window_ms(window_arg)
+if not window then
+  return badcall('retry window must be at least 60000 ms')
+end
+if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
+  return badcall('the call nonce must be 1 to 32 hex digits')
+end
+if KEYS[2] or not string.match(key, ':{order:[!-z|~]+}:intent$') then
+  return badcall('keys do not follow the stockgate key layout')
+end
+
+local now = now_ms()
+local fields = redis.call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
+local p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+
+local function reply(changed)
+  return {changed, p or '', k or '', l or '', tonumber(e or '0'), tonumber(c or '0'), s or '',
+          now, VERSION}
+end
+
+-- At least two retry windows from now; never shorter than it was.
+local function last(ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+local function write(phase, code, short)
+  p, w = phase, nonce
+  redis.call('HSET', key, 'p', phase, 'w', nonce)
+  if code then
+    c, s = code, short or ''
+    redis.call('HSET', key, 'c', code, 's', s)
+  end
+  last(2 * window)
+end
+
+local function revoke()
+  p, k, l, e, c, s, w = 'REVOKED', '', '', '0', '4', '', nonce
+  redis.call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
+  redis.call('PEXPIRE', key, 2 * window)
+end
+
+if op == 'read' then
+  return reply(0)
+end
+
+if op == 'begin' then
+  local kind, lines, ttl, line_ttl = ARGV[4], ARGV[5], positive_int(ARGV[6]) or 0, positive_int(ARGV[7])
+  if (kind ~= 'D' and kind ~= 'H') or type(lines) ~= 'string' or lines == '' or not line_ttl then
+    return badcall('begin needs a kind, lines and a line ttl')
+  end
+  if p then
+    last(line_ttl + 2 * window)
+    return reply(0)
+  end
+  p, k, l, c, s, w = 'HOLDING', kind, lines, '0', '', nonce
+  e = '0'
+  if kind == 'H' then
+    e = int_text(now + ttl)
+  end
+  redis.call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
+  redis.call('PEXPIRE', key, line_ttl + 2 * window)
+  return reply(1)
+end
+
+if op == 'advance' then
+  local from, to, code, short = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+  if not from or not to then
+    return badcall('advance needs from and to')
+  end
+  if p == from then
+    if to == 'HELD' and now >= tonumber(e or '0') then
+      write('ABORTING', '5', '')
+    elseif to == 'ABORTING' then
+      write(to, code or '0', short)
+    else
+      write(to)
+    end
+    return reply(1)
+  end
+  if p == to and w == nonce then
+    return reply(1)
+  end
+  return reply(0)
+end
+
+if op == 'confirm' then
+  if not p then
+    revoke()
+    return reply(1)
+  end
+  if p == 'HELD' then
+    if now < tonumber(e) then
+      write('CONFIRMING')
+    else
+      write('ABORTING', '5', '')
+    end
+    return reply(1)
+  end
+  return reply(w == nonce and 1 or 0)
+end
+
+if op == 'revert' then
+  if not p then
+    revoke()
+    return reply(1)
+  end
+  if p == 'HELD' and now >= tonumber(e) then
+    write('ABORTING', '5', '')
+    return reply(0)
+  end
+  if p == 'HOLDING' or p == 'HELD' or p == 'CONFIRMING' or p == 'DONE' then
+    write('REVERTING')
+    return reply(1)
+  end
+  return reply(w == nonce and 1 or 0)
+end
+
+return badcall('unknown op')

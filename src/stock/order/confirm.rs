@@ -1,0 +1,30 @@
+//! ORDER.CONFIRM: make an order's hold final, every line.
+//!
+//! # Format
+//!
+//! ```text
+//! ORDER.CONFIRM <request_id>
+//! ```
+//!
+//! The intent record decides against Redis time: before the order's
+//! expiry it commits (every line is then confirmed), at or after it the
+//! order expired (every line goes back). Replies `[code, version,
+//! expires_at_ms, lines, short]` (see [`super`]): 0 confirmed now, 1
+//! already confirmed, 3 the request_id is an ORDER's, 4 reverted or
+//! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
+//! 5 the order's hold ran out first.
+
+use super::super::StockCommand;
+use crate::command::spec::{CommandSpec, Serve, arg};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "order.confirm",
+    arity: 2,
+    max_args: None,
+    flags: &["write", "denyoom"],
+    group: "stockgate",
+    summary: "Makes an order's hold final, every line, once. Replies [code, version, expires_at_ms, lines, short]: 0 confirmed, 1 already confirmed, 3 invalid, 4 reverted or revoked, 5 expired first.",
+    args: &[arg("request_id", "string")],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::OrderConfirm),
+};

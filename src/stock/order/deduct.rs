@@ -1,0 +1,33 @@
+//! ORDER: deduct every line of an order for good, or none.
+//!
+//! # Format
+//!
+//! ```text
+//! ORDER <request_id> <sku> <qty> [<sku> <qty> ...]
+//! ```
+//!
+//! Up to `--max-order-lines` lines, each SKU once. Replies `[code,
+//! version, 0, lines, short]` (see [`super`]): 0 every line deducted now,
+//! 1 this order was already applied, 2 insufficient (no line applied;
+//! `short` names the SKUs), 3 invalid (also: this request_id with another
+//! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
+//! out before it could finish (no line applied).
+
+use super::super::StockCommand;
+use crate::command::spec::{CommandSpec, Serve, arg};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "order",
+    arity: -4,
+    max_args: None,
+    flags: &["write", "denyoom"],
+    group: "stockgate",
+    summary: "Deducts every line of an order (sku qty pairs), all or none, once per request_id. Replies [code, version, expires_at_ms, lines (sku, remain ...), short skus]: 0 applied, 1 already applied, 2 insufficient (no line applied), 3 invalid, 4 reverted or revoked, 5 expired.",
+    args: &[
+        arg("request_id", "string"),
+        arg("sku", "string"),
+        arg("qty", "integer"),
+    ],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::Order),
+};

@@ -1,0 +1,29 @@
+//! ORDER.REVERT: cancel an order, or give all of it back.
+//!
+//! # Format
+//!
+//! ```text
+//! ORDER.REVERT <request_id>
+//! ```
+//!
+//! From any phase: an order in flight (through any stockgate) is undone,
+//! its lines given back or revoked (a line HOLD that arrives late gets 4),
+//! never deducted; an order never seen is revoked, so a late ORDER of it
+//! gets 4. Replies `[code, version, expires_at_ms, lines, short]` (see
+//! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
+//! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
+
+use super::super::StockCommand;
+use crate::command::spec::{CommandSpec, Serve, arg};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: "order.revert",
+    arity: 2,
+    max_args: None,
+    flags: &["write", "denyoom"],
+    group: "stockgate",
+    summary: "Cancels an order or gives every line back, once. Replies [code, version, expires_at_ms, lines, short]: 0 given back, 1 already (nothing to give back), 3 invalid, 4 never seen (revoked).",
+    args: &[arg("request_id", "string")],
+    subcommands: &[],
+    serve: Serve::Stock(StockCommand::OrderRevert),
+};

@@ -1,0 +1,855 @@
+//! ORDER, ORDER.HOLD, ORDER.CONFIRM and ORDER.REVERT against a real
+//! 3-primary cluster, the lines of every order on different primaries:
+//! all lines or none, retries through any stockgate, concurrent attempts,
+//! a saga cut short (by hand, phase by phase, and by SIGKILL), and order
+//! holds expiring while ORDER.CONFIRM races them. No timed assertions:
+//! tests assert states and counts, and wait for states with generous
+//! bounds.
+
+mod support;
+
+use redis::Value;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use stockgate::keys::sku_slot;
+use stockgate::params::{RequestId, Sku};
+use stockgate::script::Scripts;
+use support::*;
+
+/// An order command's reply, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OrderReply {
+    code: i64,
+    expires_at: i64,
+    remains: Vec<(String, i64)>,
+    short: Vec<String>,
+    reason: Option<String>,
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+        Value::SimpleString(s) => s.clone(),
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+fn parse_order(value: Value) -> OrderReply {
+    let Value::Array(items) = value else {
+        panic!("not an order reply: {value:?}")
+    };
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i,
+        other => panic!("not an integer: {other:?}"),
+    };
+    assert_eq!(int(&items[1]), 4, "version");
+    let Value::Array(lines) = &items[3] else {
+        panic!("lines: {:?}", items[3])
+    };
+    let Value::Array(short) = &items[4] else {
+        panic!("short: {:?}", items[4])
+    };
+    OrderReply {
+        code: int(&items[0]),
+        expires_at: int(&items[2]),
+        remains: lines
+            .chunks(2)
+            .map(|pair| (text(&pair[0]), int(&pair[1])))
+            .collect(),
+        short: short.iter().map(text).collect(),
+        reason: items.get(5).map(text),
+    }
+}
+
+/// Sends an order command; a fault is an `Err`.
+async fn send(
+    conn: &mut redis::aio::MultiplexedConnection,
+    args: &[&str],
+) -> redis::RedisResult<OrderReply> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async::<Value>(conn).await.map(parse_order)
+}
+
+async fn must(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> OrderReply {
+    send(conn, args)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Three SKU names, one on each third of the slots (each on its own
+/// primary of a 3-primary cluster made by `cluster()`).
+fn spread(prefix: &str) -> [String; 3] {
+    let mut found: [Option<String>; 3] = Default::default();
+    for n in 0.. {
+        let name = format!("{prefix}-{n}");
+        let third = (sku_slot(&Sku::parse(name.clone().into()).unwrap()) / 5462) as usize;
+        if found[third].is_none() {
+            found[third] = Some(name);
+        }
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found.map(Option::unwrap)
+}
+
+fn line_id(order: &str) -> String {
+    format!("~ord:{order}")
+}
+
+/// The state letter of an order's line record on `sku` ('-': none).
+fn line_state(cluster: &stockgate::dev::LocalCluster, sku: &str, order: &str) -> char {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(record_key(sku, &line_id(order)))
+        .query(&mut conn)
+        .unwrap();
+    match raw {
+        None => '-',
+        Some(raw) => stockgate::record::Record::parse(&raw)
+            .unwrap_or_else(|| panic!("unreadable record {raw:?}"))
+            .state
+            .letter(),
+    }
+}
+
+fn held(cluster: &stockgate::dev::LocalCluster, sku: &str) -> i64 {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let held: Option<i64> = redis::cmd("GET")
+        .arg([stock_key(sku), b":held".to_vec()].concat())
+        .query(&mut conn)
+        .unwrap();
+    held.unwrap_or(0)
+}
+
+fn intent_phase(cluster: &stockgate::dev::LocalCluster, order: &str) -> Option<String> {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let key = layout().order_key(&RequestId::parse(order.to_owned().into()).unwrap());
+    redis::cmd("HGET")
+        .arg(key)
+        .arg("p")
+        .query(&mut conn)
+        .unwrap()
+}
+
+async fn wait_for<T, F, Fut>(within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(start.elapsed() < within, "not there after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
+    let cluster = cluster();
+    let [a, b, c] = spread("all");
+    set_stock(&cluster, &a, 10);
+    set_stock(&cluster, &b, 10);
+    set_stock(&cluster, &c, 1);
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+
+    // A short line: nothing applied anywhere, and the reply names it.
+    let short = must(&mut conn, &["ORDER", "o-short", &a, "2", &b, "3", &c, "5"]).await;
+    assert_eq!(short.code, 2, "{short:?}");
+    assert_eq!(short.short, vec![c.clone()]);
+    for (sku, stock) in [(&a, 10), (&b, 10), (&c, 1)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+        assert_ne!(line_state(&cluster, sku, "o-short"), 'C');
+    }
+    // Its retry answers the recorded outcome.
+    let again = must(&mut conn, &["ORDER", "o-short", &c, "5", &a, "2", &b, "3"]).await;
+    assert_eq!((again.code, again.short.clone()), (2, vec![c.clone()]));
+
+    // Every line fits: every line deducted, once.
+    let ok = must(&mut conn, &["ORDER", "o-1", &a, "2", &b, "3", &c, "1"]).await;
+    assert_eq!(ok.code, 0, "{ok:?}");
+    let mut sorted = [a.clone(), b.clone(), c.clone()];
+    sorted.sort();
+    assert_eq!(
+        ok.remains
+            .iter()
+            .map(|(s, _)| s.clone())
+            .collect::<Vec<_>>(),
+        sorted.to_vec()
+    );
+    let remains: HashMap<_, _> = ok.remains.iter().cloned().collect();
+    assert_eq!((remains[&a], remains[&b], remains[&c]), (8, 7, 0));
+    for (sku, stock) in [(&a, 8), (&b, 7), (&c, 0)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
+        assert_eq!(line_state(&cluster, sku, "o-1"), 'C', "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+    assert_eq!(intent_phase(&cluster, "o-1").as_deref(), Some("DONE"));
+    // The same lines in another order: a duplicate.
+    let dup = must(&mut conn, &["ORDER", "o-1", &c, "1", &b, "3", &a, "2"]).await;
+    assert_eq!(dup.code, 1, "{dup:?}");
+    // Another line set under the same request_id: invalid.
+    for other in [
+        vec!["ORDER", "o-1", &a, "2", &b, "3"],
+        vec!["ORDER", "o-1", &a, "2", &b, "3", &c, "2"],
+        vec!["ORDER.HOLD", "o-1", "60000", &a, "2", &b, "3", &c, "1"],
+    ] {
+        let refused = must(&mut conn, &other).await;
+        assert_eq!(refused.code, 3, "{other:?}: {refused:?}");
+        assert!(refused.reason.is_some());
+    }
+    assert_eq!(get_stock(&cluster, &a), Some(8));
+
+    // ORDER.REVERT gives every line back, once; then the order is dead.
+    let reverted = must(&mut conn, &["ORDER.REVERT", "o-1"]).await;
+    assert_eq!(reverted.code, 0, "{reverted:?}");
+    for (sku, stock) in [(&a, 10), (&b, 10), (&c, 1)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
+        assert_eq!(line_state(&cluster, sku, "o-1"), 'R', "{sku}");
+    }
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "o-1"]).await.code, 1);
+    let late = must(&mut conn, &["ORDER", "o-1", &a, "2", &b, "3", &c, "1"]).await;
+    assert_eq!(late.code, 4, "{late:?}");
+    assert_eq!(get_stock(&cluster, &a), Some(10));
+
+    // An aborted order has nothing to give back.
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "o-short"]).await.code, 1);
+}
+
+#[tokio::test]
+async fn invalid_orders_are_code_3_and_touch_nothing() {
+    let cluster = cluster();
+    let [a, b, _] = spread("inv");
+    set_stock(&cluster, &a, 10);
+    set_stock(&cluster, &b, 10);
+    let server = proxy(cluster.seeds(), |config| config.max_order_lines = 2).await;
+    let mut conn = client(&server, false).await;
+    for args in [
+        vec!["ORDER", "i-1", &a, "1", &b],
+        vec!["ORDER", "i-1", &a, "1", &a, "2"],
+        vec!["ORDER", "i-1", &a, "0"],
+        vec!["ORDER", "i-1", &a, "x"],
+        vec!["ORDER", "i-1", &a, "1", &b, "1", "third", "1"],
+        vec!["ORDER.HOLD", "i-1", "999", &a, "1"],
+        vec!["ORDER.HOLD", "i-1", "60000", &a, "1", &b],
+    ] {
+        let refused = must(&mut conn, &args).await;
+        assert_eq!(refused.code, 3, "{args:?}");
+    }
+    let long = "x".repeat(124);
+    assert_eq!(must(&mut conn, &["ORDER", &long, &a, "1"]).await.code, 3);
+    // Single-line commands may not touch an order's lines.
+    let line = line_id("i-1");
+    let refused = deduct(&mut conn, &a, "1", &line, None).await.unwrap();
+    assert_eq!(parse(refused).code, 3);
+    assert_eq!(get_stock(&cluster, &a), Some(10));
+    assert_eq!(get_stock(&cluster, &b), Some(10));
+    assert_eq!(intent_phase(&cluster, "i-1"), None);
+    // The arity is Redis's error.
+    let err = redis::cmd("ORDER")
+        .arg("i-1")
+        .query_async::<Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("wrong number of arguments"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4() {
+    let cluster = cluster();
+    let [a, b, c] = spread("rev");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 5);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "r-1"]).await.code, 4);
+    assert_eq!(intent_phase(&cluster, "r-1").as_deref(), Some("REVOKED"));
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "r-1"]).await.code, 1);
+    let late = must(&mut conn, &["ORDER", "r-1", &a, "1", &b, "1", &c, "1"]).await;
+    assert_eq!(late.code, 4, "{late:?}");
+    let late = must(&mut conn, &["ORDER.HOLD", "r-1", "60000", &a, "1"]).await;
+    assert_eq!(late.code, 4, "{late:?}");
+    // ORDER.CONFIRM of an order never held revokes it too.
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "r-2"]).await.code, 4);
+    let late = must(&mut conn, &["ORDER.HOLD", "r-2", "60000", &a, "1"]).await;
+    assert_eq!(late.code, 4);
+    for sku in [&a, &b, &c] {
+        assert_eq!(get_stock(&cluster, sku), Some(5));
+        assert_eq!(line_state(&cluster, sku, "r-1"), '-');
+    }
+}
+
+#[tokio::test]
+async fn an_order_hold_is_confirmed_whole_or_reverted_whole() {
+    let cluster = cluster();
+    let [a, b, c] = spread("oh");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let hold = must(
+        &mut conn,
+        &["ORDER.HOLD", "h-1", "600000", &a, "1", &b, "2", &c, "3"],
+    )
+    .await;
+    assert_eq!(hold.code, 0, "{hold:?}");
+    assert!(hold.expires_at > 0);
+    for (sku, stock) in [(&a, 9), (&b, 8), (&c, 7)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock));
+        assert_eq!(line_state(&cluster, sku, "h-1"), 'H');
+    }
+    let again = must(
+        &mut conn,
+        &["ORDER.HOLD", "h-1", "600000", &c, "3", &a, "1", &b, "2"],
+    )
+    .await;
+    assert_eq!((again.code, again.expires_at), (1, hold.expires_at));
+    let confirmed = must(&mut conn, &["ORDER.CONFIRM", "h-1"]).await;
+    assert_eq!(confirmed.code, 0, "{confirmed:?}");
+    assert_eq!(confirmed.expires_at, hold.expires_at);
+    for sku in [&a, &b, &c] {
+        assert_eq!(line_state(&cluster, sku, "h-1"), 'C');
+        assert_eq!(held(&cluster, sku), 0);
+    }
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "h-1"]).await.code, 1);
+    let status: Vec<Value> = redis::cmd("ORDER.STATUS")
+        .arg("h-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |name: &str| {
+        let at = status
+            .iter()
+            .position(|v| matches!(v, Value::BulkString(b) if b == name.as_bytes()))
+            .unwrap_or_else(|| panic!("no {name} in {status:?}"));
+        status[at + 1].clone()
+    };
+    assert_eq!(text(&field("phase")), "DONE");
+    assert_eq!(text(&field("kind")), "hold");
+    assert_eq!(field("expires_at"), Value::Int(hold.expires_at));
+    let Value::Array(lines) = field("lines") else {
+        panic!("{status:?}")
+    };
+    assert_eq!(lines.len(), 6);
+    let none: Vec<Value> = redis::cmd("ORDER.STATUS")
+        .arg("h-unseen")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(text(&none[1]), "none");
+    let hold_again = &["ORDER.HOLD", "h-1", "600000", &a, "1", &b, "2", &c, "3"];
+    assert_eq!(must(&mut conn, hold_again).await.code, 1);
+
+    // Another, reverted while held: every line back.
+    let h2 = &["ORDER.HOLD", "h-2", "600000", &a, "1", &b, "1"];
+    assert_eq!(must(&mut conn, h2).await.code, 0);
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "h-2"]).await.code, 0);
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "h-2"]).await.code, 4);
+    assert_eq!(must(&mut conn, h2).await.code, 4);
+    for (sku, stock) in [(&a, 9), (&b, 8), (&c, 7)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock));
+        assert_eq!(held(&cluster, sku), 0);
+    }
+    // ORDER.CONFIRM of an ORDER's id: invalid.
+    assert_eq!(must(&mut conn, &["ORDER", "d-1", &a, "1"]).await.code, 0);
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "d-1"]).await.code, 3);
+}
+
+/// Order holds of 1000 ms, each raced by an ORDER.CONFIRM sent around its
+/// expiry: each answers 0 (every line confirmed) or 5 (every line given
+/// back), and the books say the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_holds_expiring_while_confirm_races_them() {
+    const ORDERS: usize = 24;
+    let cluster = cluster();
+    let [a, b, c] = spread("race");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 1000);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let addr = server.addr;
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let (a, b, c) = (a.clone(), b.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut conn = client_at(addr, false).await;
+                let id = format!("race-{i}");
+                let held = must(
+                    &mut conn,
+                    &["ORDER.HOLD", &id, "1000", &a, "1", &b, "2", &c, "3"],
+                )
+                .await;
+                assert_eq!(held.code, 0, "{held:?}");
+                // Spread the confirms over the hold's last moments and
+                // just after: some win, some come too late.
+                tokio::time::sleep(Duration::from_millis(850 + 20 * i as u64)).await;
+                let confirmed = must(&mut conn, &["ORDER.CONFIRM", &id]).await;
+                assert!(matches!(confirmed.code, 0 | 5), "{confirmed:?}");
+                (id, confirmed.code)
+            })
+        })
+        .collect();
+    let mut confirmed = 0;
+    for task in tasks {
+        let (id, code) = task.await.unwrap();
+        for sku in [&a, &b, &c] {
+            let state = line_state(&cluster, sku, &id);
+            if code == 0 {
+                assert_eq!(state, 'C', "{id} {sku}");
+            } else {
+                assert!(matches!(state, 'R' | 'X' | 'H'), "{id} {sku}: {state}");
+            }
+        }
+        confirmed += usize::from(code == 0);
+    }
+    // The lines of expired orders come back, by themselves or reverted.
+    let conn = client(&server, false).await;
+    for (sku, qty) in [(&a, 1), (&b, 2), (&c, 3)] {
+        let want = 1000 - qty * confirmed as i64;
+        let cluster = &cluster;
+        wait_for(Duration::from_secs(60), || {
+            let mut conn = conn.clone();
+            async move {
+                // Any call on the SKU releases its expired holds.
+                let _ = redis::cmd("STOCK.GET")
+                    .arg(sku.as_str())
+                    .query_async::<Value>(&mut conn)
+                    .await;
+                (get_stock(cluster, sku) == Some(want)).then_some(())
+            }
+        })
+        .await;
+        assert_eq!(held(cluster, sku), 0);
+    }
+    eprintln!("{confirmed} of {ORDERS} confirmed in time");
+}
+
+/// Orders competing for the last units of one SKU, each sent through two
+/// stockgates at once: exactly as many win as there are units, each pair
+/// of answers agrees, and each winner has every line applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units() {
+    const ORDERS: usize = 12;
+    const UNITS: i64 = 4;
+    let cluster = cluster();
+    let [last, b, c] = spread("last");
+    set_stock(&cluster, &last, UNITS);
+    set_stock(&cluster, &b, 100);
+    set_stock(&cluster, &c, 100);
+    let one = proxy(cluster.seeds(), |_| {}).await;
+    let two = proxy(cluster.seeds(), |_| {}).await;
+    let (one, two) = (one.addr, two.addr);
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let (last, b, c) = (last.clone(), b.clone(), c.clone());
+            tokio::spawn(async move {
+                let id = format!("last-{i}");
+                let args = ["ORDER", &id, &last, "1", &b, "2", &c, "1"];
+                let mut x = client_at(one, false).await;
+                let mut y = client_at(two, false).await;
+                let (p, q) = tokio::join!(must(&mut x, &args), must(&mut y, &args));
+                (id, p.code, q.code)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (id, p, q) = task.await.unwrap();
+        let mut pair = [p, q];
+        pair.sort();
+        assert!(pair == [0, 1] || pair == [2, 2], "{id}: {pair:?}");
+        if pair == [0, 1] {
+            winners.push(id);
+        } else {
+            for sku in [&last, &b, &c] {
+                assert_ne!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+            }
+            assert_eq!(intent_phase(&cluster, &id).as_deref(), Some("ABORTED"));
+        }
+    }
+    assert_eq!(winners.len() as i64, UNITS);
+    for id in &winners {
+        for sku in [&last, &b, &c] {
+            assert_eq!(line_state(&cluster, sku, id), 'C', "{id} {sku}");
+        }
+    }
+    assert_eq!(get_stock(&cluster, &last), Some(0));
+    assert_eq!(get_stock(&cluster, &b), Some(100 - 2 * UNITS));
+    assert_eq!(get_stock(&cluster, &c), Some(100 - UNITS));
+    for sku in [&last, &b, &c] {
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
+
+/// ORDER.REVERT sent while the ORDER is in flight (through another
+/// stockgate): whichever wins, every line ends given back or revoked,
+/// never deducted, and the stock is whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted() {
+    const ORDERS: usize = 30;
+    let cluster = cluster();
+    let [a, b, c] = spread("inflight");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 1000);
+    }
+    let one = proxy(cluster.seeds(), |_| {}).await;
+    let two = proxy(cluster.seeds(), |_| {}).await;
+    let (one, two) = (one.addr, two.addr);
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let (a, b, c) = (a.clone(), b.clone(), c.clone());
+            tokio::spawn(async move {
+                let id = format!("inflight-{i}");
+                let mut x = client_at(one, false).await;
+                let mut y = client_at(two, false).await;
+                let order = ["ORDER", &id, &a, "1", &b, "1", &c, "1"];
+                let revert = ["ORDER.REVERT", &id];
+                // Stagger the revert a little, so it lands in every phase.
+                let (o, r) = tokio::join!(must(&mut x, &order), async {
+                    tokio::time::sleep(Duration::from_micros(200 * (i as u64 % 10))).await;
+                    must(&mut y, &revert).await
+                });
+                (id, o.code, r.code)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (id, o, r) = task.await.unwrap();
+        // The order either lost (4), or won and was then given back (0).
+        assert!(
+            (o == 4 && matches!(r, 0 | 4)) || (o == 0 && r == 0),
+            "{id}: order {o}, revert {r}"
+        );
+        for sku in [&a, &b, &c] {
+            let state = line_state(&cluster, sku, &id);
+            // '-': the revert came first, and the order never began.
+            assert!(matches!(state, 'R' | 'V' | '-'), "{id} {sku}: {state}");
+        }
+        let phase = intent_phase(&cluster, &id);
+        assert!(
+            matches!(phase.as_deref(), Some("REVERTED" | "REVOKED")),
+            "{id}: {phase:?}"
+        );
+    }
+    for sku in [&a, &b, &c] {
+        assert_eq!(get_stock(&cluster, sku), Some(1000), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
+
+/// What stockgate's saga does, step by step, run by hand against the
+/// cluster with stockgate's own scripts: to leave an order where a
+/// stockgate that died would have left it.
+struct Saga {
+    conn: redis::cluster::ClusterConnection,
+    scripts: Scripts,
+}
+
+const WINDOW: &str = "86400000";
+
+impl Saga {
+    fn new(cluster: &stockgate::dev::LocalCluster) -> Saga {
+        Saga {
+            conn: cluster.cluster_connection().unwrap(),
+            scripts: Scripts::new(),
+        }
+    }
+
+    fn intent(&mut self, order: &str, args: &[&str]) -> Value {
+        let key = layout().order_key(&RequestId::parse(order.to_owned().into()).unwrap());
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&self.scripts.order.body).arg(1).arg(key);
+        cmd.arg(args[0]).arg(WINDOW).arg("abc123");
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut self.conn).unwrap()
+    }
+
+    fn line(&mut self, script: &str, sku: &str, order: &str, args: &[&str]) -> i64 {
+        let body = match script {
+            "hold" => &self.scripts.hold.body,
+            "confirm" => &self.scripts.confirm.body,
+            _ => &self.scripts.revert.body,
+        };
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(body).arg(4).arg(stock_key(sku));
+        cmd.arg(record_key(sku, &line_id(order)));
+        cmd.arg([stock_key(sku), b":holds".to_vec()].concat());
+        cmd.arg([stock_key(sku), b":held".to_vec()].concat());
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd.arg("def456").arg("0");
+        let reply: Value = cmd.query(&mut self.conn).unwrap();
+        match reply {
+            Value::Array(items) => match items[0] {
+                Value::Int(code) => code,
+                _ => panic!("{items:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
+        let args = [qty, "", ttl, "86400000", WINDOW, "1000000", "error"];
+        self.line("hold", sku, order, &args)
+    }
+
+    fn confirm(&mut self, sku: &str, order: &str) -> i64 {
+        self.line("confirm", sku, order, &[WINDOW, "error"])
+    }
+
+    fn advance(&mut self, order: &str, from: &str, to: &str, code: &str, short: &str) {
+        let reply = self.intent(order, &["advance", from, to, code, short]);
+        let Value::Array(items) = reply else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(
+            items[0],
+            Value::Int(1),
+            "{order}: {from} -> {to}: {items:?}"
+        );
+    }
+}
+
+/// A saga cut short after k of n lines, in each phase, then retried
+/// through a stockgate: the retry finishes (or undoes) the order whole.
+#[tokio::test]
+async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
+    let cluster = cluster();
+    let skus = spread("cut");
+    let lines = {
+        let mut l: Vec<(String, &str)> = skus.iter().cloned().zip(["1", "2", "3"]).collect();
+        l.sort();
+        l
+    };
+    let canonical = lines
+        .iter()
+        .map(|(s, q)| format!("{s} {q}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let order_args = |id: &str| -> Vec<String> {
+        let mut args = vec!["ORDER".to_string(), id.to_string()];
+        for (sku, qty) in &lines {
+            args.push(sku.clone());
+            args.push(qty.to_string());
+        }
+        args
+    };
+    for sku in &skus {
+        set_stock(&cluster, sku, 100);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let mut saga = Saga::new(&cluster);
+    let mut deducted = [0i64; 3];
+
+    // HOLDING, k of 3 lines held (k = 0..=3): the retry completes it.
+    for k in 0..=3 {
+        let id = format!("cut-holding-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in lines.iter().take(k) {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        let args = order_args(&id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        assert_eq!(retry.code, 0, "{id}: {retry:?}");
+        for (sku, _) in &lines {
+            assert_eq!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+        }
+        for (i, (_, qty)) in lines.iter().enumerate() {
+            deducted[i] += qty.parse::<i64>().unwrap();
+        }
+        assert_eq!(must(&mut conn, &args).await.code, 1);
+    }
+
+    // CONFIRMING, k of 3 confirmed: the retry confirms the rest.
+    for k in 0..=3 {
+        let id = format!("cut-confirming-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in &lines {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        saga.advance(&id, "HOLDING", "CONFIRMING", "", "");
+        for (sku, _) in lines.iter().take(k) {
+            assert_eq!(saga.confirm(sku, &id), 0);
+        }
+        let args = order_args(&id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        assert_eq!(retry.code, 0, "{id}: {retry:?}");
+        for (sku, _) in &lines {
+            assert_eq!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+        }
+        for (i, (_, qty)) in lines.iter().enumerate() {
+            deducted[i] += qty.parse::<i64>().unwrap();
+        }
+    }
+
+    // ABORTING (the last line was short), 2 lines held: the retry gives
+    // them back and answers 2, naming the short line.
+    let id = "cut-aborting";
+    let short_sku = lines[2].0.clone();
+    saga.intent(id, &["begin", "D", &canonical, "0", "300000"]);
+    for (sku, qty) in lines.iter().take(2) {
+        assert_eq!(saga.hold(sku, id, qty, "300000"), 0);
+    }
+    saga.advance(id, "HOLDING", "ABORTING", "2", &short_sku);
+    let args = order_args(id);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let retry = must(&mut conn, &args).await;
+    assert_eq!((retry.code, retry.short.clone()), (2, vec![short_sku]));
+    for (sku, _) in &lines {
+        assert!(matches!(line_state(&cluster, sku, id), 'R' | 'V'), "{sku}");
+    }
+
+    // An ORDER.HOLD cut short in CONFIRMING after 1 of 3: ORDER.CONFIRM
+    // (through the stockgate) confirms the rest.
+    let id = "cut-hold";
+    saga.intent(id, &["begin", "H", &canonical, "600000", "602000"]);
+    for (sku, qty) in &lines {
+        assert_eq!(saga.hold(sku, id, qty, "602000"), 0);
+    }
+    saga.advance(id, "HOLDING", "HELD", "", "");
+    let confirm_first = saga.intent(id, &["confirm"]);
+    assert!(matches!(&confirm_first, Value::Array(items) if items[0] == Value::Int(1)));
+    assert_eq!(saga.confirm(&lines[0].0, id), 0);
+    let retry = must(&mut conn, &["ORDER.CONFIRM", id]).await;
+    assert_eq!(retry.code, 0, "{retry:?}");
+    for (i, (sku, qty)) in lines.iter().enumerate() {
+        assert_eq!(line_state(&cluster, sku, id), 'C', "{sku}");
+        deducted[i] += qty.parse::<i64>().unwrap();
+    }
+
+    // The books: what was deducted, nothing held.
+    for (i, (sku, _)) in lines.iter().enumerate() {
+        assert_eq!(get_stock(&cluster, sku), Some(100 - deducted[i]), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
+
+/// A stockgate SIGKILLed under a load of orders: with nobody retrying,
+/// its line holds come back by themselves; then every order is retried
+/// through another stockgate, and each is applied whole, once, or not
+/// at all, and the books add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries() {
+    use std::process::{Command, Stdio};
+    const ORDERS: usize = 60;
+    let cluster = cluster();
+    let skus = spread("killed");
+    for sku in &skus {
+        set_stock(&cluster, sku, 10_000);
+    }
+    let (port, admin) = (free_port(), free_port());
+    // A short --max-hold: its sagas' line holds last 4 s.
+    let mut doomed = Command::new(stockgate_bin())
+        .arg("serve")
+        .args(["--upstream", &cluster.seeds().join(",")])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--max-hold", "4s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runs stockgate");
+    wait_ready_http(admin);
+    let survivor = proxy(cluster.seeds(), |_| {}).await;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let qty = |i: usize, line: usize| (1 + (i + line) % 3).to_string();
+    let args_of = |i: usize| -> Vec<String> {
+        let mut args = vec!["ORDER".to_string(), format!("killed-{i}")];
+        for (line, sku) in skus.iter().enumerate() {
+            args.push(sku.clone());
+            args.push(qty(i, line));
+        }
+        args
+    };
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(HashMap::new()));
+    let tasks: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            let args = args_of(i);
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut conn = client_at(addr, false).await;
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                if let Ok(reply) = send(&mut conn, &args).await {
+                    answered.lock().unwrap().insert(i, reply.code);
+                }
+            })
+        })
+        .collect();
+    // Kill it once some orders are done and others in flight.
+    wait_for(Duration::from_secs(30), || {
+        let n = answered.lock().unwrap().len();
+        async move { (n >= ORDERS / 4).then_some(()) }
+    })
+    .await;
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let first: HashMap<usize, i64> = answered.lock().unwrap().clone();
+    assert!(first.values().all(|code| *code == 0), "{first:?}");
+
+    // Nobody retries yet: every line hold comes back by itself.
+    for sku in &skus {
+        let cluster = &cluster;
+        wait_for(Duration::from_secs(90), || async move {
+            (held(cluster, sku) == 0).then_some(())
+        })
+        .await;
+    }
+
+    // Every order retried through the survivor.
+    let mut conn = client(&survivor, false).await;
+    let mut taken = [0i64; 3];
+    for i in 0..ORDERS {
+        let args = args_of(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        let id = format!("killed-{i}");
+        if first.contains_key(&i) {
+            assert_eq!(retry.code, 1, "{id} answered 0 before the kill");
+        }
+        // 0: it had not begun, or no line was held yet; 5: its line
+        // holds ran out first.
+        assert!(matches!(retry.code, 0 | 1 | 5), "{id}: {retry:?}");
+        for (line, sku) in skus.iter().enumerate() {
+            let state = line_state(&cluster, sku, &id);
+            if retry.code == 5 {
+                assert_ne!(state, 'C', "{id} {sku}");
+            } else {
+                assert_eq!(state, 'C', "{id} {sku}");
+                taken[line] += qty(i, line).parse::<i64>().unwrap();
+            }
+        }
+        // A second retry agrees.
+        let again = must(&mut conn, &args).await;
+        assert_eq!(again.code, if retry.code == 5 { 5 } else { 1 }, "{id}");
+    }
+    for (line, sku) in skus.iter().enumerate() {
+        assert_eq!(
+            get_stock(&cluster, sku),
+            Some(10_000 - taken[line]),
+            "{sku}"
+        );
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+}
