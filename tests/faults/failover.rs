@@ -81,6 +81,9 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, &name, victim);
+    // Holds too: the promoted replica's holds set and held counter must
+    // still agree with its records (async replication keeps a prefix).
+    let (fault, rest) = (fault.with_holds(), rest.with_holds());
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -131,6 +134,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
     let cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, &name, victim);
+    let (fault, rest) = (fault.with_holds(), rest.with_holds());
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
