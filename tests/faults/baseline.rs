@@ -1,6 +1,7 @@
 //! The checker itself, on each server of the upstream matrix: a load with
-//! no fault must audit green with nothing but business codes, and
-//! violations planted behind stockgate's back must each be found.
+//! no fault (holds among its chains) must audit green with nothing but
+//! business codes, and violations planted behind stockgate's back must
+//! each be found.
 //!
 //! The audit reads the servers directly (SCAN on every primary, GET, PTTL,
 //! CLUSTER NODES for slot ownership), so this is what shows that it reads
@@ -17,12 +18,14 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     let name = format!("quiet-{kind}");
     let cluster = cluster_of(kind, 2000, &[]);
     let skus = skus_on_every_primary(&cluster, &name, 2);
-    let mut load = Workload::new(&name, skus.clone(), TIMEOUT);
+    let mut load = Workload::new(&name, skus.clone(), TIMEOUT).with_holds();
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let running = load.start(server.addr).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Long enough for short holds (1–3 s) to run out, and for CONFIRMs
+    // sent around their expiry to come back 5.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let history = running.stop().await;
     server.stop_now();
 
@@ -39,8 +42,16 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         "the load deducted, and the audit accounted for it: {}",
         audit.summary()
     );
+    assert!(
+        audit.units_held > 0
+            && audit.units_confirmed > 0
+            && audit.holds_expired > 0
+            && audit.by_label.contains_key("code 5"),
+        "the load held, confirmed, and saw holds run out (a CONFIRM too late): {}",
+        audit.summary()
+    );
 
-    // Three violations behind stockgate's back, one of each kind the audit
+    // Four violations behind stockgate's back, one of each kind the audit
     // reads from the servers.
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("DECRBY")
@@ -67,9 +78,32 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .query(&mut conn)
         .expect("PERSIST");
     assert_eq!(persisted, 1, "the record of {sku} {id} had a TTL to remove");
+    // A long hold nobody confirmed or reverted is still HELD: drop it from
+    // its sku's holds set, as a lost write would.
+    let placed = history
+        .attempts
+        .iter()
+        .filter(|a| a.op == Op::Hold && a.ttl_ms > 60_000)
+        .filter(|a| matches!(a.outcome, Outcome::Code { code: 0, .. }))
+        .find(|a| {
+            history
+                .attempts
+                .iter()
+                .all(|b| b.id != a.id || b.op == Op::Hold)
+        })
+        .expect("a long hold left alone");
+    let (held_sku, held_id) = (history.sku_name(placed.sku), &*placed.id);
+    let mut holds_key = crate::support::stock_key(held_sku);
+    holds_key.extend_from_slice(b":holds");
+    let removed: i64 = redis::cmd("ZREM")
+        .arg(&holds_key)
+        .arg(held_id)
+        .query(&mut conn)
+        .expect("ZREM");
+    assert_eq!(removed, 1, "{held_sku} {held_id} was in its holds set");
 
     let audit = history.audit(&cluster, Policy::default());
-    eprintln!("{} (after planting three)", audit.summary());
+    eprintln!("{} (after planting four)", audit.summary());
     let expected = [
         format!("{}: conservation broken", skus[0]),
         format!(
@@ -77,6 +111,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
             skus[1]
         ),
         format!("{sku} {id}: record without a TTL"),
+        format!("{held_sku} {held_id}: HELD, but not in the holds set"),
     ];
     for want in &expected {
         assert!(

@@ -14,7 +14,14 @@
 //!   sometimes a late DEDUCT of the same id after its REVERT (the "hanging"
 //!   hazard, which must get code 4);
 //! - sometimes a REVERT of an id never deducted (empty rollback: code 4),
-//!   then a late DEDUCT of it (code 4).
+//!   then a late DEDUCT of it (code 4);
+//! - with [`Workload::hold_pct`], sometimes a HOLD instead (random qty; a
+//!   long ttl, or a short one of 1–3 s so that some run out during the
+//!   load), sometimes re-sent as a duplicate, then a CONFIRM (sometimes
+//!   REVERTed after it: a refund), a REVERT (a cancel), or nothing (it
+//!   expires). After a short hold the next step waits until half a second
+//!   either side of its expiry, so CONFIRMs and REVERTs race it: a CONFIRM
+//!   may answer 0 or 5, a REVERT 0 or 1.
 //!
 //! Every step retries on an error with the **same** request_id and a
 //! bounded backoff, as the README tells callers to, until it gets a
@@ -28,12 +35,26 @@
 //! # The audit
 //!
 //! - **Conservation**: per sku, initial − final = Σ qty of the records in
-//!   state DEDUCTED (REVERTED and REVOKED count zero).
+//!   state DEDUCTED, CONFIRMED and HELD (REVERTED, REVOKED and EXPIRED
+//!   count zero); the sku's `:held` counter is Σ qty of its HELD records,
+//!   and its `:holds` set names exactly those, each at its record's expiry
+//!   (no hold counted twice, none lost). A hold whose expiry passed but
+//!   that nothing released yet is still HELD in all three: the equation is
+//!   exact at any instant, sweeper or not.
 //! - **Agreement**: each record agrees with the replies its request_id got
 //!   (state, qty, order_no); code 0 is answered at most once per id and
-//!   operation; a code 1 or 4 has an earlier attempt that explains it.
+//!   operation; a code 1 or 4 has an earlier attempt that explains it. A
+//!   hold's replies are checked against its state machine (lua/revert.lua):
+//!   each code must follow from the states the earlier replies leave
+//!   possible, counting expiry (HELD → EXPIRED at any time) and any
+//!   unanswered attempt as things that may have happened meanwhile. So a
+//!   HOLD answered 0 ends HELD, CONFIRMED, EXPIRED or REVERTED; a CONFIRM
+//!   answered 0 ends CONFIRMED (REVERTED if reverted later); one answered 5
+//!   ends EXPIRED; every hold reply's `expires_at` is the record's.
 //! - **No negative stock**, and every record has a TTL.
-//! - **No business code for a fault**: any 2 or 3 is a violation.
+//! - **No business code for a fault**: any 2 or 3 is a violation (the load
+//!   never mixes a DEDUCT and a HOLD under one id, the one legitimate 3 of
+//!   the holds' state machine), and so is a 5 for a DEDUCT or a REVERT.
 //! - **Bounded unknown outcomes**: every reply is a code or an `UPSTREAM` /
 //!   `BADREPLY` error within the client's timeout (a client timeout is a
 //!   hang), and every request_id ends in a definite state.
@@ -74,6 +95,16 @@ pub struct Workload {
     pub revert_pct: u64,
     pub empty_revert_pct: u64,
     pub late_deduct_pct: u64,
+    /// Chains that are holds rather than DEDUCTs (0: none, the default).
+    pub hold_pct: u64,
+    /// Of the holds: short ones (1–3 s, most expire during the load),
+    /// CONFIRMed ones and REVERTed ones (the rest are left to expire).
+    pub short_hold_pct: u64,
+    pub confirm_pct: u64,
+    pub cancel_pct: u64,
+    /// The ttl of the other holds: longer than any test, so they are still
+    /// HELD at the audit.
+    pub long_hold: Duration,
     pub seed: u64,
 }
 
@@ -102,8 +133,21 @@ impl Workload {
             revert_pct: 15,
             empty_revert_pct: 4,
             late_deduct_pct: 30,
+            hold_pct: 0,
+            short_hold_pct: 35,
+            confirm_pct: 40,
+            cancel_pct: 25,
+            long_hold: Duration::from_secs(600),
             seed,
         }
+    }
+
+    /// The mix with holds: a quarter of the chains. Off by default so that
+    /// the faults whose reports count DEDUCTs keep measuring what they did;
+    /// a test turns it on where the audit is the point.
+    pub fn with_holds(mut self) -> Workload {
+        self.hold_pct = 25;
+        self
     }
 
     /// Seeds every sku's stock in the cluster.
@@ -116,6 +160,9 @@ impl Workload {
         let stop = CancellationToken::new();
         let give_up = Arc::new(std::sync::OnceLock::new());
         let started = Instant::now();
+        let started_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         let mut tasks = Vec::new();
         for client in 0..self.clients {
             let conn = connect(addr, self.client_timeout).await;
@@ -129,6 +176,7 @@ impl Workload {
                 give_up: give_up.clone(),
                 attempts: Vec::new(),
                 unsettled: Vec::new(),
+                later: Vec::new(),
             };
             tasks.push(tokio::spawn(worker.run()));
         }
@@ -144,6 +192,7 @@ impl Workload {
             stop,
             give_up,
             started,
+            started_unix_ms,
             tasks,
         }
     }
@@ -155,6 +204,7 @@ pub struct Load {
     stop: CancellationToken,
     give_up: Arc<std::sync::OnceLock<Instant>>,
     started: Instant,
+    started_unix_ms: i64,
     tasks: Vec<tokio::task::JoinHandle<ClientLog>>,
 }
 
@@ -177,6 +227,7 @@ impl Load {
         History {
             workload: self.workload,
             started: self.started,
+            started_unix_ms: self.started_unix_ms,
             attempts,
             unsettled,
         }
@@ -187,6 +238,8 @@ impl Load {
 pub enum Op {
     Deduct,
     Revert,
+    Hold,
+    Confirm,
 }
 
 /// What one attempt came to.
@@ -197,6 +250,8 @@ pub enum Outcome {
         code: i64,
         remain: i64,
         order_no: String,
+        /// HOLD's and CONFIRM's 5th element (0 for DEDUCT and REVERT).
+        expires_at: i64,
     },
     /// An error reply: its first word (`UPSTREAM`, `BADREPLY`, ...) and text.
     Fault { word: String, text: String },
@@ -261,6 +316,8 @@ pub struct Attempt {
     pub sku: usize,
     pub id: Arc<str>,
     pub qty: u32,
+    /// A HOLD's ttl_ms (0 for the other operations).
+    pub ttl_ms: u32,
     /// Retries of this step before this attempt (0: the first send).
     pub retry: u32,
     pub started: Instant,
@@ -316,33 +373,61 @@ struct Client {
     give_up: Arc<std::sync::OnceLock<Instant>>,
     attempts: Vec<Attempt>,
     unsettled: Vec<Unsettled>,
+    /// The next steps of short holds, due at a random point around their
+    /// expiry; taken before new chains. Those still waiting at the stop
+    /// are never sent: their holds are left to expire.
+    later: Vec<Later>,
+}
+
+/// What a hold chain does after its HOLD.
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    Confirm,
+    Cancel,
+}
+
+struct Later {
+    at: Instant,
+    then: Then,
+    sku: usize,
+    id: Arc<str>,
+    qty: u32,
 }
 
 impl Client {
     async fn run(mut self) -> ClientLog {
         let mut n = 0u64;
         while !self.stop.is_cancelled() {
+            let w = self.workload.clone();
+            let now = Instant::now();
+            if let Some(due) = self.later.iter().position(|l| l.at <= now) {
+                let l = self.later.swap_remove(due);
+                self.then(l.then, l.sku, &l.id, l.qty).await;
+                continue;
+            }
             n += 1;
             let id: Arc<str> = format!("{}-c{}-{n}", self.workload.name, self.client).into();
             let sku = self.rng.below(self.workload.skus.len() as u64) as usize;
             let qty = 1 + self.rng.below(5) as u32;
-            let w = self.workload.clone();
-            if self.rng.pct(w.empty_revert_pct) {
+            if self.rng.pct(w.hold_pct) {
+                self.hold_chain(sku, &id, qty).await;
+            } else if self.rng.pct(w.empty_revert_pct) {
                 // Empty rollback, then the hanging DEDUCT.
-                if self.step(Op::Revert, sku, &id, qty).await && self.rng.pct(w.late_deduct_pct * 2)
+                if self.step(Op::Revert, sku, &id, qty, 0).await
+                    && self.rng.pct(w.late_deduct_pct * 2)
                 {
-                    self.step(Op::Deduct, sku, &id, qty).await;
+                    self.step(Op::Deduct, sku, &id, qty, 0).await;
                 }
-            } else if self.step(Op::Deduct, sku, &id, qty).await {
+            } else if self.step(Op::Deduct, sku, &id, qty, 0).await {
                 if self.rng.pct(w.duplicate_pct) {
-                    self.step(Op::Deduct, sku, &id, qty).await;
+                    self.step(Op::Deduct, sku, &id, qty, 0).await;
                 }
-                if self.rng.pct(w.revert_pct) && self.step(Op::Revert, sku, &id, qty).await {
+                if self.rng.pct(w.revert_pct) && self.step(Op::Revert, sku, &id, qty, 0).await {
                     if self.rng.pct(w.duplicate_pct) {
-                        self.step(Op::Revert, sku, &id, qty).await;
+                        self.step(Op::Revert, sku, &id, qty, 0).await;
                     }
                     if self.rng.pct(w.late_deduct_pct) {
-                        self.step(Op::Deduct, sku, &id, qty).await;
+                        self.step(Op::Deduct, sku, &id, qty, 0).await;
                     }
                 }
             }
@@ -357,12 +442,77 @@ impl Client {
         }
     }
 
+    /// A HOLD, perhaps re-sent, then its CONFIRM or REVERT (at once for a
+    /// long hold, around the expiry for a short one) or nothing.
+    async fn hold_chain(&mut self, sku: usize, id: &Arc<str>, qty: u32) {
+        let w = &self.workload;
+        let short = self.rng.pct(w.short_hold_pct);
+        let ttl = if short {
+            1000 + self.rng.below(2001) as u32
+        } else {
+            w.long_hold.as_millis() as u32
+        };
+        let (duplicate_pct, confirm_pct, cancel_pct) =
+            (w.duplicate_pct, w.confirm_pct, w.cancel_pct);
+        if !self.step(Op::Hold, sku, id, qty, ttl).await {
+            return;
+        }
+        if self.rng.pct(duplicate_pct) {
+            self.step(Op::Hold, sku, id, qty, ttl).await;
+        }
+        let roll = self.rng.below(100);
+        let then = if roll < confirm_pct {
+            Then::Confirm
+        } else if roll < confirm_pct + cancel_pct {
+            Then::Cancel
+        } else {
+            return;
+        };
+        if short {
+            // Within half a second of the expiry, either side: the race.
+            let wait = ttl as u64 - 500 + self.rng.below(1001);
+            self.later.push(Later {
+                at: Instant::now() + Duration::from_millis(wait),
+                then,
+                sku,
+                id: id.clone(),
+                qty,
+            });
+        } else {
+            self.then(then, sku, id, qty).await;
+        }
+    }
+
+    /// A hold's CONFIRM (sometimes re-sent, sometimes then REVERTed) or its
+    /// REVERT (sometimes re-sent).
+    async fn then(&mut self, then: Then, sku: usize, id: &Arc<str>, qty: u32) {
+        let w = self.workload.clone();
+        match then {
+            Then::Confirm => {
+                if !self.step(Op::Confirm, sku, id, qty, 0).await {
+                    return;
+                }
+                if self.rng.pct(w.duplicate_pct) {
+                    self.step(Op::Confirm, sku, id, qty, 0).await;
+                }
+                if self.rng.pct(w.revert_pct) {
+                    self.step(Op::Revert, sku, id, qty, 0).await;
+                }
+            }
+            Then::Cancel => {
+                if self.step(Op::Revert, sku, id, qty, 0).await && self.rng.pct(w.duplicate_pct) {
+                    self.step(Op::Revert, sku, id, qty, 0).await;
+                }
+            }
+        }
+    }
+
     /// Sends one step until it gets a business code; true if it did.
-    async fn step(&mut self, op: Op, sku: usize, id: &Arc<str>, qty: u32) -> bool {
+    async fn step(&mut self, op: Op, sku: usize, id: &Arc<str>, qty: u32, ttl_ms: u32) -> bool {
         let mut backoff = Duration::from_millis(10);
         for retry in 0.. {
             let started = Instant::now();
-            let outcome = self.send(op, sku, id, qty).await;
+            let outcome = self.send(op, sku, id, qty, ttl_ms).await;
             let took = started.elapsed();
             let settled = outcome.is_code();
             let broken = matches!(outcome, Outcome::ClientTimeout | Outcome::ClientIo(_));
@@ -372,6 +522,7 @@ impl Client {
                 sku,
                 id: id.clone(),
                 qty,
+                ttl_ms,
                 retry,
                 started,
                 took,
@@ -401,7 +552,7 @@ impl Client {
         false
     }
 
-    async fn send(&mut self, op: Op, sku: usize, id: &str, qty: u32) -> Outcome {
+    async fn send(&mut self, op: Op, sku: usize, id: &str, qty: u32, ttl_ms: u32) -> Outcome {
         let sku = &self.workload.skus[sku];
         let cmd = match op {
             Op::Deduct => {
@@ -411,6 +562,16 @@ impl Client {
             }
             Op::Revert => {
                 let mut cmd = redis::cmd("REVERT");
+                cmd.arg(sku).arg(id);
+                cmd
+            }
+            Op::Hold => {
+                let mut cmd = redis::cmd("HOLD");
+                cmd.arg(sku).arg(qty).arg(id).arg(ttl_ms).arg(order_no(id));
+                cmd
+            }
+            Op::Confirm => {
+                let mut cmd = redis::cmd("CONFIRM");
                 cmd.arg(sku).arg(id);
                 cmd
             }
@@ -448,6 +609,10 @@ fn parse_reply(value: Value) -> Outcome {
             code: *code,
             remain: *remain,
             order_no: String::from_utf8_lossy(order_no).into_owned(),
+            expires_at: match items.get(4) {
+                Some(Value::Int(at)) => *at,
+                _ => 0,
+            },
         },
         _ => Outcome::Malformed(format!("{value:?}")),
     }
@@ -481,6 +646,9 @@ impl Rng {
 pub struct History {
     pub workload: Workload,
     pub started: Instant,
+    /// `started` on the wall clock, in ms since the epoch: Redis's TIME on
+    /// this host, for comparing with a hold's expiry.
+    pub started_unix_ms: i64,
     /// Every attempt, by start time.
     pub attempts: Vec<Attempt>,
     pub unsettled: Vec<Unsettled>,
@@ -509,6 +677,15 @@ impl std::fmt::Display for Latency {
 }
 
 impl History {
+    /// `t` on the wall clock, ms since the epoch.
+    pub fn unix_ms(&self, t: Instant) -> i64 {
+        if t >= self.started {
+            self.started_unix_ms + (t - self.started).as_millis() as i64
+        } else {
+            self.started_unix_ms - (self.started - t).as_millis() as i64
+        }
+    }
+
     pub fn sku_name(&self, sku: usize) -> &str {
         &self.workload.skus[sku]
     }
@@ -617,8 +794,10 @@ impl History {
 }
 
 /// Conservation alone, for skus changed by requests the test did not
-/// record (clients that left mid-request): per sku, `initial` − final =
-/// Σ qty of DEDUCTED records. The violations, if any.
+/// record (clients that left mid-request, holds placed by a test itself):
+/// per sku, `initial` − final = Σ qty of DEDUCTED, CONFIRMED and HELD
+/// records, the `:held` counter is Σ qty of the HELD ones and the `:holds`
+/// set names exactly those. The violations, if any.
 pub fn conservation(
     cluster: &LocalCluster,
     name: &str,
@@ -630,27 +809,33 @@ pub fn conservation(
     let state = FinalState::read(cluster, &workload);
     let mut violations = state.violations.clone();
     for sku in skus {
-        let recorded: i64 = state
+        let taken: i64 = state
             .records
             .iter()
             .filter(|((s, _), _)| s == sku)
-            .filter_map(|(_, (value, _))| {
-                value
-                    .strip_prefix("D:")?
-                    .split(':')
-                    .next()?
-                    .parse::<i64>()
-                    .ok()
+            .filter(|(_, r)| {
+                matches!(
+                    r.state,
+                    RecordState::Deducted | RecordState::Confirmed | RecordState::Held
+                )
             })
+            .map(|(_, r)| r.qty as i64)
             .sum();
-        match state.stock.get(sku) {
-            Some(stock) if initial - stock == recorded && *stock >= 0 => {}
-            other => violations.push(format!(
-                "{sku}: stock {other:?}, DEDUCTED records hold {recorded} of {initial}"
-            )),
-        }
+        violations.extend(state.books(sku, initial, taken));
     }
     violations
+}
+
+/// The records of one sku in state HELD, from `records`: request_id ->
+/// (qty, expiry).
+fn held_records<'a>(
+    records: &'a HashMap<(String, String), FinalRecord>,
+    sku: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a FinalRecord)> + 'a {
+    records
+        .iter()
+        .filter(move |((s, _), r)| s == sku && r.state == RecordState::Held)
+        .map(|((_, id), r)| (id.as_str(), r))
 }
 
 /// What the audit tolerates.
@@ -664,9 +849,38 @@ pub struct Policy {
 /// What Redis holds at the end, for the load's skus.
 struct FinalState {
     stock: HashMap<String, i64>,
-    /// (sku, request_id) -> (value, pttl)
-    records: HashMap<(String, String), (String, i64)>,
+    /// (sku, request_id) -> the record
+    records: HashMap<(String, String), FinalRecord>,
+    /// sku -> its `:holds` set, request_id -> expiry (ms of Redis time)
+    holds: HashMap<String, HashMap<String, i64>>,
+    /// sku -> its `:held` counter (absent: 0, as the scripts delete it at 0)
+    held: HashMap<String, i64>,
+    /// Redis time (ms) when the reading began: holds whose expiry is before
+    /// it ran out, released or not.
+    now_ms: i64,
     violations: Vec<String>,
+}
+
+/// One record as the audit reads it.
+struct FinalRecord {
+    state: RecordState,
+    /// `<state>:<qty>:<order_no>`, without the nonce of the call that
+    /// wrote it.
+    summary: String,
+    qty: u64,
+    /// A hold's expiry (HELD, CONFIRMED, EXPIRED).
+    expires: Option<i64>,
+    pttl: i64,
+}
+
+use stockgate::record::State as RecordState;
+
+/// What a key of the load's is, by its name.
+enum KeyKind {
+    Stock,
+    Record,
+    Holds,
+    Held,
 }
 
 impl FinalState {
@@ -676,6 +890,9 @@ impl FinalState {
         let mut state = FinalState {
             stock: HashMap::new(),
             records: HashMap::new(),
+            holds: HashMap::new(),
+            held: HashMap::new(),
+            now_ms: 0,
             violations: Vec::new(),
         };
         let pattern = format!("stock:{{{}-*", workload.name);
@@ -685,6 +902,10 @@ impl FinalState {
             }
             let owned = crate::harness::own_slots(node);
             let mut conn = node.connection().expect("primary");
+            if state.now_ms == 0 {
+                let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
+                state.now_ms = secs * 1000 + micros / 1000;
+            }
             let mut keys: Vec<Vec<u8>> = Vec::new();
             let mut cursor = 0u64;
             loop {
@@ -702,15 +923,57 @@ impl FinalState {
                     break;
                 }
             }
-            for chunk in keys.chunks(500) {
-                let mut pipe = redis::pipe();
-                for key in chunk {
-                    pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+            // One sku's keys share its hash tag, so one MULTI reads them
+            // all at one instant: the sweeper may still be releasing
+            // holds (a record turning EXPIRED, the set and the counter
+            // shrinking with it), and a read spread over batches would see
+            // half a release. The sku's own three keys are always read,
+            // found by the SCAN or not.
+            let mut by_sku: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+            for key in keys {
+                let text = String::from_utf8_lossy(&key).into_owned();
+                let sku = text
+                    .strip_prefix("stock:{")
+                    .and_then(|rest| rest.split_once('}'))
+                    .map_or(String::new(), |(sku, _)| sku.to_owned());
+                by_sku.entry(sku).or_default().push(key);
+            }
+            for (sku, mut keys) in by_sku {
+                if !sku.is_empty() {
+                    let stock = format!("stock:{{{sku}}}").into_bytes();
+                    for own in [
+                        stock.clone(),
+                        [&stock[..], b":holds"].concat(),
+                        [&stock[..], b":held"].concat(),
+                    ] {
+                        if !keys.contains(&own) {
+                            keys.push(own);
+                        }
+                    }
                 }
-                let values: Vec<Value> = pipe.query(&mut conn).expect("GET/PTTL");
-                for (key, pair) in chunk.iter().zip(values.chunks(2)) {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                for key in &keys {
+                    // A holds set is read as one: GET of it would fail
+                    // the whole transaction with WRONGTYPE.
+                    if key.ends_with(b"}:holds") {
+                        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+                    } else {
+                        pipe.cmd("GET").arg(key);
+                    }
+                    pipe.cmd("PTTL").arg(key);
+                }
+                let values: Vec<Value> = pipe.query(&mut conn).expect("MULTI GET/PTTL");
+                for (key, pair) in keys.iter().zip(values.chunks(2)) {
                     let slot = stockgate::keys::slot(key);
                     let key_text = String::from_utf8_lossy(key).into_owned();
+                    // Absent (a sku of another primary, or a counter at 0):
+                    // nothing to read.
+                    if pair[0] == Value::Nil
+                        || (key.ends_with(b"}:holds") && pair[0] == Value::Array(Vec::new()))
+                    {
+                        continue;
+                    }
                     if !owned.iter().any(|(lo, hi)| (*lo..=*hi).contains(&slot)) {
                         state.violations.push(format!(
                             "stray key {key_text} on port {} which does not own its slot",
@@ -718,53 +981,155 @@ impl FinalState {
                         ));
                         continue;
                     }
-                    let value = match &pair[0] {
-                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                        other => format!("{other:?}"),
-                    };
                     let pttl = match pair[1] {
                         Value::Int(t) => t,
                         _ => -3,
                     };
-                    state.add(&key_text, value, pttl);
+                    state.add(&key_text, &pair[0], pttl);
                 }
             }
         }
         state
     }
 
-    fn add(&mut self, key: &str, value: String, pttl: i64) {
-        let Some(rest) = key.strip_prefix("stock:{") else {
+    fn add(&mut self, key: &str, value: &Value, pttl: i64) {
+        let text = || match value {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        };
+        let Some((sku, kind, id)) = key
+            .strip_prefix("stock:{")
+            .and_then(|rest| rest.split_once('}'))
+            .and_then(|(sku, tail)| {
+                let (kind, id) = match tail {
+                    "" => (KeyKind::Stock, ""),
+                    ":holds" => (KeyKind::Holds, ""),
+                    ":held" => (KeyKind::Held, ""),
+                    _ => (KeyKind::Record, tail.strip_prefix(":req:")?),
+                };
+                Some((sku, kind, id))
+            })
+        else {
             self.violations.push(format!("unexpected key {key}"));
             return;
         };
-        let Some((sku, tail)) = rest.split_once('}') else {
-            self.violations.push(format!("unexpected key {key}"));
-            return;
-        };
-        if tail.is_empty() {
-            match value.parse() {
+        match kind {
+            KeyKind::Stock => match text().parse() {
                 Ok(stock) => {
                     self.stock.insert(sku.to_owned(), stock);
                 }
                 Err(_) => self
                     .violations
-                    .push(format!("stock of {sku} is not an integer: {value:?}")),
-            }
-        } else if let Some(id) = tail.strip_prefix(":req:") {
-            // Audited without the nonce of the call that wrote it.
-            match stockgate::record::Record::parse(&value) {
-                Some(record) => {
-                    self.records
-                        .insert((sku.to_owned(), id.to_owned()), (record.summary(), pttl));
+                    .push(format!("stock of {sku} is not an integer: {:?}", text())),
+            },
+            KeyKind::Held => match text().parse() {
+                Ok(held) => {
+                    self.held.insert(sku.to_owned(), held);
                 }
-                None => self
+                Err(_) => self
                     .violations
-                    .push(format!("record {key} has an unknown shape: {value:?}")),
+                    .push(format!("{key} is not an integer: {:?}", text())),
+            },
+            KeyKind::Holds => {
+                let Value::Array(items) = value else {
+                    self.violations
+                        .push(format!("{key} is not a sorted set: {value:?}"));
+                    return;
+                };
+                let set = self.holds.entry(sku.to_owned()).or_default();
+                for pair in items.chunks(2) {
+                    let member = match &pair[0] {
+                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        other => format!("{other:?}"),
+                    };
+                    let score = match pair.get(1) {
+                        Some(Value::BulkString(b)) => {
+                            String::from_utf8_lossy(b).parse::<f64>().ok()
+                        }
+                        Some(Value::Double(d)) => Some(*d),
+                        _ => None,
+                    };
+                    set.insert(member, score.map_or(-1, |s| s as i64));
+                }
             }
-        } else {
-            self.violations.push(format!("unexpected key {key}"));
+            KeyKind::Record => {
+                // Audited without the nonce of the call that wrote it.
+                match stockgate::record::Record::parse(&text()) {
+                    Some(record) => {
+                        self.records.insert(
+                            (sku.to_owned(), id.to_owned()),
+                            FinalRecord {
+                                state: record.state,
+                                summary: record.summary(),
+                                qty: record.qty,
+                                expires: record.hold.map(|(expires, _)| expires as i64),
+                                pttl,
+                            },
+                        );
+                    }
+                    None => self
+                        .violations
+                        .push(format!("record {key} has an unknown shape: {:?}", text())),
+                }
+            }
         }
+    }
+
+    /// One sku's books: no negative stock; `initial` − final = `taken`
+    /// (Σ qty of the records that keep units out of stock); the `:held`
+    /// counter is Σ qty of the HELD records; the `:holds` set names exactly
+    /// the HELD records, each at its expiry.
+    fn books(&self, sku: &str, initial: i64, taken: i64) -> Vec<String> {
+        let mut violations = Vec::new();
+        match self.stock.get(sku) {
+            None => violations.push(format!("{sku}: stock key missing at the end")),
+            Some(&stock) => {
+                if stock < 0 {
+                    violations.push(format!("{sku}: negative stock {stock}"));
+                }
+                if initial - stock != taken {
+                    violations.push(format!(
+                        "{sku}: conservation broken: stock went down by {}, DEDUCTED, CONFIRMED and HELD records hold {taken}",
+                        initial - stock
+                    ));
+                }
+            }
+        }
+        let held: i64 = held_records(&self.records, sku)
+            .map(|(_, r)| r.qty as i64)
+            .sum();
+        let counter = self.held.get(sku).copied().unwrap_or(0);
+        if counter != held {
+            violations.push(format!(
+                "{sku}: the held counter says {counter}, HELD records hold {held}"
+            ));
+        }
+        let empty = HashMap::new();
+        let set = self.holds.get(sku).unwrap_or(&empty);
+        for (id, record) in held_records(&self.records, sku) {
+            match set.get(id) {
+                None => violations.push(format!(
+                    "{sku} {id}: HELD, but not in the holds set (its units would never come back)"
+                )),
+                Some(at) if Some(*at) != record.expires => violations.push(format!(
+                    "{sku} {id}: in the holds set at {at}, its record expires at {:?}",
+                    record.expires
+                )),
+                Some(_) => {}
+            }
+        }
+        for id in set.keys() {
+            let state = self
+                .records
+                .get(&(sku.to_owned(), id.clone()))
+                .map(|r| r.state);
+            if state != Some(RecordState::Held) {
+                violations.push(format!(
+                    "{sku} {id}: in the holds set, but its record is {state:?} (a hold still counted after it ended)"
+                ));
+            }
+        }
+        violations
     }
 }
 
@@ -823,8 +1188,16 @@ pub struct Audit {
     pub units_acked: i64,
     /// Σ (initial − final) over the skus.
     pub units_taken: i64,
-    /// Σ qty of DEDUCTED records.
+    /// Σ qty of DEDUCTED, CONFIRMED and HELD records.
     pub units_recorded: i64,
+    /// Σ qty of HELD records, and of CONFIRMED ones.
+    pub units_held: i64,
+    pub units_confirmed: i64,
+    /// Holds that ran out and were released (EXPIRED records), and holds
+    /// that ran out by Redis time but that nothing had released yet when
+    /// the audit read them (still HELD, and counted so).
+    pub holds_expired: usize,
+    pub holds_due: usize,
     pub unsettled: usize,
     /// One error text per kind, for the report.
     pub samples: BTreeMap<String, String>,
@@ -846,7 +1219,7 @@ impl Audit {
             .map(|(k, v)| format!("{}={v}", k.trim_start_matches("code ")))
             .collect();
         format!(
-            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} lost_acks={} violations={}",
+            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} (held={} confirmed={}) holds expired={} due={} lost_acks={} violations={}",
             self.name,
             self.requests,
             self.ids,
@@ -857,6 +1230,10 @@ impl Audit {
             self.units_acked,
             self.units_taken,
             self.units_recorded,
+            self.units_held,
+            self.units_confirmed,
+            self.holds_expired,
+            self.holds_due,
             self.lost_acks,
             self.violations.len()
         )
@@ -905,7 +1282,8 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         };
         match &a.outcome {
             Outcome::Code { code, remain, .. } => {
-                if !(0..=4).contains(code) || *code == 2 || *code == 3 {
+                let expiry_answer = *code == 5 && matches!(a.op, Op::Hold | Op::Confirm);
+                if !((0..=4).contains(code) || expiry_answer) || *code == 2 || *code == 3 {
                     violations.push(format!(
                         "{} got business code {code} during a fault",
                         what()
@@ -950,10 +1328,35 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
     }
     let mut units_acked = 0i64;
     let mut units_recorded_by_sku: HashMap<&str, i64> = HashMap::new();
+    let (mut units_held, mut units_confirmed, mut holds_expired, mut holds_due) = (0, 0, 0, 0);
     for (id, attempts) in &by_id {
         let sku = w.skus[attempts[0].sku].as_str();
         let qty = attempts[0].qty;
         let order = order_no(id);
+        if attempts.iter().any(|a| a.op == Op::Hold) {
+            let record = state.records.get(&(sku.to_owned(), id.to_string()));
+            let held = audit_hold(history, id, attempts, record, policy, &mut violations);
+            if held.lost {
+                lost_acks += 1;
+            }
+            units_acked += held.acked;
+            if let Some(r) = record
+                && matches!(r.state, RecordState::Held | RecordState::Confirmed)
+            {
+                *units_recorded_by_sku.entry(sku).or_default() += r.qty as i64;
+                match r.state {
+                    RecordState::Held => units_held += r.qty as i64,
+                    _ => units_confirmed += r.qty as i64,
+                }
+                if r.state == RecordState::Held && r.expires.is_some_and(|at| at <= state.now_ms) {
+                    holds_due += 1;
+                }
+            }
+            if record.is_some_and(|r| r.state == RecordState::Expired) {
+                holds_expired += 1;
+            }
+            continue;
+        }
         let mut sent_deduct = false;
         let mut sent_revert = false;
         let mut deduct_acked = false;
@@ -1054,20 +1457,24 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
             match a.op {
                 Op::Deduct => sent_deduct = true,
                 Op::Revert => sent_revert = true,
+                Op::Hold | Op::Confirm => {} // never in a DEDUCT's chain
             }
         }
         let record = state.records.get(&(sku.to_owned(), id.to_string()));
-        let actual = match State::of_record(record.map(|(v, _)| v.as_str()), qty, &order) {
+        let actual = match State::of_record(record.map(|r| r.summary.as_str()), qty, &order) {
             Ok(s) => s,
             Err(e) => {
                 violations.push(format!("{sku} {id}: {e}"));
                 continue;
             }
         };
-        if let Some((_, pttl)) = record
-            && *pttl <= 0
+        if let Some(r) = record
+            && r.pttl <= 0
         {
-            violations.push(format!("{sku} {id}: record without a TTL (PTTL {pttl})"));
+            violations.push(format!(
+                "{sku} {id}: record without a TTL (PTTL {})",
+                r.pttl
+            ));
         }
         if actual == State::Deducted {
             *units_recorded_by_sku.entry(sku).or_default() += qty as i64;
@@ -1113,28 +1520,18 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         }
     }
 
-    // Conservation and no negative stock, per sku.
+    // Conservation, the hold books and no negative stock, per sku.
     let mut units_taken = 0;
     let mut units_recorded = 0;
     for sku in &w.skus {
-        let Some(&final_stock) = state.stock.get(sku) else {
-            violations.push(format!("{sku}: stock key missing at the end"));
-            continue;
-        };
-        if final_stock < 0 {
-            violations.push(format!("{sku}: negative stock {final_stock}"));
-        }
-        let taken = w.initial_stock - final_stock;
         let recorded = units_recorded_by_sku
             .get(sku.as_str())
             .copied()
             .unwrap_or(0);
-        if taken != recorded {
-            violations.push(format!(
-                "{sku}: conservation broken: stock went down by {taken}, DEDUCTED records hold {recorded}"
-            ));
+        violations.extend(state.books(sku, w.initial_stock, recorded));
+        if let Some(stock) = state.stock.get(sku) {
+            units_taken += w.initial_stock - stock;
         }
-        units_taken += taken;
         units_recorded += recorded;
     }
 
@@ -1149,6 +1546,10 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         units_acked,
         units_taken,
         units_recorded,
+        units_held,
+        units_confirmed,
+        holds_expired,
+        holds_due,
         unsettled: history.unsettled.len(),
         samples: history
             .attempts
@@ -1161,4 +1562,308 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
             })
             .collect(),
     }
+}
+
+/// What one hold's audit found.
+struct HoldAudit {
+    /// An acknowledged change is missing (or was made again).
+    lost: bool,
+    /// qty when the replies leave the units out of stock for sure (HELD
+    /// or CONFIRMED), else 0.
+    acked: i64,
+}
+
+/// A hold's state, as its record holds it (HELD counts as HELD whether or
+/// not its time ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hs {
+    None,
+    Held,
+    Confirmed,
+    Expired,
+    Reverted,
+    Revoked,
+}
+
+const HS: [Hs; 6] = [
+    Hs::None,
+    Hs::Held,
+    Hs::Confirmed,
+    Hs::Expired,
+    Hs::Reverted,
+    Hs::Revoked,
+];
+
+/// A set of [`Hs`], one bit each.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Hset(u8);
+
+impl Hset {
+    fn of(states: &[Hs]) -> Hset {
+        Hset(states.iter().fold(0, |m, s| m | 1 << *s as u8))
+    }
+    fn has(self, s: Hs) -> bool {
+        self.0 & (1 << s as u8) != 0
+    }
+    fn states(self) -> impl Iterator<Item = Hs> {
+        HS.into_iter().filter(move |s| self.has(*s))
+    }
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::fmt::Debug for Hset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.states()).finish()
+    }
+}
+
+impl Hs {
+    fn of_record(record: Option<&FinalRecord>) -> Option<Hs> {
+        Some(match record.map(|r| r.state) {
+            None => Hs::None,
+            Some(RecordState::Held) => Hs::Held,
+            Some(RecordState::Confirmed) => Hs::Confirmed,
+            Some(RecordState::Expired) => Hs::Expired,
+            Some(RecordState::Reverted) => Hs::Reverted,
+            Some(RecordState::Revoked) => Hs::Revoked,
+            Some(RecordState::Deducted) => return None,
+        })
+    }
+
+    /// What `op` answers in this state, and the state it leaves: the
+    /// columns of lua/revert.lua's table. A HELD whose time ran out answers
+    /// as EXPIRED (released by the call): the audit does not know Redis's
+    /// clock at each call, so HELD allows both.
+    fn step(self, op: Op) -> &'static [(i64, Hs)] {
+        use Hs::*;
+        match (op, self) {
+            (Op::Hold, None) => &[(0, Held)],
+            (Op::Hold, Held) => &[(1, Held), (5, Expired)],
+            (Op::Hold, Confirmed) => &[(1, Confirmed)],
+            (Op::Hold | Op::Confirm, Expired) => &[(5, Expired)],
+            (Op::Confirm, None) => &[(4, Revoked)],
+            (Op::Confirm, Held) => &[(0, Confirmed), (5, Expired)],
+            (Op::Confirm, Confirmed) => &[(1, Confirmed)],
+            (Op::Hold | Op::Confirm, Reverted) => &[(4, Reverted)],
+            (Op::Hold | Op::Confirm, Revoked) => &[(4, Revoked)],
+            (Op::Revert, None) => &[(4, Revoked)],
+            (Op::Revert, Held) => &[(0, Reverted), (1, Expired)],
+            (Op::Revert, Confirmed) => &[(0, Reverted)],
+            (Op::Revert, Expired) => &[(1, Expired)],
+            (Op::Revert, Reverted) => &[(1, Reverted)],
+            (Op::Revert, Revoked) => &[(1, Revoked)],
+            (Op::Deduct, _) => &[],
+        }
+    }
+
+    /// The states an acknowledged change lost in a failover can take this
+    /// one back to: the earlier states on its path.
+    fn behind(self) -> &'static [Hs] {
+        use Hs::*;
+        match self {
+            None => &[],
+            Held | Revoked => &[None],
+            Confirmed | Expired => &[Held, None],
+            Reverted => &[Confirmed, Held, None],
+        }
+    }
+}
+
+/// Every state `from` can reach without a reply to show it: a hold
+/// running out (when its time can have come) and any attempt in
+/// `unanswered` (it may have run, then or later).
+fn reachable(from: Hset, unanswered: &[Op], can_expire: bool) -> Hset {
+    let mut set = from;
+    loop {
+        let mut next = set;
+        for s in set.states() {
+            if s == Hs::Held && can_expire {
+                next.0 |= Hset::of(&[Hs::Expired]).0;
+            }
+            for op in unanswered {
+                for (_, to) in s.step(*op) {
+                    next.0 |= Hset::of(&[*to]).0;
+                }
+            }
+        }
+        if next == set {
+            return set;
+        }
+        set = next;
+    }
+}
+
+/// `set` and every state behind one of its own (acknowledged changes lost).
+fn with_lost(set: Hset) -> Hset {
+    let mut all = set;
+    for s in set.states() {
+        all.0 |= Hset::of(s.behind()).0;
+    }
+    all
+}
+
+/// One hold's replies against its state machine, and against its record.
+fn audit_hold(
+    history: &History,
+    id: &str,
+    attempts: &[&Attempt],
+    record: Option<&FinalRecord>,
+    policy: Policy,
+    violations: &mut Vec<String>,
+) -> HoldAudit {
+    let w = &history.workload;
+    let sku = w.skus[attempts[0].sku].as_str();
+    let order = order_no(id);
+    // A hold can run out only once its ttl has passed since its first
+    // HOLD was sent (Redis's clock and this one are the same host's; a
+    // second of slack).
+    let ttl = attempts.iter().map(|a| a.ttl_ms).max().unwrap_or(0);
+    let runs_out = attempts[0].started + Duration::from_millis(ttl as u64);
+    let can_expire = |by: Instant| runs_out <= by + Duration::from_secs(1);
+    let mut possible = Hset::of(&[Hs::None]);
+    let mut unanswered: Vec<Op> = Vec::new();
+    let mut lost = false;
+    let mut expiries: Vec<i64> = Vec::new();
+    for a in attempts {
+        let tag = || format!("{:?} {sku} {id} at {}", a.op, history.at(a.started));
+        let Outcome::Code {
+            code,
+            order_no: o,
+            expires_at,
+            ..
+        } = &a.outcome
+        else {
+            unanswered.push(a.op);
+            continue;
+        };
+        let can_expire = can_expire(a.ended());
+        let before = reachable(possible, &unanswered, can_expire);
+        let after = |from: Hset| {
+            let mut to = Hset(0);
+            for s in from.states() {
+                for (c, next) in s.step(a.op) {
+                    if c == code {
+                        to.0 |= Hset::of(&[*next]).0;
+                    }
+                }
+            }
+            to
+        };
+        let mut next = after(before);
+        if next.is_empty() {
+            let lossy = reachable(with_lost(before), &unanswered, can_expire);
+            next = after(lossy);
+            if next.is_empty() {
+                if !matches!(code, 2 | 3) {
+                    violations.push(format!(
+                        "{} answered {code}, which no state the earlier replies allow ({before:?}) answers",
+                        tag()
+                    ));
+                }
+                // Reported: go on from whatever it could mean.
+                next = Hset::of(&HS);
+            } else {
+                lost = true;
+                if !policy.allow_lost_acks {
+                    violations.push(format!(
+                        "{} answered {code}: only possible if an acknowledged change was lost (states allowed before: {before:?})",
+                        tag()
+                    ));
+                }
+            }
+        }
+        possible = next;
+        if matches!(code, 0 | 5) && o != &order {
+            violations.push(format!("{} code {code} with order_no {o:?}", tag()));
+        }
+        if matches!(a.op, Op::Hold | Op::Confirm) && matches!(code, 0 | 1 | 5) {
+            if *expires_at <= 0 {
+                violations.push(format!("{} code {code} without an expiry", tag()));
+            } else if !expiries.contains(expires_at) {
+                expiries.push(*expires_at);
+            }
+            // Redis decides by its own clock, which is this host's: a
+            // CONFIRM sent after the expiry can't have confirmed, and a 5
+            // can't come before it (half a second of slack).
+            let slack = 500;
+            if a.op == Op::Confirm && *code == 0 && history.unix_ms(a.started) > expires_at + slack
+            {
+                violations.push(format!(
+                    "{} confirmed, though sent {} ms after the hold's expiry",
+                    tag(),
+                    history.unix_ms(a.started) - expires_at
+                ));
+            }
+            if *code == 5 && history.unix_ms(a.ended()) < expires_at - slack {
+                violations.push(format!(
+                    "{} answered expired {} ms before the hold's expiry",
+                    tag(),
+                    expires_at - history.unix_ms(a.ended())
+                ));
+            }
+        }
+    }
+    if expiries.len() > 1 && !lost {
+        violations.push(format!(
+            "{sku} {id}: replies name different expiries {expiries:?}"
+        ));
+    }
+
+    let Some(actual) = Hs::of_record(record) else {
+        violations.push(format!("{sku} {id}: a hold's id has a DEDUCTED record"));
+        return HoldAudit { lost, acked: 0 };
+    };
+    if let Some(r) = record {
+        let qty = attempts[0].qty;
+        let want = match actual {
+            Hs::Revoked => "V:0:".to_owned(),
+            _ => format!("{}:{qty}:{order}", r.state.letter()),
+        };
+        if r.summary != want {
+            violations.push(format!(
+                "{sku} {id}: record {:?} does not match qty {qty}, order_no {order}",
+                r.summary
+            ));
+        }
+        if r.pttl <= 0 {
+            violations.push(format!(
+                "{sku} {id}: record without a TTL (PTTL {})",
+                r.pttl
+            ));
+        }
+        if let Some(at) = r.expires
+            && !expiries.is_empty()
+            && !expiries.contains(&at)
+            && !lost
+        {
+            violations.push(format!(
+                "{sku} {id}: record expires at {at}, the replies said {expiries:?}"
+            ));
+        }
+    }
+    let can_expire = can_expire(Instant::now());
+    let allowed = reachable(possible, &unanswered, can_expire);
+    if !allowed.has(actual) {
+        if reachable(with_lost(allowed), &unanswered, can_expire).has(actual) {
+            lost = true;
+            if !policy.allow_lost_acks {
+                violations.push(format!(
+                    "{sku} {id}: replies say {allowed:?}, Redis holds {actual:?} (acknowledged change lost)"
+                ));
+            }
+        } else {
+            violations.push(format!(
+                "{sku} {id}: replies say {allowed:?}, Redis holds {actual:?}"
+            ));
+        }
+    }
+    let out_of_stock = Hset::of(&[Hs::Held, Hs::Confirmed]);
+    let acked = if !allowed.is_empty() && allowed.0 & !out_of_stock.0 == 0 {
+        attempts[0].qty as i64
+    } else {
+        0
+    };
+    HoldAudit { lost, acked }
 }

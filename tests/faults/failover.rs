@@ -81,6 +81,9 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, &name, victim);
+    // Holds too: the promoted replica's holds set and held counter must
+    // still agree with its records (async replication keeps a prefix).
+    let (fault, rest) = (fault.with_holds(), rest.with_holds());
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -131,6 +134,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
     let cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
     let (fault, rest) = lanes(&cluster, &name, victim);
+    let (fault, rest) = (fault.with_holds(), rest.with_holds());
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,
@@ -308,5 +312,192 @@ async fn lost_scripts_are_reloaded_without_client_errors(kind: ServerKind) {
     rest_history
         .audit(&cluster, Policy::default())
         .assert_green();
+    server.stop_now();
+}
+
+/// Σ of each sku's `:held` counter and `:holds` set size, read from
+/// `node` itself: reading releases nothing (a STOCK.GET through stockgate
+/// would).
+fn held_on(node: &stockgate::dev::RedisNode, skus: &[String]) -> Option<(i64, i64)> {
+    let mut conn = node.connection().ok()?;
+    let mut pipe = redis::pipe();
+    for sku in skus {
+        let stock = crate::support::stock_key(sku);
+        pipe.cmd("GET").arg([&stock[..], b":held"].concat());
+        pipe.cmd("ZCARD").arg([&stock[..], b":holds"].concat());
+    }
+    let values: Vec<Option<i64>> = pipe.query(&mut conn).ok()?;
+    Some(values.chunks(2).fold((0, 0), |(held, set), pair| {
+        (held + pair[0].unwrap_or(0), set + pair[1].unwrap_or(0))
+    }))
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once }
+/// A primary killed while the sweeper releases its expired holds. Short
+/// holds (1–2.5 s) are placed on skus of one primary, whose sweep index
+/// shard lives there too, and nothing else touches them: only the sweeper
+/// gives them back. Once it has begun (some units came back), the primary
+/// is killed; its replica takes over with whatever releases had reached
+/// it. The sweeper must then finish on the new primary: every hold back
+/// exactly once, none twice, none left. With `--wait-replicas 1` every
+/// acknowledged HOLD, CONFIRM and REVERT is on the replica, so the books
+/// are exact: initial − final = Σ confirmed, nothing held, every set
+/// empty. (A release that reached the replica is never redone: its record
+/// is EXPIRED there; one that did not is redone, once, from its HELD
+/// record.)
+async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once(kind: ServerKind) {
+    let _serial = SERIAL.lock().await;
+    let name = format!("sweep-{kind}");
+    let mut cluster = cluster_of(kind, 1000, &[]);
+    let victim = 0;
+    let replica = replica_of(&cluster, victim);
+    let layout = crate::support::layout();
+    let index_owner = |sku: &str| {
+        let sku = stockgate::params::Sku::parse(sku.to_owned().into()).expect("sku");
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&sku)];
+        owner(&cluster, stockgate::keys::slot(&shard.due))
+    };
+    let skus: Vec<String> = skus_where(&cluster, &name, 64, |o| o == victim)
+        .into_iter()
+        .filter(|sku| index_owner(sku) == victim)
+        .take(8)
+        .collect();
+    assert_eq!(skus.len(), 8, "skus whose index shares their primary");
+    let initial = 1_000_000;
+    seed(&cluster, &skus, initial);
+    let server = stockgate_with(cluster.seeds(), TIMEOUT, Some(WAIT_ONE)).await;
+    let conn = crate::support::client(&server, false).await;
+
+    // 30 holds per sku, qty 1–5, expiring over 1.5 s; a quarter
+    // confirmed and an eighth reverted at once, the rest left to run out.
+    let holds: Vec<(String, String, u32, u32)> = (0..240u32)
+        .map(|i| {
+            let sku = skus[i as usize % skus.len()].clone();
+            (
+                sku,
+                format!("{name}-{i}"),
+                1 + i % 5,
+                1000 + (i * 37) % 1500,
+            )
+        })
+        .collect();
+    let placed = futures_util::future::join_all(holds.iter().map(|(sku, id, qty, ttl)| {
+        let mut conn = conn.clone();
+        async move {
+            let reply =
+                crate::support::hold(&mut conn, sku, &qty.to_string(), id, &ttl.to_string(), None)
+                    .await
+                    .expect("HOLD");
+            crate::support::parse_hold(reply).code
+        }
+    }))
+    .await;
+    assert!(
+        placed.iter().all(|c| *c == 0),
+        "every HOLD held: {placed:?}"
+    );
+    let mut confirmed: Vec<(&str, &str, u32)> = Vec::new();
+    let mut reverted: Vec<&str> = Vec::new();
+    let mut conn = conn;
+    for (i, (sku, id, qty, _)) in holds.iter().enumerate() {
+        if i % 4 == 1 {
+            let reply = crate::support::confirm(&mut conn, sku, id)
+                .await
+                .expect("CONFIRM");
+            match crate::support::parse_hold(reply).code {
+                0 => confirmed.push((sku, id, *qty)),
+                5 => {} // it ran out first: left to the sweeper (or already back)
+                other => panic!("CONFIRM {sku} {id}: code {other}"),
+            }
+        } else if i % 8 == 2 {
+            let reply = crate::support::revert(&mut conn, sku, id)
+                .await
+                .expect("REVERT");
+            match crate::support::parse(reply).code {
+                0 => reverted.push(id),
+                1 => {} // it ran out first
+                other => panic!("REVERT {sku} {id}: code {other}"),
+            }
+        }
+    }
+    let (held_at_start, _) = held_on(&cluster.nodes[victim], &skus).expect("held");
+    assert!(held_at_start > 0, "holds left for the sweeper");
+
+    // The sweeper at work: kill the primary as soon as some units came back.
+    let begun_by = Instant::now() + Duration::from_secs(30);
+    let (held_at_kill, set_at_kill) = loop {
+        let (held, set) = held_on(&cluster.nodes[victim], &skus).expect("held");
+        if held < held_at_start {
+            break (held, set);
+        }
+        assert!(Instant::now() < begun_by, "the sweeper never began");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
+    let (held_after, set_after) = held_on(&cluster.nodes[replica], &skus).expect("held");
+    // With --wait-replicas, writes on this shard wait for a replica again.
+    let rejoined = rejoin(&mut cluster, victim, replica);
+    eprintln!(
+        "[{name}] {} holds, {held_at_start} units held when the sweep began; killed with {held_at_kill} units in {set_at_kill} holds left; the promoted replica ({} later) had {held_after} units in {set_after} holds; replica again {} later",
+        holds.len(),
+        ms(promoted - killed),
+        ms(rejoined - promoted),
+    );
+
+    let done_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        wait_stable(&cluster);
+        let new = owner(&cluster, sku_slot(&skus[0]));
+        if held_on(&cluster.nodes[new], &skus) == Some((0, 0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < done_by,
+            "the sweeper did not release every hold after the failover: {:?} left",
+            held_on(&cluster.nodes[new], &skus)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "[{name}] every hold back {} after the kill",
+        ms(killed.elapsed())
+    );
+
+    let violations = crate::checker::conservation(&cluster, &name, &skus, initial);
+    assert!(violations.is_empty(), "{violations:#?}");
+    let mut check = cluster.cluster_connection().expect("cluster connection");
+    for (sku, id, qty, _) in &holds {
+        let raw: String = redis::cmd("GET")
+            .arg(crate::support::record_key(sku, id))
+            .query(&mut check)
+            .expect("a record for every hold");
+        let want = if confirmed.iter().any(|(_, c, _)| c == id) {
+            'C'
+        } else if reverted.contains(&id.as_str()) {
+            'R'
+        } else {
+            'X'
+        };
+        assert_eq!(
+            crate::support::summary(&raw),
+            format!("{want}:{qty}:"),
+            "{sku} {id}"
+        );
+    }
+    for sku in &skus {
+        let stock = crate::support::get_stock(&cluster, sku).expect("stock");
+        let sold: i64 = confirmed
+            .iter()
+            .filter(|(s, _, _)| s == sku)
+            .map(|(_, _, q)| *q as i64)
+            .sum();
+        assert_eq!(
+            initial - stock,
+            sold,
+            "{sku}: only the confirmed units are gone"
+        );
+    }
     server.stop_now();
 }

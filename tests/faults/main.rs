@@ -9,7 +9,7 @@
 //! latency, acknowledged writes lost).
 //!
 //! ```sh
-//! cargo test --test faults -- --nocapture     # the CI variants, about 4.5 minutes on 2 cores
+//! cargo test --test faults -- --nocapture     # the CI variants, about 5 minutes on 2 cores
 //! STOCKGATE_LONG_FAULTS=1 cargo test --test faults -- --nocapture
 //!                                              # longer phases, more slots moved, more rounds
 //! STOCKGATE_FAULT_WAIT=1 cargo test --test faults
@@ -28,7 +28,7 @@
 //! | module | faults |
 //! |---|---|
 //! | [`baseline`] | none: the checker itself, green on a quiet load, and catching planted violations |
-//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script |
+//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script; a primary killed mid-sweep of expired holds |
 //! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED) |
 //! | [`network`] | 5: a node behind a faulty relay (latency, black hole, lost replies); 6: the whole upstream down and back |
 //! | [`limits`] | 7: out of memory; 8: BUSY |
