@@ -260,6 +260,13 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_SWEEPER", default_value_t = true, action = clap::ArgAction::Set)]
     pub sweeper: bool,
 
+    /// Answer a DEDUCT on a sku seen short lately from one read (MGET of
+    /// its stock, record and held units) when that read shows the script
+    /// would refuse it: the same answer, at a fraction of Redis's cost (the
+    /// sold-out tail of a flash sale). Off with --wait-replicas.
+    #[arg(long, env = "STOCKGATE_SOLD_OUT_READS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub sold_out_reads: bool,
+
     /// What a DEDUCT of a sku without a stock key gets.
     #[arg(long, env = "STOCKGATE_MISSING_STOCK", value_enum, default_value_t = MissingStock::Error)]
     pub missing_stock: MissingStock,
@@ -399,6 +406,7 @@ pub struct Config {
     pub max_hold: Duration,
     pub max_order_lines: usize,
     pub sweeper: bool,
+    pub sold_out_reads: bool,
     pub missing_stock: MissingStock,
     pub max_request_bytes: usize,
     pub max_pipeline: usize,
@@ -560,6 +568,7 @@ impl ProxyArgs {
             max_hold: self.max_hold,
             max_order_lines: self.max_order_lines,
             sweeper: self.sweeper,
+            sold_out_reads: self.sold_out_reads,
             missing_stock: self.missing_stock,
             max_request_bytes: self.max_request_bytes,
             max_pipeline: self.max_pipeline,

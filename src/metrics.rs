@@ -27,6 +27,7 @@ pub const BUILD_INFO: &str = "stockgate_build_info";
 pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
 pub const HOLD_HELD: &str = "stockgate_hold_held_seconds";
 pub const SWEEPS_TOTAL: &str = "stockgate_sweeps_total";
+pub const SOLD_OUT_READS_TOTAL: &str = "stockgate_sold_out_reads_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -166,6 +167,9 @@ pub struct Metrics {
     held: Histogram,
     /// The sweeper's passes, by whether it could finish them.
     sweeps: [Counter; 2],
+    /// DEDUCTs that read first ([`crate::stock::sold_out`]): answered from
+    /// the read, or sent on to the script.
+    sold_out_reads: [Counter; 2],
 }
 
 impl Metrics {
@@ -340,11 +344,25 @@ impl Metrics {
             counter.increment(0);
             counter
         });
+        recorder.describe_counter(
+            SOLD_OUT_READS_TOTAL.into(),
+            None,
+            "DEDUCTs on a sku seen short lately that read its keys first, by result (answered: the read gave the script's answer; script: the request could succeed, so the script ran).".into(),
+        );
+        let sold_out_reads = ["answered", "script"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(SOLD_OUT_READS_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
         Metrics {
             handle: recorder.handle(),
             holds,
             held,
             sweeps,
+            sold_out_reads,
             requests,
             upstream_errors,
             upstream_durations,
@@ -387,6 +405,12 @@ impl Metrics {
     /// How long a confirmed hold was held.
     pub fn record_held(&self, held: Duration) {
         self.held.record(held.as_secs_f64());
+    }
+
+    /// One DEDUCT's read ([`crate::stock::sold_out`]): answered by it, or
+    /// sent on to the script.
+    pub fn record_sold_out_read(&self, answered: bool) {
+        self.sold_out_reads[usize::from(!answered)].increment(1);
     }
 
     /// One pass of the sweeper, finished or failed.

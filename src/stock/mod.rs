@@ -12,8 +12,9 @@
 //! - [`status`]: STOCK.STATUS: one request's record, for support.
 //!
 //! Beside them, [`wire`] encodes the script calls the four request
-//! commands make, and [`sweeper`] gives back the expired holds of SKUs no
-//! request touches.
+//! commands make, [`sold_out`] answers DEDUCTs on a sold-out SKU from one
+//! read, and [`sweeper`] gives back the expired holds of SKUs no request
+//! touches.
 //!
 //! What they share lives here: the service's settings, the metrics and the
 //! access log of each answered request, and the stale-id check.
@@ -24,6 +25,7 @@ pub mod deduct;
 pub mod hold;
 pub mod order;
 pub mod revert;
+pub mod sold_out;
 pub mod status;
 pub mod sweeper;
 mod wire;
@@ -97,6 +99,8 @@ pub struct StockCall {
     /// When it was handed to Redis: `--timeout` counts from here.
     sent: tokio::time::Instant,
     deadline: tokio::time::Instant,
+    /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
+    read_first: bool,
 }
 
 /// The command a [`StockCall`] carries, checked.
@@ -251,6 +255,9 @@ pub struct StockService {
     wires: Wires,
     /// What this stockgate told the sweep leader lately ([`sweeper`]).
     sweep_hints: Arc<sweeper::Hints>,
+    /// SKUs seen short lately ([`sold_out`]); `None` with the path off.
+    sold_out: Option<sold_out::Memory>,
+    missing_zero: bool,
 }
 
 /// The pre-encoded script call of each command on one request.
@@ -361,6 +368,11 @@ impl StockService {
             nonces: Nonces::new(),
             wires,
             sweep_hints: Arc::default(),
+            // A duplicate's answer under --wait-replicas must wait for a
+            // replicated write, which only the script makes.
+            sold_out: (config.sold_out_reads && config.upstream.durability.is_none())
+                .then(sold_out::Memory::default),
+            missing_zero: config.missing_stock.as_arg() == "zero",
         }
     }
 
@@ -423,12 +435,19 @@ impl StockService {
         Some(match parsed {
             Ok(op) => {
                 let sent = tokio::time::Instant::now();
+                let read_first = match (&op, &self.sold_out) {
+                    (Op::Deduct(deduct), Some(memory)) => {
+                        memory.wants_read(deduct.sku.as_bytes(), deduct.qty.get())
+                    }
+                    _ => false,
+                };
                 Prepared::Call(StockCall {
                     op,
                     nonce: self.nonces.next(),
                     arrived,
                     sent,
                     deadline: sent + self.upstream.timeout(),
+                    read_first,
                 })
             }
             Err(invalid) => {
@@ -452,6 +471,15 @@ impl StockService {
         let (sku, request_id) = call.op.request();
         if let Op::Hold(hold) = &call.op {
             self.mark_for_sweep(sku, Duration::from_millis(hold.ttl.get()));
+        }
+        if call.read_first {
+            let keys = self.keys.request_keys(sku, request_id);
+            return self.upstream.submit_script(
+                crate::keys::sku_slot(sku),
+                call.deadline,
+                completion,
+                |buf| sold_out::encode_read([&keys.stock, &keys.record, &keys.held], buf),
+            );
         }
         let wire = self.wire(&call.op);
         self.upstream.submit_script(
@@ -484,12 +512,48 @@ impl StockService {
     /// A node pipe's answer to `call` (or why there is none), read: the
     /// reply, or the fallback it calls for.
     pub fn conclude(&self, call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
+        if call.read_first {
+            return self.conclude_read(call, answer);
+        }
         match self.upstream.verdict(answer) {
             Verdict::Settled(result) => {
                 let result = self.finish(&call, result);
                 Concluded::Answered(result)
             }
             Verdict::Fallback => Concluded::Fallback(call),
+        }
+    }
+
+    /// The answer to a call's read ([`sold_out`]): the script's answer in
+    /// the state it found, or the script itself, sent through the slow path
+    /// (a read that finds enough stock ends the SKU's sold-out spell, so
+    /// this is rare).
+    fn conclude_read(&self, mut call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
+        let (Op::Deduct(deduct), Some(memory)) = (&call.op, &self.sold_out) else {
+            unreachable!("only DEDUCTs read first, and only with the path on")
+        };
+        let decision = match &answer {
+            Ok(answer) => sold_out::Read::from_frame(&answer.frame)
+                .map(|read| sold_out::decide(&read, deduct.qty.as_bytes(), self.missing_zero)),
+            Err(PipeError::Lost) => None,
+            Err(PipeError::Timeout | PipeError::Overloaded) => {
+                // Not a read's failing alone: the node is slow or full, as it
+                // would be for the script.
+                call.read_first = false;
+                return self.conclude(call, answer);
+            }
+        };
+        match decision {
+            Some(sold_out::Decision::Answer(result)) => {
+                self.metrics.record_sold_out_read(true);
+                Concluded::Answered(self.finish(&call, result))
+            }
+            Some(sold_out::Decision::RunScript) | None => {
+                self.metrics.record_sold_out_read(false);
+                memory.forget(deduct.sku.as_bytes());
+                call.read_first = false;
+                Concluded::Fallback(call)
+            }
         }
     }
 
@@ -543,6 +607,9 @@ impl StockService {
             .record_upstream(command.label(), call.sent.elapsed());
         if let Ok(reply) = &result {
             self.record_holds(command, reply);
+            if let (Op::Deduct(deduct), Some(memory)) = (&call.op, &self.sold_out) {
+                memory.learn(deduct.sku.as_bytes(), reply.code, reply.remain);
+            }
         }
         self.record(
             call.entry(),

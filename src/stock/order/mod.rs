@@ -772,6 +772,7 @@ impl StockService {
             arrived: Instant::now(),
             sent,
             deadline: sent + self.upstream.timeout(),
+            read_first: false,
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
         let answer = match self.submit(&call, Completion::Oneshot(reply)) {
