@@ -2218,8 +2218,25 @@ fn audit_order(
     let line_id = format!("{LINE_PREFIX}{id}");
     let mut lost = false;
 
-    // The lines: C (confirmed), H (held, live), ? (held, due: on its way
-    // back), - (given back, revoked, expired or never placed).
+    // The intent.
+    let intent = state.intents.get(id);
+    let field = |f: &str| intent.and_then(|i| i.get(f)).map_or("", |v| v.as_str());
+    let phase = field("p");
+    let expires: i64 = field("e").parse().unwrap_or(0);
+    let os = match phase {
+        "DONE" => Os::Applied,
+        "HELD" if expires > state.now_ms => Os::Live,
+        "HELD" => Os::RanOut,
+        "ABORTED" | "REVERTED" | "REVOKED" => Os::Undone,
+        "" => Os::Missing,
+        _ => Os::InFlight,
+    };
+
+    // The lines: C (confirmed), H (held, live), ? (held, but due, or of an
+    // order hold that ran out: on its way back, whether or not the
+    // sweeper released it yet, as lines on different primaries are read
+    // at different instants), - (given back, revoked, expired or never
+    // placed).
     let mut recorded = Vec::new();
     let mut marks = Vec::new();
     let mut shown = Vec::new();
@@ -2254,7 +2271,11 @@ fn audit_order(
                 }
                 match r.state {
                     RecordState::Confirmed => 'C',
-                    RecordState::Held if r.expires.is_some_and(|at| at > state.now_ms) => 'H',
+                    RecordState::Held
+                        if os != Os::RanOut && r.expires.is_some_and(|at| at > state.now_ms) =>
+                    {
+                        'H'
+                    }
                     RecordState::Held => '?',
                     _ => '-',
                 }
@@ -2275,19 +2296,6 @@ fn audit_order(
         _ => None,
     };
 
-    // The intent.
-    let intent = state.intents.get(id);
-    let field = |f: &str| intent.and_then(|i| i.get(f)).map_or("", |v| v.as_str());
-    let phase = field("p");
-    let expires: i64 = field("e").parse().unwrap_or(0);
-    let os = match phase {
-        "DONE" => Os::Applied,
-        "HELD" if expires > state.now_ms => Os::Live,
-        "HELD" => Os::RanOut,
-        "ABORTED" | "REVERTED" | "REVOKED" => Os::Undone,
-        "" => Os::Missing,
-        _ => Os::InFlight,
-    };
     if !matches!(os, Os::Missing) && phase != "REVOKED" {
         let mut sorted: Vec<(&str, u32)> = lines
             .iter()
@@ -2317,7 +2325,7 @@ fn audit_order(
         let fits = match os {
             Os::Applied => marks.iter().all(|m| *m == 'C'),
             Os::Live => marks.iter().all(|m| *m == 'H'),
-            Os::RanOut => marks.iter().all(|m| *m != 'C'),
+            Os::RanOut => marks.iter().all(|m| *m != 'C' && *m != 'H'),
             Os::Undone | Os::Missing => marks.iter().all(|m| *m == '-'),
             Os::InFlight => false,
         };
