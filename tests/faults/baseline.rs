@@ -59,7 +59,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         audit.summary()
     );
 
-    // Five violations behind stockgate's back, one of each kind the audit
+    // Six violations behind stockgate's back, one of each kind the audit
     // reads from the servers.
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("DECRBY")
@@ -146,9 +146,15 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .arg(line_qty)
         .query::<()>(&mut conn)
         .expect("INCRBY");
+    // And its intent record made to last for ever.
+    let persisted: i64 = redis::cmd("PERSIST")
+        .arg(format!("stock:{{order:{}}}:intent", ordered.id))
+        .query(&mut conn)
+        .expect("PERSIST");
+    assert_eq!(persisted, 1, "the intent of {} had a TTL", ordered.id);
 
     let audit = history.audit(&cluster, Policy::default());
-    eprintln!("{} (after planting five)", audit.summary());
+    eprintln!("{} (after planting six)", audit.summary());
     let expected = [
         format!("{}: conservation broken", skus[0]),
         format!(
@@ -158,6 +164,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         format!("{sku} {id}: record without a TTL"),
         format!("{held_sku} {held_id}: HELD, but not in the holds set"),
         format!("order {}: half applied", ordered.id),
+        format!("order {}: intent without a TTL", ordered.id),
     ];
     for want in &expected {
         assert!(

@@ -1238,6 +1238,14 @@ impl FinalState {
                 .query(&mut conn)
                 .expect("HGETALL an intent");
             if !fields.is_empty() {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query(&mut conn)
+                    .expect("PTTL an intent");
+                if pttl <= 0 {
+                    self.violations
+                        .push(format!("order {id}: intent without a TTL (PTTL {pttl})"));
+                }
                 self.intents.insert(id.to_owned(), fields);
             }
         }
