@@ -1,5 +1,5 @@
 //! The checker itself, on each server of the upstream matrix: a load with
-//! no fault (holds among its chains) must audit green with nothing but
+//! no fault (holds and orders among its chains) must audit green with nothing but
 //! business codes, and violations planted behind stockgate's back must
 //! each be found.
 //!
@@ -18,7 +18,9 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     let name = format!("quiet-{kind}");
     let cluster = cluster_of(kind, 2000, &[]);
     let skus = skus_on_every_primary(&cluster, &name, 2);
-    let mut load = Workload::new(&name, skus.clone(), TIMEOUT).with_holds();
+    let mut load = Workload::new(&name, skus.clone(), TIMEOUT)
+        .with_holds()
+        .with_orders();
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
@@ -51,7 +53,13 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         audit.summary()
     );
 
-    // Four violations behind stockgate's back, one of each kind the audit
+    assert!(
+        audit.orders_applied > 0 && audit.orders_undone > 0,
+        "the load's orders ended applied and undone: {}",
+        audit.summary()
+    );
+
+    // Six violations behind stockgate's back, one of each kind the audit
     // reads from the servers.
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("DECRBY")
@@ -102,8 +110,51 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .expect("ZREM");
     assert_eq!(removed, 1, "{held_sku} {held_id} was in its holds set");
 
+    // An ORDER applied and left alone, half given back: one line's record
+    // REVERTED and its units back in stock, so that the books still add
+    // up and only all-or-nothing is broken.
+    let ordered = history
+        .attempts
+        .iter()
+        .filter(|a| a.op == Op::Order && matches!(a.outcome, Outcome::Code { code: 0, .. }))
+        .find(|a| {
+            history
+                .attempts
+                .iter()
+                .all(|b| b.id != a.id || b.op == Op::Order)
+        })
+        .expect("an ORDER applied and left alone");
+    let (line_sku, line_qty) = (history.sku_name(ordered.lines[0].0), ordered.lines[0].1);
+    let line_key = crate::support::record_key(line_sku, &format!("~ord:{}", ordered.id));
+    let raw: String = redis::cmd("GET")
+        .arg(&line_key)
+        .query(&mut conn)
+        .expect("GET a line record");
+    let line = stockgate::record::Record::parse(&raw).expect("a line record");
+    assert_eq!(line.state, stockgate::record::State::Confirmed, "{raw}");
+    redis::cmd("SET")
+        .arg(&line_key)
+        .arg(format!(
+            "3:R:{}:{}::{}",
+            line.qty, line.nonce, line.order_no
+        ))
+        .arg("KEEPTTL")
+        .query::<()>(&mut conn)
+        .expect("SET the line REVERTED");
+    redis::cmd("INCRBY")
+        .arg(crate::support::stock_key(line_sku))
+        .arg(line_qty)
+        .query::<()>(&mut conn)
+        .expect("INCRBY");
+    // And its intent record made to last for ever.
+    let persisted: i64 = redis::cmd("PERSIST")
+        .arg(format!("stock:{{order:{}}}:intent", ordered.id))
+        .query(&mut conn)
+        .expect("PERSIST");
+    assert_eq!(persisted, 1, "the intent of {} had a TTL", ordered.id);
+
     let audit = history.audit(&cluster, Policy::default());
-    eprintln!("{} (after planting four)", audit.summary());
+    eprintln!("{} (after planting six)", audit.summary());
     let expected = [
         format!("{}: conservation broken", skus[0]),
         format!(
@@ -112,6 +163,8 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         ),
         format!("{sku} {id}: record without a TTL"),
         format!("{held_sku} {held_id}: HELD, but not in the holds set"),
+        format!("order {}: half applied", ordered.id),
+        format!("order {}: intent without a TTL", ordered.id),
     ];
     for want in &expected {
         assert!(

@@ -22,6 +22,12 @@
 //!   expires). After a short hold the next step waits until half a second
 //!   either side of its expiry, so CONFIRMs and REVERTs race it: a CONFIRM
 //!   may answer 0 or 5, a REVERT 0 or 1.
+//! - with [`Workload::order_pct`], sometimes an order of 2–4 lines over
+//!   distinct skus (so different slots): an ORDER (sometimes re-sent: 1;
+//!   sometimes ORDER.REVERTed after: 0, re-sent: 1, then perhaps a late
+//!   ORDER: 4), an ORDER.REVERT of an order never seen (4) then perhaps
+//!   its late ORDER (4), or an ORDER.HOLD (mostly 1–3 s) then its
+//!   ORDER.CONFIRM around the expiry (0 or 5) or nothing (it expires).
 //!
 //! Every step retries on an error with the **same** request_id and a
 //! bounded backoff, as the README tells callers to, until it gets a
@@ -58,6 +64,17 @@
 //! - **Bounded unknown outcomes**: every reply is a code or an `UPSTREAM` /
 //!   `BADREPLY` error within the client's timeout (a client timeout is a
 //!   hang), and every request_id ends in a definite state.
+//! - **Orders, all or nothing**: an order's lines are records of
+//!   `~ord:<request_id>` on their skus, counted in the books like holds
+//!   (HELD and CONFIRMED keep units out, the rest count zero). Every line
+//!   is applied (all CONFIRMED, or all HELD by a live order hold) or none
+//!   is (REVERTED, REVOKED, EXPIRED, absent, or HELD past its expiry on its
+//!   way back); the intent record (`stock:{order:<id>}:intent`, read
+//!   through the cluster) rests in a final phase that says the same as the
+//!   lines (DONE, HELD, ABORTED / REVERTED / REVOKED) and names the lines
+//!   sent; and the order's last answer agrees (0/1 → applied unless
+//!   ORDER.REVERTed after; 2, 4, 5 → none), each code explained by the
+//!   steps before it.
 //! - No record exists that the load did not cause, and none lives on a node
 //!   that does not own its slot.
 //!
@@ -105,6 +122,10 @@ pub struct Workload {
     /// The ttl of the other holds: longer than any test, so they are still
     /// HELD at the audit.
     pub long_hold: Duration,
+    /// Chains that are orders of 2–4 lines (0: none, the default).
+    pub order_pct: u64,
+    /// Of the orders: ORDER.HOLDs (most short, 1–3 s) rather than ORDERs.
+    pub order_hold_pct: u64,
     pub seed: u64,
 }
 
@@ -138,6 +159,8 @@ impl Workload {
             confirm_pct: 40,
             cancel_pct: 25,
             long_hold: Duration::from_secs(600),
+            order_pct: 0,
+            order_hold_pct: 35,
             seed,
         }
     }
@@ -147,6 +170,14 @@ impl Workload {
     /// a test turns it on where the audit is the point.
     pub fn with_holds(mut self) -> Workload {
         self.hold_pct = 25;
+        self
+    }
+
+    /// The mix with orders: a fifth of the chains are ORDERs or
+    /// ORDER.HOLDs of 2–4 lines over distinct skus. Off by default, as
+    /// holds are.
+    pub fn with_orders(mut self) -> Workload {
+        self.order_pct = 20;
         self
     }
 
@@ -240,7 +271,24 @@ pub enum Op {
     Revert,
     Hold,
     Confirm,
+    Order,
+    OrderHold,
+    OrderConfirm,
+    OrderRevert,
 }
+
+impl Op {
+    /// One of the four order commands.
+    pub fn is_order(self) -> bool {
+        matches!(
+            self,
+            Op::Order | Op::OrderHold | Op::OrderConfirm | Op::OrderRevert
+        )
+    }
+}
+
+/// An order's lines: (sku index, qty), in the order sent.
+pub type Lines = Arc<[(usize, u32)]>;
 
 /// What one attempt came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,7 +298,8 @@ pub enum Outcome {
         code: i64,
         remain: i64,
         order_no: String,
-        /// HOLD's and CONFIRM's 5th element (0 for DEDUCT and REVERT).
+        /// HOLD's and CONFIRM's 5th element (0 for DEDUCT and REVERT); an
+        /// order reply's expires_at_ms.
         expires_at: i64,
     },
     /// An error reply: its first word (`UPSTREAM`, `BADREPLY`, ...) and text.
@@ -313,7 +362,10 @@ pub fn fault_kind(word: &str, text: &str) -> &'static str {
 pub struct Attempt {
     pub client: usize,
     pub op: Op,
+    /// The sku (an order's: its first line's).
     pub sku: usize,
+    /// An order's lines (empty for the single-line operations).
+    pub lines: Lines,
     pub id: Arc<str>,
     pub qty: u32,
     /// A HOLD's ttl_ms (0 for the other operations).
@@ -384,6 +436,8 @@ struct Client {
 enum Then {
     Confirm,
     Cancel,
+    /// An order hold's ORDER.CONFIRM.
+    OrderConfirm,
 }
 
 struct Later {
@@ -392,6 +446,7 @@ struct Later {
     sku: usize,
     id: Arc<str>,
     qty: u32,
+    lines: Lines,
 }
 
 impl Client {
@@ -402,14 +457,19 @@ impl Client {
             let now = Instant::now();
             if let Some(due) = self.later.iter().position(|l| l.at <= now) {
                 let l = self.later.swap_remove(due);
-                self.then(l.then, l.sku, &l.id, l.qty).await;
+                match l.then {
+                    Then::OrderConfirm => self.order_confirm(&l.id, &l.lines).await,
+                    then => self.then(then, l.sku, &l.id, l.qty).await,
+                }
                 continue;
             }
             n += 1;
             let id: Arc<str> = format!("{}-c{}-{n}", self.workload.name, self.client).into();
             let sku = self.rng.below(self.workload.skus.len() as u64) as usize;
             let qty = 1 + self.rng.below(5) as u32;
-            if self.rng.pct(w.hold_pct) {
+            if self.rng.pct(w.order_pct) {
+                self.order_chain(&id).await;
+            } else if self.rng.pct(w.hold_pct) {
                 self.hold_chain(sku, &id, qty).await;
             } else if self.rng.pct(w.empty_revert_pct) {
                 // Empty rollback, then the hanging DEDUCT.
@@ -477,6 +537,7 @@ impl Client {
                 sku,
                 id: id.clone(),
                 qty,
+                lines: Arc::new([]),
             });
         } else {
             self.then(then, sku, id, qty).await;
@@ -504,15 +565,113 @@ impl Client {
                     self.step(Op::Revert, sku, id, qty, 0).await;
                 }
             }
+            Then::OrderConfirm => {}
         }
+    }
+
+    /// An order chain over 2–4 distinct skus: an ORDER (perhaps re-sent,
+    /// perhaps ORDER.REVERTed after, the REVERT perhaps re-sent, perhaps a
+    /// late ORDER after it); or an ORDER.REVERT of an order never seen,
+    /// then perhaps its late ORDER; or an ORDER.HOLD (perhaps re-sent),
+    /// then its ORDER.CONFIRM (around the expiry of a short one) or
+    /// nothing.
+    async fn order_chain(&mut self, id: &Arc<str>) {
+        let w = self.workload.clone();
+        let n = (2 + self.rng.below(3) as usize).min(w.skus.len());
+        let mut picked: Vec<usize> = Vec::new();
+        while picked.len() < n {
+            let sku = self.rng.below(w.skus.len() as u64) as usize;
+            if !picked.contains(&sku) {
+                picked.push(sku);
+            }
+        }
+        let lines: Lines = picked
+            .into_iter()
+            .map(|sku| (sku, 1 + self.rng.below(5) as u32))
+            .collect();
+        if self.rng.pct(w.order_hold_pct) {
+            let short = self.rng.pct(70);
+            let ttl = if short {
+                1000 + self.rng.below(2001) as u32
+            } else {
+                w.long_hold.as_millis() as u32
+            };
+            if !self.order_step(Op::OrderHold, id, &lines, ttl).await {
+                return;
+            }
+            if self.rng.pct(w.duplicate_pct) {
+                self.order_step(Op::OrderHold, id, &lines, ttl).await;
+            }
+            if !self.rng.pct(60) {
+                return; // left to expire (or still held at the audit)
+            }
+            if short {
+                let wait = ttl as u64 - 500 + self.rng.below(1001);
+                self.later.push(Later {
+                    at: Instant::now() + Duration::from_millis(wait),
+                    then: Then::OrderConfirm,
+                    sku: lines[0].0,
+                    id: id.clone(),
+                    qty: 0,
+                    lines,
+                });
+            } else {
+                self.order_confirm(id, &lines).await;
+            }
+        } else if self.rng.pct(w.empty_revert_pct * 2) {
+            if self.order_step(Op::OrderRevert, id, &lines, 0).await
+                && self.rng.pct(w.late_deduct_pct * 2)
+            {
+                self.order_step(Op::Order, id, &lines, 0).await;
+            }
+        } else if self.order_step(Op::Order, id, &lines, 0).await {
+            if self.rng.pct(w.duplicate_pct) {
+                self.order_step(Op::Order, id, &lines, 0).await;
+            }
+            if self.rng.pct(w.revert_pct) && self.order_step(Op::OrderRevert, id, &lines, 0).await {
+                if self.rng.pct(w.duplicate_pct) {
+                    self.order_step(Op::OrderRevert, id, &lines, 0).await;
+                }
+                if self.rng.pct(w.late_deduct_pct) {
+                    self.order_step(Op::Order, id, &lines, 0).await;
+                }
+            }
+        }
+    }
+
+    /// An order hold's ORDER.CONFIRM, sometimes re-sent.
+    async fn order_confirm(&mut self, id: &Arc<str>, lines: &Lines) {
+        if self.order_step(Op::OrderConfirm, id, lines, 0).await
+            && self.rng.pct(self.workload.duplicate_pct)
+        {
+            self.order_step(Op::OrderConfirm, id, lines, 0).await;
+        }
+    }
+
+    /// Sends one order step until it gets a business code.
+    async fn order_step(&mut self, op: Op, id: &Arc<str>, lines: &Lines, ttl_ms: u32) -> bool {
+        self.step_with(op, lines[0].0, id, 0, ttl_ms, lines).await
     }
 
     /// Sends one step until it gets a business code; true if it did.
     async fn step(&mut self, op: Op, sku: usize, id: &Arc<str>, qty: u32, ttl_ms: u32) -> bool {
+        self.step_with(op, sku, id, qty, ttl_ms, &Arc::from([]))
+            .await
+    }
+
+    async fn step_with(
+        &mut self,
+        op: Op,
+        sku: usize,
+        id: &Arc<str>,
+        qty: u32,
+        ttl_ms: u32,
+        lines: &Lines,
+    ) -> bool {
         let mut backoff = Duration::from_millis(10);
         for retry in 0.. {
             let started = Instant::now();
-            let outcome = self.send(op, sku, id, qty, ttl_ms).await;
+            let outcome = self.send(op, sku, id, qty, ttl_ms, lines).await;
             let took = started.elapsed();
             let settled = outcome.is_code();
             let broken = matches!(outcome, Outcome::ClientTimeout | Outcome::ClientIo(_));
@@ -520,6 +679,7 @@ impl Client {
                 client: self.client,
                 op,
                 sku,
+                lines: lines.clone(),
                 id: id.clone(),
                 qty,
                 ttl_ms,
@@ -552,8 +712,22 @@ impl Client {
         false
     }
 
-    async fn send(&mut self, op: Op, sku: usize, id: &str, qty: u32, ttl_ms: u32) -> Outcome {
-        let sku = &self.workload.skus[sku];
+    async fn send(
+        &mut self,
+        op: Op,
+        sku: usize,
+        id: &str,
+        qty: u32,
+        ttl_ms: u32,
+        lines: &Lines,
+    ) -> Outcome {
+        let skus = &self.workload.skus;
+        let sku = &skus[sku];
+        let with_lines = |cmd: &mut redis::Cmd| {
+            for (sku, qty) in lines.iter() {
+                cmd.arg(&skus[*sku]).arg(*qty);
+            }
+        };
         let cmd = match op {
             Op::Deduct => {
                 let mut cmd = redis::cmd("DEDUCT");
@@ -575,8 +749,31 @@ impl Client {
                 cmd.arg(sku).arg(id);
                 cmd
             }
+            Op::Order => {
+                let mut cmd = redis::cmd("ORDER");
+                cmd.arg(id);
+                with_lines(&mut cmd);
+                cmd
+            }
+            Op::OrderHold => {
+                let mut cmd = redis::cmd("ORDER.HOLD");
+                cmd.arg(id).arg(ttl_ms);
+                with_lines(&mut cmd);
+                cmd
+            }
+            Op::OrderConfirm => {
+                let mut cmd = redis::cmd("ORDER.CONFIRM");
+                cmd.arg(id);
+                cmd
+            }
+            Op::OrderRevert => {
+                let mut cmd = redis::cmd("ORDER.REVERT");
+                cmd.arg(id);
+                cmd
+            }
         };
         match cmd.query_async::<Value>(&mut self.conn).await {
+            Ok(value) if op.is_order() => parse_order_reply(value),
             Ok(value) => parse_reply(value),
             Err(err) if err.is_timeout() => Outcome::ClientTimeout,
             Err(err) => match err.code() {
@@ -613,6 +810,28 @@ fn parse_reply(value: Value) -> Outcome {
                 Some(Value::Int(at)) => *at,
                 _ => 0,
             },
+        },
+        _ => Outcome::Malformed(format!("{value:?}")),
+    }
+}
+
+/// An order reply: `[code, version, expires_at_ms, lines, short]` (and a
+/// reason for a 3); its remain and order_no are left 0 and empty.
+fn parse_order_reply(value: Value) -> Outcome {
+    let Value::Array(items) = &value else {
+        return Outcome::Malformed(format!("{value:?}"));
+    };
+    match (items.first(), items.get(1), items.get(2), items.get(3)) {
+        (
+            Some(Value::Int(code)),
+            Some(Value::Int(_version)),
+            Some(Value::Int(expires_at)),
+            Some(Value::Array(_lines)),
+        ) => Outcome::Code {
+            code: *code,
+            remain: 0,
+            order_no: String::new(),
+            expires_at: *expires_at,
         },
         _ => Outcome::Malformed(format!("{value:?}")),
     }
@@ -788,7 +1007,8 @@ impl History {
     /// Reads the final state from the cluster and checks every invariant.
     pub fn audit(&self, cluster: &LocalCluster, policy: Policy) -> Audit {
         crate::harness::wait_stable(cluster);
-        let state = FinalState::read(cluster, &self.workload);
+        let mut state = FinalState::read(cluster, &self.workload);
+        state.read_intents(cluster, self);
         audit(self, &state, policy)
     }
 }
@@ -858,6 +1078,9 @@ struct FinalState {
     /// Redis time (ms) when the reading began: holds whose expiry is before
     /// it ran out, released or not.
     now_ms: i64,
+    /// request_id -> its order's intent record (fields p, k, l, e, c, ...),
+    /// for the orders of the load.
+    intents: HashMap<String, HashMap<String, String>>,
     violations: Vec<String>,
 }
 
@@ -893,6 +1116,7 @@ impl FinalState {
             holds: HashMap::new(),
             held: HashMap::new(),
             now_ms: 0,
+            intents: HashMap::new(),
             violations: Vec::new(),
         };
         let pattern = format!("stock:{{{}-*", workload.name);
@@ -990,6 +1214,41 @@ impl FinalState {
             }
         }
         state
+    }
+
+    /// Reads the intent record of every order the load sent, through the
+    /// cluster (each lives in its own slot, `{order:<id>}`).
+    fn read_intents(&mut self, cluster: &LocalCluster, history: &History) {
+        let mut ids: Vec<&str> = history
+            .attempts
+            .iter()
+            .filter(|a| a.op.is_order())
+            .map(|a| &*a.id)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return;
+        }
+        let mut conn = cluster.cluster_connection().expect("cluster connection");
+        for id in ids {
+            let key = format!("stock:{{order:{id}}}:intent");
+            let fields: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query(&mut conn)
+                .expect("HGETALL an intent");
+            if !fields.is_empty() {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query(&mut conn)
+                    .expect("PTTL an intent");
+                if pttl <= 0 {
+                    self.violations
+                        .push(format!("order {id}: intent without a TTL (PTTL {pttl})"));
+                }
+                self.intents.insert(id.to_owned(), fields);
+            }
+        }
     }
 
     fn add(&mut self, key: &str, value: &Value, pttl: i64) {
@@ -1198,6 +1457,12 @@ pub struct Audit {
     /// the audit read them (still HELD, and counted so).
     pub holds_expired: usize,
     pub holds_due: usize,
+    /// Orders sent; those that ended applied (every line CONFIRMED, or
+    /// HELD by a live order hold), and those that ended with no line
+    /// applied.
+    pub orders: usize,
+    pub orders_applied: usize,
+    pub orders_undone: usize,
     pub unsettled: usize,
     /// One error text per kind, for the report.
     pub samples: BTreeMap<String, String>,
@@ -1219,7 +1484,7 @@ impl Audit {
             .map(|(k, v)| format!("{}={v}", k.trim_start_matches("code ")))
             .collect();
         format!(
-            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} (held={} confirmed={}) holds expired={} due={} lost_acks={} violations={}",
+            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} (held={} confirmed={}) holds expired={} due={} orders={} (applied={} undone={}) lost_acks={} violations={}",
             self.name,
             self.requests,
             self.ids,
@@ -1234,6 +1499,9 @@ impl Audit {
             self.units_confirmed,
             self.holds_expired,
             self.holds_due,
+            self.orders,
+            self.orders_applied,
+            self.orders_undone,
             self.lost_acks,
             self.violations.len()
         )
@@ -1282,7 +1550,11 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         };
         match &a.outcome {
             Outcome::Code { code, remain, .. } => {
-                let expiry_answer = *code == 5 && matches!(a.op, Op::Hold | Op::Confirm);
+                let expiry_answer = *code == 5
+                    && matches!(
+                        a.op,
+                        Op::Hold | Op::Confirm | Op::OrderHold | Op::OrderConfirm
+                    );
                 if !((0..=4).contains(code) || expiry_answer) || *code == 2 || *code == 3 {
                     violations.push(format!(
                         "{} got business code {code} during a fault",
@@ -1329,10 +1601,30 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
     let mut units_acked = 0i64;
     let mut units_recorded_by_sku: HashMap<&str, i64> = HashMap::new();
     let (mut units_held, mut units_confirmed, mut holds_expired, mut holds_due) = (0, 0, 0, 0);
+    let (mut orders, mut orders_applied, mut orders_undone) = (0, 0, 0);
     for (id, attempts) in &by_id {
         let sku = w.skus[attempts[0].sku].as_str();
         let qty = attempts[0].qty;
         let order = order_no(id);
+        if attempts[0].op.is_order() {
+            let found = audit_order(history, state, id, attempts, policy, &mut violations);
+            orders += 1;
+            match found.applied {
+                Some(true) => orders_applied += 1,
+                Some(false) => orders_undone += 1,
+                None => {}
+            }
+            if found.lost {
+                lost_acks += 1;
+            }
+            units_acked += found.acked;
+            for (sku, units) in found.recorded {
+                *units_recorded_by_sku
+                    .entry(w.skus[sku].as_str())
+                    .or_default() += units;
+            }
+            continue;
+        }
         if attempts.iter().any(|a| a.op == Op::Hold) {
             let record = state.records.get(&(sku.to_owned(), id.to_string()));
             let held = audit_hold(history, id, attempts, record, policy, &mut violations);
@@ -1457,7 +1749,7 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
             match a.op {
                 Op::Deduct => sent_deduct = true,
                 Op::Revert => sent_revert = true,
-                Op::Hold | Op::Confirm => {} // never in a DEDUCT's chain
+                _ => {} // never in a DEDUCT's chain
             }
         }
         let record = state.records.get(&(sku.to_owned(), id.to_string()));
@@ -1515,7 +1807,11 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
 
     // Records nobody asked for.
     for (sku, id) in state.records.keys() {
-        if !by_id.contains_key(id.as_str()) {
+        let request_id = id.strip_prefix(LINE_PREFIX).unwrap_or(id);
+        let asked = by_id
+            .get(request_id)
+            .is_some_and(|a| a[0].op.is_order() == id.starts_with(LINE_PREFIX));
+        if !asked {
             violations.push(format!("{sku} {id}: a record for a request_id never sent"));
         }
     }
@@ -1550,6 +1846,9 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         units_confirmed,
         holds_expired,
         holds_due,
+        orders,
+        orders_applied,
+        orders_undone,
         unsettled: history.unsettled.len(),
         samples: history
             .attempts
@@ -1655,6 +1954,7 @@ impl Hs {
             (Op::Revert, Reverted) => &[(1, Reverted)],
             (Op::Revert, Revoked) => &[(1, Revoked)],
             (Op::Deduct, _) => &[],
+            (Op::Order | Op::OrderHold | Op::OrderConfirm | Op::OrderRevert, _) => &[],
         }
     }
 
@@ -1866,4 +2166,329 @@ fn audit_hold(
         0
     };
     HoldAudit { lost, acked }
+}
+
+/// The prefix of an order's line ids: its lines are records of
+/// `~ord:<request_id>` on their skus.
+const LINE_PREFIX: &str = "~ord:";
+
+/// What one order's audit found.
+struct OrderAudit {
+    /// An acknowledged change is missing (or was made again).
+    lost: bool,
+    /// Σ qty of the lines when the replies say the order is applied and
+    /// Redis agrees, else 0.
+    acked: i64,
+    /// Every line applied (true), none (false), or half (None, reported).
+    applied: Option<bool>,
+    /// (sku, qty) of the line records that keep units out of stock.
+    recorded: Vec<(usize, i64)>,
+}
+
+/// Where an order ended, by its intent record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Os {
+    /// DONE: every line CONFIRMED.
+    Applied,
+    /// HELD before its expiry: every line HELD.
+    Live,
+    /// HELD after its expiry: every line HELD (due) or EXPIRED.
+    RanOut,
+    /// ABORTED, REVERTED, REVOKED: every line given back, revoked or never
+    /// placed.
+    Undone,
+    /// A phase a settled order never rests in.
+    InFlight,
+    /// No intent record.
+    Missing,
+}
+
+/// A violation, or an acknowledged change lost when the policy allows it.
+fn lossy(policy: Policy, lost: &mut bool, violations: &mut Vec<String>, text: String) {
+    *lost = true;
+    if !policy.allow_lost_acks {
+        violations.push(text);
+    }
+}
+
+/// One order's replies, its intent record and its line records: all lines
+/// or none, agreeing with the replies.
+fn audit_order(
+    history: &History,
+    state: &FinalState,
+    id: &str,
+    attempts: &[&Attempt],
+    policy: Policy,
+    violations: &mut Vec<String>,
+) -> OrderAudit {
+    let w = &history.workload;
+    let lines = attempts[0].lines.clone();
+    let line_id = format!("{LINE_PREFIX}{id}");
+    let mut lost = false;
+
+    // The intent.
+    let intent = state.intents.get(id);
+    let field = |f: &str| intent.and_then(|i| i.get(f)).map_or("", |v| v.as_str());
+    let phase = field("p");
+    let expires: i64 = field("e").parse().unwrap_or(0);
+    let os = match phase {
+        "DONE" => Os::Applied,
+        "HELD" if expires > state.now_ms => Os::Live,
+        "HELD" => Os::RanOut,
+        "ABORTED" | "REVERTED" | "REVOKED" => Os::Undone,
+        "" => Os::Missing,
+        _ => Os::InFlight,
+    };
+
+    // The lines: C (confirmed), H (held, live), ? (held, but due, or of an
+    // order hold that ran out: on its way back, whether or not the
+    // sweeper released it yet, as lines on different primaries are read
+    // at different instants), - (given back, revoked, expired or never
+    // placed).
+    let mut recorded = Vec::new();
+    let mut marks = Vec::new();
+    let mut shown = Vec::new();
+    for &(sku, qty) in lines.iter() {
+        let name = &w.skus[sku];
+        let record = state.records.get(&(name.clone(), line_id.clone()));
+        let mark = match record {
+            None => '-',
+            Some(r) => {
+                let want = if r.state == RecordState::Revoked {
+                    0
+                } else {
+                    qty as u64
+                };
+                if r.qty != want || r.state == RecordState::Deducted {
+                    violations.push(format!(
+                        "{name} {line_id}: line record {:?} does not match the order's line ({qty})",
+                        r.summary
+                    ));
+                }
+                if r.pttl <= 0 {
+                    violations.push(format!(
+                        "{name} {line_id}: record without a TTL (PTTL {})",
+                        r.pttl
+                    ));
+                }
+                match r.state {
+                    RecordState::Confirmed | RecordState::Held | RecordState::Deducted => {
+                        recorded.push((sku, r.qty as i64))
+                    }
+                    _ => {}
+                }
+                match r.state {
+                    RecordState::Confirmed => 'C',
+                    RecordState::Held
+                        if os != Os::RanOut && r.expires.is_some_and(|at| at > state.now_ms) =>
+                    {
+                        'H'
+                    }
+                    RecordState::Held => '?',
+                    _ => '-',
+                }
+            }
+        };
+        marks.push(mark);
+        shown.push(format!(
+            "{name}={}",
+            record.map_or('-', |r| r.state.letter())
+        ));
+    }
+    let mut kinds: Vec<char> = marks.iter().copied().filter(|m| *m != '?').collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let applied = match kinds.as_slice() {
+        ['C'] | ['H'] => Some(true),
+        [] | ['-'] => Some(false),
+        _ => None,
+    };
+
+    if !matches!(os, Os::Missing) && phase != "REVOKED" {
+        let mut sorted: Vec<(&str, u32)> = lines
+            .iter()
+            .map(|(sku, qty)| (w.skus[*sku].as_str(), *qty))
+            .collect();
+        sorted.sort_unstable();
+        let canonical: Vec<String> = sorted.iter().map(|(s, q)| format!("{s} {q}")).collect();
+        if field("l") != canonical.join(" ") {
+            violations.push(format!(
+                "order {id}: intent lines {:?}, the order sent {:?}",
+                field("l"),
+                canonical.join(" ")
+            ));
+        }
+    }
+    if applied.is_none() {
+        lossy(
+            policy,
+            &mut lost,
+            violations,
+            format!(
+                "order {id}: half applied: lines {} (intent {phase:?})",
+                shown.join(" ")
+            ),
+        );
+    } else {
+        let fits = match os {
+            Os::Applied => marks.iter().all(|m| *m == 'C'),
+            Os::Live => marks.iter().all(|m| *m == 'H'),
+            Os::RanOut => marks.iter().all(|m| *m != 'C' && *m != 'H'),
+            Os::Undone | Os::Missing => marks.iter().all(|m| *m == '-'),
+            Os::InFlight => false,
+        };
+        if !fits || os == Os::Missing {
+            let text = format!("order {id}: intent {phase:?}, lines {}", shown.join(" "));
+            // An order only rests in flight if a step never settled
+            // (reported as such) or a write was lost.
+            if !(os == Os::InFlight && history.unsettled.iter().any(|u| &*u.id == id)) {
+                lossy(policy, &mut lost, violations, text);
+            }
+        }
+    }
+
+    // The replies, in order.
+    let ttl = attempts.iter().map(|a| a.ttl_ms).max().unwrap_or(0);
+    let runs_out = attempts[0].started + Duration::from_millis(ttl as u64);
+    let mut sent: Vec<Op> = Vec::new();
+    let mut answered: Vec<(Op, i64)> = Vec::new();
+    let mut answer: Option<(Op, bool)> = None;
+    let mut open_after = false;
+    for a in attempts {
+        let tag = || format!("{:?} {id} at {}", a.op, history.at(a.started));
+        let Outcome::Code {
+            code, expires_at, ..
+        } = &a.outcome
+        else {
+            sent.push(a.op);
+            open_after = true;
+            continue;
+        };
+        let code = *code;
+        let tried = |op: Op| sent.contains(&op);
+        let got = |op: Op, c: &[i64]| answered.iter().any(|(o, k)| *o == op && c.contains(k));
+        let placed = got(Op::Order, &[0, 1]) || got(Op::OrderHold, &[0, 1]);
+        let mut wrong = |why: &str, lossy_ok: bool| {
+            let text = format!("{} answered {code}: {why}", tag());
+            if lossy_ok {
+                lossy(policy, &mut lost, violations, text);
+            } else {
+                violations.push(text);
+            }
+        };
+        match (a.op, code) {
+            (Op::Order | Op::OrderHold, 0) => {
+                if tried(Op::OrderRevert) || placed {
+                    wrong("applied again after an earlier ack or revert", true);
+                }
+                answer = Some((a.op, true));
+            }
+            (Op::Order | Op::OrderHold, 1) => {
+                if !tried(a.op) {
+                    wrong("a duplicate with no earlier attempt", false);
+                }
+                answer = Some((a.op, true));
+            }
+            (Op::Order | Op::OrderHold, 4) => {
+                if !tried(Op::OrderRevert) {
+                    wrong("reverted, yet no ORDER.REVERT was sent", false);
+                }
+                answer = Some((a.op, false));
+            }
+            (Op::OrderHold, 5) => {
+                if runs_out > a.ended() + Duration::from_secs(1) {
+                    wrong("expired before its ttl", false);
+                }
+                answer = Some((a.op, false));
+            }
+            (Op::OrderConfirm, 0 | 1) => {
+                if code == 1 && !tried(Op::OrderConfirm) {
+                    wrong("a duplicate with no earlier attempt", false);
+                }
+                if code == 0 && got(Op::OrderConfirm, &[0, 1]) {
+                    wrong("confirmed twice", true);
+                }
+                if history.unix_ms(a.started) > expires_at + 500 {
+                    wrong(
+                        "confirmed, though sent after the order hold's expiry",
+                        false,
+                    );
+                }
+                answer = Some((a.op, true));
+            }
+            (Op::OrderConfirm, 5) => {
+                if history.unix_ms(a.ended()) < expires_at - 500 {
+                    wrong("expired before the order hold's expiry", false);
+                }
+                answer = Some((a.op, false));
+            }
+            (Op::OrderRevert, 0) => {
+                if !(placed || tried(Op::Order)) || got(Op::OrderRevert, &[0, 1]) {
+                    wrong("reverted what was not applied, or twice", true);
+                }
+                answer = Some((a.op, false));
+            }
+            (Op::OrderRevert, 1) => {
+                if !tried(Op::OrderRevert) {
+                    wrong("a duplicate with no earlier attempt", false);
+                }
+                answer = Some((a.op, false));
+            }
+            (Op::OrderRevert, 4) => {
+                if placed {
+                    wrong("nothing to revert after the order was acknowledged", true);
+                }
+                answer = Some((a.op, false));
+            }
+            (_, 2 | 3 | 5) => {} // reported with every reply
+            _ => wrong("not a code this step can answer", false),
+        }
+        if matches!(a.op, Op::OrderHold | Op::OrderConfirm)
+            && matches!(code, 0 | 1 | 5)
+            && os != Os::Missing
+            && *expires_at != expires
+        {
+            lossy(
+                policy,
+                &mut lost,
+                violations,
+                format!(
+                    "{} answered expires_at {expires_at}, the intent says {expires}",
+                    tag()
+                ),
+            );
+        }
+        sent.push(a.op);
+        answered.push((a.op, code));
+        open_after = false;
+    }
+
+    // The last answer against where the order ended.
+    let want: &[Os] = match answer {
+        _ if open_after => &[Os::Applied, Os::Live, Os::RanOut, Os::Undone, Os::InFlight],
+        None => &[],
+        Some((Op::OrderHold, true)) => &[Os::Live, Os::RanOut],
+        Some((_, true)) => &[Os::Applied],
+        Some((Op::OrderHold, false)) => &[Os::RanOut, Os::Undone],
+        Some((_, false)) => &[Os::Undone],
+    };
+    if !want.is_empty() && !want.contains(&os) {
+        lossy(
+            policy,
+            &mut lost,
+            violations,
+            format!("order {id}: replies say {want:?}, the intent is {phase:?} ({os:?})"),
+        );
+    }
+    let qty: i64 = lines.iter().map(|(_, q)| *q as i64).sum();
+    let acked = match answer {
+        Some((_, true)) if matches!(os, Os::Applied | Os::Live) && !open_after => qty,
+        _ => 0,
+    };
+    OrderAudit {
+        lost,
+        acked,
+        applied: applied.map(|a| a && matches!(os, Os::Applied | Os::Live)),
+        recorded,
+    }
 }

@@ -83,7 +83,10 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let (fault, rest) = lanes(&cluster, &name, victim);
     // Holds too: the promoted replica's holds set and held counter must
     // still agree with its records (async replication keeps a prefix).
-    let (fault, rest) = (fault.with_holds(), rest.with_holds());
+    // Orders on the victim's skus: their lines on the killed shard, their
+    // intents anywhere (some on it). Not on the other lane's, audited
+    // strictly: an intent of theirs on the victim may lose its last change.
+    let (fault, rest) = (fault.with_holds().with_orders(), rest.with_holds());
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let (fault_load, rest_load) = (
         fault.start(server.addr).await,

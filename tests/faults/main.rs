@@ -29,7 +29,7 @@
 //! |---|---|
 //! | [`baseline`] | none: the checker itself, green on a quiet load, and catching planted violations |
 //! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script; a primary killed mid-sweep of expired holds |
-//! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED) |
+//! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED); one line's slot migrating under a load of orders |
 //! | [`network`] | 5: a node behind a faulty relay (latency, black hole, lost replies); 6: the whole upstream down and back |
 //! | [`limits`] | 7: out of memory; 8: BUSY |
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |

@@ -8,7 +8,7 @@
 //! runs on a node holding only part of its keys. The added latency is
 //! measured and printed, not asserted.
 
-use crate::checker::{Attempt, History, Policy};
+use crate::checker::{Attempt, History, Outcome, Policy};
 use crate::harness::*;
 use std::time::{Duration, Instant};
 
@@ -266,4 +266,98 @@ async fn sixty_one_retries_leave_the_cluster_connection_working() {
         "a STOCK.GET on another primary right after the stuck DEDUCT"
     );
     server.stop_now();
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_migrating_mid_order }
+/// One line's slot migrates while a load of orders runs, each over 2–3
+/// skus, one per primary, most of them naming the moving one. The line
+/// calls and the intent's compare-and-sets meet ASK and TRYAGAIN mid-saga;
+/// every order must end whole or not at all, and the books add up. An
+/// `-UPSTREAM` error is allowed only as a retryable fault that the retry,
+/// with the same request_id, then resolves.
+async fn a_slot_migrating_mid_order(kind: ServerKind) {
+    let _serial = SERIAL.lock().await;
+    let name = format!("ordermove-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
+    let (source, target) = (0, 1);
+    let skus = skus_on_every_primary(&cluster, &name, 1);
+    let moving = skus
+        .iter()
+        .position(|s| owner(&cluster, sku_slot(s)) == source)
+        .expect("a sku on the source");
+    let slot = sku_slot(&skus[moving]);
+    let mut load = crate::checker::Workload::new(&name, skus.clone(), TIMEOUT);
+    load.order_pct = 100;
+    load.clients = 8;
+    load.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let running = load.start(server.addr).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let redirects = || {
+        error_stat(&cluster.nodes[source], "ASK")
+            + error_stat(&cluster.nodes[source], "TRYAGAIN")
+            + error_stat(&cluster.nodes[target], "TRYAGAIN")
+    };
+    let redirects_before = redirects();
+    let from = Instant::now();
+    let (took, keys) = migrate_slot(
+        &cluster,
+        slot,
+        source,
+        target,
+        10,
+        Duration::from_millis(30),
+        Duration::ZERO,
+    );
+    let to = from + took;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let history = running.stop().await;
+    server.stop_now();
+
+    assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
+    let during: Vec<&Attempt> = history
+        .attempts
+        .iter()
+        .filter(|a| a.lines.iter().any(|(sku, _)| *sku == moving))
+        .filter(|a| a.ended() >= from && a.started <= to)
+        .collect();
+    eprintln!(
+        "[{name}] {} slot {slot}: {keys} keys moved in {}, {} ASK and TRYAGAIN answered; orders naming it while it moved: {} {:?}",
+        skus[moving],
+        ms(took),
+        redirects() - redirects_before,
+        history.latency(during.iter().copied()),
+        history.by_label(during.iter().copied()),
+    );
+    assert!(
+        during.iter().any(|a| a.outcome.is_code()),
+        "orders naming {} were answered while its slot moved",
+        skus[moving]
+    );
+    for a in history.attempts.iter().filter(|a| !a.outcome.is_code()) {
+        assert!(
+            matches!(&a.outcome, Outcome::Fault { word, .. } if word == "UPSTREAM"),
+            "{:?} {} got {:?}: only -UPSTREAM may come back",
+            a.op,
+            a.id,
+            a.outcome
+        );
+        assert!(
+            history.attempts.iter().any(|b| b.id == a.id
+                && b.op == a.op
+                && b.started > a.started
+                && b.outcome.is_code()),
+            "{:?} {} got {:?}, and no retry of it a business code",
+            a.op,
+            a.id,
+            a.outcome
+        );
+    }
+    let audit = history.audit(&cluster, Policy::default());
+    audit.assert_green();
+    assert!(
+        audit.orders_applied > 0 && audit.orders_undone > 0,
+        "orders ended applied and undone: {}",
+        audit.summary()
+    );
 }
