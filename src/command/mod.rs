@@ -10,6 +10,7 @@
 //! wrong with it even before AUTH. An unknown command gets Redis's own
 //! error and the connection stays open.
 
+pub mod doc;
 pub mod spec;
 
 use crate::auth::NOAUTH;
@@ -23,19 +24,19 @@ use spec::{Call, CommandSpec, Serve, resolve, wrong_arity};
 
 /// Every command stockgate serves, in the order `COMMAND` lists them.
 pub static COMMANDS: &[CommandSpec] = &[
-    stock::deduct::SPEC,
-    stock::revert::SPEC,
-    stock::hold::SPEC,
-    stock::confirm::SPEC,
-    stock::order::deduct::SPEC,
-    stock::order::hold::SPEC,
-    stock::order::confirm::SPEC,
-    stock::order::revert::SPEC,
-    stock::order::status::SPEC,
-    stock::admin::GET,
-    stock::admin::SET,
-    stock::admin::ADD,
-    stock::status::SPEC,
+    spec::stock(&stock::deduct::DOC, StockCommand::Deduct),
+    spec::stock(&stock::revert::DOC, StockCommand::Revert),
+    spec::stock(&stock::hold::DOC, StockCommand::Hold),
+    spec::stock(&stock::confirm::DOC, StockCommand::Confirm),
+    spec::stock(&stock::order::deduct::DOC, StockCommand::Order),
+    spec::stock(&stock::order::hold::DOC, StockCommand::OrderHold),
+    spec::stock(&stock::order::confirm::DOC, StockCommand::OrderConfirm),
+    spec::stock(&stock::order::revert::DOC, StockCommand::OrderRevert),
+    spec::stock(&stock::order::status::DOC, StockCommand::OrderStatus),
+    spec::stock(&stock::admin::GET, StockCommand::Get),
+    spec::stock(&stock::admin::SET, StockCommand::Set),
+    spec::stock(&stock::admin::ADD, StockCommand::Add),
+    spec::stock(&stock::status::DOC, StockCommand::Status),
     basics::PING,
     basics::ECHO,
     hello::HELLO,

@@ -1,29 +1,23 @@
-//! What a command is: its name, arity, flags and documented arguments, and
-//! how it is served. Every command file describes itself with one
-//! [`CommandSpec`]; [`crate::command::COMMANDS`] lists them all, and
-//! lookup, arity checks, `COMMAND`, `COMMAND DOCS` and `HELP` read nothing
-//! else.
+//! What a command is and how it is served: its name, arity, flags and
+//! documented arguments, and who answers it. Every connection-level
+//! command file describes itself with one [`CommandSpec`]; a stock command
+//! describes itself with a [`Doc`] (`command/doc.rs`, a leaf, so that the
+//! stock service doesn't import the dispatch that imports it), which
+//! [`stock`] pairs with the stock service. [`crate::command::COMMANDS`]
+//! lists them all, and lookup, arity checks, `COMMAND`, `COMMAND DOCS` and
+//! `HELP` read nothing else.
 //!
 //! The errors about a request's shape (wrong arity, unknown command or
 //! subcommand) live here too, in Redis's own wording, which clients and
 //! humans already recognise: `tests/conformance.rs` compares them with a
 //! real redis-server's, byte for byte.
 
+pub use super::doc::{ArgSpec, Doc, arg, optional, optional_many};
 use crate::reply::Reply;
 use crate::session::Session;
 use crate::state::Shared;
 use crate::stock::StockCommand;
 use bytes::Bytes;
-
-/// One argument, as `COMMAND DOCS` and `HELP` describe it.
-pub struct ArgSpec {
-    pub name: &'static str,
-    /// `string`, `integer` or `key`, as in Redis's docs.
-    pub kind: &'static str,
-    pub optional: bool,
-    /// It may be given any number of times (`COMMAND INFO [name ...]`).
-    pub multiple: bool,
-}
 
 /// The stockgate version every command in the table appeared in: all of
 /// them came with 0.1.0, the first. `COMMAND DOCS` reports it as `since`
@@ -72,31 +66,19 @@ pub struct Call<'a> {
     pub table: &'static [CommandSpec],
 }
 
-pub const fn arg(name: &'static str, kind: &'static str) -> ArgSpec {
-    ArgSpec {
-        name,
-        kind,
-        optional: false,
-        multiple: false,
-    }
-}
-
-pub const fn optional(name: &'static str, kind: &'static str) -> ArgSpec {
-    ArgSpec {
-        name,
-        kind,
-        optional: true,
-        multiple: false,
-    }
-}
-
-/// An optional argument that may be repeated.
-pub const fn optional_many(name: &'static str, kind: &'static str) -> ArgSpec {
-    ArgSpec {
-        name,
-        kind,
-        optional: true,
-        multiple: true,
+/// A stock command's table entry: its own file's [`Doc`], served by the
+/// stock service.
+pub const fn stock(doc: &'static Doc, command: StockCommand) -> CommandSpec {
+    CommandSpec {
+        name: doc.name,
+        arity: doc.arity,
+        max_args: doc.max_args,
+        flags: doc.flags,
+        group: doc.group,
+        summary: doc.summary,
+        args: doc.args,
+        subcommands: &[],
+        serve: Serve::Stock(command),
     }
 }
 
@@ -125,13 +107,7 @@ pub const fn session(
 impl CommandSpec {
     /// Whether `count` words (the name included) fit this command.
     pub fn arity_ok(&self, count: usize) -> bool {
-        let count = count as i64;
-        let arity_ok = if self.arity >= 0 {
-            count == self.arity
-        } else {
-            count >= -self.arity
-        };
-        arity_ok && self.max_args.is_none_or(|max| count <= max as i64)
+        super::doc::arity_fits(self.arity, self.max_args, count)
     }
 
     /// A subcommand's own name: `setname` for `client|setname`.

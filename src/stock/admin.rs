@@ -25,7 +25,7 @@
 //! 2 (ADD) refused because the stock would go below 0, 3 invalid.
 
 use super::{Caller, StockCommand, StockResult, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 use crate::outcome::{Code, StockReply};
 use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
 use crate::reply::Reply;
@@ -33,7 +33,7 @@ use crate::script::LuaScript;
 use bytes::Bytes;
 use redis::Value;
 
-pub const GET: CommandSpec = CommandSpec {
+pub const GET: Doc = Doc {
     name: "stock.get",
     arity: 2,
     max_args: None,
@@ -41,11 +41,9 @@ pub const GET: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Returns a sku's stock, or nil when it has none.",
     args: &[arg("sku", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Get),
 };
 
-pub const SET: CommandSpec = CommandSpec {
+pub const SET: Doc = Doc {
     name: "stock.set",
     arity: 4,
     max_args: None,
@@ -57,11 +55,9 @@ pub const SET: CommandSpec = CommandSpec {
         arg("qty", "integer"),
         arg("op_id", "string"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Set),
 };
 
-pub const ADD: CommandSpec = CommandSpec {
+pub const ADD: Doc = Doc {
     name: "stock.add",
     arity: 4,
     max_args: None,
@@ -73,8 +69,6 @@ pub const ADD: CommandSpec = CommandSpec {
         arg("delta", "integer"),
         arg("op_id", "string"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Add),
 };
 
 const NOPERM: &str = "NOPERM STOCK.SET and STOCK.ADD change stock outside the order flow; start stockgate with --admin-commands to allow them";

@@ -15,12 +15,12 @@
 //! (`lua/confirm.lua`).
 
 use super::{StockCommand, StockResult, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 use std::time::Instant;
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "confirm",
     arity: 3,
     max_args: None,
@@ -28,8 +28,6 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Makes a hold final, once. Replies [code, remain, order_no, version, expires_at_ms]: 0 confirmed, 1 already confirmed, 3 invalid, 4 cancelled or revoked, 5 expired first.",
     args: &[arg("sku", "string"), arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Confirm),
 };
 
 /// One validated confirm.

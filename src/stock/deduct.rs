@@ -12,12 +12,12 @@
 //! checks the record and changes the stock atomically.
 
 use super::{StockCommand, StockResult, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg, optional};
+use crate::command::doc::{Doc, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 use std::time::Instant;
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "deduct",
     arity: -4,
     max_args: Some(5),
@@ -30,8 +30,6 @@ pub const SPEC: CommandSpec = CommandSpec {
         arg("request_id", "string"),
         optional("order_no", "string"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Deduct),
 };
 
 /// One validated deduction.
@@ -99,9 +97,9 @@ mod tests {
 
     #[test]
     fn arity_is_four_or_five_words() {
-        assert!(!SPEC.arity_ok(3));
-        assert!(SPEC.arity_ok(4));
-        assert!(SPEC.arity_ok(5));
-        assert!(!SPEC.arity_ok(6));
+        assert!(!DOC.arity_ok(3));
+        assert!(DOC.arity_ok(4));
+        assert!(DOC.arity_ok(5));
+        assert!(!DOC.arity_ok(6));
     }
 }

@@ -15,12 +15,12 @@
 //! `lua/revert.lua` the whole state machine.
 
 use super::{StockCommand, StockResult, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg, optional};
+use crate::command::doc::{Doc, arg, optional};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 use std::time::Instant;
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "hold",
     arity: -5,
     max_args: Some(6),
@@ -34,8 +34,6 @@ pub const SPEC: CommandSpec = CommandSpec {
         arg("ttl_ms", "integer"),
         optional("order_no", "string"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Hold),
 };
 
 /// One validated hold.
@@ -113,9 +111,9 @@ mod tests {
 
     #[test]
     fn arity_is_five_or_six_words() {
-        assert!(!SPEC.arity_ok(4));
-        assert!(SPEC.arity_ok(5));
-        assert!(SPEC.arity_ok(6));
-        assert!(!SPEC.arity_ok(7));
+        assert!(!DOC.arity_ok(4));
+        assert!(DOC.arity_ok(5));
+        assert!(DOC.arity_ok(6));
+        assert!(!DOC.arity_ok(7));
     }
 }

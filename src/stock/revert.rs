@@ -14,12 +14,12 @@
 //! See `lua/revert.lua` for the whole state machine.
 
 use super::{StockCommand, StockResult, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 use std::time::Instant;
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "revert",
     arity: 3,
     max_args: None,
@@ -27,8 +27,6 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Gives back what one request_id deducted or holds, once. Replies like DEDUCT: 0 given back, 1 already reverted (or the hold expired), 3 invalid, 4 nothing was deducted or held (the id is revoked).",
     args: &[arg("sku", "string"), arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Revert),
 };
 
 /// One validated revert.

@@ -14,14 +14,14 @@
 //! SKU's holds, 0 when none). Like every call on a SKU it first gives back
 //! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
 
-use super::{StockCommand, StockService};
-use crate::command::spec::{CommandSpec, Serve, arg};
+use super::StockService;
+use crate::command::doc::{Doc, arg};
 use crate::params::{RequestId, Sku};
 use crate::reply::Reply;
 use bytes::Bytes;
 use redis::Value;
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "stock.status",
     arity: 3,
     max_args: None,
@@ -29,8 +29,6 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED, HELD, CONFIRMED, EXPIRED), qty, order_no, remaining TTL and hold expiry, and its sku's stock, units held and next expiry.",
     args: &[arg("sku", "string"), arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Status),
 };
 
 impl StockService {

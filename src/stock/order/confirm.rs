@@ -14,10 +14,9 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
-use super::super::StockCommand;
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "order.confirm",
     arity: 2,
     max_args: None,
@@ -25,6 +24,4 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Makes an order's hold final, every line, once. Replies [code, version, expires_at_ms, lines, short]: 0 confirmed, 1 already confirmed, 3 invalid, 4 reverted or revoked, 5 expired first.",
     args: &[arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::OrderConfirm),
 };

@@ -13,10 +13,9 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
-use super::super::StockCommand;
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "order",
     arity: -4,
     max_args: None,
@@ -28,6 +27,4 @@ pub const SPEC: CommandSpec = CommandSpec {
         arg("sku", "string"),
         arg("qty", "integer"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::Order),
 };

@@ -14,10 +14,9 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
-use super::super::StockCommand;
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "order.hold",
     arity: -5,
     max_args: None,
@@ -30,6 +29,4 @@ pub const SPEC: CommandSpec = CommandSpec {
         arg("sku", "string"),
         arg("qty", "integer"),
     ],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::OrderHold),
 };

@@ -13,10 +13,9 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
-use super::super::StockCommand;
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "order.revert",
     arity: 2,
     max_args: None,
@@ -24,6 +23,4 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Cancels an order or gives every line back, once. Replies [code, version, expires_at_ms, lines, short]: 0 given back, 1 already (nothing to give back), 3 invalid, 4 never seen (revoked).",
     args: &[arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::OrderRevert),
 };

@@ -15,10 +15,9 @@
 //! or 5; else 0) and `short` (the SKUs at fault). Each line's own record
 //! is `STOCK.STATUS <sku> ~ord:<request_id>`.
 
-use super::super::StockCommand;
-use crate::command::spec::{CommandSpec, Serve, arg};
+use crate::command::doc::{Doc, arg};
 
-pub const SPEC: CommandSpec = CommandSpec {
+pub const DOC: Doc = Doc {
     name: "order.status",
     arity: 2,
     max_args: None,
@@ -26,6 +25,4 @@ pub const SPEC: CommandSpec = CommandSpec {
     group: "stockgate",
     summary: "Returns one order's phase (none, HOLDING, HELD, CONFIRMING, DONE, ABORTING, ABORTED, REVERTING, REVERTED, REVOKED), kind, lines, hold expiry, abort code and short skus, from its intent record.",
     args: &[arg("request_id", "string")],
-    subcommands: &[],
-    serve: Serve::Stock(StockCommand::OrderStatus),
 };
