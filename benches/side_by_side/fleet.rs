@@ -225,6 +225,20 @@ impl Stockgate {
         mode: &str,
         dir: &Path,
     ) -> Stockgate {
+        Stockgate::start_with(wrap, bin, name, seeds, mode, dir, &[])
+    }
+
+    /// [`Stockgate::start_wrapped`] with `args` after every other flag
+    /// (`BENCH_STOCKGATE_ARGS` included), so they win.
+    pub fn start_with(
+        wrap: &[String],
+        bin: &Path,
+        name: &str,
+        seeds: &[String],
+        mode: &str,
+        dir: &Path,
+        args: &[&str],
+    ) -> Stockgate {
         let mut last = String::new();
         for attempt in 0..5 {
             let (addr, admin) = (free_addr(), free_addr());
@@ -251,6 +265,7 @@ impl Stockgate {
             if let Ok(extra) = std::env::var("BENCH_STOCKGATE_ARGS") {
                 cmd.args(extra.split_whitespace());
             }
+            cmd.args(args);
             let log = dir.join(format!("{name}-{attempt}.log"));
             let mut proc = Proc::spawn(name, cmd, log)
                 .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
@@ -263,6 +278,15 @@ impl Stockgate {
             }
         }
         panic!("{name} did not start: {last}");
+    }
+
+    /// The value of the `/metrics` line that starts with `series ` (a
+    /// name with its labels), or `None` when there is none.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = http_get(self.admin, "/metrics").ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
     }
 
     /// `stockgate_client_connections` from `/metrics`.

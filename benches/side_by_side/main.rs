@@ -8,6 +8,7 @@
 //! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
+//! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
 //! ```
 //!
@@ -69,6 +70,13 @@
 //! time, so a stall is not hidden (no coordinated omission). Same targets
 //! (twemproxy too), same requests, same audit after every row.
 //!
+//! The flash rows (`flash.rs`, issue 16) put the whole load on one sku of
+//! 10,000 units on the standalone Redis: the sale until stock 0, then a
+//! sold-out tail, each phase measured apart, for `direct-standalone`,
+//! `stockgate-standalone` and a third stockgate with `--sold-out-reads
+//! false`; audited after every row (10,000 code-0 replies, stock 0, every
+//! retry of an applied id answered 1).
+//!
 //! # Knobs (environment)
 //!
 //! | variable | default | |
@@ -89,8 +97,11 @@
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
 //! | `BENCH_STOCKGATE_ARGS` | none | extra `stockgate serve` flags, split at whitespace |
 //! | `BENCH_CALLGRIND_REQUESTS` | 20000 | instructions: requests per counted load |
+//! | `BENCH_FLASH_CONNECTIONS` | 200 | flash: connections, one request in flight each (`flash.rs`) |
+//! | `BENCH_FLASH_TAIL_SECONDS` | 20 | flash: how long the sold-out tail runs after the stock reaches 0 |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
+mod flash;
 mod fleet;
 mod instructions;
 mod latency;
@@ -662,6 +673,9 @@ fn main() {
     if wants("instructions") {
         let counts = instructions::run(&runtime, &knobs, &mut fleet);
         println!("{}", report::instructions(&counts));
+    }
+    if wants("flash") {
+        flash::run(&runtime, &knobs, &mut fleet);
     }
     eprintln!("done in {:.0?}", started.elapsed());
 }
