@@ -74,7 +74,7 @@ struct DeductBody {
     /// is code 3. See [`integer_text`].
     qty: Box<RawValue>,
     request_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     order_no: Option<String>,
 }
 
@@ -92,8 +92,19 @@ struct HoldBody {
     qty: Box<RawValue>,
     request_id: String,
     ttl_ms: Box<RawValue>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     order_no: Option<String>,
+}
+
+/// An optional field that, when present, must have its type: absent is
+/// `None`, but `null` is a malformed body, as the document says (a bare
+/// `Option` would take `null` for absent).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 /// The body of every business outcome.

@@ -274,6 +274,10 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
             br#"{"sku": "web", "qty": null, "request_id": "x"}"#,
             "invalid type",
         ),
+        (
+            br#"{"sku": "web", "qty": 1, "request_id": "x", "order_no": null}"#,
+            "invalid type: null",
+        ),
         (br#"[1, 2]"#, "invalid type"),
         (too_big.as_bytes(), "larger than 16384 bytes"),
     ] {
