@@ -357,13 +357,29 @@ impl Attempt<'_> {
 
 impl StockService {
     /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT, with its
-    /// metrics and access log.
+    /// metrics and access log, as the RESP reply.
     pub(super) async fn order(
         &self,
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
     ) -> Reply {
+        match self.order_call(command, args, arrived).await {
+            Ok(reply) => reply.to_reply(),
+            Err(fault) => Reply::Error(fault.reply_text()),
+        }
+    }
+
+    /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT (`args`
+    /// after the name, as RESP carries them: `<request_id> [<ttl_ms>]
+    /// <sku> <qty> ...`), with its metrics and access log: the one code
+    /// path of both doors (RESP, and HTTP's `/v1/orders`).
+    pub async fn order_call(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+    ) -> Result<OrderReply, UpstreamError> {
         let result = self.order_result(command, args).await;
         let label = command.label();
         self.record(
@@ -376,14 +392,11 @@ impl StockService {
             result.as_ref().map(|reply| reply.code),
             arrived,
         );
-        match result {
-            Ok(reply) => reply.to_reply(),
-            Err(fault) => Reply::Error(fault.reply_text()),
-        }
+        result
     }
 
-    /// An order command's outcome.
-    pub async fn order_result(
+    /// An order command's outcome, not recorded.
+    async fn order_result(
         &self,
         command: StockCommand,
         args: &[Bytes],
