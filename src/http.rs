@@ -9,10 +9,13 @@
 //! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
 //! POST /v1/orders/{request_id}/confirm
 //! POST /v1/orders/{request_id}/revert
+//! GET  /v1/orders/{request_id}
 //! ```
 //!
 //! `/v1/orders` is ORDER, or ORDER.HOLD when `ttl_ms` is given; confirm and
-//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read).
+//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read); the GET is
+//! ORDER.STATUS (200 with the intent record, `"phase": "none"` when there
+//! is none; an invalid request_id is a 400 `{"error"}`).
 //!
 //! Requests go through the same [`StockService`] as RESP: one validation,
 //! one script call, one set of metrics. The business code says what happened
@@ -45,7 +48,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -70,6 +73,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/orders", post(order))
         .route("/v1/orders/{request_id}/confirm", post(order_confirm))
         .route("/v1/orders/{request_id}/revert", post(order_revert))
+        .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(drain.cancelled_owned())
@@ -166,6 +170,24 @@ struct OrderOutcomeBody<'a> {
 struct OrderLineOutcome<'a> {
     sku: &'a str,
     remain: i64,
+}
+
+/// The body of `GET /v1/orders/{request_id}`.
+#[derive(Serialize)]
+struct OrderStatusBody<'a> {
+    phase: &'a str,
+    kind: &'a str,
+    lines: Vec<OrderLineStatus<'a>>,
+    expires_at: i64,
+    expired: bool,
+    code: i64,
+    short: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct OrderLineStatus<'a> {
+    sku: &'a str,
+    qty: u64,
 }
 
 /// The body of every business outcome.
@@ -394,6 +416,52 @@ async fn order_by_id(
             .order_call(command, &[Bytes::from(id)], arrived)
             .await,
     )
+}
+
+/// `GET /v1/orders/{request_id}`: ORDER.STATUS, changing nothing.
+async fn order_status(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request_id in the path: {}", rejection.body_text()),
+                None,
+            );
+        }
+    };
+    let state = match shared.service.order_state(&Bytes::from(id)).await {
+        Ok(Ok(state)) => state,
+        Ok(Err(invalid)) => return error(StatusCode::BAD_REQUEST, &invalid.0, None),
+        Err(fault) => return fault_response(&fault),
+    };
+    fn text(b: &[u8]) -> &str {
+        std::str::from_utf8(b).unwrap_or("")
+    }
+    let body = OrderStatusBody {
+        phase: state.phase,
+        kind: state.kind,
+        lines: state
+            .lines
+            .iter()
+            .map(|(sku, qty)| OrderLineStatus {
+                sku: text(sku),
+                qty: text(qty).parse().unwrap_or(0),
+            })
+            .collect(),
+        expires_at: state.expires_at,
+        expired: state.expired,
+        code: state.code,
+        short: state.short.iter().map(|s| text(s)).collect(),
+    };
+    json(StatusCode::OK, &body)
 }
 
 /// An integer field (qty, ttl_ms) a JSON body gave, as the digits RESP

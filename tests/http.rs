@@ -20,6 +20,7 @@ const V: i64 = stockgate::outcome::SCRIPT_VERSION;
 /// One real exchange, kept for the schema check.
 #[derive(Debug, Clone)]
 struct Exchange {
+    method: &'static str,
     path: &'static str,
     status: u16,
     headers: HashMap<String, String>,
@@ -33,13 +34,29 @@ fn post(addr: SocketAddr, path: &'static str, body: &[u8]) -> Exchange {
 /// A POST to `url`, kept under the document's `path` (a template, for
 /// the paths with a parameter).
 fn post_to(addr: SocketAddr, url: &str, path: &'static str, body: &[u8]) -> Exchange {
+    exchange(addr, "post", url, path, body)
+}
+
+/// A GET of `url`, kept under the document's `path`.
+fn get_from(addr: SocketAddr, url: &str, path: &'static str) -> Exchange {
+    exchange(addr, "get", url, path, b"")
+}
+
+fn exchange(
+    addr: SocketAddr,
+    method: &'static str,
+    url: &str,
+    path: &'static str,
+    body: &[u8],
+) -> Exchange {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     write!(
         stream,
-        "POST {url} HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{} {url} HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        method.to_ascii_uppercase(),
         body.len()
     )
     .unwrap();
@@ -66,6 +83,7 @@ fn post_to(addr: SocketAddr, url: &str, path: &'static str, body: &[u8]) -> Exch
         Some("application/json")
     );
     Exchange {
+        method,
         path,
         status,
         headers,
@@ -130,7 +148,7 @@ fn assert_conform(exchanges: &[Exchange]) {
     let mut input = String::new();
     for e in exchanges {
         input.push_str(
-            &json!({"path": e.path, "status": e.status, "headers": e.headers, "body": e.body})
+            &json!({"method": e.method, "path": e.path, "status": e.status, "headers": e.headers, "body": e.body})
                 .to_string(),
         );
         input.push('\n');
@@ -755,6 +773,52 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
     seen.borrow_mut().push(e);
     assert_eq!(stock(&cluster), [9, 9, 1]);
 
+    // GET: the intent record of each, changing nothing.
+    const STATUS: &str = "/v1/orders/{request_id}";
+    let status = |id: &str| format!("/v1/orders/{id}");
+    let qtys = |qa: i64, qb: i64, qc: i64| {
+        let by_sku: HashMap<&String, i64> = [(&a, qa), (&b, qb), (&c, qc)].into_iter().collect();
+        Json::Array(
+            sorted
+                .iter()
+                .map(|sku| json!({"sku": sku, "qty": by_sku[sku]}))
+                .collect(),
+        )
+    };
+    let before = stock(&cluster);
+    check(
+        get_from(http, &status("o1"), STATUS),
+        200,
+        json!({"phase": "REVERTED", "kind": "order", "lines": qtys(1, 2, 1), "expires_at": 0,
+               "expired": false, "code": 0, "short": []}),
+    );
+    check(
+        get_from(http, &status("h1"), STATUS),
+        200,
+        json!({"phase": "DONE", "kind": "hold", "lines": qtys(1, 1, 1), "expires_at": expires_at,
+               "expired": false, "code": 0, "short": []}),
+    );
+    check(
+        get_from(http, &status("o2"), STATUS),
+        200,
+        json!({"phase": "ABORTED", "kind": "order", "lines": qtys(1, 1, 2), "expires_at": 0,
+               "expired": false, "code": 2, "short": [c]}),
+    );
+    check(
+        get_from(http, &status("never-seen"), STATUS),
+        200,
+        json!({"phase": "none", "kind": "", "lines": [], "expires_at": 0,
+               "expired": false, "code": 0, "short": []}),
+    );
+    let e = get_from(http, &status("bad%7Bid"), STATUS);
+    assert_eq!(e.status, 400, "{e:?}");
+    assert!(
+        e.body["error"].as_str().unwrap().contains("request_id"),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), before);
+
     // Malformed bodies: 400 with an error, and Redis is never called.
     let before = script_calls(&cluster);
     for (body, why) in [
@@ -834,6 +898,10 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
         );
         seen.borrow_mut().push(e);
     }
+    let e = get_from(down.http_addr.unwrap(), &status("d1"), STATUS);
+    assert_eq!(e.status, 503, "{e:?}");
+    assert_eq!(e.headers.get("retry-after").map(String::as_str), Some("1"));
+    seen.borrow_mut().push(e);
     assert!(down.drain(Duration::from_secs(5)).await);
 
     assert_conform(&seen.borrow());
