@@ -6,7 +6,16 @@
 //! POST /v1/revert   {"sku": "...", "request_id": "..."}
 //! POST /v1/hold     {"sku": "...", "qty": 1, "request_id": "...", "ttl_ms": 900000, "order_no": "..."}
 //! POST /v1/confirm  {"sku": "...", "request_id": "..."}
+//! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
+//! POST /v1/orders/{request_id}/confirm
+//! POST /v1/orders/{request_id}/revert
+//! GET  /v1/orders/{request_id}
 //! ```
+//!
+//! `/v1/orders` is ORDER, or ORDER.HOLD when `ttl_ms` is given; confirm and
+//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read); the GET is
+//! ORDER.STATUS (200 with the intent record, `"phase": "none"` when there
+//! is none; an invalid request_id is a 400 `{"error"}`).
 //!
 //! Requests go through the same [`StockService`] as RESP: one validation,
 //! one script call, one set of metrics. The business code says what happened
@@ -20,6 +29,7 @@
 //! | DEDUCT and HOLD code 2, 4 (`"revoked": true`); CONFIRM code 4 | 409 |
 //! | HOLD and CONFIRM code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
+//! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
@@ -30,12 +40,15 @@
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
+use crate::stock::StockCommand;
+use crate::stock::order::OrderReply;
 use axum::Router;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Request, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -57,6 +70,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/revert", post(revert))
         .route("/v1/hold", post(hold))
         .route("/v1/confirm", post(confirm))
+        .route("/v1/orders", post(order))
+        .route("/v1/orders/{request_id}/confirm", post(order_confirm))
+        .route("/v1/orders/{request_id}/revert", post(order_revert))
+        .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(drain.cancelled_owned())
@@ -74,7 +91,7 @@ struct DeductBody {
     /// is code 3. See [`integer_text`].
     qty: Box<RawValue>,
     request_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     order_no: Option<String>,
 }
 
@@ -92,8 +109,85 @@ struct HoldBody {
     qty: Box<RawValue>,
     request_id: String,
     ttl_ms: Box<RawValue>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     order_no: Option<String>,
+}
+
+/// The body of `/v1/orders`.
+#[derive(Deserialize)]
+struct OrderBody {
+    request_id: String,
+    lines: Vec<OrderLineBody>,
+    /// Present: ORDER.HOLD. Raw, as HOLD's; `null` is a malformed body,
+    /// not an absent field.
+    #[serde(default, deserialize_with = "present")]
+    ttl_ms: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct OrderLineBody {
+    sku: String,
+    qty: Box<RawValue>,
+}
+
+/// An optional field that, when present, must have its type: absent is
+/// `None`, but `null` is a malformed body, as the document says (a bare
+/// `Option` would take `null` for absent).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// The body of every order outcome.
+#[derive(Serialize)]
+struct OrderOutcomeBody<'a> {
+    code: i64,
+    /// Present, and true, only for code 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duplicate: Option<bool>,
+    /// Present, and true, only for code 4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revoked: Option<bool>,
+    /// Present, and true, only for code 5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expired: Option<bool>,
+    version: i64,
+    /// The order hold's expiry, ms of Redis time; 0 for an ORDER.
+    expires_at: i64,
+    lines: Vec<OrderLineOutcome<'a>>,
+    /// The SKUs at fault: code 2 (short) and 5 (ran out) only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    short: Option<Vec<&'a str>>,
+    /// Why the parameters were refused (code 3 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct OrderLineOutcome<'a> {
+    sku: &'a str,
+    remain: i64,
+}
+
+/// The body of `GET /v1/orders/{request_id}`.
+#[derive(Serialize)]
+struct OrderStatusBody<'a> {
+    phase: &'a str,
+    kind: &'a str,
+    lines: Vec<OrderLineStatus<'a>>,
+    expires_at: i64,
+    expired: bool,
+    code: i64,
+    short: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct OrderLineStatus<'a> {
+    sku: &'a str,
+    qty: u64,
 }
 
 /// The body of every business outcome.
@@ -231,6 +325,145 @@ async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response
     )
 }
 
+/// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
+/// same [`StockService::order_call`](crate::stock::StockService::order_call)
+/// as RESP. The lines become the RESP arguments, in the order given.
+async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let body: OrderBody = match read_json(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let mut args = Vec::with_capacity(2 + 2 * body.lines.len());
+    args.push(Bytes::from(body.request_id));
+    let command = match &body.ttl_ms {
+        Some(ttl) => match integer_text(ttl, "ttl_ms") {
+            Ok(ttl) => {
+                args.push(ttl);
+                StockCommand::OrderHold
+            }
+            Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+        },
+        None => StockCommand::Order,
+    };
+    for line in body.lines {
+        match integer_text(&line.qty, "qty") {
+            Ok(qty) => args.extend([Bytes::from(line.sku), qty]),
+            Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+        }
+    }
+    let operation = match command {
+        StockCommand::OrderHold => Operation::OrderHold,
+        _ => Operation::Order,
+    };
+    respond_order(
+        operation,
+        shared.service.order_call(command, &args, arrived).await,
+    )
+}
+
+/// `POST /v1/orders/{request_id}/confirm`: ORDER.CONFIRM.
+async fn order_confirm(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    order_by_id(&shared, id, request, Operation::OrderConfirm).await
+}
+
+/// `POST /v1/orders/{request_id}/revert`: ORDER.REVERT.
+async fn order_revert(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    order_by_id(&shared, id, request, Operation::OrderRevert).await
+}
+
+/// ORDER.CONFIRM or ORDER.REVERT of the (percent-decoded) request_id in
+/// the path. A path that does not decode to UTF-8 is a malformed request.
+async fn order_by_id(
+    shared: &Shared,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+    operation: Operation,
+) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(shared, &request) {
+        return refused;
+    }
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request_id in the path: {}", rejection.body_text()),
+                None,
+            );
+        }
+    };
+    let command = match operation {
+        Operation::OrderConfirm => StockCommand::OrderConfirm,
+        _ => StockCommand::OrderRevert,
+    };
+    respond_order(
+        operation,
+        shared
+            .service
+            .order_call(command, &[Bytes::from(id)], arrived)
+            .await,
+    )
+}
+
+/// `GET /v1/orders/{request_id}`: ORDER.STATUS, changing nothing.
+async fn order_status(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request_id in the path: {}", rejection.body_text()),
+                None,
+            );
+        }
+    };
+    let state = match shared.service.order_state(&Bytes::from(id)).await {
+        Ok(Ok(state)) => state,
+        Ok(Err(invalid)) => return error(StatusCode::BAD_REQUEST, &invalid.0, None),
+        Err(fault) => return fault_response(&fault),
+    };
+    fn text(b: &[u8]) -> &str {
+        std::str::from_utf8(b).unwrap_or("")
+    }
+    let body = OrderStatusBody {
+        phase: state.phase,
+        kind: state.kind,
+        lines: state
+            .lines
+            .iter()
+            .map(|(sku, qty)| OrderLineStatus {
+                sku: text(sku),
+                qty: text(qty).parse().unwrap_or(0),
+            })
+            .collect(),
+        expires_at: state.expires_at,
+        expired: state.expired,
+        code: state.code,
+        short: state.short.iter().map(|s| text(s)).collect(),
+    };
+    json(StatusCode::OK, &body)
+}
+
 /// An integer field (qty, ttl_ms) a JSON body gave, as the digits RESP
 /// would carry. A JSON integer
 /// (an optional `-` and digits: JSON allows no `+` and no leading zero) of
@@ -285,6 +518,10 @@ pub enum Operation {
     Revert,
     Hold,
     Confirm,
+    Order,
+    OrderHold,
+    OrderConfirm,
+    OrderRevert,
 }
 
 /// The HTTP status of a business code: never a 5xx. A status says whether
@@ -292,11 +529,14 @@ pub enum Operation {
 /// acts on: a DEDUCT that was revoked did not deduct (409), but a REVERT
 /// that revoked is compensation done, there was nothing to give back (200,
 /// as for a duplicate). A hold that expired (5) did not hold or confirm
-/// (409); REVERT never answers 5.
+/// (409); REVERT never answers 5. The order operations follow their
+/// single-line counterparts: ORDER.REVERT 4 is compensation done (200).
 pub fn status_for(operation: Operation, code: Code) -> StatusCode {
     match (operation, code) {
         (_, Code::Ok | Code::Duplicate) => StatusCode::OK,
-        (Operation::Revert, Code::Revoked | Code::Expired) => StatusCode::OK,
+        (Operation::Revert | Operation::OrderRevert, Code::Revoked | Code::Expired) => {
+            StatusCode::OK
+        }
         (_, Code::Revoked | Code::Expired) => StatusCode::CONFLICT,
         (_, Code::Insufficient) => StatusCode::CONFLICT,
         (_, Code::Invalid) => StatusCode::BAD_REQUEST,
@@ -322,20 +562,52 @@ fn respond(operation: Operation, result: Result<StockReply, UpstreamError>) -> R
             };
             json(status_for(operation, reply.code), &body)
         }
-        Err(fault) => {
-            let text = fault.reply_text();
-            match fault.kind.class() {
-                FaultClass::Unavailable => {
-                    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, &text, Some(true));
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-                    response
-                }
-                FaultClass::BadReply | FaultClass::Data => {
-                    error(StatusCode::INTERNAL_SERVER_ERROR, &text, None)
-                }
-            }
+        Err(fault) => fault_response(&fault),
+    }
+}
+
+fn respond_order(operation: Operation, result: Result<OrderReply, UpstreamError>) -> Response {
+    let reply = match result {
+        Ok(reply) => reply,
+        Err(fault) => return fault_response(&fault),
+    };
+    fn text(b: &[u8]) -> &str {
+        std::str::from_utf8(b).unwrap_or("")
+    }
+    let body = OrderOutcomeBody {
+        code: reply.code as i64,
+        duplicate: (reply.code == Code::Duplicate).then_some(true),
+        revoked: (reply.code == Code::Revoked).then_some(true),
+        expired: (reply.code == Code::Expired).then_some(true),
+        version: crate::outcome::SCRIPT_VERSION,
+        expires_at: reply.expires_at,
+        lines: reply
+            .lines
+            .iter()
+            .map(|(sku, remain)| OrderLineOutcome {
+                sku: text(sku),
+                remain: *remain,
+            })
+            .collect(),
+        short: (!reply.short.is_empty()).then(|| reply.short.iter().map(|s| text(s)).collect()),
+        reason: reply.reason.as_deref(),
+    };
+    json(status_for(operation, reply.code), &body)
+}
+
+/// A fault: 503 with `Retry-After` when a retry may succeed, else 500.
+fn fault_response(fault: &UpstreamError) -> Response {
+    let text = fault.reply_text();
+    match fault.kind.class() {
+        FaultClass::Unavailable => {
+            let mut response = error(StatusCode::SERVICE_UNAVAILABLE, &text, Some(true));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            response
+        }
+        FaultClass::BadReply | FaultClass::Data => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, &text, None)
         }
     }
 }
@@ -383,6 +655,10 @@ mod tests {
             Operation::Revert,
             Operation::Hold,
             Operation::Confirm,
+            Operation::Order,
+            Operation::OrderHold,
+            Operation::OrderConfirm,
+            Operation::OrderRevert,
         ] {
             for code in Code::ALL {
                 let status = status_for(operation, code);
@@ -402,5 +678,17 @@ mod tests {
             status_for(Operation::Hold, Code::Revoked),
             StatusCode::CONFLICT
         );
+        assert_eq!(
+            status_for(Operation::OrderRevert, Code::Revoked),
+            StatusCode::OK
+        );
+        for operation in [
+            Operation::Order,
+            Operation::OrderHold,
+            Operation::OrderConfirm,
+        ] {
+            assert_eq!(status_for(operation, Code::Revoked), StatusCode::CONFLICT);
+            assert_eq!(status_for(operation, Code::Expired), StatusCode::CONFLICT);
+        }
     }
 }

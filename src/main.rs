@@ -195,7 +195,7 @@ fn dev_banner(server: &Server, seeds: &[String]) -> String {
     );
     if let Some(http) = server.http_addr {
         text.push_str(&format!(
-            "HTTP/JSON API: POST http://{http}/v1/deduct, /v1/revert, /v1/hold and /v1/confirm.\n"
+            "HTTP/JSON API: POST http://{http}/v1/deduct, /v1/revert, /v1/hold, /v1/confirm and /v1/orders.\n"
         ));
     }
     text.push_str(&format!(

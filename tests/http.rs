@@ -20,6 +20,7 @@ const V: i64 = stockgate::outcome::SCRIPT_VERSION;
 /// One real exchange, kept for the schema check.
 #[derive(Debug, Clone)]
 struct Exchange {
+    method: &'static str,
     path: &'static str,
     status: u16,
     headers: HashMap<String, String>,
@@ -27,13 +28,35 @@ struct Exchange {
 }
 
 fn post(addr: SocketAddr, path: &'static str, body: &[u8]) -> Exchange {
+    post_to(addr, path, path, body)
+}
+
+/// A POST to `url`, kept under the document's `path` (a template, for
+/// the paths with a parameter).
+fn post_to(addr: SocketAddr, url: &str, path: &'static str, body: &[u8]) -> Exchange {
+    exchange(addr, "post", url, path, body)
+}
+
+/// A GET of `url`, kept under the document's `path`.
+fn get_from(addr: SocketAddr, url: &str, path: &'static str) -> Exchange {
+    exchange(addr, "get", url, path, b"")
+}
+
+fn exchange(
+    addr: SocketAddr,
+    method: &'static str,
+    url: &str,
+    path: &'static str,
+    body: &[u8],
+) -> Exchange {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     write!(
         stream,
-        "POST {path} HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{} {url} HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        method.to_ascii_uppercase(),
         body.len()
     )
     .unwrap();
@@ -60,6 +83,7 @@ fn post(addr: SocketAddr, path: &'static str, body: &[u8]) -> Exchange {
         Some("application/json")
     );
     Exchange {
+        method,
         path,
         status,
         headers,
@@ -124,7 +148,7 @@ fn assert_conform(exchanges: &[Exchange]) {
     let mut input = String::new();
     for e in exchanges {
         input.push_str(
-            &json!({"path": e.path, "status": e.status, "headers": e.headers, "body": e.body})
+            &json!({"method": e.method, "path": e.path, "status": e.status, "headers": e.headers, "body": e.body})
                 .to_string(),
         );
         input.push('\n');
@@ -273,6 +297,10 @@ async fn every_outcome_maps_to_its_status_and_conforms_to_the_openapi_document()
         (
             br#"{"sku": "web", "qty": null, "request_id": "x"}"#,
             "invalid type",
+        ),
+        (
+            br#"{"sku": "web", "qty": 1, "request_id": "x", "order_no": null}"#,
+            "invalid type: null",
         ),
         (br#"[1, 2]"#, "invalid type"),
         (too_big.as_bytes(), "larger than 16384 bytes"),
@@ -453,6 +481,432 @@ async fn holds_map_to_their_statuses_and_conform_to_the_openapi_document() {
     assert_conform(&seen);
 }
 
+/// Three SKU names, one on each third of the slots (each on its own
+/// primary of the 3-primary cluster `cluster()` makes).
+fn spread(prefix: &str) -> [String; 3] {
+    use stockgate::keys::sku_slot;
+    use stockgate::params::Sku;
+    let mut found: [Option<String>; 3] = Default::default();
+    for n in 0.. {
+        let name = format!("{prefix}-{n}");
+        let third = (sku_slot(&Sku::parse(name.clone().into()).unwrap()) / 5462) as usize;
+        found[third].get_or_insert(name);
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found.map(Option::unwrap)
+}
+
+/// Waits until Redis time is past `ms` (and a second more).
+fn wait_for_redis_time(cluster: &stockgate::dev::LocalCluster, ms: i64) {
+    let mut node = cluster.cluster_connection().unwrap();
+    loop {
+        let time: Vec<String> = redis::cmd("TIME").query(&mut node).unwrap();
+        if time[0].parse::<i64>().unwrap() * 1000 > ms + 1000 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Orders over HTTP: every row of the status mapping (ORDER, ORDER.HOLD,
+/// ORDER.CONFIRM, ORDER.REVERT, each code they answer; malformed bodies;
+/// faults), the stock after each, and every response against
+/// deploy/openapi.yaml.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
+    let cluster = cluster();
+    let [a, b, c] = spread("web-o");
+    for (sku, stock) in [(&a, 10), (&b, 10), (&c, 2)] {
+        set_stock(&cluster, sku, stock);
+    }
+    let mut sorted = [a.clone(), b.clone(), c.clone()];
+    sorted.sort();
+    let server = proxy(cluster.seeds(), |c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let http = server.http_addr.expect("http is enabled");
+    let seen = std::cell::RefCell::new(Vec::new());
+    let lines = |qa: i64, qb: i64, qc: i64| json!([{"sku": a, "qty": qa}, {"sku": b, "qty": qb}, {"sku": c, "qty": qc}]);
+    // The lines of a reply, by sku as the reply sorts them.
+    let remains = |ra: i64, rb: i64, rc: i64| {
+        let by_sku: HashMap<&String, i64> = [(&a, ra), (&b, rb), (&c, rc)].into_iter().collect();
+        Json::Array(
+            sorted
+                .iter()
+                .map(|sku| json!({"sku": sku, "remain": by_sku[sku]}))
+                .collect(),
+        )
+    };
+    let confirm = |id: &str| format!("/v1/orders/{id}/confirm");
+    let revert = |id: &str| format!("/v1/orders/{id}/revert");
+    const ORDERS: &str = "/v1/orders";
+    const CONFIRM: &str = "/v1/orders/{request_id}/confirm";
+    const REVERT: &str = "/v1/orders/{request_id}/revert";
+    let stock = |cluster: &stockgate::dev::LocalCluster| {
+        [&a, &b, &c].map(|sku| get_stock(cluster, sku).unwrap())
+    };
+    let check = |e: Exchange, status: u16, body: Json| {
+        assert_eq!((e.status, &e.body), (status, &body), "{e:?}");
+        seen.borrow_mut().push(e);
+    };
+
+    // ORDER 0, then 1: every line deducted once.
+    let order = json!({"request_id": "o1", "lines": lines(1, 2, 1)});
+    check(
+        post_json(http, ORDERS, order.clone()),
+        200,
+        json!({"code": 0, "version": V, "expires_at": 0, "lines": remains(9, 8, 1)}),
+    );
+    check(
+        post_json(http, ORDERS, order),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": 0, "lines": remains(-1, -1, -1)}),
+    );
+    assert_eq!(stock(&cluster), [9, 8, 1]);
+    // ORDER 2: no line applied, `short` names the short one.
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o2", "lines": lines(1, 1, 2)}),
+        ),
+        409,
+        json!({"code": 2, "version": V, "expires_at": 0, "lines": remains(9, 8, 1), "short": [c]}),
+    );
+    assert_eq!(stock(&cluster), [9, 8, 1]);
+    // ORDER 3: another line set under a used request_id, a sku twice, no
+    // lines, a qty out of range however far.
+    let refused = |reason: &str| json!({"code": 3, "version": V, "expires_at": 0, "lines": [], "reason": reason});
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o1", "lines": lines(1, 2, 2)}),
+        ),
+        400,
+        refused("request_id was already used with another set of lines"),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o3", "lines": [{"sku": a, "qty": 1}, {"sku": a, "qty": 2}]}),
+        ),
+        400,
+        refused("a sku may appear only once in an order"),
+    );
+    check(
+        post_json(http, ORDERS, json!({"request_id": "o3", "lines": []})),
+        400,
+        refused("an order needs one or more <sku> <qty> pairs"),
+    );
+    let body = format!(
+        r#"{{"request_id": "o3", "lines": [{{"sku": "{a}", "qty": 18446744073709551616}}]}}"#
+    );
+    check(
+        post(http, ORDERS, body.as_bytes()),
+        400,
+        refused("qty must be an integer from 1 to 1000000"),
+    );
+    // ORDER.REVERT 0, then 1: every line given back; ORDER 4 after it.
+    check(
+        post_to(http, &revert("o1"), REVERT, b""),
+        200,
+        json!({"code": 0, "version": V, "expires_at": 0, "lines": remains(10, 10, 2)}),
+    );
+    check(
+        post_to(http, &revert("o1"), REVERT, b""),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": 0, "lines": remains(-1, -1, -1)}),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o1", "lines": lines(1, 2, 1)}),
+        ),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": remains(-1, -1, -1)}),
+    );
+    // ORDER.REVERT 4 of an order never seen: compensation done, a 200;
+    // the late ORDER of it is a 409 (no lines: the revoked record has
+    // none).
+    check(
+        post_to(http, &revert("o4"), REVERT, b""),
+        200,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": []}),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o4", "lines": lines(1, 1, 1)}),
+        ),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": []}),
+    );
+    // ORDER.REVERT 3: a request_id that is not one (percent-decoded).
+    check(
+        post_to(http, &revert("bad%7Bid"), REVERT, b""),
+        400,
+        json!({"code": 3, "version": V, "expires_at": 0, "lines": [],
+               "reason": "request_id must be 1 to 128 printable ASCII bytes without whitespace, '{' or '}'"}),
+    );
+    assert_eq!(stock(&cluster), [10, 10, 2]);
+
+    // ORDER.HOLD 0, 1; ORDER.CONFIRM 0, 1.
+    let held = json!({"request_id": "h1", "lines": lines(1, 1, 1), "ttl_ms": 600000});
+    let e = post_json(http, ORDERS, held.clone());
+    let expires_at = e.body["expires_at"].as_i64().unwrap();
+    assert!(expires_at > 1_700_000_000_000, "{e:?}");
+    check(
+        e,
+        200,
+        json!({"code": 0, "version": V, "expires_at": expires_at, "lines": remains(9, 9, 1)}),
+    );
+    check(
+        post_json(http, ORDERS, held),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": expires_at, "lines": remains(-1, -1, -1)}),
+    );
+    check(
+        post_to(http, &confirm("h1"), CONFIRM, b""),
+        200,
+        json!({"code": 0, "version": V, "expires_at": expires_at, "lines": remains(9, 9, 1)}),
+    );
+    check(
+        post_to(http, &confirm("h1"), CONFIRM, b""),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": expires_at, "lines": remains(-1, -1, -1)}),
+    );
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+    // ORDER.HOLD 2, 3 (ttl out of range; an ORDER's request_id), 4. A
+    // 2 shows the expiry the order would have had.
+    let e = post_json(
+        http,
+        ORDERS,
+        json!({"request_id": "h2", "lines": lines(1, 1, 2), "ttl_ms": 600000}),
+    );
+    let would_expire = e.body["expires_at"].as_i64().unwrap();
+    assert!(would_expire >= expires_at, "{e:?}");
+    check(
+        e,
+        409,
+        json!({"code": 2, "version": V, "expires_at": would_expire, "lines": remains(9, 9, 1), "short": [c]}),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "h3", "lines": lines(1, 1, 1), "ttl_ms": 999}),
+        ),
+        400,
+        refused("ttl_ms must be an integer from 1000 to 86398000"),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "o1", "lines": lines(1, 2, 1), "ttl_ms": 600000}),
+        ),
+        400,
+        refused("request_id was used by an ORDER"),
+    );
+    // ORDER.CONFIRM 4 of an order never held revokes it: the late
+    // ORDER.HOLD is a 409 too.
+    check(
+        post_to(http, &confirm("h4"), CONFIRM, b""),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": []}),
+    );
+    check(
+        post_json(
+            http,
+            ORDERS,
+            json!({"request_id": "h4", "lines": lines(1, 1, 1), "ttl_ms": 600000}),
+        ),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": []}),
+    );
+    // ORDER.CONFIRM 3: the request_id is an ORDER's.
+    check(
+        post_to(http, &confirm("o2"), CONFIRM, b""),
+        400,
+        json!({"code": 3, "version": V, "expires_at": 0, "lines": [],
+               "reason": "request_id is an ORDER's, which needs no ORDER.CONFIRM"}),
+    );
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+
+    // An order hold that runs out: ORDER.CONFIRM and the ORDER.HOLD's
+    // retry are 409 with `expired`, and every line is back.
+    let short_hold = json!({"request_id": "h5", "lines": lines(1, 1, 1), "ttl_ms": 1000});
+    let e = post_json(http, ORDERS, short_hold.clone());
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    let short_expiry = e.body["expires_at"].as_i64().unwrap();
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), [8, 8, 0]);
+    wait_for_redis_time(&cluster, short_expiry);
+    check(
+        post_json(http, ORDERS, short_hold),
+        409,
+        json!({"code": 5, "expired": true, "version": V, "expires_at": short_expiry, "lines": remains(-1, -1, -1)}),
+    );
+    let e = post_to(http, &confirm("h5"), CONFIRM, b"");
+    assert_eq!(
+        (
+            e.status,
+            &e.body["code"],
+            &e.body["expired"],
+            &e.body["expires_at"]
+        ),
+        (409, &json!(5), &json!(true), &json!(short_expiry)),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+    // ORDER.REVERT of an expired order: nothing to give back.
+    let e = post_to(http, &revert("h5"), REVERT, b"");
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(1)), "{e:?}");
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+
+    // GET: the intent record of each, changing nothing.
+    const STATUS: &str = "/v1/orders/{request_id}";
+    let status = |id: &str| format!("/v1/orders/{id}");
+    let qtys = |qa: i64, qb: i64, qc: i64| {
+        let by_sku: HashMap<&String, i64> = [(&a, qa), (&b, qb), (&c, qc)].into_iter().collect();
+        Json::Array(
+            sorted
+                .iter()
+                .map(|sku| json!({"sku": sku, "qty": by_sku[sku]}))
+                .collect(),
+        )
+    };
+    let before = stock(&cluster);
+    check(
+        get_from(http, &status("o1"), STATUS),
+        200,
+        json!({"phase": "REVERTED", "kind": "order", "lines": qtys(1, 2, 1), "expires_at": 0,
+               "expired": false, "code": 0, "short": []}),
+    );
+    check(
+        get_from(http, &status("h1"), STATUS),
+        200,
+        json!({"phase": "DONE", "kind": "hold", "lines": qtys(1, 1, 1), "expires_at": expires_at,
+               "expired": false, "code": 0, "short": []}),
+    );
+    check(
+        get_from(http, &status("o2"), STATUS),
+        200,
+        json!({"phase": "ABORTED", "kind": "order", "lines": qtys(1, 1, 2), "expires_at": 0,
+               "expired": false, "code": 2, "short": [c]}),
+    );
+    check(
+        get_from(http, &status("never-seen"), STATUS),
+        200,
+        json!({"phase": "none", "kind": "", "lines": [], "expires_at": 0,
+               "expired": false, "code": 0, "short": []}),
+    );
+    let e = get_from(http, &status("bad%7Bid"), STATUS);
+    assert_eq!(e.status, 400, "{e:?}");
+    assert!(
+        e.body["error"].as_str().unwrap().contains("request_id"),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), before);
+
+    // Malformed bodies: 400 with an error, and Redis is never called.
+    let before = script_calls(&cluster);
+    for (body, why) in [
+        (&b"{not json"[..], "invalid request body"),
+        (br#"{"request_id": "m1"}"#, "missing field `lines`"),
+        (
+            br#"{"request_id": "m1", "lines": [{"sku": "x"}]}"#,
+            "missing field `qty`",
+        ),
+        (
+            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": "1"}]}"#,
+            "invalid type for qty",
+        ),
+        (
+            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": null}"#,
+            "invalid type for ttl_ms: null",
+        ),
+        (
+            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": 1.5}"#,
+            "invalid type for ttl_ms",
+        ),
+        (
+            br#"{"request_id": "m1", "lines": {"sku": "x", "qty": 1}}"#,
+            "invalid type",
+        ),
+    ] {
+        let e = post(http, ORDERS, body);
+        assert_eq!(e.status, 400, "{e:?}");
+        let error = e.body["error"].as_str().unwrap();
+        assert!(error.contains(why), "{why:?} not in {error:?}");
+        assert!(e.body.get("code").is_none(), "{e:?}");
+        seen.borrow_mut().push(e);
+    }
+    assert_eq!(
+        script_calls(&cluster),
+        before,
+        "no malformed request reached Redis"
+    );
+
+    // Faults: an unknown sku is a 500.
+    let e = post_json(
+        http,
+        ORDERS,
+        json!({"request_id": "f1", "lines": [{"sku": "no-such", "qty": 1}]}),
+    );
+    assert_eq!(e.status, 500, "{e:?}");
+    assert!(
+        e.body["error"].as_str().unwrap().starts_with("UNKNOWNSKU"),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+
+    // Redis unreachable: 503, Retry-After, retry_safe, on every order path.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config =
+        stockgate::config::Config::for_upstream(vec![format!("redis://127.0.0.1:{nowhere}")]);
+    config.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    let down = stockgate::server::start(config).await.unwrap();
+    let order = json!({"request_id": "d1", "lines": [{"sku": "x", "qty": 1}]}).to_string();
+    for (url, path, body) in [
+        (ORDERS.to_owned(), ORDERS, order.as_bytes()),
+        (confirm("d1"), CONFIRM, &b""[..]),
+        (revert("d1"), REVERT, &b""[..]),
+    ] {
+        let e = post_to(down.http_addr.unwrap(), &url, path, body);
+        assert_eq!(e.status, 503, "{e:?}");
+        assert_eq!(e.headers.get("retry-after").map(String::as_str), Some("1"));
+        assert_eq!(e.body["retry_safe"], json!(true));
+        assert!(
+            e.body["error"].as_str().unwrap().starts_with("UPSTREAM"),
+            "{e:?}"
+        );
+        seen.borrow_mut().push(e);
+    }
+    let e = get_from(down.http_addr.unwrap(), &status("d1"), STATUS);
+    assert_eq!(e.status, 503, "{e:?}");
+    assert_eq!(e.headers.get("retry-after").map(String::as_str), Some("1"));
+    seen.borrow_mut().push(e);
+    assert!(down.drain(Duration::from_secs(5)).await);
+
+    assert_conform(&seen.borrow());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_and_resp_share_one_core_state_and_metrics() {
     let cluster = cluster();
@@ -514,7 +968,12 @@ async fn schemathesis_finds_no_contract_violation() {
                 "--checks",
                 "status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection",
             ])
-            .args(["--max-examples", "40", "--workers", "2", "--seed", "20261129"])
+            // One worker: with two, hypothesis's lambda descriptions
+            // (ast.parse of schemathesis's own source, from two threads)
+            // now and then die in CPython 3.11's AST constructor
+            // (`SystemError: AST constructor recursion depth mismatch`,
+            // python/cpython#106905), an error of the tool, not a finding.
+            .args(["--max-examples", "40", "--workers", "1", "--seed", "20261129"])
             .env("SCHEMATHESIS_HOOKS", "")
             .output()
             .expect("runs schemathesis")

@@ -57,6 +57,21 @@ impl Encoded {
 
     /// Appends one command as a RESP array of bulk strings.
     pub fn push(&mut self, args: &[&[u8]]) {
+        self.encode(args);
+        self.ends.push(self.bytes.len());
+    }
+
+    /// Appends several commands as one request: they go out in one write
+    /// and the request is answered by their last reply (see
+    /// [`run_grouped`]).
+    pub fn push_group(&mut self, commands: &[&[&[u8]]]) {
+        for args in commands {
+            self.encode(args);
+        }
+        self.ends.push(self.bytes.len());
+    }
+
+    fn encode(&mut self, args: &[&[u8]]) {
         let out = &mut self.bytes;
         out.push(b'*');
         out.extend_from_slice(args.len().to_string().as_bytes());
@@ -68,7 +83,6 @@ impl Encoded {
             out.extend_from_slice(arg);
             out.extend_from_slice(b"\r\n");
         }
-        self.ends.push(out.len());
     }
 }
 
@@ -188,8 +202,22 @@ async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> std::io::Result<Tcp
 pub async fn run<P>(
     conns: Vec<Conn>,
     depth: usize,
+    probe: impl FnMut() -> P,
+) -> Result<(RunOutcome, P, P), String> {
+    run_grouped(conns, depth, 1, probe).await
+}
+
+/// [`run`], where every request is `group` commands (written with
+/// [`Encoded::push_group`]): `depth` requests in flight is `depth × group`
+/// commands, and a request's latency runs from its write to the last of
+/// its `group` replies. Every reply's code is counted.
+pub async fn run_grouped<P>(
+    conns: Vec<Conn>,
+    depth: usize,
+    group: usize,
     mut probe: impl FnMut() -> P,
 ) -> Result<(RunOutcome, P, P), String> {
+    assert!(group >= 1);
     let addrs: Vec<SocketAddr> = conns.iter().map(|c| c.addr).collect();
     let connecting = Instant::now();
     let streams = connect_all(&addrs).await.map_err(|e| e.to_string())?;
@@ -199,7 +227,7 @@ pub async fn run<P>(
     let tasks: Vec<_> = conns
         .into_iter()
         .zip(streams)
-        .map(|(conn, stream)| tokio::spawn(drive(stream, conn.requests, depth)))
+        .map(|(conn, stream)| tokio::spawn(drive(stream, conn.requests, depth, group)))
         .collect();
     let (outcome, failure) = gather(tasks, connecting, started).await;
     let after = probe();
@@ -263,6 +291,11 @@ impl Tally {
     fn record(&mut self, reply: ParsedReply, latency: Duration) {
         self.latency
             .saturating_record((latency.as_nanos() as u64).max(1_000));
+        self.count(reply);
+    }
+
+    /// Counts one reply's code, no latency.
+    fn count(&mut self, reply: ParsedReply) {
         let error = match reply {
             ParsedReply::Code(code @ 0..=3) => {
                 self.codes[code as usize] += 1;
@@ -313,16 +346,20 @@ async fn read_some(
     Ok(())
 }
 
-/// One connection: keeps `depth` requests in flight until all are answered.
+/// One connection: keeps `depth` requests (of `group` commands each) in
+/// flight until all are answered.
 async fn drive(
     mut stream: TcpStream,
     requests: Encoded,
     depth: usize,
+    group: usize,
 ) -> Result<ConnOutcome, String> {
     let total = requests.len();
     let mut tally = Tally::new();
     let mut sent = 0;
     let mut answered = 0;
+    // Replies read of the oldest request in flight.
+    let mut partial = 0;
     let mut sent_at: VecDeque<Instant> = VecDeque::with_capacity(depth);
     let mut input = BytesMut::with_capacity(64 * 1024);
     while answered < total {
@@ -340,6 +377,12 @@ async fn drive(
         let now = Instant::now();
         while let Some((len, reply)) = parse_reply(&input)? {
             input.advance(len);
+            partial += 1;
+            if partial < group {
+                tally.count(reply);
+                continue;
+            }
+            partial = 0;
             let started = sent_at
                 .pop_front()
                 .ok_or("a reply to a request never sent")?;

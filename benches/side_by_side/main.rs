@@ -6,6 +6,7 @@
 //! cargo bench --bench side_by_side                  # every mode below, in this order
 //! cargo bench --bench side_by_side -- throughput    # only the table
 //! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
+//! cargo bench --bench side_by_side -- orders        # 3-line ORDERs against 3 DEDUCTs each
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
@@ -61,6 +62,12 @@
 //! Targets are interleaved (rotated each repetition) to spread noise, and
 //! the table shows the median of `BENCH_REPEATS` runs.
 //!
+//! The orders rows (`orders.rs`) put one 3-line ORDER (its lines on
+//! three primaries) through `stockgate-cluster` against the same work as
+//! three DEDUCTs written at once, and print orders per second, latency and
+//! CPU per order, and the ratio; their audit: every reply code 0, and the
+//! stock down by exactly 3 × the orders.
+//!
 //! The throughput rows are a closed loop (`depth` requests in flight per
 //! connection): they find the most a target serves, and their latencies
 //! follow from the queue they build (Little's law). The latency rows
@@ -88,6 +95,7 @@
 //! | `BENCH_RATES` | `5000,20000` | latency: fixed total rates, requests per second, spread round-robin over `BENCH_CONNECTIONS` |
 //! | `BENCH_LATENCY_SECONDS` | 10 | latency: how long each (target, rate) row sends |
 //! | `BENCH_LATENCY_PRIORITY` | `normal` | latency: the load generator's thread at `normal` priority, `nice` (-20) or `fifo` (`SCHED_FIFO`; both need root or `CAP_SYS_NICE`): its sends are then on time, but it preempts the servers it measures (see `latency.rs`) |
+//! | `BENCH_ORDERS` | the smaller of 20000 and `BENCH_REQUESTS` | orders: orders per row |
 //! | `BENCH_SKUS` | 1000 | |
 //! | `BENCH_TARGETS` | all | comma-separated target names |
 //! | `BENCH_IDLE_CLIENTS` | 1000 | memory: clients connected (of which `BENCH_CONNECTIONS` active) |
@@ -107,6 +115,7 @@ mod instructions;
 mod latency;
 mod loadgen;
 mod memory;
+mod orders;
 mod report;
 
 use fleet::{Db, Proc, Stockgate, Twemproxy};
@@ -666,6 +675,9 @@ fn main() {
     }
     if wants("latency") {
         latency::run(&runtime, &knobs, &mut fleet);
+    }
+    if wants("orders") {
+        orders::run(&runtime, &knobs, &mut fleet);
     }
     if wants("memory") {
         memory::run(&runtime, &knobs, &mut fleet, fd_limit);

@@ -79,7 +79,7 @@ pub fn progress(repeat: usize, run: &Run) -> String {
     )
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
     if values.is_empty() {
         return None;
     }

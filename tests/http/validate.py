@@ -1,6 +1,7 @@
 """Validates real stockgate HTTP responses against deploy/openapi.yaml.
 
-Reads JSON lines from stdin, each {"path", "status", "body", "headers"},
+Reads JSON lines from stdin, each {"method", "path", "status", "body",
+"headers"} (method "post" when absent),
 resolves the documented response schema for that path and status, and
 checks the body (and, for a 503, the Retry-After header) against it.
 Prints one line per response and exits 1 if any does not conform.
@@ -32,7 +33,7 @@ def main():
     failures = 0
     for line in sys.stdin:
         case = json.loads(line)
-        operation = spec["paths"][case["path"]]["post"]
+        operation = spec["paths"][case["path"]][case.get("method", "post")]
         documented = operation["responses"].get(str(case["status"]))
         if documented is None:
             print(f"FAIL {case['path']} {case['status']}: status not documented")

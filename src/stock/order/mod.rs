@@ -313,6 +313,24 @@ impl OrderReply {
     }
 }
 
+/// An order's intent record, as ORDER.STATUS shows it.
+#[derive(Debug, Clone)]
+pub struct OrderState {
+    /// `none` (no record), `HOLDING`, `HELD`, ... (see [`Phase`]).
+    pub phase: &'static str,
+    /// `order`, `hold`, or empty (none, REVOKED).
+    pub kind: &'static str,
+    /// `(sku, qty)` per line, by sku.
+    pub lines: Vec<(Bytes, Bytes)>,
+    /// The order hold's expiry, ms of Redis time; 0 for an ORDER.
+    pub expires_at: i64,
+    /// A HELD order whose expiry has passed.
+    pub expired: bool,
+    /// Why it aborted (2, 3, 4 or 5); else 0.
+    pub code: i64,
+    pub short: Vec<Bytes>,
+}
+
 /// What the order commands ask of the saga.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Want {
@@ -357,13 +375,29 @@ impl Attempt<'_> {
 
 impl StockService {
     /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT, with its
-    /// metrics and access log.
+    /// metrics and access log, as the RESP reply.
     pub(super) async fn order(
         &self,
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
     ) -> Reply {
+        match self.order_call(command, args, arrived).await {
+            Ok(reply) => reply.to_reply(),
+            Err(fault) => Reply::Error(fault.reply_text()),
+        }
+    }
+
+    /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT (`args`
+    /// after the name, as RESP carries them: `<request_id> [<ttl_ms>]
+    /// <sku> <qty> ...`), with its metrics and access log: the one code
+    /// path of both doors (RESP, and HTTP's `/v1/orders`).
+    pub async fn order_call(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+    ) -> Result<OrderReply, UpstreamError> {
         let result = self.order_result(command, args).await;
         let label = command.label();
         self.record(
@@ -376,14 +410,11 @@ impl StockService {
             result.as_ref().map(|reply| reply.code),
             arrived,
         );
-        match result {
-            Ok(reply) => reply.to_reply(),
-            Err(fault) => Reply::Error(fault.reply_text()),
-        }
+        result
     }
 
-    /// An order command's outcome.
-    pub async fn order_result(
+    /// An order command's outcome, not recorded.
+    async fn order_result(
         &self,
         command: StockCommand,
         args: &[Bytes],
@@ -491,21 +522,50 @@ impl StockService {
         }
     }
 
-    /// ORDER.STATUS: the intent record, read.
+    /// ORDER.STATUS: the intent record, read, as the RESP reply.
     pub(crate) async fn order_status(&self, args: &[Bytes]) -> Reply {
-        let id = match parse_id(&args[0]) {
-            Ok(id) => id,
-            Err(invalid) => return Reply::error(format!("ERR {invalid}")),
-        };
-        let attempt = self.attempt(&id);
-        let intent = match self.intent(&attempt, &[b"read"]).await {
-            Ok(intent) => intent,
+        let state = match self.order_state(&args[0]).await {
+            Ok(Ok(state)) => state,
+            Ok(Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
             Err(fault) => return Reply::Error(fault.reply_text()),
         };
-        let words = |text: &Bytes| -> Vec<Reply> {
+        let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
+        let lines: Vec<Bytes> = state
+            .lines
+            .iter()
+            .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
+            .collect();
+        Reply::Map(vec![
+            (Reply::bulk("phase"), Reply::bulk(state.phase)),
+            (Reply::bulk("kind"), Reply::bulk(state.kind)),
+            (Reply::bulk("lines"), flat(&lines)),
+            (Reply::bulk("expires_at"), Reply::Integer(state.expires_at)),
+            (
+                Reply::bulk("expired"),
+                Reply::Integer(i64::from(state.expired)),
+            ),
+            (Reply::bulk("code"), Reply::Integer(state.code)),
+            (Reply::bulk("short"), flat(&state.short)),
+        ])
+    }
+
+    /// ORDER.STATUS of `request_id` (RESP, and HTTP's
+    /// `GET /v1/orders/{request_id}`): the intent record, read, changing
+    /// nothing; the inner error for a request_id that is not one.
+    pub async fn order_state(
+        &self,
+        request_id: &Bytes,
+    ) -> Result<Result<OrderState, InvalidParam>, UpstreamError> {
+        let id = match parse_id(request_id) {
+            Ok(id) => id,
+            Err(invalid) => return Ok(Err(invalid)),
+        };
+        let attempt = self.attempt(&id);
+        let intent = self.intent(&attempt, &[b"read"]).await?;
+        let words = |text: &Bytes| -> Vec<Bytes> {
             text.split(|b| *b == b' ')
                 .filter(|w| !w.is_empty())
-                .map(|w| Reply::Bulk(Bytes::copy_from_slice(w)))
+                .map(Bytes::copy_from_slice)
                 .collect()
         };
         let kind = match &intent.kind[..] {
@@ -517,18 +577,20 @@ impl StockService {
             Phase::None => "none",
             phase => phase.as_str(),
         };
-        Reply::Map(vec![
-            (Reply::bulk("phase"), Reply::bulk(phase)),
-            (Reply::bulk("kind"), Reply::bulk(kind)),
-            (Reply::bulk("lines"), Reply::Array(words(&intent.lines))),
-            (Reply::bulk("expires_at"), Reply::Integer(intent.expires_at)),
-            (
-                Reply::bulk("expired"),
-                Reply::Integer(i64::from(intent.ran_out())),
-            ),
-            (Reply::bulk("code"), Reply::Integer(intent.code)),
-            (Reply::bulk("short"), Reply::Array(words(&intent.short))),
-        ])
+        let lines = words(&intent.lines)
+            .chunks(2)
+            .filter(|pair| pair.len() == 2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect();
+        Ok(Ok(OrderState {
+            phase,
+            kind,
+            lines,
+            expires_at: intent.expires_at,
+            expired: intent.ran_out(),
+            code: intent.code,
+            short: words(&intent.short),
+        }))
     }
 
     /// One call of the intent script.

@@ -13,7 +13,8 @@
 //! hold's expiry, ms of Redis time; 0 for an ORDER), `expired` (1 when a
 //! HELD order's expiry has passed), `code` (why an order aborted: 2, 3, 4
 //! or 5; else 0) and `short` (the SKUs at fault). Each line's own record
-//! is `STOCK.STATUS <sku> ~ord:<request_id>`.
+//! is `STOCK.STATUS <sku> ~ord:<request_id>`. Over HTTP:
+//! `GET /v1/orders/{request_id}`.
 
 use crate::command::doc::{Doc, arg};
 

@@ -1,0 +1,332 @@
+//! Orders per second: one 3-line ORDER against the same work as three
+//! DEDUCTs (issue 15), through `stockgate-cluster`.
+//!
+//! ```sh
+//! cargo bench --bench side_by_side -- orders
+//! BENCH_ORDERS=2000 BENCH_REPEATS=1 cargo bench --bench side_by_side -- orders
+//! ```
+//!
+//! Every order has three lines of qty 1, one sku from each primary's slots
+//! (so its lines are on three different primaries), and a fresh id. Two
+//! shapes of the same order, same connections and depth:
+//!
+//! - `ORDER`: `ORDER <id> <sku a> 1 <sku b> 1 <sku c> 1`, all or nothing,
+//!   the saga in stockgate (begin, hold every line, commit, confirm every
+//!   line, done: five script rounds, the lines of a round in parallel).
+//! - `3 × DEDUCT`: the caller's own saga without its compensation: three
+//!   `DEDUCT <sku> 1 <id>-<k> <order_no>` written at once, pipelined on one
+//!   connection (stockgate sends them to their primaries in parallel), the
+//!   order done at the last of the three replies. Cheaper, and not the
+//!   same guarantee: on a shortage or a crash between them, the caller
+//!   has to find out what was applied and revert it.
+//!
+//! `depth` is orders in flight per connection (so `3 × depth` DEDUCTs). A
+//! row's latency is per order, from its write to its (last) reply; CPU is
+//! per order, stockgate's from `/proc`, Redis's from `INFO cpu` summed
+//! over the primaries. After every row the audit: every reply code 0, and
+//! the stock decrease, summed over every sku, exactly 3 × the orders (each
+//! answered 0). Rows are interleaved over `BENCH_REPEATS`, and the table
+//! shows the medians, with the ratio ORDER / 3 × DEDUCT.
+//!
+//! `BENCH_ORDERS` (default the smaller of 20,000 and `BENCH_REQUESTS`)
+//! orders per row; `BENCH_CONNECTIONS`, `BENCH_DEPTHS`, `BENCH_REPEATS`
+//! and `BENCH_SKUS` as for the throughput rows.
+
+use crate::fleet::{Db, Stockgate};
+use crate::loadgen::{self, Conn, Encoded};
+use crate::{Fleet, Knobs, Rng, probe};
+use std::fmt::Write;
+
+/// The two shapes of one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Order,
+    Deducts,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Order => "ORDER (3 lines)",
+            Shape::Deducts => "3 × DEDUCT, pipelined",
+        }
+    }
+
+    /// Commands, hence replies, per order.
+    fn group(self) -> usize {
+        match self {
+            Shape::Order => 1,
+            Shape::Deducts => 3,
+        }
+    }
+}
+
+/// One measured row.
+#[derive(Debug, Clone)]
+pub struct OrdersRun {
+    pub shape: Shape,
+    pub depth: usize,
+    pub orders: u64,
+    pub seconds: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub stockgate_cpu_us: f64,
+    pub redis_cpu_us: f64,
+}
+
+impl OrdersRun {
+    fn per_second(&self) -> f64 {
+        self.orders as f64 / self.seconds
+    }
+}
+
+/// Orders per row: `BENCH_ORDERS`, else the smaller of 20,000 and
+/// `BENCH_REQUESTS`.
+fn orders_per_row(knobs: &Knobs) -> usize {
+    match std::env::var("BENCH_ORDERS") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("BENCH_ORDERS={v:?} is not a number")),
+        Err(_) => knobs.requests.min(20_000),
+    }
+    .max(knobs.connections)
+}
+
+/// Runs the rows and prints the table.
+pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
+    let mut stockgate = fleet.start_stockgate(knobs, "stockgate-orders", true);
+    let db = &mut fleet.cluster_db;
+    let by_node: Vec<Vec<usize>> = (0..3)
+        .map(|node| {
+            (0..db.skus.len())
+                .filter(|&s| db.skus[s].1 == node)
+                .collect()
+        })
+        .collect();
+    assert!(
+        by_node.iter().all(|skus| !skus.is_empty()),
+        "orders: every primary needs skus (raise BENCH_SKUS)"
+    );
+    let per_conn = orders_per_row(knobs).div_ceil(knobs.connections);
+    let mut row = 0u64;
+    // An unreported warm-up of each shape.
+    for shape in [Shape::Order, Shape::Deducts] {
+        let conns = plan(
+            &stockgate,
+            db,
+            &by_node,
+            shape,
+            knobs.connections,
+            (per_conn / 10).max(1),
+            row,
+        );
+        measure(runtime, &stockgate, db, conns, shape, 16);
+        row += 1;
+    }
+    let mut runs = Vec::new();
+    for repeat in 0..knobs.repeats {
+        for &depth in &knobs.depths {
+            let shapes = if repeat % 2 == 0 {
+                [Shape::Order, Shape::Deducts]
+            } else {
+                [Shape::Deducts, Shape::Order]
+            };
+            for shape in shapes {
+                let conns = plan(
+                    &stockgate,
+                    db,
+                    &by_node,
+                    shape,
+                    knobs.connections,
+                    per_conn,
+                    row,
+                );
+                let run = measure(runtime, &stockgate, db, conns, shape, depth);
+                eprintln!(
+                    "run {repeat} {:<22} depth {:>2}: {:>8.0} orders/s  p50 {:>7.1} µs  p99 {:>7.1} µs  stockgate CPU {:.1} µs/order  Redis CPU {:.1} µs/order",
+                    shape.name(),
+                    depth,
+                    run.per_second(),
+                    run.p50_us,
+                    run.p99_us,
+                    run.stockgate_cpu_us,
+                    run.redis_cpu_us,
+                );
+                runs.push(run);
+                row += 1;
+                stockgate.proc.check_alive();
+            }
+        }
+    }
+    println!("{}", table(knobs, per_conn * knobs.connections, &runs));
+    if let Some(log) = stockgate.proc.log_summary() {
+        println!("stockgate-orders logged (warnings and errors): {log}\n");
+    }
+}
+
+/// The orders of one row: `per_conn` on each of `conns` connections, ids
+/// `o<row>-<connection>-<n>` (DEDUCT `k` of one: `...-<n>-<k>`).
+fn plan(
+    stockgate: &Stockgate,
+    db: &Db,
+    by_node: &[Vec<usize>],
+    shape: Shape,
+    conns: usize,
+    per_conn: usize,
+    row: u64,
+) -> Vec<Conn> {
+    (0..conns)
+        .map(|c| {
+            let mut rng = Rng::new(row.wrapping_mul(0x9E37) ^ ((c as u64) << 32));
+            let mut requests = Encoded::default();
+            for n in 0..per_conn {
+                let id = format!("o{row}-{c}-{n}");
+                let skus: Vec<&[u8]> = by_node
+                    .iter()
+                    .map(|owned| db.skus[owned[rng.below(owned.len())]].0.as_bytes())
+                    .collect();
+                match shape {
+                    Shape::Order => requests.push(&[
+                        b"ORDER",
+                        id.as_bytes(),
+                        skus[0],
+                        b"1",
+                        skus[1],
+                        b"1",
+                        skus[2],
+                        b"1",
+                    ]),
+                    Shape::Deducts => {
+                        let order_no = format!("ORD-{c}-{n}");
+                        let ids: Vec<String> = (0..3).map(|k| format!("{id}-{k}")).collect();
+                        let commands: Vec<[&[u8]; 5]> = (0..3)
+                            .map(|k| {
+                                [
+                                    &b"DEDUCT"[..],
+                                    skus[k],
+                                    b"1",
+                                    ids[k].as_bytes(),
+                                    order_no.as_bytes(),
+                                ]
+                            })
+                            .collect();
+                        let commands: Vec<&[&[u8]]> = commands.iter().map(|c| &c[..]).collect();
+                        requests.push_group(&commands);
+                    }
+                }
+            }
+            Conn {
+                addr: stockgate.addr,
+                requests,
+            }
+        })
+        .collect()
+}
+
+/// One row, from a fresh database, and its audit: a failed audit stops
+/// the benchmark.
+fn measure(
+    runtime: &tokio::runtime::Runtime,
+    stockgate: &Stockgate,
+    db: &mut Db,
+    conns: Vec<Conn>,
+    shape: Shape,
+    depth: usize,
+) -> OrdersRun {
+    let orders: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
+    let replies = orders * shape.group() as u64;
+    let pid = stockgate.proc.pid;
+    db.reset();
+    let (outcome, before, after) = runtime
+        .block_on(loadgen::run_grouped(conns, depth, shape.group(), || {
+            probe(Some(pid), db)
+        }))
+        .unwrap_or_else(|e| panic!("orders, {}: the load generator failed: {e}", shape.name()));
+    let name = shape.name();
+    assert_eq!(outcome.replies(), replies, "{name}: replies counted");
+    let mut problems = Vec::new();
+    if outcome.errors != 0 || outcome.codes[0] != replies {
+        problems.push(format!(
+            "expected {replies} code-0 replies, got codes {:?} and {} errors (first: {:?})",
+            outcome.codes, outcome.errors, outcome.first_error
+        ));
+    }
+    let decrease = db.audit().stock_decrease;
+    let answered_orders = outcome.codes[0] / shape.group() as u64;
+    if decrease != 3 * answered_orders {
+        problems.push(format!(
+            "the stock went down by {decrease}, for {answered_orders} orders of 3 lines answered 0"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "orders, {name}, depth {depth}: {}",
+        problems.join("; ")
+    );
+    let per = |seconds: f64| seconds * 1e6 / orders as f64;
+    OrdersRun {
+        shape,
+        depth,
+        orders,
+        seconds: outcome.elapsed.as_secs_f64(),
+        p50_us: outcome.latency.value_at_quantile(0.50) as f64 / 1e3,
+        p99_us: outcome.latency.value_at_quantile(0.99) as f64 / 1e3,
+        stockgate_cpu_us: per(after.proxy.unwrap_or(0.0) - before.proxy.unwrap_or(0.0)),
+        redis_cpu_us: per(after.redis - before.redis),
+    }
+}
+
+/// The medians per (shape, depth), and the ratios, as markdown.
+fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### Orders: one 3-line ORDER against three DEDUCTs, through stockgate-cluster\n\n\
+         {orders} orders per row (3 lines of qty 1, each on its own primary, fresh ids), \
+         {conns} connections, median of {repeats} runs. Latency and CPU per order.\n\n\
+         | depth | shape | orders/s | p50 µs | p99 µs | stockgate CPU µs/order | Redis CPU µs/order |\n\
+         |---:|---|---:|---:|---:|---:|---:|",
+        conns = knobs.connections,
+        repeats = knobs.repeats,
+    );
+    for &depth in &knobs.depths {
+        let medians = |shape: Shape| {
+            let mine: Vec<&OrdersRun> = runs
+                .iter()
+                .filter(|r| r.shape == shape && r.depth == depth)
+                .collect();
+            let of = |f: &dyn Fn(&OrdersRun) -> f64| {
+                crate::report::median(mine.iter().map(|r| f(r)).collect()).unwrap_or(f64::NAN)
+            };
+            [
+                of(&|r| r.per_second()),
+                of(&|r| r.p50_us),
+                of(&|r| r.p99_us),
+                of(&|r| r.stockgate_cpu_us),
+                of(&|r| r.redis_cpu_us),
+            ]
+        };
+        let order = medians(Shape::Order);
+        let deducts = medians(Shape::Deducts);
+        for (shape, m) in [(Shape::Order, order), (Shape::Deducts, deducts)] {
+            let _ = writeln!(
+                out,
+                "| {depth} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |",
+                shape.name(),
+                m[0],
+                m[1],
+                m[2],
+                m[3],
+                m[4]
+            );
+        }
+        let r: Vec<f64> = order.iter().zip(deducts).map(|(o, d)| o / d).collect();
+        let _ = writeln!(
+            out,
+            "| {depth} | ratio ORDER / 3 × DEDUCT | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+            r[0], r[1], r[2], r[3], r[4]
+        );
+    }
+    out
+}
