@@ -51,6 +51,7 @@
 use crate::loadgen;
 use crate::{Fleet, Knobs, Proxies, TargetId, audit, measure, plan, probe};
 use hdrhistogram::Histogram;
+use std::fmt::Write;
 
 /// A send lag p99 above this marks a row: the load generator's own
 /// lateness is then a sizeable part of the p99 being measured (the target
@@ -213,7 +214,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                     priority: pacing.priority,
                 };
                 let alone = merge(&[&slice]);
-                eprintln!("{}", crate::report::latency_progress(round, &alone));
+                eprintln!("{}", progress(round, &alone));
                 if alone.late() {
                     eprintln!(
                         "warning: {name} at {rate} req/s: the load generator's sends were late \
@@ -238,10 +239,133 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             }
         }
     }
-    println!("{}", crate::report::latency(knobs, &runs));
+    println!("{}", table(knobs, &runs));
     let logs = proxies.logs();
     if !logs.is_empty() {
         println!("{logs}");
     }
     runs
+}
+
+/// One line per open-loop run, on stderr, while the benchmark goes on.
+fn progress(round: usize, run: &LatencyRun) -> String {
+    format!(
+        "latency run {round} {:<21} {:>6} req/s, {} requests: achieved {:>6.0}  p50 {:>6.0} µs  p99 {:>6.0} µs  p99.9 {:>6.0} µs  max {:>7.0} µs  send lag p99 {:.0} µs, max {:.0} µs",
+        run.target.name(),
+        run.rate,
+        run.requests,
+        run.achieved,
+        run.p50_us,
+        run.p99_us,
+        run.p999_us,
+        run.max_us,
+        run.lag_p99_us,
+        run.lag_max_us,
+    )
+}
+
+/// The open-loop table, and what stockgate adds over direct at the same
+/// rate on the same Redis, against the targets.
+fn table(knobs: &Knobs, runs: &[LatencyRun]) -> String {
+    let mut out = format!(
+        "**Latency at a fixed rate** (open loop): {conns} connections, request i due at \
+         t0 + i / rate on connection i mod {conns}, {seconds} s per row in {repeats} interleaved \
+         runs, {skus} skus, qty 1, fresh request_ids; latency from each request's intended send \
+         time to its reply, so a stall counts against every request due during it. The load \
+         generator's thread {priority}.\n\n\
+         | target | req/s | achieved req/s | p50 µs | p99 µs | p99.9 µs | max µs | p99 of one run µs | send lag p99 µs | send lag max µs | proxy CPU µs/req |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        conns = knobs.connections,
+        seconds = knobs.latency_seconds,
+        repeats = knobs.repeats,
+        skus = knobs.skus,
+        priority = {
+            let asked = knobs.latency_priority;
+            let got = runs.iter().map(|r| r.priority).min_by_key(|p| *p as u8);
+            match got {
+                Some(got) if got != asked => format!(
+                    "ran at {} priority (BENCH_LATENCY_PRIORITY={} was not permitted)",
+                    got.name(),
+                    asked.name()
+                ),
+                _ => format!("ran at {} priority", asked.name()),
+            }
+        },
+    );
+    let find =
+        |target: TargetId, rate: u64| runs.iter().find(|r| r.target == target && r.rate == rate);
+    let mark = |late: bool| if late { " †" } else { "" };
+    for &rate in &knobs.rates {
+        for &target in &knobs.targets {
+            let Some(r) = find(target, rate) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "| {}{} | {rate} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0}–{:.0} | {:.0} | {:.0} | {} |",
+                target.name(),
+                mark(r.late()),
+                r.achieved,
+                r.p50_us,
+                r.p99_us,
+                r.p999_us,
+                r.max_us,
+                r.p99_runs_us.0,
+                r.p99_runs_us.1,
+                r.lag_p99_us,
+                r.lag_max_us,
+                r.proxy_cpu_us.map_or("-".into(), |v| format!("{v:.1}")),
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "\nsend lag: when the load generator's write of a request began minus when it was due; it \
+         is part of the latencies. †: the load generator was late (achieved under 99% of the rate, \
+         or send lag p99 over {:.0} µs), so its own wake-ups weigh in the figures. Proxy CPU: user \
+         + system time over the runs / requests.\n\n\
+         | added (same Redis, same rate) | req/s | p50 µs | ≤ 50 µs | p99 µs | ≤ 200 µs |\n\
+         |---|---:|---:|---|---:|---|\n",
+        LATE_LAG_P99_US,
+    );
+    // (proxied, direct, whether the targets apply)
+    let pairs = [
+        (
+            TargetId::StockgateStandalone,
+            TargetId::DirectStandalone,
+            true,
+        ),
+        (TargetId::StockgateCluster, TargetId::DirectCluster, true),
+        (
+            TargetId::TwemproxyStandalone,
+            TargetId::DirectStandalone,
+            false,
+        ),
+    ];
+    let verdict = |added: f64, limit: f64, applies: bool| {
+        if !applies {
+            "-"
+        } else if added <= limit {
+            "met"
+        } else {
+            "not met"
+        }
+    };
+    for &rate in &knobs.rates {
+        for (a, b, applies) in pairs {
+            if let (Some(x), Some(y)) = (find(a, rate), find(b, rate)) {
+                let (p50, p99) = (x.p50_us - y.p50_us, x.p99_us - y.p99_us);
+                let _ = writeln!(
+                    out,
+                    "| {} − {}{} | {rate} | {p50:+.0} | {} | {p99:+.0} | {} |",
+                    a.name(),
+                    b.name(),
+                    mark(x.late() || y.late()),
+                    verdict(p50, 50.0, applies),
+                    verdict(p99, 200.0, applies),
+                );
+            }
+        }
+    }
+    out
 }
