@@ -124,7 +124,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     server.stop_now();
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost, valkey_ignored }
 /// Fault 2: `CLUSTER FAILOVER` on a replica under load. The old primary
 /// becomes a replica, and stockgate's next DEDUCT for that shard still goes
 /// to it: the script's `#!lua` flags make the replica answer MOVED (not
@@ -194,7 +194,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
     server.stop_now();
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors, valkey_ignored }
 /// Fault 4: NOSCRIPT. First `SCRIPT FLUSH` on a primary under load: the
 /// EVAL fallback hides it completely (no error at all). Then a primary is
 /// killed: its replica never had the script (SCRIPT LOAD is not replicated
@@ -335,7 +335,7 @@ fn held_on(node: &stockgate::dev::RedisNode, skus: &[String]) -> Option<(i64, i6
     }))
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once, valkey_ignored }
 /// A primary killed while the sweeper releases its expired holds. Short
 /// holds (1–2.5 s) are placed on skus of one primary, whose sweep index
 /// shard lives there too, and nothing else touches them: only the sweeper

@@ -16,14 +16,20 @@
 //!                                              # every fault with --wait-replicas 1
 //! STOCKGATE_FAULT_SEED=123 cargo test --test faults
 //!                                              # replay one load's random choices
-//! cargo test --test faults -- --ignored        # known stockgate bugs, failing
-//! cargo test --test faults valkey              # the Valkey half of the upstream matrix
+//! cargo test --test faults -- --ignored        # the Valkey half of the slow faults (below)
+//! cargo test --test faults valkey -- --include-ignored
+//!                                              # the whole Valkey half of the upstream matrix
 //! ```
 //!
 //! The upstream matrix: the checker's own test ([`baseline`]), the failover
 //! faults ([`failover`]) and the resharding faults ([`reshard`]) run against
 //! Redis and against Valkey, as `<test>::redis` and `<test>::valkey`
-//! (`support::matrix!`); the other faults run against Redis only.
+//! (`support::matrix!`); the other faults run against Redis only. To keep
+//! CI within its 15 minutes, the Valkey half of five slower ones is
+//! `#[ignore]`d and runs on request: the manual failover, the lost
+//! scripts, the failover mid-sweep, the short slot move and the slot
+//! migrating mid-order (about 63 s together). CI runs the baseline, the
+//! killed primary (with holds and orders) and live resharding on both.
 //!
 //! | module | faults |
 //! |---|---|

@@ -97,6 +97,22 @@ macro_rules! matrix {
             }
         }
     };
+    // The Valkey half ignored by default: a slow fault whose Valkey run
+    // doesn't fit CI's 15 minutes beside the rest. `cargo test --test
+    // faults -- --ignored` runs them.
+    (#[$test:meta] async fn $name:ident, valkey_ignored) => {
+        mod $name {
+            #[$test]
+            async fn redis() {
+                super::$name($crate::support::ServerKind::Redis).await
+            }
+            #[$test]
+            #[ignore = "the Valkey half of a slow fault, outside CI's budget: cargo test --test faults -- --ignored"]
+            async fn valkey() {
+                super::$name($crate::support::ServerKind::Valkey).await
+            }
+        }
+    };
     (#[$test:meta] fn $name:ident) => {
         mod $name {
             #[$test]
