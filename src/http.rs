@@ -264,7 +264,10 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
     args.extend(body.order_no.map(Bytes::from));
     respond(
         Operation::Deduct,
-        shared.service.deduct(&args, arrived).await,
+        shared
+            .service
+            .call(StockCommand::Deduct, &args, arrived)
+            .await,
     )
 }
 
@@ -290,26 +293,30 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
         ttl,
     ];
     args.extend(body.order_no.map(Bytes::from));
-    respond(Operation::Hold, shared.service.hold(&args, arrived).await)
-}
-
-async fn confirm(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
-    let body: RevertBody = match read_json(request).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
     respond(
-        Operation::Confirm,
-        shared.service.confirm(&args, arrived).await,
+        Operation::Hold,
+        shared
+            .service
+            .call(StockCommand::Hold, &args, arrived)
+            .await,
     )
 }
 
+async fn confirm(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_request(shared, request, Operation::Confirm, StockCommand::Confirm).await
+}
+
 async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_request(shared, request, Operation::Revert, StockCommand::Revert).await
+}
+
+/// CONFIRM and REVERT: a body of `{"sku", "request_id"}`.
+async fn on_request(
+    shared: Arc<Shared>,
+    request: Request,
+    operation: Operation,
+    command: StockCommand,
+) -> Response {
     let arrived = Instant::now();
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
@@ -320,8 +327,8 @@ async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
     respond(
-        Operation::Revert,
-        shared.service.revert(&args, arrived).await,
+        operation,
+        shared.service.call(command, &args, arrived).await,
     )
 }
 

@@ -14,11 +14,9 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
-use super::{StockCommand, StockResult, StockService};
 use crate::command::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
-use std::time::Instant;
 
 pub const DOC: Doc = Doc {
     name: "confirm",
@@ -44,15 +42,5 @@ impl Confirm {
             sku: Sku::parse(args[0].clone())?,
             request_id: RequestId::parse(args[1].clone())?,
         })
-    }
-}
-
-impl StockService {
-    /// CONFIRM, awaited (the HTTP face), with its metrics and access log.
-    pub async fn confirm(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        match self.prepare(StockCommand::Confirm, args, arrived) {
-            Some(prepared) => self.run(prepared).await,
-            None => unreachable!("CONFIRM is prepared"),
-        }
     }
 }

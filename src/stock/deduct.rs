@@ -11,11 +11,9 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
-use super::{StockCommand, StockResult, StockService};
 use crate::command::doc::{Doc, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
-use std::time::Instant;
 
 pub const DOC: Doc = Doc {
     name: "deduct",
@@ -59,16 +57,6 @@ impl Deduct {
                 None => OrderNo::default(),
             },
         })
-    }
-}
-
-impl StockService {
-    /// DEDUCT, awaited (the HTTP face), with its metrics and access log.
-    pub async fn deduct(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        match self.prepare(StockCommand::Deduct, args, arrived) {
-            Some(prepared) => self.run(prepared).await,
-            None => unreachable!("DEDUCT is prepared"),
-        }
     }
 }
 

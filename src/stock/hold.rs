@@ -14,11 +14,9 @@
 //! 5 this id's hold already ran out. `lua/hold.lua` has the script;
 //! `lua/revert.lua` the whole state machine.
 
-use super::{StockCommand, StockResult, StockService};
 use crate::command::doc::{Doc, arg, optional};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
-use std::time::Instant;
 
 pub const DOC: Doc = Doc {
     name: "hold",
@@ -69,16 +67,6 @@ impl Hold {
             self.order_no.as_bytes(),
             self.ttl.as_bytes(),
         ]
-    }
-}
-
-impl StockService {
-    /// HOLD, awaited (the HTTP face), with its metrics and access log.
-    pub async fn hold(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        match self.prepare(StockCommand::Hold, args, arrived) {
-            Some(prepared) => self.run(prepared).await,
-            None => unreachable!("HOLD is prepared"),
-        }
     }
 }
 

@@ -391,10 +391,10 @@ impl StockService {
         caller: &Caller,
     ) -> Reply {
         let result = match command {
-            StockCommand::Deduct => self.deduct(args, arrived).await,
-            StockCommand::Revert => self.revert(args, arrived).await,
-            StockCommand::Hold => self.hold(args, arrived).await,
-            StockCommand::Confirm => self.confirm(args, arrived).await,
+            StockCommand::Deduct
+            | StockCommand::Revert
+            | StockCommand::Hold
+            | StockCommand::Confirm => self.call(command, args, arrived).await,
             StockCommand::Order
             | StockCommand::OrderHold
             | StockCommand::OrderConfirm
@@ -409,6 +409,20 @@ impl StockService {
         match result {
             Ok(reply) => Reply::Stock(reply),
             Err(fault) => Reply::Error(fault.reply_text()),
+        }
+    }
+
+    /// A DEDUCT, REVERT, HOLD or CONFIRM (`args` after the name), awaited,
+    /// with its metrics and access log: for the HTTP face and [`Self::serve`].
+    pub async fn call(
+        &self,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+    ) -> StockResult {
+        match self.prepare(command, args, arrived) {
+            Some(prepared) => self.run(prepared).await,
+            None => unreachable!("{command:?} is not a call on one request"),
         }
     }
 

@@ -13,11 +13,9 @@
 //! The qty given back is the one the record holds, never the caller's.
 //! See `lua/revert.lua` for the whole state machine.
 
-use super::{StockCommand, StockResult, StockService};
 use crate::command::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
-use std::time::Instant;
 
 pub const DOC: Doc = Doc {
     name: "revert",
@@ -43,15 +41,5 @@ impl Revert {
             sku: Sku::parse(args[0].clone())?,
             request_id: RequestId::parse(args[1].clone())?,
         })
-    }
-}
-
-impl StockService {
-    /// REVERT, awaited (the HTTP face), with its metrics and access log.
-    pub async fn revert(&self, args: &[Bytes], arrived: Instant) -> StockResult {
-        match self.prepare(StockCommand::Revert, args, arrived) {
-            Some(prepared) => self.run(prepared).await,
-            None => unreachable!("REVERT is prepared"),
-        }
     }
 }
