@@ -487,12 +487,22 @@ impl StockService {
             self.mark_for_sweep(sku, Duration::from_millis(hold.ttl.get()));
         }
         if call.read_first {
-            let keys = self.keys.request_keys(sku, request_id);
+            let keys = &self.keys;
             return self.upstream.submit_script(
                 crate::keys::sku_slot(sku),
                 call.deadline,
                 completion,
-                |buf| sold_out::encode_read([&keys.stock, &keys.record, &keys.held], buf),
+                |buf| {
+                    let [_, held] = keys.hold_key_parts(sku);
+                    sold_out::encode_read(
+                        [
+                            &keys.stock_key_parts(sku),
+                            &keys.record_key_parts(sku, request_id),
+                            &held,
+                        ],
+                        buf,
+                    )
+                },
             );
         }
         let wire = self.wire(&call.op);

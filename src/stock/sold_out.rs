@@ -75,15 +75,12 @@ impl Read {
     }
 }
 
-/// Encodes `MGET <stock key> <record key> <held key>`.
-pub fn encode_read(keys: [&[u8]; 3], buf: &mut BytesMut) {
+/// Encodes `MGET <stock key> <record key> <held key>`, each key written
+/// from its parts (no key is built: this is the sold-out tail's hot path).
+pub fn encode_read(keys: [&[&[u8]]; 3], buf: &mut BytesMut) {
     buf.put_slice(b"*4\r\n$4\r\nMGET\r\n");
-    for key in keys {
-        buf.put_u8(b'$');
-        buf.put_slice(key.len().to_string().as_bytes());
-        buf.put_slice(b"\r\n");
-        buf.put_slice(key);
-        buf.put_slice(b"\r\n");
+    for parts in keys {
+        crate::reply::bulk_parts(buf, parts);
     }
 }
 
@@ -175,7 +172,7 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
 /// The stock as `parse_stock` in `lua/common.lua` reads it: at most 17
 /// bytes of an optional `-` and digits, within ±(2^53 − 1).
 fn parse_stock(raw: &[u8]) -> Option<i64> {
-    const EXACT: i64 = 9_007_199_254_740_991;
+    use crate::params::MAX_STOCK as EXACT;
     let digits = raw.strip_prefix(b"-").unwrap_or(raw);
     if raw.len() > 17 || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -397,7 +394,10 @@ mod tests {
     #[test]
     fn the_read_is_a_well_formed_mget() {
         let mut buf = BytesMut::new();
-        encode_read([b"s:{a}", b"s:{a}:req:1", b"s:{a}:held"], &mut buf);
+        encode_read(
+            [&[b"s:{a}"], &[b"s:{a}", b":req:1"], &[b"s:{a}:held"]],
+            &mut buf,
+        );
         assert_eq!(
             &buf[..],
             b"*4\r\n$4\r\nMGET\r\n$5\r\ns:{a}\r\n$11\r\ns:{a}:req:1\r\n$10\r\ns:{a}:held\r\n"
