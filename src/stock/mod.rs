@@ -448,21 +448,15 @@ impl StockService {
         .and_then(|op| self.fresh(op.request().1).map(|()| op));
         Some(match parsed {
             Ok(op) => {
-                let sent = tokio::time::Instant::now();
                 let read_first = match (&op, &self.sold_out) {
                     (Op::Deduct(deduct), Some(memory)) => {
                         memory.wants_read(deduct.sku.as_bytes(), deduct.qty.get())
                     }
                     _ => false,
                 };
-                Prepared::Call(StockCall {
-                    op,
-                    nonce: self.nonces.next(),
-                    arrived,
-                    sent,
-                    deadline: sent + self.upstream.timeout(),
-                    read_first,
-                })
+                let mut call = self.call_of(op, arrived);
+                call.read_first = read_first;
+                Prepared::Call(call)
             }
             Err(invalid) => {
                 let reply = StockReply::invalid(invalid.0).with_expiry(command.shows_expiry());
@@ -471,6 +465,20 @@ impl StockService {
                 Prepared::Answered(result)
             }
         })
+    }
+
+    /// `op` on its way to Redis now, with a fresh nonce: `--timeout`
+    /// counts from here.
+    fn call_of(&self, op: Op, arrived: Instant) -> StockCall {
+        let sent = tokio::time::Instant::now();
+        StockCall {
+            op,
+            nonce: self.nonces.next(),
+            arrived,
+            sent,
+            deadline: sent + self.upstream.timeout(),
+            read_first: false,
+        }
     }
 
     /// Queues `call` on its key's node pipe; its answer goes to
@@ -608,17 +616,23 @@ impl StockService {
             Prepared::Answered(result) => return result,
             Prepared::Call(call) => call,
         };
+        let answer = self.await_answer(&call).await;
+        match self.conclude(call, answer) {
+            Concluded::Answered(result) => result,
+            Concluded::Fallback(call) => self.fallback(call).await,
+        }
+    }
+
+    /// Submits `call` and awaits its node pipe's answer, within its
+    /// deadline.
+    async fn await_answer(&self, call: &StockCall) -> Result<Answer, PipeError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let answer = match self.submit(&call, Completion::Oneshot(reply)) {
+        match self.submit(call, Completion::Oneshot(reply)) {
             Ok(()) => match tokio::time::timeout_at(call.deadline, answer).await {
                 Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
                 Err(_) => Err(PipeError::Timeout),
             },
             Err((refused, _)) => Err(refused),
-        };
-        match self.conclude(call, answer) {
-            Concluded::Answered(result) => result,
-            Concluded::Fallback(call) => self.fallback(call).await,
         }
     }
 

@@ -43,13 +43,12 @@ pub mod hold;
 pub mod revert;
 pub mod status;
 
-use super::{AccessEntry, Op, StockCall, StockCommand, StockResult, StockService};
+use super::{AccessEntry, Op, StockCommand, StockResult, StockService};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::metrics::CommandLabel;
 use crate::outcome::{Code, SCRIPT_VERSION};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
-use crate::pipeline::{Completion, PipeError};
 use crate::reply::Reply;
 use crate::upstream::Verdict;
 use bytes::Bytes;
@@ -827,23 +826,8 @@ impl StockService {
         if let Op::Hold(hold) = &op {
             debug_assert!(hold.request_id.as_bytes().starts_with(b"~ord:"));
         }
-        let sent = tokio::time::Instant::now();
-        let call = StockCall {
-            op,
-            nonce: self.nonces.next(),
-            arrived: Instant::now(),
-            sent,
-            deadline: sent + self.upstream.timeout(),
-            read_first: false,
-        };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let answer = match self.submit(&call, Completion::Oneshot(reply)) {
-            Ok(()) => match tokio::time::timeout_at(call.deadline, answer).await {
-                Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
-                Err(_) => Err(PipeError::Timeout),
-            },
-            Err((refused, _)) => Err(refused),
-        };
+        let call = self.call_of(op, Instant::now());
+        let answer = self.await_answer(&call).await;
         let result = match self.upstream.verdict(answer) {
             Verdict::Settled(result) => result,
             Verdict::Fallback => self.resend(&call).await,
