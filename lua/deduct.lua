@@ -135,7 +135,10 @@ if stock < qty then
   return answer(2, stock, '', '', 0, released)
 end
 
--- Writes: only after every check above has passed.
-local remain = redis.call('DECRBY', stock_key, qty)
-redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window)
+-- Writes: only after every check above has passed. The arguments go to
+-- Redis as the strings they came as (checked canonical above): a Lua
+-- number passed to redis.call is formatted with snprintf, about 2.7k
+-- instructions each.
+local remain = redis.call('DECRBY', stock_key, qty_arg)
+redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window_arg)
 return answer(0, remain, order_no, '', 0, released)
