@@ -192,10 +192,61 @@ impl Iterator for Items<'_> {
     }
 }
 
+/// The `n` elements of an array reply of exactly `n` elements, each as the
+/// complete reply it is (a slice of `frame`, no copy): a gathered call's
+/// reply, split into its members' replies. `None` for anything else.
+pub fn elements(frame: &Bytes, n: usize) -> Option<Elements<'_>> {
+    match line(frame, 0) {
+        Ok(Some((b'*', value, after))) if integer(value) == Some(n as i64) => Some(Elements {
+            frame,
+            at: after,
+            left: n,
+        }),
+        _ => None,
+    }
+}
+
+pub struct Elements<'a> {
+    frame: &'a Bytes,
+    at: usize,
+    left: usize,
+}
+
+impl Iterator for Elements<'_> {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let len = frame_len(&self.frame[self.at..]).ok().flatten()?;
+        let element = self.frame.slice(self.at..self.at + len);
+        self.at += len;
+        Some(element)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn elements_split_an_array_into_whole_replies() {
+        let frame = Bytes::from_static(b"*3\r\n*2\r\n:0\r\n$2\r\nab\r\n-BADRECORD x\r\n*0\r\n");
+        let parts: Vec<Bytes> = elements(&frame, 3).unwrap().collect();
+        assert_eq!(
+            parts,
+            [
+                &b"*2\r\n:0\r\n$2\r\nab\r\n"[..],
+                b"-BADRECORD x\r\n",
+                b"*0\r\n"
+            ]
+        );
+        assert!(elements(&frame, 2).is_none(), "a count that differs");
+        assert!(elements(&Bytes::from_static(b"-NOSCRIPT x\r\n"), 1).is_none());
+    }
 
     #[test]
     fn frames_end_where_redis_says() {

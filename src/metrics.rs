@@ -28,6 +28,8 @@ pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
 pub const HOLD_HELD: &str = "stockgate_hold_held_seconds";
 pub const SWEEPS_TOTAL: &str = "stockgate_sweeps_total";
 pub const SOLD_OUT_READS_TOTAL: &str = "stockgate_sold_out_reads_total";
+pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
+pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -170,6 +172,10 @@ pub struct Metrics {
     /// DEDUCTs that read first ([`crate::stock::sold_out`]): answered from
     /// the read, or sent on to the script.
     sold_out_reads: [Counter; 2],
+    /// Script calls that carried several DEDUCTs ([`crate::stock::coalesce`]),
+    /// and the DEDUCTs they carried.
+    coalesced_calls: Counter,
+    coalesced_deducts: Counter,
 }
 
 impl Metrics {
@@ -357,8 +363,26 @@ impl Metrics {
             counter.increment(0);
             counter
         });
+        recorder.describe_counter(
+            COALESCED_CALLS_TOTAL.into(),
+            None,
+            "Script calls that carried two or more DEDUCTs of one sku (--coalesce-deducts).".into(),
+        );
+        recorder.describe_counter(
+            COALESCED_DEDUCTS_TOTAL.into(),
+            None,
+            "DEDUCTs that shared a script call with others of their sku; divided by stockgate_coalesced_calls_total, the mean group.".into(),
+        );
+        let coalesced_calls =
+            recorder.register_counter(&Key::from_name(COALESCED_CALLS_TOTAL), &meta);
+        coalesced_calls.increment(0);
+        let coalesced_deducts =
+            recorder.register_counter(&Key::from_name(COALESCED_DEDUCTS_TOTAL), &meta);
+        coalesced_deducts.increment(0);
         Metrics {
             handle: recorder.handle(),
+            coalesced_calls,
+            coalesced_deducts,
             holds,
             held,
             sweeps,
@@ -411,6 +435,12 @@ impl Metrics {
     /// sent on to the script.
     pub fn record_sold_out_read(&self, answered: bool) {
         self.sold_out_reads[usize::from(!answered)].increment(1);
+    }
+
+    /// One script call that carried `deducts` DEDUCTs.
+    pub fn record_coalesced(&self, deducts: usize) {
+        self.coalesced_calls.increment(1);
+        self.coalesced_deducts.increment(deducts as u64);
     }
 
     /// One pass of the sweeper, finished or failed.

@@ -30,7 +30,17 @@
 //!   whole batch (a group commit), and the batch's replies are held until it
 //!   answers. Sent per request on a shared connection instead, each WAIT
 //!   would block every request behind it for the whole wait timeout when a
-//!   replica is gone (the fault suite measured 82 of 86 requests timing out).
+//!   replica is gone (the fault suite measured 82 of 86 requests timing out);
+//! - requests that may share one call (a hot SKU's DEDUCTs,
+//!   [`Pipelines::submit_joinable`]) gather in the queue while they wait:
+//!   each joins the call of those before it with the same join key, and
+//!   the pipe writes the gathered call once ([`Join`]). While an earlier
+//!   call of that key is still in Redis, the gathered one stays queued and
+//!   keeps gathering: Redis would run it only after that call anyway, and
+//!   one call of n deductions costs it far less than n calls. Each member
+//!   keeps its own completion: the call's array reply is split into one
+//!   reply per member, in order, and an error of the whole call goes to
+//!   each of them.
 //!
 //! Anything out of the ordinary (MOVED, ASK, TRYAGAIN, CLUSTERDOWN,
 //! NOSCRIPT, READONLY, a connection lost mid-request) is not handled here:
@@ -86,6 +96,38 @@ pub enum PipeError {
     /// The pipe already holds [`MAX_WAITING`] requests: the node is not
     /// keeping up. This request was not sent.
     Overloaded,
+}
+
+/// Requests gathered into one call ([`Pipelines::submit_joinable`]), as the
+/// [`Join`] that writes the call gets them.
+#[derive(Default)]
+pub struct Gathered {
+    /// What the members share, written by the first one's `shared`.
+    pub shared: BytesMut,
+    /// Each member's parts, one after the other.
+    pub parts: BytesMut,
+    /// Places in `parts` the encoders marked, in order: as many per member
+    /// as its [`Join`] asks for (a member's parts end at its last mark).
+    pub marks: Vec<usize>,
+    /// How many members.
+    pub members: usize,
+}
+
+/// How requests that may share one call are written into a batch.
+pub trait Join: Send + Sync {
+    /// Most members one call may have.
+    fn most(&self) -> usize;
+    /// Writes the call of `gathered`'s members into `out`: one member's own
+    /// call when it has one member, else one call of them all.
+    fn write(&self, gathered: &Gathered, out: &mut BytesMut);
+
+    /// The reply of a call of `members` (two or more), as each member's
+    /// reply, in order; `None` when it is not what the call answers (an
+    /// error of the whole call), which then is each member's answer. By
+    /// default the reply is an array of the members' replies.
+    fn split(&self, frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
+        Some(answer::elements(frame, members)?.collect())
+    }
 }
 
 /// A reply, and with `--wait-replicas` how many replicas confirmed the
@@ -198,6 +240,72 @@ struct Waiter {
     completion: Option<Completion>,
     deadline: Instant,
     end: usize,
+    part: Part,
+}
+
+/// A waiter's share of the call its bytes are part of.
+#[derive(Clone)]
+enum Part {
+    /// A call of its own.
+    Own,
+    /// The first of the `members` of a gathered call (1: a joinable request
+    /// that had no company) of join key hash `join`.
+    Lead {
+        members: usize,
+        join: u64,
+        writer: Arc<dyn Join>,
+    },
+    /// A later member of the call its lead heads.
+    Member,
+}
+
+/// The gathered call still open to new members: the queue's last
+/// `gathered.members` waiters, from `first`, whose bytes are not in
+/// `output` yet.
+#[derive(Default)]
+struct Open {
+    join: Option<Arc<dyn Join>>,
+    key: Vec<u8>,
+    hash: u64,
+    first: usize,
+    gathered: Gathered,
+}
+
+impl Open {
+    fn is_open(&self) -> bool {
+        self.gathered.members > 0
+    }
+
+    fn takes(&self, join: &Arc<dyn Join>, key: &[u8]) -> bool {
+        self.is_open()
+            && self.key == key
+            && self.join.as_ref().is_some_and(|j| Arc::ptr_eq(j, join))
+            && self.gathered.members < join.most()
+    }
+
+    fn full(&self) -> bool {
+        self.join
+            .as_ref()
+            .is_some_and(|j| self.gathered.members >= j.most())
+    }
+
+    fn clear(&mut self) {
+        self.join = None;
+        self.key.clear();
+        self.gathered.shared.clear();
+        self.gathered.parts.clear();
+        self.gathered.marks.clear();
+        self.gathered.members = 0;
+    }
+}
+
+/// The hash a gathered call is held by: two keys that share one only hold
+/// each other's call back a little, never join (joining compares the keys).
+fn join_hash(key: &[u8]) -> u64 {
+    // FNV-1a: a few instructions per byte, no setup.
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// What callers and the pipe's task share.
@@ -209,6 +317,43 @@ struct Queue {
     refuse_until: Option<Instant>,
     /// The pipe left the slot table: finish what is in flight, then stop.
     retired: bool,
+    /// The gathered call still taking members, if any.
+    open: Open,
+    /// The task left the open call queued (an earlier call of its key is
+    /// in Redis): a request that doesn't join it must wake the task.
+    holding: bool,
+}
+
+impl Queue {
+    /// Writes the open gathered call into `output`: from now on it is bytes
+    /// like any other request's.
+    fn close_open(&mut self) {
+        if !self.open.is_open() {
+            return;
+        }
+        let Some(join) = self.open.join.clone() else {
+            return;
+        };
+        join.write(&self.open.gathered, &mut self.output);
+        let end = self.output.len();
+        let members = self.open.gathered.members;
+        let first = self.open.first;
+        debug_assert_eq!(self.waiting.len() - first, members);
+        let hash = self.open.hash;
+        for (i, waiter) in self.waiting.range_mut(first..).enumerate() {
+            waiter.end = end;
+            waiter.part = if i == 0 {
+                Part::Lead {
+                    members,
+                    join: hash,
+                    writer: join.clone(),
+                }
+            } else {
+                Part::Member
+            };
+        }
+        self.open.clear();
+    }
 }
 
 /// How a pipe's connection behaves.
@@ -252,6 +397,8 @@ impl NodePipe {
                 waiting: VecDeque::new(),
                 refuse_until: None,
                 retired: false,
+                open: Open::default(),
+                holding: false,
             }),
             work: Signal::default(),
         });
@@ -271,34 +418,100 @@ impl NodePipe {
         encode: impl FnOnce(&mut BytesMut),
     ) -> Result<(), (PipeError, Completion)> {
         let mut queue = lock(&self.inner.queue);
-        if queue.retired {
-            return Err((PipeError::Lost, completion));
+        if let Err(refused) = admit(&mut queue) {
+            return Err((refused, completion));
         }
-        if let Some(until) = queue.refuse_until {
-            if Instant::now() < until {
-                return Err((PipeError::Lost, completion));
-            }
-            queue.refuse_until = None;
-        }
-        if queue.waiting.len() >= MAX_WAITING {
-            return Err((PipeError::Overloaded, completion));
-        }
+        // Whatever gathered before it goes first: a client's requests to one
+        // node are sent in the order it sent them.
+        queue.close_open();
         encode(&mut queue.output);
         let end = queue.output.len();
         queue.waiting.push_back(Waiter {
             completion: Some(completion),
             deadline,
             end,
+            part: Part::Own,
         });
-        let first = queue.waiting.len() == 1;
+        let wake = queue.waiting.len() == 1 || queue.holding;
         drop(queue);
-        if first {
+        if wake {
             // The task takes everything queued when it wakes; one wake for
             // the batch. (The signal stays raised for a task not waiting yet.)
             self.inner.work.raise();
         }
         Ok(())
     }
+
+    /// Queues one request that may share a call: it joins the open gathered
+    /// call when that has the same `key` and `join` and room left, or opens
+    /// one (`shared` writes what its members share). `member` writes its own
+    /// parts either way.
+    fn submit_joinable(
+        &self,
+        deadline: Instant,
+        completion: Completion,
+        joinable: Joinable<'_>,
+        shared: impl FnOnce(&mut Gathered),
+        member: impl FnOnce(&mut Gathered),
+    ) -> Result<(), (PipeError, Completion)> {
+        let mut queue = lock(&self.inner.queue);
+        if let Err(refused) = admit(&mut queue) {
+            return Err((refused, completion));
+        }
+        let joins = queue.open.takes(joinable.join, joinable.key);
+        if !joins {
+            queue.close_open();
+            let first = queue.waiting.len();
+            let open = &mut queue.open;
+            open.join = Some(joinable.join.clone());
+            open.key.extend_from_slice(joinable.key);
+            open.hash = join_hash(joinable.key);
+            open.first = first;
+            shared(&mut open.gathered);
+        }
+        member(&mut queue.open.gathered);
+        queue.open.gathered.members += 1;
+        queue.waiting.push_back(Waiter {
+            completion: Some(completion),
+            deadline,
+            // Set when the call is written.
+            end: 0,
+            part: Part::Own,
+        });
+        // A member joining a call the task holds back goes with it, once
+        // the call before it answers; anything else wakes the task.
+        let wake = queue.waiting.len() == 1 || (queue.holding && !joins) || queue.open.full();
+        drop(queue);
+        if wake {
+            self.inner.work.raise();
+        }
+        Ok(())
+    }
+}
+
+/// Whether the pipe takes one more request now.
+fn admit(queue: &mut Queue) -> Result<(), PipeError> {
+    if queue.retired {
+        return Err(PipeError::Lost);
+    }
+    if let Some(until) = queue.refuse_until {
+        if Instant::now() < until {
+            return Err(PipeError::Lost);
+        }
+        queue.refuse_until = None;
+    }
+    if queue.waiting.len() >= MAX_WAITING {
+        return Err(PipeError::Overloaded);
+    }
+    Ok(())
+}
+
+/// A request's claim to share a call ([`Pipelines::submit_joinable`]).
+pub struct Joinable<'a> {
+    /// Requests join only with the same key (a DEDUCT's: its stock key)...
+    pub key: &'a [u8],
+    /// ...and the same writer.
+    pub join: &'a Arc<dyn Join>,
 }
 
 /// Which pipe serves each slot.
@@ -402,6 +615,28 @@ impl Pipelines {
         }
     }
 
+    /// [`Pipelines::submit`] of a request that may share one call with
+    /// others of the same join key queued on the same pipe at the same
+    /// time (see the module's notes). `shared` writes what a call's members
+    /// share (run for the first), `member` each one's own parts; the
+    /// [`Join`] writes the call from them.
+    pub fn submit_joinable(
+        &self,
+        slot: u16,
+        deadline: Instant,
+        completion: Completion,
+        joinable: Joinable<'_>,
+        shared: impl FnOnce(&mut Gathered),
+        member: impl FnOnce(&mut Gathered),
+    ) -> Result<(), (PipeError, Completion)> {
+        let routes = self.routes.load();
+        match routes.owners.get(slot as usize) {
+            Some(&index) if index != u16::MAX => routes.pipes[index as usize]
+                .submit_joinable(deadline, completion, joinable, shared, member),
+            _ => Err((PipeError::Lost, completion)),
+        }
+    }
+
     /// [`Pipelines::submit`], then waits for the answer, never past
     /// `deadline`: the pipe answers a timeout itself, and this wait is
     /// bounded too, so a pipe that cannot run never holds a caller.
@@ -432,6 +667,14 @@ enum InFlight {
     },
     /// The WAIT closing a batch.
     Wait,
+    /// The reply of the next `members` calls is one (an array, one reply
+    /// per member; or an error for all): the head of a gathered call of
+    /// join key hash `join`.
+    Joined {
+        members: usize,
+        join: u64,
+        writer: Arc<dyn Join>,
+    },
 }
 
 /// A reply waiting for its batch's WAIT.
@@ -470,6 +713,8 @@ async fn run(pipe: Arc<PipeInner>, settings: PipeSettings) {
                     let mut queue = lock(&pipe.queue);
                     queue.refuse_until = Some(Instant::now() + backoff);
                     queue.output.clear();
+                    queue.open.clear();
+                    queue.holding = false;
                     std::mem::take(&mut queue.waiting)
                 };
                 backoff = (backoff * 2).min(RECONNECT_MOST);
@@ -539,6 +784,10 @@ struct Conversation<'a> {
     /// stays queued: Redis would run its WAIT only after this one anyway,
     /// and everything arriving meanwhile joins it.
     waiting: bool,
+    /// The join key hashes of the gathered calls in Redis now, one per call,
+    /// in the order they were sent (so answered): an open call of one of
+    /// them stays queued, gathering.
+    joins_in_flight: VecDeque<u64>,
     settings: &'a PipeSettings,
 }
 
@@ -556,6 +805,24 @@ impl Conversation<'_> {
         if !self.writing.is_empty() || self.waiting || queue.waiting.is_empty() {
             return;
         }
+        // An open gathered call whose key has a call in Redis stays queued:
+        // Redis would run it only after that one anyway, and what arrives
+        // meanwhile joins it. Everything queued before it goes now.
+        let hold = queue.open.is_open()
+            && !queue.open.full()
+            && self.joins_in_flight.contains(&queue.open.hash);
+        queue.holding = hold;
+        if !hold {
+            queue.close_open();
+        }
+        let take = if hold {
+            queue.open.first
+        } else {
+            queue.waiting.len()
+        };
+        if take == 0 {
+            return;
+        }
         // Requests are queued in arrival order with one --timeout: when the
         // first is still owed and in time, so are (near enough) the rest.
         let front_live = queue
@@ -564,35 +831,52 @@ impl Conversation<'_> {
             .is_some_and(|w| w.completion.is_some() && w.deadline > now);
         if front_live {
             // A swap: the queue gets the emptied buffer of the last batch,
-            // so a busy pipe allocates none.
+            // so a busy pipe allocates none. (An open call's bytes are not
+            // in it yet.)
             std::mem::swap(&mut self.writing, &mut queue.output);
-            for waiter in queue.waiting.drain(..) {
-                self.in_flight.push_back(InFlight::Call {
-                    completion: waiter.completion,
-                    deadline: waiter.deadline,
-                });
-                self.unconfirmed += 1;
+            for waiter in queue.waiting.drain(..take) {
+                self.push_call(waiter.part, waiter.completion, waiter.deadline);
             }
         } else {
-            // Rare (after a stall): copy only the live requests' bytes.
+            // Rare (after a stall): copy only the live requests' bytes; a
+            // gathered call goes when any of its members is live.
+            let waiters: Vec<Waiter> = queue.waiting.drain(..take).collect();
+            let mut waiters = waiters.into_iter();
             let mut start = 0;
-            for waiter in queue.waiting.drain(..) {
-                let bytes = &queue.output[start..waiter.end];
-                start = waiter.end;
-                match waiter.completion {
-                    Some(completion) if waiter.deadline > now => {
-                        self.writing.extend_from_slice(bytes);
-                        self.in_flight.push_back(InFlight::Call {
-                            completion: Some(completion),
-                            deadline: waiter.deadline,
-                        });
-                        self.unconfirmed += 1;
-                    }
-                    Some(late) => late.complete(Err(PipeError::Timeout)),
-                    None => {}
+            while let Some(lead) = waiters.next() {
+                let members = match lead.part {
+                    Part::Lead { members, .. } => members,
+                    Part::Own | Part::Member => 1,
+                };
+                let mut call = Vec::with_capacity(members);
+                call.push(lead);
+                call.extend(waiters.by_ref().take(members - 1));
+                let end = call.last().map_or(start, |w| w.end);
+                let live = call
+                    .iter()
+                    .any(|w| w.completion.is_some() && w.deadline > now);
+                if live {
+                    self.writing.extend_from_slice(&queue.output[start..end]);
                 }
+                for waiter in call {
+                    let completion = match waiter.completion {
+                        Some(completion) if waiter.deadline > now => Some(completion),
+                        Some(late) => {
+                            late.complete(Err(PipeError::Timeout));
+                            None
+                        }
+                        None => None,
+                    };
+                    if live {
+                        self.push_call(waiter.part, completion, waiter.deadline);
+                    }
+                }
+                start = end;
             }
             queue.output.clear();
+        }
+        if hold {
+            queue.open.first -= take;
         }
         if let Some(wait) = &self.settings.wait
             && self.unconfirmed > 0
@@ -604,26 +888,35 @@ impl Conversation<'_> {
         }
     }
 
+    /// One call taken into the batch, as what the connection owes.
+    fn push_call(&mut self, part: Part, completion: Option<Completion>, deadline: Instant) {
+        if let Part::Lead {
+            members,
+            join,
+            writer,
+        } = part
+        {
+            self.in_flight.push_back(InFlight::Joined {
+                members,
+                join,
+                writer,
+            });
+            self.joins_in_flight.push_back(join);
+        }
+        self.in_flight.push_back(InFlight::Call {
+            completion,
+            deadline,
+        });
+        self.unconfirmed += 1;
+    }
+
     /// Matches one reply to what it answers. `Err` when nothing was owed.
     fn answer(&mut self, frame: Bytes) -> Result<(), ()> {
         match self.in_flight.pop_front().ok_or(())? {
             InFlight::Call {
                 completion,
                 deadline,
-            } => {
-                if self.settings.wait.is_some() {
-                    self.held.push(Held {
-                        completion,
-                        deadline,
-                        frame,
-                    });
-                } else if let Some(completion) = completion {
-                    completion.complete(Ok(Answer {
-                        frame,
-                        replicas: None,
-                    }));
-                }
-            }
+            } => self.settle(completion, deadline, frame),
             InFlight::Wait => {
                 self.waiting = false;
                 let replicas = match answer::shape(&frame) {
@@ -639,8 +932,56 @@ impl Conversation<'_> {
                     }
                 }
             }
+            InFlight::Joined {
+                members,
+                join,
+                writer,
+            } => {
+                // Replies come in the order calls went: this is the oldest.
+                let oldest = self.joins_in_flight.pop_front();
+                debug_assert_eq!(oldest, Some(join));
+                // One reply per member when the call answered as it should;
+                // anything else (an error of the whole call) is each
+                // member's answer. A call of one member is its own call.
+                let parts = if members == 1 {
+                    None
+                } else {
+                    writer.split(&frame, members)
+                };
+                let mut parts = parts.map(Vec::into_iter);
+                for _ in 0..members {
+                    let Some(InFlight::Call {
+                        completion,
+                        deadline,
+                    }) = self.in_flight.pop_front()
+                    else {
+                        return Err(());
+                    };
+                    let part = parts
+                        .as_mut()
+                        .and_then(Iterator::next)
+                        .unwrap_or_else(|| frame.clone());
+                    self.settle(completion, deadline, part);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// One call's reply, to its caller (or held for the batch's WAIT).
+    fn settle(&mut self, completion: Option<Completion>, deadline: Instant, frame: Bytes) {
+        if self.settings.wait.is_some() {
+            self.held.push(Held {
+                completion,
+                deadline,
+                frame,
+            });
+        } else if let Some(completion) = completion {
+            completion.complete(Ok(Answer {
+                frame,
+                replicas: None,
+            }));
+        }
     }
 
     /// The earliest deadline of a request still owed an answer.
@@ -675,7 +1016,7 @@ impl Conversation<'_> {
                 completion,
                 deadline,
             } => Some((completion, *deadline)),
-            InFlight::Wait => None,
+            InFlight::Wait | InFlight::Joined { .. } => None,
         });
         let held = self
             .held
@@ -698,7 +1039,7 @@ impl Conversation<'_> {
     fn fail(self) {
         let calls = self.in_flight.into_iter().filter_map(|f| match f {
             InFlight::Call { completion, .. } => completion,
-            InFlight::Wait => None,
+            InFlight::Wait | InFlight::Joined { .. } => None,
         });
         for completion in calls.chain(self.held.into_iter().filter_map(|h| h.completion)) {
             completion.complete(Err(PipeError::Lost));
@@ -719,6 +1060,7 @@ async fn serve(
         writing: BytesMut::new(),
         unconfirmed: 0,
         waiting: false,
+        joins_in_flight: VecDeque::new(),
         settings,
     };
     // When the node last showed life: a reply read, or bytes it accepted.

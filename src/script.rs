@@ -151,6 +151,8 @@ fn names_in(code: &str) -> impl Iterator<Item = &str> {
 #[derive(Debug, Clone)]
 pub struct Scripts {
     pub deduct: Arc<LuaScript>,
+    /// A hot SKU's DEDUCTs in one call (`src/stock/coalesce.rs`).
+    pub deduct_many: Arc<LuaScript>,
     pub revert: Arc<LuaScript>,
     pub hold: Arc<LuaScript>,
     pub confirm: Arc<LuaScript>,
@@ -174,6 +176,7 @@ impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
             deduct: LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
+            deduct_many: LuaScript::new("deduct_many", include_str!("../lua/deduct_many.lua")),
             revert: LuaScript::new("revert", include_str!("../lua/revert.lua")),
             hold: LuaScript::new("hold", include_str!("../lua/hold.lua")),
             confirm: LuaScript::new("confirm", include_str!("../lua/confirm.lua")),
@@ -194,6 +197,7 @@ impl Scripts {
     pub fn all(&self) -> Vec<Arc<LuaScript>> {
         vec![
             self.deduct.clone(),
+            self.deduct_many.clone(),
             self.revert.clone(),
             self.hold.clone(),
             self.confirm.clone(),

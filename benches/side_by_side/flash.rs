@@ -20,9 +20,10 @@
 //! that no other process on the box disturbs.
 //!
 //! Rows: `direct-standalone`, `stockgate-standalone`, and
-//! `stockgate-standalone` started with `--sold-out-reads false` (a third
-//! stockgate) so the sold-out path and its baseline are side by side in
-//! one run; `BENCH_TARGETS` picks (the two stockgate rows come with
+//! `stockgate-standalone` started with `--coalesce-deducts 1` and with
+//! `--sold-out-reads false` (two more stockgates), so coalescing and the
+//! sold-out path are each beside their baseline in one run;
+//! `BENCH_TARGETS` picks (the three stockgate rows come with
 //! `stockgate-standalone`). Each row gets a short unmeasured warm-up on
 //! another sku first.
 //!
@@ -118,6 +119,8 @@ pub struct Phase {
     pub mget: Option<(f64, u64)>,
     /// `stockgate_sold_out_reads_total` answered and script, over the phase.
     pub sold_out_reads: Option<(u64, u64)>,
+    /// `stockgate_coalesced_calls_total` and `_deducts_total`, over the phase.
+    pub coalesced: Option<(u64, u64)>,
 }
 
 impl Phase {
@@ -154,10 +157,19 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     }
     if wanted(TargetId::StockgateStandalone) {
         let seeds = vec![fleet.standalone.url()];
-        for (name, args, on) in [
-            ("stockgate-standalone", &[][..], true),
+        // The sold-out path and coalescing each beside a stockgate without
+        // it, in one run.
+        for (name, tag, args, on) in [
+            ("stockgate-standalone", "flash-stockgate", &[][..], true),
+            (
+                "stockgate-standalone --coalesce-deducts 1",
+                "flash-stockgate-no-coalescing",
+                &["--coalesce-deducts", "1"][..],
+                true,
+            ),
             (
                 "stockgate-standalone --sold-out-reads false",
+                "flash-stockgate-no-sold-out-reads",
                 &["--sold-out-reads", "false"][..],
                 false,
             ),
@@ -165,11 +177,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             let s = Stockgate::start_with(
                 &[],
                 &knobs.stockgate_bin,
-                if on {
-                    "flash-stockgate"
-                } else {
-                    "flash-stockgate-no-sold-out-reads"
-                },
+                tag,
                 &seeds,
                 "standalone",
                 fleet.dir.path(),
@@ -302,6 +310,7 @@ struct Probe {
     redis: f64,
     proxy: Option<f64>,
     sold_out_reads: Option<(u64, u64)>,
+    coalesced: Option<(u64, u64)>,
 }
 
 fn probe(db: &mut Db, proxy: Option<&Stockgate>, sold_out_reads: bool) -> Probe {
@@ -317,6 +326,13 @@ fn probe(db: &mut Db, proxy: Option<&Stockgate>, sold_out_reads: bool) -> Probe 
                 .unwrap_or(0.0) as u64
             };
             (read("answered"), read("script"))
+        }),
+        coalesced: proxy.map(|p| {
+            let read = |name: &str| p.metric(name).unwrap_or(0.0) as u64;
+            (
+                read("stockgate_coalesced_calls_total"),
+                read("stockgate_coalesced_deducts_total"),
+            )
         }),
     }
 }
@@ -411,6 +427,10 @@ fn drive_row(
             sold_out_reads: from
                 .sold_out_reads
                 .zip(to.sold_out_reads)
+                .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
+            coalesced: from
+                .coalesced
+                .zip(to.coalesced)
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
         }
     };
@@ -749,8 +769,8 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
         flash.tail.as_secs_f64()
     );
     out.push_str(
-        "| target | phase | seconds | requests | req/s | p50 µs | p99 µs | Redis CPU µs/req | stockgate CPU µs/req | EVALSHA µs/call (calls) | MGET µs/call (calls) | sold-out reads answered / script |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| target | phase | seconds | requests | req/s | p50 µs | p99 µs | Redis CPU µs/req | stockgate CPU µs/req | EVALSHA µs/call (calls) | MGET µs/call (calls) | sold-out reads answered / script | coalesced calls (DEDUCTs) |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let stat =
         |s: Option<(f64, u64)>| s.map_or("-".into(), |(us, calls)| format!("{us:.2} ({calls})"));
@@ -758,7 +778,7 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
         for (name, p) in [("sale", &run.sale), ("tail", &run.tail)] {
             let _ = writeln!(
                 out,
-                "| {} | {name} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {name} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
                 run.name,
                 p.seconds,
                 p.requests,
@@ -771,6 +791,9 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
                 stat(p.mget),
                 p.sold_out_reads
                     .map_or("-".into(), |(a, s)| format!("{a} / {s}")),
+                p.coalesced.map_or("-".into(), |(calls, deducts)| format!(
+                    "{calls} ({deducts})"
+                )),
             );
         }
     }
@@ -805,9 +828,15 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
         // Per DEDUCT of the sale; per unit sold (the retries' and the
         // last refusals' cost included) beside it.
         let per_unit = sg.sale.redis_cpu_us * sg.sale.requests as f64 / UNITS as f64;
+        let alone = runs
+            .iter()
+            .find(|r| r.name == "stockgate-standalone --coalesce-deducts 1")
+            .map_or(String::new(), |r| {
+                format!(", {:.1} without coalescing", r.sale.redis_cpu_us)
+            });
         let _ = writeln!(
             out,
-            "| the sale: Redis CPU ≤ {SALE_TARGET_US} µs/deduction through stockgate | {:.2} µs per DEDUCT, {per_unit:.2} per unit sold{} | {} |",
+            "| the sale: Redis CPU ≤ {SALE_TARGET_US} µs/deduction through stockgate | {:.2} µs per DEDUCT, {per_unit:.2} per unit sold{}{alone} | {} |",
             sg.sale.redis_cpu_us,
             vs(&|r| r.sale.redis_cpu_us),
             mark(sg.sale.redis_cpu_us, SALE_TARGET_US)

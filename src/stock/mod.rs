@@ -13,13 +13,15 @@
 //!
 //! Beside them, [`wire`] encodes the script calls the four request
 //! commands make, [`sold_out`] answers DEDUCTs on a sold-out SKU from one
-//! read, and [`sweeper`] gives back the expired holds of SKUs no request
-//! touches.
+//! read, [`coalesce`] runs a hot SKU's DEDUCTs (and their reads) that wait
+//! for its primary together as one call, and [`sweeper`] gives back the
+//! expired holds of SKUs no request touches.
 //!
 //! What they share lives here: the service's settings, the metrics and the
 //! access log of each answered request, and the stale-id check.
 
 pub mod admin;
+mod coalesce;
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
@@ -36,7 +38,7 @@ use crate::keys::KeyLayout;
 use crate::metrics::{CommandLabel, Metrics, ResultLabel};
 use crate::outcome::{Code, HoldEvent, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
-use crate::pipeline::{Answer, Completion, PipeError};
+use crate::pipeline::{Answer, Completion, Join, Joinable, PipeError};
 use crate::reply::Reply;
 use crate::script::Scripts;
 use crate::upstream::Upstream;
@@ -45,7 +47,7 @@ use bytes::Bytes;
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The commands this service serves.
@@ -257,6 +259,13 @@ pub struct StockService {
     sweep_hints: Arc<sweeper::Hints>,
     /// SKUs seen short lately ([`sold_out`]); `None` with the path off.
     sold_out: Option<sold_out::Memory>,
+    /// Writes a hot SKU's DEDUCTs as one call ([`coalesce`]); `None` with
+    /// `--coalesce-deducts 1`.
+    coalesce: Option<Arc<dyn Join>>,
+    /// The same for the sold-out reads ([`coalesce::ReadJoin`]).
+    coalesce_reads: Option<Arc<dyn Join>>,
+    /// A load of `lua/deduct_many.lua` is under way after a NOSCRIPT.
+    reloading: Arc<AtomicBool>,
     missing_zero: bool,
 }
 
@@ -351,6 +360,14 @@ impl StockService {
             ),
             confirm: wire::Wire::new(&scripts.confirm, 0, &[window, missing], replicate),
         };
+        let coalesce = (config.coalesce_deducts > 1).then(|| {
+            Arc::new(coalesce::DeductJoin::new(
+                &wires.deduct,
+                &scripts.deduct_many,
+                config.coalesce_deducts,
+                metrics.clone(),
+            )) as Arc<dyn Join>
+        });
         StockService {
             upstream,
             scripts,
@@ -373,6 +390,13 @@ impl StockService {
             sold_out: (config.sold_out_reads && config.upstream.durability.is_none())
                 .then(sold_out::Memory::default),
             missing_zero: config.missing_stock.as_arg() == "zero",
+            coalesce,
+            coalesce_reads: (config.coalesce_deducts > 1).then(|| {
+                Arc::new(coalesce::ReadJoin {
+                    most: config.coalesce_deducts,
+                }) as Arc<dyn Join>
+            }),
+            reloading: Arc::default(),
         }
     }
 
@@ -494,6 +518,22 @@ impl StockService {
         if let Op::Hold(hold) = &call.op {
             self.mark_for_sweep(sku, Duration::from_millis(hold.ttl.get()));
         }
+        if call.read_first
+            && let Some(join) = &self.coalesce_reads
+        {
+            let keys = &self.keys;
+            return self.upstream.submit_joinable(
+                crate::keys::sku_slot(sku),
+                call.deadline,
+                completion,
+                Joinable {
+                    key: sku.as_bytes(),
+                    join,
+                },
+                |gathered| coalesce::write_read_shared(keys, sku, gathered),
+                |gathered| coalesce::write_read_member(keys, sku, request_id, gathered),
+            );
+        }
         if call.read_first {
             let keys = &self.keys;
             return self.upstream.submit_script(
@@ -511,6 +551,20 @@ impl StockService {
                         buf,
                     )
                 },
+            );
+        }
+        if let (Op::Deduct(deduct), Some(join)) = (&call.op, &self.coalesce) {
+            let keys = &self.keys;
+            return self.upstream.submit_joinable(
+                crate::keys::sku_slot(sku),
+                call.deadline,
+                completion,
+                Joinable {
+                    key: sku.as_bytes(),
+                    join,
+                },
+                |gathered| coalesce::write_shared(keys, sku, gathered),
+                |gathered| coalesce::write_member(keys, deduct, request_id, &call.nonce, gathered),
             );
         }
         let wire = self.wire(&call.op);
@@ -547,6 +601,11 @@ impl StockService {
         if call.read_first {
             return self.conclude_read(call, answer);
         }
+        if let (Op::Deduct(deduct), Ok(answer)) = (&call.op, &answer)
+            && answer.frame.starts_with(b"-NOSCRIPT")
+        {
+            self.reload_coalesced(&deduct.sku);
+        }
         match self.upstream.verdict(answer) {
             Verdict::Settled(result) => {
                 let result = self.finish(&call, result);
@@ -554,6 +613,34 @@ impl StockService {
             }
             Verdict::Fallback => Concluded::Fallback(call),
         }
+    }
+
+    /// A DEDUCT met NOSCRIPT: the node lost its scripts (a restart, a
+    /// failover, SCRIPT FLUSH). The DEDUCT itself goes again through the
+    /// redis crate, whose EVAL caches `lua/deduct.lua` there again; this
+    /// caches `lua/deduct_many.lua` too, with an EVAL of a call with no
+    /// members (it reads and writes nothing), so the SKU's next gathered
+    /// calls don't all take the slow path until the health loop's next
+    /// script check. One at a time.
+    fn reload_coalesced(&self, sku: &Sku) {
+        if self.coalesce.is_none() || self.reloading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let upstream = self.upstream.clone();
+        let script = self.scripts.deduct_many.clone();
+        let keys = self.keys.sku_keys(sku);
+        let [window, max_qty, missing] = self.wires.deduct.fixed_argv();
+        let args: Vec<Vec<u8>> = [window, max_qty, missing, self.replicate_arg.as_bytes()]
+            .map(<[u8]>::to_vec)
+            .into();
+        let reloading = self.reloading.clone();
+        tokio::spawn(async move {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            if let Err(fault) = upstream.eval(&script, &keys.all(), &args).await {
+                tracing::debug!(%fault, "could not load the coalesced DEDUCT script again");
+            }
+            reloading.store(false, Ordering::Release);
+        });
     }
 
     /// The answer to a call's read ([`sold_out`]): the script's answer in
@@ -796,19 +883,25 @@ struct AccessEntry<'a> {
 mod tests {
     use super::*;
 
+    /// A stockgate's shared state with default settings, `--wait-replicas
+    /// 1` when `durable` (no Redis needed: nothing is sent).
+    fn shared_state(durable: bool) -> crate::state::Shared {
+        let mut config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
+        if durable {
+            config.upstream.durability = Some(crate::config::Durability {
+                replicas: 1,
+                timeout: Duration::from_millis(100),
+            });
+        }
+        crate::state::Shared::new(config, 0)
+    }
+
     #[test]
     fn the_hot_path_writes_exactly_the_evalsha_the_fallback_sends() {
         // The node pipes get each call's EVALSHA from pre-encoded parts;
         // the redis-rs fallback from the argument lists. They must agree.
         for durable in [false, true] {
-            let mut config = Config::for_upstream(vec!["redis://127.0.0.1:1".into()]);
-            if durable {
-                config.upstream.durability = Some(crate::config::Durability {
-                    replicas: 1,
-                    timeout: Duration::from_millis(100),
-                });
-            }
-            let shared = crate::state::Shared::new(config, 0);
+            let shared = shared_state(durable);
             let service = &shared.service;
             let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
             for (command, args) in [
@@ -855,6 +948,94 @@ mod tests {
                 );
                 assert_eq!(hot, slow, "{command:?}, durable {durable}");
             }
+        }
+    }
+
+    #[test]
+    fn a_coalesced_call_writes_its_members_own_calls_or_one_call_of_all() {
+        // Alone, a DEDUCT gathered for coalescing is the plain EVALSHA of
+        // lua/deduct.lua, byte for byte; together, one EVALSHA of
+        // lua/deduct_many.lua whose keys and arguments are each member's
+        // own, in order, after what they share.
+        for durable in [false, true] {
+            let shared = shared_state(durable);
+            let service = &shared.service;
+            let join = service.coalesce.as_ref().expect("on by default");
+            let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+            let calls: Vec<StockCall> = [
+                vec![arg("hot"), arg("2"), arg("a"), arg("ORD 1")],
+                vec![arg("hot"), arg("1"), arg("b")],
+                vec![arg("hot"), arg("3"), arg("a")],
+            ]
+            .iter()
+            .map(
+                |args| match service.prepare(StockCommand::Deduct, args, Instant::now()) {
+                    Some(Prepared::Call(call)) => call,
+                    _ => panic!("{args:?} is a valid DEDUCT"),
+                },
+            )
+            .collect();
+            let gather = |calls: &[StockCall]| {
+                let mut gathered = crate::pipeline::Gathered::default();
+                for call in calls {
+                    let Op::Deduct(deduct) = &call.op else {
+                        unreachable!()
+                    };
+                    if gathered.members == 0 {
+                        coalesce::write_shared(&service.keys, &deduct.sku, &mut gathered);
+                    }
+                    let (_, request_id) = call.op.request();
+                    coalesce::write_member(
+                        &service.keys,
+                        deduct,
+                        request_id,
+                        &call.nonce,
+                        &mut gathered,
+                    );
+                    gathered.members += 1;
+                }
+                let mut out = bytes::BytesMut::new();
+                join.write(&gathered, &mut out);
+                out
+            };
+
+            let alone = &calls[1];
+            let wire = service.wire(&alone.op);
+            let (sku, request_id) = alone.op.request();
+            let mut own = bytes::BytesMut::new();
+            let caller = alone.op.caller_args();
+            wire.encode(
+                &service.keys,
+                sku,
+                request_id,
+                caller.as_slice(),
+                &alone.nonce,
+                &mut own,
+            );
+            assert_eq!(
+                gather(std::slice::from_ref(alone)),
+                own,
+                "durable {durable}"
+            );
+
+            let sku_keys = service.keys.sku_keys(sku);
+            let records: Vec<Vec<u8>> = calls
+                .iter()
+                .map(|c| service.keys.request_keys(sku, c.op.request().1).record)
+                .collect();
+            let mut keys: Vec<&[u8]> = sku_keys.all().to_vec();
+            keys.extend(records.iter().map(Vec::as_slice));
+            let [window, max_qty, missing] = wire.fixed_argv();
+            let mut argv: Vec<&[u8]> =
+                vec![window, max_qty, missing, service.replicate_arg.as_bytes()];
+            for call in &calls {
+                let caller = call.op.caller_args();
+                argv.extend_from_slice(caller.as_slice());
+                argv.push(&call.nonce);
+            }
+            let mut one = bytes::BytesMut::new();
+            crate::reply::evalsha(&mut one, &service.scripts.deduct_many.sha, &keys, &argv);
+            assert_eq!(gather(&calls), one, "durable {durable}");
         }
     }
 

@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
 /// One script's call, pre-encoded.
+#[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
     /// `*<n>`, EVALSHA, the SHA, `4`.
@@ -84,6 +85,36 @@ impl Wire {
         buf.extend_from_slice(&self.fixed);
         reply::bulk_of(buf, nonce);
         buf.extend_from_slice(&self.tail);
+    }
+
+    /// [`Wire::encode`] from keys and arguments written as bulk strings
+    /// already: the stock key, the record key, the two hold keys, the
+    /// caller's arguments and the nonce (a coalesced DEDUCT alone in its
+    /// call, [`super::coalesce`]).
+    pub(super) fn encode_bulks(
+        &self,
+        [stock, record, hold_keys, caller, nonce]: [&[u8]; 5],
+        buf: &mut BytesMut,
+    ) {
+        buf.extend_from_slice(&self.head);
+        buf.extend_from_slice(stock);
+        buf.extend_from_slice(record);
+        buf.extend_from_slice(hold_keys);
+        buf.extend_from_slice(caller);
+        buf.extend_from_slice(&self.fixed);
+        buf.extend_from_slice(nonce);
+        buf.extend_from_slice(&self.tail);
+    }
+
+    /// The arguments stockgate supplies alike for every call, encoded, then
+    /// the replicate flag: what a coalesced call's members share.
+    pub(super) fn shared_args(&self) -> [&[u8]; 2] {
+        [&self.fixed, &self.tail]
+    }
+
+    /// The arguments stockgate supplies before the nonce, as they are.
+    pub(super) fn fixed_argv<const N: usize>(&self) -> [&[u8]; N] {
+        std::array::from_fn(|i| self.fixed_args[i].as_slice())
     }
 
     /// The script's ARGV, for the fallback.

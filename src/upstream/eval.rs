@@ -8,7 +8,7 @@ use crate::answer::Shape;
 use crate::config::Durability;
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::StockReply;
-use crate::pipeline::{Answer, Completion, PipeError};
+use crate::pipeline::{Answer, Completion, Gathered, Joinable, PipeError};
 use crate::script::LuaScript;
 use bytes::BytesMut;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -39,6 +39,25 @@ impl Upstream {
     ) -> Result<(), (PipeError, Completion)> {
         match &self.pipelines {
             Some(pipelines) => pipelines.submit(slot, deadline, completion, encode),
+            None => Err((PipeError::Lost, completion)),
+        }
+    }
+
+    /// [`Upstream::submit_script`] of a call that may share one script call
+    /// with others ([`crate::pipeline::Pipelines::submit_joinable`]).
+    pub fn submit_joinable(
+        &self,
+        slot: u16,
+        deadline: tokio::time::Instant,
+        completion: Completion,
+        joinable: Joinable<'_>,
+        shared: impl FnOnce(&mut Gathered),
+        member: impl FnOnce(&mut Gathered),
+    ) -> Result<(), (PipeError, Completion)> {
+        match &self.pipelines {
+            Some(pipelines) => {
+                pipelines.submit_joinable(slot, deadline, completion, joinable, shared, member)
+            }
             None => Err((PipeError::Lost, completion)),
         }
     }

@@ -1,0 +1,287 @@
+//! Coalescing: the DEDUCTs of one SKU that wait for its primary at the
+//! same moment run as one script call (`lua/deduct_many.lua`).
+//!
+//! In a flash sale every request is for one SKU, so one slot on one
+//! primary, which runs them one after another anyway. A script call costs
+//! that primary a fixed part (the call, the chunk's closures, the checks of
+//! what stockgate supplies, the reads of the stock and held keys) and a
+//! part per deduction (its record and its reply); on a hot SKU the fixed
+//! part is most of it. So a DEDUCT joins the call gathering in its node
+//! pipe's queue when that call is for the same SKU ([`crate::pipeline`]
+//! keeps it gathering while the SKU's previous call is still in Redis),
+//! and each member gets its own reply, exactly what its own call would
+//! have answered at that place in the order.
+//!
+//! A call of one member is the plain `lua/deduct.lua` EVALSHA, byte for
+//! byte, so a SKU without company costs nothing new in Redis.
+//!
+//! The sold-out tail's reads ([`super::sold_out`]) gather the same way
+//! ([`ReadJoin`]): one `MGET` of the stock and held keys and every
+//! member's record, split into each member's own three values. Every member
+//! keeps its own nonce and its own deadline, and one whose answer calls for
+//! the slow path (a lost connection, NOSCRIPT, a redirect) is sent again
+//! alone through the redis crate: safe, because a resend of a call answers
+//! as the first send did.
+
+use super::deduct::Deduct;
+use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
+use crate::params::{RequestId, Sku};
+use crate::pipeline::{Gathered, Join};
+use crate::reply;
+use crate::script::LuaScript;
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
+use super::wire::Wire;
+
+/// Marks in [`Gathered::marks`]: one where the shared stock key ends, then
+/// three per member (after its record key, after its qty and order_no,
+/// after its nonce).
+const MEMBER_MARKS: usize = 3;
+
+/// Writes a SKU's gathered DEDUCTs as one call.
+pub(super) struct DeductJoin {
+    /// `lua/deduct.lua`'s call: a member alone.
+    single: Wire,
+    /// `lua/deduct_many.lua`'s SHA.
+    sha: String,
+    /// Its shared arguments (window, max qty, missing-stock mode,
+    /// replicate), encoded.
+    shared_args: Bytes,
+    most: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl DeductJoin {
+    pub(super) fn new(
+        single: &Wire,
+        many: &LuaScript,
+        most: usize,
+        metrics: Arc<Metrics>,
+    ) -> DeductJoin {
+        DeductJoin {
+            single: single.clone(),
+            sha: many.sha.clone(),
+            shared_args: single.shared_args().concat().into(),
+            most,
+            metrics,
+        }
+    }
+}
+
+/// Where member `i`'s parts lie in [`Gathered::parts`]: its start, the end
+/// of its record key, of its qty and order_no, and of its nonce.
+fn member_at(gathered: &Gathered, i: usize) -> [usize; 4] {
+    let marks = &gathered.marks[1 + MEMBER_MARKS * i..][..MEMBER_MARKS];
+    let start = if i == 0 {
+        0
+    } else {
+        gathered.marks[MEMBER_MARKS * i]
+    };
+    [start, marks[0], marks[1], marks[2]]
+}
+
+impl Join for DeductJoin {
+    fn most(&self) -> usize {
+        self.most
+    }
+
+    fn write(&self, gathered: &Gathered, out: &mut BytesMut) {
+        let members = gathered.members;
+        let (stock, hold_keys) = gathered.shared.split_at(gathered.marks[0]);
+        let parts = &gathered.parts[..];
+        if members == 1 {
+            let [start, record, caller, nonce] = member_at(gathered, 0);
+            self.single.encode_bulks(
+                [
+                    stock,
+                    &parts[start..record],
+                    hold_keys,
+                    &parts[record..caller],
+                    &parts[caller..nonce],
+                ],
+                out,
+            );
+            return;
+        }
+        self.metrics.record_coalesced(members);
+        // KEYS: stock, holds, held, then each member's record; ARGV: the
+        // shared four, then each member's qty, order_no and nonce.
+        reply::evalsha_start(out, &self.sha, 3 + members, 4 + 3 * members);
+        out.extend_from_slice(stock);
+        out.extend_from_slice(hold_keys);
+        for i in 0..members {
+            let [start, record, ..] = member_at(gathered, i);
+            out.extend_from_slice(&parts[start..record]);
+        }
+        out.extend_from_slice(&self.shared_args);
+        for i in 0..members {
+            let [_, record, _, nonce] = member_at(gathered, i);
+            out.extend_from_slice(&parts[record..nonce]);
+        }
+    }
+}
+
+/// What the first DEDUCT of a call writes for all of them: the SKU's stock
+/// key, then its two hold keys.
+pub(super) fn write_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
+    reply::bulk_parts(&mut gathered.shared, &keys.stock_key_parts(sku));
+    gathered.marks.push(gathered.shared.len());
+    for parts in keys.hold_key_parts(sku) {
+        reply::bulk_parts(&mut gathered.shared, &parts);
+    }
+}
+
+/// What each DEDUCT of a call writes of its own: its record key, its qty
+/// and order_no, its nonce.
+pub(super) fn write_member(
+    keys: &KeyLayout,
+    deduct: &Deduct,
+    request_id: &RequestId,
+    nonce: &[u8],
+    gathered: &mut Gathered,
+) {
+    let parts = &mut gathered.parts;
+    reply::bulk_parts(parts, &keys.record_key_parts(&deduct.sku, request_id));
+    gathered.marks.push(parts.len());
+    for arg in deduct.caller_args() {
+        reply::bulk_of(parts, arg);
+    }
+    gathered.marks.push(parts.len());
+    reply::bulk_of(parts, nonce);
+    gathered.marks.push(parts.len());
+}
+
+/// Writes a SKU's gathered sold-out reads as one `MGET`.
+pub(super) struct ReadJoin {
+    pub(super) most: usize,
+}
+
+impl Join for ReadJoin {
+    fn most(&self) -> usize {
+        self.most
+    }
+
+    /// Alone: `MGET <stock> <record> <held>` ([`super::sold_out::encode_read`]);
+    /// together: `MGET <stock> <held> <record 1> ... <record n>`.
+    fn write(&self, gathered: &Gathered, out: &mut BytesMut) {
+        let members = gathered.members;
+        let (stock, held) = gathered.shared.split_at(gathered.marks[0]);
+        let mut header = itoa::Buffer::new();
+        out.extend_from_slice(b"*");
+        out.extend_from_slice(header.format(3 + members).as_bytes());
+        out.extend_from_slice(b"\r\n$4\r\nMGET\r\n");
+        out.extend_from_slice(stock);
+        if members == 1 {
+            out.extend_from_slice(&gathered.parts);
+            out.extend_from_slice(held);
+            return;
+        }
+        out.extend_from_slice(held);
+        out.extend_from_slice(&gathered.parts);
+    }
+
+    /// Member i's reply is what its own MGET would read: the stock, its
+    /// record, the held units.
+    fn split(&self, frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
+        let mut values = crate::answer::elements(frame, 2 + members)?;
+        let (stock, held) = (values.next()?, values.next()?);
+        Some(
+            values
+                .map(|record| {
+                    let mut own =
+                        BytesMut::with_capacity(4 + stock.len() + record.len() + held.len());
+                    own.extend_from_slice(b"*3\r\n");
+                    own.extend_from_slice(&stock);
+                    own.extend_from_slice(&record);
+                    own.extend_from_slice(&held);
+                    own.freeze()
+                })
+                .collect(),
+        )
+    }
+}
+
+/// What the first read of a call writes for all of them: the stock key,
+/// then the held key.
+pub(super) fn write_read_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
+    reply::bulk_parts(&mut gathered.shared, &keys.stock_key_parts(sku));
+    gathered.marks.push(gathered.shared.len());
+    let [_, held] = keys.hold_key_parts(sku);
+    reply::bulk_parts(&mut gathered.shared, &held);
+}
+
+/// What each read writes of its own: its record key.
+pub(super) fn write_read_member(
+    keys: &KeyLayout,
+    sku: &Sku,
+    request_id: &RequestId,
+    gathered: &mut Gathered,
+) {
+    reply::bulk_parts(&mut gathered.parts, &keys.record_key_parts(sku, request_id));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stock::sold_out::{Read, encode_read};
+
+    fn gather(keys: &KeyLayout, sku: &Sku, ids: &[&str]) -> Gathered {
+        let mut gathered = Gathered::default();
+        write_read_shared(keys, sku, &mut gathered);
+        for id in ids {
+            let id = RequestId::parse(Bytes::copy_from_slice(id.as_bytes())).unwrap();
+            write_read_member(keys, sku, &id, &mut gathered);
+            gathered.members += 1;
+        }
+        gathered
+    }
+
+    #[test]
+    fn a_read_alone_is_its_own_mget_and_reads_together_split_into_their_own() {
+        let keys = KeyLayout::new("stock").unwrap();
+        let sku = Sku::parse(Bytes::from_static(b"hot")).unwrap();
+        let join = ReadJoin { most: 32 };
+
+        let mut alone = BytesMut::new();
+        join.write(&gather(&keys, &sku, &["a"]), &mut alone);
+        let id = RequestId::parse(Bytes::from_static(b"a")).unwrap();
+        let [_, held] = keys.hold_key_parts(&sku);
+        let mut own = BytesMut::new();
+        encode_read(
+            [
+                &keys.stock_key_parts(&sku),
+                &keys.record_key_parts(&sku, &id),
+                &held,
+            ],
+            &mut own,
+        );
+        assert_eq!(alone, own);
+
+        let mut together = BytesMut::new();
+        join.write(&gather(&keys, &sku, &["a", "b", "c"]), &mut together);
+        assert_eq!(
+            &together[..],
+            &crate::reply::encode_command(&[
+                b"MGET",
+                b"stock:{hot}",
+                b"stock:{hot}:held",
+                b"stock:{hot}:req:a",
+                b"stock:{hot}:req:b",
+                b"stock:{hot}:req:c",
+            ])[..]
+        );
+        // Redis's reply: stock 0, held missing, a record for b only.
+        let reply = Bytes::from_static(b"*5\r\n$1\r\n0\r\n$-1\r\n$-1\r\n$3\r\nrec\r\n$-1\r\n");
+        let parts = join.split(&reply, 3).unwrap();
+        let reads: Vec<Read> = parts.iter().map(|p| Read::from_frame(p).unwrap()).collect();
+        for (read, record) in reads.iter().zip([None, Some(&b"rec"[..]), None]) {
+            assert_eq!(read.stock.as_deref(), Some(&b"0"[..]));
+            assert_eq!(read.record.as_deref(), record);
+            assert_eq!(read.held, None);
+        }
+        assert!(join.split(&reply, 2).is_none(), "a count that differs");
+        assert!(join.split(&Bytes::from_static(b"-ERR x\r\n"), 3).is_none());
+    }
+}

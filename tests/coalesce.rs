@@ -1,0 +1,633 @@
+//! Coalescing (`src/stock/coalesce.rs`, `lua/deduct_many.lua`): a hot
+//! SKU's DEDUCTs in one script call. First the script against the one it
+//! stands in for: on random states in a real Redis, a call of n members
+//! must answer each member, and leave the keys, exactly as n calls of
+//! `lua/deduct.lua` one after another. Then over the wire: DEDUCTs that
+//! wait for Redis together share calls, each keeps its own reply (a
+//! duplicate within the call, a corrupt record beside good ones), and a
+//! node that lost its scripts gets both of them back.
+
+mod support;
+
+use proptest::prelude::*;
+use redis::Value;
+use std::time::{Duration, Instant};
+use stockgate::dev::LocalRedis;
+use support::*;
+
+const WINDOW: &str = "86400000";
+const MAX_QTY: &str = "5";
+/// The request_ids a case's members draw from, so that one id can appear
+/// twice in a call, and each id's record is part of the state.
+const IDS: [&str; 3] = ["a", "b", "c"];
+
+/// One SKU's state and the members of one call on it.
+#[derive(Debug, Clone)]
+struct Case {
+    stock: Option<String>,
+    /// Each of [`IDS`]'s record (None: no record).
+    records: [Option<String>; 3],
+    /// Units held by an expired hold of another request (released first).
+    expired_hold: Option<u32>,
+    /// A live hold of another request.
+    live_hold: bool,
+    missing_zero: bool,
+    replicate: bool,
+    members: Vec<Member>,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    id: usize,
+    qty: String,
+    order_no: String,
+    nonce: String,
+}
+
+fn stock_text() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        4 => (0i64..12).prop_map(|n| Some(n.to_string())),
+        1 => Just(None),
+        1 => prop::sample::select(vec!["-3", "007", "1.5", "abc", "9007199254740991", "9007199254740992"])
+            .prop_map(|s| Some(s.to_owned())),
+    ]
+}
+
+fn record_text() -> impl Strategy<Value = Option<String>> {
+    let state = prop::sample::select(vec!["D", "R", "V", "H", "C", "X"]);
+    let qty = prop::sample::select(vec!["1", "2", "3"]);
+    let nonce = prop::sample::select(vec!["ab12", "cd34", ""]);
+    let aux = prop::sample::select(vec!["", "1000.1", "99999999999999.1"]);
+    prop_oneof![
+        3 => Just(None),
+        4 => (state, qty, nonce, aux)
+            .prop_map(|(s, q, n, a)| Some(format!("3:{s}:{q}:{n}:{a}:ORD-0"))),
+        1 => prop::sample::select(vec!["garbage", "D:2:old", "3:D:2"]).prop_map(|s| Some(s.to_owned())),
+    ]
+}
+
+fn member() -> impl Strategy<Value = Member> {
+    (
+        0..IDS.len(),
+        prop::sample::select(vec!["1", "1", "2", "3", "0", "6", "01"]),
+        prop::sample::select(vec!["", "", "ORD-1", "bad\norder"]),
+        prop::sample::select(vec!["ab12", "ef56", "ef56", "0a0b", "not-hex"]),
+    )
+        .prop_map(|(id, qty, order_no, nonce)| Member {
+            id,
+            qty: qty.to_owned(),
+            order_no: order_no.to_owned(),
+            nonce: nonce.to_owned(),
+        })
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        stock_text(),
+        [record_text(), record_text(), record_text()],
+        prop_oneof![3 => Just(None), 1 => (1u32..4).prop_map(Some)],
+        prop::bool::weighted(0.2),
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+        prop::collection::vec(member(), 1..7),
+    )
+        .prop_map(
+            |(stock, records, expired_hold, live_hold, missing_zero, replicate, members)| Case {
+                stock,
+                records,
+                expired_hold,
+                live_hold,
+                missing_zero,
+                replicate,
+                members,
+            },
+        )
+}
+
+/// One member's answer, as comparable: a reply's elements, or an error's
+/// code and text.
+#[derive(Debug, Clone, PartialEq)]
+enum Answer {
+    Reply(Value),
+    Error(String, String),
+}
+
+fn error_of(err: &redis::RedisError) -> Answer {
+    Answer::Error(
+        err.code().unwrap_or("?").to_owned(),
+        err.detail().unwrap_or("").to_owned(),
+    )
+}
+
+fn answer_of(value: Value) -> Answer {
+    match value {
+        Value::ServerError(err) => Answer::Error(
+            err.code().to_owned(),
+            err.details().unwrap_or("").to_owned(),
+        ),
+        value => Answer::Reply(value),
+    }
+}
+
+/// What a case leaves in Redis under `prefix`, with its TTLs told apart
+/// only as "has one" or not (the two runs are moments apart).
+fn state_of(conn: &mut redis::Connection, prefix: &str, sku: &str) -> Vec<(String, Value, bool)> {
+    let stock = format!("{prefix}:{{{sku}}}");
+    let mut keys: Vec<String> = vec![
+        stock.clone(),
+        format!("{stock}:held"),
+        format!("{stock}:req:other"),
+    ];
+    keys.extend(IDS.iter().map(|id| format!("{stock}:req:{id}")));
+    let mut out: Vec<(String, Value, bool)> = keys
+        .iter()
+        .map(|key| {
+            let value: Value = redis::cmd("GET").arg(key).query(conn).unwrap();
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).unwrap();
+            (key[prefix.len()..].to_owned(), value, ttl > 0)
+        })
+        .collect();
+    let holds: Value = redis::cmd("ZRANGE")
+        .arg(format!("{stock}:holds"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(conn)
+        .unwrap();
+    out.push((":holds".to_owned(), holds, false));
+    out
+}
+
+fn set_up(conn: &mut redis::Connection, prefix: &str, sku: &str, case: &Case) {
+    let stock = format!("{prefix}:{{{sku}}}");
+    let mut set = redis::pipe();
+    if let Some(value) = &case.stock {
+        set.set(&stock, value).ignore();
+    }
+    for (id, record) in IDS.iter().zip(&case.records) {
+        if let Some(record) = record {
+            set.cmd("SET")
+                .arg(format!("{stock}:req:{id}"))
+                .arg(record)
+                .arg("PX")
+                .arg(3_600_000)
+                .ignore();
+        }
+    }
+    let mut held = 0;
+    if let Some(units) = case.expired_hold {
+        held += units;
+        set.zadd(format!("{stock}:holds"), "other", 1000).ignore();
+        set.set(
+            format!("{stock}:req:other"),
+            format!("3:H:{units}:ab:1000.1:"),
+        )
+        .ignore();
+    }
+    if case.live_hold {
+        held += 1;
+        set.zadd(format!("{stock}:holds"), "live", 99_999_999_999_999u64)
+            .ignore();
+    }
+    if held > 0 {
+        set.set(format!("{stock}:held"), held).ignore();
+    }
+    set.cmd("PING").ignore();
+    set.query::<()>(conn).unwrap();
+}
+
+#[test]
+fn a_gathered_call_answers_each_member_as_its_own_call_would() {
+    let redis = standalone();
+    let mut conn = redis.node.connection().unwrap();
+    let scripts = stockgate::script::Scripts::new();
+    for script in [&scripts.deduct, &scripts.deduct_many] {
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&script.body)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let conn = std::cell::RefCell::new(conn);
+    let raw_conn = std::cell::RefCell::new(
+        std::net::TcpStream::connect(("127.0.0.1", redis.node.port)).unwrap(),
+    );
+    let number = std::cell::Cell::new(0u64);
+    let config = proptest::test_runner::Config {
+        cases: 500,
+        ..Default::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    runner
+        .run(&case(), |case| {
+            number.set(number.get() + 1);
+            let sku = format!("c{}", number.get());
+            let mut conn = conn.borrow_mut();
+            let conn = &mut *conn;
+            set_up(conn, "one", &sku, &case);
+            set_up(conn, "many", &sku, &case);
+            let missing = if case.missing_zero { "zero" } else { "error" };
+            let replicate = if case.replicate { "1" } else { "0" };
+
+            // The members one after another, each its own lua/deduct.lua call.
+            let one = format!("one:{{{sku}}}");
+            let mut alone = Vec::new();
+            for m in &case.members {
+                let result = redis::cmd("EVALSHA")
+                    .arg(&scripts.deduct.sha)
+                    .arg(4)
+                    .arg(&one)
+                    .arg(format!("{one}:req:{}", IDS[m.id]))
+                    .arg(format!("{one}:holds"))
+                    .arg(format!("{one}:held"))
+                    .arg(&m.qty)
+                    .arg(&m.order_no)
+                    .arg(WINDOW)
+                    .arg(MAX_QTY)
+                    .arg(missing)
+                    .arg(&m.nonce)
+                    .arg(replicate)
+                    .query::<Value>(conn);
+                alone.push(match result {
+                    Ok(value) => answer_of(value),
+                    Err(err) => error_of(&err),
+                });
+            }
+
+            // The same members in one lua/deduct_many.lua call, read raw:
+            // the redis crate would turn the first error nested in the
+            // array into an error of the whole reply.
+            let many = format!("many:{{{sku}}}");
+            let count = (3 + case.members.len()).to_string();
+            let mut args: Vec<String> = vec![
+                "EVALSHA".into(),
+                scripts.deduct_many.sha.clone(),
+                count,
+                many.clone(),
+                format!("{many}:holds"),
+                format!("{many}:held"),
+            ];
+            args.extend(
+                case.members
+                    .iter()
+                    .map(|m| format!("{many}:req:{}", IDS[m.id])),
+            );
+            args.extend([WINDOW, MAX_QTY, missing, replicate].map(str::to_owned));
+            for m in &case.members {
+                args.extend([m.qty.clone(), m.order_no.clone(), m.nonce.clone()]);
+            }
+            let together: Vec<Answer> = match raw_call(&mut raw_conn.borrow_mut(), &args) {
+                Value::Array(replies) => replies.into_iter().map(answer_of).collect(),
+                Value::ServerError(err) => {
+                    vec![answer_of(Value::ServerError(err)); case.members.len()]
+                }
+                other => panic!("not an array: {other:?}"),
+            };
+
+            prop_assert_eq!(together.len(), alone.len());
+            // The one place the two may differ: a stock value Lua reads as
+            // an integer but Redis refuses ("007"). A member's own call
+            // raises at its write (an ERR); the gathered call answers that
+            // error to the members from there on, and to all of them when
+            // the refusal comes from releasing expired holds (the whole call
+            // raises). An error either way, never a code; nothing changes.
+            let refused = alone
+                .iter()
+                .any(|a| matches!(a, Answer::Error(code, _) if code == "ERR"));
+            for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+                match (a, t) {
+                    (Answer::Error(code, _), Answer::Error(other, _)) if code == "ERR" => {
+                        prop_assert_eq!(other, "ERR", "member {}", i);
+                    }
+                    (_, Answer::Error(code, _)) if refused && code == "ERR" => {}
+                    _ => prop_assert_eq!(a, t, "member {} of {:?}", i, case),
+                }
+            }
+            prop_assert_eq!(
+                state_of(conn, "one", &sku),
+                state_of(conn, "many", &sku),
+                "{:?}",
+                case
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// One command on a plain socket, its reply parsed as it came (errors
+/// nested in an array stay where they are).
+fn raw_call(stream: &mut std::net::TcpStream, args: &[String]) -> Value {
+    use std::io::{Read, Write};
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request).unwrap();
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "redis closed the connection");
+        reply.extend_from_slice(&chunk[..n]);
+        if let Ok(value) = redis::parse_redis_value(&reply) {
+            return value;
+        }
+    }
+}
+
+/// A stockgate in front of a standalone Redis, the SKU stocked, and a
+/// direct connection to the Redis.
+async fn hot_sku(stock: i64) -> (LocalRedis, stockgate::server::Server, redis::Connection) {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("hot"))
+        .arg(stock)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let server = proxy(vec![redis.url()], |c| {
+        c.upstream.timeout = Duration::from_secs(30)
+    })
+    .await;
+    (redis, server, direct)
+}
+
+/// Sends `requests` as one pipeline on one connection while Redis holds
+/// every write (CLIENT PAUSE WRITE): stockgate reads them in one go, the
+/// first call is held in Redis, and everything behind it waits for Redis
+/// together, however fast or slow the machine. The replies, in order.
+async fn burst_while_paused(
+    server: &stockgate::server::Server,
+    direct: &mut redis::Connection,
+    requests: Vec<Vec<String>>,
+) -> Vec<Value> {
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query::<()>(direct)
+        .unwrap();
+    let mut conn = client(server, false).await;
+    let sent = tokio::spawn(async move {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for args in &requests {
+            let mut cmd = redis::cmd(&args[0]);
+            for arg in &args[1..] {
+                cmd.arg(arg);
+            }
+            pipe.add_command(cmd);
+        }
+        pipe.query_async::<Vec<Value>>(&mut conn).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(direct).unwrap();
+        if clients
+            .lines()
+            .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no script call reached Redis");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The connection submits what it read in one pass, with no await in
+    // between; this only covers a preempted thread.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query::<()>(direct)
+        .unwrap();
+    sent.await.unwrap().expect("every request is answered")
+}
+
+fn deduct_args(request_id: &str) -> Vec<String> {
+    ["DEDUCT", "hot", "1", request_id]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+fn metric(server: &stockgate::server::Server, name: &str) -> u64 {
+    let text = server.shared().metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deducts_waiting_together_share_calls_and_keep_their_own_replies() {
+    let (_redis, server, mut direct) = hot_sku(30).await;
+    // A record nobody can read, beside good ones: its error is its own.
+    redis::cmd("SET")
+        .arg(record_key("hot", "broken"))
+        .arg("garbage")
+        .query::<()>(&mut direct)
+        .unwrap();
+    let mut requests: Vec<Vec<String>> = (0..40).map(|i| deduct_args(&format!("r{i}"))).collect();
+    // The same request twice in one call, and a retry of an earlier one.
+    requests.insert(5, deduct_args("r3"));
+    requests.insert(20, deduct_args("broken"));
+    requests.push(deduct_args("r1"));
+    let calls_before = metric(&server, "stockgate_coalesced_calls_total");
+    let replies = burst_while_paused(&server, &mut direct, requests.clone()).await;
+    assert_eq!(replies.len(), requests.len());
+
+    // In request order, exactly as separate calls would answer: 30 units
+    // go to the first 30 fresh ids, retries of applied ids get 1, and the
+    // rest find the stock short. (Each connection's requests to one SKU
+    // keep their order on the way to Redis.)
+    let mut applied = std::collections::HashSet::new();
+    let mut left = 30;
+    for (args, reply) in requests.iter().zip(replies) {
+        let id = &args[3];
+        if id == "broken" {
+            match reply {
+                Value::ServerError(err) => assert_eq!(err.code(), "BADRECORD", "{err:?}"),
+                other => panic!("the corrupt record answered {other:?}"),
+            }
+            continue;
+        }
+        let reply = parse(reply);
+        if applied.contains(id) {
+            assert_eq!(reply.code, 1, "{id}: a retry of an applied id");
+        } else if left > 0 {
+            left -= 1;
+            assert_eq!((reply.code, reply.remain), (0, left), "{id}");
+            applied.insert(id.clone());
+        } else {
+            assert_eq!((reply.code, reply.remain), (2, 0), "{id}");
+        }
+    }
+    assert_eq!(get(&mut direct, &stock_key("hot")), Some("0".to_owned()));
+    let calls = metric(&server, "stockgate_coalesced_calls_total") - calls_before;
+    let deducts = metric(&server, "stockgate_coalesced_deducts_total");
+    assert!(calls >= 1, "no call carried two DEDUCTs");
+    assert!(
+        deducts >= 30,
+        "{deducts} DEDUCTs shared {calls} calls of 43 waiting together"
+    );
+    let evalsha = script_calls_standalone(&mut direct);
+    assert!(
+        evalsha < 43,
+        "43 DEDUCTs took {evalsha} script calls: they did not share"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_scripts_gets_both_back_and_no_answer_changes() {
+    let (_redis, server, mut direct) = hot_sku(1000).await;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut direct)
+        .unwrap();
+    let requests: Vec<Vec<String>> = (0..20).map(|i| deduct_args(&format!("n{i}"))).collect();
+    let replies = burst_while_paused(&server, &mut direct, requests).await;
+    // Each answered as its own call, through the slow path where the
+    // gathered call met NOSCRIPT.
+    let mut remains: Vec<i64> = replies
+        .into_iter()
+        .map(|reply| {
+            let reply = parse(reply);
+            assert_eq!(reply.code, 0);
+            reply.remain
+        })
+        .collect();
+    remains.sort_unstable();
+    assert_eq!(remains, (980..1000).collect::<Vec<i64>>());
+    assert_eq!(get(&mut direct, &stock_key("hot")), Some("980".to_owned()));
+    // The coalesced script is cached again without waiting for the health
+    // loop's next check (a minute away).
+    let many = stockgate::script::Scripts::new().deduct_many;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let exists: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&many.sha)
+            .query(&mut direct)
+            .unwrap();
+        if exists == [true] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lua/deduct_many.lua was not loaded again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the next burst shares calls again.
+    let before = metric(&server, "stockgate_coalesced_calls_total");
+    let requests: Vec<Vec<String>> = (0..20).map(|i| deduct_args(&format!("m{i}"))).collect();
+    for reply in burst_while_paused(&server, &mut direct, requests).await {
+        assert_eq!(parse(reply).code, 0);
+    }
+    assert!(metric(&server, "stockgate_coalesced_calls_total") > before);
+    assert_eq!(get(&mut direct, &stock_key("hot")), Some("960".to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sold_out_reads_waiting_together_share_one_mget_and_answer_each_exactly() {
+    let (_redis, server, mut direct) = hot_sku(3).await;
+    let mut conn = client(&server, false).await;
+    for id in ["s1", "s2", "s3"] {
+        let reply = parse(
+            deduct(&mut conn, "hot", "1", id, Some("ORD-S"))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(reply.code, 0);
+    }
+    let reply = parse(revert(&mut conn, "hot", "gone").await.unwrap());
+    assert_eq!(reply.code, 4, "a REVERT that comes first revokes the id");
+    // The SKU answers 2: from here its DEDUCTs read first.
+    assert_eq!(
+        parse(deduct(&mut conn, "hot", "1", "late-0", None).await.unwrap()).code,
+        2
+    );
+
+    let mut requests: Vec<Vec<String>> = (1..=20)
+        .map(|i| deduct_args(&format!("late-{i}")))
+        .collect();
+    requests.insert(3, deduct_args("s1"));
+    requests.insert(9, ["DEDUCT", "hot", "2", "s2"].map(str::to_owned).to_vec());
+    requests.insert(12, deduct_args("gone"));
+    requests.push(deduct_args("s3"));
+    let scripts_before = metric(&server, "stockgate_sold_out_reads_total{result=\"script\"}");
+    let mgets_before = calls_of(&mut direct, "mget");
+    let answered_before = metric(
+        &server,
+        "stockgate_sold_out_reads_total{result=\"answered\"}",
+    );
+    // Reads pass a write pause, and under CLIENT PAUSE ALL this test could
+    // not watch Redis either: the pause ends by itself instead, long after
+    // stockgate has read the burst (one pipeline on one connection).
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query::<()>(&mut direct)
+        .unwrap();
+    let mut burst = redis::pipe();
+    for args in &requests {
+        let mut cmd = redis::cmd(&args[0]);
+        for arg in &args[1..] {
+            cmd.arg(arg);
+        }
+        burst.add_command(cmd);
+    }
+    let replies: Vec<Value> = burst.query_async(&mut conn).await.unwrap();
+    for (args, reply) in requests.iter().zip(replies) {
+        let reply = parse(reply);
+        let expected = match (args[3].as_str(), args[2].as_str()) {
+            ("s1" | "s3", _) => (1, 0, "ORD-S"),
+            ("s2", _) => (3, 0, ""),
+            ("gone", _) => (4, 0, ""),
+            _ => (2, 0, ""),
+        };
+        assert_eq!(
+            (reply.code, reply.remain, reply.order_no.as_str()),
+            expected,
+            "{args:?}"
+        );
+    }
+    let answered = metric(
+        &server,
+        "stockgate_sold_out_reads_total{result=\"answered\"}",
+    ) - answered_before;
+    assert_eq!(answered, requests.len() as u64, "every one from a read");
+    assert_eq!(
+        metric(&server, "stockgate_sold_out_reads_total{result=\"script\"}"),
+        scripts_before,
+        "no read sent its DEDUCT on to the script"
+    );
+    let mgets = calls_of(&mut direct, "mget") - mgets_before;
+    assert!(
+        mgets < requests.len() as u64,
+        "{} reads took {mgets} MGETs: they did not share",
+        requests.len()
+    );
+    assert_eq!(get(&mut direct, &stock_key("hot")), Some("0".to_owned()));
+}
+
+fn get(direct: &mut redis::Connection, key: &[u8]) -> Option<String> {
+    redis::cmd("GET").arg(key).query(direct).unwrap()
+}
+
+/// EVALSHA calls the standalone Redis ran, from INFO commandstats.
+fn script_calls_standalone(direct: &mut redis::Connection) -> u64 {
+    calls_of(direct, "evalsha")
+}
+
+/// Calls of `command` the standalone Redis ran, from INFO commandstats.
+fn calls_of(direct: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(direct)
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
