@@ -2,7 +2,7 @@
 //! FAILOVER`, and the scripts a primary loses or a promoted replica never
 //! had.
 
-use crate::checker::{History, Policy};
+use crate::checker::{History, Policy, Workload};
 use crate::harness::*;
 use std::time::{Duration, Instant};
 
@@ -122,6 +122,65 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
         .audit(&cluster, Policy::default())
         .assert_green();
     server.stop_now();
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books, valkey_ignored }
+/// A flash sale's shape under a crash: every client on one SKU, so its
+/// DEDUCTs run coalesced (lua/deduct_many.lua), some of them in the call
+/// that is in Redis when its primary is killed. Each member was sent again
+/// alone through the slow path; the books must still balance exactly, each
+/// reply agree with its record, and no fault become a code.
+async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books(kind: ServerKind) {
+    let _serial = SERIAL.lock().await;
+    let name = format!("hot-kill-{kind}");
+    let mut cluster = cluster_of(kind, 1000, &[]);
+    let victim = 0;
+    let mut hot = Workload::new(
+        &name,
+        skus_where(&cluster, &name, 1, |o| o == victim),
+        TIMEOUT,
+    )
+    .with_holds();
+    hot.clients = 16;
+    hot.seed(&cluster);
+    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let load = hot.start(server.addr).await;
+    tokio::time::sleep(phase()).await;
+
+    let replica = replica_of(&cluster, victim);
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
+    tokio::time::sleep(phase()).await;
+    let history = load.stop().await;
+    let coalesced = server.shared().metrics.render();
+    server.stop_now();
+
+    let calls = coalesced
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("stockgate_coalesced_calls_total ")?
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("the metric is there");
+    eprintln!(
+        "[{name}] {calls} coalesced calls; killed {} before the promotion",
+        ms(promoted - killed)
+    );
+    assert!(calls > 0, "16 clients on one sku never shared a call");
+    let audit = history.audit(
+        &cluster,
+        Policy {
+            allow_lost_acks: true,
+        },
+    );
+    audit.assert_green();
+    assert!(
+        audit.units_recorded > 0,
+        "the load deducted: {}",
+        audit.summary()
+    );
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost, valkey_ignored }
