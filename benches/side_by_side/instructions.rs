@@ -42,7 +42,7 @@ impl Count {
 
 /// The callgrind command line a proxy runs under; its counters go to
 /// `<dir>/<name>.callgrind`, and each dump to a numbered file beside it.
-fn callgrind(dir: &Path, name: &str) -> Vec<String> {
+pub(crate) fn callgrind(dir: &Path, name: &str) -> Vec<String> {
     vec![
         "valgrind".into(),
         "--tool=callgrind".into(),
@@ -54,7 +54,7 @@ fn callgrind(dir: &Path, name: &str) -> Vec<String> {
     ]
 }
 
-fn control(args: &[&str], pid: u32) {
+pub(crate) fn control(args: &[&str], pid: u32) {
     let out = Command::new("callgrind_control")
         .args(args)
         .arg(pid.to_string())
@@ -72,7 +72,7 @@ fn control(args: &[&str], pid: u32) {
 }
 
 /// The instructions counted since the last zeroing, from a fresh dump.
-fn dump_total(dir: &Path, name: &str, pid: u32) -> u64 {
+pub(crate) fn dump_total(dir: &Path, name: &str, pid: u32) -> u64 {
     let before = dumps(dir, name);
     control(&["--dump"], pid);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

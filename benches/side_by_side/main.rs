@@ -10,6 +10,7 @@
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
+//! cargo bench --bench side_by_side -- script-cost   # instructions per deduction in Redis, under callgrind
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
 //! ```
 //!
@@ -117,6 +118,7 @@ mod loadgen;
 mod memory;
 mod orders;
 mod report;
+mod script_cost;
 
 use fleet::{Db, Proc, Stockgate, Twemproxy};
 use loadgen::{Conn, Encoded};
@@ -688,6 +690,9 @@ fn main() {
     }
     if wants("flash") {
         flash::run(&runtime, &knobs, &mut fleet);
+    }
+    if wants("script-cost") {
+        script_cost::run();
     }
     eprintln!("done in {:.0?}", started.elapsed());
 }
