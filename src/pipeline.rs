@@ -280,7 +280,7 @@ impl Open {
         self.is_open()
             && self.key == key
             && self.join.as_ref().is_some_and(|j| Arc::ptr_eq(j, join))
-            && self.gathered.members < join.most()
+            && !self.full()
     }
 
     fn full(&self) -> bool {
@@ -331,7 +331,8 @@ impl Queue {
         if !self.open.is_open() {
             return;
         }
-        let Some(join) = self.open.join.clone() else {
+        // The call's writer moves to its lead, which splits the reply.
+        let Some(join) = self.open.join.take() else {
             return;
         };
         join.write(&self.open.gathered, &mut self.output);
@@ -340,16 +341,16 @@ impl Queue {
         let first = self.open.first;
         debug_assert_eq!(self.waiting.len() - first, members);
         let hash = self.open.hash;
-        for (i, waiter) in self.waiting.range_mut(first..).enumerate() {
+        let mut writer = Some(join);
+        for waiter in self.waiting.range_mut(first..) {
             waiter.end = end;
-            waiter.part = if i == 0 {
-                Part::Lead {
+            waiter.part = match writer.take() {
+                Some(writer) => Part::Lead {
                     members,
                     join: hash,
-                    writer: join.clone(),
-                }
-            } else {
-                Part::Member
+                    writer,
+                },
+                None => Part::Member,
             };
         }
         self.open.clear();

@@ -410,13 +410,6 @@ fn deduct_args(request_id: &str) -> Vec<String> {
         .to_vec()
 }
 
-fn metric(server: &stockgate::server::Server, name: &str) -> u64 {
-    let text = server.shared().metrics.render();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} is not in\n{text}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deducts_waiting_together_share_calls_and_keep_their_own_replies() {
     let (_redis, server, mut direct) = hot_sku(30).await;

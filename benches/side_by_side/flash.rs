@@ -35,7 +35,7 @@
 //! applied id answered 1 (the tail's count is printed), every fresh id of
 //! the tail answered 2, no error replies. Anything else stops the run.
 
-use crate::fleet::{Db, Stockgate, cpu_seconds};
+use crate::fleet::{Db, Stockgate, connect, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
 use crate::{Fleet, Knobs, MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
 use bytes::{Buf, BytesMut};
@@ -775,18 +775,7 @@ fn commandstats(admin: &mut redis::Connection) -> Stats {
 }
 
 fn stock_key(db: &Db, sku: &str) -> Vec<u8> {
-    db.layout()
-        .stock_key(&Sku::parse(sku.to_owned().into()).expect("valid sku"))
-}
-
-fn connect(port: u16) -> redis::Connection {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a valid URL");
-    let conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("cannot connect to redis on {port}: {e}"));
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("set a timeout");
-    conn
+    crate::fleet::stock_key(db.layout(), sku)
 }
 
 /// One line per row, on stderr.

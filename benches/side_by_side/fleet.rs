@@ -574,11 +574,13 @@ impl Db {
     }
 }
 
-fn stock_key(layout: &KeyLayout, sku: &str) -> Vec<u8> {
+pub fn stock_key(layout: &KeyLayout, sku: &str) -> Vec<u8> {
     layout.stock_key(&Sku::parse(sku.to_owned().into()).expect("valid sku"))
 }
 
-fn connect(port: u16) -> redis::Connection {
+/// A plain connection to one Redis on loopback, with a generous read
+/// timeout.
+pub fn connect(port: u16) -> redis::Connection {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a valid URL");
     let conn = client
         .get_connection_with_timeout(Duration::from_secs(2))

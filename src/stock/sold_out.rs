@@ -239,8 +239,8 @@ fn parse_record(raw: &[u8]) -> Option<RawRecord<'_>> {
 #[derive(Default)]
 pub struct Memory {
     short: Mutex<HashMap<Bytes, i64>>,
-    /// Whether `short` has any entry: while none was ever short, a DEDUCT
-    /// costs this memory one load, not a lock and a hash.
+    /// Whether `short` has any entry (written under its lock): while none
+    /// is short, a DEDUCT costs this memory one load, not a lock and a hash.
     any: AtomicBool,
 }
 
@@ -287,9 +287,14 @@ impl Memory {
         }
     }
 
-    /// Forgets `sku`: a read found enough stock for a request.
+    /// Forgets `sku`: a read found enough stock for a request. When no SKU
+    /// is left, DEDUCTs stop taking the lock again.
     pub fn forget(&self, sku: &[u8]) {
-        self.short.lock().expect("memory lock").remove(sku);
+        let mut short = self.short.lock().expect("memory lock");
+        short.remove(sku);
+        if short.is_empty() {
+            self.any.store(false, Ordering::Relaxed);
+        }
     }
 }
 

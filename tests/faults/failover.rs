@@ -153,17 +153,9 @@ async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books(kind: ServerKind
     let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
     tokio::time::sleep(phase()).await;
     let history = load.stop().await;
-    let coalesced = server.shared().metrics.render();
+    let calls = crate::support::metric(&server, "stockgate_coalesced_calls_total");
     server.stop_now();
 
-    let calls = coalesced
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("stockgate_coalesced_calls_total ")?
-                .parse::<u64>()
-                .ok()
-        })
-        .expect("the metric is there");
     eprintln!(
         "[{name}] {calls} coalesced calls; killed {} before the promotion",
         ms(promoted - killed)

@@ -141,6 +141,15 @@ pub async fn proxy(seeds: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Serve
     server
 }
 
+/// The value of one metric series of an in-process stockgate (`series` as
+/// the Prometheus text spells it, labels included); fails when absent.
+pub fn metric(server: &Server, series: &str) -> u64 {
+    let text = server.shared().metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} is not in\n{text}"))
+}
+
 /// A stockgate whose upstream is a loopback port nobody listens on: for
 /// what it answers without Redis (connection-level commands, faults).
 pub async fn server_without_redis() -> Server {
