@@ -251,24 +251,42 @@ local function unhold(held_key, qty)
   end
 end
 
--- Gives one expired hold's units back: the record becomes EXPIRED (keeping
--- its TTL: the rest of the hold's window plus the retry window) and leaves
--- the holds set. `record` is the parsed record of `record_key`, in state H.
-local function release_one(stock_key, holds_key, held_key, record_key, record)
+-- A record's TTL when its state changes: never shorter than it was, and
+-- at least a retry window from now. A HELD record has none (hold.lua), so
+-- the record that ends a hold gets exactly the window.
+local function set_lasting(record_key, text, window)
+  if redis.call('PTTL', record_key) > window then
+    redis.call('SET', record_key, text, 'KEEPTTL')
+  else
+    redis.call('SET', record_key, text, 'PX', window)
+  end
+end
+
+-- Gives one expired hold's units back: the record becomes EXPIRED, lasting
+-- a retry window from now (set_lasting), and leaves the holds set.
+-- `record` is the parsed record of `record_key`, in state H.
+local function release_one(stock_key, holds_key, held_key, record_key, record, window)
   redis.call('INCRBY', stock_key, record.qty)
   unhold(held_key, record.qty)
   redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
-  redis.call('SET', record_key,
-    record_text('X', record.qty, record.nonce, record.aux, record.order_no), 'KEEPTTL')
+  set_lasting(record_key,
+    record_text('X', record.qty, record.nonce, record.aux, record.order_no), window)
 end
 
 -- Releases the SKU's holds that expired by `now`, at most RELEASE_BOUND of
 -- them. Returns how many it released and their units. Call it only once
--- the stock was read as an integer (a release adds to it). An entry whose
--- record is a hold no more (confirmed, given back, gone with its TTL)
--- just leaves the set; one whose record this version can't read stays,
--- for the newer script that wrote it.
-local function release_expired(stock_key, holds_key, held_key, now)
+-- the stock was read as an integer (a release adds to it). `window` is the
+-- retry window in ms, the released record's TTL.
+--
+-- A hold's units are in its record alone, so a HELD record has no TTL
+-- (hold.lua): it lasts until the hold ends, however long nothing touches
+-- the SKU, and every entry here finds its units. An entry whose record is
+-- a hold no more (confirmed, given back) just leaves the set, as does one
+-- with no record at all, which only a hold placed by a version before 4.1
+-- can leave (its record had a TTL, and nothing released it in time: its
+-- units are not known any more; README "Upgrading"); one whose record
+-- this version can't read stays, for the newer script that wrote it.
+local function release_expired(stock_key, holds_key, held_key, now, window)
   local due = redis.call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', 0, RELEASE_BOUND)
   local released, units = 0, 0
   for _, id in ipairs(due) do
@@ -276,7 +294,7 @@ local function release_expired(stock_key, holds_key, held_key, now)
     local raw = redis.call('GET', record_key)
     local record = raw and parse_record(raw)
     if record and record.state == 'H' and record.expires <= now then
-      release_one(stock_key, holds_key, held_key, record_key, record)
+      release_one(stock_key, holds_key, held_key, record_key, record, window)
       released = released + 1
       units = units + tonumber(record.qty)
     elseif record and record.state == 'H' then
@@ -294,8 +312,8 @@ end
 -- is the stock as read: nothing is released when the key is missing.
 -- Returns the stock after it, how many holds were released, and now (0
 -- when the SKU has no holds, so Redis time was not needed). A SKU with no
--- holds pays one EXISTS.
-local function release_due(stock_key, holds_key, held_key, stock, held)
+-- holds pays one EXISTS. `window`: as for release_expired.
+local function release_due(stock_key, holds_key, held_key, stock, held, window)
   -- held (from read_request) is above 0 exactly while the SKU has holds;
   -- a caller that did not read it asks the holds key instead.
   if stock == nil then
@@ -308,7 +326,7 @@ local function release_due(stock_key, holds_key, held_key, stock, held)
     return stock, 0, 0
   end
   local now = now_ms()
-  local released, units = release_expired(stock_key, holds_key, held_key, now)
+  local released, units = release_expired(stock_key, holds_key, held_key, now, window)
   return stock + units, released, now
 end
 
@@ -318,7 +336,7 @@ end
 -- it is now, and 1 when it was released here (0 otherwise). A missing
 -- stock key is created by the release (the caller has refused the call
 -- already unless --missing-stock is "zero").
-local function release_own(stock_key, holds_key, held_key, record_key, record, now)
+local function release_own(stock_key, holds_key, held_key, record_key, record, now, window)
   if not record or record.state ~= 'H' or record.expires > now then
     return record, 0
   end
@@ -327,7 +345,7 @@ local function release_own(stock_key, holds_key, held_key, record_key, record, n
   if not fresh or fresh.state ~= 'H' then
     return fresh, 0
   end
-  release_one(stock_key, holds_key, held_key, record_key, fresh)
+  release_one(stock_key, holds_key, held_key, record_key, fresh, window)
   fresh.state = 'X'
   return fresh, 1
 end
@@ -339,16 +357,6 @@ local function earliest_hold(holds_key)
     return tonumber(first[2])
   end
   return 0
-end
-
--- A record's TTL when its state changes: never shorter than it was, and
--- at least a retry window from now.
-local function set_lasting(record_key, text, window)
-  if redis.call('PTTL', record_key) > window then
-    redis.call('SET', record_key, text, 'KEEPTTL')
-  else
-    redis.call('SET', record_key, text, 'PX', window)
-  end
 end
 
 -- The reply of every call on one request (DEDUCT, REVERT, HOLD, CONFIRM):

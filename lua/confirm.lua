@@ -48,6 +48,13 @@ Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD.
 local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
 
+-- How long a hold was held, never below 0: Redis time can step back (a
+-- failover to a primary whose clock is behind the old one's), and a hold
+-- then seems placed in the future.
+local function held_for(record, now)
+  return math.max(0, now - record.held_at)
+end
+
 local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
@@ -71,7 +78,7 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released, now
-stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
 
 if not record then
   -- Nothing was held under this id: revoke it, so a HOLD that arrives
@@ -84,7 +91,7 @@ if now == 0 then
   now = now_ms()
 end
 local own
-record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
 if own == 1 then
   stock = (stock or 0) + tonumber(record.qty)
   released = released + 1
@@ -108,7 +115,7 @@ if state == 'C' then
   if record.nonce == nonce then
     -- This very call, sent again: it confirmed the first time.
     return answer(0, stock, record.order_no, '', record.expires, released,
-      now - record.held_at, 'confirmed')
+      held_for(record, now), 'confirmed')
   end
   return answer(1, stock, record.order_no, '', record.expires, released)
 end
@@ -116,7 +123,6 @@ end
 -- HELD, in time. Writes: only after every check above has passed.
 unhold(held_key, record.qty)
 redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
-redis.call('SET', record_key,
-  record_text('C', record.qty, nonce, record.aux, record.order_no), 'KEEPTTL')
-return answer(0, stock, record.order_no, '', record.expires, released, now - record.held_at,
+set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window)
+return answer(0, stock, record.order_no, '', record.expires, released, held_for(record, now),
   'confirmed')

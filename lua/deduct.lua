@@ -103,7 +103,7 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released
-stock, released = release_due(stock_key, holds_key, held_key, stock, held)
+stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
 
 -- Idempotency: a known request_id never deducts again.
 if record then

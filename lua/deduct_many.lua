@@ -130,7 +130,7 @@ for i = 1, n do
       local released = 0
       if not released_yet then
         released_yet = true
-        stock, released = release_due(stock_key, holds_key, held_key, stock, held)
+        stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
       end
       if record then
         if record.state == 'R' or record.state == 'V' then

@@ -4,12 +4,14 @@ stockgate's sweep index, one shard: files the SKUs the sweeper has just
 looked at, then lists the SKUs due for a look now.
 
 An entry's score is when the sweeper should look at its SKU (ms of Redis
-time): 0 when a HOLD marked it (lua/due_mark.lua), else the earliest
-expiry of the SKU's holds, as lua/release.lua reported it. An update
-applies only when the SKU's mark is the one the sweeper saw: a HOLD that
-marked it since keeps it due now. A SKU with no holds left stays filed
-until GRACE after its mark (a HOLD marked just before it ran may not have
-run yet), then leaves the index.
+time): at the latest a hold's expiry, as a HOLD's marks filed it
+(lua/due_mark.lua), or the earliest expiry of the SKU's holds, as
+lua/release.lua reported it. An update applies only when the SKU's mark is
+the one the sweeper saw: a HOLD that marked it since may have landed after
+that release looked, so its own mark's time stands (and the SKU is due
+again if it was listed). A SKU with no holds left stays filed until GRACE
+after its mark (a HOLD marked just before it ran may not have run yet),
+then leaves the index.
 
 KEYS[1]  due     <prefix>:{<shard tag>}:due
 KEYS[2]  marks   <prefix>:{<shard tag>}:marks

@@ -7,6 +7,7 @@ every unit whose hold ran out by Redis time.
 KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
+ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
 
 Replies: {stock, held, next_expiry, released}
   stock        the available stock as stored, or false (nil) when missing
@@ -14,7 +15,8 @@ Replies: {stock, held, next_expiry, released}
   next_expiry  the earliest expiry among the SKU's holds (ms of Redis time;
                0 when it has none)
   released     expired holds this call gave back to stock
-Error replies: BADCALL when the keys do not follow the layout. A stock
+Error replies: BADCALL when the keys do not follow the layout or the
+window is missing. A stock
 value that is not an integer is shown as stored, and nothing is released.
 ]]
 
@@ -25,10 +27,14 @@ if string.find(stock_key, '{', 1, true) == nil
   or not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
 end
+local window = window_ms(ARGV[1])
+if not window then
+  return badcall('retry window must be at least 60000 ms')
+end
 local released = 0
 local stock = read_stock(stock_key)
 if stock then
-  stock, released = release_due(stock_key, holds_key, held_key, stock)
+  stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window)
 end
 local shown = redis.call('GET', stock_key)
 return {shown, tonumber(redis.call('GET', held_key) or '0'), earliest_hold(holds_key), released}

@@ -31,8 +31,9 @@ ARGV[1]  qty                 decimal integer from 1 to ARGV[6]
 ARGV[2]  order_no            0 to 128 printable ASCII bytes
 ARGV[3]  ttl_ms              decimal integer from 1000 to ARGV[4]
 ARGV[4]  max hold            milliseconds (--max-hold)
-ARGV[5]  retry window        milliseconds, at least 60000: the record lasts
-                             ttl_ms plus this
+ARGV[5]  retry window        milliseconds, at least 60000: how long the
+                             record lasts once the hold ends (a HELD record
+                             has no TTL: the hold's units are in it)
 ARGV[6]  max qty             decimal integer
 ARGV[7]  missing stock       "error" or "zero"
 ARGV[8]  nonce               1 to 32 hex digits, new for every call
@@ -100,14 +101,14 @@ end
 
 -- Expired holds go back to stock before anything is decided.
 local released, now
-stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
 if now == 0 then
   now = now_ms()
 end
 
 if record then
   local own
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
   if own == 1 then
     stock = (stock or 0) + tonumber(record.qty)
     released = released + 1
@@ -150,7 +151,10 @@ local expires = now + ttl
 local remain = redis.call('DECRBY', stock_key, qty)
 redis.call('INCRBY', held_key, qty)
 redis.call('ZADD', holds_key, expires, string.sub(record_key, #stock_key + 6))
+-- No TTL: the units held are known from this record alone, so it must
+-- outlive the hold however long nothing touches the SKU. Whatever ends the
+-- hold (CONFIRM, REVERT, the release at its expiry) gives the record its
+-- retry window then.
 redis.call('SET', record_key,
-  record_text('H', qty_arg, nonce, int_text(expires) .. '.' .. int_text(now), order_no),
-  'PX', ttl + window)
+  record_text('H', qty_arg, nonce, int_text(expires) .. '.' .. int_text(now), order_no))
 return answer(0, remain, order_no, '', expires, released, 0, 'placed')

@@ -7,6 +7,7 @@ would. Releasing is idempotent: many sidecars may send it at once.
 KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
+ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
 
 Replies: {released, next_at}
   released  holds released by this call
@@ -15,7 +16,8 @@ Replies: {released, next_at}
             past when a backlog remains; 0 when it has no holds. A SKU whose
             stock key is missing or not an integer keeps its holds and is
             looked at again in a minute.
-Error replies: BADCALL when the keys do not follow the layout.
+Error replies: BADCALL when the keys do not follow the layout or the
+window is missing.
 ]]
 
 --@common
@@ -25,6 +27,10 @@ if string.find(stock_key, '{', 1, true) == nil
   or not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
 end
+local window = window_ms(ARGV[1])
+if not window then
+  return badcall('retry window must be at least 60000 ms')
+end
 local stock = read_stock(stock_key)
 if not stock then
   if redis.call('EXISTS', holds_key) == 0 then
@@ -32,5 +38,5 @@ if not stock then
   end
   return {0, now_ms() + 60000}
 end
-local _, released = release_due(stock_key, holds_key, held_key, stock)
+local _, released = release_due(stock_key, holds_key, held_key, stock, nil, window)
 return {released, earliest_hold(holds_key)}

@@ -10,8 +10,11 @@ and guards against the two hazards of compensation (as in TCC / Seata):
                   REVERTED) refuses it with code 4 (see lua/deduct.lua).
 
 Each (sku, request_id) is a small state machine kept in its idempotency
-record (format in lua/common.lua), always with a TTL of at least the retry
-window (a hold's: the rest of its time plus the window). The whole machine,
+record (format in lua/common.lua), with a TTL of at least the retry window
+from its last change, but for a HELD record, which has none: a hold's
+units are known from its record alone, so it lasts until the hold ends
+(CONFIRM, REVERT, or the release at its expiry), which gives it its
+window. The whole machine,
 every command against every state (lua/hold.lua and lua/confirm.lua hold
 their columns):
 
@@ -105,7 +108,7 @@ end
 -- Expired holds go back to stock before anything is decided.
 local released, now
 local own = 0
-stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
+stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
 
 if not record then
   -- Empty rollback: nothing to give back, but remember the id so a late
@@ -119,7 +122,7 @@ if record.state == 'H' then
   if now == 0 then
     now = now_ms()
   end
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
   if own == 1 then
     stock = (stock or 0) + tonumber(record.qty)
     released = released + 1

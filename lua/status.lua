@@ -9,13 +9,15 @@ KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 KEYS[3]  holds               <prefix>:{<sku>}:holds
 KEYS[4]  held units          <prefix>:{<sku>}:held
+ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
 
 Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, released}
   state        "none", "DEDUCTED", "REVERTED", "REVOKED", "HELD",
                "CONFIRMED" or "EXPIRED"
   qty          the request's qty (0 for none and REVOKED)
   order_no     its order_no ("" for none and REVOKED)
-  ttl_ms       the record's remaining TTL in milliseconds (-2 for none)
+  ttl_ms       the record's remaining TTL in milliseconds (-2 for none, -1
+               for HELD: a held record lasts until its hold ends)
   stock        the SKU's available stock, as stored ("" when missing)
   held         the SKU's units on hold now
   next_expiry  the earliest expiry among the SKU's holds (ms of Redis time;
@@ -23,7 +25,7 @@ Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, re
   expires_at   the request's hold expiry (HELD, CONFIRMED, EXPIRED; else 0)
   released     expired holds this call gave back to stock
 Error replies: BADRECORD ... when the record has an unknown shape, BADCALL
-when the keys do not follow the layout.
+when the keys do not follow the layout or the window is missing.
 ]]
 
 --@common
@@ -32,6 +34,10 @@ local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KE
 if not keys_follow_layout(stock_key, record_key)
   or not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
+end
+local window = window_ms(ARGV[1])
+if not window then
+  return badcall('retry window must be at least 60000 ms')
 end
 local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}
@@ -42,13 +48,13 @@ if raw and not record then
 end
 local released, now = 0, 0
 if stock then
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held)
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
   if record and record.state == 'H' then
     if now == 0 then
       now = now_ms()
     end
     local own
-    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now)
+    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
     released = released + own
   end
 end

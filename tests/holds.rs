@@ -102,9 +102,9 @@ async fn a_hold_takes_stock_at_once_and_confirm_makes_it_final() {
         .arg(record_key("h1", "o-1"))
         .query(&mut direct)
         .unwrap();
-    assert!(
-        ttl > 86_400_000,
-        "the record outlives the hold by the retry window: {ttl}"
+    assert_eq!(
+        ttl, -1,
+        "a HELD record has no TTL: its units are in it, so it lasts until the hold ends"
     );
 
     let again = parse_hold(
@@ -312,6 +312,20 @@ async fn every_cell_of_the_state_machine() {
             );
             let held = get_int(&mut direct, &held_key(&sku)).unwrap_or(0);
             let want_held = if got.1 == 'H' { 2 } else { 0 };
+            // A HELD record has no TTL (its units are in it); every other
+            // one lasts at least the retry window from its last change.
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(record_key(&sku, "id"))
+                .query(&mut direct)
+                .unwrap();
+            let ttl_ok = if got.1 == 'H' {
+                ttl == -1
+            } else {
+                ttl > 86_000_000
+            };
+            if !ttl_ok {
+                wrong.push(format!("{start:?} + {command:?}: record TTL {ttl}"));
+            }
             if got != (*code, *state, *stock) || held != want_held {
                 wrong.push(format!(
                     "{start:?} + {command:?}: got {got:?} held {held}, want {:?} held {want_held}",
@@ -697,6 +711,324 @@ async fn holds_through_two_stockgates_at_once_add_up() {
             get_int(&mut direct, &held_key(sku)).unwrap_or(0),
             held,
             "{sku}"
+        );
+    }
+}
+
+/// The reproduced loss (issue 22, 1): a hold that nothing releases for
+/// longer than its record would have lived (its ttl plus the shortest
+/// retry window, a minute). Its units come back exactly once all the same:
+/// with `--sweeper false` at the next call on the SKU, and with the
+/// sweeper on for a SKU whose index entry is gone (a mark that never
+/// landed) at the next call too. Waits out the window once for both.
+#[tokio::test]
+async fn a_hold_nobody_releases_for_longer_than_the_retry_window_still_comes_back() {
+    const WINDOW: Duration = Duration::from_secs(60);
+    let quiet = standalone();
+    let unindexed = standalone();
+    let mut direct_quiet = quiet.node.connection().unwrap();
+    let mut direct_unindexed = unindexed.node.connection().unwrap();
+    set(&mut direct_quiet, &stock_key("lost-2"), 10);
+    set(&mut direct_unindexed, &stock_key("lost-3"), 10);
+    let without_sweeper = proxy(vec![quiet.url()], |c| {
+        c.sweeper = false;
+        c.retry_window = WINDOW;
+    })
+    .await;
+    let with_sweeper = proxy(vec![unindexed.url()], |c| c.retry_window = WINDOW).await;
+    let mut quiet_conn = client(&without_sweeper, false).await;
+    let mut unindexed_conn = client(&with_sweeper, false).await;
+
+    let a = parse_hold(
+        hold(&mut quiet_conn, "lost-2", "3", "h1", "1000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((a.code, a.remain), (0, 7));
+    // Placed by a stockgate that died before it could mark the SKU: the
+    // HOLD script itself, sent straight to Redis.
+    let scripts = stockgate::script::Scripts::new();
+    let keys = layout().request_keys(
+        &stockgate::params::Sku::parse("lost-3".into()).unwrap(),
+        &stockgate::params::RequestId::parse("h1".into()).unwrap(),
+    );
+    let placed: Value = redis::cmd("EVAL")
+        .arg(&scripts.hold.body)
+        .arg(4)
+        .arg(&keys.all()[..])
+        .arg(
+            &[
+                "3", "", "1000", "86400000", "60000", "1000000", "error", "ab12", "0",
+            ][..],
+        )
+        .query(&mut direct_unindexed)
+        .unwrap();
+    // The script's own reply: code, remain, order_no, version, reason,
+    // expires_at, ...
+    let Value::Array(items) = placed else {
+        panic!("a reply array: {placed:?}")
+    };
+    let (Value::Int(code), Value::Int(remain), Value::Int(b_expires_at)) =
+        (&items[0], &items[1], &items[5])
+    else {
+        panic!("{items:?}")
+    };
+    assert_eq!((*code, *remain), (0, 7));
+    for (direct, sku) in [
+        (&mut direct_quiet, "lost-2"),
+        (&mut direct_unindexed, "lost-3"),
+    ] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(record_key(sku, "h1"))
+            .query(direct)
+            .unwrap();
+        assert_eq!(ttl, -1, "a HELD record has no TTL: its units are in it");
+    }
+
+    // Past the hold's end and a whole retry window: a record with the old
+    // TTL (ttl + window) would be gone now, and its 3 units with it.
+    let late = a.expires_at.max(*b_expires_at) + WINDOW.as_millis() as i64 + 1000;
+    wait_redis_past(&mut direct_quiet, late);
+    wait_redis_past(&mut direct_unindexed, late);
+    assert_eq!(
+        get_int(&mut direct_unindexed, &stock_key("lost-3")),
+        Some(7),
+        "nothing swept the SKU whose index entry was gone"
+    );
+
+    let status: Value = redis::cmd("STOCK.STATUS")
+        .arg("lost-2")
+        .arg("h1")
+        .query_async(&mut quiet_conn)
+        .await
+        .unwrap();
+    let shown = format!("{status:?}");
+    assert!(shown.contains("EXPIRED"), "{shown}");
+    let d = parse(
+        deduct(&mut quiet_conn, "lost-2", "10", "d1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((d.code, d.remain), (0, 0), "the 3 units came back");
+    let d = parse(
+        deduct(&mut unindexed_conn, "lost-3", "10", "d1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((d.code, d.remain), (0, 0), "the 3 units came back");
+    for (direct, sku) in [
+        (&mut direct_quiet, "lost-2"),
+        (&mut direct_unindexed, "lost-3"),
+    ] {
+        assert_eq!(get_int(direct, &held_key(sku)), None, "{sku}");
+        assert_eq!(state_of(direct, sku, "h1"), 'X', "{sku}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(record_key(sku, "h1"))
+            .query(direct)
+            .unwrap();
+        assert!(
+            (1..=WINDOW.as_millis() as i64).contains(&ttl),
+            "the released record lasts a retry window from its release: {ttl}"
+        );
+    }
+    // Released once: a second call gives nothing more back.
+    let again = parse_hold(confirm(&mut quiet_conn, "lost-2", "h1").await.unwrap());
+    assert_eq!((again.code, again.remain), (5, 0));
+    assert_eq!(hold_counts(&without_sweeper)["expired"], 1);
+    assert_eq!(hold_counts(&with_sweeper)["expired"], 1);
+}
+
+/// Redis time stepped back (a failover to a primary whose clock is behind):
+/// a hold seems placed in the future. Its CONFIRM still answers 0, and the
+/// time it was held counts as 0, not as a bad reply (issue 22, 6).
+#[tokio::test]
+async fn a_confirm_of_a_hold_placed_in_the_future_answers_0() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("future"), 7);
+    let now = redis_now_ms(&mut direct);
+    let (held_at, expires) = (now + 3_600_000, now + 7_200_000);
+    redis::cmd("SET")
+        .arg(record_key("future", "f-1"))
+        .arg(format!("3:H:3:ab12:{expires}.{held_at}:ORD-F"))
+        .query::<()>(&mut direct)
+        .unwrap();
+    redis::cmd("ZADD")
+        .arg(holds_key("future"))
+        .arg(expires)
+        .arg("f-1")
+        .query::<()>(&mut direct)
+        .unwrap();
+    set(&mut direct, &held_key("future"), 3);
+    let server = proxy(vec![redis.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let done = parse_hold(confirm(&mut conn, "future", "f-1").await.unwrap());
+    assert_eq!(
+        (
+            done.code,
+            done.remain,
+            done.order_no.as_str(),
+            done.expires_at
+        ),
+        (0, 7, "ORD-F", expires)
+    );
+    assert_eq!(state_of(&mut direct, "future", "f-1"), 'C');
+    assert_eq!(
+        metric(&server, "stockgate_hold_held_seconds_count"),
+        1,
+        "held for 0 s, counted"
+    );
+    assert_eq!(
+        metric(&server, "stockgate_hold_held_seconds_bucket{le=\"1\"}"),
+        1
+    );
+}
+
+/// The sweep index against a sweep that races a HOLD (issue 22, 6): a
+/// sweep lists a SKU that already has a long hold, releases it before a
+/// new short HOLD lands, and files it after: under the long hold's expiry,
+/// had nothing followed. The marks stockgate sends around a HOLD (before
+/// it by its ttl, after it by its expiry: `src/stock/sweeper.rs`) keep the
+/// SKU filed no later than the short hold's expiry, in either order of the
+/// filing and the mark after. The scripts are stockgate's own, run in the
+/// order the race runs them.
+#[test]
+fn a_sweep_racing_a_hold_never_files_its_sku_past_the_hold() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    let scripts = stockgate::script::Scripts::new();
+    let layout = layout();
+    let eval = |conn: &mut redis::Connection,
+                script: &stockgate::script::LuaScript,
+                keys: &[&[u8]],
+                args: &[&[u8]]|
+     -> Value {
+        redis::cmd("EVAL")
+            .arg(&script.body)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args)
+            .query(conn)
+            .unwrap()
+    };
+    for filing_first in [true, false] {
+        let name = format!("race-{filing_first}");
+        let sku = stockgate::params::Sku::parse(name.clone().into()).unwrap();
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&sku)];
+        let index = [&shard.due[..], &shard.marks[..]];
+        let sku_keys = layout.sku_keys(&sku);
+        let hold_keys = |id: &str| {
+            layout.request_keys(
+                &sku,
+                &stockgate::params::RequestId::parse(id.to_owned().into()).unwrap(),
+            )
+        };
+        set(&mut direct, &stock_key(&name), 10);
+        let place = |conn: &mut redis::Connection, id: &str, ttl: &str| -> i64 {
+            let keys = hold_keys(id);
+            let reply = eval(
+                conn,
+                &scripts.hold,
+                &keys.all(),
+                &[
+                    b"1",
+                    b"",
+                    ttl.as_bytes(),
+                    b"86400000",
+                    b"86400000",
+                    b"100",
+                    b"error",
+                    b"ab12",
+                    b"0",
+                ],
+            );
+            match reply {
+                Value::Array(items) => match items[5] {
+                    Value::Int(at) => at,
+                    _ => panic!("{items:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+        };
+        let mark = |conn: &mut redis::Connection, expires_at: Option<i64>, ttl_ms: u64| {
+            let at = expires_at.map(|a| a.to_string()).unwrap_or_default();
+            eval(
+                conn,
+                &scripts.due_mark,
+                &index,
+                &[
+                    name.as_bytes(),
+                    at.as_bytes(),
+                    ttl_ms.to_string().as_bytes(),
+                ],
+            );
+        };
+        let score = |conn: &mut redis::Connection| -> i64 {
+            redis::cmd("ZSCORE")
+                .arg(&shard.due)
+                .arg(&name)
+                .query::<Option<i64>>(conn)
+                .unwrap()
+                .expect("the sku is in the index")
+        };
+        // A long hold, marked as stockgate marks it.
+        let long = place(&mut direct, "long", "600000");
+        mark(&mut direct, None, 600_000);
+        mark(&mut direct, Some(long), 0);
+        // The short HOLD's mark before it; then, its HOLD held up (its
+        // node busy), a sweep comes round once the mark is due: it lists
+        // the sku and releases it before the HOLD lands.
+        mark(&mut direct, None, 1000);
+        let due_at = score(&mut direct);
+        wait_redis_past(&mut direct, due_at);
+        let listed = eval(&mut direct, &scripts.due_sweep, &index, &[b"64", b"10000"]);
+        let Value::Array(listed) = listed else {
+            panic!()
+        };
+        let at = listed
+            .iter()
+            .position(|v| *v == Value::BulkString(name.clone().into_bytes()))
+            .expect("the sku is due");
+        let Value::BulkString(seen) = listed[at + 1].clone() else {
+            panic!()
+        };
+        let released = eval(
+            &mut direct,
+            &scripts.release,
+            &sku_keys.all(),
+            &[b"86400000"],
+        );
+        let Value::Array(released) = released else {
+            panic!()
+        };
+        assert_eq!(released[1], Value::Int(long), "only the long hold is there");
+        let short = place(&mut direct, "short", "1000");
+        assert!(short < long);
+        let file = |conn: &mut redis::Connection| {
+            eval(
+                conn,
+                &scripts.due_sweep,
+                &index,
+                &[
+                    b"0",
+                    b"10000",
+                    name.as_bytes(),
+                    &seen,
+                    long.to_string().as_bytes(),
+                ],
+            );
+        };
+        if filing_first {
+            file(&mut direct);
+            mark(&mut direct, Some(short), 0);
+        } else {
+            mark(&mut direct, Some(short), 0);
+            file(&mut direct);
+        }
+        let filed = score(&mut direct);
+        assert!(
+            filed <= short,
+            "filing first: {filing_first}; the sku is filed at {filed}, after the short hold's expiry {short}"
         );
     }
 }

@@ -91,7 +91,11 @@ impl StockService {
         let keys = self.keys.sku_keys(&sku);
         match self
             .upstream
-            .eval(&self.scripts.get, &keys.all(), &[])
+            .eval(
+                &self.scripts.get,
+                &keys.all(),
+                &[self.retry_window_arg.as_bytes()],
+            )
             .await
         {
             Ok(Value::Array(mut items)) if items.len() >= 4 => {

@@ -732,6 +732,7 @@ impl StockService {
             .record_upstream(command.label(), call.sent.elapsed());
         if let Ok(reply) = &result {
             self.record_holds(command, reply);
+            self.index_hold(&call.op, reply);
             if let (Op::Deduct(deduct), Some(memory)) = (&call.op, &self.sold_out) {
                 memory.learn(deduct.sku.as_bytes(), reply.code, reply.remain);
             }
@@ -742,6 +743,17 @@ impl StockService {
             call.arrived,
         );
         result
+    }
+
+    /// A HOLD that holds (0, or 1 for a retry whose first answer may have
+    /// been lost) files its SKU in the sweep index by the hold's expiry
+    /// ([`sweeper`]).
+    fn index_hold(&self, op: &Op, reply: &StockReply) {
+        if let Op::Hold(hold) = op
+            && matches!(reply.code, Code::Ok | Code::Duplicate)
+        {
+            self.mark_held(&hold.sku, reply.expires_at.unwrap_or(0));
+        }
     }
 
     /// What a reply says happened to holds: counted by event, and the time

@@ -43,7 +43,11 @@ impl StockService {
         let keys = self.keys.request_keys(&sku, &request_id);
         match self
             .upstream
-            .eval(&self.scripts.status, &keys.all(), &[])
+            .eval(
+                &self.scripts.status,
+                &keys.all(),
+                &[self.retry_window_arg.as_bytes()],
+            )
             .await
         {
             Ok(value) => {

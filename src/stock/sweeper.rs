@@ -6,10 +6,14 @@
 //!
 //! # How it finds them
 //!
-//! - Every HOLD marks its SKU in the sweep index (`lua/due_mark.lua`): a
+//! - Every HOLD files its SKU in the sweep index (`lua/due_mark.lua`): a
 //!   sorted set per shard, its shard chosen by the SKU's slot and living in
 //!   that range of slots ([`crate::keys`]), so the index of a SKU is
-//!   usually on the SKU's own primary. A mark means "look now".
+//!   usually on the SKU's own primary. Twice: beside the HOLD by its ttl
+//!   (found even if this stockgate dies before the answer), and once the
+//!   HOLD answered, by the hold's own expiry, which makes the index exact
+//!   whatever order a sweep and the HOLD ran in. A mark that fails is sent
+//!   again at the next pass.
 //! - Each stockgate sweeps the shards it placed holds in, every
 //!   [`PASS_EVERY`], until a minute after the last of them ends: for each,
 //!   it asks the index for the SKUs due now (`lua/due_sweep.lua`), releases
@@ -74,6 +78,45 @@ const RELEASES_IN_FLIGHT: usize = 16;
 #[derive(Default)]
 pub(super) struct Hints {
     shards: Mutex<[Shard; SWEEP_SHARDS]>,
+    /// Marks that did not reach Redis, sent again at the next pass.
+    retries: Mutex<Vec<Mark>>,
+}
+
+/// One mark of a held SKU in the sweep index (`lua/due_mark.lua`).
+#[derive(Debug, Clone)]
+pub(super) struct Mark {
+    sku: Vec<u8>,
+    /// The hold's expiry as its HOLD answered it; `None` before it did.
+    expires_at: Option<i64>,
+    /// The hold's ttl, when its expiry is not known yet.
+    ttl_ms: u64,
+}
+
+/// Marks kept for another try at most: past that, the oldest are let go
+/// (their units still come back with the next call on their SKU).
+const RETRIES_KEPT: usize = 4096;
+
+/// Sends one mark.
+async fn deliver_mark(
+    upstream: &crate::upstream::Upstream,
+    scripts: &crate::script::Scripts,
+    keys: &crate::keys::KeyLayout,
+    mark: &Mark,
+) -> Result<(), UpstreamError> {
+    let Ok(sku) = Sku::parse(bytes::Bytes::copy_from_slice(&mark.sku)) else {
+        return Ok(());
+    };
+    let shard = &keys.sweep_shards()[keys.sweep_shard_index(&sku)];
+    let at = mark.expires_at.map(|at| at.to_string()).unwrap_or_default();
+    let ttl = mark.ttl_ms.to_string();
+    upstream
+        .eval(
+            &scripts.due_mark,
+            &[&shard.due, &shard.marks],
+            &[&mark.sku, at.as_bytes(), ttl.as_bytes()],
+        )
+        .await
+        .map(drop)
 }
 
 #[derive(Default, Clone, Copy)]
@@ -106,6 +149,22 @@ impl Hints {
         self.shards.lock().unwrap_or_else(|e| e.into_inner())[shard].told_until = None;
     }
 
+    /// Keeps a mark that failed for the next pass.
+    fn retry(&self, mark: Mark) {
+        let mut retries = self.retries.lock().unwrap_or_else(|e| e.into_inner());
+        if retries.len() >= RETRIES_KEPT {
+            retries.remove(0);
+            tracing::warn!(
+                "too many sweep marks failed; letting the oldest go (its units come back with the next call on its sku)"
+            );
+        }
+        retries.push(mark);
+    }
+
+    fn take_retries(&self) -> Vec<Mark> {
+        std::mem::take(&mut *self.retries.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The shards to sweep for this stockgate's own holds, now.
     fn own(&self) -> Vec<usize> {
         let now = Instant::now();
@@ -117,49 +176,93 @@ impl Hints {
 }
 
 impl StockService {
-    /// Marks a HOLD's SKU in the sweep index (and, when due, tells the
-    /// leader its shard is active), beside the HOLD itself: both may run in
-    /// any order (the index keeps a SKU for [`GRACE`] after its mark even
-    /// when it finds no hold yet). Not awaited; a failure only means that
-    /// the hold's units, if nobody touches its SKU, wait for the next call
-    /// on it (logged).
+    /// Files a HOLD's SKU in the sweep index by the hold's ttl (and, when
+    /// due, tells the leader its shard is active), beside the HOLD itself:
+    /// so the hold is found even if this stockgate dies before the HOLD
+    /// answers. [`StockService::mark_held`] then files it by the hold's own
+    /// expiry. Not awaited; a mark that fails is tried again at the next
+    /// pass ([`Hints::retry`]).
     pub(super) fn mark_for_sweep(&self, sku: &Sku, ttl: Duration) {
-        let upstream = self.upstream.clone();
-        let scripts = self.scripts.clone();
         let index = self.keys.sweep_shard_index(sku);
-        let shard = self.keys.sweep_shards()[index].clone();
-        let active = self.keys.sweep_active();
-        let sku = sku.as_bytes().to_vec();
         let hint = self.sweep_hints.placed(index, ttl).then(|| {
             let ms = (ttl + ACTIVE_MARGIN).as_millis().to_string();
             (index.to_string(), ms)
         });
-        let hints = self.sweep_hints.clone();
+        self.send_mark(
+            Mark {
+                sku: sku.as_bytes().to_vec(),
+                expires_at: None,
+                ttl_ms: ttl.as_millis() as u64,
+            },
+            hint,
+        );
+    }
+
+    /// Files a held SKU in the sweep index by the expiry a HOLD (or an
+    /// order's line hold) answered with: after the HOLD, so the index is
+    /// exact however the sweeper's passes and the HOLD interleaved
+    /// (`lua/due_mark.lua`).
+    pub(super) fn mark_held(&self, sku: &Sku, expires_at: i64) {
+        if expires_at <= 0 {
+            return;
+        }
+        self.send_mark(
+            Mark {
+                sku: sku.as_bytes().to_vec(),
+                expires_at: Some(expires_at),
+                ttl_ms: 0,
+            },
+            None,
+        );
+    }
+
+    /// Sends a mark (and a hint for the leader), not awaited; a failure
+    /// keeps the mark for the next pass.
+    fn send_mark(&self, mark: Mark, hint: Option<(String, String)>) {
         // A request served outside a runtime (the fuzz harness's, without
         // a Redis) has nothing to mark.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let upstream = self.upstream.clone();
+        let scripts = self.scripts.clone();
+        let keys = self.keys.clone();
+        let hints = self.sweep_hints.clone();
         runtime.spawn(async move {
-            if let Err(fault) = upstream
-                .eval(&scripts.due_mark, &[&shard.due, &shard.marks], &[&sku])
-                .await
-            {
-                tracing::warn!(error = %fault, "could not mark a held sku in the sweep index; its expired holds come back with the next call on it");
+            if let Err(fault) = deliver_mark(&upstream, &scripts, &keys, &mark).await {
+                tracing::debug!(error = %fault, "could not mark a held sku in the sweep index; trying again at the next pass");
+                hints.retry(mark);
             }
-            if let Some((number, ms)) = hint
-                && let Err(fault) = upstream
+            if let Some((number, ms)) = hint {
+                let active = keys.sweep_active();
+                if let Err(fault) = upstream
                     .eval(
                         &scripts.sweep_active,
                         &[&active],
                         &[number.as_bytes(), ms.as_bytes()],
                     )
                     .await
-            {
-                hints.forget(index);
-                tracing::warn!(error = %fault, "could not tell the sweep leader of a shard with holds");
+                {
+                    if let Ok(index) = number.parse() {
+                        hints.forget(index);
+                    }
+                    tracing::warn!(error = %fault, "could not tell the sweep leader of a shard with holds");
+                }
             }
         });
+    }
+
+    /// The marks that failed, sent again; those that fail again wait for
+    /// the next pass.
+    async fn resend_marks(&self) {
+        for mark in self.sweep_hints.take_retries() {
+            if deliver_mark(&self.upstream, &self.scripts, &self.keys, &mark)
+                .await
+                .is_err()
+            {
+                self.sweep_hints.retry(mark);
+            }
+        }
     }
 
     /// The sweeper, until `stop`: every [`PASS_EVERY`] it sweeps the shards
@@ -199,6 +302,9 @@ impl StockService {
                 };
                 next_look = next_look.max(tokio::time::Instant::now());
                 leading = active;
+            }
+            if self.upstream.is_ready() {
+                self.resend_marks().await;
             }
             let mut shards = self.sweep_hints.own();
             shards.extend(leading.iter().copied());
@@ -282,7 +388,11 @@ impl StockService {
         let keys = self.keys.sku_keys(&sku);
         let reply = self
             .upstream
-            .eval(&self.scripts.release, &keys.all(), &[])
+            .eval(
+                &self.scripts.release,
+                &keys.all(),
+                &[self.retry_window_arg.as_bytes()],
+            )
             .await?;
         match reply {
             Value::Array(items) => match items[..] {

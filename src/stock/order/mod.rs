@@ -832,6 +832,9 @@ impl StockService {
             Verdict::Settled(result) => result,
             Verdict::Fallback => self.resend(&call).await,
         };
+        if let Ok(reply) = &result {
+            self.index_hold(&call.op, reply);
+        }
         self.metrics
             .record_upstream(CommandLabel::Order, call.sent.elapsed());
         result
