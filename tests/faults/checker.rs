@@ -57,7 +57,8 @@
 //!   HOLD answered 0 ends HELD, CONFIRMED, EXPIRED or REVERTED; a CONFIRM
 //!   answered 0 ends CONFIRMED (REVERTED if reverted later); one answered 5
 //!   ends EXPIRED; every hold reply's `expires_at` is the record's.
-//! - **No negative stock**, and every record has a TTL.
+//! - **No negative stock**, and every record has a TTL but the HELD ones,
+//!   which have none (a hold's units are in its record).
 //! - **No business code for a fault**: any 2 or 3 is a violation (the load
 //!   never mixes a DEDUCT and a HOLD under one id, the one legitimate 3 of
 //!   the holds' state machine), and so is a 5 for a DEDUCT or a REVERT.
@@ -1098,6 +1099,19 @@ struct FinalRecord {
 
 use stockgate::record::State as RecordState;
 
+impl FinalRecord {
+    /// A HELD record has no TTL (its units are in it, so it lasts until
+    /// its hold ends); every other record has one.
+    fn ttl_violation(&self) -> Option<String> {
+        match (self.state == RecordState::Held, self.pttl) {
+            (true, -1) => None,
+            (true, pttl) => Some(format!("HELD record with a TTL (PTTL {pttl})")),
+            (false, pttl) if pttl > 0 => None,
+            (false, pttl) => Some(format!("record without a TTL (PTTL {pttl})")),
+        }
+    }
+}
+
 /// What a key of the load's is, by its name.
 enum KeyKind {
     Stock,
@@ -1761,12 +1775,9 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
             }
         };
         if let Some(r) = record
-            && r.pttl <= 0
+            && let Some(wrong) = r.ttl_violation()
         {
-            violations.push(format!(
-                "{sku} {id}: record without a TTL (PTTL {})",
-                r.pttl
-            ));
+            violations.push(format!("{sku} {id}: {wrong}"));
         }
         if actual == State::Deducted {
             *units_recorded_by_sku.entry(sku).or_default() += qty as i64;
@@ -2127,11 +2138,8 @@ fn audit_hold(
                 r.summary
             ));
         }
-        if r.pttl <= 0 {
-            violations.push(format!(
-                "{sku} {id}: record without a TTL (PTTL {})",
-                r.pttl
-            ));
+        if let Some(wrong) = r.ttl_violation() {
+            violations.push(format!("{sku} {id}: {wrong}"));
         }
         if let Some(at) = r.expires
             && !expiries.is_empty()
@@ -2265,11 +2273,8 @@ fn audit_order(
                         r.summary
                     ));
                 }
-                if r.pttl <= 0 {
-                    violations.push(format!(
-                        "{name} {line_id}: record without a TTL (PTTL {})",
-                        r.pttl
-                    ));
+                if let Some(wrong) = r.ttl_violation() {
+                    violations.push(format!("{name} {line_id}: {wrong}"));
                 }
                 match r.state {
                     RecordState::Confirmed | RecordState::Held | RecordState::Deducted => {
