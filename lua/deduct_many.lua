@@ -22,7 +22,21 @@ stockgate's shared arguments is one error reply for the whole call, which is
 what each member's own call would have answered. Writes happen in member
 order, after that member's checks: the records one by one, the stock once
 at the first deduction (as lua/deduct.lua's DECRBY) and once at the end for
-the rest.
+the rest, or before a release when one comes in between (next paragraph).
+
+Expired holds go back as the members' own calls would give them back: each
+member that passes its own checks (arguments, BADSTOCK, BADRECORD) releases
+the SKU's due holds first, at most RELEASE_BOUND of them (lua/common.lua,
+release_due), so a backlog longer than that goes back over several members
+as over several calls, and each member's reply carries its own released
+count. A release adds to the stock key, so the units deducted before it are
+written first, and the member's deduction after it is a DECRBY of its own:
+the key then holds at every step what the separate calls would have left.
+A SKU with no units held (none in the one read; no member adds any) never
+asks: per member, that costs what it did before holds existed. Once a
+release leaves the SKU's earliest hold expiring after the Redis time that
+release read, no later member asks either (one ZRANGE): at that instant
+their calls would find nothing due.
 
 KEYS[1]    stock key         <prefix>:{<sku>}
 KEYS[2]    holds             <prefix>:{<sku>}:holds
@@ -94,8 +108,15 @@ local replies = {}
 -- Records this call wrote, by key: a request_id listed twice finds the
 -- first member's record, as its own later call would.
 local written = {}
--- Expired holds go back once, by the first member to get that far.
-local released_yet = false
+-- Expired holds: every member that gets as far as its own call's release
+-- releases again, at most RELEASE_BOUND of them, as that call would. A
+-- SKU with no units held (held 0 in the read above; no member adds any)
+-- or no stock key never releases: that member's check is this flag.
+local releasing = held > 0 and stock ~= nil
+-- Redis time at the last release, once there was one: when the SKU's
+-- earliest hold expires after it, no later member's call would find
+-- anything due, and none asks again.
+local released_at = nil
 -- Units deducted since the first deduction's DECRBY.
 local owed = 0
 -- The first deduction's DECRBY failed (a stock value Lua reads as an
@@ -128,9 +149,36 @@ for i = 1, n do
       reply = redis.error_reply(BADRECORD)
     else
       local released = 0
-      if not released_yet then
-        released_yet = true
-        stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
+      -- A SKU with no holds pays this one test per member.
+      if releasing then
+        if released_at then
+          -- A member released before this one: anything due still?
+          local earliest = earliest_hold(holds_key)
+          releasing = earliest ~= 0 and earliest <= released_at
+        end
+        if releasing then
+          if owed > 0 then
+            -- A release adds to the stock key: the units deducted since
+            -- the first DECRBY go first, so it adds to what this member's
+            -- own call would find there.
+            redis.call('DECRBY', stock_key, owed)
+            owed = 0
+          end
+          local before = stock
+          stock, released, released_at = release_due(stock_key, holds_key, held_key, stock, held, window)
+          -- The held units went down by what went back to stock (the
+          -- counter is deleted at 0 or below, so "above 0" is what the
+          -- next member's own call reads there; the holds set may still
+          -- hold entries then, so it is not asked).
+          held = held - (stock - before)
+          releasing = held > 0
+          if stock ~= before then
+            -- This member deducts with a DECRBY of its own, as the first
+            -- deduction does: its remain is Redis's, exact even where the
+            -- release took the stock past 2^53.
+            deducted_once = false
+          end
+        end
       end
       if record then
         if record.state == 'R' or record.state == 'V' then
