@@ -258,6 +258,30 @@ impl RedisNode {
         }
     }
 
+    /// Stops the server without ending it (SIGSTOP), as a host that hangs
+    /// does: its connections stay open and nothing is answered until
+    /// [`RedisNode::resume`].
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a [`RedisNode::pause`]d server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        if let Some(child) = &self.child
+            && let Ok(pid) = libc::pid_t::try_from(child.id())
+        {
+            // SAFETY: kill(2) on our own child's pid, which it still is:
+            // the child is reaped only by `kill` above, which takes it.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
     /// Starts it again on the same ports and directory (cluster nodes keep
     /// their identity through nodes.conf).
     pub fn restart(&mut self) -> Result<(), DevError> {

@@ -11,6 +11,9 @@
 //! sweep marks         <prefix>:{<shard tag>}:marks       hash: sku -> when it was marked
 //! sweep lease         <prefix>:{sweep}:lease             the sweeping stockgate's id
 //! active shards       <prefix>:{sweep}:active            sorted set: shard by until when
+//!
+//! order intent        <prefix>:{order:<request_id>}:intent   hash (lua/order.lua)
+//! orders in flight    <prefix>:{<shard tag>}:orders      sorted set: order request_id by when to look
 //! ```
 //!
 //! The sku is the Redis Cluster hash tag of a SKU's keys, so they always
@@ -22,7 +25,9 @@
 //! shards; shard `k` indexes the skus whose slots fall in the k-th
 //! [`SWEEP_SHARD_SLOTS`] slots, and its tag is chosen to hash into that
 //! range too, so on a cluster whose primaries own ranges of slots the
-//! index of a SKU lives on the SKU's own primary.
+//! index of a SKU lives on the SKU's own primary. The orders in flight
+//! ([`crate::stock::order::recovery`]) are indexed in the same shards, by
+//! the slot of each order's intent record.
 
 use crate::params::{OpId, RequestId, Sku};
 
@@ -88,6 +93,8 @@ impl SkuKeys {
 pub struct SweepShard {
     pub due: Vec<u8>,
     pub marks: Vec<u8>,
+    /// The orders in flight whose intent lives in this shard's slots.
+    pub orders: Vec<u8>,
 }
 
 /// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
@@ -120,6 +127,7 @@ impl KeyLayout {
                 SweepShard {
                     due: format!("{prefix}:{{{tag}}}:due").into_bytes(),
                     marks: format!("{prefix}:{{{tag}}}:marks").into_bytes(),
+                    orders: format!("{prefix}:{{{tag}}}:orders").into_bytes(),
                 }
             })
             .collect();
@@ -193,6 +201,12 @@ impl KeyLayout {
     /// The number of the sweep index's shard that indexes `sku`.
     pub fn sweep_shard_index(&self, sku: &Sku) -> usize {
         (sku_slot(sku) / SWEEP_SHARD_SLOTS) as usize
+    }
+
+    /// The number of the shard that indexes an order in flight: by the
+    /// slot of its intent record, as a SKU is by its own.
+    pub fn order_shard_index(&self, request_id: &RequestId) -> usize {
+        (slot(&self.order_key(request_id)) / SWEEP_SHARD_SLOTS) as usize
     }
 
     /// Every shard of the sweep index.

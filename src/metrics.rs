@@ -30,6 +30,7 @@ pub const SWEEPS_TOTAL: &str = "stockgate_sweeps_total";
 pub const SOLD_OUT_READS_TOTAL: &str = "stockgate_sold_out_reads_total";
 pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
 pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
+pub const ORDER_RECOVERIES_TOTAL: &str = "stockgate_order_recoveries_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -176,6 +177,9 @@ pub struct Metrics {
     /// and the DEDUCTs they carried.
     coalesced_calls: Counter,
     coalesced_deducts: Counter,
+    /// Orders left behind that this stockgate's recovery looked at
+    /// ([`crate::stock::order::recovery`]), by whether it could end them.
+    order_recoveries: [Counter; 2],
 }
 
 impl Metrics {
@@ -379,10 +383,24 @@ impl Metrics {
         let coalesced_deducts =
             recorder.register_counter(&Key::from_name(COALESCED_DEDUCTS_TOTAL), &meta);
         coalesced_deducts.increment(0);
+        recorder.describe_counter(
+            ORDER_RECOVERIES_TOTAL.into(),
+            None,
+            "Orders left unfinished past their saga's time (a stockgate died, or a fault outlasted the request) that this stockgate's recovery looked at, by result (ended: at rest now; error: Redis failed it, tried again later).".into(),
+        );
+        let order_recoveries = ["ended", "error"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(ORDER_RECOVERIES_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
         Metrics {
             handle: recorder.handle(),
             coalesced_calls,
             coalesced_deducts,
+            order_recoveries,
             holds,
             held,
             sweeps,
@@ -441,6 +459,11 @@ impl Metrics {
     pub fn record_coalesced(&self, deducts: usize) {
         self.coalesced_calls.increment(1);
         self.coalesced_deducts.increment(deducts as u64);
+    }
+
+    /// One order left behind, ended or not (yet).
+    pub fn record_order_recovery(&self, ended: bool) {
+        self.order_recoveries[usize::from(!ended)].increment(1);
     }
 
     /// One pass of the sweeper, finished or failed.

@@ -170,6 +170,8 @@ pub struct Scripts {
     pub due_sweep: Arc<LuaScript>,
     pub sweep_lease: Arc<LuaScript>,
     pub sweep_active: Arc<LuaScript>,
+    /// The orders in flight, for their recovery (`src/stock/order/recovery.rs`).
+    pub order_due: Arc<LuaScript>,
 }
 
 impl Scripts {
@@ -190,6 +192,7 @@ impl Scripts {
             due_sweep: LuaScript::new("due_sweep", include_str!("../lua/due_sweep.lua")),
             sweep_lease: LuaScript::new("sweep_lease", include_str!("../lua/sweep_lease.lua")),
             sweep_active: LuaScript::new("sweep_active", include_str!("../lua/sweep_active.lua")),
+            order_due: LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
         }
     }
 
@@ -211,6 +214,7 @@ impl Scripts {
             self.due_sweep.clone(),
             self.sweep_lease.clone(),
             self.sweep_active.clone(),
+            self.order_due.clone(),
         ]
     }
 }

@@ -88,7 +88,9 @@ pub async fn start(config: Config) -> io::Result<Server> {
     background.spawn(upstream.maintain(stop.clone()));
     background.spawn(admin::serve(admin_listener, shared.clone(), stop.clone()));
     background.spawn(upkeep(metrics, stop.clone()));
-    if shared.config.sweeper {
+    // Always: the passes recover the orders left behind, and sweep the
+    // expired holds unless `--sweeper false`.
+    {
         let shared = shared.clone();
         let stop = stop.clone();
         background.spawn(async move { shared.service.sweep(stop).await });

@@ -18,7 +18,9 @@ use std::time::Instant;
 pub struct Shared {
     pub config: Config,
     pub upstream: Arc<Upstream>,
-    pub service: StockService,
+    /// Shared with the order sagas, which outlive the request that
+    /// started them (`stock::order`).
+    pub service: Arc<StockService>,
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     /// The RESP port, as bound (for INFO).
@@ -40,7 +42,12 @@ impl Shared {
         let scripts = Scripts::new();
         let metrics = Arc::new(Metrics::new());
         let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
-        let service = StockService::new(&config, upstream.clone(), scripts, metrics.clone());
+        let service = Arc::new(StockService::new(
+            &config,
+            upstream.clone(),
+            scripts,
+            metrics.clone(),
+        ));
         Shared {
             config,
             upstream,

@@ -613,6 +613,38 @@ impl Saga {
         self.line("confirm", sku, order, &[WINDOW, "error"])
     }
 
+    fn revert(&mut self, sku: &str, order: &str) -> i64 {
+        self.line("revert", sku, order, &[WINDOW, "error"])
+    }
+
+    /// Files `order` among the orders in flight, due now, and marks its
+    /// shard active for the sweep leader: what a stockgate that died in
+    /// the middle of the order's saga leaves behind
+    /// (`src/stock/order/recovery.rs`).
+    fn file_left_behind(&mut self, order: &str) {
+        let layout = layout();
+        let id = RequestId::parse(order.to_owned().into()).unwrap();
+        let index = layout.order_shard_index(&id);
+        let shard = &layout.sweep_shards()[index];
+        redis::cmd("EVAL")
+            .arg(&self.scripts.order_due.body)
+            .arg(1)
+            .arg(&shard.orders)
+            .arg("mark")
+            .arg(order)
+            .arg(0)
+            .query::<i64>(&mut self.conn)
+            .unwrap();
+        redis::cmd("EVAL")
+            .arg(&self.scripts.sweep_active.body)
+            .arg(1)
+            .arg(layout.sweep_active())
+            .arg(index)
+            .arg(600_000)
+            .query::<i64>(&mut self.conn)
+            .unwrap();
+    }
+
     fn advance(&mut self, order: &str, from: &str, to: &str, code: &str, short: &str) {
         let reply = self.intent(order, &["advance", from, to, code, short]);
         let Value::Array(items) = reply else {
@@ -852,4 +884,273 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
         );
         assert_eq!(held(&cluster, sku), 0, "{sku}");
     }
+}
+
+/// Orders left behind in every phase, with nobody to retry them (issue
+/// 22, 2): as a stockgate that died mid-saga leaves them, filed among the
+/// orders in flight. A stockgate's recovery ends each one, the way its
+/// phase points: HOLDING back (ABORTED, 5), CONFIRMING forward (DONE),
+/// ABORTING and REVERTING on; a HELD order hold waits for its confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_left_behind_in_every_phase_end_without_a_retry() {
+    let cluster = cluster();
+    let skus = spread("behind");
+    for sku in &skus {
+        set_stock(&cluster, sku, 100);
+    }
+    let lines: Vec<(String, &str)> = {
+        let mut l: Vec<(String, &str)> = skus.iter().cloned().zip(["1", "2", "3"]).collect();
+        l.sort();
+        l
+    };
+    let canonical = lines
+        .iter()
+        .map(|(s, q)| format!("{s} {q}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut saga = Saga::new(&cluster);
+    // (order, the phase it ends in, each line's record then)
+    let mut expected: Vec<(String, &str, [char; 3])> = Vec::new();
+    for k in 0..=3 {
+        let id = format!("behind-holding-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in lines.iter().take(k) {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        // Held lines are given back (R); the others are revoked (V), so a
+        // HOLD of theirs still on its way is refused.
+        let mut states = ['V'; 3];
+        states[..k].fill('R');
+        expected.push((id, "ABORTED", states));
+    }
+    for k in 0..=3 {
+        let id = format!("behind-confirming-{k}");
+        saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+        for (sku, qty) in &lines {
+            assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+        }
+        saga.advance(&id, "HOLDING", "CONFIRMING", "", "");
+        for (sku, _) in lines.iter().take(k) {
+            assert_eq!(saga.confirm(sku, &id), 0);
+        }
+        expected.push((id, "DONE", ['C'; 3]));
+    }
+    let id = "behind-aborting".to_owned();
+    saga.intent(&id, &["begin", "D", &canonical, "0", "300000"]);
+    for (sku, qty) in lines.iter().take(2) {
+        assert_eq!(saga.hold(sku, &id, qty, "300000"), 0);
+    }
+    saga.advance(&id, "HOLDING", "ABORTING", "2", &lines[2].0);
+    expected.push((id, "ABORTED", ['R', 'R', 'V']));
+    let id = "behind-reverting".to_owned();
+    saga.intent(&id, &["begin", "H", &canonical, "600000", "602000"]);
+    for (sku, qty) in &lines {
+        assert_eq!(saga.hold(sku, &id, qty, "602000"), 0);
+    }
+    saga.advance(&id, "HOLDING", "HELD", "", "");
+    saga.intent(&id, &["revert"]);
+    saga.revert(&lines[0].0, &id);
+    expected.push((id, "REVERTED", ['R'; 3]));
+    let id = "behind-held".to_owned();
+    saga.intent(&id, &["begin", "H", &canonical, "600000", "602000"]);
+    for (sku, qty) in &lines {
+        assert_eq!(saga.hold(sku, &id, qty, "602000"), 0);
+    }
+    saga.advance(&id, "HOLDING", "HELD", "", "");
+    expected.push((id, "HELD", ['H'; 3]));
+    for (id, _, _) in &expected {
+        saga.file_left_behind(id);
+    }
+
+    // No command of these orders is sent: the stockgate's sweep passes
+    // find them.
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    for (id, phase, states) in &expected {
+        wait_for(Duration::from_secs(30), || async {
+            (intent_phase(&cluster, id).as_deref() == Some(*phase)).then_some(())
+        })
+        .await;
+        for ((sku, _), state) in lines.iter().zip(states) {
+            assert_eq!(line_state(&cluster, sku, id), *state, "{id} {sku}");
+        }
+    }
+    // The books: 4 DONE orders, 1 HELD, nothing else taken.
+    for (i, (sku, qty)) in lines.iter().enumerate() {
+        let qty: i64 = qty.parse().unwrap();
+        assert_eq!(get_stock(&cluster, sku), Some(100 - 5 * qty), "{sku}");
+        assert_eq!(
+            held(&cluster, sku),
+            qty,
+            "{sku}: the HELD order's line, {i}"
+        );
+    }
+    let filed = expected.len() as u64;
+    wait_for(Duration::from_secs(10), || async {
+        (metric(
+            &server,
+            "stockgate_order_recoveries_total{result=\"ended\"}",
+        ) >= filed)
+            .then_some(())
+    })
+    .await;
+    // A retry of an order recovery took back answers what happened: 5.
+    let mut conn = client(&server, false).await;
+    let mut args = vec!["ORDER".to_owned(), "behind-holding-2".to_owned()];
+    for (sku, qty) in &lines {
+        args.extend([sku.clone(), qty.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(must(&mut conn, &args).await.code, 5);
+}
+
+/// The reproduced strand (issue 22, 2): an ORDER.CONFIRM whose line meets
+/// a primary that stops (SIGSTOP) gets an error, and its caller never
+/// retries. Once the primary goes on, stockgate ends the order by itself:
+/// forward (DONE) while its lines still hold, back (ABORTED, 5, the line
+/// confirmed before the stall given back) when they ran out meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry() {
+    use stockgate::dev::{LocalCluster, RedisOptions};
+    // A long node timeout: the stalled primary is never failed over.
+    let options = RedisOptions {
+        node_timeout_ms: 30_000,
+        ..RedisOptions::of(ServerKind::Redis)
+    };
+    let cluster = LocalCluster::start(3, 0, &options).expect("a test cluster");
+    let [pa, pd, _] = spread("stall");
+    for sku in [&pa, &pd] {
+        set_stock(&cluster, sku, 100);
+    }
+    let server = proxy(cluster.seeds(), |c| {
+        c.upstream.timeout = Duration::from_millis(500);
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let forward = must(
+        &mut conn,
+        &["ORDER.HOLD", "stall-fwd", "60000", &pa, "1", &pd, "1"],
+    )
+    .await;
+    let back = must(
+        &mut conn,
+        &["ORDER.HOLD", "stall-back", "2000", &pa, "1", &pd, "1"],
+    )
+    .await;
+    assert_eq!((forward.code, back.code), (0, 0));
+
+    let stalled = cluster
+        .primary_for_slot(sku_slot(&Sku::parse(pd.clone().into()).unwrap()))
+        .expect("pd has a primary");
+    stalled.pause();
+    let stopped_at = Instant::now();
+    for id in ["stall-fwd", "stall-back"] {
+        let cut = send(&mut conn, &["ORDER.CONFIRM", id]).await;
+        let err = cut.expect_err("the stalled line's confirm gets no answer");
+        assert!(err.to_string().contains("UPSTREAM"), "{id}: {err}");
+    }
+    // Past the short order's lines (2 s and the 2 s margin).
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(stopped_at.elapsed())).await;
+    stalled.resume();
+
+    for (id, phase) in [("stall-fwd", "DONE"), ("stall-back", "ABORTED")] {
+        wait_for(Duration::from_secs(60), || async {
+            (intent_phase(&cluster, id).as_deref() == Some(phase)).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(line_state(&cluster, &pa, "stall-fwd"), 'C');
+    assert_eq!(line_state(&cluster, &pd, "stall-fwd"), 'C');
+    assert_eq!(line_state(&cluster, &pa, "stall-back"), 'R', "given back");
+    assert_eq!(line_state(&cluster, &pd, "stall-back"), 'X', "ran out");
+    for sku in [&pa, &pd] {
+        assert_eq!(
+            get_stock(&cluster, sku),
+            Some(99),
+            "{sku}: the forward order's unit"
+        );
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+    }
+    let status: Value = redis::cmd("ORDER.STATUS")
+        .arg("stall-back")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let shown = format!("{status:?}");
+    assert!(
+        shown.contains("ABORTED") && shown.contains("int(5)"),
+        "{shown}"
+    );
+}
+
+/// An order naming a SKU with no stock key (issue 22, 5): with the
+/// default `--missing-stock error` it ends in the same request, every line
+/// given back, and answers 3 naming the SKU; its retries and its
+/// ORDER.REVERT are answered, never UNKNOWNSKU. An order whose SKU loses
+/// its stock key while held is given back (the key made again) by
+/// ORDER.REVERT, in the same request.
+#[tokio::test]
+async fn an_order_naming_a_sku_without_stock_ends_at_once_with_every_line_back() {
+    let cluster = cluster();
+    let [a, b, missing] = spread("nostock");
+    for sku in [&a, &b] {
+        set_stock(&cluster, sku, 100);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let args = ["ORDER", "no-stock-1", &a, "1", &b, "1", &missing, "1"];
+    let reply = must(&mut conn, &args).await;
+    assert_eq!(
+        (reply.code, reply.short.clone()),
+        (3, vec![missing.clone()])
+    );
+    let reason = reply.reason.clone().expect("a reason for 3");
+    assert!(reason.contains(&missing), "{reason}");
+    assert_eq!(
+        intent_phase(&cluster, "no-stock-1").as_deref(),
+        Some("ABORTED")
+    );
+    for sku in [&a, &b] {
+        assert_eq!(
+            get_stock(&cluster, sku),
+            Some(100),
+            "{sku}: given back at once"
+        );
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
+        assert_eq!(line_state(&cluster, sku, "no-stock-1"), 'R', "{sku}");
+    }
+    assert_eq!(get_stock(&cluster, &missing), None, "nothing made up");
+    assert_eq!(
+        must(&mut conn, &args).await.code,
+        3,
+        "a retry answers the same"
+    );
+    assert_eq!(
+        must(&mut conn, &["ORDER.REVERT", "no-stock-1"]).await.code,
+        1
+    );
+
+    let held_order = must(
+        &mut conn,
+        &["ORDER.HOLD", "no-stock-2", "600000", &a, "2", &b, "2"],
+    )
+    .await;
+    assert_eq!(held_order.code, 0);
+    let mut direct = cluster.cluster_connection().unwrap();
+    redis::cmd("DEL")
+        .arg(stock_key(&b))
+        .query::<()>(&mut direct)
+        .unwrap();
+    let reverted = must(&mut conn, &["ORDER.REVERT", "no-stock-2"]).await;
+    assert_eq!(reverted.code, 0);
+    assert_eq!(
+        intent_phase(&cluster, "no-stock-2").as_deref(),
+        Some("REVERTED")
+    );
+    assert_eq!(get_stock(&cluster, &a), Some(100));
+    assert_eq!(
+        get_stock(&cluster, &b),
+        Some(2),
+        "the held units go back to a stock key made again"
+    );
+    assert_eq!(held(&cluster, &a), 0);
 }

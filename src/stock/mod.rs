@@ -103,6 +103,10 @@ pub struct StockCall {
     deadline: tokio::time::Instant,
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
+    /// One line of an order ([`order`]): its CONFIRM and REVERT take a
+    /// missing stock key as zero stock, so that an order that named a SKU
+    /// with none still ends (its line there holds nothing to give back).
+    order_line: bool,
 }
 
 /// The command a [`StockCall`] carries, checked.
@@ -266,6 +270,9 @@ pub struct StockService {
     coalesce_reads: Option<Arc<dyn Join>>,
     /// A load of `lua/deduct_many.lua` is under way after a NOSCRIPT.
     reloading: Arc<AtomicBool>,
+    /// `--sweeper`: the background passes give expired holds back (they
+    /// always recover the orders left behind).
+    sweep_holds: bool,
     missing_zero: bool,
 }
 
@@ -275,6 +282,10 @@ struct Wires {
     revert: wire::Wire,
     hold: wire::Wire,
     confirm: wire::Wire,
+    /// An order's line calls that end a line: `--missing-stock zero`
+    /// whatever the flag says ([`StockCall::order_line`]).
+    revert_line: wire::Wire,
+    confirm_line: wire::Wire,
 }
 
 /// A fresh nonce for every script call, written into the record it
@@ -359,6 +370,8 @@ impl StockService {
                 replicate,
             ),
             confirm: wire::Wire::new(&scripts.confirm, 0, &[window, missing], replicate),
+            revert_line: wire::Wire::new(&scripts.revert, 0, &[window, b"zero"], replicate),
+            confirm_line: wire::Wire::new(&scripts.confirm, 0, &[window, b"zero"], replicate),
         };
         let coalesce = (config.coalesce_deducts > 1).then(|| {
             Arc::new(coalesce::DeductJoin::new(
@@ -397,6 +410,7 @@ impl StockService {
                 }) as Arc<dyn Join>
             }),
             reloading: Arc::default(),
+            sweep_holds: config.sweeper,
         }
     }
 
@@ -408,7 +422,7 @@ impl StockService {
     /// the RESP reply. `arrived` is when the request was read; `caller`
     /// who sent it (the audit log of STOCK.SET and STOCK.ADD names them).
     pub async fn serve(
-        &self,
+        self: &Arc<Self>,
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
@@ -502,6 +516,7 @@ impl StockService {
             sent,
             deadline: sent + self.upstream.timeout(),
             read_first: false,
+            order_line: false,
         }
     }
 
@@ -567,7 +582,7 @@ impl StockService {
                 |gathered| coalesce::write_member(keys, deduct, request_id, &call.nonce, gathered),
             );
         }
-        let wire = self.wire(&call.op);
+        let wire = self.wire(call);
         self.upstream.submit_script(
             crate::keys::sku_slot(sku),
             call.deadline,
@@ -586,12 +601,14 @@ impl StockService {
         )
     }
 
-    fn wire(&self, op: &Op) -> &wire::Wire {
-        match op {
-            Op::Deduct(_) => &self.wires.deduct,
-            Op::Revert(_) => &self.wires.revert,
-            Op::Hold(_) => &self.wires.hold,
-            Op::Confirm(_) => &self.wires.confirm,
+    fn wire(&self, call: &StockCall) -> &wire::Wire {
+        match (&call.op, call.order_line) {
+            (Op::Deduct(_), _) => &self.wires.deduct,
+            (Op::Revert(_), false) => &self.wires.revert,
+            (Op::Revert(_), true) => &self.wires.revert_line,
+            (Op::Hold(_), _) => &self.wires.hold,
+            (Op::Confirm(_), false) => &self.wires.confirm,
+            (Op::Confirm(_), true) => &self.wires.confirm_line,
         }
     }
 
@@ -688,11 +705,11 @@ impl StockService {
     async fn resend(&self, call: &StockCall) -> StockResult {
         let (sku, request_id) = call.op.request();
         let keys = self.keys.request_keys(sku, request_id);
-        let wire = self.wire(&call.op);
+        let wire = self.wire(call);
         let caller = call.op.caller_args();
         let argv = wire.argv(caller.as_slice(), &call.nonce);
         self.upstream
-            .eval_fallback(&wire.script, &keys.all(), &argv, call.sent)
+            .eval_fallback(&wire.script, &keys.all(), &argv, call.deadline)
             .await
     }
 
@@ -923,6 +940,8 @@ mod tests {
                 ),
                 (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
                 (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
+                (StockCommand::Revert, vec![arg("s"), arg("req-77")]),
+                (StockCommand::Confirm, vec![arg("s"), arg("h-1")]),
                 (
                     StockCommand::Hold,
                     vec![arg("sku-9"), arg("3"), arg("h-1"), arg("900000"), arg("O")],
@@ -933,14 +952,18 @@ mod tests {
                 ),
                 (StockCommand::Confirm, vec![arg("sku-9"), arg("h-1")]),
             ] {
-                let Some(Prepared::Call(call)) = service.prepare(command, &args, Instant::now())
+                let Some(Prepared::Call(mut call)) =
+                    service.prepare(command, &args, Instant::now())
                 else {
                     panic!("{command:?} {args:?} is a valid call")
                 };
+                // An order's lines end with `--missing-stock zero`.
+                call.order_line = matches!(command, StockCommand::Revert | StockCommand::Confirm)
+                    && args[0][..] == b"sku-9"[..];
                 let mut hot = bytes::BytesMut::new();
                 let mut slow = bytes::BytesMut::new();
                 let (sku, request_id) = call.op.request();
-                let wire = service.wire(&call.op);
+                let wire = service.wire(&call);
                 let caller = call.op.caller_args();
                 let caller = caller.as_slice();
                 wire.encode(
@@ -959,6 +982,8 @@ mod tests {
                     &wire.argv(caller, &call.nonce),
                 );
                 assert_eq!(hot, slow, "{command:?}, durable {durable}");
+                let zero = hot.windows(6).any(|w| w == b"\r\nzero");
+                assert_eq!(zero, call.order_line, "{command:?}: missing-stock mode");
             }
         }
     }
@@ -1012,7 +1037,7 @@ mod tests {
             };
 
             let alone = &calls[1];
-            let wire = service.wire(&alone.op);
+            let wire = service.wire(alone);
             let (sku, request_id) = alone.op.request();
             let mut own = bytes::BytesMut::new();
             let caller = alone.op.caller_args();

@@ -183,19 +183,44 @@ impl StockService {
     /// expiry. Not awaited; a mark that fails is tried again at the next
     /// pass ([`Hints::retry`]).
     pub(super) fn mark_for_sweep(&self, sku: &Sku, ttl: Duration) {
-        let index = self.keys.sweep_shard_index(sku);
-        let hint = self.sweep_hints.placed(index, ttl).then(|| {
-            let ms = (ttl + ACTIVE_MARGIN).as_millis().to_string();
-            (index.to_string(), ms)
+        self.watch_shard(self.keys.sweep_shard_index(sku), ttl);
+        self.send_mark(Mark {
+            sku: sku.as_bytes().to_vec(),
+            expires_at: None,
+            ttl_ms: ttl.as_millis() as u64,
         });
-        self.send_mark(
-            Mark {
-                sku: sku.as_bytes().to_vec(),
-                expires_at: None,
-                ttl_ms: ttl.as_millis() as u64,
-            },
-            hint,
-        );
+    }
+
+    /// Something to look at in shard `index` within `ttl` (a hold's
+    /// expiry, an order's recovery): this stockgate sweeps the shard until
+    /// then and a minute more, and tells the sweep leader of it when it was
+    /// not told lately (`lua/sweep_active.lua`). Not awaited.
+    pub(super) fn watch_shard(&self, index: usize, ttl: Duration) {
+        if !self.sweep_hints.placed(index, ttl) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let ms = (ttl + ACTIVE_MARGIN).as_millis().to_string();
+        let upstream = self.upstream.clone();
+        let scripts = self.scripts.clone();
+        let active = self.keys.sweep_active();
+        let hints = self.sweep_hints.clone();
+        runtime.spawn(async move {
+            let number = index.to_string();
+            if let Err(fault) = upstream
+                .eval(
+                    &scripts.sweep_active,
+                    &[&active],
+                    &[number.as_bytes(), ms.as_bytes()],
+                )
+                .await
+            {
+                hints.forget(index);
+                tracing::warn!(error = %fault, "could not tell the sweep leader of a shard to watch");
+            }
+        });
     }
 
     /// Files a held SKU in the sweep index by the expiry a HOLD (or an
@@ -206,19 +231,15 @@ impl StockService {
         if expires_at <= 0 {
             return;
         }
-        self.send_mark(
-            Mark {
-                sku: sku.as_bytes().to_vec(),
-                expires_at: Some(expires_at),
-                ttl_ms: 0,
-            },
-            None,
-        );
+        self.send_mark(Mark {
+            sku: sku.as_bytes().to_vec(),
+            expires_at: Some(expires_at),
+            ttl_ms: 0,
+        });
     }
 
-    /// Sends a mark (and a hint for the leader), not awaited; a failure
-    /// keeps the mark for the next pass.
-    fn send_mark(&self, mark: Mark, hint: Option<(String, String)>) {
+    /// Sends a mark, not awaited; a failure keeps it for the next pass.
+    fn send_mark(&self, mark: Mark) {
         // A request served outside a runtime (the fuzz harness's, without
         // a Redis) has nothing to mark.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -232,22 +253,6 @@ impl StockService {
             if let Err(fault) = deliver_mark(&upstream, &scripts, &keys, &mark).await {
                 tracing::debug!(error = %fault, "could not mark a held sku in the sweep index; trying again at the next pass");
                 hints.retry(mark);
-            }
-            if let Some((number, ms)) = hint {
-                let active = keys.sweep_active();
-                if let Err(fault) = upstream
-                    .eval(
-                        &scripts.sweep_active,
-                        &[&active],
-                        &[number.as_bytes(), ms.as_bytes()],
-                    )
-                    .await
-                {
-                    if let Ok(index) = number.parse() {
-                        hints.forget(index);
-                    }
-                    tracing::warn!(error = %fault, "could not tell the sweep leader of a shard with holds");
-                }
             }
         });
     }
@@ -329,12 +334,22 @@ impl StockService {
             .await;
     }
 
-    /// One pass over the active shards, at once; the first failure, if
-    /// any (the other shards are swept all the same).
+    /// One pass over the active shards, at once: their expired holds
+    /// (unless `--sweeper false`) and their orders left behind
+    /// ([`crate::stock::order::recovery`]). The first failure, if any (the
+    /// other shards are swept all the same).
     async fn pass(&self, shards: &[usize]) -> Result<(), UpstreamError> {
         let all = self.keys.sweep_shards();
-        let results =
-            futures_util::future::join_all(shards.iter().map(|k| self.sweep_shard(&all[*k]))).await;
+        let results = futures_util::future::join_all(shards.iter().map(|k| async {
+            let holds = if self.sweep_holds {
+                self.sweep_shard(&all[*k]).await
+            } else {
+                Ok(())
+            };
+            let orders = self.recover_shard(&all[*k]).await;
+            holds.and(orders)
+        }))
+        .await;
         results.into_iter().collect()
     }
 

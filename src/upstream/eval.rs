@@ -103,20 +103,35 @@ impl Upstream {
     }
 
     /// The slow path of a script call first tried on a node pipe: the redis
-    /// crate, with what is left of the deadline that began at `started`.
+    /// crate, with what is left until the call's `deadline`.
     pub async fn eval_fallback(
         &self,
         script: &LuaScript,
         keys: &[&[u8]],
         args: &[&[u8]],
-        started: tokio::time::Instant,
+        deadline: tokio::time::Instant,
     ) -> Result<StockReply, UpstreamError> {
-        let left = self.config.timeout.saturating_sub(started.elapsed());
+        let value = self.eval_by(script, keys, args, deadline).await?;
+        StockReply::from_script(value)
+    }
+
+    /// [`Upstream::eval`], within what is left until `deadline` (and never
+    /// more than `--timeout`): for the steps of a request that has one
+    /// deadline for all of them (an order, a fallback).
+    pub async fn eval_by(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        deadline: tokio::time::Instant,
+    ) -> Result<Value, UpstreamError> {
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(self.config.timeout);
         if left.is_zero() {
             return Err(UpstreamError::timeout(self.config.timeout));
         }
-        let value = self.eval_within(script, keys, args, left).await?;
-        StockReply::from_script(value)
+        self.eval_within(script, keys, args, left).await
     }
 
     /// A DEDUCT-shaped script call, awaited: the node pipe of the key's
@@ -145,7 +160,7 @@ impl Upstream {
         match self.verdict(answer) {
             Verdict::Settled(result) => result,
             Verdict::Fallback => {
-                self.eval_fallback(script, keys.as_slice(), args, started)
+                self.eval_fallback(script, keys.as_slice(), args, started + self.config.timeout)
                     .await
             }
         }
@@ -172,7 +187,9 @@ impl Upstream {
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
         if let Some(durability) = self.config.durability {
-            return self.eval_durably(script, keys, args, durability).await;
+            return self
+                .eval_durably(script, keys, args, durability, budget)
+                .await;
         }
         let mut connection = self.connection()?;
         let call = async move {
@@ -227,6 +244,7 @@ impl Upstream {
         keys: &[&[u8]],
         args: &[&[u8]],
         durability: crate::config::Durability,
+        budget: Duration,
     ) -> Result<Value, UpstreamError> {
         let mut connection = self.connection()?;
         let wait_ms = durability.timeout.as_millis() as u64;
@@ -250,7 +268,9 @@ impl Upstream {
             }
             Ok::<_, RedisError>(replies)
         };
-        let replies = match tokio::time::timeout(self.config.timeout, call).await {
+        // What is left of the request's deadline, not a fresh --timeout: a
+        // fallback after a node pipe's attempt must not take twice as long.
+        let replies = match tokio::time::timeout(budget, call).await {
             Ok(Ok(replies)) => replies,
             Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
             Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),

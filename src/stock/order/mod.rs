@@ -40,6 +40,7 @@
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
+pub mod recovery;
 pub mod revert;
 pub mod status;
 
@@ -54,7 +55,8 @@ use crate::upstream::Verdict;
 use bytes::Bytes;
 use redis::Value;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How much longer an ORDER.HOLD's line holds last than the order: the
 /// intent's expiry is decided by one primary's clock, each line's by its
@@ -65,6 +67,12 @@ pub const LINE_MARGIN_MS: u64 = 2000;
 /// the saga has to confirm them, and how soon the units of a saga whose
 /// stockgate died come back by themselves.
 pub const SAGA_TTL_MS: u64 = 300_000;
+
+/// How long an order's saga may run, in `--timeout`s. Its caller waits
+/// one `--timeout` for the answer; past it, the saga goes on in the
+/// background for the rest of this budget (no step starts later), and
+/// whatever it leaves unfinished is [`recovery`]'s.
+const SAGA_TIMEOUTS: u32 = 4;
 
 /// The longest request_id of an order: the line ids add `~ord:`.
 const MAX_ORDER_ID: usize = crate::params::MAX_FIELD_LEN - crate::keys::ORDER_LINE_PREFIX.len();
@@ -337,6 +345,8 @@ enum Want {
     Hold,
     Confirm,
     Revert,
+    /// Nobody asks: an order left behind, driven to an end ([`recovery`]).
+    Recover,
 }
 
 /// What one phase's line calls came to.
@@ -358,12 +368,14 @@ enum LineCall {
     Revert,
 }
 
-/// One attempt at an order: its nonce, and the phases it moved it into.
+/// One attempt at an order: its nonce, the phases it moved it into, and
+/// when its budget ends ([`SAGA_TIMEOUTS`]).
 struct Attempt<'a> {
     id: &'a OrderId,
     nonce: [u8; 16],
     made: Vec<Phase>,
     remains: HashMap<Bytes, i64>,
+    deadline: tokio::time::Instant,
 }
 
 impl Attempt<'_> {
@@ -376,7 +388,7 @@ impl StockService {
     /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT, with its
     /// metrics and access log, as the RESP reply.
     pub(super) async fn order(
-        &self,
+        self: &Arc<Self>,
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
@@ -391,13 +403,41 @@ impl StockService {
     /// after the name, as RESP carries them: `<request_id> [<ttl_ms>]
     /// <sku> <qty> ...`), with its metrics and access log: the one code
     /// path of both doors (RESP, and HTTP's `/v1/orders`).
+    ///
+    /// The saga runs as a task of its own, so a caller that goes away (a
+    /// closed connection, an HTTP client's timeout) never cancels it
+    /// between two steps. The caller waits one `--timeout` for it; past
+    /// that it is told the outcome is unknown, and the saga goes on within
+    /// its budget, or [`recovery`] ends it.
     pub async fn order_call(
-        &self,
+        self: &Arc<Self>,
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
     ) -> Result<OrderReply, UpstreamError> {
-        let result = self.order_result(command, args).await;
+        let timeout = self.upstream.timeout();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let saga = {
+            let service = self.clone();
+            let args = args.to_vec();
+            tokio::spawn(async move { service.order_result(command, &args).await })
+        };
+        let result = match tokio::time::timeout_at(deadline, saga).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panicked)) => Err(UpstreamError::new(
+                FaultKind::BadReply,
+                format!(
+                    "the order's saga ended without an answer ({panicked}); stockgate's recovery ends the order"
+                ),
+            )),
+            Err(_) => Err(UpstreamError::new(
+                FaultKind::Timeout,
+                format!(
+                    "the order did not come to rest within {} ms; it goes on in the background, and stockgate's recovery ends it if nothing else does (ORDER.STATUS shows where it is)",
+                    timeout.as_millis()
+                ),
+            )),
+        };
         let label = command.label();
         self.record(
             AccessEntry {
@@ -425,7 +465,10 @@ impl StockService {
         match command {
             StockCommand::Order => {
                 match parse_lines(&args[1..], self.max_qty, self.max_order_lines) {
-                    Ok(lines) => self.begin(&id, Want::Order, &lines, None).await,
+                    Ok(lines) => {
+                        self.moving(&id, self.begin(&id, Want::Order, &lines, None))
+                            .await
+                    }
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
@@ -438,21 +481,52 @@ impl StockService {
                     ))
                 });
                 match parsed {
-                    Ok((ttl, lines)) => self.begin(&id, Want::Hold, &lines, Some(ttl)).await,
+                    Ok((ttl, lines)) => {
+                        self.moving(&id, self.begin(&id, Want::Hold, &lines, Some(ttl)))
+                            .await
+                    }
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
             StockCommand::OrderConfirm => {
-                let mut attempt = self.attempt(&id);
-                let intent = self.intent(&attempt, &[b"confirm"]).await?;
-                self.settle(&mut attempt, Want::Confirm, intent).await
+                self.moving(&id, async {
+                    let mut attempt = self.attempt(&id);
+                    let intent = self.intent(&attempt, &[b"confirm"]).await?;
+                    self.settle(&mut attempt, Want::Confirm, intent).await
+                })
+                .await
             }
-            _ => {
-                let mut attempt = self.attempt(&id);
-                let intent = self.intent(&attempt, &[b"revert"]).await?;
-                self.settle(&mut attempt, Want::Revert, intent).await
+            StockCommand::OrderRevert => {
+                self.moving(&id, async {
+                    let mut attempt = self.attempt(&id);
+                    let intent = self.intent(&attempt, &[b"revert"]).await?;
+                    self.settle(&mut attempt, Want::Revert, intent).await
+                })
+                .await
             }
+            other => unreachable!("{other:?} is not an order command that moves an order"),
         }
+    }
+
+    /// Runs an order command that may move its order (`step`), filed among
+    /// the orders in flight ([`recovery`]) from before its first change of
+    /// the intent until the order rests again.
+    async fn moving(
+        &self,
+        id: &OrderId,
+        step: impl std::future::Future<Output = Result<OrderReply, UpstreamError>>,
+    ) -> Result<OrderReply, UpstreamError> {
+        let filed = self.mark_order(&id.id).await?;
+        let result = step.await;
+        if result.is_ok() {
+            self.unmark_order(&id.id, filed);
+        }
+        result
+    }
+
+    /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
+    fn saga_budget(&self) -> Duration {
+        self.upstream.timeout() * SAGA_TIMEOUTS
     }
 
     fn attempt<'a>(&self, id: &'a OrderId) -> Attempt<'a> {
@@ -461,6 +535,7 @@ impl StockService {
             nonce: self.nonces.next(),
             made: Vec::new(),
             remains: HashMap::new(),
+            deadline: tokio::time::Instant::now() + self.saga_budget(),
         }
     }
 
@@ -599,7 +674,7 @@ impl StockService {
         args.extend_from_slice(&op[1..]);
         let value = self
             .upstream
-            .eval(&self.scripts.order, &[&key], &args)
+            .eval_by(&self.scripts.order, &[&key], &args, attempt.deadline)
             .await?;
         Intent::from_script(value)
     }
@@ -720,7 +795,20 @@ impl StockService {
             (_, Phase::Done) if attempt.made(Phase::Done) => Code::Ok,
             _ => Code::Duplicate,
         };
-        let shown_short = matches!(code, Code::Insufficient | Code::Expired);
+        // A 3 of an order that was begun: a line's SKU refused its HOLD
+        // (see `lines`), and every line was given back.
+        let refused = code == Code::Invalid && intent.phase == Phase::Aborted;
+        let shown_short = matches!(code, Code::Insufficient | Code::Expired) || refused;
+        let reason = refused.then(|| {
+            let skus: Vec<String> = short
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect();
+            format!(
+                "no stock is recorded for sku {} (or its stock or record is not what stockgate wrote); every line was given back",
+                skus.join(", ")
+            )
+        });
         OrderReply {
             code,
             expires_at: if intent.is_hold() {
@@ -737,7 +825,7 @@ impl StockService {
                 })
                 .collect(),
             short: if shown_short { short } else { Vec::new() },
-            reason: None,
+            reason,
         }
     }
 
@@ -777,7 +865,7 @@ impl StockService {
                     request_id,
                 }),
             };
-            self.line(op)
+            self.line(op, attempt.deadline)
         }))
         .await;
         let (mut revoked, mut expired, mut short, mut refused) =
@@ -798,6 +886,17 @@ impl StockService {
                         (LineCall::Hold, Code::Insufficient) => short.push(sku),
                         (_, _) => refused.push(sku),
                     }
+                }
+                // A line HOLD that the data refuses (no stock key with
+                // `--missing-stock error`, a stock or record stockgate did
+                // not write) changed nothing, and a retry would meet the
+                // same: the order can't be held, and every line goes back
+                // now instead of waiting for a retry that can't help.
+                Err(err)
+                    if matches!(call, LineCall::Hold)
+                        && matches!(err.kind, FaultKind::UnknownSku | FaultKind::BadData) =>
+                {
+                    refused.push(sku)
                 }
                 Err(err) => {
                     fault.get_or_insert(err);
@@ -820,13 +919,19 @@ impl StockService {
     }
 
     /// One line's script call: through its node pipe, and the fallback
-    /// when the answer calls for it, within `--timeout`. Its metrics are
-    /// the order's, not a HOLD's or a CONFIRM's.
-    async fn line(&self, op: Op) -> StockResult {
+    /// when the answer calls for it, within `--timeout` and the saga's
+    /// `deadline`. Its metrics are the order's, not a HOLD's or a
+    /// CONFIRM's.
+    async fn line(&self, op: Op, deadline: tokio::time::Instant) -> StockResult {
         if let Op::Hold(hold) = &op {
             debug_assert!(hold.request_id.as_bytes().starts_with(b"~ord:"));
         }
-        let call = self.call_of(op, Instant::now());
+        let mut call = self.call_of(op, Instant::now());
+        if call.sent >= deadline {
+            return Err(UpstreamError::timeout(self.upstream.timeout()));
+        }
+        call.deadline = call.deadline.min(deadline);
+        call.order_line = true;
         let answer = self.await_answer(&call).await;
         let result = match self.upstream.verdict(answer) {
             Verdict::Settled(result) => result,

@@ -1,0 +1,211 @@
+//! Recovery: every order ends, whether or not its caller retries.
+//!
+//! A saga stops half way when its stockgate dies, or when a fault outlasts
+//! its budget (a primary stalled mid-CONFIRM): the intent then says
+//! HOLDING, CONFIRMING, ABORTING or REVERTING, and nothing would move it
+//! on until a retry. So before an order command changes an intent, it
+//! files the order among the *orders in flight* (`lua/order_due.lua`, one
+//! sorted set per shard of the sweep index, by the slot of the intent),
+//! due [`StockService::recover_after`] later; once the order rests it takes
+//! it out again. What is still filed when due was left behind, and the
+//! sweeper's passes (every stockgate's for the shards it filed orders in,
+//! the lease holder's for every active shard: [`crate::stock::sweeper`])
+//! drive it to an end, each phase the way it points:
+//!
+//! - HOLDING (before the commit point): back. The intent goes to ABORTING
+//!   with code 5, expired (its caller was told the outcome is unknown; a
+//!   retry now answers 5), and every line is given back.
+//! - CONFIRMING (past it): forward. Every line is confirmed, and the order
+//!   is DONE; a line that expired meanwhile aborts it as any CONFIRM would
+//!   (ABORTING, 5), and every line comes back.
+//! - ABORTING, REVERTING: on to ABORTED, REVERTED.
+//! - HELD, DONE, ABORTED, REVERTED, REVOKED, none: at rest; nothing to do
+//!   (a HELD order waits for its ORDER.CONFIRM, and its lines expire by
+//!   themselves).
+//!
+//! Every step is the saga's own compare-and-set and idempotent line calls,
+//! so a recovery racing a slow saga, a retry or another stockgate's
+//! recovery converges on one outcome. An order that can't be moved yet (its
+//! primary is still down) is filed again [`RETRY_AFTER`] later. So an
+//! unfinished order ends within [`StockService::recover_after`] of its last
+//! command, or within about a [`crate::stock::sweeper::PASS_EVERY`] plus
+//! [`RETRY_AFTER`] of the fault healing if that is later (plus the lease's
+//! handover when the stockgate that filed it died too).
+
+use super::{Intent, OrderId, Phase, Want, parse_id};
+use crate::error::{FaultKind, UpstreamError};
+use crate::keys::SweepShard;
+use crate::params::RequestId;
+use crate::stock::StockService;
+use bytes::Bytes;
+use redis::Value;
+use std::time::Duration;
+
+/// Between a failed recovery of an order and the next.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// How much longer than a saga's budget an order waits to be recovered.
+const MARGIN: Duration = Duration::from_secs(5);
+/// Orders one index call lists, and index calls one shard gets per pass.
+const LIST: usize = 64;
+const ROUNDS: usize = 4;
+
+impl StockService {
+    /// How long after an order command its order counts as left behind:
+    /// the saga's whole budget (it goes on after its caller's deadline),
+    /// and a margin.
+    pub fn recover_after(&self) -> Duration {
+        self.saga_budget() + MARGIN
+    }
+
+    /// Files an order among the orders in flight, before its command
+    /// changes its intent; the score it was filed at. This stockgate then
+    /// looks at the order's shard until it is due and a while after, and
+    /// the sweep leader is told of the shard.
+    pub(super) async fn mark_order(&self, id: &RequestId) -> Result<i64, UpstreamError> {
+        let index = self.keys.order_shard_index(id);
+        let after = self.recover_after();
+        self.watch_shard(index, after);
+        let shard = &self.keys.sweep_shards()[index];
+        let after = after.as_millis().to_string();
+        match self
+            .upstream
+            .eval(
+                &self.scripts.order_due,
+                &[&shard.orders],
+                &[b"mark", id.as_bytes(), after.as_bytes()],
+            )
+            .await?
+        {
+            Value::Int(score) => Ok(score),
+            other => Err(bad_reply(&other)),
+        }
+    }
+
+    /// Takes an order that rests out of the orders in flight, unless an
+    /// attempt filed it again since (`score`). Not awaited: an order left
+    /// filed is looked at when due, found at rest, and taken out then.
+    pub(super) fn unmark_order(&self, id: &RequestId, score: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let upstream = self.upstream.clone();
+        let script = self.scripts.order_due.clone();
+        let shard = self.keys.sweep_shards()[self.keys.order_shard_index(id)].clone();
+        let id = id.as_bytes().to_vec();
+        runtime.spawn(async move {
+            let score = score.to_string();
+            if let Err(fault) = upstream
+                .eval(
+                    &script,
+                    &[&shard.orders],
+                    &[b"done", &id, score.as_bytes()],
+                )
+                .await
+            {
+                tracing::debug!(error = %fault, "could not take a finished order out of the orders in flight; recovery will");
+            }
+        });
+    }
+
+    /// The orders of one shard that are due, each driven to an end; the
+    /// first failure, if any (an order that failed is filed again for
+    /// later, the others go on).
+    pub(in crate::stock) async fn recover_shard(
+        &self,
+        shard: &SweepShard,
+    ) -> Result<(), UpstreamError> {
+        let keys = [&shard.orders[..]];
+        let list = LIST.to_string();
+        let retry = RETRY_AFTER.as_millis().to_string();
+        let mut failed = None;
+        for _ in 0..ROUNDS {
+            let listed = self
+                .upstream
+                .eval(&self.scripts.order_due, &keys, &[b"list", list.as_bytes()])
+                .await?;
+            let due = due_orders(&listed)?;
+            if due.is_empty() {
+                break;
+            }
+            let results =
+                futures_util::future::join_all(due.iter().map(|(id, _)| self.recover_order(id)))
+                    .await;
+            for ((id, score), result) in due.iter().zip(results) {
+                let (op, extra): (&[u8], &[u8]) = match &result {
+                    Ok(()) => (b"done", b""),
+                    Err(_) => (b"later", retry.as_bytes()),
+                };
+                self.metrics.record_order_recovery(result.is_ok());
+                if let Err(fault) = result {
+                    tracing::warn!(error = %fault, order = %String::from_utf8_lossy(id), "could not finish an order left behind; trying again later");
+                    failed = Some(fault);
+                }
+                self.upstream
+                    .eval(&self.scripts.order_due, &keys, &[op, id, score, extra])
+                    .await?;
+            }
+            if due.len() < LIST {
+                break;
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Drives one order left behind to an end (module doc).
+    async fn recover_order(&self, id: &[u8]) -> Result<(), UpstreamError> {
+        // Not an order stockgate would file: let it go.
+        let Ok(id) = parse_id(&Bytes::copy_from_slice(id)) else {
+            return Ok(());
+        };
+        self.drive_left_behind(&id).await
+    }
+
+    async fn drive_left_behind(&self, id: &OrderId) -> Result<(), UpstreamError> {
+        let mut attempt = self.attempt(id);
+        let mut intent: Intent = self.intent(&attempt, &[b"read"]).await?;
+        if intent.phase == Phase::Holding {
+            // Before the commit point, its caller gone: back.
+            intent = self
+                .intent(&attempt, &[b"advance", b"HOLDING", b"ABORTING", b"5", b""])
+                .await?;
+        }
+        match intent.phase {
+            Phase::Confirming | Phase::Aborting | Phase::Reverting => {
+                tracing::info!(order = %String::from_utf8_lossy(id.id.as_bytes()), phase = intent.phase.as_str(), "finishing an order left behind");
+                self.settle(&mut attempt, Want::Recover, intent)
+                    .await
+                    .map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// An order due for a look, and the score it was filed at (so that taking
+/// it out does not undo a newer filing).
+type Due = (Vec<u8>, Vec<u8>);
+
+/// The index's `{now, id, score, ...}`, as (id, score) pairs.
+fn due_orders(listed: &Value) -> Result<Vec<Due>, UpstreamError> {
+    let Value::Array(items) = listed else {
+        return Err(bad_reply(listed));
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(b.clone()),
+        _ => None,
+    };
+    items[1.min(items.len())..]
+        .chunks(2)
+        .map(|pair| match pair {
+            [id, score] => Some((text(id)?, text(score)?)),
+            _ => None,
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad_reply(listed))
+}
+
+fn bad_reply(what: &Value) -> UpstreamError {
+    let mut shown = format!("{what:?}");
+    shown.truncate(200);
+    UpstreamError::new(FaultKind::BadReply, format!("order_due answered {shown}"))
+}
