@@ -361,22 +361,25 @@ end
 
 -- The reply of every call on one request (DEDUCT, REVERT, HOLD, CONFIRM):
 -- {code, stock, order_no, VERSION, reason, expires_at, released, held_ms,
--- event}. stockgate shows the caller the first four (and the reason for
--- code 3; expires_at for HOLD and CONFIRM); the rest feeds its metrics:
--- released counts the SKU's expired holds this call gave back, held_ms is
--- how long a hold was held before its CONFIRM, and event what this call
--- did to the request's own hold ("placed", "confirmed", "cancelled", or "").
--- Elements after the fourth that hold their default (0 or "") are left off
--- from the end, so a reader takes a missing one as its default.
-local function answer(code, stock, order_no, reason, expires_at, released, held_ms, event)
+-- event, held}. stockgate shows the caller the first four (and the reason
+-- for code 3; expires_at for HOLD and CONFIRM); the rest feeds its metrics
+-- and memory: released counts the SKU's expired holds this call gave back,
+-- held_ms is how long a hold was held before its CONFIRM, event what this
+-- call did to the request's own hold ("placed", "confirmed", "cancelled",
+-- or ""), and held (DEDUCT's 2 only) the SKU's units on hold then, which
+-- tells stockgate's sold-out path that a read could not answer the SKU
+-- (src/stock/sold_out.rs). Elements after the fourth that hold their
+-- default (0 or "") are left off from the end, so a reader takes a missing
+-- one as its default.
+local function answer(code, stock, order_no, reason, expires_at, released, held_ms, event, held)
   if (reason or '') == '' and (expires_at or 0) == 0 and (released or 0) == 0
-    and (held_ms or 0) == 0 and (event or '') == '' then
+    and (held_ms or 0) == 0 and (event or '') == '' and (held or 0) == 0 then
     -- Most replies: the four elements there were before holds, built
     -- without the trimming below (4k instructions less per call).
     return {code, stock or -1, order_no or '', VERSION}
   end
   local reply = {code, stock or -1, order_no or '', VERSION, reason or '', expires_at or 0,
-                 released or 0, held_ms or 0, event or ''}
+                 released or 0, held_ms or 0, event or '', held or 0}
   -- Trailing defaults are left off (a missing element reads as its
   -- default): Redis encodes no more than it must.
   local n = #reply

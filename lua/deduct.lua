@@ -47,7 +47,8 @@ for good; callers ignore any more. VERSION is the script set's version.
                                       it never deducts again
 (stock is -1 where it was not read or the stock key is missing.) reason is
 "" but for code 3, expires_at 0; released counts the SKU's expired holds
-this call gave back to stock first (lua/common.lua, release_due).
+this call gave back to stock first (lua/common.lua, release_due); a 2
+carries the SKU's units still on hold as its tenth element (absent: 0).
 Error replies (nothing changed):
   BADCALL ...     an argument stockgate supplies is wrong (ARGV[3..7], the keys)
   UNKNOWNSKU ...  the stock key does not exist and ARGV[5] is "error"
@@ -101,9 +102,14 @@ if raw and not record then
   return redis.error_reply(BADRECORD)
 end
 
--- Expired holds go back to stock before anything is decided.
+-- Expired holds go back to stock before anything is decided; what they
+-- gave back is no longer held.
 local released
+local before = stock
 stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
+if released > 0 then
+  held = held - (stock - before)
+end
 
 -- Idempotency: a known request_id never deducts again.
 if record then
@@ -132,7 +138,7 @@ if stock == nil then
   return redis.error_reply(UNKNOWNSKU)
 end
 if stock < qty then
-  return answer(2, stock, '', '', 0, released)
+  return answer(2, stock, '', '', 0, released, 0, '', math.max(held, 0))
 end
 
 -- Writes: only after every check above has passed. The arguments go to

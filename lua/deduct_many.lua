@@ -201,7 +201,7 @@ for i = 1, n do
           reply = redis.error_reply(UNKNOWNSKU)
         end
       elseif stock < qty then
-        reply = answer(2, stock, '', '', 0, released)
+        reply = answer(2, stock, '', '', 0, released, 0, '', math.max(held, 0))
       elseif decr_failed then
         reply = decr_failed
       else

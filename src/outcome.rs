@@ -101,6 +101,10 @@ pub struct Effects {
     pub held_ms: u64,
     /// What the call did to the request's own hold.
     pub event: Option<HoldEvent>,
+    /// A DEDUCT's 2: the SKU's units on hold then (0 when none, and in
+    /// every other reply). A read can't answer for a SKU with holds
+    /// ([`crate::stock::sold_out`]).
+    pub held: u64,
 }
 
 /// What happens to a hold, for `stockgate_holds_total`. `Expired` is
@@ -194,16 +198,16 @@ impl StockReply {
     }
 
     /// Checks the shape: `{code, remain, order_no, version}`, then (from
-    /// version 4) `reason, expires_at, released, held_ms, event`, where an
-    /// older script put only a reason, for code 3. Elements after the ninth are
-    /// ignored, so a newer script that appends some still works; anything
-    /// else unexpected is a BADREPLY, never a guessed code.
+    /// version 4) `reason, expires_at, released, held_ms, event, held`,
+    /// where an older script put only a reason, for code 3. Elements after
+    /// the tenth are ignored, so a newer script that appends some still
+    /// works; anything else unexpected is a BADREPLY, never a guessed code.
     fn from_fields(
         fields: impl Iterator<Item = Field>,
         shown: impl Fn() -> String,
     ) -> Result<StockReply, UpstreamError> {
-        // The first nine, on the stack: a reply is read once per request.
-        let mut first: [Option<Field>; 9] = Default::default();
+        // The first ten, on the stack: a reply is read once per request.
+        let mut first: [Option<Field>; 10] = Default::default();
         let mut count = 0;
         for (slot, field) in first.iter_mut().zip(fields) {
             *slot = Some(field);
@@ -249,6 +253,7 @@ impl StockReply {
             .transpose()?;
         let released = number(6, "has a bad released count")?;
         let held_ms = number(7, "has a bad held_ms")?;
+        let held = number(9, "has a bad held count")?;
         let event = match &first[8] {
             None => None,
             Some(Field::Text(word)) if word.is_empty() => None,
@@ -269,6 +274,7 @@ impl StockReply {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
                 held_ms: held_ms as u64,
                 event,
+                held: held as u64,
             },
         })
     }

@@ -297,15 +297,63 @@ async fn expired_holds_are_never_answered_2_by_the_read() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The read sees units on hold and leaves it to the script, which
-    // releases them first and sells them.
+    // The 2 said units were on hold, so no read comes first: the script
+    // releases them and sells them.
     let reply = parse(
         deduct(&mut conn, "held", "2", "buyer-1", None)
             .await
             .unwrap(),
     );
     assert_eq!((reply.code, reply.remain), (0, 0));
-    assert_eq!(sold_out_reads(&server), (0, 1));
+    assert_eq!(sold_out_reads(&server), (0, 0));
+}
+
+/// A SKU short while units of it are on hold (a payment window): a read
+/// could never answer its DEDUCTs (the holds' expiry needs the script), so
+/// none is made; each goes straight to the script (issue 22, 6: before,
+/// each cost an MGET and then the script through the slow path).
+#[tokio::test]
+async fn a_sku_with_live_holds_skips_the_read() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    let server = proxy(vec![redis.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+    redis::cmd("SET")
+        .arg(stock_key("paying"))
+        .arg(2)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let held = parse_hold(
+        hold(&mut conn, "paying", "2", "cart", "600000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held.code, held.remain), (0, 0));
+    let mgets = |direct: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(direct)
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = mgets(&mut direct);
+    for i in 0..6 {
+        let reply = parse(
+            deduct(&mut conn, "paying", "1", &format!("buyer-{i}"), None)
+                .await
+                .unwrap(),
+        );
+        assert_eq!((reply.code, reply.remain), (2, 0), "buyer-{i}");
+    }
+    assert_eq!(sold_out_reads(&server), (0, 0));
+    assert_eq!(
+        mgets(&mut direct),
+        before + 6,
+        "one MGET per DEDUCT, the script's own: no read before it"
+    );
 }
 
 #[tokio::test]

@@ -751,7 +751,12 @@ impl StockService {
             self.record_holds(command, reply);
             self.index_hold(&call.op, reply);
             if let (Op::Deduct(deduct), Some(memory)) = (&call.op, &self.sold_out) {
-                memory.learn(deduct.sku.as_bytes(), reply.code, reply.remain);
+                memory.learn(
+                    deduct.sku.as_bytes(),
+                    reply.code,
+                    reply.remain,
+                    reply.effects.held,
+                );
             }
         }
         self.record(

@@ -13,7 +13,9 @@
 //! tell (the SKU has holds, whose expiry would need the script).
 //!
 //! What turns the path on is a memory of the stock each SKU was last seen
-//! short at ([`Memory`]), from DEDUCT replies: a SKU that answered 2 takes
+//! short at ([`Memory`]), from DEDUCT replies: a SKU that answered 2 with
+//! no units on hold (the reply says how many: a read could never answer
+//! for a SKU with holds, so its DEDUCTs go straight to the script) takes
 //! the read for any qty above the stock it showed, until a read finds
 //! enough stock for a request (a restock, a REVERT, holds to release):
 //! that request runs the script and the SKU is forgotten. No clock is
@@ -259,10 +261,19 @@ impl Memory {
     }
 
     /// Learns from a DEDUCT's reply (from the script or the read): a 2
-    /// remembers the SKU short at the stock it gave; an ok or duplicate
-    /// reply of a remembered SKU updates its stock; `forget` drops it.
-    pub fn learn(&self, sku: &[u8], code: Code, remain: i64) {
+    /// remembers the SKU short at the stock it gave, unless the SKU had
+    /// units on hold (`held`, the reply's): a read can't answer for those
+    /// (their expiry needs the script), so its DEDUCTs go straight to the
+    /// script on the node pipe; an ok or duplicate reply of a remembered
+    /// SKU updates its stock; `forget` drops it.
+    pub fn learn(&self, sku: &[u8], code: Code, remain: i64, held: u64) {
         if code != Code::Insufficient && !self.any.load(Ordering::Relaxed) {
+            return;
+        }
+        if code == Code::Insufficient && held > 0 {
+            if self.any.load(Ordering::Relaxed) {
+                self.forget(sku);
+            }
             return;
         }
         let mut short = self.short.lock().expect("memory lock");
@@ -387,13 +398,20 @@ mod tests {
         let memory = Memory::default();
         let sku: &[u8] = b"hot";
         assert!(!memory.wants_read(sku, 1));
-        memory.learn(sku, Code::Insufficient, 3);
+        memory.learn(sku, Code::Insufficient, 3, 0);
         assert!(memory.wants_read(sku, 5));
         assert!(!memory.wants_read(sku, 3));
-        memory.learn(sku, Code::Ok, 0);
+        memory.learn(sku, Code::Ok, 0, 0);
         assert!(memory.wants_read(sku, 1));
         memory.forget(sku);
         assert!(!memory.wants_read(sku, 5));
+        // Short with units on hold: the script must run (their expiry), so
+        // no read first.
+        memory.learn(sku, Code::Insufficient, 3, 2);
+        assert!(!memory.wants_read(sku, 5));
+        memory.learn(sku, Code::Insufficient, 3, 0);
+        memory.learn(sku, Code::Insufficient, 1, 2);
+        assert!(!memory.wants_read(sku, 5), "holds appeared: forgotten");
     }
 
     #[test]
