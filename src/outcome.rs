@@ -101,10 +101,10 @@ pub struct Effects {
     pub held_ms: u64,
     /// What the call did to the request's own hold.
     pub event: Option<HoldEvent>,
-    /// A DEDUCT's 2: the SKU's units on hold then (0 when none, and in
-    /// every other reply). A read can't answer for a SKU with holds
-    /// ([`crate::stock::sold_out`]).
-    pub held: u64,
+    /// A DEDUCT's 2: the SKU had units on hold then (the script's tenth
+    /// element is their count; false in every other reply). A read can't
+    /// answer for a SKU with holds ([`crate::stock::sold_out`]).
+    pub held: bool,
 }
 
 /// What happens to a hold, for `stockgate_holds_total`. `Expired` is
@@ -274,7 +274,7 @@ impl StockReply {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
                 held_ms: held_ms as u64,
                 event,
-                held: held as u64,
+                held: held > 0,
             },
         })
     }
@@ -321,6 +321,7 @@ mod tests {
             Value::Int(2),
             Value::Int(0),
             Value::BulkString(vec![]),
+            Value::Int(3),
             Value::BulkString(b"appended later".to_vec()),
         ]))
         .unwrap();
@@ -330,6 +331,7 @@ mod tests {
         assert_eq!(reply.reason, None, "an empty reason is none");
         assert_eq!(reply.expires_at, Some(1_790_000_000_000));
         assert_eq!(reply.effects.released, 2);
+        assert!(reply.effects.held);
         // A version-3 script's code 3: four elements and the reason.
         let old = StockReply::from_script(Value::Array(vec![
             Value::Int(3),

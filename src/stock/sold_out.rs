@@ -262,15 +262,15 @@ impl Memory {
 
     /// Learns from a DEDUCT's reply (from the script or the read): a 2
     /// remembers the SKU short at the stock it gave, unless the SKU had
-    /// units on hold (`held`, the reply's): a read can't answer for those
+    /// units on hold (`held`, from the reply): a read can't answer for those
     /// (their expiry needs the script), so its DEDUCTs go straight to the
     /// script on the node pipe; an ok or duplicate reply of a remembered
     /// SKU updates its stock; `forget` drops it.
-    pub fn learn(&self, sku: &[u8], code: Code, remain: i64, held: u64) {
+    pub fn learn(&self, sku: &[u8], code: Code, remain: i64, held: bool) {
         if code != Code::Insufficient && !self.any.load(Ordering::Relaxed) {
             return;
         }
-        if code == Code::Insufficient && held > 0 {
+        if code == Code::Insufficient && held {
             if self.any.load(Ordering::Relaxed) {
                 self.forget(sku);
             }
@@ -398,19 +398,19 @@ mod tests {
         let memory = Memory::default();
         let sku: &[u8] = b"hot";
         assert!(!memory.wants_read(sku, 1));
-        memory.learn(sku, Code::Insufficient, 3, 0);
+        memory.learn(sku, Code::Insufficient, 3, false);
         assert!(memory.wants_read(sku, 5));
         assert!(!memory.wants_read(sku, 3));
-        memory.learn(sku, Code::Ok, 0, 0);
+        memory.learn(sku, Code::Ok, 0, false);
         assert!(memory.wants_read(sku, 1));
         memory.forget(sku);
         assert!(!memory.wants_read(sku, 5));
         // Short with units on hold: the script must run (their expiry), so
         // no read first.
-        memory.learn(sku, Code::Insufficient, 3, 2);
+        memory.learn(sku, Code::Insufficient, 3, true);
         assert!(!memory.wants_read(sku, 5));
-        memory.learn(sku, Code::Insufficient, 3, 0);
-        memory.learn(sku, Code::Insufficient, 1, 2);
+        memory.learn(sku, Code::Insufficient, 3, false);
+        memory.learn(sku, Code::Insufficient, 1, true);
         assert!(!memory.wants_read(sku, 5), "holds appeared: forgotten");
     }
 
