@@ -580,3 +580,141 @@ async fn a_call_resent_after_its_reply_was_lost_answers_as_it_did() {
     assert_eq!((retried.code, retried.remain), (1, 149));
     server.stop_now();
 }
+
+/// One deadline per order (issue 22, 3). Behind a relay that holds every
+/// chunk 150 ms each way, a line call on the slow node takes over 300 ms,
+/// and an ORDER makes two of them there (its holds, its confirms): more
+/// than one `--timeout` of 500 ms. The caller is told at its deadline that
+/// the outcome is unknown (before, each phase got a fresh timeout and the
+/// answer came whenever the saga ended); the saga goes on by itself and
+/// the order ends DONE with nobody retrying, and a retry then answers 1.
+/// An HTTP client that gives up mid-saga (its connection closed after
+/// 300 ms) cancels nothing either: that order ends DONE too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
+    use std::io::Write;
+    use stockgate::params::RequestId;
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(2000, &[]);
+    let victim = 0;
+    let slow = skus_where(&cluster, "slow-line", 1, |o| o == victim).remove(0);
+    let fast = skus_where(&cluster, "fast-line", 1, |o| o != victim).remove(0);
+    seed(&cluster, &[slow.clone(), fast.clone()], 100);
+    // Orders whose intent and index shard live off the slow node: only
+    // the line calls are slow.
+    let layout = crate::support::layout();
+    let orders: Vec<String> = (0..)
+        .map(|i| format!("one-deadline-{i}"))
+        .filter(|id| {
+            let id = RequestId::parse(id.clone().into()).unwrap();
+            let intent = stockgate::keys::slot(&layout.order_key(&id));
+            let shard = &layout.sweep_shards()[layout.order_shard_index(&id)];
+            owner(&cluster, intent) != victim
+                && owner(&cluster, stockgate::keys::slot(&shard.orders)) != victim
+        })
+        .take(2)
+        .collect();
+    let relay = Relay::start(
+        format!("127.0.0.1:{}", cluster.nodes[victim].port)
+            .parse()
+            .unwrap(),
+    )
+    .await;
+    announce_port(&cluster, victim, relay.port);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, n)| n.url())
+        .collect();
+    let timeout = Duration::from_millis(500);
+    let server = crate::support::proxy(seeds, |c| {
+        c.upstream.timeout = timeout;
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let mut conn = crate::support::client(&server, false).await;
+    let warm = crate::support::parse(
+        crate::support::deduct(&mut conn, &slow, "1", "warm", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(warm.code, 0);
+    let phase = |id: &str| -> Option<String> {
+        let mut direct = cluster.cluster_connection().expect("cluster connection");
+        redis::cmd("HGET")
+            .arg(layout.order_key(&RequestId::parse(id.to_owned().into()).unwrap()))
+            .arg("p")
+            .query(&mut direct)
+            .expect("HGET the intent")
+    };
+    let wait_done = |id: &str| {
+        let started = Instant::now();
+        while phase(id).as_deref() != Some("DONE") {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{id} never ended: {:?}",
+                phase(id)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    relay.set(Mode::Delay(Duration::from_millis(150)));
+
+    let answered: redis::RedisResult<redis::Value> = redis::cmd("ORDER")
+        .arg(&orders[0])
+        .arg(&slow)
+        .arg(1)
+        .arg(&fast)
+        .arg(1)
+        .query_async(&mut conn)
+        .await;
+    let err = answered.expect_err("two slow rounds do not fit one deadline");
+    eprintln!("[one deadline] ORDER behind a slow line: {err}");
+    assert!(
+        err.to_string().contains("did not come to rest"),
+        "the documented outcome-unknown error: {err}"
+    );
+    wait_done(&orders[0]);
+    let retry = redis::cmd("ORDER")
+        .arg(&orders[0])
+        .arg(&slow)
+        .arg(1)
+        .arg(&fast)
+        .arg(1)
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&retry, redis::Value::Array(items) if items[0] == redis::Value::Int(1)),
+        "{retry:?}"
+    );
+
+    // The HTTP client that gives up.
+    let body = format!(
+        r#"{{"request_id":"{}","lines":[{{"sku":"{slow}","qty":1}},{{"sku":"{fast}","qty":1}}]}}"#,
+        orders[1]
+    );
+    let http = server.http_addr.expect("http is on");
+    let mut stream = std::net::TcpStream::connect(http).unwrap();
+    write!(
+        stream,
+        "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stream);
+    wait_done(&orders[1]);
+    relay.set(Mode::Pass);
+    let mut direct = cluster.cluster_connection().expect("cluster connection");
+    for (sku, want) in [(&slow, 97), (&fast, 98)] {
+        let stock: i64 = redis::cmd("GET")
+            .arg(crate::support::stock_key(sku))
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(stock, want, "{sku}: each order once (and the warm-up)");
+    }
+    server.stop_now();
+}
