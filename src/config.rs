@@ -261,7 +261,8 @@ pub struct ProxyArgs {
     /// Run the hold sweeper, which gives back the expired holds of SKUs no
     /// request touches. Correctness never depends on it (every call on a
     /// SKU releases its expired holds first); with it off, such units come
-    /// back only with the next call on their SKU.
+    /// back only with the next call on their SKU (exactly once, however
+    /// late). Orders left behind are recovered either way.
     #[arg(long, env = "STOCKGATE_SWEEPER", default_value_t = true, action = clap::ArgAction::Set)]
     pub sweeper: bool,
 
