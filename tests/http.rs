@@ -858,15 +858,17 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
         "no malformed request reached Redis"
     );
 
-    // Faults: an unknown sku is a 500.
+    // A line on a sku with no stock ends the order at once: a 400 with
+    // code 3 naming it (one sku alone never holds anything).
     let e = post_json(
         http,
         ORDERS,
         json!({"request_id": "f1", "lines": [{"sku": "no-such", "qty": 1}]}),
     );
-    assert_eq!(e.status, 500, "{e:?}");
+    assert_eq!((e.status, e.body["code"].as_i64()), (400, Some(3)), "{e:?}");
+    assert_eq!(e.body["short"], json!(["no-such"]), "{e:?}");
     assert!(
-        e.body["error"].as_str().unwrap().starts_with("UNKNOWNSKU"),
+        e.body["reason"].as_str().unwrap().contains("no-such"),
         "{e:?}"
     );
     seen.borrow_mut().push(e);
