@@ -5,6 +5,15 @@
 //! replies are written back in request order. Replies that are ready
 //! together leave in one write, never one flush per reply.
 //!
+//! Yet each takes effect after every request sent before it, as Redis
+//! promises for one connection: a request waits only for an unfinished
+//! earlier one that touches the same SKU (or spans several: an order), and
+//! not even then when both are script calls on that SKU's node pipe, which
+//! keeps them in order itself ([`Replies::must_wait`]). A fallback to the
+//! redis crate waits for the earlier ones of its SKU; a sold-out read
+//! whose answer would overtake an earlier request's effect is answered by
+//! the script after it instead ([`settle`]).
+//!
 //! DEDUCT and REVERT cost no future, task or channel of their own: each is
 //! checked, then written straight into its node pipe's next batch
 //! ([`crate::pipeline`]) with this connection's [`Mailbox`] and its place
@@ -24,8 +33,8 @@ use crate::pipeline::{Answer, Completion, Mailbox, PipeError};
 use crate::reply::{Protocol, Reply};
 use crate::session::Session;
 use crate::state::Shared;
-use crate::stock::{Caller, Concluded, Prepared, StockCall, StockCommand, StockResult};
-use bytes::BytesMut;
+use crate::stock::{Caller, Concluded, Prepared, StockCall, StockCommand, StockResult, Touches};
+use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -145,51 +154,39 @@ async fn run(
                     replies.push(reply, protocol);
                 }
                 Action::Stock(command, args) => {
-                    let ticket = replies.next_ticket();
-                    match shared.service.prepare(command, &args, arrived) {
-                        Some(Prepared::Answered(result)) => {
-                            replies.push(stock_reply(result), protocol)
-                        }
-                        Some(Prepared::Call(call)) => {
-                            let completion = Completion::Mailbox(mailbox.clone(), ticket);
-                            match shared.service.submit(&call, completion) {
-                                Ok(()) => replies.push_sent(call, protocol),
-                                Err((refused, _)) => {
-                                    replies.push_pending(protocol);
-                                    settle(
-                                        shared,
-                                        &mut replies,
-                                        &mut running,
-                                        ticket,
-                                        call,
-                                        Err(refused),
-                                    );
-                                }
-                            }
-                        }
-                        None => {
-                            // The operators' commands, which only their
-                            // audit log names the sender of, run as futures.
-                            let caller = match command {
-                                StockCommand::Set | StockCommand::Add => Caller {
-                                    client_id: Some(session.id),
-                                    addr: session.peer,
-                                    name: session.name.clone(),
-                                },
-                                _ => Caller::default(),
-                            };
-                            replies.push_pending(protocol);
-                            running.push(
-                                async move {
-                                    let reply = shared
-                                        .service
-                                        .serve(command, &args, arrived, &caller)
-                                        .await;
-                                    (ticket, reply)
-                                }
-                                .boxed(),
-                            );
-                        }
+                    // The operators' commands, which only their audit log
+                    // names the sender of, carry who sent them.
+                    let caller = match command {
+                        StockCommand::Set | StockCommand::Add => Caller {
+                            client_id: Some(session.id),
+                            addr: session.peer,
+                            name: session.name.clone(),
+                        },
+                        _ => Caller::default(),
+                    };
+                    let request = Request {
+                        command,
+                        args,
+                        arrived,
+                        caller,
+                    };
+                    let touches = command.touches(&request.args);
+                    let how = Sending::of(&touches, || {
+                        shared.service.would_read_first(command, &request.args)
+                    });
+                    if replies.must_wait(replies.len(), &touches, how) {
+                        replies.push_held(protocol, touches, request);
+                    } else {
+                        let ticket = replies.next_ticket();
+                        replies.push_stock(protocol, touches);
+                        dispatch(
+                            shared,
+                            &mut replies,
+                            &mut running,
+                            &mailbox,
+                            ticket,
+                            request,
+                        );
                     }
                 }
             }
@@ -207,6 +204,7 @@ async fn run(
         while let Some(Some((ticket, reply))) = running.next().now_or_never() {
             replies.answer(ticket, reply);
         }
+        release_held(shared, &mut replies, &mut running, &mailbox);
         replies.write_ready(&mut output);
 
         // Done when nothing more can arrive and everything is answered. (An
@@ -314,21 +312,106 @@ fn read_available(reader: &ReadHalf<'_>, input: &mut BytesMut) -> std::io::Resul
     crate::net::try_read(reader.as_ref(), input)
 }
 
+/// A stock request as read, until it is sent.
+struct Request {
+    command: StockCommand,
+    args: Vec<Bytes>,
+    arrived: Instant,
+    caller: Caller,
+}
+
+type Running<'a> = FuturesUnordered<BoxFuture<'a, (u64, Reply)>>;
+
+/// Sends the stock request of `ticket` on its way: checked and answered
+/// on the spot (code 3), written into its node pipe, or run as a future.
+fn dispatch<'a>(
+    shared: &'a Shared,
+    replies: &mut Replies,
+    running: &mut Running<'a>,
+    mailbox: &Arc<Mailbox>,
+    ticket: u64,
+    request: Request,
+) {
+    let Request {
+        command,
+        args,
+        arrived,
+        caller,
+    } = request;
+    match shared.service.prepare(command, &args, arrived) {
+        Some(Prepared::Answered(result)) => replies.answer(ticket, stock_reply(result)),
+        Some(Prepared::Call(call)) => {
+            let completion = Completion::Mailbox(mailbox.clone(), ticket);
+            match shared.service.submit(&call, completion) {
+                Ok(()) => replies.sent(ticket, call),
+                Err((refused, _)) => settle(shared, replies, running, ticket, call, Err(refused)),
+            }
+        }
+        None => running.push(
+            async move {
+                let reply = shared.service.serve(command, &args, arrived, &caller).await;
+                (ticket, reply)
+            }
+            .boxed(),
+        ),
+    }
+}
+
+/// Sends every held request (and held fallback) that nothing unfinished
+/// before it holds back any more, in order.
+fn release_held<'a>(
+    shared: &'a Shared,
+    replies: &mut Replies,
+    running: &mut Running<'a>,
+    mailbox: &Arc<Mailbox>,
+) {
+    while replies.held > 0 {
+        let Some((ticket, released)) = replies.take_releasable() else {
+            return;
+        };
+        match released {
+            Released::Request(request) => {
+                dispatch(shared, replies, running, mailbox, ticket, request)
+            }
+            Released::Fallback(call) => running.push(
+                async move { (ticket, stock_reply(shared.service.fallback(call).await)) }.boxed(),
+            ),
+        }
+    }
+}
+
 /// A call's answer (or why there is none) made its reply: at once when the
-/// answer settles it, or through a fallback future.
+/// answer settles it, or through a fallback future (held until the earlier
+/// requests of its SKU are done: the slow path is not the pipe's order).
 fn settle<'a>(
     shared: &'a Shared,
     replies: &mut Replies,
-    running: &mut FuturesUnordered<BoxFuture<'a, (u64, Reply)>>,
+    running: &mut Running<'a>,
     ticket: u64,
     call: StockCall,
     answer: Result<Answer, PipeError>,
 ) {
+    if call.reads_first() && answer.is_ok() && replies.fallback_must_wait(ticket) {
+        // An earlier request of this SKU was not done when this read ran,
+        // and takes effect after it (its script through the slow path): an
+        // answer from the read would come before that effect. The script
+        // answers instead, after it.
+        let call = shared.service.script_instead(call);
+        replies.hold_fallback(ticket, call);
+        return;
+    }
     match shared.service.conclude(call, answer) {
         Concluded::Answered(result) => replies.answer(ticket, stock_reply(result)),
-        Concluded::Fallback(call) => running.push(
-            async move { (ticket, stock_reply(shared.service.fallback(call).await)) }.boxed(),
-        ),
+        Concluded::Fallback(call) => {
+            if replies.fallback_must_wait(ticket) {
+                replies.hold_fallback(ticket, call);
+            } else {
+                running.push(
+                    async move { (ticket, stock_reply(shared.service.fallback(call).await)) }
+                        .boxed(),
+                );
+            }
+        }
     }
 }
 
@@ -341,6 +424,12 @@ fn stock_reply(result: StockResult) -> Reply {
 
 /// The replies a connection owes, in request order. Each request gets the
 /// next ticket; a reply is written once every reply before it is.
+///
+/// It also keeps the order in which requests take effect: a stock request
+/// is sent only when no unfinished request before it touches what it
+/// touches ([`Touches`]), unless both are script calls on one SKU's node
+/// pipe, which keeps them in order itself. Requests on different SKUs go
+/// at once, so a pipeline over many SKUs loses nothing.
 #[derive(Default)]
 struct Replies {
     slots: VecDeque<Slot>,
@@ -348,6 +437,11 @@ struct Replies {
     first: u64,
     /// Slots whose call is with a node pipe.
     sent: usize,
+    /// Stock slots not answered yet: while none is, nothing can hold a
+    /// new request back, and no slot is looked at.
+    open: usize,
+    /// Slots held back (a request not sent yet, or a fallback not run yet).
+    held: usize,
 }
 
 /// One request's place in the reply order, and the protocol its reply is
@@ -356,6 +450,8 @@ struct Replies {
 struct Slot {
     protocol: Protocol,
     state: SlotState,
+    /// What a stock request touches in Redis; `None` for the rest.
+    touches: Option<Touches>,
 }
 
 enum SlotState {
@@ -364,6 +460,58 @@ enum SlotState {
     Sent(StockCall),
     /// Running as a future, or being settled.
     Pending,
+    /// Not sent yet: an unfinished request before it touches the same.
+    Held(Request),
+    /// Its answer calls for the slow path, which waits for the unfinished
+    /// requests before it on its SKU.
+    HeldFallback(StockCall),
+}
+
+/// What [`Replies::take_releasable`] hands back to be sent.
+enum Released {
+    Request(Request),
+    Fallback(StockCall),
+}
+
+impl Slot {
+    fn is_open(&self) -> bool {
+        self.touches.is_some() && !matches!(self.state, SlotState::Ready(_))
+    }
+
+    /// How the call of this slot is with its node pipe, if it is.
+    fn with_pipe(&self) -> Option<Sending> {
+        match &self.state {
+            SlotState::Sent(call) if call.reads_first() => Some(Sending::ReadFirst),
+            SlotState::Sent(_) => Some(Sending::Script),
+            _ => None,
+        }
+    }
+}
+
+/// How a stock request goes to Redis, for [`Replies::must_wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sending {
+    /// A script call on its SKU's node pipe: in the pipe's order behind
+    /// the calls of that SKU sent before it.
+    Script,
+    /// A read of its SKU's keys on the node pipe, then perhaps its script
+    /// through the slow path ([`crate::stock::sold_out`]). Behind other
+    /// reads it needs no wait: a read changes nothing, and a read whose
+    /// answer would come before an earlier request's effect is sent on to
+    /// the script instead, after it ([`settle`]).
+    ReadFirst,
+    /// A path of its own (the redis crate), or a slow-path resend.
+    Alone,
+}
+
+impl Sending {
+    fn of(touches: &Touches, reads_first: impl FnOnce() -> bool) -> Sending {
+        match touches {
+            Touches::Piped(_) if reads_first() => Sending::ReadFirst,
+            Touches::Piped(_) => Sending::Script,
+            Touches::Sku(_) | Touches::All => Sending::Alone,
+        }
+    }
 }
 
 impl Replies {
@@ -384,27 +532,120 @@ impl Replies {
         self.slots.push_back(Slot {
             protocol,
             state: SlotState::Ready(reply),
+            touches: None,
         });
     }
 
-    fn push_sent(&mut self, call: StockCall, protocol: Protocol) {
-        self.sent += 1;
-        self.slots.push_back(Slot {
-            protocol,
-            state: SlotState::Sent(call),
-        });
-    }
-
-    fn push_pending(&mut self, protocol: Protocol) {
+    /// A stock request about to be sent ([`Replies::sent`] or
+    /// [`Replies::answer`] follows).
+    fn push_stock(&mut self, protocol: Protocol, touches: Touches) {
+        self.open += 1;
         self.slots.push_back(Slot {
             protocol,
             state: SlotState::Pending,
+            touches: Some(touches),
         });
     }
 
-    fn slot(&mut self, ticket: u64) -> Option<&mut Slot> {
+    /// A stock request held back until what it must follow is done.
+    fn push_held(&mut self, protocol: Protocol, touches: Touches, request: Request) {
+        self.open += 1;
+        self.held += 1;
+        self.slots.push_back(Slot {
+            protocol,
+            state: SlotState::Held(request),
+            touches: Some(touches),
+        });
+    }
+
+    /// Whether a request at `index` touching `touches`, sent `how`, must
+    /// wait for an unfinished request before it.
+    fn must_wait(&self, index: usize, touches: &Touches, how: Sending) -> bool {
+        if self.open == 0 {
+            return false;
+        }
+        self.slots.iter().take(index).any(|earlier| {
+            let Some(theirs) = &earlier.touches else {
+                return false;
+            };
+            if !earlier.is_open() {
+                return false;
+            }
+            match (theirs, touches) {
+                (Touches::All, _) | (_, Touches::All) => true,
+                (Touches::Piped(a) | Touches::Sku(a), Touches::Piped(b) | Touches::Sku(b)) => {
+                    a == b
+                        && !matches!(
+                            (earlier.with_pipe(), how),
+                            (Some(Sending::Script), Sending::Script | Sending::ReadFirst)
+                                | (Some(Sending::ReadFirst), Sending::ReadFirst)
+                        )
+                }
+            }
+        })
+    }
+
+    /// Whether the fallback of `ticket` must wait for an unfinished request
+    /// before it on its SKU.
+    fn fallback_must_wait(&self, ticket: u64) -> bool {
+        let Some(index) = self.index(ticket) else {
+            return false;
+        };
+        match &self.slots[index].touches {
+            Some(touches) => self.must_wait(index, touches, Sending::Alone),
+            None => false,
+        }
+    }
+
+    fn hold_fallback(&mut self, ticket: u64, call: StockCall) {
+        if let Some(slot) = self.slot(ticket) {
+            slot.state = SlotState::HeldFallback(call);
+            self.held += 1;
+        }
+    }
+
+    /// The first held slot nothing holds back any more, taken out to be
+    /// sent (its slot pending meanwhile).
+    fn take_releasable(&mut self) -> Option<(u64, Released)> {
+        let index = (0..self.slots.len()).find(|&i| {
+            let slot = &self.slots[i];
+            // A held request is let go as a script call at most: whether it
+            // reads first is known once it is checked, and a read let go
+            // behind an unfinished read is answered by the script anyway.
+            let how = match (&slot.state, &slot.touches) {
+                (SlotState::Held(_), Some(Touches::Piped(_))) => Sending::Script,
+                (SlotState::Held(_) | SlotState::HeldFallback(_), _) => Sending::Alone,
+                _ => return false,
+            };
+            let touches = slot.touches.as_ref().expect("held slots are stock");
+            !self.must_wait(i, touches, how)
+        })?;
+        let slot = &mut self.slots[index];
+        let released = match std::mem::replace(&mut slot.state, SlotState::Pending) {
+            SlotState::Held(request) => Released::Request(request),
+            SlotState::HeldFallback(call) => Released::Fallback(call),
+            _ => unreachable!("found held just above"),
+        };
+        self.held -= 1;
+        Some((self.first + index as u64, released))
+    }
+
+    fn index(&self, ticket: u64) -> Option<usize> {
         let index = usize::try_from(ticket.checked_sub(self.first)?).ok()?;
+        (index < self.slots.len()).then_some(index)
+    }
+
+    fn slot(&mut self, ticket: u64) -> Option<&mut Slot> {
+        let index = self.index(ticket)?;
         self.slots.get_mut(index)
+    }
+
+    /// The call of `ticket` is with its node pipe now.
+    fn sent(&mut self, ticket: u64, call: StockCall) {
+        if let Some(slot) = self.slot(ticket) {
+            slot.state = SlotState::Sent(call);
+            self.sent += 1;
+        }
     }
 
     /// The call of `ticket`, if it is still with a pipe (not answered by
@@ -436,8 +677,18 @@ impl Replies {
     }
 
     fn answer(&mut self, ticket: u64, reply: Reply) {
-        if let Some(slot) = self.slot(ticket) {
-            slot.state = SlotState::Ready(reply);
+        let Some(index) = self.index(ticket) else {
+            return;
+        };
+        let slot = &mut self.slots[index];
+        let was_open = slot.is_open();
+        let was_sent = matches!(slot.state, SlotState::Sent(_));
+        slot.state = SlotState::Ready(reply);
+        if was_sent {
+            self.sent -= 1;
+        }
+        if was_open {
+            self.open -= 1;
         }
     }
 
@@ -451,6 +702,7 @@ impl Replies {
             let Some(Slot {
                 protocol,
                 state: SlotState::Ready(reply),
+                ..
             }) = self.slots.pop_front()
             else {
                 unreachable!("the front slot is ready")

@@ -68,6 +68,42 @@ pub enum StockCommand {
     Status,
 }
 
+/// What a stock command touches in Redis, for the order of one client
+/// connection's requests ([`crate::connection`]): commands on different
+/// SKUs commute, so only those that share a SKU (or span several) must
+/// take effect in the order sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Touches {
+    /// One SKU's keys (its name as sent), by a script call that its node
+    /// pipe keeps in order behind the earlier ones of that SKU.
+    Piped(Bytes),
+    /// One SKU's keys, by a path of its own (the redis crate).
+    Sku(Bytes),
+    /// Several SKUs, or an order's intent: ordered with everything.
+    All,
+}
+
+impl StockCommand {
+    /// What `self` with `args` (after the name, arity checked) touches.
+    pub fn touches(self, args: &[Bytes]) -> Touches {
+        let sku = || args.first().cloned().unwrap_or_default();
+        match self {
+            StockCommand::Deduct
+            | StockCommand::Revert
+            | StockCommand::Hold
+            | StockCommand::Confirm => Touches::Piped(sku()),
+            StockCommand::Get | StockCommand::Set | StockCommand::Add | StockCommand::Status => {
+                Touches::Sku(sku())
+            }
+            StockCommand::Order
+            | StockCommand::OrderHold
+            | StockCommand::OrderConfirm
+            | StockCommand::OrderRevert
+            | StockCommand::OrderStatus => Touches::All,
+        }
+    }
+}
+
 /// Who sent a request: for the audit log of operators' changes. Empty for
 /// the commands that don't log it.
 #[derive(Debug, Clone, Default)]
@@ -208,6 +244,13 @@ impl StockCall {
     /// When the call's answer is owed at the latest.
     pub fn deadline(&self) -> tokio::time::Instant {
         self.deadline
+    }
+
+    /// A DEDUCT that reads its SKU's keys first ([`sold_out`]): its script,
+    /// if the read calls for it, runs later through the slow path, so the
+    /// node pipe alone does not keep it in order.
+    pub fn reads_first(&self) -> bool {
+        self.read_first
     }
 
     fn entry(&self) -> AccessEntry<'_> {
@@ -691,6 +734,32 @@ impl StockService {
                 Concluded::Fallback(call)
             }
         }
+    }
+
+    /// Whether a DEDUCT with `args` (after the name) would read its SKU's
+    /// keys first now ([`sold_out`]); false for anything else.
+    pub fn would_read_first(&self, command: StockCommand, args: &[Bytes]) -> bool {
+        let (StockCommand::Deduct, Some(memory), [sku, qty, ..]) = (command, &self.sold_out, args)
+        else {
+            return false;
+        };
+        std::str::from_utf8(qty)
+            .ok()
+            .and_then(|q| q.parse::<u64>().ok())
+            .is_some_and(|qty| memory.wants_read(sku, qty))
+    }
+
+    /// A read-first DEDUCT whose read's answer can't stand (an earlier
+    /// request of its connection on its SKU takes effect after the read:
+    /// [`crate::connection`]): its script runs instead, through the slow
+    /// path, once that request is done. Counted as a read sent on to the
+    /// script.
+    pub fn script_instead(&self, mut call: StockCall) -> StockCall {
+        if call.read_first {
+            self.metrics.record_sold_out_read(false);
+            call.read_first = false;
+        }
+        call
     }
 
     /// The slow path of a call: the redis crate, within what is left of its
