@@ -12,6 +12,8 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 #![allow(unused_imports, unused_macros)] // likewise for `matrix!`
 
+pub mod history;
+
 use redis::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -510,4 +512,9 @@ pub fn wait_ready_http(admin_port: u16) {
 /// The built stockgate binary.
 pub fn stockgate_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_stockgate"))
+}
+
+/// A path in this repository, from its root.
+pub fn repo_path(relative: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }

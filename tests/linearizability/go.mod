@@ -1,0 +1,5 @@
+module example.com/stockgate-linearizability
+
+go 1.26.0
+
+require github.com/anishathalye/porcupine v1.3.1
