@@ -11,8 +11,9 @@ orders in flight, never with the keyspace.
 
 KEYS[1]  orders  <prefix>:{<shard tag>}:orders   sorted set: request_id by when to look
 ARGV[1]  op
-  mark <id> <after_ms>   files the order at now + after_ms (a new mark
-                         replaces an older one); replies the score
+  mark <id> <after_ms>   files the order at now + after_ms, and after any
+                         filing of it before (a new mark replaces an older
+                         one); replies the score
   done <id> <score>      takes it out if it is still filed at <score>
                          (an attempt since has filed it again: it stays)
   later <id> <score> <after_ms>
@@ -26,7 +27,10 @@ Error replies: BADCALL for anything else.
 
 local key, op = KEYS[1], ARGV[1]
 if op == 'mark' then
-  local at = now_ms() + (positive_int(ARGV[3]) or 0)
+  -- After any filing before it, even within one millisecond: a `done` of
+  -- an earlier filing must not take this one out.
+  local before = tonumber(redis.call('ZSCORE', key, ARGV[2]) or '0')
+  local at = math.max(now_ms() + (positive_int(ARGV[3]) or 0), before + 1)
   redis.call('ZADD', key, at, ARGV[2])
   return at
 end

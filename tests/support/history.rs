@@ -250,7 +250,7 @@ impl History {
     /// Asks porcupine. The history and, when illegal, the visualization go
     /// to `target/linearizability/<name>.*`.
     pub fn check(&self, name: &str) -> Verdict {
-        let dir = crate::support::repo_path("target/linearizability");
+        let dir = crate::support::in_repo("target/linearizability");
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join(format!("{name}.json"));
         std::fs::write(&file, self.to_json()).unwrap();
@@ -298,12 +298,12 @@ fn checker() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         const HINT: &str = "the linearizability checker needs Go 1.26+ on PATH: install the official release in /usr/local/go, or run any Go 1.21+ with GOTOOLCHAIN=go1.26.8";
-        let output = crate::support::repo_path("target/linearizability/checker");
+        let output = crate::support::in_repo("target/linearizability/checker");
         let out = Command::new("go")
             .args(["build", "-mod=readonly", "-buildvcs=false", "-o"])
             .arg(&output)
             .arg(".")
-            .current_dir(crate::support::repo_path("tests/linearizability"))
+            .current_dir(crate::support::in_repo("tests/linearizability"))
             .env("GOWORK", "off")
             .output()
             .unwrap_or_else(|e| panic!("cannot run go ({e}): {HINT}"));

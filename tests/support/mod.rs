@@ -515,6 +515,6 @@ pub fn stockgate_bin() -> &'static Path {
 }
 
 /// A path in this repository, from its root.
-pub fn repo_path(relative: &str) -> std::path::PathBuf {
+pub fn in_repo(relative: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
