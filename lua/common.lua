@@ -127,9 +127,17 @@ end
 -- a reply writes its record again, unchanged and with the same absolute
 -- expiry: the replication stream carries it after the original write, and
 -- the WAIT that follows covers both. A no-op for the data; off without
--- --wait-replicas.
-local function replicate_again(flag, key, raw)
+-- --wait-replicas. The record is read here, as it is now, not passed in as
+-- the call first read it: the call may have changed it since (a late call
+-- on a hold that ran out gives back the SKU's holds that ran out, its own
+-- among them, before it answers), and writing what it read then would
+-- undo that.
+local function replicate_again(flag, key)
   if flag ~= '1' then
+    return
+  end
+  local raw = redis.call('GET', key)
+  if not raw then
     return
   end
   local at = redis.call('PEXPIRETIME', key)

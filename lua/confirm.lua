@@ -99,19 +99,19 @@ end
 local state = record.state
 if state == 'X' then
   if own == 0 then
-    replicate_again(replicate, record_key, raw)
+    replicate_again(replicate, record_key)
   end
   return answer(5, stock, record.order_no, '', record.expires, released)
 end
 if state == 'R' or state == 'V' then
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   return answer(4, stock, '', '', 0, released)
 end
 if state == 'D' then
   return answer(3, stock, '', 'request_id was used by a DEDUCT, which needs no CONFIRM', 0, released)
 end
 if state == 'C' then
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   if record.nonce == nonce then
     -- This very call, sent again: it confirmed the first time.
     return answer(0, stock, record.order_no, '', record.expires, released,

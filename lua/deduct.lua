@@ -114,7 +114,7 @@ end
 -- Idempotency: a known request_id never deducts again.
 if record then
   if record.state == 'R' or record.state == 'V' then
-    replicate_again(replicate, record_key, raw)
+    replicate_again(replicate, record_key)
     return answer(4, stock, '', '', 0, released)
   end
   if record.state ~= 'D' then
@@ -123,7 +123,7 @@ if record then
   if record.qty ~= qty_arg then
     return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
   end
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   if record.nonce == nonce then
     -- This very call, sent again: it deducted the first time.
     return answer(0, stock, record.order_no, '', 0, released)

@@ -182,14 +182,14 @@ for i = 1, n do
       end
       if record then
         if record.state == 'R' or record.state == 'V' then
-          replicate_again(replicate, record_key, raw)
+          replicate_again(replicate, record_key)
           reply = answer(4, stock, '', '', 0, released)
         elseif record.state ~= 'D' then
           reply = answer(3, stock, '', 'request_id holds units on this sku (HOLD); CONFIRM or REVERT it', 0, released)
         elseif record.qty ~= qty_arg then
           reply = answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
         else
-          replicate_again(replicate, record_key, raw)
+          replicate_again(replicate, record_key)
           -- A nonce of its own: this very call, sent again, deducted the
           -- first time (only a resend through the slow path can be).
           reply = answer(record.nonce == nonce and 0 or 1, stock, record.order_no, '', 0, released)

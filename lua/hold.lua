@@ -115,7 +115,7 @@ if record then
   end
   local state = record.state
   if state == 'R' or state == 'V' then
-    replicate_again(replicate, record_key, raw)
+    replicate_again(replicate, record_key)
     return answer(4, stock, '', '', 0, released)
   end
   if state == 'D' then
@@ -123,7 +123,7 @@ if record then
   end
   if state == 'X' then
     if own == 0 then
-      replicate_again(replicate, record_key, raw)
+      replicate_again(replicate, record_key)
     end
     return answer(5, stock, record.order_no, '', record.expires, released)
   end
@@ -131,7 +131,7 @@ if record then
   if record.qty ~= qty_arg then
     return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
   end
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   if record.nonce == nonce and state == 'H' then
     -- This very call, sent again: it held the first time.
     return answer(0, stock, record.order_no, '', record.expires, released, 0, 'placed')

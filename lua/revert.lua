@@ -129,19 +129,19 @@ if record.state == 'H' then
   end
 end
 if record.state == 'R' then
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   local code = record.nonce == nonce and 0 or 1
   return answer(code, stock, record.order_no, '', 0, released)
 end
 if record.state == 'V' then
-  replicate_again(replicate, record_key, raw)
+  replicate_again(replicate, record_key)
   local code = record.nonce == nonce and 4 or 1
   return answer(code, stock, '', '', 0, released)
 end
 if record.state == 'X' then
   -- The hold ran out: its units went back to stock then.
   if own == 0 then
-    replicate_again(replicate, record_key, raw)
+    replicate_again(replicate, record_key)
   end
   return answer(1, stock, record.order_no, '', record.expires, released)
 end

@@ -68,7 +68,7 @@ if raw then
   if op.kind ~= 'A' or op.amount ~= delta_arg then
     return {3, stock or -1, '', VERSION, 'op_id was already used for another change on this sku'}
   end
-  replicate_again(ARGV[4], op_key, raw)
+  replicate_again(ARGV[4], op_key)
   return {op.nonce == nonce and 0 or 1, stock or 0, '', VERSION}
 end
 

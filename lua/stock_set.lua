@@ -57,7 +57,7 @@ if raw then
   if op.kind ~= 'S' or op.amount ~= qty_arg then
     return {3, shown, '', VERSION, 'op_id was already used for another change on this sku'}
   end
-  replicate_again(ARGV[4], op_key, raw)
+  replicate_again(ARGV[4], op_key)
   return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
 end
 

@@ -213,3 +213,76 @@ async fn a_reply_about_an_earlier_write_waits_for_that_write(kind: ServerKind) {
     assert_eq!(summary(&on_primary), "D:3:", "{kind}");
     assert_eq!(get_stock(&cluster, "twice"), Some(7));
 }
+
+/// A hold that ran out, met by its own late CONFIRM, HOLD or REVERT under
+/// `--wait-replicas`: the call's first step gives back the SKU's holds
+/// that ran out, its own among them (EXPIRED, units back, out of the
+/// holds set), and it then answers as for an EXPIRED record. Such an
+/// answer writes its record again for the replica (`replicate_again`,
+/// lua/common.lua), and that must write the record as it is now: it once
+/// wrote the one the call had read before the release, so the record was
+/// HELD again (with the retry window's TTL), though its units were back
+/// in stock and nothing listed it in the holds set; a later REVERT then
+/// gave the same units back a second time. Found by the fault checker
+/// (the killed primary with STOCKGATE_FAULT_WAIT=1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_call_on_a_hold_that_ran_out_keeps_it_given_back_under_wait_replicas() {
+    let cluster =
+        LocalCluster::start(1, 1, &RedisOptions::default()).expect("a primary and a replica");
+    let skus = ["late-confirm", "late-hold", "late-revert"];
+    for sku in skus {
+        set_stock(&cluster, sku, 100);
+    }
+    // No sweeper: only the late call itself gives each hold back.
+    let server = proxy(cluster.seeds(), |c| {
+        c.sweeper = false;
+        c.upstream.durability = Some(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(500),
+        });
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    for sku in skus {
+        let reply = parse_hold(hold(&mut conn, sku, "3", "h1", "1000", None).await.unwrap());
+        assert_eq!((reply.code, reply.remain), (0, 97), "{sku}");
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    let late = [
+        parse_hold(confirm(&mut conn, skus[0], "h1").await.unwrap()).code,
+        parse_hold(
+            hold(&mut conn, skus[1], "3", "h1", "1000", None)
+                .await
+                .unwrap(),
+        )
+        .code,
+        parse(revert(&mut conn, skus[2], "h1").await.unwrap()).code,
+    ];
+    assert_eq!(late, [5, 5, 1], "each hold ran out");
+    let mut primary = cluster.nodes[0].connection().unwrap();
+    for sku in skus {
+        let record = record_key(sku, "h1");
+        let raw: String = redis::cmd("GET").arg(&record).query(&mut primary).unwrap();
+        let pttl: i64 = redis::cmd("PTTL").arg(&record).query(&mut primary).unwrap();
+        assert_eq!(summary(&raw), "X:3:", "{sku}: {raw}");
+        assert!(pttl > 0, "{sku}: an EXPIRED record has a TTL, {pttl}");
+        let mut stock = stock_key(sku);
+        let holds: i64 = redis::cmd("ZCARD")
+            .arg([&stock[..], b":holds"].concat())
+            .query(&mut primary)
+            .unwrap();
+        stock.extend_from_slice(b":held");
+        let held: Option<i64> = redis::cmd("GET").arg(&stock).query(&mut primary).unwrap();
+        assert_eq!((holds, held), (0, None), "{sku}: nothing on hold");
+        assert_eq!(
+            get_stock(&cluster, sku),
+            Some(100),
+            "{sku}: the units back once"
+        );
+        // And a REVERT now gives nothing back again.
+        let reply = parse(revert(&mut conn, sku, "h1").await.unwrap());
+        assert_eq!((reply.code, reply.remain), (1, 100), "{sku}");
+        assert_eq!(get_stock(&cluster, sku), Some(100), "{sku}");
+    }
+}

@@ -1,14 +1,15 @@
 //! The checker itself, on each server of the upstream matrix: a load with
-//! no fault (holds and orders among its chains) must audit green with nothing but
-//! business codes, and violations planted behind stockgate's back must
-//! each be found.
+//! no fault (holds and orders among its chains, some of the orders with a
+//! caller that never retries) must audit green with nothing but business
+//! codes, and violations planted behind stockgate's back must each be
+//! found.
 //!
 //! The audit reads the servers directly (SCAN on every primary, GET, PTTL,
 //! CLUSTER NODES for slot ownership), so this is what shows that it reads
 //! Valkey as faithfully as Redis: a checker that read nothing would pass
 //! every fault test.
 
-use crate::checker::{Op, Outcome, Policy, Workload};
+use crate::checker::{Attempt, Left, Op, Outcome, Policy, Workload};
 use crate::harness::*;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     // Long enough for short holds (1–3 s) to run out, and for CONFIRMs
     // sent around their expiry to come back 5.
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    let history = running.stop().await;
+    let mut history = running.stop().await;
     server.stop_now();
 
     let audit = history.audit(&cluster, Policy::default());
@@ -59,7 +60,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         audit.summary()
     );
 
-    // Six violations behind stockgate's back, one of each kind the audit
+    // Seven violations behind stockgate's back, one of each kind the audit
     // reads from the servers.
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("DECRBY")
@@ -80,9 +81,12 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .iter()
         .find(|a| a.op == Op::Deduct && matches!(a.outcome, Outcome::Code { code: 0, .. }))
         .expect("a DEDUCT answered 0");
-    let (sku, id) = (history.sku_name(applied.sku), &*applied.id);
+    let (sku, id) = (
+        history.sku_name(applied.sku).to_owned(),
+        applied.id.to_string(),
+    );
     let persisted: i64 = redis::cmd("PERSIST")
-        .arg(crate::support::record_key(sku, id))
+        .arg(crate::support::record_key(&sku, &id))
         .query(&mut conn)
         .expect("PERSIST");
     assert_eq!(persisted, 1, "the record of {sku} {id} had a TTL to remove");
@@ -100,12 +104,15 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
                 .all(|b| b.id != a.id || b.op == Op::Hold)
         })
         .expect("a long hold left alone");
-    let (held_sku, held_id) = (history.sku_name(placed.sku), &*placed.id);
-    let mut holds_key = crate::support::stock_key(held_sku);
+    let (held_sku, held_id) = (
+        history.sku_name(placed.sku).to_owned(),
+        placed.id.to_string(),
+    );
+    let mut holds_key = crate::support::stock_key(&held_sku);
     holds_key.extend_from_slice(b":holds");
     let removed: i64 = redis::cmd("ZREM")
         .arg(&holds_key)
-        .arg(held_id)
+        .arg(&held_id)
         .query(&mut conn)
         .expect("ZREM");
     assert_eq!(removed, 1, "{held_sku} {held_id} was in its holds set");
@@ -152,9 +159,100 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .query(&mut conn)
         .expect("PERSIST");
     assert_eq!(persisted, 1, "the intent of {} had a TTL", ordered.id);
+    let ordered_id = ordered.id.clone();
+
+    // Another ORDER applied and left alone, played as one whose caller
+    // never retried: its one attempt failed (so the history says), and
+    // its saga stopped half way through CONFIRMING, one line confirmed and
+    // the next still held, filed nowhere among the orders in flight, so
+    // no recovery will ever end it. The books still add up (a HELD line
+    // keeps its units out, as a CONFIRMED one does): only "ended on its
+    // own" is broken.
+    let (at, unfinished) = history
+        .attempts
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.op == Op::Order && a.id != ordered_id)
+        .filter(|(_, a)| matches!(a.outcome, Outcome::Code { code: 0, .. }))
+        .find(|(_, a)| {
+            history
+                .attempts
+                .iter()
+                .all(|b| b.id != a.id || b.op == Op::Order)
+        })
+        .map(|(at, a)| (at, a.clone()))
+        .expect("another ORDER applied and left alone");
+    history.attempts[at].outcome = Outcome::Fault {
+        word: "UPSTREAM".into(),
+        text: "no reply from redis within 1000 ms (planted)".into(),
+    };
+    history.left.push(Left {
+        op: Op::Order,
+        id: unfinished.id.clone(),
+        at: unfinished.ended(),
+    });
+    redis::cmd("HSET")
+        .arg(format!("stock:{{order:{}}}:intent", unfinished.id))
+        .arg("p")
+        .arg("CONFIRMING")
+        .query::<()>(&mut conn)
+        .expect("HSET the intent CONFIRMING");
+    redis::cmd("ZREM")
+        .arg(crate::checker::orders_in_flight_key(&unfinished.id))
+        .arg(&*unfinished.id)
+        .query::<()>(&mut conn)
+        .expect("ZREM from the orders in flight");
+    let (held_line, held_qty) = unfinished.lines[1];
+    let held_line = history.sku_name(held_line).to_owned();
+    let line_key = crate::support::record_key(&held_line, &format!("~ord:{}", unfinished.id));
+    let raw: String = redis::cmd("GET")
+        .arg(&line_key)
+        .query(&mut conn)
+        .expect("GET a line record");
+    let line = stockgate::record::Record::parse(&raw).expect("a line record");
+    assert_eq!(line.state, stockgate::record::State::Confirmed, "{raw}");
+    let (expires, _) = line.hold.expect("a line record has its hold's times");
+    redis::cmd("SET")
+        .arg(&line_key)
+        .arg(raw.replacen("3:C:", "3:H:", 1))
+        .query::<()>(&mut conn)
+        .expect("SET the line HELD, without a TTL");
+    let mut stock = crate::support::stock_key(&held_line);
+    redis::cmd("ZADD")
+        .arg([&stock[..], b":holds"].concat())
+        .arg(expires)
+        .arg(format!("~ord:{}", unfinished.id))
+        .query::<()>(&mut conn)
+        .expect("ZADD the line to its holds set");
+    stock.extend_from_slice(b":held");
+    redis::cmd("INCRBY")
+        .arg(stock)
+        .arg(held_qty)
+        .query::<()>(&mut conn)
+        .expect("INCRBY the held counter");
+    // And, not a violation: an ORDER whose one attempt failed before it
+    // began (its filing among the orders in flight failed, say), left by
+    // its caller. No intent, no line: it ended as nothing.
+    let never_begun = Attempt {
+        id: format!("{name}-never-begun").into(),
+        started: std::time::Instant::now(),
+        took: Duration::from_millis(1),
+        retry: 0,
+        outcome: history.attempts[at].outcome.clone(),
+        ..unfinished.clone()
+    };
+    history.left.push(Left {
+        op: Op::Order,
+        id: never_begun.id.clone(),
+        at: never_begun.ended(),
+    });
+    history.attempts.push(never_begun);
 
     let audit = history.audit(&cluster, Policy::default());
-    eprintln!("{} (after planting six)", audit.summary());
+    eprintln!("{} (after planting seven)", audit.summary());
+    for found in &audit.violations {
+        eprintln!("[{name}]   found: {found}");
+    }
     let expected = [
         format!("{}: conservation broken", skus[0]),
         format!(
@@ -163,8 +261,9 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         ),
         format!("{sku} {id}: record without a TTL"),
         format!("{held_sku} {held_id}: HELD, but not in the holds set"),
-        format!("order {}: half applied", ordered.id),
-        format!("order {}: intent without a TTL", ordered.id),
+        format!("order {ordered_id}: half applied"),
+        format!("order {ordered_id}: intent without a TTL"),
+        format!("order {}: unfinished", unfinished.id),
     ];
     for want in &expected {
         assert!(

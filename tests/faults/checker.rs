@@ -34,6 +34,13 @@
 //! business code. After [`Load::stop`], steps still retrying get
 //! [`Workload::settle_within`] more to settle.
 //!
+//! But with [`Workload::unretried_pct`], some order chains have a caller
+//! that never retries: when one of their ORDER, ORDER.HOLD, ORDER.CONFIRM
+//! or ORDER.REVERT attempts ends in an error (an `UPSTREAM` or `BADREPLY`
+//! reply, a client timeout), the chain stops there. It never sends that
+//! order again, nor any step after it, and the order is *left after an
+//! error* ([`Left`]): stockgate alone must end it.
+//!
 //! Stock is seeded far above what the load can take and every parameter
 //! is valid, so codes 2 (insufficient) and 3 (invalid) can only mean a fault
 //! leaked through as a business answer.
@@ -76,6 +83,16 @@
 //!   sent; and the order's last answer agrees (0/1 → applied unless
 //!   ORDER.REVERTed after; 2, 4, 5 → none), each code explained by the
 //!   steps before it.
+//! - **Orders end on their own**: an order left after an error had an
+//!   attempt whose outcome is unknown, so it may have ended applied or
+//!   not, but it must have ended, with no caller: once stockgate's
+//!   recovery had its time (the audit waits for it, [`History::audit`]),
+//!   its intent rests in a final phase (DONE, ABORTED, REVERTED, REVOKED,
+//!   or HELD for an ORDER.HOLD, its lines held until they run out), its
+//!   lines agree with it, and the books are exact; or it has no intent at
+//!   all (its first command failed before the begin), and then no line
+//!   holds or took units. An intent still HOLDING, CONFIRMING, ABORTING or
+//!   REVERTING is a violation whatever the policy.
 //! - No record exists that the load did not cause, and none lives on a node
 //!   that does not own its slot.
 //!
@@ -100,6 +117,8 @@ pub struct Workload {
     /// Every sku's stock before the load: far above what it can deduct.
     pub initial_stock: i64,
     pub clients: usize,
+    /// stockgate's `--timeout`: how long recovery may take follows from it.
+    pub timeout: Duration,
     /// The client's response timeout: above stockgate's `--timeout`, so
     /// stockgate always answers first; a timeout here is a hang.
     pub client_timeout: Duration,
@@ -127,6 +146,9 @@ pub struct Workload {
     pub order_pct: u64,
     /// Of the orders: ORDER.HOLDs (most short, 1–3 s) rather than ORDERs.
     pub order_hold_pct: u64,
+    /// Of the order chains: those whose caller never retries, so that an
+    /// error leaves the order to stockgate's recovery (module doc).
+    pub unretried_pct: u64,
     pub seed: u64,
 }
 
@@ -148,6 +170,7 @@ impl Workload {
             skus,
             initial_stock: 1_000_000_000,
             clients: 24,
+            timeout,
             client_timeout: crate::harness::no_hang_bound(timeout),
             settle_within: Duration::from_secs(30),
             think: Duration::from_millis(4),
@@ -162,6 +185,7 @@ impl Workload {
             long_hold: Duration::from_secs(600),
             order_pct: 0,
             order_hold_pct: 35,
+            unretried_pct: 0,
             seed,
         }
     }
@@ -175,11 +199,30 @@ impl Workload {
     }
 
     /// The mix with orders: a fifth of the chains are ORDERs or
-    /// ORDER.HOLDs of 2–4 lines over distinct skus. Off by default, as
-    /// holds are.
+    /// ORDER.HOLDs of 2–4 lines over distinct skus, half of them with a
+    /// caller that never retries. Off by default, as holds are.
     pub fn with_orders(mut self) -> Workload {
         self.order_pct = 20;
+        self.unretried_pct = 50;
         self
+    }
+
+    /// stockgate's `recover_after` (src/stock/order/recovery.rs): how long
+    /// after an order's last command recovery takes it for left behind,
+    /// its saga's budget of 4 x `--timeout` and a margin of 5 s.
+    pub fn recover_after(&self) -> Duration {
+        self.timeout * 4 + Duration::from_secs(5)
+    }
+
+    /// How much longer than [`Workload::recover_after`] after an order's
+    /// last command, or than the fault's healing if that is later,
+    /// recovery may take to end it: a sweep pass, a few recoveries that
+    /// failed while a fault lasted, and the sweep lease's handover in case
+    /// the stockgate that filed the order died. Generous: it bounds a wait
+    /// for a state that may never come.
+    pub fn recovery_slack(&self) -> Duration {
+        use stockgate::stock::{order::recovery::RETRY_AFTER, sweeper};
+        sweeper::PASS_EVERY + RETRY_AFTER * 3 + sweeper::LEASE + sweeper::TRY_EVERY
     }
 
     /// Seeds every sku's stock in the cluster.
@@ -208,7 +251,10 @@ impl Workload {
                 give_up: give_up.clone(),
                 attempts: Vec::new(),
                 unsettled: Vec::new(),
+                left: Vec::new(),
                 later: Vec::new(),
+                once: false,
+                gave_up: false,
             };
             tasks.push(tokio::spawn(worker.run()));
         }
@@ -250,18 +296,22 @@ impl Load {
         self.stop.cancel();
         let mut attempts = Vec::new();
         let mut unsettled = Vec::new();
+        let mut left = Vec::new();
         for task in self.tasks {
             let log = task.await.expect("client task");
             attempts.extend(log.attempts);
             unsettled.extend(log.unsettled);
+            left.extend(log.left);
         }
         attempts.sort_by_key(|a| a.started);
+        left.sort_by_key(|l: &Left| l.at);
         History {
             workload: self.workload,
             started: self.started,
             started_unix_ms: self.started_unix_ms,
             attempts,
             unsettled,
+            left,
         }
     }
 }
@@ -392,9 +442,20 @@ pub struct Unsettled {
     pub id: Arc<str>,
 }
 
+/// An order its caller left after an error, never to send it again.
+#[derive(Debug, Clone)]
+pub struct Left {
+    /// The step whose attempt failed.
+    pub op: Op,
+    pub id: Arc<str>,
+    /// When that attempt ended.
+    pub at: Instant,
+}
+
 struct ClientLog {
     attempts: Vec<Attempt>,
     unsettled: Vec<Unsettled>,
+    left: Vec<Left>,
 }
 
 type Conn = redis::aio::MultiplexedConnection;
@@ -426,10 +487,15 @@ struct Client {
     give_up: Arc<std::sync::OnceLock<Instant>>,
     attempts: Vec<Attempt>,
     unsettled: Vec<Unsettled>,
+    left: Vec<Left>,
     /// The next steps of short holds, due at a random point around their
     /// expiry; taken before new chains. Those still waiting at the stop
     /// are never sent: their holds are left to expire.
     later: Vec<Later>,
+    /// The order chain under way never retries ([`Workload::unretried_pct`]).
+    once: bool,
+    /// ... and an error has ended it: none of its steps is sent any more.
+    gave_up: bool,
 }
 
 /// What a hold chain does after its HOLD.
@@ -448,6 +514,8 @@ struct Later {
     id: Arc<str>,
     qty: u32,
     lines: Lines,
+    /// The chain never retries.
+    once: bool,
 }
 
 impl Client {
@@ -458,6 +526,7 @@ impl Client {
             let now = Instant::now();
             if let Some(due) = self.later.iter().position(|l| l.at <= now) {
                 let l = self.later.swap_remove(due);
+                (self.once, self.gave_up) = (l.once, false);
                 match l.then {
                     Then::OrderConfirm => self.order_confirm(&l.id, &l.lines).await,
                     then => self.then(then, l.sku, &l.id, l.qty).await,
@@ -468,7 +537,9 @@ impl Client {
             let id: Arc<str> = format!("{}-c{}-{n}", self.workload.name, self.client).into();
             let sku = self.rng.below(self.workload.skus.len() as u64) as usize;
             let qty = 1 + self.rng.below(5) as u32;
+            (self.once, self.gave_up) = (false, false);
             if self.rng.pct(w.order_pct) {
+                self.once = self.rng.pct(w.unretried_pct);
                 self.order_chain(&id).await;
             } else if self.rng.pct(w.hold_pct) {
                 self.hold_chain(sku, &id, qty).await;
@@ -500,6 +571,7 @@ impl Client {
         ClientLog {
             attempts: self.attempts,
             unsettled: self.unsettled,
+            left: self.left,
         }
     }
 
@@ -539,6 +611,7 @@ impl Client {
                 id: id.clone(),
                 qty,
                 lines: Arc::new([]),
+                once: false,
             });
         } else {
             self.then(then, sku, id, qty).await;
@@ -603,7 +676,7 @@ impl Client {
             if self.rng.pct(w.duplicate_pct) {
                 self.order_step(Op::OrderHold, id, &lines, ttl).await;
             }
-            if !self.rng.pct(60) {
+            if !self.rng.pct(60) || self.gave_up {
                 return; // left to expire (or still held at the audit)
             }
             if short {
@@ -615,6 +688,7 @@ impl Client {
                     id: id.clone(),
                     qty: 0,
                     lines,
+                    once: self.once,
                 });
             } else {
                 self.order_confirm(id, &lines).await;
@@ -649,8 +723,12 @@ impl Client {
         }
     }
 
-    /// Sends one order step until it gets a business code.
+    /// Sends one order step until it gets a business code; or once, in a
+    /// chain that never retries, and none once an error ended that chain.
     async fn order_step(&mut self, op: Op, id: &Arc<str>, lines: &Lines, ttl_ms: u32) -> bool {
+        if self.gave_up {
+            return false;
+        }
         self.step_with(op, lines[0].0, id, 0, ttl_ms, lines).await
     }
 
@@ -694,10 +772,21 @@ impl Client {
             }
             if broken {
                 // A timed-out or failed multiplexed connection is not
-                // reused: the retry goes out on a new one.
+                // reused: the retry (or the next chain) goes out on a new
+                // one.
                 if let Some(conn) = try_connect(self.addr, self.workload.client_timeout).await {
                     self.conn = conn;
                 }
+            }
+            if self.once && op.is_order() {
+                // Its caller never retries: the order is stockgate's now.
+                self.gave_up = true;
+                self.left.push(Left {
+                    op,
+                    id: id.clone(),
+                    at: started + took,
+                });
+                return false;
             }
             if self.give_up.get().is_some_and(|at| Instant::now() > *at) {
                 break;
@@ -872,6 +961,9 @@ pub struct History {
     /// Every attempt, by start time.
     pub attempts: Vec<Attempt>,
     pub unsettled: Vec<Unsettled>,
+    /// The orders left after an error by callers that never retry, by
+    /// when.
+    pub left: Vec<Left>,
 }
 
 /// Latency figures of a set of attempts.
@@ -1006,12 +1098,105 @@ impl History {
     }
 
     /// Reads the final state from the cluster and checks every invariant.
+    /// First, if callers left orders after an error, waits for stockgate's
+    /// recovery to end them ([`History::await_recovery`]).
     pub fn audit(&self, cluster: &LocalCluster, policy: Policy) -> Audit {
         crate::harness::wait_stable(cluster);
+        let waited = self.await_recovery(cluster);
         let mut state = FinalState::read(cluster, &self.workload);
         state.read_intents(cluster, self);
+        state.recovery_waited = waited;
         audit(self, &state, policy)
     }
+
+    /// Polls the intents of the orders left after an error until none is
+    /// in flight (HOLDING, CONFIRMING, ABORTING, REVERTING) but those
+    /// filed nowhere among the orders in flight, which nothing will ever
+    /// end; or, at most, until [`Workload::recover_after`] past the last
+    /// one's error or now (the fault has healed by now), whichever is
+    /// later, and [`Workload::recovery_slack`] more. Whatever is left in
+    /// flight then is the audit's to report. How long it waited.
+    pub fn await_recovery(&self, cluster: &LocalCluster) -> Duration {
+        let started = Instant::now();
+        let mut ids: Vec<&str> = self.left.iter().map(|l| &*l.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let Some(last) = self.left.iter().map(|l| l.at).max() else {
+            return Duration::ZERO;
+        };
+        let w = &self.workload;
+        let deadline = (last + w.recover_after()).max(started) + w.recovery_slack();
+        let name = &w.name;
+        let mut at_first = None;
+        loop {
+            let mut waiting = Vec::new();
+            let mut stuck = Vec::new();
+            match cluster.cluster_connection() {
+                Ok(mut conn) => {
+                    for id in &ids {
+                        match order_whereabouts(&mut conn, id) {
+                            Some((phase, _)) if !in_flight(&phase) => {}
+                            Some((phase, true)) => waiting.push(format!("{id} {phase}")),
+                            Some((phase, false)) => stuck.push(format!("{id} {phase}")),
+                            None => waiting.push(format!("{id} (unreadable)")),
+                        }
+                    }
+                }
+                Err(e) => waiting.push(format!("(no cluster connection: {e})")),
+            }
+            let at_first = *at_first.get_or_insert(waiting.len() + stuck.len());
+            if waiting.is_empty() || Instant::now() >= deadline {
+                eprintln!(
+                    "[{name}] {} orders left after an error, {at_first} of them still in flight when the audit began; waited {} for recovery to end them; {} still in flight and filed: {waiting:?}; {} in flight and filed nowhere: {stuck:?}",
+                    ids.len(),
+                    crate::harness::ms(started.elapsed()),
+                    waiting.len(),
+                    stuck.len(),
+                );
+                return started.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// A phase an order never rests in: its saga, or recovery, is still to
+/// move it on.
+fn in_flight(phase: &str) -> bool {
+    matches!(phase, "HOLDING" | "CONFIRMING" | "ABORTING" | "REVERTING")
+}
+
+/// The shard of the orders in flight that files order `id`
+/// (`lua/order_due.lua`).
+pub fn orders_in_flight_key(id: &str) -> Vec<u8> {
+    let layout = crate::support::layout();
+    let id = stockgate::params::RequestId::parse(bytes::Bytes::copy_from_slice(id.as_bytes()))
+        .expect("the load's request_ids are valid");
+    layout.sweep_shards()[layout.order_shard_index(&id)]
+        .orders
+        .clone()
+}
+
+/// Where order `id` is: its intent's phase ("" without one) and whether
+/// it is filed among the orders in flight, in that order of reading: an
+/// order is taken out only once it rests, and filed again only by a
+/// command or by a recovery of it while filed, so one filed nowhere that
+/// is then read in flight was left so for good. None if unreadable.
+fn order_whereabouts(
+    conn: &mut redis::cluster::ClusterConnection,
+    id: &str,
+) -> Option<(String, bool)> {
+    let filed: Option<f64> = redis::cmd("ZSCORE")
+        .arg(orders_in_flight_key(id))
+        .arg(id)
+        .query(conn)
+        .ok()?;
+    let phase: Option<String> = redis::cmd("HGET")
+        .arg(format!("stock:{{order:{id}}}:intent"))
+        .arg("p")
+        .query(conn)
+        .ok()?;
+    Some((phase.unwrap_or_default(), filed.is_some()))
 }
 
 /// Conservation alone, for skus changed by requests the test did not
@@ -1082,6 +1267,12 @@ struct FinalState {
     /// request_id -> its order's intent record (fields p, k, l, e, c, ...),
     /// for the orders of the load.
     intents: HashMap<String, HashMap<String, String>>,
+    /// The orders left after an error that are still filed among the
+    /// orders in flight (`lua/order_due.lua`), so that recovery would
+    /// look at them again.
+    filed: std::collections::HashSet<String>,
+    /// How long the audit waited for recovery before reading.
+    recovery_waited: Duration,
     violations: Vec<String>,
 }
 
@@ -1131,6 +1322,8 @@ impl FinalState {
             held: HashMap::new(),
             now_ms: 0,
             intents: HashMap::new(),
+            filed: Default::default(),
+            recovery_waited: Duration::ZERO,
             violations: Vec::new(),
         };
         let pattern = format!("stock:{{{}-*", workload.name);
@@ -1261,6 +1454,16 @@ impl FinalState {
                         .push(format!("order {id}: intent without a TTL (PTTL {pttl})"));
                 }
                 self.intents.insert(id.to_owned(), fields);
+            }
+        }
+        for left in &history.left {
+            let filed: Option<f64> = redis::cmd("ZSCORE")
+                .arg(orders_in_flight_key(&left.id))
+                .arg(&*left.id)
+                .query(&mut conn)
+                .expect("ZSCORE an order in flight");
+            if filed.is_some() {
+                self.filed.insert(left.id.to_string());
             }
         }
     }
@@ -1477,6 +1680,11 @@ pub struct Audit {
     pub orders: usize,
     pub orders_applied: usize,
     pub orders_undone: usize,
+    /// Orders their callers left after an error, never retried; those
+    /// that ended applied, and those that ended with no line applied.
+    pub orders_left: usize,
+    pub left_applied: usize,
+    pub left_undone: usize,
     pub unsettled: usize,
     /// One error text per kind, for the report.
     pub samples: BTreeMap<String, String>,
@@ -1498,7 +1706,7 @@ impl Audit {
             .map(|(k, v)| format!("{}={v}", k.trim_start_matches("code ")))
             .collect();
         format!(
-            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} (held={} confirmed={}) holds expired={} due={} orders={} (applied={} undone={}) lost_acks={} violations={}",
+            "[{}] requests={} ids={} retries={} codes{{{}}} errors{{{}}} unsettled={} units deducted={} accounted={} recorded={} (held={} confirmed={}) holds expired={} due={} orders={} (applied={} undone={}) left after an error={} (applied={} undone={}) lost_acks={} violations={}",
             self.name,
             self.requests,
             self.ids,
@@ -1516,6 +1724,9 @@ impl Audit {
             self.orders,
             self.orders_applied,
             self.orders_undone,
+            self.orders_left,
+            self.left_applied,
+            self.left_undone,
             self.lost_acks,
             self.violations.len()
         )
@@ -1616,17 +1827,27 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
     let mut units_recorded_by_sku: HashMap<&str, i64> = HashMap::new();
     let (mut units_held, mut units_confirmed, mut holds_expired, mut holds_due) = (0, 0, 0, 0);
     let (mut orders, mut orders_applied, mut orders_undone) = (0, 0, 0);
+    let (mut orders_left, mut left_applied, mut left_undone) = (0, 0, 0);
     for (id, attempts) in &by_id {
         let sku = w.skus[attempts[0].sku].as_str();
         let qty = attempts[0].qty;
         let order = order_no(id);
         if attempts[0].op.is_order() {
-            let found = audit_order(history, state, id, attempts, policy, &mut violations);
+            let left = history.left.iter().find(|l| &*l.id == *id);
+            let found = audit_order(history, state, id, attempts, left, policy, &mut violations);
             orders += 1;
             match found.applied {
                 Some(true) => orders_applied += 1,
                 Some(false) => orders_undone += 1,
                 None => {}
+            }
+            if left.is_some() {
+                orders_left += 1;
+                match found.applied {
+                    Some(true) => left_applied += 1,
+                    Some(false) => left_undone += 1,
+                    None => {}
+                }
             }
             if found.lost {
                 lost_acks += 1;
@@ -1860,6 +2081,9 @@ fn audit(history: &History, state: &FinalState, policy: Policy) -> Audit {
         orders,
         orders_applied,
         orders_undone,
+        orders_left,
+        left_applied,
+        left_undone,
         unsettled: history.unsettled.len(),
         samples: history
             .attempts
@@ -2220,12 +2444,14 @@ fn lossy(policy: Policy, lost: &mut bool, violations: &mut Vec<String>, text: St
 }
 
 /// One order's replies, its intent record and its line records: all lines
-/// or none, agreeing with the replies.
+/// or none, agreeing with the replies; and, for one its caller `left`
+/// after an error, ended on its own.
 fn audit_order(
     history: &History,
     state: &FinalState,
     id: &str,
     attempts: &[&Attempt],
+    left: Option<&Left>,
     policy: Policy,
     violations: &mut Vec<String>,
 ) -> OrderAudit {
@@ -2324,7 +2550,26 @@ fn audit_order(
             ));
         }
     }
-    if applied.is_none() {
+    if let Some(left) = left
+        && os == Os::InFlight
+    {
+        // Nobody will retry it: whatever its lines say, it never ended.
+        let filed = if state.filed.contains(id) {
+            format!(
+                "still filed among the orders in flight after the audit waited {} for recovery",
+                crate::harness::ms(state.recovery_waited)
+            )
+        } else {
+            "filed nowhere among the orders in flight, so nothing will ever end it".to_owned()
+        };
+        violations.push(format!(
+            "order {id}: unfinished: its caller left it after an error ({:?} at {}) and it never ended on its own: intent {phase:?}, {filed}; lines {}{}",
+            left.op,
+            history.at(left.at),
+            shown.join(" "),
+            if applied.is_none() { " (not whole)" } else { "" },
+        ));
+    } else if applied.is_none() {
         lossy(
             policy,
             &mut lost,
@@ -2342,7 +2587,9 @@ fn audit_order(
             Os::Undone | Os::Missing => marks.iter().all(|m| *m == '-'),
             Os::InFlight => false,
         };
-        if !fits || os == Os::Missing {
+        // No intent is an end only for an order left after an error: its
+        // first command failed before the begin (then no line was placed).
+        if !fits || (os == Os::Missing && left.is_none()) {
             let text = format!("order {id}: intent {phase:?}, lines {}", shown.join(" "));
             // An order only rests in flight if a step never settled
             // (reported as such) or a write was lost.
@@ -2477,6 +2724,15 @@ fn audit_order(
 
     // The last answer against where the order ended.
     let want: &[Os] = match answer {
+        // Not one answer: it may never have begun.
+        _ if open_after && answered.is_empty() => &[
+            Os::Applied,
+            Os::Live,
+            Os::RanOut,
+            Os::Undone,
+            Os::InFlight,
+            Os::Missing,
+        ],
         _ if open_after => &[Os::Applied, Os::Live, Os::RanOut, Os::Undone, Os::InFlight],
         None => &[],
         Some((Op::OrderHold, true)) => &[Os::Live, Os::RanOut],

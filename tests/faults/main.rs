@@ -28,8 +28,9 @@
 //! CI within its 15 minutes, the Valkey half of five slower ones is
 //! `#[ignore]`d and runs on request: the manual failover, the lost
 //! scripts, the failover mid-sweep, the short slot move and the slot
-//! migrating mid-order (about 63 s together). CI runs the baseline, the
-//! killed primary (with holds and orders) and live resharding on both.
+//! migrating mid-order (about 70 s together). CI runs the baseline, the
+//! killed primary (with holds and orders, some of them never retried by
+//! their callers) and live resharding on both.
 //!
 //! | module | faults |
 //! |---|---|

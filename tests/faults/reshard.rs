@@ -274,7 +274,9 @@ matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a
 /// calls and the intent's compare-and-sets meet ASK and TRYAGAIN mid-saga;
 /// every order must end whole or not at all, and the books add up. An
 /// `-UPSTREAM` error is allowed only as a retryable fault that the retry,
-/// with the same request_id, then resolves.
+/// with the same request_id, then resolves; or, for the half of the
+/// orders whose caller never retries, as one that leaves the order to
+/// stockgate, which must end it on its own.
 async fn a_slot_migrating_mid_order(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
     let name = format!("ordermove-{kind}");
@@ -287,7 +289,7 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
         .expect("a sku on the source");
     let slot = sku_slot(&skus[moving]);
     let mut load = crate::checker::Workload::new(&name, skus.clone(), TIMEOUT);
-    load.order_pct = 100;
+    (load.order_pct, load.unretried_pct) = (100, 50);
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
@@ -300,6 +302,12 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
     };
     let redirects_before = redirects();
     let from = Instant::now();
+    // The slot stays in migration a while after its keys moved, past
+    // --timeout: a line call on it meets TRYAGAIN until the move ends, so
+    // some sagas stop half way, their other lines held on the other
+    // primaries. Retried orders resume then; the others are left to
+    // stockgate's recovery (the audit waits for it, so stockgate runs
+    // until the audit is done).
     let (took, keys) = migrate_slot(
         &cluster,
         slot,
@@ -307,12 +315,11 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
         target,
         10,
         Duration::from_millis(30),
-        Duration::ZERO,
+        Duration::from_millis(2000),
     );
     let to = from + took;
     tokio::time::sleep(Duration::from_millis(800)).await;
     let history = running.stop().await;
-    server.stop_now();
 
     assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
     let during: Vec<&Attempt> = history
@@ -343,10 +350,11 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
             a.outcome
         );
         assert!(
-            history.attempts.iter().any(|b| b.id == a.id
-                && b.op == a.op
-                && b.started > a.started
-                && b.outcome.is_code()),
+            history.left.iter().any(|l| l.id == a.id)
+                || history.attempts.iter().any(|b| b.id == a.id
+                    && b.op == a.op
+                    && b.started > a.started
+                    && b.outcome.is_code()),
             "{:?} {} got {:?}, and no retry of it a business code",
             a.op,
             a.id,
@@ -360,4 +368,12 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
         "orders ended applied and undone: {}",
         audit.summary()
     );
+    eprintln!(
+        "[{name}] orders left behind that recovery ended: {}",
+        crate::support::metric(
+            &server,
+            "stockgate_order_recoveries_total{result=\"ended\"}"
+        ),
+    );
+    server.stop_now();
 }
