@@ -437,14 +437,22 @@ fn active_shards(items: &[Value]) -> Vec<usize> {
         .collect()
 }
 
-/// A SKU the index says is due, and the mark it was filed with (so that
-/// filing it again does not undo a newer mark).
-type Due = (Vec<u8>, Vec<u8>);
+/// A name an index lists as due, and what it was filed with: a SKU and
+/// its mark (so that filing it again does not undo a newer mark), an
+/// order and its filing's score.
+pub(super) type Due = (Vec<u8>, Vec<u8>);
 
 /// The index's `{now, sku, mark, ...}`, as (sku, mark) pairs.
 fn due_skus(listed: Value) -> Result<Vec<Due>, UpstreamError> {
+    listed_pairs("due_sweep", &listed)
+}
+
+/// What an index script lists, `{now, name, tag, name, tag, ...}`, as
+/// (name, tag) pairs: the sweep index's SKUs and marks, the orders in
+/// flight and their filings.
+pub(super) fn listed_pairs(script: &str, listed: &Value) -> Result<Vec<Due>, UpstreamError> {
     let Value::Array(items) = listed else {
-        return Err(bad_reply("due_sweep", &listed));
+        return Err(bad_reply(script, listed));
     };
     let text = |v: &Value| match v {
         Value::BulkString(b) => Some(b.clone()),
@@ -453,16 +461,14 @@ fn due_skus(listed: Value) -> Result<Vec<Due>, UpstreamError> {
     items[1.min(items.len())..]
         .chunks(2)
         .map(|pair| match pair {
-            [sku, mark] => Ok((
-                text(sku).ok_or_else(|| bad_reply("due_sweep", &items))?,
-                text(mark).ok_or_else(|| bad_reply("due_sweep", &items))?,
-            )),
-            _ => Err(bad_reply("due_sweep", &items)),
+            [name, tag] => Some((text(name)?, text(tag)?)),
+            _ => None,
         })
-        .collect()
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad_reply(script, items))
 }
 
-fn bad_reply(script: &str, what: &impl std::fmt::Debug) -> UpstreamError {
+pub(super) fn bad_reply(script: &str, what: &impl std::fmt::Debug) -> UpstreamError {
     let mut shown = format!("{what:?}");
     shown.truncate(200);
     UpstreamError::new(

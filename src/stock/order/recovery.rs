@@ -33,7 +33,7 @@
 //! handover when the stockgate that filed it died too).
 
 use super::{Intent, OrderId, Phase, Want, parse_id};
-use crate::error::{FaultKind, UpstreamError};
+use crate::error::UpstreamError;
 use crate::keys::SweepShard;
 use crate::params::RequestId;
 use crate::stock::StockService;
@@ -181,31 +181,11 @@ impl StockService {
     }
 }
 
-/// An order due for a look, and the score it was filed at (so that taking
-/// it out does not undo a newer filing).
-type Due = (Vec<u8>, Vec<u8>);
-
 /// The index's `{now, id, score, ...}`, as (id, score) pairs.
-fn due_orders(listed: &Value) -> Result<Vec<Due>, UpstreamError> {
-    let Value::Array(items) = listed else {
-        return Err(bad_reply(listed));
-    };
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => Some(b.clone()),
-        _ => None,
-    };
-    items[1.min(items.len())..]
-        .chunks(2)
-        .map(|pair| match pair {
-            [id, score] => Some((text(id)?, text(score)?)),
-            _ => None,
-        })
-        .collect::<Option<_>>()
-        .ok_or_else(|| bad_reply(listed))
+fn due_orders(listed: &Value) -> Result<Vec<crate::stock::sweeper::Due>, UpstreamError> {
+    crate::stock::sweeper::listed_pairs("order_due", listed)
 }
 
 fn bad_reply(what: &Value) -> UpstreamError {
-    let mut shown = format!("{what:?}");
-    shown.truncate(200);
-    UpstreamError::new(FaultKind::BadReply, format!("order_due answered {shown}"))
+    crate::stock::sweeper::bad_reply("order_due", what)
 }
