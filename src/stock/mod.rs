@@ -72,21 +72,21 @@ pub enum StockCommand {
 /// connection's requests ([`crate::connection`]): commands on different
 /// SKUs commute, so only those that share a SKU (or span several) must
 /// take effect in the order sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Touches {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touches<'a> {
     /// One SKU's keys (its name as sent), by a script call that its node
     /// pipe keeps in order behind the earlier ones of that SKU.
-    Piped(Bytes),
+    Piped(&'a [u8]),
     /// One SKU's keys, by a path of its own (the redis crate).
-    Sku(Bytes),
+    Sku(&'a [u8]),
     /// Several SKUs, or an order's intent: ordered with everything.
     All,
 }
 
 impl StockCommand {
     /// What `self` with `args` (after the name, arity checked) touches.
-    pub fn touches(self, args: &[Bytes]) -> Touches {
-        let sku = || args.first().cloned().unwrap_or_default();
+    pub fn touches(self, args: &[Bytes]) -> Touches<'_> {
+        let sku = || args.first().map_or(&[][..], |sku| &sku[..]);
         match self {
             StockCommand::Deduct
             | StockCommand::Revert
@@ -743,6 +743,9 @@ impl StockService {
         else {
             return false;
         };
+        if memory.is_empty() {
+            return false;
+        }
         std::str::from_utf8(qty)
             .ok()
             .and_then(|q| q.parse::<u64>().ok())

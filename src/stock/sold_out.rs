@@ -247,6 +247,11 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// No SKU is remembered short: one load, no lock.
+    pub fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Relaxed)
+    }
+
     /// Whether a DEDUCT of `qty` on `sku` should read first: the SKU was
     /// last seen short at a stock below `qty`.
     pub fn wants_read(&self, sku: &[u8], qty: u64) -> bool {
