@@ -4,8 +4,9 @@
 //! request recorded with its call and return times, and porcupine
 //! (`tests/linearizability/`, in Go) checks that every answer was possible
 //! in one order consistent with real time, against a sequential model of
-//! the contract. The fault suite runs the same load under kills, failovers
-//! and resharding (`tests/faults/`).
+//! the contract. The fault suite runs the same load under a killed
+//! primary, `CLUSTER FAILOVER` and live resharding, on Redis and Valkey
+//! (`tests/faults/linear.rs`).
 
 mod support;
 
