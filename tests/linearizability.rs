@@ -4,8 +4,9 @@
 //! request recorded with its call and return times, and porcupine
 //! (`tests/linearizability/`, in Go) checks that every answer was possible
 //! in one order consistent with real time, against a sequential model of
-//! the contract. The fault suite runs the same load under kills, failovers
-//! and resharding (`tests/faults/`).
+//! the contract. The fault suite runs the same load under a killed
+//! primary, `CLUSTER FAILOVER` and live resharding, on Redis and Valkey
+//! (`tests/faults/linear.rs`).
 
 mod support;
 
@@ -20,6 +21,7 @@ async fn concurrent_requests_through_two_stockgates_are_linearizable() {
         initial_stock: 40,
         clients: 16,
         ops_per_client: 60,
+        pause: std::time::Duration::ZERO,
         seed: std::env::var("STOCKGATE_FAULT_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -31,19 +33,7 @@ async fn concurrent_requests_through_two_stockgates_are_linearizable() {
     let a = proxy(cluster.seeds(), |_| {}).await;
     let b = proxy(cluster.seeds(), |_| {}).await;
     let history = record(&[a.addr, b.addr], &load).await;
-    let answers: std::collections::BTreeMap<String, usize> =
-        history.ops.iter().fold(Default::default(), |mut m, o| {
-            *m.entry(format!(
-                "{} {:?}",
-                o.kind,
-                o.answer.as_ref().map(|a| match a {
-                    support::history::Answer::Code(code, _) => *code,
-                    support::history::Answer::Stock(_) => -1,
-                })
-            ))
-            .or_default() += 1;
-            m
-        });
+    let answers = history.answers();
     eprintln!(
         "[linearizability] {} requests: {answers:?}",
         history.ops.len()

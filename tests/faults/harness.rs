@@ -233,6 +233,18 @@ pub fn sku_slot(sku: &str) -> u16 {
     stockgate::keys::slot(&crate::support::stock_key(sku))
 }
 
+/// The first sku named `<prefix>-<i>` whose keys live in `slot` (about
+/// 16,384 names tried: each hashed alone, as its keys' hash tag, since
+/// building its keys costs a key layout each).
+pub fn sku_in_slot(prefix: &str, slot: u16) -> String {
+    let sku = (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|sku| stockgate::keys::slot(sku.as_bytes()) == slot)
+        .expect("every slot has names");
+    assert_eq!(sku_slot(&sku), slot, "{sku}: its keys' slot");
+    sku
+}
+
 /// The index (in `cluster.nodes`) of the primary serving `slot` now.
 pub fn owner(cluster: &LocalCluster, slot: u16) -> usize {
     let node = cluster.primary_for_slot(slot).expect("slot has a primary");

@@ -41,6 +41,23 @@
 //! | [`limits`] | 7: out of memory; 8: BUSY |
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
+//! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
+//!
+//! Linearizability (issue 23): beside its own load, each of
+//! `failover::killed_primary_replica_promoted_stockgate_recovers`,
+//! `failover::manual_failover_old_primary_redirects_and_nothing_is_lost`
+//! and `reshard::live_resharding_of_busy_slots`, on Redis and Valkey,
+//! records 8 clients' DEDUCT, retried DEDUCT, REVERT, HOLD, CONFIRM and
+//! STOCK.GET on 4 skus of the faulted shard (or slots) through two
+//! stockgates of their own, across the fault, and porcupine checks the
+//! history against the contract's sequential model once the fault healed
+//! ([`linear`]), then shows that one impossible answer after the fault is
+//! caught. The failover and the resharding lose nothing, so their whole
+//! history is checked. The kill runs with `--wait-replicas 1` (without it
+//! an acknowledged write may be lost, and no history is linearizable),
+//! and leaves out only what WAIT does not cover: the reads, 2s and 3s on
+//! the victim's skus sent before the kill, which the old primary may have
+//! answered from a write it then lost (a dirty read).
 //!
 //! The tests run one at a time ([`harness::SERIAL`]): they measure times on
 //! a 2-core machine. Nothing but 127.0.0.1 is reached; every process a test
@@ -52,6 +69,7 @@ mod support;
 
 mod checker;
 mod harness;
+mod linear;
 mod relay;
 
 mod baseline;

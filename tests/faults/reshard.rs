@@ -6,7 +6,9 @@
 //! an ASKING script whose record is missing, until the move finishes. The
 //! cluster client retries all of them within `--timeout`; the script never
 //! runs on a node holding only part of its keys. The added latency is
-//! measured and printed, not asserted.
+//! measured and printed, not asserted. A linearizability lane
+//! ([`crate::linear`]) on skus that share the moving slots is checked
+//! whole: migration moves each key whole and loses nothing.
 
 use crate::checker::{Attempt, History, Outcome, Policy};
 use crate::harness::*;
@@ -20,15 +22,26 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
     let (source, target) = (0, 1);
     let (fault, rest) = lanes(&cluster, &name, source);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
-    let (fault_load, rest_load) = (
-        fault.start(server.addr).await,
-        rest.start(server.addr).await,
-    );
     let (rounds, batch, pace) = if long_faults() {
         (fault.skus.len(), 10, Duration::from_millis(50))
     } else {
         (4, 20, Duration::from_millis(20))
     };
+    // The linearizability lane: one sku in each slot that moves, so its
+    // keys move with the busy sku's (no extra rounds). Slot migration
+    // moves each key whole and loses nothing, so no --wait-replicas
+    // (unless STOCKGATE_FAULT_WAIT asks) and the whole history is checked.
+    let lin_skus = fault
+        .skus
+        .iter()
+        .take(rounds)
+        .map(|sku| sku_in_slot(&format!("lin-{name}"), sku_slot(sku)))
+        .collect();
+    let lane = crate::linear::start(&cluster, &name, lin_skus, fault.seed, wait_from_env()).await;
+    let (fault_load, rest_load) = (
+        fault.start(server.addr).await,
+        rest.start(server.addr).await,
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let counters = |node: usize| {
@@ -50,6 +63,9 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    let moved = moves.last().expect("a slot moved").3;
+    lane.run_past(moved).await;
+    let lane = lane.stop().await;
     let (fault_history, rest_history) = (fault_load.stop().await, rest_load.stop().await);
 
     let (src_after, dst_after) = (counters(source), counters(target));
@@ -117,6 +133,14 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
         .audit(&cluster, Policy::default())
         .assert_green();
     server.stop_now();
+    // The lane's skus share the moving slots, one each, in move order.
+    let met: Vec<usize> = moves
+        .iter()
+        .zip(&lane.skus)
+        .map(|((_, _, from, to, _), sku)| lane.overlapping(*from, *to, Some(sku)))
+        .collect();
+    eprintln!("[{name}] the lane's requests in flight while their sku's slot moved: {met:?}");
+    lane.assert_linearizable(&lane.history, first_move, moved, (0, ""));
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error, valkey_ignored }

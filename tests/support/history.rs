@@ -10,6 +10,7 @@ use redis::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,13 @@ pub struct Op {
     /// `None`: the outcome is unknown (an error, a timeout, a lost
     /// connection).
     pub answer: Option<Answer>,
+    /// The error that left the outcome unknown.
+    pub error: Option<String>,
+    /// An unknown outcome known to have taken effect before the request
+    /// returned, its answer still unknown ([`History::applied`]): the
+    /// checker then places it within its call and return, not anywhere
+    /// after its call.
+    pub applied: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +48,8 @@ pub enum Answer {
 pub struct History {
     pub initial_stock: i64,
     pub ops: Vec<Op>,
+    /// The instant call and return times count from.
+    pub started: Instant,
 }
 
 /// What the load does.
@@ -48,8 +58,12 @@ pub struct Load {
     pub skus: Vec<String>,
     pub initial_stock: i64,
     pub clients: usize,
-    /// Requests each client sends (retries included).
+    /// Requests each client sends (retries included); with [`start`], the
+    /// most it sends before it is stopped.
     pub ops_per_client: usize,
+    /// A client's pause after each request: a load that must span a fault
+    /// of several seconds keeps its history small enough to check.
+    pub pause: Duration,
     pub seed: u64,
 }
 
@@ -91,15 +105,67 @@ async fn connect(addr: SocketAddr) -> redis::aio::MultiplexedConnection {
 
 /// Runs `load` through the stockgates at `addrs` (each client alternates
 /// between them, and retries through the other one), recording every
-/// request. Every sku must hold `load.initial_stock` before.
+/// request, until each client has sent `load.ops_per_client`. Every sku
+/// must hold `load.initial_stock` before.
 pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
+    start(addrs, load).finish().await
+}
+
+/// A load being recorded ([`start`]).
+pub struct Recording {
+    started: Instant,
+    initial_stock: i64,
+    stop: Arc<AtomicBool>,
+    ops: Arc<Mutex<Vec<Op>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Recording {
+    /// How many requests called after `t` have an answer so far.
+    pub fn answered_after(&self, t: Instant) -> usize {
+        let from = t.saturating_duration_since(self.started).as_nanos() as i64;
+        let ops = self.ops.lock().unwrap();
+        ops.iter()
+            .filter(|o| o.call_ns > from && o.answer.is_some())
+            .count()
+    }
+
+    /// Lets every client finish its `ops_per_client`; the history.
+    pub async fn finish(self) -> History {
+        for task in self.tasks {
+            task.await.expect("a client's load");
+        }
+        let mut ops = Arc::try_unwrap(self.ops).unwrap().into_inner().unwrap();
+        ops.sort_by_key(|o| o.call_ns);
+        History {
+            initial_stock: self.initial_stock,
+            ops,
+            started: self.started,
+        }
+    }
+
+    /// Stops the clients from sending new requests, lets those in flight
+    /// end (a request whose outcome is still unknown is sent again, as
+    /// usual, at most three times), and returns the history.
+    pub async fn stop(self) -> History {
+        self.stop.store(true, Ordering::Relaxed);
+        self.finish().await
+    }
+}
+
+/// [`record`], running in the background until [`Recording::stop`] (or
+/// until each client has sent `load.ops_per_client`): for a load that
+/// spans a fault.
+pub fn start(addrs: &[SocketAddr], load: &Load) -> Recording {
     let start = Instant::now();
     let ops = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for client in 0..load.clients {
         let addrs = addrs.to_vec();
         let load = load.clone();
         let ops = ops.clone();
+        let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let mut conns = Vec::new();
             for addr in &addrs {
@@ -111,7 +177,7 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
             let mut mine: Vec<(String, String, i64, &'static str)> = Vec::new();
             let mut sent = 0;
             let mut next_id = 0;
-            while sent < load.ops_per_client {
+            while sent < load.ops_per_client && !stop.load(Ordering::Relaxed) {
                 let via = rng.below(conns.len() as u64) as usize;
                 let sku = load.skus[rng.below(load.skus.len() as u64) as usize].clone();
                 let roll = rng.below(100);
@@ -174,8 +240,8 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
                     let call_ns = start.elapsed().as_nanos() as i64;
                     let reply: redis::RedisResult<Value> = cmd.query_async(conn).await;
                     let ret_ns = start.elapsed().as_nanos() as i64;
-                    let answer = match (kind, reply) {
-                        ("get", Ok(Value::Int(stock))) => Some(Answer::Stock(Some(stock))),
+                    let answer = match (kind, &reply) {
+                        ("get", Ok(Value::Int(stock))) => Some(Answer::Stock(Some(*stock))),
                         ("get", Ok(Value::Nil)) => Some(Answer::Stock(None)),
                         (_, Ok(Value::Array(items))) => match (items.first(), items.get(1)) {
                             (Some(Value::Int(code)), Some(Value::Int(remain))) => {
@@ -186,6 +252,7 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
                         (_, Ok(other)) => panic!("{kind} {sku} {id}: {other:?}"),
                         (_, Err(_)) => None,
                     };
+                    let error = reply.as_ref().err().map(|e| e.to_string());
                     let known = answer.is_some();
                     ops.lock().unwrap().push(Op {
                         client,
@@ -196,6 +263,8 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
                         call_ns,
                         ret_ns,
                         answer,
+                        error,
+                        applied: false,
                     });
                     sent += 1;
                     if known {
@@ -203,17 +272,18 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                if !load.pause.is_zero() {
+                    tokio::time::sleep(load.pause).await;
+                }
             }
         }));
     }
-    for task in tasks {
-        task.await.expect("a client's load");
-    }
-    let mut ops = Arc::try_unwrap(ops).unwrap().into_inner().unwrap();
-    ops.sort_by_key(|o| o.call_ns);
-    History {
+    Recording {
+        started: start,
         initial_stock: load.initial_stock,
+        stop,
         ops,
+        tasks,
     }
 }
 
@@ -226,8 +296,12 @@ impl History {
                 let mut op = serde_json::json!({
                     "client": o.client, "kind": o.kind, "sku": o.sku, "id": o.id,
                     "qty": o.qty, "call": o.call_ns, "ret": o.ret_ns,
-                    "known": o.answer.is_some(),
+                    "known": o.answer.is_some(), "applied": o.applied,
                 });
+                // For whoever reads an illegal history; the checker ignores it.
+                if let Some(error) = &o.error {
+                    op["error"] = error.as_str().into();
+                }
                 match &o.answer {
                     Some(Answer::Code(code, remain)) => {
                         op["code"] = (*code).into();
@@ -247,9 +321,85 @@ impl History {
         self.ops.iter().filter(|o| o.answer.is_none()).count()
     }
 
+    /// `t` on this history's clock (nanoseconds since it started; negative
+    /// before).
+    pub fn at(&self, t: Instant) -> i64 {
+        match t.checked_duration_since(self.started) {
+            Some(after) => after.as_nanos() as i64,
+            None => -(self.started.duration_since(t).as_nanos() as i64),
+        }
+    }
+
+    /// A copy without the requests `leave_out` picks, and how many it
+    /// left out. Only for answers the system under test never promised
+    /// (each caller says which and why): a request left out must have had
+    /// no effect, or the model would miss a change.
+    pub fn without(&self, leave_out: impl Fn(&Op) -> bool) -> (History, usize) {
+        let mut kept = self.clone();
+        kept.ops.retain(|o| !leave_out(o));
+        let dropped = self.ops.len() - kept.ops.len();
+        (kept, dropped)
+    }
+
+    /// A copy in which the unknown outcomes `pick` picks are known to have
+    /// taken effect before they returned (their answers still unknown),
+    /// and how many it picked. Only for requests whose error says so and
+    /// whose effect nothing could undo after (each caller says why).
+    pub fn applied(&self, pick: impl Fn(&Op) -> bool) -> (History, usize) {
+        let mut marked = self.clone();
+        let mut count = 0;
+        for op in marked.ops.iter_mut() {
+            if op.answer.is_none() && pick(op) {
+                op.applied = true;
+                count += 1;
+            }
+        }
+        (marked, count)
+    }
+
+    /// How many requests got each kind of answer: `"deduct Some(2)"` for
+    /// DEDUCTs answered 2, `"get Some(-1)"` for answered reads, `"... None"`
+    /// for unknown outcomes.
+    pub fn answers(&self) -> std::collections::BTreeMap<String, usize> {
+        self.ops.iter().fold(Default::default(), |mut m, o| {
+            let code = o.answer.as_ref().map(|a| match a {
+                Answer::Code(code, _) => *code,
+                Answer::Stock(_) => -1,
+            });
+            *m.entry(format!("{} {code:?}", o.kind)).or_default() += 1;
+            m
+        })
+    }
+
+    /// [`History::check`], failing unless porcupine found the history
+    /// linearizable: Illegal names the visualization to read, Unknown (the
+    /// checker ran out of time) is a failure too, since nothing was proven.
+    pub fn assert_linearizable(&self, name: &str) {
+        match self.check(name) {
+            Verdict::Linearizable => {}
+            Verdict::Illegal(html) => panic!(
+                "{name}: {} requests ({} with an unknown outcome) are not linearizable; porcupine's visualization is {} (the history is the .json beside it)",
+                self.ops.len(),
+                self.unknown(),
+                html.display()
+            ),
+            Verdict::Unknown => panic!(
+                "{name}: the linearizability checker ran out of time on {} requests ({} with an unknown outcome), so nothing was proven; make the load smaller (fewer clients, a longer pause) rather than the checker's budget larger",
+                self.ops.len(),
+                self.unknown()
+            ),
+        }
+    }
+
     /// Asks porcupine. The history and, when illegal, the visualization go
     /// to `target/linearizability/<name>.*`.
     pub fn check(&self, name: &str) -> Verdict {
+        self.check_within(name, Duration::from_secs(120))
+    }
+
+    /// [`History::check`], with porcupine given `budget` (whole seconds)
+    /// before it answers Unknown.
+    pub fn check_within(&self, name: &str, budget: Duration) -> Verdict {
         let dir = crate::support::in_repo("target/linearizability");
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join(format!("{name}.json"));
@@ -258,6 +408,7 @@ impl History {
         let out = Command::new(checker())
             .arg(&file)
             .arg(&html)
+            .arg(budget.as_secs().max(1).to_string())
             .output()
             .expect("runs the linearizability checker");
         eprintln!(
@@ -289,6 +440,31 @@ impl History {
             *remain += 1;
         }
         flipped
+    }
+}
+
+impl History {
+    /// A copy in which a request that was the first of its request_id, a
+    /// DEDUCT or HOLD sent after `after_ns` and answered 0 or 2, is
+    /// answered 1 instead (a duplicate), its remain kept: as if stockgate
+    /// had found a record nobody wrote. No order can explain it (its
+    /// client sends an id's later requests only after this one returned,
+    /// and no other client uses the id), however many outcomes around it
+    /// are unknown; `None` when there is no such request.
+    pub fn with_a_first_request_answered_duplicate(&self, after_ns: i64) -> Option<History> {
+        let mut flipped = self.clone();
+        let mut seen = std::collections::HashSet::new();
+        let op = flipped.ops.iter_mut().find(|o| {
+            let first = seen.insert((o.sku.clone(), o.id.clone()));
+            first
+                && o.call_ns > after_ns
+                && matches!(o.kind, "deduct" | "hold")
+                && matches!(o.answer, Some(Answer::Code(0 | 2, _)))
+        })?;
+        if let Some(Answer::Code(code, _)) = &mut op.answer {
+            *code = 1;
+        }
+        Some(flipped)
     }
 }
 
