@@ -213,3 +213,101 @@ async fn a_reply_about_an_earlier_write_waits_for_that_write(kind: ServerKind) {
     assert_eq!(summary(&on_primary), "D:3:", "{kind}");
     assert_eq!(get_stock(&cluster, "twice"), Some(7));
 }
+
+/// How many times `node` has run `command` (its `INFO commandstats`).
+fn calls(node: &stockgate::dev::RedisNode, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node.connection().unwrap())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A standalone primary with no replica (as a replica just promoted
+/// has), four skus of 100 units on it, and a stockgate in front with
+/// `--wait-replicas 1 --wait-timeout 200ms`.
+async fn without_a_replica() -> (
+    stockgate::dev::LocalRedis,
+    Vec<String>,
+    stockgate::server::Server,
+) {
+    let redis = standalone();
+    let skus: Vec<String> = (0..4).map(|i| format!("lonely-{i}")).collect();
+    let mut direct = redis.node.connection().unwrap();
+    for sku in &skus {
+        redis::cmd("SET")
+            .arg(stock_key(sku))
+            .arg(100)
+            .query::<()>(&mut direct)
+            .unwrap();
+    }
+    let server = proxy(vec![redis.url()], |c| {
+        c.upstream.durability = Some(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(200),
+        });
+    })
+    .await;
+    (redis, skus, server)
+}
+
+/// Issue 23, 4: with `--wait-replicas 1` and a primary that has no
+/// replica, STOCK.GET and STOCK.STATUS are answered, and send no WAIT: a
+/// read has nothing to make durable. Before, each sent a WAIT on the one
+/// connection all such calls share; WAIT blocks it for the whole
+/// `--wait-timeout` when no replica acknowledges, so 32 concurrent readers
+/// queued behind each other's waits and 508 of their 512 reads timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_never_wait_for_replicas() {
+    let (redis, skus, server) = without_a_replica().await;
+    let waits_before = calls(&redis.node, "wait");
+    // 32 readers, each with its own connection to stockgate; every call
+    // of theirs shares stockgate's one connection to the primary.
+    let mut readers = Vec::new();
+    for reader in 0..32 {
+        let mut conn = client(&server, false).await;
+        let skus = skus.clone();
+        readers.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for round in 0..8 {
+                let sku = &skus[(reader + round) % skus.len()];
+                let get: redis::RedisResult<redis::Value> = redis::cmd("STOCK.GET")
+                    .arg(sku)
+                    .query_async(&mut conn)
+                    .await;
+                if get != Ok(redis::Value::Int(100)) {
+                    failed.push(format!("STOCK.GET {sku}: {get:?}"));
+                }
+                let status: redis::RedisResult<redis::Value> = redis::cmd("STOCK.STATUS")
+                    .arg(sku)
+                    .arg(format!("nobody-{reader}"))
+                    .query_async(&mut conn)
+                    .await;
+                if !matches!(status, Ok(redis::Value::Array(_) | redis::Value::Map(_))) {
+                    failed.push(format!("STOCK.STATUS {sku}: {status:?}"));
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for reader in readers {
+        failed.extend(reader.await.unwrap());
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 512 reads failed, e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(
+        calls(&redis.node, "wait"),
+        waits_before,
+        "a read sends no WAIT"
+    );
+    server.stop_now();
+}

@@ -1,7 +1,8 @@
 //! Running scripts: DEDUCT and REVERT through the node pipes when they
 //! can, and through the redis crate (redirects, retries, NOSCRIPT → EVAL,
-//! `--wait-replicas` per request) when they can't, always within the
-//! request's one `--timeout`.
+//! `--wait-replicas` per request, for the scripts whose answers
+//! acknowledge writes) when they can't, always within the request's one
+//! `--timeout`.
 
 use super::Upstream;
 use crate::answer::Shape;
@@ -186,7 +187,12 @@ impl Upstream {
         args: &[&[u8]],
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
-        if let Some(durability) = self.config.durability {
+        // A read, or the sweeper's bookkeeping, has nothing to make durable
+        // (`LuaScript::needs_replicas`): no WAIT to block the shared
+        // connection behind it.
+        if let Some(durability) = self.config.durability
+            && script.needs_replicas
+        {
             return self
                 .eval_durably(script, keys, args, durability, budget)
                 .await;
