@@ -227,17 +227,37 @@ fn calls(node: &stockgate::dev::RedisNode, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A standalone primary with no replica (as a replica just promoted
-/// has), four skus of 100 units on it, and a stockgate in front with
-/// `--wait-replicas 1 --wait-timeout 200ms`.
-async fn without_a_replica() -> (
-    stockgate::dev::LocalRedis,
-    Vec<String>,
-    stockgate::server::Server,
-) {
-    let redis = standalone();
+/// A primary with no replica (as a replica just promoted has): one
+/// standalone Redis, or a cluster of one primary.
+enum Lonely {
+    Standalone(stockgate::dev::LocalRedis),
+    Cluster(LocalCluster),
+}
+
+impl Lonely {
+    fn primary(&self) -> &stockgate::dev::RedisNode {
+        match self {
+            Lonely::Standalone(redis) => &redis.node,
+            Lonely::Cluster(cluster) => &cluster.nodes[0],
+        }
+    }
+}
+
+/// A primary without a replica ([`Lonely`]), four skus of 100 units on
+/// it, and a stockgate in front with `--wait-replicas 1 --wait-timeout
+/// 200ms`.
+async fn without_a_replica(cluster: bool) -> (Lonely, Vec<String>, stockgate::server::Server) {
+    let (lonely, seeds) = if cluster {
+        let cluster = LocalCluster::start(1, 0, &RedisOptions::default()).expect("a primary");
+        let seeds = cluster.seeds();
+        (Lonely::Cluster(cluster), seeds)
+    } else {
+        let redis = standalone();
+        let seeds = vec![redis.url()];
+        (Lonely::Standalone(redis), seeds)
+    };
     let skus: Vec<String> = (0..4).map(|i| format!("lonely-{i}")).collect();
-    let mut direct = redis.node.connection().unwrap();
+    let mut direct = lonely.primary().connection().unwrap();
     for sku in &skus {
         redis::cmd("SET")
             .arg(stock_key(sku))
@@ -245,14 +265,14 @@ async fn without_a_replica() -> (
             .query::<()>(&mut direct)
             .unwrap();
     }
-    let server = proxy(vec![redis.url()], |c| {
+    let server = proxy(seeds, |c| {
         c.upstream.durability = Some(Durability {
             replicas: 1,
             timeout: Duration::from_millis(200),
         });
     })
     .await;
-    (redis, skus, server)
+    (lonely, skus, server)
 }
 
 /// Issue 23, 4: with `--wait-replicas 1` and a primary that has no
@@ -263,8 +283,14 @@ async fn without_a_replica() -> (
 /// queued behind each other's waits and 508 of their 512 reads timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_never_wait_for_replicas() {
-    let (redis, skus, server) = without_a_replica().await;
-    let waits_before = calls(&redis.node, "wait");
+    for cluster in [false, true] {
+        reads_without_a_replica(cluster).await;
+    }
+}
+
+async fn reads_without_a_replica(cluster: bool) {
+    let (lonely, skus, server) = without_a_replica(cluster).await;
+    let waits_before = calls(lonely.primary(), "wait");
     // 32 readers, each with its own connection to stockgate; every call
     // of theirs shares stockgate's one connection to the primary.
     let mut readers = Vec::new();
@@ -300,14 +326,77 @@ async fn reads_never_wait_for_replicas() {
     }
     assert!(
         failed.is_empty(),
-        "{} of 512 reads failed, e.g. {:?}",
+        "cluster {cluster}: {} of 512 reads failed, e.g. {:?}",
         failed.len(),
         &failed[..failed.len().min(3)]
     );
     assert_eq!(
-        calls(&redis.node, "wait"),
+        calls(lonely.primary(), "wait"),
         waits_before,
-        "a read sends no WAIT"
+        "cluster {cluster}: a read sends no WAIT"
+    );
+    server.stop_now();
+}
+/// Issue 23, 4: with `--wait-replicas 1` and a primary known to have no
+/// replica, 32 writes at once through the redis crate (the path a
+/// fallback, an order's intent and a TLS upstream take) are each applied
+/// on the primary once and answered `not replicated` at once. Sent with a
+/// WAIT each, on the one connection they share, they queued behind each
+/// other's waits and timed out one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replica_writes_through_the_redis_crate_fail_fast() {
+    for cluster in [false, true] {
+        writes_without_a_replica(cluster).await;
+    }
+}
+
+async fn writes_without_a_replica(cluster: bool) {
+    let (lonely, skus, server) = without_a_replica(cluster).await;
+    let upstream = server.shared().upstream.clone();
+    let scripts = stockgate::script::Scripts::new();
+    let sku = stockgate::params::Sku::parse(skus[0].clone().into()).unwrap();
+    let mut writes = Vec::new();
+    for write in 0..32 {
+        let (upstream, script) = (upstream.clone(), scripts.stock_add.clone());
+        let op_id = stockgate::params::OpId::parse(format!("restock-{write}").into()).unwrap();
+        let keys = layout().op_keys(&sku, &op_id);
+        writes.push(tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + upstream.timeout();
+            let nonce = format!("{write:x}");
+            upstream
+                .eval_fallback(
+                    &script,
+                    &[&keys.stock, &keys.record],
+                    &[b"1", b"60000", nonce.as_bytes(), b"1"],
+                    deadline,
+                )
+                .await
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for write in writes {
+        outcomes.push(write.await.unwrap());
+    }
+    let not_fast: Vec<_> = outcomes
+        .iter()
+        .filter(|o| {
+            !matches!(o, Err(e) if e.kind == stockgate::error::FaultKind::NotReplicated
+                && e.detail.starts_with("not replicated: 0 of 1 replicas"))
+        })
+        .collect();
+    assert!(
+        not_fast.is_empty(),
+        "cluster {cluster}: {} of 32 writes were not a fast `not replicated`, e.g. {:?}",
+        not_fast.len(),
+        not_fast.first()
+    );
+    let stock: i64 = redis::cmd("GET")
+        .arg(stock_key(&skus[0]))
+        .query(&mut lonely.primary().connection().unwrap())
+        .unwrap();
+    assert_eq!(
+        stock, 132,
+        "cluster {cluster}: each write applied once on the primary"
     );
     server.stop_now();
 }

@@ -86,7 +86,12 @@ impl Upstream {
                     if let (Some(durability), Some(confirmed)) =
                         (self.config.durability, answer.replicas)
                     {
-                        replicated(reply.code as i64, confirmed, durability)?;
+                        replicated(
+                            reply.code as i64,
+                            confirmed,
+                            durability,
+                            Shortfall::Confirmed,
+                        )?;
                     }
                     Ok(reply)
                 })),
@@ -197,6 +202,17 @@ impl Upstream {
                 .eval_durably(script, keys, args, durability, budget)
                 .await;
         }
+        self.eval_plain(script, keys, args, budget).await
+    }
+
+    /// A script call without WAIT, within `budget`.
+    async fn eval_plain(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        budget: Duration,
+    ) -> Result<Value, UpstreamError> {
         let mut connection = self.connection()?;
         let call = async move {
             let evalsha = script_call("EVALSHA", &script.sha, keys, args);
@@ -244,6 +260,13 @@ impl Upstream {
     /// acknowledged deduction. WAIT covers the writes this connection made,
     /// and every call to a node shares one connection, so it covers the
     /// earlier call's write unless that came through another connection.
+    ///
+    /// Where the primary is known to have fewer replicas than asked
+    /// ([`Upstream::replicas_short`]), the script goes alone and its reply
+    /// is judged as a WAIT would have answered: no replica can confirm the
+    /// write, and WAIT blocks the connection it is sent on, shared by every
+    /// call through the redis crate, for the whole `--wait-timeout`. Each
+    /// write then held all the others up, and most timed out one by one.
     async fn eval_durably(
         &self,
         script: &LuaScript,
@@ -252,6 +275,18 @@ impl Upstream {
         durability: crate::config::Durability,
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
+        if let Some(replicas) = keys
+            .first()
+            .and_then(|key| self.replicas_short(crate::keys::slot(key)))
+        {
+            let reply = self.eval_plain(script, keys, args, budget).await?;
+            if let Value::Array(items) = &reply
+                && let Some(Value::Int(code)) = items.first()
+            {
+                replicated(*code, replicas, durability, Shortfall::Connected)?;
+            }
+            return Ok(reply);
+        }
         let mut connection = self.connection()?;
         let wait_ms = durability.timeout.as_millis() as u64;
         let call = async move {
@@ -299,7 +334,7 @@ impl Upstream {
                 // WAIT itself failed: nothing is confirmed.
                 _ => -1,
             };
-            replicated(*code, confirmed, durability)?;
+            replicated(*code, confirmed, durability, Shortfall::Confirmed)?;
         }
         Ok(reply)
     }
@@ -319,21 +354,42 @@ fn slot_moving(err: &RedisError) -> bool {
     )
 }
 
+/// How a write came to lack its replicas.
+#[derive(Clone, Copy)]
+enum Shortfall {
+    /// WAIT answered: this many confirmed it in time.
+    Confirmed,
+    /// No WAIT was sent: this many replicas were connected to the primary
+    /// at the health loop's last look, fewer than asked.
+    Connected,
+}
+
 /// With `--wait-replicas`, a reply that reports the request's record
 /// (code 0: written now; 1 and 4: written before, perhaps through another
 /// connection, perhaps lost in a failover since) stands only once enough
 /// replicas confirmed it. Codes 2 and 3 wrote nothing and pass.
-fn replicated(code: i64, confirmed: i64, durability: Durability) -> Result<(), UpstreamError> {
-    if !matches!(code, 0 | 1 | 4) || confirmed >= i64::from(durability.replicas) {
+fn replicated(
+    code: i64,
+    replicas: i64,
+    durability: Durability,
+    shortfall: Shortfall,
+) -> Result<(), UpstreamError> {
+    if !matches!(code, 0 | 1 | 4) || replicas >= i64::from(durability.replicas) {
         return Ok(());
     }
+    let why = match shortfall {
+        Shortfall::Confirmed => format!(
+            "confirmed the write within {} ms",
+            durability.timeout.as_millis()
+        ),
+        Shortfall::Connected => "are connected to its primary".to_owned(),
+    };
     Err(UpstreamError::new(
         FaultKind::NotReplicated,
         format!(
-            "not replicated: {} of {} replicas confirmed the write within {} ms, so it may be lost if its primary fails",
-            confirmed.max(0),
+            "not replicated: {} of {} replicas {why}, so it may be lost if its primary fails",
+            replicas.max(0),
             durability.replicas,
-            durability.timeout.as_millis()
         ),
     ))
 }

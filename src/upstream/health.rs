@@ -24,6 +24,14 @@
 //! primaries (`tests/upstream.rs` counts them in the servers'
 //! commandstats), and `/readyz` still turns 503 within a check of a
 //! failing request, or within [`PROBE`] plus `--timeout` when idle.
+//!
+//! Each read of the topology also tells, with `--wait-replicas`, which
+//! primaries have fewer replicas than asked (CLUSTER SLOTS lists them; a
+//! standalone primary is asked with one ROLE), so that a write there
+//! through the redis crate fails fast instead of blocking its connection
+//! on WAIT ([`Upstream::replicas_short`]). A `not replicated` answer is a
+//! fault, so while writes get it the topology is read again every
+//! [`RECHECK`]: a replica that comes back is seen within about a second.
 
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};

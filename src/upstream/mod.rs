@@ -74,6 +74,10 @@ pub struct Upstream {
     pipelines: Option<Pipelines>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
+    /// With --wait-replicas: the slot ranges whose primary had fewer
+    /// replicas than asked when the health loop last read the topology,
+    /// each with how many it had ([`Upstream::replicas_short`]).
+    short_of_replicas: RwLock<Vec<(u16, u16, i64)>>,
 }
 
 impl Upstream {
@@ -113,6 +117,7 @@ impl Upstream {
             nodes: Mutex::new(Vec::new()),
             pipelines,
             last_problem: Mutex::new(None),
+            short_of_replicas: RwLock::new(Vec::new()),
         })
     }
 

@@ -1,5 +1,8 @@
 //! The topology: which primaries serve which slots, for INFO, for SCAN
-//! and SCRIPT on every node, and for the node pipes' slot table.
+//! and SCRIPT on every node, and for the node pipes' slot table; and with
+//! `--wait-replicas`, how many replicas each primary has, so that a write
+//! where too few are connected is answered `not replicated` without a
+//! WAIT that would block the shared connection.
 
 use super::connect::Connection;
 use super::{Node, Upstream};
@@ -26,7 +29,9 @@ impl Upstream {
                 host: host.to_owned(),
                 port: port.parse().unwrap_or(6379),
             };
-            return Ok(SlotMap(vec![(0, crate::keys::SLOTS - 1, node)]));
+            // How many replicas it has is asked in `refresh_topology`, and
+            // only when it matters (--wait-replicas).
+            return Ok(SlotMap(vec![(0, crate::keys::SLOTS - 1, node, None)]));
         };
         let mut cluster_slots = redis::cmd("CLUSTER");
         cluster_slots.arg("SLOTS");
@@ -62,7 +67,10 @@ impl Upstream {
                     host: String::from_utf8_lossy(host).into_owned(),
                     port: *port as u16,
                 };
-                Some((*lo as u16, *hi as u16, node))
+                // Each replica the cluster deems usable (not failed, and
+                // synced at least once) follows the primary in the range.
+                let replicas = items.len().saturating_sub(3);
+                Some((*lo as u16, *hi as u16, node, Some(replicas)))
             })
             .collect();
         Ok(SlotMap(ranges))
@@ -94,28 +102,78 @@ impl Upstream {
     /// standalone mode) and brings both of its users up to date: the node
     /// pipes' slot table and the primaries INFO lists.
     pub(super) async fn refresh_topology(&self) -> Result<(), UpstreamError> {
-        let slots = self.slots().await?;
+        let mut slots = self.slots().await?;
         if let Some(pipelines) = &self.pipelines {
             let ranges: Vec<(u16, u16, String)> = slots
                 .0
                 .iter()
-                .map(|(lo, hi, node)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
+                .map(|(lo, hi, node, _)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
                 .collect();
             pipelines.set_routes(&ranges);
         }
         *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = slots.nodes();
+        if let Some(durability) = self.config.durability {
+            self.count_standalone_replicas(&mut slots).await;
+            let short = slots
+                .0
+                .iter()
+                .filter_map(|(lo, hi, _, replicas)| {
+                    let replicas = (*replicas)? as i64;
+                    (replicas < i64::from(durability.replicas)).then_some((*lo, *hi, replicas))
+                })
+                .collect();
+            *self
+                .short_of_replicas
+                .write()
+                .unwrap_or_else(|e| e.into_inner()) = short;
+        }
         Ok(())
+    }
+
+    /// A standalone primary's replicas, by ROLE, which lists those online
+    /// (INFO's `connected_slaves` counts any still syncing too); left
+    /// unknown when ROLE fails, so writes go on waiting with WAIT.
+    async fn count_standalone_replicas(&self, slots: &mut SlotMap) {
+        let [(_, _, node, replicas @ None)] = &mut slots.0[..] else {
+            return;
+        };
+        match self.query_node(&redis::cmd("ROLE"), node).await {
+            Ok(Value::Array(items)) => {
+                if let (Some(Value::BulkString(kind)), Some(Value::Array(online))) =
+                    (items.first(), items.get(2))
+                    && kind == b"master"
+                {
+                    *replicas = Some(online.len());
+                }
+            }
+            Ok(other) => tracing::debug!(?other, "ROLE answered an unexpected shape"),
+            Err(err) => tracing::debug!(%err, "cannot count the primary's replicas"),
+        }
+    }
+
+    /// With `--wait-replicas`, how many replicas the primary of `slot` had
+    /// at the last look, when that was fewer than asked: a write there can't
+    /// be confirmed, and a WAIT would only block the connection it is sent
+    /// on for `--wait-timeout`. `None` when it had enough (or nobody knows).
+    pub(super) fn replicas_short(&self, slot: u16) -> Option<i64> {
+        self.short_of_replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, replicas)| *replicas)
     }
 }
 
-/// Slot ranges and the primary serving each, as CLUSTER SLOTS lists them.
-struct SlotMap(Vec<(u16, u16, Node)>);
+/// Slot ranges, the primary serving each as CLUSTER SLOTS lists them, and
+/// how many replicas it has (`None`: not asked).
+struct SlotMap(Vec<(u16, u16, Node, Option<usize>)>);
 
 impl SlotMap {
     /// Each primary once, in the order CLUSTER SLOTS first names it.
     fn nodes(&self) -> Vec<Node> {
         let mut nodes: Vec<Node> = Vec::new();
-        for (_, _, node) in &self.0 {
+        for (_, _, node, _) in &self.0 {
             if !nodes.contains(node) {
                 nodes.push(node.clone());
             }
