@@ -101,12 +101,7 @@ impl Upstream {
                     }
                 })
                 .unwrap_or_default();
-            Pipelines::new(
-                login,
-                config.connect_timeout,
-                config.timeout,
-                config.durability,
-            )
+            Pipelines::new(login, config.connect_timeout, config.durability)
         });
         Arc::new(Upstream {
             config,
