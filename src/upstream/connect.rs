@@ -2,13 +2,14 @@
 //! (cluster or standalone) with explicit timeouts and a retry budget sized
 //! by the deadline.
 
-use super::{Mode, Upstream};
+use super::{Current, Mode, Upstream};
 use crate::config::UpstreamMode;
 use crate::redact::redact;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// One shared, multiplexed, self-reconnecting connection. Cloning it is
@@ -71,10 +72,15 @@ impl Upstream {
             Mode::Cluster => Connection::Cluster(self.connect_cluster().await?),
             Mode::Standalone => Connection::Standalone(self.connect_standalone().await?),
         };
-        self.ensure_scripts(connection.clone()).await?;
-        // The first connection, or one that replaces a stuck one; requests
-        // in flight keep the old one until they finish.
-        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some((mode, connection));
+        self.ensure_scripts(connection.clone(), None).await?;
+        // The first connection, or one that replaces one given up or stuck;
+        // requests in flight keep the old one until they finish.
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some(Current {
+            mode,
+            connection,
+            generation,
+        });
         self.warn_about_eviction().await;
         Ok(())
     }

@@ -213,39 +213,51 @@ impl Upstream {
         args: &[&[u8]],
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
-        let mut connection = self.connection()?;
-        let call = async move {
-            let evalsha = script_call("EVALSHA", &script.sha, keys, args);
-            loop {
-                let result = match connection.query(&evalsha).await {
-                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        tracing::debug!(
-                            script = script.name,
-                            "NOSCRIPT; sending the body with EVAL"
-                        );
-                        let eval = script_call("EVAL", &script.body, keys, args);
-                        connection.query(&eval).await
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(UpstreamError::timeout(self.config.timeout));
+            }
+            let sent = self
+                .on_connection(left, async |connection| {
+                    let evalsha = script_call("EVALSHA", &script.sha, keys, args);
+                    let result = match connection.query(&evalsha).await {
+                        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                            tracing::debug!(
+                                script = script.name,
+                                "NOSCRIPT; sending the body with EVAL"
+                            );
+                            let eval = script_call("EVAL", &script.body, keys, args);
+                            connection.query(&eval).await
+                        }
+                        other => other,
+                    };
+                    match result {
+                        Ok(value) => Ok(Ok(value)),
+                        Err(err) if slot_moving(&err) => Ok(Err(err)),
+                        Err(err) => Err(err),
                     }
-                    other => other,
-                };
-                match result {
-                    // The redis crate counts hops, and while a slot moves a
-                    // call that is new to the target goes source (ASK),
-                    // target (TRYAGAIN: its record isn't there), and round
-                    // again, so its count can run out long before the
-                    // deadline (seen as `-UPSTREAM redis answered ASK` a
-                    // few hundred ms into a 600 ms move under load). The
-                    // deadline decides: ask again after a pause. Safe, as
-                    // every resend of a call answers as its first send.
-                    Err(err) if slot_moving(&err) => tokio::time::sleep(SLOT_MOVE_PAUSE).await,
-                    other => return other,
+                })
+                .await?;
+            match sent {
+                Ok(value) => return Ok(value),
+                // The redis crate counts hops, and while a slot moves a call
+                // that is new to the target goes source (ASK), target
+                // (TRYAGAIN: its record isn't there), and round again, so
+                // its count can run out long before the deadline (seen as
+                // `-UPSTREAM redis answered ASK` a few hundred ms into a 600
+                // ms move under load). The deadline decides: ask again after
+                // a pause. Safe, as every resend of a call answers as its
+                // first send. (The pause is outside the call: a deadline
+                // that passes in it is no sign of a stuck connection.)
+                Err(_moving) => {
+                    tokio::time::sleep_until(
+                        (tokio::time::Instant::now() + SLOT_MOVE_PAUSE).min(deadline),
+                    )
+                    .await
                 }
             }
-        };
-        match tokio::time::timeout(budget, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
         }
     }
 
@@ -287,9 +299,8 @@ impl Upstream {
             }
             return Ok(reply);
         }
-        let mut connection = self.connection()?;
         let wait_ms = durability.timeout.as_millis() as u64;
-        let call = async move {
+        let call = async |connection: &mut super::connect::Connection| {
             let pipeline = |verb: &str, script_text: &str| {
                 let mut pipe = redis::pipe();
                 pipe.add_command(script_call(verb, script_text, keys, args))
@@ -311,11 +322,7 @@ impl Upstream {
         };
         // What is left of the request's deadline, not a fresh --timeout: a
         // fallback after a node pipe's attempt must not take twice as long.
-        let replies = match tokio::time::timeout(budget, call).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
-            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
-        };
+        let replies = self.on_connection(budget, call).await?;
         let mut replies = replies.into_iter();
         let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {
             return Err(UpstreamError::new(

@@ -5,7 +5,7 @@
 //! WAIT that would block the shared connection.
 
 use super::connect::Connection;
-use super::{Node, Upstream};
+use super::{Mode, Node, Upstream};
 use crate::error::UpstreamError;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Value};
@@ -19,8 +19,7 @@ impl Upstream {
     /// Which primary serves which slots: one CLUSTER SLOTS in cluster
     /// mode, no command in standalone mode (the one server serves all).
     async fn slots(&self) -> Result<SlotMap, UpstreamError> {
-        let mut connection = self.connection()?;
-        let Connection::Cluster(_) = &connection else {
+        if self.mode() != Some(Mode::Cluster) {
             let url = redis::Client::open(self.config.urls[0].as_str())
                 .map_err(|e| UpstreamError::from_redis(&e))?;
             let addr = url.get_connection_info().addr().to_string();
@@ -32,15 +31,10 @@ impl Upstream {
             // How many replicas it has is asked in `refresh_topology`, and
             // only when it matters (--wait-replicas).
             return Ok(SlotMap(vec![(0, crate::keys::SLOTS - 1, node, None)]));
-        };
+        }
         let mut cluster_slots = redis::cmd("CLUSTER");
         cluster_slots.arg("SLOTS");
-        let call = connection.query(&cluster_slots);
-        let slots = match tokio::time::timeout(self.config.timeout, call).await {
-            Ok(Ok(slots)) => slots,
-            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
-            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
-        };
+        let slots = self.query(&cluster_slots).await?;
         let Value::Array(ranges) = slots else {
             return Err(UpstreamError::new(
                 crate::error::FaultKind::BadReply,
@@ -78,24 +72,17 @@ impl Upstream {
 
     /// Sends one command to one primary (SCAN, which walks one node's keys).
     pub async fn query_node(&self, cmd: &Cmd, node: &Node) -> Result<Value, UpstreamError> {
-        let mut connection = self.connection()?;
-        let call = async {
-            match &mut connection {
-                Connection::Cluster(c) => {
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: node.host.clone(),
-                        port: node.port,
-                    });
-                    c.route_command(cmd.clone(), route).await
-                }
-                Connection::Standalone(c) => cmd.query_async(c).await,
+        self.on_connection(self.config.timeout, async |connection| match connection {
+            Connection::Cluster(c) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: node.host.clone(),
+                    port: node.port,
+                });
+                c.route_command(cmd.clone(), route).await
             }
-        };
-        match tokio::time::timeout(self.config.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
-        }
+            Connection::Standalone(c) => cmd.query_async(c).await,
+        })
+        .await
     }
 
     /// Reads the topology once (one CLUSTER SLOTS, or nothing in

@@ -40,6 +40,7 @@
 //! | [`limits`] | 7: out of memory; 8: BUSY |
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
+//! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
 //! The tests run one at a time ([`harness::SERIAL`]): they measure times on
 //! a 2-core machine. Nothing but 127.0.0.1 is reached; every process a test
@@ -60,3 +61,4 @@ mod failover;
 mod limits;
 mod network;
 mod reshard;
+mod stuck;
