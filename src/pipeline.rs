@@ -33,7 +33,9 @@
 //!   reason. The first new connection is opened at once; while new ones die
 //!   the same way before any reply, the pipe waits [`RECONNECT_FIRST`],
 //!   doubling to [`RECONNECT_MOST`], before the next (its calls take the
-//!   slow path meanwhile);
+//!   slow path meanwhile). Each connection has TCP keepalive
+//!   ([`crate::net::upstream_keepalive`]), which finds a dropped flow that
+//!   carries no request;
 //! - the slot table maps each of the 16384 slots to its primary's pipe; it
 //!   is read without a lock and rebuilt from CLUSTER SLOTS by the health
 //!   loop and after a redirect;
@@ -769,6 +771,7 @@ fn refuse_for(pipe: &PipeInner, backoff: Duration) {
 async fn connect(addr: &str, login: &Login) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    crate::net::keep_alive(&stream)?;
     let mut hello: Vec<Bytes> = Vec::new();
     if let Some(password) = &login.password {
         hello.push(match &login.username {
