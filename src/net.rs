@@ -1,4 +1,5 @@
-//! Socket reads that skip the `recv` whose only news is "nothing more".
+//! Socket reads that skip the `recv` whose only news is "nothing more",
+//! and the TCP keepalive of upstream connections.
 //!
 //! tokio keeps a socket readable until a read fails with `WouldBlock`, so
 //! the usual loop (wait readable, read, wait readable, read) spends a
@@ -14,6 +15,9 @@
 //! a FIN is never cleared (tokio keeps closed readiness for good).
 
 use bytes::BytesMut;
+// The redis crate's: its `TcpSettings` take this crate's `TcpKeepalive`,
+// and the node pipes' sockets use the same.
+use redis::io::tcp::socket2;
 use std::io;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -100,6 +104,37 @@ pub async fn read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
             other => return other,
         }
     }
+}
+
+/// TCP keepalive on every upstream connection (the node pipes' and the
+/// redis crate's): the first probe after [`KEEPALIVE_IDLE`] without
+/// traffic, then one every [`KEEPALIVE_INTERVAL`], and the kernel resets
+/// the connection after [`KEEPALIVE_PROBES`] unanswered: a flow the network
+/// dropped silently (a conntrack or NAT entry timed out or flushed, a
+/// firewall that discards) is found within 25 s of going quiet, so the
+/// next request goes on a new connection instead of timing out on it. The
+/// probes also keep such entries alive while the connection idles (the
+/// usual idle limits are minutes). A flow that sticks while requests are
+/// on it is found sooner, by their timeouts (`crate::pipeline`,
+/// `crate::upstream`). The probes are answered by the peer's kernel; Redis
+/// never sees them.
+pub fn upstream_keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES)
+}
+
+/// See [`upstream_keepalive`].
+pub const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+/// See [`upstream_keepalive`].
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// See [`upstream_keepalive`].
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns [`upstream_keepalive`] on for `stream`.
+pub fn keep_alive(stream: &TcpStream) -> io::Result<()> {
+    socket2::SockRef::from(stream).set_tcp_keepalive(&upstream_keepalive())
 }
 
 #[cfg(test)]

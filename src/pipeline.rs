@@ -22,6 +22,20 @@
 //!   comes, is dropped. Every I/O phase waits in one `select!` with that
 //!   timer, so a node that stops reading (its window shut) can't hold a
 //!   request past its deadline;
+//! - a connection on which a request timed out with its bytes sent (its
+//!   reply, or its batch's WAIT, unread) or not all written is given up
+//!   at once: reset, its other requests failed over to the slow path, and
+//!   a new one opened. Its bytes may be stuck
+//!   for good (a black-holed flow: a dropped conntrack or NAT entry, a
+//!   firewall that silently discards), where only a new connection is
+//!   served, and nothing on a connection tells a stuck flow from a slow
+//!   node; client libraries close a connection after a timeout for the same
+//!   reason. The first new connection is opened at once; while new ones die
+//!   the same way before any reply, the pipe waits [`RECONNECT_FIRST`],
+//!   doubling to [`RECONNECT_MOST`], before the next (its calls take the
+//!   slow path meanwhile). Each connection has TCP keepalive
+//!   ([`crate::net::upstream_keepalive`]), which finds a dropped flow that
+//!   carries no request;
 //! - the slot table maps each of the 16384 slots to its primary's pipe; it
 //!   is read without a lock and rebuilt from CLUSTER SLOTS by the health
 //!   loop and after a redirect;
@@ -72,8 +86,9 @@ use tokio::time::Instant;
 /// queued after 10 s of a zero-window node under load).
 const MAX_WAITING: usize = 16 * 1024;
 
-/// After a failed connect, the pipe refuses calls (they take the slow path)
-/// for a while before it tries again: from this, doubling each time...
+/// After a failed connect, or a connection given up before it answered
+/// anything, the pipe refuses calls (they take the slow path) for a while
+/// before it tries again: from this, doubling each time...
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 /// ...up to this.
 const RECONNECT_MOST: Duration = Duration::from_secs(2);
@@ -362,9 +377,6 @@ impl Queue {
 struct PipeSettings {
     login: Login,
     connect_timeout: Duration,
-    /// A connection that answers nothing for this long while requests wait
-    /// is given up (a black-holed or stuck node).
-    stuck_after: Duration,
     /// The `WAIT` that ends each batch, with `--wait-replicas`.
     wait: Option<Bytes>,
 }
@@ -534,7 +546,6 @@ impl Pipelines {
     pub fn new(
         login: Login,
         connect_timeout: Duration,
-        timeout: Duration,
         durability: Option<Durability>,
     ) -> Pipelines {
         let wait = durability.map(|d| {
@@ -552,7 +563,6 @@ impl Pipelines {
             settings: PipeSettings {
                 login,
                 connect_timeout,
-                stuck_after: timeout + Duration::from_secs(1),
                 wait,
             },
             stale: AtomicBool::new(false),
@@ -688,7 +698,9 @@ struct Held {
 /// A pipe's task: connect when there is work, serve until the connection
 /// fails, fail what was in flight, and start over. A failed connect makes
 /// the pipe refuse calls for a backoff (they take the slow path at once)
-/// instead of trying again for every request.
+/// instead of trying again for every request; so does a connection given
+/// up (a request timed out on it) that never answered anything, as a new
+/// connection to a node whose every flow sticks would be.
 async fn run(pipe: Arc<PipeInner>, settings: PipeSettings) {
     let mut backoff = RECONNECT_FIRST;
     loop {
@@ -708,28 +720,50 @@ async fn run(pipe: Arc<PipeInner>, settings: PipeSettings) {
             Ok(Ok(stream)) => stream,
             outcome => {
                 tracing::debug!(addr = %pipe.addr, ?outcome, ?backoff, "node pipe cannot connect");
-                // Everything waiting now fails over to the slow path, and
-                // so does what comes until the backoff is over.
-                let failed = {
-                    let mut queue = lock(&pipe.queue);
-                    queue.refuse_until = Some(Instant::now() + backoff);
-                    queue.output.clear();
-                    queue.open.clear();
-                    queue.holding = false;
-                    std::mem::take(&mut queue.waiting)
-                };
+                refuse_for(&pipe, backoff);
                 backoff = (backoff * 2).min(RECONNECT_MOST);
-                for waiter in failed {
-                    if let Some(completion) = waiter.completion {
-                        completion.complete(Err(PipeError::Lost));
-                    }
-                }
                 continue;
             }
         };
-        backoff = RECONNECT_FIRST;
-        if let Err(err) = serve(stream, &pipe, &settings).await {
-            tracing::debug!(addr = %pipe.addr, %err, "node pipe connection ended");
+        match serve(stream, &pipe, &settings).await {
+            Served::Dead { answered } => {
+                // A reconnect at once may find the node well and only the
+                // flow stuck; a connection that died before it answered
+                // anything says the node (or every flow to it) is stuck,
+                // and the next one waits longer.
+                if answered {
+                    backoff = RECONNECT_FIRST;
+                    tracing::warn!(addr = %pipe.addr, "node pipe gave up a connection on which a request timed out; reconnecting");
+                } else {
+                    tracing::debug!(addr = %pipe.addr, ?backoff, "node pipe gave up a new connection that answered nothing");
+                    refuse_for(&pipe, backoff);
+                    backoff = (backoff * 2).min(RECONNECT_MOST);
+                }
+            }
+            Served::Ended(result) => {
+                backoff = RECONNECT_FIRST;
+                if let Err(err) = result {
+                    tracing::debug!(addr = %pipe.addr, %err, "node pipe connection ended");
+                }
+            }
+        }
+    }
+}
+
+/// Fails everything waiting over to the slow path, and refuses what comes
+/// (it takes the slow path too) for `backoff`.
+fn refuse_for(pipe: &PipeInner, backoff: Duration) {
+    let failed = {
+        let mut queue = lock(&pipe.queue);
+        queue.refuse_until = Some(Instant::now() + backoff);
+        queue.output.clear();
+        queue.open.clear();
+        queue.holding = false;
+        std::mem::take(&mut queue.waiting)
+    };
+    for waiter in failed {
+        if let Some(completion) = waiter.completion {
+            completion.complete(Err(PipeError::Lost));
         }
     }
 }
@@ -737,6 +771,7 @@ async fn run(pipe: Arc<PipeInner>, settings: PipeSettings) {
 async fn connect(addr: &str, login: &Login) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    crate::net::keep_alive(&stream)?;
     let mut hello: Vec<Bytes> = Vec::new();
     if let Some(password) = &login.password {
         hello.push(match &login.username {
@@ -1010,8 +1045,11 @@ impl Conversation<'_> {
     }
 
     /// Answers every request past its deadline with a timeout, queued ones
-    /// included (their bytes still go out with their batch).
-    fn expire(&mut self, queue: &mut Queue, now: Instant) {
+    /// included (their bytes still go out with their batch). True when one
+    /// of them was on the connection: its bytes taken into a batch, and its
+    /// reply (or its batch's WAIT) not read, or its bytes not all written.
+    /// The connection is then given up ([`serve`]).
+    fn expire(&mut self, queue: &mut Queue, now: Instant) -> bool {
         let calls = self.in_flight.iter_mut().filter_map(|f| match f {
             InFlight::Call {
                 completion,
@@ -1023,17 +1061,23 @@ impl Conversation<'_> {
             .held
             .iter_mut()
             .map(|h| (&mut h.completion, h.deadline));
-        let queued = queue
-            .waiting
-            .iter_mut()
-            .map(|w| (&mut w.completion, w.deadline));
-        for (completion, deadline) in calls.chain(held).chain(queued) {
+        let mut on_connection = false;
+        for (completion, deadline) in calls.chain(held) {
             if deadline <= now
                 && let Some(completion) = completion.take()
             {
                 completion.complete(Err(PipeError::Timeout));
+                on_connection = true;
             }
         }
+        for waiter in &mut queue.waiting {
+            if waiter.deadline <= now
+                && let Some(completion) = waiter.completion.take()
+            {
+                completion.complete(Err(PipeError::Timeout));
+            }
+        }
+        on_connection
     }
 
     /// Answers everything still owed: its outcome is unknown.
@@ -1048,11 +1092,17 @@ impl Conversation<'_> {
     }
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    pipe: &PipeInner,
-    settings: &PipeSettings,
-) -> std::io::Result<()> {
+/// How a connection's service ended.
+enum Served {
+    /// A request timed out on it ([`Conversation::expire`]): it was reset,
+    /// and the next connection may be opened at once if this one had
+    /// `answered` anything.
+    Dead { answered: bool },
+    /// It failed, or the pipe retired.
+    Ended(std::io::Result<()>),
+}
+
+async fn serve(mut stream: TcpStream, pipe: &PipeInner, settings: &PipeSettings) -> Served {
     let (reader, mut writer) = stream.split();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut talk = Conversation {
@@ -1064,8 +1114,9 @@ async fn serve(
         joins_in_flight: VecDeque::new(),
         settings,
     };
-    // When the node last showed life: a reply read, or bytes it accepted.
-    let mut last_heard = Instant::now();
+    // Whether any reply came on this connection, and whether it is given up.
+    let mut answered = false;
+    let mut given_up = false;
     // One timer for the connection's life, moved only when the earliest
     // deadline does: a fresh sleep each time round the loop was a timer
     // registered and cancelled per batch.
@@ -1087,11 +1138,9 @@ async fn serve(
             // otherwise never reach the timer's branch below).
             let now = Instant::now();
             if deadline <= now {
-                talk.expire(&mut lock(&pipe.queue), now);
-                if !talk.in_flight.is_empty()
-                    && now.duration_since(last_heard) > settings.stuck_after
-                {
-                    break Err(std::io::ErrorKind::TimedOut.into());
+                if talk.expire(&mut lock(&pipe.queue), now) {
+                    given_up = true;
+                    break Ok(());
                 }
                 continue;
             }
@@ -1109,7 +1158,7 @@ async fn serve(
             written = writer.write_buf(&mut talk.writing), if !talk.writing.is_empty() => {
                 match written {
                     Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
-                    Ok(_) => last_heard = Instant::now(),
+                    Ok(_) => {}
                     Err(err) => break Err(err),
                 }
             }
@@ -1120,7 +1169,7 @@ async fn serve(
             read = crate::net::read(reader.as_ref(), &mut input), if !talk.in_flight.is_empty() => {
                 match read {
                     Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
-                    Ok(_) => last_heard = Instant::now(),
+                    Ok(_) => answered = true,
                     Err(err) => break Err(err),
                 }
                 if input.capacity() - input.len() < 4096 {
@@ -1148,23 +1197,23 @@ async fn serve(
             }
             () = &mut timer, if next_deadline.is_some() => {
                 armed = None;
-                let now = Instant::now();
-                talk.expire(&mut lock(&pipe.queue), now);
-                // A node that neither answers nor takes bytes for longer
-                // than a request may wait is gone (black-holed, stuck, its
-                // window shut): start a fresh connection.
-                if !talk.in_flight.is_empty() && now.duration_since(last_heard) > settings.stuck_after {
-                    break Err(std::io::ErrorKind::TimedOut.into());
+                // A request timed out with its bytes on this connection:
+                // the flow may be stuck for good (a dropped conntrack or
+                // NAT entry, a firewall that discards), where nothing
+                // moves again and only a new connection is served; the
+                // node may as well be only slow, which no connection can
+                // tell apart. Give it up either way, as client libraries
+                // do.
+                if talk.expire(&mut lock(&pipe.queue), Instant::now()) {
+                    given_up = true;
+                    break Ok(());
                 }
             }
         }
     };
     talk.fail();
-    if result
-        .as_ref()
-        .is_err_and(|err| err.kind() == std::io::ErrorKind::TimedOut)
-    {
-        // A stuck node: reset the connection rather than close it, so the
+    if given_up {
+        // Given up: reset the connection rather than close it, so the
         // kernel drops the requests it still holds instead of delivering
         // them once the node reads again. Their callers were already told
         // the outcome is unknown; a node that wakes up to a backlog of
@@ -1173,6 +1222,7 @@ async fn serve(
         // call in general.)
         #[allow(deprecated)]
         let _ = stream.set_linger(Some(Duration::ZERO));
+        return Served::Dead { answered };
     }
-    result
+    Served::Ended(result)
 }

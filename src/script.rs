@@ -25,17 +25,43 @@ pub struct LuaScript {
     pub name: &'static str,
     pub body: String,
     pub sha: String,
+    /// Whether its answer acknowledges a write a caller relies on (a
+    /// deduction, a hold, an order's step, an operator's change, an order
+    /// filed for recovery): with `--wait-replicas` such an answer stands
+    /// only once replicas confirmed the write, so a WAIT follows the call.
+    /// The others are reads and the sweeper's bookkeeping: what they write
+    /// (expired holds given back, sweep index marks, the sweep lease) any
+    /// later call or pass redoes from Redis time, so a failover that loses
+    /// it loses nothing a caller was told. A WAIT after them would confirm
+    /// nothing anyone needs, and it blocks the connection it is sent on for
+    /// up to `--wait-timeout` (issue 23, 4).
+    pub needs_replicas: bool,
 }
 
 impl LuaScript {
+    /// A script whose answers acknowledge writes ([`LuaScript::needs_replicas`]).
     fn new(name: &'static str, source: &'static str) -> Arc<Self> {
+        LuaScript::build(name, source, true)
+    }
+
+    /// A read, or the sweeper's bookkeeping ([`LuaScript::needs_replicas`]).
+    fn without_replicas(name: &'static str, source: &'static str) -> Arc<Self> {
+        LuaScript::build(name, source, false)
+    }
+
+    fn build(name: &'static str, source: &'static str, needs_replicas: bool) -> Arc<Self> {
         assert!(
             source.contains(MARKER),
             "lua/{name}.lua lacks its --@common line"
         );
         let body = source.replacen(MARKER, &helpers_for(source), 1);
         let sha = redis::Script::new(&body).get_hash().to_owned();
-        Arc::new(LuaScript { name, body, sha })
+        Arc::new(LuaScript {
+            name,
+            body,
+            sha,
+            needs_replicas,
+        })
     }
 }
 
@@ -185,13 +211,22 @@ impl Scripts {
             order: LuaScript::new("order", include_str!("../lua/order.lua")),
             stock_add: LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
             stock_set: LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
-            status: LuaScript::new("status", include_str!("../lua/status.lua")),
-            get: LuaScript::new("get", include_str!("../lua/get.lua")),
-            release: LuaScript::new("release", include_str!("../lua/release.lua")),
-            due_mark: LuaScript::new("due_mark", include_str!("../lua/due_mark.lua")),
-            due_sweep: LuaScript::new("due_sweep", include_str!("../lua/due_sweep.lua")),
-            sweep_lease: LuaScript::new("sweep_lease", include_str!("../lua/sweep_lease.lua")),
-            sweep_active: LuaScript::new("sweep_active", include_str!("../lua/sweep_active.lua")),
+            status: LuaScript::without_replicas("status", include_str!("../lua/status.lua")),
+            get: LuaScript::without_replicas("get", include_str!("../lua/get.lua")),
+            release: LuaScript::without_replicas("release", include_str!("../lua/release.lua")),
+            due_mark: LuaScript::without_replicas("due_mark", include_str!("../lua/due_mark.lua")),
+            due_sweep: LuaScript::without_replicas(
+                "due_sweep",
+                include_str!("../lua/due_sweep.lua"),
+            ),
+            sweep_lease: LuaScript::without_replicas(
+                "sweep_lease",
+                include_str!("../lua/sweep_lease.lua"),
+            ),
+            sweep_active: LuaScript::without_replicas(
+                "sweep_active",
+                include_str!("../lua/sweep_active.lua"),
+            ),
             order_due: LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
         }
     }
@@ -228,6 +263,35 @@ impl Default for Scripts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With `--wait-replicas`, a WAIT follows exactly the scripts whose
+    /// answers acknowledge writes: a read that waited blocked the shared
+    /// connection for nothing (issue 23, 4), and a write that didn't could
+    /// be acknowledged and then lost in a failover.
+    #[test]
+    fn only_the_scripts_that_acknowledge_writes_wait_for_replicas() {
+        let scripts = Scripts::new();
+        let waiting: Vec<&str> = scripts
+            .all()
+            .iter()
+            .filter(|s| s.needs_replicas)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(
+            waiting,
+            [
+                "deduct",
+                "deduct_many",
+                "revert",
+                "hold",
+                "confirm",
+                "order",
+                "stock_add",
+                "stock_set",
+                "order_due"
+            ]
+        );
+    }
     use crate::outcome::SCRIPT_VERSION;
 
     #[test]

@@ -286,3 +286,190 @@ async fn a_late_call_on_a_hold_that_ran_out_keeps_it_given_back_under_wait_repli
         assert_eq!(get_stock(&cluster, sku), Some(100), "{sku}");
     }
 }
+
+/// How many times `node` has run `command` (its `INFO commandstats`).
+fn calls(node: &stockgate::dev::RedisNode, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node.connection().unwrap())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A primary with no replica (as a replica just promoted has): one
+/// standalone Redis, or a cluster of one primary.
+enum Lonely {
+    Standalone(stockgate::dev::LocalRedis),
+    Cluster(LocalCluster),
+}
+
+impl Lonely {
+    fn primary(&self) -> &stockgate::dev::RedisNode {
+        match self {
+            Lonely::Standalone(redis) => &redis.node,
+            Lonely::Cluster(cluster) => &cluster.nodes[0],
+        }
+    }
+}
+
+/// A primary without a replica ([`Lonely`]), four skus of 100 units on
+/// it, and a stockgate in front with `--wait-replicas 1 --wait-timeout
+/// 200ms`.
+async fn without_a_replica(cluster: bool) -> (Lonely, Vec<String>, stockgate::server::Server) {
+    let (lonely, seeds) = if cluster {
+        let cluster = LocalCluster::start(1, 0, &RedisOptions::default()).expect("a primary");
+        let seeds = cluster.seeds();
+        (Lonely::Cluster(cluster), seeds)
+    } else {
+        let redis = standalone();
+        let seeds = vec![redis.url()];
+        (Lonely::Standalone(redis), seeds)
+    };
+    let skus: Vec<String> = (0..4).map(|i| format!("lonely-{i}")).collect();
+    let mut direct = lonely.primary().connection().unwrap();
+    for sku in &skus {
+        redis::cmd("SET")
+            .arg(stock_key(sku))
+            .arg(100)
+            .query::<()>(&mut direct)
+            .unwrap();
+    }
+    let server = proxy(seeds, |c| {
+        c.upstream.durability = Some(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(200),
+        });
+    })
+    .await;
+    (lonely, skus, server)
+}
+
+/// Issue 23, 4: with `--wait-replicas 1` and a primary that has no
+/// replica, STOCK.GET and STOCK.STATUS are answered, and send no WAIT: a
+/// read has nothing to make durable. Before, each sent a WAIT on the one
+/// connection all such calls share; WAIT blocks it for the whole
+/// `--wait-timeout` when no replica acknowledges, so 32 concurrent readers
+/// queued behind each other's waits and 508 of their 512 reads timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_never_wait_for_replicas() {
+    for cluster in [false, true] {
+        reads_without_a_replica(cluster).await;
+    }
+}
+
+async fn reads_without_a_replica(cluster: bool) {
+    let (lonely, skus, server) = without_a_replica(cluster).await;
+    let waits_before = calls(lonely.primary(), "wait");
+    // 32 readers, each with its own connection to stockgate; every call
+    // of theirs shares stockgate's one connection to the primary.
+    let mut readers = Vec::new();
+    for reader in 0..32 {
+        let mut conn = client(&server, false).await;
+        let skus = skus.clone();
+        readers.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for round in 0..8 {
+                let sku = &skus[(reader + round) % skus.len()];
+                let get: redis::RedisResult<redis::Value> = redis::cmd("STOCK.GET")
+                    .arg(sku)
+                    .query_async(&mut conn)
+                    .await;
+                if get != Ok(redis::Value::Int(100)) {
+                    failed.push(format!("STOCK.GET {sku}: {get:?}"));
+                }
+                let status: redis::RedisResult<redis::Value> = redis::cmd("STOCK.STATUS")
+                    .arg(sku)
+                    .arg(format!("nobody-{reader}"))
+                    .query_async(&mut conn)
+                    .await;
+                if !matches!(status, Ok(redis::Value::Array(_) | redis::Value::Map(_))) {
+                    failed.push(format!("STOCK.STATUS {sku}: {status:?}"));
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for reader in readers {
+        failed.extend(reader.await.unwrap());
+    }
+    assert!(
+        failed.is_empty(),
+        "cluster {cluster}: {} of 512 reads failed, e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(
+        calls(lonely.primary(), "wait"),
+        waits_before,
+        "cluster {cluster}: a read sends no WAIT"
+    );
+    server.stop_now();
+}
+/// Issue 23, 4: with `--wait-replicas 1` and a primary known to have no
+/// replica, 32 writes at once through the redis crate (the path a
+/// fallback, an order's intent and a TLS upstream take) are each applied
+/// on the primary once and answered `not replicated` at once. Sent with a
+/// WAIT each, on the one connection they share, they queued behind each
+/// other's waits and timed out one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replica_writes_through_the_redis_crate_fail_fast() {
+    for cluster in [false, true] {
+        writes_without_a_replica(cluster).await;
+    }
+}
+
+async fn writes_without_a_replica(cluster: bool) {
+    let (lonely, skus, server) = without_a_replica(cluster).await;
+    let upstream = server.shared().upstream.clone();
+    let scripts = stockgate::script::Scripts::new();
+    let sku = stockgate::params::Sku::parse(skus[0].clone().into()).unwrap();
+    let mut writes = Vec::new();
+    for write in 0..32 {
+        let (upstream, script) = (upstream.clone(), scripts.stock_add.clone());
+        let op_id = stockgate::params::OpId::parse(format!("restock-{write}").into()).unwrap();
+        let keys = layout().op_keys(&sku, &op_id);
+        writes.push(tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + upstream.timeout();
+            let nonce = format!("{write:x}");
+            upstream
+                .eval_fallback(
+                    &script,
+                    &[&keys.stock, &keys.record],
+                    &[b"1", b"60000", nonce.as_bytes(), b"1"],
+                    deadline,
+                )
+                .await
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for write in writes {
+        outcomes.push(write.await.unwrap());
+    }
+    let not_fast: Vec<_> = outcomes
+        .iter()
+        .filter(|o| {
+            !matches!(o, Err(e) if e.kind == stockgate::error::FaultKind::NotReplicated
+                && e.detail.starts_with("not replicated: 0 of 1 replicas"))
+        })
+        .collect();
+    assert!(
+        not_fast.is_empty(),
+        "cluster {cluster}: {} of 32 writes were not a fast `not replicated`, e.g. {:?}",
+        not_fast.len(),
+        not_fast.first()
+    );
+    let stock: i64 = redis::cmd("GET")
+        .arg(stock_key(&skus[0]))
+        .query(&mut lonely.primary().connection().unwrap())
+        .unwrap();
+    assert_eq!(
+        stock, 132,
+        "cluster {cluster}: each write applied once on the primary"
+    );
+    server.stop_now();
+}

@@ -385,3 +385,111 @@ async fn an_idle_sidecar_still_notices_redis_going_away_and_coming_back() {
         "ready again without a request or a restart"
     );
 }
+
+/// The TCP keepalive of every socket this process has open to one of
+/// `ports`: `(port, [SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL,
+/// TCP_KEEPCNT])`, seconds and probes as the kernel holds them.
+fn keepalive_to(ports: &[u16]) -> Vec<(u16, [i32; 4])> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: getpeername and getsockopt write at most the lengths
+        // given into buffers of those lengths; an fd that is not a socket
+        // (or closed since) makes them fail, and it is skipped.
+        unsafe {
+            let mut peer: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            if libc::getpeername(fd, (&raw mut peer).cast(), &mut len) != 0
+                || i32::from(peer.sin_family) != libc::AF_INET
+            {
+                continue;
+            }
+            let port = u16::from_be(peer.sin_port);
+            if !ports.contains(&port) {
+                continue;
+            }
+            let option = |level, name| {
+                let mut value: libc::c_int = 0;
+                let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                libc::getsockopt(fd, level, name, (&raw mut value).cast(), &mut len);
+                value
+            };
+            found.push((
+                port,
+                [
+                    option(libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+                    option(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+                    option(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+                    option(libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+                ],
+            ));
+        }
+    }
+    found
+}
+
+/// Every upstream connection, the node pipes' and the redis crate's, has
+/// TCP keepalive as the README documents it: the first probe after 10 s
+/// without traffic, then one every 5 s, reset after 3 unanswered. A flow
+/// the network drops while idle (a conntrack or NAT entry gone) is then
+/// found within 25 s, instead of by the next request's timeout (issue 23,
+/// 2). Standalone and cluster: the redis crate opens each in its own way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_upstream_connection_has_tcp_keepalive() {
+    for clustered in [false, true] {
+        let (_servers, seeds, ports): (Box<dyn std::any::Any>, Vec<String>, Vec<u16>) = if clustered
+        {
+            let cluster = cluster();
+            let seeds = cluster.seeds();
+            let ports = cluster.nodes.iter().map(|n| n.port).collect();
+            set_stock(&cluster, "kept-alive", 10);
+            (Box::new(cluster), seeds, ports)
+        } else {
+            let redis = standalone();
+            redis::cmd("SET")
+                .arg(stock_key("kept-alive"))
+                .arg(10)
+                .query::<()>(&mut redis.node.connection().unwrap())
+                .unwrap();
+            let (seeds, ports) = (vec![redis.url()], vec![redis.node.port]);
+            (Box::new(redis), seeds, ports)
+        };
+        let server = proxy(seeds, |_| {}).await;
+        let mut conn = client(&server, false).await;
+        // A DEDUCT opens its node pipe; a STOCK.GET uses the redis crate.
+        let reply = parse(
+            deduct(&mut conn, "kept-alive", "1", "k1", None)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(reply.code, 0);
+        let stock: i64 = redis::cmd("STOCK.GET")
+            .arg("kept-alive")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stock, 9);
+        // The test's own connections to the servers are closed by now: every
+        // socket to them is stockgate's.
+        let sockets = keepalive_to(&ports);
+        eprintln!("cluster {clustered}: stockgate's upstream sockets {sockets:?}");
+        assert!(
+            sockets.len() >= 2,
+            "cluster {clustered}: the node pipe's and the redis crate's connections, at least: {sockets:?}"
+        );
+        for (port, settings) in &sockets {
+            assert_eq!(
+                *settings,
+                [1, 10, 5, 3],
+                "cluster {clustered}: the connection to :{port} keeps alive as documented"
+            );
+        }
+        server.stop_now();
+    }
+}

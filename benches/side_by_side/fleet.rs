@@ -458,6 +458,7 @@ impl Db {
                     name: "deduct-v3",
                     body,
                     sha,
+                    needs_replicas: true,
                 }
             },
         }

@@ -2,13 +2,15 @@
 //! (cluster or standalone) with explicit timeouts and a retry budget sized
 //! by the deadline.
 
-use super::{Mode, Upstream};
+use super::{Current, Mode, Upstream};
 use crate::config::UpstreamMode;
 use crate::redact::redact;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
+use redis::io::tcp::TcpSettings;
+use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisError, Value};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// One shared, multiplexed, self-reconnecting connection. Cloning it is
@@ -71,10 +73,15 @@ impl Upstream {
             Mode::Cluster => Connection::Cluster(self.connect_cluster().await?),
             Mode::Standalone => Connection::Standalone(self.connect_standalone().await?),
         };
-        self.ensure_scripts(connection.clone()).await?;
-        // The first connection, or one that replaces a stuck one; requests
-        // in flight keep the old one until they finish.
-        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some((mode, connection));
+        self.ensure_scripts(connection.clone(), None).await?;
+        // The first connection, or one that replaces one given up or stuck;
+        // requests in flight keep the old one until they finish.
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some(Current {
+            mode,
+            connection,
+            generation,
+        });
         self.warn_about_eviction().await;
         Ok(())
     }
@@ -92,13 +99,19 @@ impl Upstream {
         Err(problems.join("; "))
     }
 
-    /// A client for one URL, with the --upstream-tls-* certificates.
+    /// A client for one URL, with the --upstream-tls-* certificates and
+    /// TCP keepalive.
     fn client(&self, url: &str) -> Result<redis::Client, String> {
+        let fail = |e: RedisError| format!("{}: {}", redact(url), explain(&e));
+        let info = url
+            .into_connection_info()
+            .map_err(fail)?
+            .set_tcp_settings(tcp_settings());
         match &self.config.tls {
-            Some(tls) => redis::Client::build_with_tls(url, tls.0.clone()),
-            None => redis::Client::open(url),
+            Some(tls) => redis::Client::build_with_tls(info, tls.0.clone()),
+            None => redis::Client::open(info),
         }
-        .map_err(|e| format!("{}: {}", redact(url), explain(&e)))
+        .map_err(fail)
     }
 
     async fn probe(&self, url: &str) -> Result<Mode, String> {
@@ -147,7 +160,8 @@ impl Upstream {
         // least 1.28 s before each retry, longer than the whole --timeout;
         // these waits are in milliseconds, 2 to 100, doubling from 8. The
         // deadline, not the retry count, ends the retries: see cluster_retries.
-        let mut builder = ClusterClientBuilder::new(self.config.urls.clone());
+        let mut builder =
+            ClusterClientBuilder::new(self.config.urls.clone()).tcp_settings(tcp_settings());
         if let Some(tls) = &self.config.tls {
             builder = builder.certs(tls.0.clone());
         }
@@ -182,6 +196,13 @@ impl Upstream {
             .await
             .map_err(|e| format!("cannot connect to {}: {}", redact(url), explain(&e)))
     }
+}
+
+/// The redis crate's sockets: TCP keepalive as the node pipes have it
+/// ([`crate::net::upstream_keepalive`]); Nagle as the crate's default
+/// leaves it.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_keepalive(crate::net::upstream_keepalive())
 }
 
 /// How many retries the cluster client may make within `deadline`.

@@ -1,7 +1,8 @@
 //! Running scripts: DEDUCT and REVERT through the node pipes when they
 //! can, and through the redis crate (redirects, retries, NOSCRIPT → EVAL,
-//! `--wait-replicas` per request) when they can't, always within the
-//! request's one `--timeout`.
+//! `--wait-replicas` per request, for the scripts whose answers
+//! acknowledge writes) when they can't, always within the request's one
+//! `--timeout`.
 
 use super::Upstream;
 use crate::answer::Shape;
@@ -85,7 +86,12 @@ impl Upstream {
                     if let (Some(durability), Some(confirmed)) =
                         (self.config.durability, answer.replicas)
                     {
-                        replicated(reply.code as i64, confirmed, durability)?;
+                        replicated(
+                            reply.code as i64,
+                            confirmed,
+                            durability,
+                            Shortfall::Confirmed,
+                        )?;
                     }
                     Ok(reply)
                 })),
@@ -186,44 +192,72 @@ impl Upstream {
         args: &[&[u8]],
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
-        if let Some(durability) = self.config.durability {
+        // A read, or the sweeper's bookkeeping, has nothing to make durable
+        // (`LuaScript::needs_replicas`): no WAIT to block the shared
+        // connection behind it.
+        if let Some(durability) = self.config.durability
+            && script.needs_replicas
+        {
             return self
                 .eval_durably(script, keys, args, durability, budget)
                 .await;
         }
-        let mut connection = self.connection()?;
-        let call = async move {
-            let evalsha = script_call("EVALSHA", &script.sha, keys, args);
-            loop {
-                let result = match connection.query(&evalsha).await {
-                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        tracing::debug!(
-                            script = script.name,
-                            "NOSCRIPT; sending the body with EVAL"
-                        );
-                        let eval = script_call("EVAL", &script.body, keys, args);
-                        connection.query(&eval).await
+        self.eval_plain(script, keys, args, budget).await
+    }
+
+    /// A script call without WAIT, within `budget`.
+    async fn eval_plain(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        budget: Duration,
+    ) -> Result<Value, UpstreamError> {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(UpstreamError::timeout(self.config.timeout));
+            }
+            let sent = self
+                .on_connection(left, async |connection| {
+                    let evalsha = script_call("EVALSHA", &script.sha, keys, args);
+                    let result = match connection.query(&evalsha).await {
+                        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                            tracing::debug!(
+                                script = script.name,
+                                "NOSCRIPT; sending the body with EVAL"
+                            );
+                            let eval = script_call("EVAL", &script.body, keys, args);
+                            connection.query(&eval).await
+                        }
+                        other => other,
+                    };
+                    match result {
+                        Ok(value) => Ok(Ok(value)),
+                        Err(err) if slot_moving(&err) => Ok(Err(err)),
+                        Err(err) => Err(err),
                     }
-                    other => other,
-                };
-                match result {
-                    // The redis crate counts hops, and while a slot moves a
-                    // call that is new to the target goes source (ASK),
-                    // target (TRYAGAIN: its record isn't there), and round
-                    // again, so its count can run out long before the
-                    // deadline (seen as `-UPSTREAM redis answered ASK` a
-                    // few hundred ms into a 600 ms move under load). The
-                    // deadline decides: ask again after a pause. Safe, as
-                    // every resend of a call answers as its first send.
-                    Err(err) if slot_moving(&err) => tokio::time::sleep(SLOT_MOVE_PAUSE).await,
-                    other => return other,
+                })
+                .await?;
+            match sent {
+                Ok(value) => return Ok(value),
+                // The redis crate counts hops, and while a slot moves a call
+                // that is new to the target goes source (ASK), target
+                // (TRYAGAIN: its record isn't there), and round again, so
+                // its count can run out long before the deadline (seen as
+                // `-UPSTREAM redis answered ASK` a few hundred ms into a 600
+                // ms move under load). The deadline decides: ask again after
+                // a pause. Safe, as every resend of a call answers as its
+                // first send. (The pause is outside the call: a deadline
+                // that passes in it is no sign of a stuck connection.)
+                Err(_moving) => {
+                    tokio::time::sleep_until(
+                        (tokio::time::Instant::now() + SLOT_MOVE_PAUSE).min(deadline),
+                    )
+                    .await
                 }
             }
-        };
-        match tokio::time::timeout(budget, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
         }
     }
 
@@ -238,6 +272,13 @@ impl Upstream {
     /// acknowledged deduction. WAIT covers the writes this connection made,
     /// and every call to a node shares one connection, so it covers the
     /// earlier call's write unless that came through another connection.
+    ///
+    /// Where the primary is known to have fewer replicas than asked
+    /// ([`Upstream::replicas_short`]), the script goes alone and its reply
+    /// is judged as a WAIT would have answered: no replica can confirm the
+    /// write, and WAIT blocks the connection it is sent on, shared by every
+    /// call through the redis crate, for the whole `--wait-timeout`. Each
+    /// write then held all the others up, and most timed out one by one.
     async fn eval_durably(
         &self,
         script: &LuaScript,
@@ -246,9 +287,20 @@ impl Upstream {
         durability: crate::config::Durability,
         budget: Duration,
     ) -> Result<Value, UpstreamError> {
-        let mut connection = self.connection()?;
+        if let Some(replicas) = keys
+            .first()
+            .and_then(|key| self.replicas_short(crate::keys::slot(key)))
+        {
+            let reply = self.eval_plain(script, keys, args, budget).await?;
+            if let Value::Array(items) = &reply
+                && let Some(Value::Int(code)) = items.first()
+            {
+                replicated(*code, replicas, durability, Shortfall::Connected)?;
+            }
+            return Ok(reply);
+        }
         let wait_ms = durability.timeout.as_millis() as u64;
-        let call = async move {
+        let call = async |connection: &mut super::connect::Connection| {
             let pipeline = |verb: &str, script_text: &str| {
                 let mut pipe = redis::pipe();
                 pipe.add_command(script_call(verb, script_text, keys, args))
@@ -270,11 +322,7 @@ impl Upstream {
         };
         // What is left of the request's deadline, not a fresh --timeout: a
         // fallback after a node pipe's attempt must not take twice as long.
-        let replies = match tokio::time::timeout(budget, call).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
-            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
-        };
+        let replies = self.on_connection(budget, call).await?;
         let mut replies = replies.into_iter();
         let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {
             return Err(UpstreamError::new(
@@ -293,7 +341,7 @@ impl Upstream {
                 // WAIT itself failed: nothing is confirmed.
                 _ => -1,
             };
-            replicated(*code, confirmed, durability)?;
+            replicated(*code, confirmed, durability, Shortfall::Confirmed)?;
         }
         Ok(reply)
     }
@@ -313,21 +361,42 @@ fn slot_moving(err: &RedisError) -> bool {
     )
 }
 
+/// How a write came to lack its replicas.
+#[derive(Clone, Copy)]
+enum Shortfall {
+    /// WAIT answered: this many confirmed it in time.
+    Confirmed,
+    /// No WAIT was sent: this many replicas were connected to the primary
+    /// at the health loop's last look, fewer than asked.
+    Connected,
+}
+
 /// With `--wait-replicas`, a reply that reports the request's record
 /// (code 0: written now; 1 and 4: written before, perhaps through another
 /// connection, perhaps lost in a failover since) stands only once enough
 /// replicas confirmed it. Codes 2 and 3 wrote nothing and pass.
-fn replicated(code: i64, confirmed: i64, durability: Durability) -> Result<(), UpstreamError> {
-    if !matches!(code, 0 | 1 | 4) || confirmed >= i64::from(durability.replicas) {
+fn replicated(
+    code: i64,
+    replicas: i64,
+    durability: Durability,
+    shortfall: Shortfall,
+) -> Result<(), UpstreamError> {
+    if !matches!(code, 0 | 1 | 4) || replicas >= i64::from(durability.replicas) {
         return Ok(());
     }
+    let why = match shortfall {
+        Shortfall::Confirmed => format!(
+            "confirmed the write within {} ms",
+            durability.timeout.as_millis()
+        ),
+        Shortfall::Connected => "are connected to its primary".to_owned(),
+    };
     Err(UpstreamError::new(
         FaultKind::NotReplicated,
         format!(
-            "not replicated: {} of {} replicas confirmed the write within {} ms, so it may be lost if its primary fails",
-            confirmed.max(0),
+            "not replicated: {} of {} replicas {why}, so it may be lost if its primary fails",
+            replicas.max(0),
             durability.replicas,
-            durability.timeout.as_millis()
         ),
     ))
 }

@@ -1,7 +1,8 @@
 //! Health, in the background: connect, load the scripts on every
 //! primary, keep readiness (and `/readyz`) truthful and the node pipes'
-//! slot table current, replace a cluster connection that stays stuck, and
-//! warn about a risky eviction policy.
+//! slot table current, replace a connection a call timed out on (within a
+//! [`TICK`]) and a cluster connection that stays stuck, and warn about a
+//! risky eviction policy.
 //!
 //! All of it at a cost a fleet can carry. Every sidecar's background
 //! commands add up on the shared cluster (at one full check a second, an
@@ -24,6 +25,14 @@
 //! primaries (`tests/upstream.rs` counts them in the servers'
 //! commandstats), and `/readyz` still turns 503 within a check of a
 //! failing request, or within [`PROBE`] plus `--timeout` when idle.
+//!
+//! Each read of the topology also tells, with `--wait-replicas`, which
+//! primaries have fewer replicas than asked (CLUSTER SLOTS lists them; a
+//! standalone primary is asked with one ROLE), so that a write there
+//! through the redis crate fails fast instead of blocking its connection
+//! on WAIT ([`Upstream::replicas_short`]). A `not replicated` answer is a
+//! fault, so while writes get it the topology is read again every
+//! [`RECHECK`]: a replica that comes back is seen within about a second.
 
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
@@ -58,6 +67,12 @@ const STALE_REFRESH: Duration = Duration::from_millis(250);
 /// one is tried in its place (see [`Upstream::maintain`]).
 const REPLACE_AFTER: Duration = Duration::from_secs(5);
 
+/// The wait before replacing a connection given up, after a replacement
+/// that failed or that was itself given up before it answered anything...
+const REPLACE_FIRST: Duration = Duration::from_millis(250);
+/// ...doubling each time, up to this.
+const REPLACE_MOST: Duration = Duration::from_secs(8);
+
 /// Whether a primary may evict keys stockgate needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Eviction {
@@ -79,6 +94,13 @@ struct Schedule {
     seen: Activity,
     /// Since when the cluster connection has failed every check.
     failing_since: Option<Instant>,
+    /// The connection given up whose replacement failed so far, if any.
+    replacing: Option<u64>,
+    /// A connection given up is not replaced before then...
+    replace_at: Instant,
+    /// ...and the next wait, after a replacement that failed or one that
+    /// was given up before it answered anything.
+    replace_backoff: Duration,
 }
 
 impl Upstream {
@@ -102,6 +124,9 @@ impl Upstream {
             refreshed: now,
             seen: self.metrics.activity(),
             failing_since: None,
+            replacing: None,
+            replace_at: now,
+            replace_backoff: REPLACE_FIRST,
         };
         loop {
             self.tick(&mut schedule).await;
@@ -114,6 +139,9 @@ impl Upstream {
 
     /// One look at the signals, and the one piece of work they call for.
     async fn tick(&self, schedule: &mut Schedule) {
+        if self.replace_given_up(schedule).await {
+            return;
+        }
         let now = Instant::now();
         let activity = self.metrics.activity();
         let faults = activity.faults > schedule.seen.faults;
@@ -158,6 +186,58 @@ impl Upstream {
         }
     }
 
+    /// Replaces the connection in use if a call timed out on it
+    /// ([`Upstream::on_connection`]), when its backoff allows: at once
+    /// after one that had answered calls; after [`REPLACE_FIRST`], doubling
+    /// to [`REPLACE_MOST`], while replacements fail or are given up before
+    /// they answer anything (every flow to a node stuck, or the node
+    /// itself). True when it tried.
+    async fn replace_given_up(&self, schedule: &mut Schedule) -> bool {
+        let Some(current) = self.current() else {
+            return false;
+        };
+        if self.dead.load(Ordering::Relaxed) != current.generation {
+            return false;
+        }
+        let now = Instant::now();
+        if schedule.replacing != Some(current.generation) {
+            // Newly given up: at once if it had answered calls (the flow
+            // stuck, the node may be well); after the backoff if it never
+            // did (its predecessor's fault is still there).
+            schedule.replacing = Some(current.generation);
+            if self.answered.load(Ordering::Relaxed) >= current.generation {
+                schedule.replace_backoff = REPLACE_FIRST;
+                schedule.replace_at = now;
+            } else {
+                schedule.replace_at = now + schedule.replace_backoff;
+                schedule.replace_backoff = (schedule.replace_backoff * 2).min(REPLACE_MOST);
+            }
+        }
+        if now < schedule.replace_at {
+            return false;
+        }
+        match self.connect().await {
+            Ok(()) => {
+                schedule.replacing = None;
+                tracing::warn!(
+                    generation = current.generation,
+                    "gave up the redis connection on which a call timed out; a new one serves"
+                );
+            }
+            Err(problem) => {
+                let wait = schedule.replace_backoff;
+                schedule.replace_at = Instant::now() + wait;
+                schedule.replace_backoff = (wait * 2).min(REPLACE_MOST);
+                tracing::warn!(
+                    %problem,
+                    next_try_in = ?wait,
+                    "a call timed out on the redis connection, and a new one does not work yet"
+                );
+            }
+        }
+        true
+    }
+
     /// Connects (or checks the scripts on every primary), replaces a stuck
     /// cluster connection, rebuilds the topology, and sets readiness.
     async fn full_check(&self, schedule: &mut Schedule, activity: Activity) {
@@ -167,11 +247,14 @@ impl Upstream {
         schedule.seen = activity;
         let outcome = match self.current() {
             None => self.connect().await,
-            Some((mode, connection)) => match self.ensure_scripts(connection).await {
+            Some(current) => match self
+                .ensure_scripts(current.connection, Some(current.generation))
+                .await
+            {
                 Ok(()) => Ok(()),
                 Err(problem) => {
                     let since = *schedule.failing_since.get_or_insert(now);
-                    if mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
+                    if current.mode == Mode::Cluster && since.elapsed() >= REPLACE_AFTER {
                         match self.connect().await {
                             Ok(()) => {
                                 tracing::warn!(
@@ -285,7 +368,15 @@ impl Upstream {
     /// each primary and answers with one flag per script, each true only if
     /// every primary has it; then SCRIPT LOAD (to every primary) of those
     /// missing somewhere.
-    pub(super) async fn ensure_scripts(&self, mut connection: Connection) -> Result<(), String> {
+    ///
+    /// `generation` names the connection when it is the one in use: a
+    /// command that gets no reply in time gives it up, as a request's does
+    /// ([`Upstream::on_connection`]).
+    pub(super) async fn ensure_scripts(
+        &self,
+        mut connection: Connection,
+        generation: Option<u64>,
+    ) -> Result<(), String> {
         if self.scripts.is_empty() {
             // The one-shot tools (`stock import|export`) run no script, and
             // SCRIPT EXISTS without a SHA is a syntax error.
@@ -296,12 +387,23 @@ impl Upstream {
         for script in &self.scripts {
             exists.arg(&script.sha);
         }
+        let given_up = || {
+            if let Some(generation) = generation {
+                self.dead.fetch_max(generation, Ordering::Relaxed);
+            }
+        };
         let call = connection.query(&exists);
         let flags = match tokio::time::timeout(self.config.timeout, call).await {
             Ok(Ok(Value::Array(flags))) if flags.len() == self.scripts.len() => flags,
             Ok(Ok(other)) => return Err(format!("SCRIPT EXISTS answered {other:?}")),
-            Ok(Err(err)) => return Err(format!("redis unreachable: {err}")),
+            Ok(Err(err)) => {
+                if err.is_timeout() {
+                    given_up();
+                }
+                return Err(format!("redis unreachable: {err}"));
+            }
             Err(_) => {
+                given_up();
                 return Err(format!(
                     "redis unreachable: SCRIPT EXISTS got no answer within {} ms",
                     self.config.timeout.as_millis()
@@ -314,10 +416,12 @@ impl Upstream {
             }
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(&script.body);
-            connection
-                .query(&load)
-                .await
-                .map_err(|e| format!("SCRIPT LOAD {} failed: {e}", script.name))?;
+            connection.query(&load).await.map_err(|e| {
+                if e.is_timeout() {
+                    given_up();
+                }
+                format!("SCRIPT LOAD {} failed: {e}", script.name)
+            })?;
             tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
         }
         Ok(())

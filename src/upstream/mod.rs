@@ -13,7 +13,17 @@
 //! - [`eval`] runs scripts: the hot path through a node pipe, and the
 //!   redis-rs fallback for everything out of the ordinary;
 //! - [`health`] keeps readiness, the scripts and the eviction check up to
-//!   date in the background.
+//!   date in the background, and replaces a connection given up.
+//!
+//! A call on the redis crate's shared connection that gets no reply within
+//! its deadline gives that connection up ([`Upstream::on_connection`]):
+//! its bytes may be stuck for good (a black-holed flow: a dropped
+//! conntrack or NAT entry, a firewall that silently discards), and the
+//! redis crate keeps a connection until it fails, which a stuck flow never
+//! does. The health loop opens a new one within [`health`]'s tick and swaps
+//! it in; calls in flight on the old one finish there (their outcome
+//! unknown, if they time out too), new calls go on the new one. The node
+//! pipes do the same with their own connections ([`crate::pipeline`]).
 
 mod connect;
 mod eval;
@@ -30,8 +40,8 @@ use crate::pipeline::{Login, Pipelines};
 use crate::redact::redact;
 use crate::script::LuaScript;
 use connect::Connection;
-use redis::{Cmd, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
+use redis::{Cmd, RedisError, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -62,8 +72,18 @@ pub struct Node {
 pub struct Upstream {
     config: UpstreamConfig,
     scripts: Vec<Arc<LuaScript>>,
-    /// Set by the first successful connect; replaced only when it is stuck.
-    connection: RwLock<Option<(Mode, Connection)>>,
+    /// Set by the first successful connect; replaced when a call timed out
+    /// on it, or when it keeps failing while a fresh one works.
+    connection: RwLock<Option<Current>>,
+    /// Numbers the connections, from 1, so that a call reports on the one it
+    /// used: a late timeout on a connection replaced since condemns nothing.
+    generations: AtomicU64,
+    /// The newest connection a call timed out on (0: none): the health loop
+    /// replaces it while it is the current one.
+    dead: AtomicU64,
+    /// The newest connection a call was answered on: one given up before
+    /// any was waits longer for its successor (see [`health`]).
+    answered: AtomicU64,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     /// The primaries at the last health check, for INFO.
@@ -74,6 +94,10 @@ pub struct Upstream {
     pipelines: Option<Pipelines>,
     /// Why the upstream is not ready, for logs and INFO.
     last_problem: Mutex<Option<String>>,
+    /// With --wait-replicas: the slot ranges whose primary had fewer
+    /// replicas than asked when the health loop last read the topology,
+    /// each with how many it had ([`Upstream::replicas_short`]).
+    short_of_replicas: RwLock<Vec<(u16, u16, i64)>>,
 }
 
 impl Upstream {
@@ -97,22 +121,21 @@ impl Upstream {
                     }
                 })
                 .unwrap_or_default();
-            Pipelines::new(
-                login,
-                config.connect_timeout,
-                config.timeout,
-                config.durability,
-            )
+            Pipelines::new(login, config.connect_timeout, config.durability)
         });
         Arc::new(Upstream {
             config,
             scripts,
             connection: RwLock::new(None),
+            generations: AtomicU64::new(0),
+            dead: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             metrics,
             nodes: Mutex::new(Vec::new()),
             pipelines,
             last_problem: Mutex::new(None),
+            short_of_replicas: RwLock::new(Vec::new()),
         })
     }
 
@@ -125,11 +148,11 @@ impl Upstream {
 
     /// The mode, once connected.
     pub fn mode(&self) -> Option<Mode> {
-        self.current().map(|(mode, _)| mode)
+        self.current().map(|current| current.mode)
     }
 
     /// The connection now (a cheap clone: clones share the sockets).
-    fn current(&self) -> Option<(Mode, Connection)> {
+    fn current(&self) -> Option<Current> {
         self.connection
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -161,32 +184,68 @@ impl Upstream {
 
     /// Sends one command, routed by its key, within `--timeout`.
     pub async fn query(&self, cmd: &Cmd) -> Result<Value, UpstreamError> {
-        let mut connection = self.connection()?;
-        match tokio::time::timeout(self.config.timeout, connection.query(cmd)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
-        }
+        self.on_connection(self.config.timeout, async |connection| {
+            connection.query(cmd).await
+        })
+        .await
     }
 
-    fn connection(&self) -> Result<Connection, UpstreamError> {
-        match self.current() {
-            Some((_, connection)) => Ok(connection),
-            None => Err(UpstreamError::new(
+    /// Runs `call` on the connection now, within `budget`. A call that gets
+    /// no reply in time left bytes unread (or unsent) on the connection
+    /// every call shares: it is given up, and the health loop replaces it
+    /// (see the module docs). A reply, an error reply included, proves it
+    /// answers.
+    async fn on_connection<T>(
+        &self,
+        budget: Duration,
+        call: impl AsyncFnOnce(&mut Connection) -> Result<T, RedisError>,
+    ) -> Result<T, UpstreamError> {
+        let Some(mut current) = self.current() else {
+            return Err(UpstreamError::new(
                 FaultKind::NotReady,
                 "not connected to redis yet",
-            )),
+            ));
+        };
+        let generation = current.generation;
+        match tokio::time::timeout(budget, call(&mut current.connection)).await {
+            Ok(Ok(value)) => {
+                self.answered.fetch_max(generation, Ordering::Relaxed);
+                Ok(value)
+            }
+            Ok(Err(err)) => {
+                if err.is_timeout() {
+                    // The redis crate's own response timeout: no reply either.
+                    self.dead.fetch_max(generation, Ordering::Relaxed);
+                } else if matches!(
+                    err.kind(),
+                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                ) {
+                    self.answered.fetch_max(generation, Ordering::Relaxed);
+                }
+                Err(UpstreamError::from_redis(&err))
+            }
+            Err(_) => {
+                self.dead.fetch_max(generation, Ordering::Relaxed);
+                Err(UpstreamError::timeout(self.config.timeout))
+            }
         }
     }
 
     /// Sends a pipeline whose commands all name keys of one slot (in
     /// cluster mode it goes to that slot's primary), within `--timeout`.
     pub async fn pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, UpstreamError> {
-        let mut connection = self.connection()?;
-        match tokio::time::timeout(self.config.timeout, connection.pipeline(pipe)).await {
-            Ok(Ok(values)) => Ok(values),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
-        }
+        self.on_connection(self.config.timeout, async |connection| {
+            connection.pipeline(pipe).await
+        })
+        .await
     }
+}
+
+/// The redis crate's connection now, and what the health loop knows it by.
+#[derive(Clone)]
+struct Current {
+    mode: Mode,
+    connection: Connection,
+    /// Its number ([`Upstream::generations`]).
+    generation: u64,
 }

@@ -1,8 +1,11 @@
 //! The topology: which primaries serve which slots, for INFO, for SCAN
-//! and SCRIPT on every node, and for the node pipes' slot table.
+//! and SCRIPT on every node, and for the node pipes' slot table; and with
+//! `--wait-replicas`, how many replicas each primary has, so that a write
+//! where too few are connected is answered `not replicated` without a
+//! WAIT that would block the shared connection.
 
 use super::connect::Connection;
-use super::{Node, Upstream};
+use super::{Mode, Node, Upstream};
 use crate::error::UpstreamError;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Value};
@@ -16,8 +19,7 @@ impl Upstream {
     /// Which primary serves which slots: one CLUSTER SLOTS in cluster
     /// mode, no command in standalone mode (the one server serves all).
     async fn slots(&self) -> Result<SlotMap, UpstreamError> {
-        let mut connection = self.connection()?;
-        let Connection::Cluster(_) = &connection else {
+        if self.mode() != Some(Mode::Cluster) {
             let url = redis::Client::open(self.config.urls[0].as_str())
                 .map_err(|e| UpstreamError::from_redis(&e))?;
             let addr = url.get_connection_info().addr().to_string();
@@ -26,16 +28,13 @@ impl Upstream {
                 host: host.to_owned(),
                 port: port.parse().unwrap_or(6379),
             };
-            return Ok(SlotMap(vec![(0, crate::keys::SLOTS - 1, node)]));
-        };
+            // How many replicas it has is asked in `refresh_topology`, and
+            // only when it matters (--wait-replicas).
+            return Ok(SlotMap(vec![(0, crate::keys::SLOTS - 1, node, None)]));
+        }
         let mut cluster_slots = redis::cmd("CLUSTER");
         cluster_slots.arg("SLOTS");
-        let call = connection.query(&cluster_slots);
-        let slots = match tokio::time::timeout(self.config.timeout, call).await {
-            Ok(Ok(slots)) => slots,
-            Ok(Err(err)) => return Err(UpstreamError::from_redis(&err)),
-            Err(_) => return Err(UpstreamError::timeout(self.config.timeout)),
-        };
+        let slots = self.query(&cluster_slots).await?;
         let Value::Array(ranges) = slots else {
             return Err(UpstreamError::new(
                 crate::error::FaultKind::BadReply,
@@ -62,7 +61,10 @@ impl Upstream {
                     host: String::from_utf8_lossy(host).into_owned(),
                     port: *port as u16,
                 };
-                Some((*lo as u16, *hi as u16, node))
+                // Each replica the cluster deems usable (not failed, and
+                // synced at least once) follows the primary in the range.
+                let replicas = items.len().saturating_sub(3);
+                Some((*lo as u16, *hi as u16, node, Some(replicas)))
             })
             .collect();
         Ok(SlotMap(ranges))
@@ -70,52 +72,95 @@ impl Upstream {
 
     /// Sends one command to one primary (SCAN, which walks one node's keys).
     pub async fn query_node(&self, cmd: &Cmd, node: &Node) -> Result<Value, UpstreamError> {
-        let mut connection = self.connection()?;
-        let call = async {
-            match &mut connection {
-                Connection::Cluster(c) => {
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: node.host.clone(),
-                        port: node.port,
-                    });
-                    c.route_command(cmd.clone(), route).await
-                }
-                Connection::Standalone(c) => cmd.query_async(c).await,
+        self.on_connection(self.config.timeout, async |connection| match connection {
+            Connection::Cluster(c) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: node.host.clone(),
+                    port: node.port,
+                });
+                c.route_command(cmd.clone(), route).await
             }
-        };
-        match tokio::time::timeout(self.config.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(UpstreamError::from_redis(&err)),
-            Err(_) => Err(UpstreamError::timeout(self.config.timeout)),
-        }
+            Connection::Standalone(c) => cmd.query_async(c).await,
+        })
+        .await
     }
 
     /// Reads the topology once (one CLUSTER SLOTS, or nothing in
     /// standalone mode) and brings both of its users up to date: the node
     /// pipes' slot table and the primaries INFO lists.
     pub(super) async fn refresh_topology(&self) -> Result<(), UpstreamError> {
-        let slots = self.slots().await?;
+        let mut slots = self.slots().await?;
         if let Some(pipelines) = &self.pipelines {
             let ranges: Vec<(u16, u16, String)> = slots
                 .0
                 .iter()
-                .map(|(lo, hi, node)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
+                .map(|(lo, hi, node, _)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
                 .collect();
             pipelines.set_routes(&ranges);
         }
         *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = slots.nodes();
+        if let Some(durability) = self.config.durability {
+            self.count_standalone_replicas(&mut slots).await;
+            let short = slots
+                .0
+                .iter()
+                .filter_map(|(lo, hi, _, replicas)| {
+                    let replicas = (*replicas)? as i64;
+                    (replicas < i64::from(durability.replicas)).then_some((*lo, *hi, replicas))
+                })
+                .collect();
+            *self
+                .short_of_replicas
+                .write()
+                .unwrap_or_else(|e| e.into_inner()) = short;
+        }
         Ok(())
+    }
+
+    /// A standalone primary's replicas, by ROLE, which lists those online
+    /// (INFO's `connected_slaves` counts any still syncing too); left
+    /// unknown when ROLE fails, so writes go on waiting with WAIT.
+    async fn count_standalone_replicas(&self, slots: &mut SlotMap) {
+        let [(_, _, node, replicas @ None)] = &mut slots.0[..] else {
+            return;
+        };
+        match self.query_node(&redis::cmd("ROLE"), node).await {
+            Ok(Value::Array(items)) => {
+                if let (Some(Value::BulkString(kind)), Some(Value::Array(online))) =
+                    (items.first(), items.get(2))
+                    && kind == b"master"
+                {
+                    *replicas = Some(online.len());
+                }
+            }
+            Ok(other) => tracing::debug!(?other, "ROLE answered an unexpected shape"),
+            Err(err) => tracing::debug!(%err, "cannot count the primary's replicas"),
+        }
+    }
+
+    /// With `--wait-replicas`, how many replicas the primary of `slot` had
+    /// at the last look, when that was fewer than asked: a write there can't
+    /// be confirmed, and a WAIT would only block the connection it is sent
+    /// on for `--wait-timeout`. `None` when it had enough (or nobody knows).
+    pub(super) fn replicas_short(&self, slot: u16) -> Option<i64> {
+        self.short_of_replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, replicas)| *replicas)
     }
 }
 
-/// Slot ranges and the primary serving each, as CLUSTER SLOTS lists them.
-struct SlotMap(Vec<(u16, u16, Node)>);
+/// Slot ranges, the primary serving each as CLUSTER SLOTS lists them, and
+/// how many replicas it has (`None`: not asked).
+struct SlotMap(Vec<(u16, u16, Node, Option<usize>)>);
 
 impl SlotMap {
     /// Each primary once, in the order CLUSTER SLOTS first names it.
     fn nodes(&self) -> Vec<Node> {
         let mut nodes: Vec<Node> = Vec::new();
-        for (_, _, node) in &self.0 {
+        for (_, _, node, _) in &self.0 {
             if !nodes.contains(node) {
                 nodes.push(node.clone());
             }

@@ -42,6 +42,7 @@
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
 //! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
+//! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
 //! Linearizability (issue 23): beside its own load, each of
 //! `failover::killed_primary_replica_promoted_stockgate_recovers`,
@@ -79,3 +80,4 @@ mod failover;
 mod limits;
 mod network;
 mod reshard;
+mod stuck;

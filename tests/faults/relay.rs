@@ -26,6 +26,15 @@
 //! - [`Mode::LoseOneReply`]: [`Mode::LoseReplies`] for one script reply
 //!   only, then [`Mode::Pass`]: the connection that carried a command is
 //!   cut after the command ran, and the next one gets through.
+//! - [`Mode::StickFlows`]: every connection open when it is set stops
+//!   reading, either way, **for good**: no later mode resumes it. Those
+//!   opened later pass, now and under any later mode but the others'
+//!   faults. A black-holed flow, as a dropped conntrack or NAT entry or a
+//!   firewall that silently discards makes one: the peers' kernels keep
+//!   the connection, nothing on it moves again, and a new connection
+//!   works. Only a client that gives the stuck connection up is served
+//!   again. (Unlike [`Mode::Freeze`], which stops every connection, new
+//!   ones too, and resumes them all on [`Mode::Pass`].)
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +54,7 @@ pub enum Mode {
     Partition,
     LoseReplies,
     LoseOneReply,
+    StickFlows,
 }
 
 /// What went through, for checking that clients really use the relay.
@@ -56,13 +66,30 @@ pub struct Stats {
     pub replies_lost: AtomicU64,
     /// Set once [`Mode::LoseOneReply`] has cut its one reply.
     pub one_reply_lost: AtomicBool,
+    /// Connections [`Mode::StickFlows`] has stuck for good.
+    pub flows_stuck: AtomicU64,
 }
 
 pub struct Relay {
     pub port: u16,
     pub stats: Arc<Stats>,
     mode: watch::Sender<Mode>,
+    flows: Arc<Flows>,
     stop: CancellationToken,
+}
+
+/// Numbers the connections in the order they open, and tells which of
+/// them [`Mode::StickFlows`] stuck: every one numbered below `stuck_below`.
+#[derive(Default)]
+struct Flows {
+    opened: AtomicU64,
+    stuck_below: AtomicU64,
+}
+
+impl Flows {
+    fn is_stuck(&self, flow: u64) -> bool {
+        flow < self.stuck_below.load(Ordering::SeqCst)
+    }
 }
 
 impl Relay {
@@ -87,11 +114,13 @@ impl Relay {
         let port = listener.local_addr().expect("addr").port();
         let (mode, _) = watch::channel(Mode::Pass);
         let stats = Arc::new(Stats::default());
+        let flows = Arc::new(Flows::default());
         let stop = CancellationToken::new();
         let relay = Relay {
             port,
             stats: stats.clone(),
             mode: mode.clone(),
+            flows: flows.clone(),
             stop: stop.clone(),
         };
         tokio::spawn(async move {
@@ -102,11 +131,13 @@ impl Relay {
                 };
                 let Ok((client, _)) = accepted else { continue };
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
+                let flow = flows.opened.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(relay_one(
                     client,
                     target,
                     mode.subscribe(),
                     stats.clone(),
+                    (flows.clone(), flow),
                     stop.child_token(),
                 ));
             }
@@ -115,6 +146,12 @@ impl Relay {
     }
 
     pub fn set(&self, mode: Mode) {
+        if mode == Mode::StickFlows {
+            // Before the mode changes, so each flow open now finds itself
+            // stuck when the change wakes it.
+            let opened = self.flows.opened.load(Ordering::SeqCst);
+            self.flows.stuck_below.fetch_max(opened, Ordering::SeqCst);
+        }
         self.mode.send_replace(mode);
     }
 }
@@ -130,6 +167,7 @@ async fn relay_one(
     target: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     stats: Arc<Stats>,
+    flow: (Arc<Flows>, u64),
     cut: CancellationToken,
 ) {
     // A blackhole answers no SYN: hold the client until it heals.
@@ -151,6 +189,7 @@ async fn relay_one(
         mode.clone(),
         stats.clone(),
         (cut.clone(), script_sent.clone(), replication.clone()),
+        flow.clone(),
         Direction::ToNode,
     );
     let down = pump(
@@ -159,6 +198,7 @@ async fn relay_one(
         mode,
         stats,
         (cut.clone(), script_sent, replication),
+        flow,
         Direction::ToClient,
     );
     // Either side ending (or a cut) ends the connection: dropping both
@@ -182,6 +222,7 @@ async fn pump(
     mut mode: watch::Receiver<Mode>,
     stats: Arc<Stats>,
     (cut, script_sent, replication): (CancellationToken, Arc<AtomicBool>, Arc<AtomicBool>),
+    (flows, flow): (Arc<Flows>, u64),
     direction: Direction,
 ) {
     // The reader stamps each chunk with when it may leave; the writer sends
@@ -206,6 +247,14 @@ async fn pump(
         let mut buf = vec![0u8; 64 * 1024];
         let partitioned = |m: &Mode| *m == Mode::Partition && replication.load(Ordering::SeqCst);
         loop {
+            // Stuck: no read ever again (the relay's end of the flow stays
+            // open until the relay is dropped).
+            if flows.is_stuck(flow) {
+                if direction == Direction::ToNode {
+                    stats.flows_stuck.fetch_add(1, Ordering::Relaxed);
+                }
+                std::future::pending::<()>().await;
+            }
             // Frozen: no read at all, so the peer's window closes.
             if *mode.borrow() == Mode::Freeze
                 && mode.wait_for(|m| *m != Mode::Freeze).await.is_err()
