@@ -100,7 +100,7 @@ macro_rules! matrix {
         }
     };
     // The Valkey half ignored by default: a slow fault whose Valkey run
-    // doesn't fit CI's 15 minutes beside the rest. `cargo test --test
+    // doesn't fit CI's budget beside the rest. `cargo test --test
     // faults -- --ignored` runs them.
     (#[$test:meta] async fn $name:ident, valkey_ignored) => {
         mod $name {
