@@ -143,6 +143,9 @@ pub struct StockCall {
     /// missing stock key as zero stock, so that an order that named a SKU
     /// with none still ends (its line there holds nothing to give back).
     order_line: bool,
+    /// A HOLD filed in the sweep index ([`sweeper`]): all but an ORDER's
+    /// lines.
+    swept: bool,
 }
 
 /// The command a [`StockCall`] carries, checked.
@@ -560,6 +563,7 @@ impl StockService {
             deadline: sent + self.upstream.timeout(),
             read_first: false,
             order_line: false,
+            swept: true,
         }
     }
 
@@ -573,7 +577,9 @@ impl StockService {
         completion: Completion,
     ) -> Result<(), (PipeError, Completion)> {
         let (sku, request_id) = call.op.request();
-        if let Op::Hold(hold) = &call.op {
+        if let Op::Hold(hold) = &call.op
+            && call.swept
+        {
             self.mark_for_sweep(sku, Duration::from_millis(hold.ttl.get()));
         }
         if call.read_first

@@ -363,7 +363,12 @@ enum Step {
 /// The per-line call of a phase.
 #[derive(Debug, Clone, Copy)]
 enum LineCall {
-    Hold,
+    /// `true` for an ORDER.HOLD's lines, which wait for ORDER.CONFIRM and
+    /// run out by themselves: they are filed in the sweep index. An
+    /// ORDER's are not: its saga, or the recovery of the orders left
+    /// behind, confirms or gives them back long before their saga time
+    /// ends (and any call on their SKU releases them after it).
+    Hold(bool),
     Confirm,
     Revert,
 }
@@ -706,7 +711,8 @@ impl StockService {
                     let line_ttl = self.line_ttl(intent.is_hold(), left);
                     (
                         Phase::Holding,
-                        self.lines(attempt, &lines, LineCall::Hold, line_ttl).await,
+                        self.lines(attempt, &lines, LineCall::Hold(intent.is_hold()), line_ttl)
+                            .await,
                     )
                 }
                 Phase::Confirming => (
@@ -849,7 +855,7 @@ impl StockService {
         let results = futures_util::future::join_all(lines.iter().map(|line| {
             let request_id = line_id.clone();
             let op = match call {
-                LineCall::Hold => Op::Hold(super::hold::Hold {
+                LineCall::Hold(_) => Op::Hold(super::hold::Hold {
                     sku: line.sku.clone(),
                     qty: line.qty.clone(),
                     request_id,
@@ -865,7 +871,7 @@ impl StockService {
                     request_id,
                 }),
             };
-            self.line(op, attempt.deadline)
+            self.line(op, attempt.deadline, matches!(call, LineCall::Hold(true)))
         }))
         .await;
         let (mut revoked, mut expired, mut short, mut refused) =
@@ -883,7 +889,7 @@ impl StockService {
                         (LineCall::Revert, _) => {}
                         (_, Code::Revoked) => revoked.push(sku),
                         (_, Code::Expired) => expired.push(sku),
-                        (LineCall::Hold, Code::Insufficient) => short.push(sku),
+                        (LineCall::Hold(_), Code::Insufficient) => short.push(sku),
                         (_, _) => refused.push(sku),
                     }
                 }
@@ -893,7 +899,7 @@ impl StockService {
                 // same: the order can't be held, and every line goes back
                 // now instead of waiting for a retry that can't help.
                 Err(err)
-                    if matches!(call, LineCall::Hold)
+                    if matches!(call, LineCall::Hold(_))
                         && matches!(err.kind, FaultKind::UnknownSku | FaultKind::BadData) =>
                 {
                     refused.push(sku)
@@ -920,9 +926,9 @@ impl StockService {
 
     /// One line's script call: through its node pipe, and the fallback
     /// when the answer calls for it, within `--timeout` and the saga's
-    /// `deadline`. Its metrics are the order's, not a HOLD's or a
-    /// CONFIRM's.
-    async fn line(&self, op: Op, deadline: tokio::time::Instant) -> StockResult {
+    /// `deadline`; a line hold filed in the sweep index when `swept`. Its
+    /// metrics are the order's, not a HOLD's or a CONFIRM's.
+    async fn line(&self, op: Op, deadline: tokio::time::Instant, swept: bool) -> StockResult {
         if let Op::Hold(hold) = &op {
             debug_assert!(hold.request_id.as_bytes().starts_with(b"~ord:"));
         }
@@ -932,12 +938,15 @@ impl StockService {
         }
         call.deadline = call.deadline.min(deadline);
         call.order_line = true;
+        call.swept = swept;
         let answer = self.await_answer(&call).await;
         let result = match self.upstream.verdict(answer) {
             Verdict::Settled(result) => result,
             Verdict::Fallback => self.resend(&call).await,
         };
-        if let Ok(reply) = &result {
+        if let Ok(reply) = &result
+            && swept
+        {
             self.index_hold(&call.op, reply);
         }
         self.metrics
