@@ -505,21 +505,28 @@ impl Footprint {
 }
 
 /// A SKU's name hashed eight bytes at a time (FxHash's step): a handful
-/// of instructions for a usual name, on every request.
+/// of instructions for a usual name, on every request. Its last eight
+/// bytes are read as one word (overlapping the one before).
 fn sku_hash(sku: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
+    let step = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
     let mut hash = sku.len() as u64;
-    let mut rest = sku;
-    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
-        hash = (hash.rotate_left(5) ^ u64::from_le_bytes(*word)).wrapping_mul(K);
-        rest = tail;
+    if sku.len() < 8 {
+        let word = sku.iter().fold(0u64, |word, b| (word << 8) | u64::from(*b));
+        hash = step(hash, word);
+    } else {
+        let mut rest = sku;
+        while let Some((word, tail)) = rest.split_first_chunk::<8>()
+            && !tail.is_empty()
+        {
+            hash = step(hash, u64::from_le_bytes(*word));
+            rest = tail;
+        }
+        let (_, last) = sku.split_last_chunk::<8>().expect("eight bytes or more");
+        hash = step(hash, u64::from_le_bytes(*last));
     }
-    let last = rest
-        .iter()
-        .fold(0u64, |word, b| (word << 8) | u64::from(*b));
-    hash = (hash.rotate_left(5) ^ last).wrapping_mul(K);
     // The high bits are the best mixed; buckets take the low ones.
-    hash ^ (hash >> 32)
+    hash ^ (hash >> 29)
 }
 
 /// One request's place in the reply order, and the protocol its reply is
@@ -795,13 +802,15 @@ impl Replies {
             return;
         };
         let slot = &mut self.slots[index];
-        let was_open = slot.is_open();
-        let was_sent = matches!(slot.state, SlotState::Sent(_));
-        slot.state = SlotState::Ready(reply);
-        if was_sent {
+        if matches!(slot.state, SlotState::Sent(_)) {
             self.sent -= 1;
         }
-        if was_open && let Some(footprint) = self.slots[index].touches.take() {
+        let closed = match slot.state {
+            SlotState::Ready(_) => None,
+            _ => slot.touches.take(),
+        };
+        slot.state = SlotState::Ready(reply);
+        if let Some(footprint) = closed {
             self.closed(footprint);
         }
     }
