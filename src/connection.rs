@@ -170,25 +170,29 @@ async fn run(
                         arrived,
                         caller,
                     };
-                    let footprint = Footprint::of(command.touches(&request.args));
-                    let how = || {
-                        Sending::of(footprint, || {
-                            shared.service.would_read_first(command, &request.args)
-                        })
+                    let kind = Kind::of(command.touches(&request.args));
+                    let sku = request.args.first().map_or(&[][..], |sku| &sku[..]);
+                    let how = || match kind {
+                        Kind::Piped if shared.service.would_read_first(command, &request.args) => {
+                            Sending::ReadFirst
+                        }
+                        Kind::Piped => Sending::Script,
+                        _ => Sending::Alone,
                     };
-                    if replies.must_wait(replies.len(), footprint, how) {
-                        replies.push_held(protocol, footprint, request);
+                    if replies.must_wait(replies.len(), kind, sku, how) {
+                        replies.push_held(protocol, kind, request);
                     } else {
                         let ticket = replies.next_ticket();
-                        replies.push_stock(protocol, footprint);
-                        dispatch(
-                            shared,
-                            &mut replies,
-                            &mut running,
-                            &mailbox,
-                            ticket,
-                            request,
-                        );
+                        // Its slot is made in the state the start leaves it
+                        // in: a call is written into it once.
+                        match start(shared, &mailbox, ticket, request) {
+                            Started::Answered(reply) => replies.push(reply, protocol),
+                            Started::Piped(call) => replies.push_sent(protocol, kind, call),
+                            started => {
+                                replies.push_stock(protocol, kind);
+                                carry_on(shared, &mut replies, &mut running, ticket, started);
+                            }
+                        }
                     }
                 }
             }
@@ -281,7 +285,6 @@ async fn run(
                 if idle && last_read.elapsed() >= IDLE_RELEASE {
                     input = BytesMut::new();
                     output = BytesMut::new();
-                    replies.release_idle();
                 }
                 let overdue = tokio::time::Instant::now() - ANSWER_GRACE;
                 while let Some((ticket, call)) = replies.take_overdue(overdue) {
@@ -329,17 +332,27 @@ struct Request {
 
 type Running<'a> = FuturesUnordered<BoxFuture<'a, (u64, Reply)>>;
 
-/// Sends the stock request of `ticket` on its way: checked and answered
-/// on the spot (code 3), written into its node pipe, or run as a future.
+/// What starting a stock request came to.
+enum Started<'a> {
+    /// Answered on the spot (code 3).
+    Answered(Reply),
+    /// With its node pipe.
+    Piped(StockCall),
+    /// Refused by its node pipe: to be settled (the slow path, or an error).
+    Refused(StockCall, PipeError),
+    /// Running as a future, on the SKU its request names.
+    Future(BoxFuture<'a, (u64, Reply)>, Option<Bytes>),
+}
+
+/// Starts the stock request of `ticket`: checked and answered on the spot
+/// (code 3), written into its node pipe, or made a future.
 #[inline]
-fn dispatch<'a>(
+fn start<'a>(
     shared: &'a Shared,
-    replies: &mut Replies,
-    running: &mut Running<'a>,
     mailbox: &Arc<Mailbox>,
     ticket: u64,
     request: Request,
-) {
+) -> Started<'a> {
     let Request {
         command,
         args,
@@ -347,23 +360,58 @@ fn dispatch<'a>(
         caller,
     } = request;
     match shared.service.prepare(command, &args, arrived) {
-        Some(Prepared::Answered(result)) => replies.answer(ticket, stock_reply(result)),
+        Some(Prepared::Answered(result)) => Started::Answered(stock_reply(result)),
         Some(Prepared::Call(call)) => {
             let completion = Completion::Mailbox(mailbox.clone(), ticket);
             match shared.service.submit(&call, completion) {
-                Ok(()) => replies.sent(ticket, call),
-                Err((refused, _)) => settle(shared, replies, running, ticket, call, Err(refused)),
+                Ok(()) => Started::Piped(call),
+                Err((refused, _)) => Started::Refused(call, refused),
             }
         }
-        None => running.push(
-            async move {
+        None => {
+            let sku = args.first().cloned();
+            let future = async move {
                 let caller = caller.map(|c| *c).unwrap_or_default();
                 let reply = shared.service.serve(command, &args, arrived, &caller).await;
                 (ticket, reply)
             }
-            .boxed(),
-        ),
+            .boxed();
+            Started::Future(future, sku)
+        }
     }
+}
+
+/// What the slot of `ticket` (pending) becomes once its request `started`.
+fn carry_on<'a>(
+    shared: &'a Shared,
+    replies: &mut Replies,
+    running: &mut Running<'a>,
+    ticket: u64,
+    started: Started<'a>,
+) {
+    match started {
+        Started::Answered(reply) => replies.answer(ticket, reply),
+        Started::Piped(call) => replies.sent(ticket, call),
+        Started::Refused(call, refused) => {
+            settle(shared, replies, running, ticket, call, Err(refused))
+        }
+        Started::Future(future, sku) => {
+            replies.running(ticket, sku);
+            running.push(future);
+        }
+    }
+}
+
+/// Runs the slow path of `call` (the redis crate) as a future.
+fn fall_back<'a>(
+    shared: &'a Shared,
+    replies: &mut Replies,
+    running: &mut Running<'a>,
+    ticket: u64,
+    call: StockCall,
+) {
+    replies.running(ticket, Some(Bytes::copy_from_slice(call.sku())));
+    running.push(async move { (ticket, stock_reply(shared.service.fallback(call).await)) }.boxed());
 }
 
 /// Sends every held request (and held fallback) that nothing unfinished
@@ -380,11 +428,10 @@ fn release_held<'a>(
         };
         match released {
             Released::Request(request) => {
-                dispatch(shared, replies, running, mailbox, ticket, request)
+                let started = start(shared, mailbox, ticket, request);
+                carry_on(shared, replies, running, ticket, started);
             }
-            Released::Fallback(call) => running.push(
-                async move { (ticket, stock_reply(shared.service.fallback(call).await)) }.boxed(),
-            ),
+            Released::Fallback(call) => fall_back(shared, replies, running, ticket, call),
         }
     }
 }
@@ -400,7 +447,7 @@ fn settle<'a>(
     call: StockCall,
     answer: Result<Answer, PipeError>,
 ) {
-    if call.reads_first() && answer.is_ok() && replies.fallback_must_wait(ticket) {
+    if call.reads_first() && answer.is_ok() && replies.fallback_must_wait(ticket, call.sku()) {
         // An earlier request of this SKU was not done when this read ran,
         // and takes effect after it (its script through the slow path): an
         // answer from the read would come before that effect. The script
@@ -412,13 +459,10 @@ fn settle<'a>(
     match shared.service.conclude(call, answer) {
         Concluded::Answered(result) => replies.answer(ticket, stock_reply(result)),
         Concluded::Fallback(call) => {
-            if replies.fallback_must_wait(ticket) {
+            if replies.fallback_must_wait(ticket, call.sku()) {
                 replies.hold_fallback(ticket, call);
             } else {
-                running.push(
-                    async move { (ticket, stock_reply(shared.service.fallback(call).await)) }
-                        .boxed(),
-                );
+                fall_back(shared, replies, running, ticket, call);
             }
         }
     }
@@ -438,7 +482,9 @@ fn stock_reply(result: StockResult) -> Reply {
 /// is sent only when no unfinished request before it touches what it
 /// touches ([`Touches`]), unless both are script calls on one SKU's node
 /// pipe, which keeps them in order itself. Requests on different SKUs go
-/// at once, so a pipeline over many SKUs loses nothing.
+/// at once, so a pipeline over many SKUs loses nothing; and while every
+/// unfinished request is a plain script call with its pipe (a pipeline of
+/// DEDUCTs), a new script call goes without a look at any of them.
 #[derive(Default)]
 struct Replies {
     slots: VecDeque<Slot>,
@@ -446,87 +492,37 @@ struct Replies {
     first: u64,
     /// Slots whose call is with a node pipe.
     sent: usize,
-    /// Stock slots not answered yet: while none is, nothing can hold a
-    /// new request back, and no slot is looked at.
+    /// Stock slots not answered yet...
     open: usize,
-    /// Of those, the ones that touch everything (orders).
+    /// ...of which the ones that touch everything (orders)...
     open_all: usize,
-    /// Of the others, how many fall in each of [`BUCKETS`] buckets by the
-    /// hash of their SKU: a new request whose bucket is empty has nothing
-    /// to wait for, and looks at no slot (a pipeline over many SKUs then
-    /// costs a lookup per request, not a walk of what is in flight).
-    /// Made at the first stock request.
-    buckets: Option<Box<[u16; BUCKETS]>>,
+    /// ...and the ones not in a node pipe's order: all but a plain script
+    /// call with its pipe (held back, running as a future or a fallback,
+    /// reading first). While none is, a script call never waits.
+    irregular: usize,
     /// Slots held back (a request not sent yet, or a fallback not run yet).
     held: usize,
 }
 
-/// Buckets of [`Replies::buckets`]: with up to a few dozen requests in
-/// flight, almost every request finds its own empty (16 in flight: 1 in
-/// 17 looks further). 512 bytes, only while the connection is busy.
-const BUCKETS: usize = 256;
-
-/// What a stock request touches, as the connection keeps it while the
-/// request is open: its SKU by a 64-bit hash, or everything. Two SKUs
-/// that share a hash only wait for each other: at worst a needless wait,
-/// never a wrong order.
+/// What a slot's request touches ([`Touches`], without the SKU's name:
+/// that is the request's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Footprint {
-    /// One SKU; `piped` as [`Touches::Piped`].
-    Sku {
-        hash: u64,
-        piped: bool,
-    },
+enum Kind {
+    /// Not a stock request: answered on the spot.
+    Local,
+    Piped,
+    Sku,
     All,
 }
 
-impl Footprint {
-    fn of(touches: Touches<'_>) -> Footprint {
+impl Kind {
+    fn of(touches: Touches<'_>) -> Kind {
         match touches {
-            Touches::Piped(sku) => Footprint::Sku {
-                hash: sku_hash(sku),
-                piped: true,
-            },
-            Touches::Sku(sku) => Footprint::Sku {
-                hash: sku_hash(sku),
-                piped: false,
-            },
-            Touches::All => Footprint::All,
+            Touches::Piped(_) => Kind::Piped,
+            Touches::Sku(_) => Kind::Sku,
+            Touches::All => Kind::All,
         }
     }
-
-    /// Its place in [`Replies::buckets`] (everything is counted apart).
-    fn bucket(self) -> Option<usize> {
-        match self {
-            Footprint::Sku { hash, .. } => Some((hash % BUCKETS as u64) as usize),
-            Footprint::All => None,
-        }
-    }
-}
-
-/// A SKU's name hashed eight bytes at a time (FxHash's step): a handful
-/// of instructions for a usual name, on every request. Its last eight
-/// bytes are read as one word (overlapping the one before).
-fn sku_hash(sku: &[u8]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let step = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
-    let mut hash = sku.len() as u64;
-    if sku.len() < 8 {
-        let word = sku.iter().fold(0u64, |word, b| (word << 8) | u64::from(*b));
-        hash = step(hash, word);
-    } else {
-        let mut rest = sku;
-        while let Some((word, tail)) = rest.split_first_chunk::<8>()
-            && !tail.is_empty()
-        {
-            hash = step(hash, u64::from_le_bytes(*word));
-            rest = tail;
-        }
-        let (_, last) = sku.split_last_chunk::<8>().expect("eight bytes or more");
-        hash = step(hash, u64::from_le_bytes(*last));
-    }
-    // The high bits are the best mixed; buckets take the low ones.
-    hash ^ (hash >> 29)
 }
 
 /// One request's place in the reply order, and the protocol its reply is
@@ -535,9 +531,9 @@ fn sku_hash(sku: &[u8]) -> u64 {
 struct Slot {
     protocol: Protocol,
     state: SlotState,
-    /// What a stock request touches in Redis, while it is open; `None`
-    /// for the rest.
-    touches: Option<Footprint>,
+    kind: Kind,
+    /// The SKU of a request running as a future (its call moved into it).
+    running_sku: Option<Bytes>,
 }
 
 enum SlotState {
@@ -553,6 +549,39 @@ enum SlotState {
     HeldFallback(StockCall),
 }
 
+impl SlotState {
+    /// A plain script call with its node pipe: in the pipe's order with
+    /// the later calls of its SKU (a read-first DEDUCT may yet take the
+    /// slow path: it is not).
+    fn is_plain(&self) -> bool {
+        matches!(self, SlotState::Sent(call) if !call.reads_first())
+    }
+}
+
+/// What a slot in some state counts for ([`Replies::tally`]).
+#[derive(Clone, Copy)]
+struct Counted {
+    sent: bool,
+    open: bool,
+    all: bool,
+    irregular: bool,
+    held: bool,
+}
+
+impl Counted {
+    #[inline(always)]
+    fn of(kind: Kind, state: &SlotState) -> Counted {
+        let open = kind != Kind::Local && !matches!(state, SlotState::Ready(_));
+        Counted {
+            sent: matches!(state, SlotState::Sent(_)),
+            open,
+            all: open && kind == Kind::All,
+            irregular: open && !state.is_plain(),
+            held: matches!(state, SlotState::Held(_) | SlotState::HeldFallback(_)),
+        }
+    }
+}
+
 /// What [`Replies::take_releasable`] hands back to be sent.
 enum Released {
     Request(Request),
@@ -561,7 +590,17 @@ enum Released {
 
 impl Slot {
     fn is_open(&self) -> bool {
-        self.touches.is_some() && !matches!(self.state, SlotState::Ready(_))
+        self.kind != Kind::Local && !matches!(self.state, SlotState::Ready(_))
+    }
+
+    /// The SKU its request is on, while it is open.
+    fn sku(&self) -> Option<&[u8]> {
+        match &self.state {
+            SlotState::Sent(call) | SlotState::HeldFallback(call) => Some(call.sku()),
+            SlotState::Held(request) => request.args.first().map(|sku| &sku[..]),
+            SlotState::Pending => self.running_sku.as_deref(),
+            SlotState::Ready(_) => None,
+        }
     }
 
     /// How the call of this slot is with its node pipe, if it is.
@@ -590,16 +629,6 @@ enum Sending {
     Alone,
 }
 
-impl Sending {
-    fn of(footprint: Footprint, reads_first: impl FnOnce() -> bool) -> Sending {
-        match footprint {
-            Footprint::Sku { piped: true, .. } if reads_first() => Sending::ReadFirst,
-            Footprint::Sku { piped: true, .. } => Sending::Script,
-            Footprint::Sku { piped: false, .. } | Footprint::All => Sending::Alone,
-        }
-    }
-}
-
 impl Replies {
     fn len(&self) -> usize {
         self.slots.len()
@@ -614,114 +643,139 @@ impl Replies {
         self.first + self.slots.len() as u64
     }
 
-    fn push(&mut self, reply: Reply, protocol: Protocol) {
+    /// Counts a slot's state in (`+1`) or out (`-1`): every change of a
+    /// slot's state goes through here, so the counts stay exact.
+    #[inline(always)]
+    fn tally(&mut self, counted: Counted, sign: isize) {
+        let step = |count: &mut usize, on: bool| {
+            if on {
+                *count = count.wrapping_add_signed(sign);
+            }
+        };
+        step(&mut self.sent, counted.sent);
+        step(&mut self.open, counted.open);
+        step(&mut self.open_all, counted.all);
+        step(&mut self.irregular, counted.irregular);
+        step(&mut self.held, counted.held);
+    }
+
+    fn push_slot(&mut self, protocol: Protocol, kind: Kind, state: SlotState) {
+        self.tally(Counted::of(kind, &state), 1);
         self.slots.push_back(Slot {
             protocol,
-            state: SlotState::Ready(reply),
-            touches: None,
+            state,
+            kind,
+            running_sku: None,
         });
     }
 
-    /// Counts a stock slot that is open now.
-    fn opened(&mut self, footprint: Footprint) {
+    /// Sets the state of the slot at `index`, in place: a state is large
+    /// (a call in it is written once, not moved about).
+    #[inline(always)]
+    fn set_state(&mut self, index: usize, state: SlotState) {
+        let kind = self.slots[index].kind;
+        let before = Counted::of(kind, &self.slots[index].state);
+        let after = Counted::of(kind, &state);
+        self.slots[index].state = state;
+        self.tally(before, -1);
+        self.tally(after, 1);
+    }
+
+    /// [`Replies::set_state`], handing back the state before.
+    fn take_state(&mut self, index: usize, state: SlotState) -> SlotState {
+        let kind = self.slots[index].kind;
+        let before = Counted::of(kind, &self.slots[index].state);
+        let after = Counted::of(kind, &state);
+        let taken = std::mem::replace(&mut self.slots[index].state, state);
+        self.tally(before, -1);
+        self.tally(after, 1);
+        taken
+    }
+
+    fn push(&mut self, reply: Reply, protocol: Protocol) {
+        self.push_slot(protocol, Kind::Local, SlotState::Ready(reply));
+    }
+
+    /// A stock request about to be sent ([`Replies::sent`],
+    /// [`Replies::running`] or [`Replies::answer`] follows).
+    fn push_stock(&mut self, protocol: Protocol, kind: Kind) {
+        self.push_slot(protocol, kind, SlotState::Pending);
+    }
+
+    /// A stock request with its node pipe from the start.
+    fn push_sent(&mut self, protocol: Protocol, kind: Kind, call: StockCall) {
+        self.sent += 1;
         self.open += 1;
-        match footprint.bucket() {
-            None => self.open_all += 1,
-            Some(bucket) => {
-                self.buckets.get_or_insert_with(|| Box::new([0; BUCKETS]))[bucket] += 1;
-            }
+        if call.reads_first() {
+            self.irregular += 1;
         }
-    }
-
-    /// Counts a stock slot that is answered now.
-    fn closed(&mut self, footprint: Footprint) {
-        self.open -= 1;
-        match footprint.bucket() {
-            None => self.open_all -= 1,
-            Some(bucket) => {
-                if let Some(buckets) = &mut self.buckets {
-                    buckets[bucket] -= 1;
-                }
-            }
-        }
-    }
-
-    /// A stock request about to be sent ([`Replies::sent`] or
-    /// [`Replies::answer`] follows).
-    fn push_stock(&mut self, protocol: Protocol, footprint: Footprint) {
-        self.opened(footprint);
         self.slots.push_back(Slot {
             protocol,
-            state: SlotState::Pending,
-            touches: Some(footprint),
+            state: SlotState::Sent(call),
+            kind,
+            running_sku: None,
         });
     }
 
     /// A stock request held back until what it must follow is done.
-    fn push_held(&mut self, protocol: Protocol, footprint: Footprint, request: Request) {
-        self.opened(footprint);
-        self.held += 1;
-        self.slots.push_back(Slot {
-            protocol,
-            state: SlotState::Held(request),
-            touches: Some(footprint),
-        });
+    fn push_held(&mut self, protocol: Protocol, kind: Kind, request: Request) {
+        self.push_slot(protocol, kind, SlotState::Held(request));
     }
 
-    /// Whether a request at `index` with `footprint`, sent `how` (asked
-    /// only when an earlier slot may touch the same), must wait for an
+    /// Whether a request at `index` of `kind` on `sku`, sent `how` (asked
+    /// only when an earlier request may touch the same), must wait for an
     /// unfinished request before it.
-    fn must_wait(&self, index: usize, footprint: Footprint, how: impl FnOnce() -> Sending) -> bool {
+    fn must_wait(
+        &self,
+        index: usize,
+        kind: Kind,
+        sku: &[u8],
+        how: impl FnOnce() -> Sending,
+    ) -> bool {
         if self.open == 0 {
             return false;
         }
-        if self.open_all == 0
-            && let Some(bucket) = footprint.bucket()
-            && self
-                .buckets
-                .as_ref()
-                .is_none_or(|buckets| buckets[bucket] == 0)
-        {
+        // Every unfinished request a plain script call with its pipe: a
+        // script call (or a read) behind them keeps the pipe's order.
+        if kind == Kind::Piped && self.open_all == 0 && self.irregular == 0 {
             return false;
         }
         let how = how();
         self.slots.iter().take(index).any(|earlier| {
-            let Some(theirs) = earlier.touches else {
-                return false;
-            };
             if !earlier.is_open() {
                 return false;
             }
-            match (theirs, footprint) {
-                (Footprint::All, _) | (_, Footprint::All) => true,
-                (Footprint::Sku { hash: a, .. }, Footprint::Sku { hash: b, .. }) => {
-                    a == b
-                        && !matches!(
-                            (earlier.with_pipe(), how),
-                            (Some(Sending::Script), Sending::Script | Sending::ReadFirst)
-                                | (Some(Sending::ReadFirst), Sending::ReadFirst)
-                        )
-                }
+            if earlier.kind == Kind::All || kind == Kind::All {
+                return true;
             }
+            earlier.sku() == Some(sku)
+                && !matches!(
+                    (earlier.with_pipe(), how),
+                    (Some(Sending::Script), Sending::Script | Sending::ReadFirst)
+                        | (Some(Sending::ReadFirst), Sending::ReadFirst)
+                )
         })
     }
 
-    /// Whether the fallback of `ticket` must wait for an unfinished request
-    /// before it on its SKU.
-    fn fallback_must_wait(&self, ticket: u64) -> bool {
+    /// Whether the fallback of `ticket`, on `sku`, must wait for an
+    /// unfinished request before it on its SKU.
+    fn fallback_must_wait(&self, ticket: u64, sku: &[u8]) -> bool {
         let Some(index) = self.index(ticket) else {
             return false;
         };
-        match self.slots[index].touches {
-            Some(footprint) => self.must_wait(index, footprint, || Sending::Alone),
-            None => false,
-        }
+        self.must_wait(index, self.slots[index].kind, sku, || Sending::Alone)
     }
 
     fn hold_fallback(&mut self, ticket: u64, call: StockCall) {
-        if let Some(slot) = self.slot(ticket) {
-            slot.state = SlotState::HeldFallback(call);
-            self.held += 1;
+        if let Some(index) = self.index(ticket) {
+            self.set_state(index, SlotState::HeldFallback(call));
+        }
+    }
+
+    /// The request of `ticket` runs as a future now, on `sku`.
+    fn running(&mut self, ticket: u64, sku: Option<Bytes>) {
+        if let Some(index) = self.index(ticket) {
+            self.slots[index].running_sku = sku;
         }
     }
 
@@ -733,21 +787,19 @@ impl Replies {
             // A held request is let go as a script call at most: whether it
             // reads first is known once it is checked, and a read let go
             // behind an unfinished read is answered by the script anyway.
-            let how = match (&slot.state, slot.touches) {
-                (SlotState::Held(_), Some(Footprint::Sku { piped: true, .. })) => Sending::Script,
+            let how = match (&slot.state, slot.kind) {
+                (SlotState::Held(_), Kind::Piped) => Sending::Script,
                 (SlotState::Held(_) | SlotState::HeldFallback(_), _) => Sending::Alone,
                 _ => return false,
             };
-            let footprint = slot.touches.expect("held slots are stock");
-            !self.must_wait(i, footprint, || how)
+            let sku = slot.sku().unwrap_or_default();
+            !self.must_wait(i, slot.kind, sku, || how)
         })?;
-        let slot = &mut self.slots[index];
-        let released = match std::mem::replace(&mut slot.state, SlotState::Pending) {
+        let released = match self.take_state(index, SlotState::Pending) {
             SlotState::Held(request) => Released::Request(request),
             SlotState::HeldFallback(call) => Released::Fallback(call),
             _ => unreachable!("found held just above"),
         };
-        self.held -= 1;
         Some((self.first + index as u64, released))
     }
 
@@ -756,23 +808,26 @@ impl Replies {
         (index < self.slots.len()).then_some(index)
     }
 
-    fn slot(&mut self, ticket: u64) -> Option<&mut Slot> {
-        let index = self.index(ticket)?;
-        self.slots.get_mut(index)
-    }
-
-    /// The call of `ticket` is with its node pipe now.
+    /// The call of `ticket` is with its node pipe now (its slot was
+    /// pending). Written in place, counted by hand: this and the two below
+    /// run for every request.
     fn sent(&mut self, ticket: u64, call: StockCall) {
-        if let Some(slot) = self.slot(ticket) {
-            slot.state = SlotState::Sent(call);
-            self.sent += 1;
+        let Some(index) = self.index(ticket) else {
+            return;
+        };
+        self.sent += 1;
+        if self.slots[index].kind != Kind::Local && !call.reads_first() {
+            // Pending was irregular; a plain call with its pipe is not.
+            self.irregular -= 1;
         }
+        self.slots[index].state = SlotState::Sent(call);
     }
 
     /// The call of `ticket`, if it is still with a pipe (not answered by
-    /// the connection's own overdue check meanwhile).
+    /// the connection's own overdue check meanwhile); its slot pending.
     fn take_sent(&mut self, ticket: u64) -> Option<StockCall> {
-        let slot = self.slot(ticket)?;
+        let index = self.index(ticket)?;
+        let slot = &mut self.slots[index];
         if !matches!(slot.state, SlotState::Sent(_)) {
             return None;
         }
@@ -780,6 +835,9 @@ impl Replies {
             unreachable!("checked just above")
         };
         self.sent -= 1;
+        if slot.kind != Kind::Local && !call.reads_first() {
+            self.irregular += 1;
+        }
         Some(call)
     }
 
@@ -802,25 +860,11 @@ impl Replies {
             return;
         };
         let slot = &mut self.slots[index];
-        if matches!(slot.state, SlotState::Sent(_)) {
-            self.sent -= 1;
-        }
-        let closed = match slot.state {
-            SlotState::Ready(_) => None,
-            _ => slot.touches.take(),
-        };
+        let before = Counted::of(slot.kind, &slot.state);
         slot.state = SlotState::Ready(reply);
-        if let Some(footprint) = closed {
-            self.closed(footprint);
-        }
-    }
-
-    /// An idle connection gives back what it keeps for requests in
-    /// flight (made again at its next stock request).
-    fn release_idle(&mut self) {
-        if self.open == 0 {
-            self.buckets = None;
-        }
+        slot.running_sku = None;
+        // A ready slot counts for nothing.
+        self.tally(before, -1);
     }
 
     /// Encodes every reply that is next in order.

@@ -249,6 +249,11 @@ impl StockCall {
         self.deadline
     }
 
+    /// The SKU the call is on, as sent.
+    pub fn sku(&self) -> &[u8] {
+        self.op.request().0.as_bytes()
+    }
+
     /// A DEDUCT that reads its SKU's keys first ([`sold_out`]): its script,
     /// if the read calls for it, runs later through the slow path, so the
     /// node pipe alone does not keep it in order.
