@@ -29,14 +29,14 @@ pub enum State {
 }
 
 impl State {
-    fn from_letter(letter: &str) -> Option<State> {
+    fn from_letter(letter: u8) -> Option<State> {
         match letter {
-            "D" => Some(State::Deducted),
-            "R" => Some(State::Reverted),
-            "V" => Some(State::Revoked),
-            "H" => Some(State::Held),
-            "C" => Some(State::Confirmed),
-            "X" => Some(State::Expired),
+            b'D' => Some(State::Deducted),
+            b'R' => Some(State::Reverted),
+            b'V' => Some(State::Revoked),
+            b'H' => Some(State::Held),
+            b'C' => Some(State::Confirmed),
+            b'X' => Some(State::Expired),
             _ => None,
         }
     }
@@ -59,6 +59,83 @@ impl State {
     }
 }
 
+/// A record read in place, its fields slices of the value: what the
+/// sold-out path decides from on a hot SKU, without a copy; and what
+/// [`Record::parse`] makes its owned record of. The one parser of the
+/// format in Rust: `parse_record` in `lua/common.lua`, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    pub state: State,
+    /// Its qty as text (the scripts compare it with a request's as text).
+    pub qty: &'a [u8],
+    pub nonce: &'a [u8],
+    /// A hold's expiry and start as text (hold states only).
+    pub hold: Option<(&'a [u8], &'a [u8])>,
+    pub order_no: &'a [u8],
+}
+
+impl<'a> RecordView<'a> {
+    /// `None` for any shape the scripts would call BADRECORD.
+    pub fn parse(raw: &'a [u8]) -> Option<RecordView<'a>> {
+        let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+        let letter = |field: &[u8]| match field {
+            [letter] => State::from_letter(*letter),
+            _ => None,
+        };
+        if let Some(rest) = raw.strip_prefix(b"3:") {
+            // '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$', then for H, C and
+            // X an aux of '^(%d+)%.(%d+)$', for the others '^%d*$'.
+            let mut fields = rest.splitn(5, |b| *b == b':');
+            let (state, qty, nonce, aux, order_no) = (
+                fields.next()?,
+                fields.next()?,
+                fields.next()?,
+                fields.next()?,
+                fields.next()?,
+            );
+            let state = letter(state)?;
+            if !digits(qty) || !nonce.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            let hold = if state.is_hold() {
+                let dot = aux.iter().position(|b| *b == b'.')?;
+                let (expires, held) = (&aux[..dot], &aux[dot + 1..]);
+                if !digits(expires) || !digits(held) {
+                    return None;
+                }
+                Some((expires, held))
+            } else {
+                // Version 3 read (and ignored) digits here; so does this one.
+                if !aux.iter().all(u8::is_ascii_digit) {
+                    return None;
+                }
+                None
+            };
+            return Some(RecordView {
+                state,
+                qty,
+                nonce,
+                hold,
+                order_no,
+            });
+        }
+        // '^([DRV]):(%d+):(.*)$', the records of versions 1 and 2.
+        let mut fields = raw.splitn(3, |b| *b == b':');
+        let (state, qty, order_no) = (fields.next()?, fields.next()?, fields.next()?);
+        let state = letter(state)?;
+        if !matches!(state, State::Deducted | State::Reverted | State::Revoked) || !digits(qty) {
+            return None;
+        }
+        Some(RecordView {
+            state,
+            qty,
+            nonce: b"",
+            hold: None,
+            order_no,
+        })
+    }
+}
+
 /// One record, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -73,53 +150,20 @@ pub struct Record {
 
 impl Record {
     /// Parses a record's value; `None` for any shape the scripts would call
-    /// BADRECORD.
+    /// BADRECORD (and for a number past `u64`).
     pub fn parse(raw: &str) -> Option<Record> {
-        let (state, qty, nonce, aux, order_no) = match raw.strip_prefix("3:") {
-            Some(rest) => {
-                let mut fields = rest.splitn(5, ':');
-                let (state, qty, nonce, aux, order_no) = (
-                    fields.next()?,
-                    fields.next()?,
-                    fields.next()?,
-                    fields.next()?,
-                    fields.next()?,
-                );
-                if !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return None;
-                }
-                (state, qty, nonce, aux, order_no)
-            }
-            None => {
-                let mut fields = raw.splitn(3, ':');
-                let (state, qty, order_no) = (fields.next()?, fields.next()?, fields.next()?);
-                if !matches!(state, "D" | "R" | "V") {
-                    return None;
-                }
-                (state, qty, "", "", order_no)
-            }
-        };
-        if qty.is_empty() || !qty.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let state = State::from_letter(state)?;
-        let number = |s: &str| {
-            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| s.parse().ok())
-                .flatten()
-        };
-        let hold = match (state.is_hold(), aux.split_once('.')) {
-            (true, Some((expires, held))) => Some((number(expires)?, number(held)?)),
-            // Version 3 read (and ignored) digits here; so does this one.
-            (false, _) if aux.bytes().all(|b| b.is_ascii_digit()) => None,
-            _ => return None,
+        let view = RecordView::parse(raw.as_bytes())?;
+        let number = |s: &[u8]| std::str::from_utf8(s).ok()?.parse().ok();
+        let hold = match view.hold {
+            Some((expires, held)) => Some((number(expires)?, number(held)?)),
+            None => None,
         };
         Some(Record {
-            state,
-            qty: qty.parse().ok()?,
-            nonce: nonce.to_owned(),
+            state: view.state,
+            qty: number(view.qty)?,
+            nonce: String::from_utf8_lossy(view.nonce).into_owned(),
             hold,
-            order_no: order_no.to_owned(),
+            order_no: String::from_utf8_lossy(view.order_no).into_owned(),
         })
     }
 

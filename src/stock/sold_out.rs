@@ -31,6 +31,7 @@
 
 use crate::error::UpstreamError;
 use crate::outcome::{Code, SCRIPT_VERSION, StockReply};
+use crate::record::{RecordView, State};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -107,7 +108,7 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
     };
     let record = match read.record.as_deref() {
         None => None,
-        Some(raw) => match parse_record(raw) {
+        Some(raw) => match RecordView::parse(raw) {
             Some(record) => Some(record),
             None => {
                 return Decision::Answer(Err(UpstreamError::from_server_error(
@@ -135,8 +136,8 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
     };
     if let Some(record) = record {
         return match record.state {
-            b'R' | b'V' => reply(Code::Revoked, b"", None),
-            b'D' if record.qty != qty => reply(
+            State::Reverted | State::Revoked => reply(Code::Revoked, b"", None),
+            State::Deducted if record.qty != qty => reply(
                 Code::Invalid,
                 b"",
                 Some(format!(
@@ -147,7 +148,7 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
             // The script answers 0 to its own nonce (this very call, sent
             // again); a read comes before any send of the call, so the
             // record is always another call's.
-            b'D' => reply(Code::Duplicate, record.order_no, None),
+            State::Deducted => reply(Code::Duplicate, record.order_no, None),
             _ => reply(
                 Code::Invalid,
                 b"",
@@ -181,60 +182,6 @@ fn parse_stock(raw: &[u8]) -> Option<i64> {
     }
     let n: i64 = std::str::from_utf8(raw).ok()?.parse().ok()?;
     (-EXACT..=EXACT).contains(&n).then_some(n)
-}
-
-/// A record as `parse_record` in `lua/common.lua` reads it, byte for byte
-/// (its qty as text: the script compares it with the request's as text).
-struct RawRecord<'a> {
-    state: u8,
-    qty: &'a [u8],
-    order_no: &'a [u8],
-}
-
-fn parse_record(raw: &[u8]) -> Option<RawRecord<'_>> {
-    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
-    if let Some(rest) = raw.strip_prefix(b"3:") {
-        // '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$'
-        let mut fields = rest.splitn(5, |b| *b == b':');
-        let (state, qty, nonce, aux, order_no) = (
-            fields.next()?,
-            fields.next()?,
-            fields.next()?,
-            fields.next()?,
-            fields.next()?,
-        );
-        let [state] = state else { return None };
-        if !b"DRVHCX".contains(state)
-            || !digits(qty)
-            || !nonce.iter().all(u8::is_ascii_hexdigit)
-            || !aux.iter().all(|b| b.is_ascii_digit() || *b == b'.')
-        {
-            return None;
-        }
-        let hold_times = match aux.iter().position(|b| *b == b'.') {
-            Some(dot) => digits(&aux[..dot]) && digits(&aux[dot + 1..]),
-            None => false,
-        };
-        let shape_ok = if b"HCX".contains(state) {
-            hold_times
-        } else {
-            aux.iter().all(u8::is_ascii_digit)
-        };
-        return shape_ok.then_some(RawRecord {
-            state: *state,
-            qty,
-            order_no,
-        });
-    }
-    // '^([DRV]):(%d+):(.*)$', the records of versions 1 and 2.
-    let mut fields = raw.splitn(3, |b| *b == b':');
-    let (state, qty, order_no) = (fields.next()?, fields.next()?, fields.next()?);
-    let [state] = state else { return None };
-    (b"DRV".contains(state) && digits(qty)).then_some(RawRecord {
-        state: *state,
-        qty,
-        order_no,
-    })
 }
 
 /// Which SKUs were seen short lately, and at what stock.
