@@ -338,6 +338,34 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window)
   return stock + units, released, now
 end
 
+-- What every call on one request (DEDUCT, HOLD, CONFIRM, REVERT) does
+-- first: one read of the stock, the record and the units held
+-- (read_request), a stock value or a record this version can't read
+-- refused (an error; nothing was changed), then the SKU's expired holds
+-- given back (release_due, which gives nothing back where the stock key is
+-- missing: a script's UNKNOWNSKU may come after it). Returns the error
+-- reply; or nil, then the stock after the release, the record's raw text
+-- and the record (nil when none), the units still held, the holds
+-- released and now (0 when Redis time was not needed).
+local function open_request(keys, window)
+  local stock_key, record_key, holds_key, held_key = keys[1], keys[2], keys[3], keys[4]
+  local stock, raw, held = read_request(stock_key, record_key, held_key)
+  if stock == false then
+    return redis.error_reply(BADSTOCK)
+  end
+  local record = raw and parse_record(raw)
+  if raw and not record then
+    return redis.error_reply(BADRECORD)
+  end
+  local before = stock
+  local released, now
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
+  if released > 0 then
+    held = held - (stock - before)
+  end
+  return nil, stock, raw, record, held, released, now
+end
+
 -- The request's own hold, when it ran out by `now` but the bounded release
 -- above did not reach it: released here, so the call answers by the hold's
 -- expiry, not by whether anything released it yet. Returns the record as

@@ -93,6 +93,11 @@ if type(order_no) ~= 'string' or #order_no > 128 or string.find(order_no, '[^ -~
   return invalid('order_no must be at most 128 printable ASCII bytes')
 end
 
+-- The read, the stored data's checks and the SKU's expired holds given
+-- back, before anything is decided: lua/common.lua's open_request, written
+-- out here. DEDUCT is the hot path, and the helper's closure and call cost
+-- it 3.6k instructions in Redis, 3% (`cargo bench --bench side_by_side --
+-- script-cost`: 112k against 116k); HOLD, CONFIRM and REVERT call it.
 local stock, raw, held = read_request(stock_key, record_key, held_key)
 if stock == false then
   return redis.error_reply(BADSTOCK)
@@ -101,13 +106,11 @@ local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
 end
-
--- Expired holds go back to stock before anything is decided; what they
--- gave back is no longer held.
 local released
 local before = stock
 stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
 if released > 0 then
+  -- What went back to stock is no longer held.
   held = held - (stock - before)
 end
 

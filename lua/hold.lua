@@ -87,21 +87,15 @@ if not ttl or ttl < 1000 or ttl > max_hold then
   return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. max_hold_arg)
 end
 
-local stock, raw, held = read_request(stock_key, record_key, held_key)
-if stock == false then
-  return redis.error_reply(BADSTOCK)
-end
-local record = raw and parse_record(raw)
-if raw and not record then
-  return redis.error_reply(BADRECORD)
+-- The read, the stored data's checks and the SKU's expired holds given
+-- back, before anything is decided.
+local failed, stock, raw, record, _, released, now = open_request(KEYS, window)
+if failed then
+  return failed
 end
 if stock == nil and missing ~= 'zero' then
   return redis.error_reply(UNKNOWNSKU)
 end
-
--- Expired holds go back to stock before anything is decided.
-local released, now
-stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
 if now == 0 then
   now = now_ms()
 end

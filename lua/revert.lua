@@ -92,23 +92,17 @@ if bad then
   return bad
 end
 
-local stock, raw, held = read_request(stock_key, record_key, held_key)
-if stock == false then
-  return redis.error_reply(BADSTOCK)
-end
-local record = raw and parse_record(raw)
-if raw and not record then
-  return redis.error_reply(BADRECORD)
+-- The read, the stored data's checks and the SKU's expired holds given
+-- back, before anything is decided.
+local failed, stock, raw, record, _, released, now = open_request(KEYS, window)
+if failed then
+  return failed
 end
 if stock == nil and missing ~= 'zero' and (not record or record.state == 'D'
     or record.state == 'H' or record.state == 'C') then
   return redis.error_reply(UNKNOWNSKU)
 end
-
--- Expired holds go back to stock before anything is decided.
-local released, now
 local own = 0
-stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
 
 if not record then
   -- Empty rollback: nothing to give back, but remember the id so a late
