@@ -16,7 +16,13 @@
 //! is `STOCK.STATUS <sku> ~ord:<request_id>`. Over HTTP:
 //! `GET /v1/orders/{request_id}`.
 
+use super::{Phase, parse_id};
 use crate::command::doc::{Doc, arg};
+use crate::error::UpstreamError;
+use crate::params::InvalidParam;
+use crate::reply::Reply;
+use crate::stock::StockService;
+use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
     name: "order.status",
@@ -27,3 +33,94 @@ pub const DOC: Doc = Doc {
     summary: "Returns one order's phase (none, HOLDING, HELD, CONFIRMING, DONE, ABORTING, ABORTED, REVERTING, REVERTED, REVOKED), kind, lines, hold expiry, abort code and short skus, from its intent record.",
     args: &[arg("request_id", "string")],
 };
+
+/// An order's intent record, as ORDER.STATUS shows it.
+#[derive(Debug, Clone)]
+pub struct OrderState {
+    /// `none` (no record), `HOLDING`, `HELD`, ... (see [`Phase`]).
+    pub phase: &'static str,
+    /// `order`, `hold`, or empty (none, REVOKED).
+    pub kind: &'static str,
+    /// `(sku, qty)` per line, by sku.
+    pub lines: Vec<(Bytes, Bytes)>,
+    /// The order hold's expiry, ms of Redis time; 0 for an ORDER.
+    pub expires_at: i64,
+    /// A HELD order whose expiry has passed.
+    pub expired: bool,
+    /// Why it aborted (2, 3, 4 or 5); else 0.
+    pub code: i64,
+    pub short: Vec<Bytes>,
+}
+
+impl StockService {
+    /// ORDER.STATUS: the intent record, read, as the RESP reply.
+    pub(crate) async fn order_status(&self, args: &[Bytes]) -> Reply {
+        let state = match self.order_state(&args[0]).await {
+            Ok(Ok(state)) => state,
+            Ok(Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
+            Err(fault) => return Reply::Error(fault.reply_text()),
+        };
+        let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
+        let lines: Vec<Bytes> = state
+            .lines
+            .iter()
+            .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
+            .collect();
+        Reply::Map(vec![
+            (Reply::bulk("phase"), Reply::bulk(state.phase)),
+            (Reply::bulk("kind"), Reply::bulk(state.kind)),
+            (Reply::bulk("lines"), flat(&lines)),
+            (Reply::bulk("expires_at"), Reply::Integer(state.expires_at)),
+            (
+                Reply::bulk("expired"),
+                Reply::Integer(i64::from(state.expired)),
+            ),
+            (Reply::bulk("code"), Reply::Integer(state.code)),
+            (Reply::bulk("short"), flat(&state.short)),
+        ])
+    }
+
+    /// ORDER.STATUS of `request_id` (RESP, and HTTP's
+    /// `GET /v1/orders/{request_id}`): the intent record, read, changing
+    /// nothing; the inner error for a request_id that is not one.
+    pub async fn order_state(
+        &self,
+        request_id: &Bytes,
+    ) -> Result<Result<OrderState, InvalidParam>, UpstreamError> {
+        let id = match parse_id(request_id) {
+            Ok(id) => id,
+            Err(invalid) => return Ok(Err(invalid)),
+        };
+        let attempt = self.attempt(&id);
+        let intent = self.intent(&attempt, &[b"read"]).await?;
+        let words = |text: &Bytes| -> Vec<Bytes> {
+            text.split(|b| *b == b' ')
+                .filter(|w| !w.is_empty())
+                .map(Bytes::copy_from_slice)
+                .collect()
+        };
+        let kind = match &intent.kind[..] {
+            b"D" => "order",
+            b"H" => "hold",
+            _ => "",
+        };
+        let phase = match intent.phase {
+            Phase::None => "none",
+            phase => phase.as_str(),
+        };
+        let lines = words(&intent.lines)
+            .chunks(2)
+            .filter(|pair| pair.len() == 2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect();
+        Ok(Ok(OrderState {
+            phase,
+            kind,
+            lines,
+            expires_at: intent.expires_at,
+            expired: intent.ran_out(),
+            code: intent.code,
+            short: words(&intent.short),
+        }))
+    }
+}

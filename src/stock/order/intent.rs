@@ -1,0 +1,135 @@
+//! An order's intent record, as `lua/order.lua` keeps it: its phases, and
+//! the one call that reads or changes it.
+
+use super::Attempt;
+use crate::error::{FaultKind, UpstreamError};
+use crate::stock::StockService;
+use bytes::Bytes;
+use redis::Value;
+
+/// Where an order is (`lua/order.lua` has each phase's meaning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    None,
+    Holding,
+    Held,
+    Confirming,
+    Done,
+    Aborting,
+    Aborted,
+    Reverting,
+    Reverted,
+    Revoked,
+}
+
+impl Phase {
+    pub(super) fn from_script(word: &[u8]) -> Option<Phase> {
+        Some(match word {
+            b"" => Phase::None,
+            b"HOLDING" => Phase::Holding,
+            b"HELD" => Phase::Held,
+            b"CONFIRMING" => Phase::Confirming,
+            b"DONE" => Phase::Done,
+            b"ABORTING" => Phase::Aborting,
+            b"ABORTED" => Phase::Aborted,
+            b"REVERTING" => Phase::Reverting,
+            b"REVERTED" => Phase::Reverted,
+            b"REVOKED" => Phase::Revoked,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::None => "",
+            Phase::Holding => "HOLDING",
+            Phase::Held => "HELD",
+            Phase::Confirming => "CONFIRMING",
+            Phase::Done => "DONE",
+            Phase::Aborting => "ABORTING",
+            Phase::Aborted => "ABORTED",
+            Phase::Reverting => "REVERTING",
+            Phase::Reverted => "REVERTED",
+            Phase::Revoked => "REVOKED",
+        }
+    }
+}
+
+/// The intent record as the script answered it.
+#[derive(Debug, Clone)]
+pub(super) struct Intent {
+    /// This call made the change it asked for.
+    pub(super) changed: bool,
+    pub(super) phase: Phase,
+    /// `D` (ORDER) or `H` (ORDER.HOLD); empty for REVOKED.
+    pub(super) kind: Bytes,
+    pub(super) lines: Bytes,
+    pub(super) expires_at: i64,
+    /// Why it aborted (ABORTING, ABORTED).
+    pub(super) code: i64,
+    pub(super) short: Bytes,
+    /// Redis time when the script ran.
+    pub(super) now: i64,
+}
+
+impl Intent {
+    pub(super) fn from_script(value: Value) -> Result<Intent, UpstreamError> {
+        let bad = || {
+            UpstreamError::new(
+                FaultKind::BadReply,
+                format!("the order script answered an unexpected shape: {value:?}"),
+            )
+        };
+        let Value::Array(items) = &value else {
+            return Err(bad());
+        };
+        let int = |i: usize| match items.get(i) {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
+        let text = |i: usize| match items.get(i) {
+            Some(Value::BulkString(b)) => Some(Bytes::copy_from_slice(b)),
+            Some(Value::SimpleString(s)) => Some(Bytes::copy_from_slice(s.as_bytes())),
+            _ => None,
+        };
+        Ok(Intent {
+            changed: int(0).ok_or_else(bad)? == 1,
+            phase: text(1)
+                .and_then(|p| Phase::from_script(&p))
+                .ok_or_else(bad)?,
+            kind: text(2).ok_or_else(bad)?,
+            lines: text(3).ok_or_else(bad)?,
+            expires_at: int(4).ok_or_else(bad)?,
+            code: int(5).ok_or_else(bad)?,
+            short: text(6).ok_or_else(bad)?,
+            now: int(7).ok_or_else(bad)?,
+        })
+    }
+
+    pub(super) fn is_hold(&self) -> bool {
+        &self.kind[..] == b"H"
+    }
+
+    /// A HELD order whose expiry has passed (by Redis time).
+    pub(super) fn ran_out(&self) -> bool {
+        self.phase == Phase::Held && self.now >= self.expires_at
+    }
+}
+
+impl StockService {
+    /// One call of the intent script.
+    pub(super) async fn intent(
+        &self,
+        attempt: &Attempt<'_>,
+        op: &[&[u8]],
+    ) -> Result<Intent, UpstreamError> {
+        let key = self.keys.order_key(&attempt.id.id);
+        let mut args: Vec<&[u8]> = vec![op[0], self.retry_window_arg.as_bytes(), &attempt.nonce];
+        args.extend_from_slice(&op[1..]);
+        let value = self
+            .upstream
+            .eval_by(&self.scripts.order, &[&key], &args, attempt.deadline)
+            .await?;
+        Intent::from_script(value)
+    }
+}
