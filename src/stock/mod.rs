@@ -21,10 +21,12 @@
 //! access log of each answered request, and the stale-id check.
 
 pub mod admin;
+mod books;
 mod coalesce;
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
+mod nonces;
 pub mod order;
 pub mod revert;
 pub mod sold_out;
@@ -35,19 +37,20 @@ mod wire;
 use crate::config::{AccessLog, Config};
 use crate::error::UpstreamError;
 use crate::keys::KeyLayout;
-use crate::metrics::{CommandLabel, Metrics, ResultLabel};
-use crate::outcome::{Code, HoldEvent, StockReply};
+use crate::metrics::{CommandLabel, Metrics};
+use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
 use crate::pipeline::{Answer, Completion, Join, Joinable, PipeError};
 use crate::reply::Reply;
 use crate::script::Scripts;
 use crate::upstream::Upstream;
 use crate::upstream::Verdict;
+use books::AccessEntry;
 use bytes::Bytes;
-use std::hash::{BuildHasher, RandomState};
+use nonces::Nonces;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The commands this service serves.
@@ -337,47 +340,6 @@ struct Wires {
     /// whatever the flag says ([`StockCall::order_line`]).
     revert_line: wire::Wire,
     confirm_line: wire::Wire,
-}
-
-/// A fresh nonce for every script call, written into the record it
-/// writes: when a call is sent again (its connection was lost after the
-/// write, and the node pipe or the redis crate resends it), the script
-/// finds its own nonce and answers what it answered the first time,
-/// instead of "duplicate" to the request's first attempt.
-///
-/// Unique within the process (a counter through a bijective mix), and
-/// across sidecars by a random 64-bit salt: two calls of one request_id
-/// from two sidecars collide with probability 2^-64.
-struct Nonces {
-    salt: u64,
-    next: AtomicU64,
-}
-
-impl Nonces {
-    fn new() -> Nonces {
-        Nonces {
-            salt: RandomState::new().hash_one(std::process::id()),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    /// 16 hex digits.
-    fn next(&self) -> [u8; 16] {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        // splitmix64's finaliser: a bijection, so distinct counters give
-        // distinct nonces, and nearby ones look unrelated.
-        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        let value = z ^ self.salt;
-        let mut out = [0u8; 16];
-        for (i, byte) in out.iter_mut().enumerate() {
-            let nibble = (value >> (60 - 4 * i)) & 0xf;
-            *byte = b"0123456789abcdef"[nibble as usize];
-        }
-        out
-    }
 }
 
 impl StockService {
@@ -861,91 +823,6 @@ impl StockService {
         }
     }
 
-    /// What a reply says happened to holds: counted by event, and the time
-    /// a confirmed hold was held.
-    fn record_holds(&self, command: StockCommand, reply: &StockReply) {
-        let effects = reply.effects;
-        if effects.released > 0 {
-            self.metrics
-                .record_holds(HoldEvent::Expired, u64::from(effects.released));
-        }
-        if let Some(event) = effects.event {
-            self.metrics.record_holds(event, 1);
-            if event == HoldEvent::Confirmed && command == StockCommand::Confirm {
-                debug_assert_eq!(reply.code, Code::Ok);
-                self.metrics
-                    .record_held(Duration::from_millis(effects.held_ms));
-            }
-        }
-    }
-
-    /// Metrics and the access log for one answered request.
-    fn record(
-        &self,
-        entry: AccessEntry<'_>,
-        result: Result<Code, &UpstreamError>,
-        arrived: Instant,
-    ) {
-        let elapsed = arrived.elapsed();
-        let label = match result {
-            Ok(code) => ResultLabel::Code(code),
-            Err(fault) => {
-                self.metrics.record_upstream_error(fault.kind);
-                ResultLabel::Error
-            }
-        };
-        self.metrics.record_request(entry.command, label, elapsed);
-        let wanted = match self.access_log {
-            AccessLog::All => true,
-            AccessLog::Errors => result.is_err(),
-            AccessLog::Off => false,
-        };
-        if wanted {
-            self.access_log_line(entry, result, elapsed);
-        }
-    }
-
-    /// One access-log line, as the design asks: request_id, stock key, qty,
-    /// code or error kind, latency. Nothing else the caller sent (no
-    /// order_no). Fields are cut at 128 bytes, as valid ones are.
-    fn access_log_line(
-        &self,
-        entry: AccessEntry<'_>,
-        result: Result<Code, &UpstreamError>,
-        elapsed: Duration,
-    ) {
-        let field = |a: Option<&[u8]>| {
-            a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
-        };
-        let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
-        let command = entry.command.as_str();
-        let (request_id, qty) = (field(entry.request_id), field(entry.qty));
-        let latency_us = elapsed.as_micros() as u64;
-        // A fault is a WARN, so `STOCKGATE_LOG=warn` or a collector's level
-        // filter keeps exactly the lines an operator must look at; a
-        // business code, whatever it is, is an answer and stays INFO.
-        match result {
-            Ok(code) => tracing::info!(
-                target: "stockgate::access",
-                command,
-                request_id,
-                key,
-                qty,
-                code = code as i64,
-                latency_us,
-            ),
-            Err(fault) => tracing::warn!(
-                target: "stockgate::access",
-                command,
-                request_id,
-                key,
-                qty,
-                error = fault.kind.label(),
-                latency_us,
-            ),
-        }
-    }
-
     /// With `--reject-stale-ids`, refuses a time-ordered request_id (ULID,
     /// UUIDv7) made longer ago than the retry window, less a margin for
     /// clock skew: its record may already have expired, so stockgate could
@@ -985,15 +862,6 @@ fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
         )));
     }
     Ok(())
-}
-
-/// What the access log says of one request: the arguments as sent (they
-/// may be invalid), by meaning.
-struct AccessEntry<'a> {
-    command: CommandLabel,
-    sku: Option<&'a [u8]>,
-    request_id: Option<&'a [u8]>,
-    qty: Option<&'a [u8]>,
 }
 
 #[cfg(test)]
