@@ -17,6 +17,8 @@
 //! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded, flat).
 //! - [`command`]: the command table, the password gate, arity, dispatch.
+//! - [`doc`]: what a command is (name, arity, arguments), as each command's
+//!   own file describes it.
 //! - [`session`]: connection-level commands (HELLO, AUTH, CLIENT, INFO,
 //!   COMMAND, PING, ...), answered on the spot.
 //! - [`stock`]: the stock service, one file per stock command (DEDUCT,
@@ -58,6 +60,7 @@ pub mod command;
 pub mod config;
 pub mod connection;
 pub mod dev;
+pub mod doc;
 pub mod error;
 pub mod frame;
 pub mod http;

@@ -10,7 +10,6 @@
 //! wrong with it even before AUTH. An unknown command gets Redis's own
 //! error and the connection stays open.
 
-pub mod doc;
 pub mod spec;
 
 use crate::auth::NOAUTH;

@@ -12,7 +12,7 @@
 //! humans already recognise: `tests/conformance.rs` compares them with a
 //! real redis-server's, byte for byte.
 
-pub use super::doc::{ArgSpec, Doc, arg, optional, optional_many};
+pub use crate::doc::{ArgSpec, Doc, arg, optional, optional_many};
 use crate::reply::Reply;
 use crate::session::Session;
 use crate::state::Shared;
@@ -107,7 +107,7 @@ pub const fn session(
 impl CommandSpec {
     /// Whether `count` words (the name included) fit this command.
     pub fn arity_ok(&self, count: usize) -> bool {
-        super::doc::arity_fits(self.arity, self.max_args, count)
+        crate::doc::arity_fits(self.arity, self.max_args, count)
     }
 
     /// A subcommand's own name: `setname` for `client|setname`.

@@ -25,7 +25,7 @@
 //! 2 (ADD) refused because the stock would go below 0, 3 invalid.
 
 use super::{Caller, StockCommand, StockResult, StockService};
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 use crate::outcome::{Code, StockReply};
 use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
 use crate::reply::Reply;

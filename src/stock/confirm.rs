@@ -14,7 +14,7 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 

@@ -11,7 +11,7 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
-use crate::command::doc::{Doc, arg, optional};
+use crate::doc::{Doc, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 

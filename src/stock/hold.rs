@@ -14,7 +14,7 @@
 //! 5 this id's hold already ran out. `lua/hold.lua` has the script;
 //! `lua/revert.lua` the whole state machine.
 
-use crate::command::doc::{Doc, arg, optional};
+use crate::doc::{Doc, arg, optional};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 

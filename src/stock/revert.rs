@@ -13,7 +13,7 @@
 //! The qty given back is the one the record holds, never the caller's.
 //! See `lua/revert.lua` for the whole state machine.
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 

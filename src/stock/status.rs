@@ -15,7 +15,7 @@
 //! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
 
 use super::StockService;
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 use crate::params::{RequestId, Sku};
 use crate::reply::Reply;
 use bytes::Bytes;

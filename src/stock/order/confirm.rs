@@ -14,7 +14,7 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 
 pub const DOC: Doc = Doc {
     name: "order.confirm",

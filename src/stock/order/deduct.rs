@@ -13,7 +13,7 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 
 pub const DOC: Doc = Doc {
     name: "order",

@@ -14,7 +14,7 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 
 pub const DOC: Doc = Doc {
     name: "order.hold",

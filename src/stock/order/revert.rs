@@ -13,7 +13,7 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 
 pub const DOC: Doc = Doc {
     name: "order.revert",

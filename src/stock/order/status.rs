@@ -17,7 +17,7 @@
 //! `GET /v1/orders/{request_id}`.
 
 use super::{Phase, parse_id};
-use crate::command::doc::{Doc, arg};
+use crate::doc::{Doc, arg};
 use crate::error::UpstreamError;
 use crate::params::InvalidParam;
 use crate::reply::Reply;
