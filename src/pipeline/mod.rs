@@ -66,6 +66,7 @@
 mod completion;
 mod conversation;
 mod join;
+mod node;
 mod queue;
 mod routes;
 

@@ -3,7 +3,8 @@
 
 use super::completion::{Answer, Completion};
 use super::join::{Gathered, Joinable};
-use super::queue::{NodePipe, PipeSettings};
+use super::node::NodePipe;
+use super::queue::PipeSettings;
 use super::{Login, PipeError};
 use crate::config::Durability;
 use crate::keys::SLOTS;
