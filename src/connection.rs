@@ -27,11 +27,11 @@
 //! from it until it does. Memory per connection stays bounded whatever the
 //! client sends.
 
-use crate::command::{self, Action};
+use crate::command::Session;
+use crate::dispatch::{self, Action};
 use crate::frame::RequestDecoder;
 use crate::pipeline::{Answer, Completion, Mailbox, PipeError};
 use crate::reply::{Protocol, Reply};
-use crate::session::Session;
 use crate::state::Shared;
 use crate::stock::{Caller, Concluded, Prepared, StockCall, StockCommand, StockResult, Touches};
 use bytes::{Bytes, BytesMut};
@@ -142,7 +142,7 @@ async fn run(
                 }
             };
             let arrived = Instant::now();
-            let action = command::execute(request, &mut session, shared);
+            let action = dispatch::execute(request, &mut session, shared);
             // After the command ran: HELLO's own reply is in the protocol
             // it chose.
             let protocol = session.protocol;

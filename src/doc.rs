@@ -1,10 +1,9 @@
 //! What a command is, as `COMMAND DOCS` and `HELP` describe it: its name,
 //! arity, flags and arguments. A leaf: the stock commands describe
 //! themselves with a [`Doc`] in their own files without depending on how
-//! commands are dispatched ([`crate::command::spec`] pairs each with who
-//! serves it),
-//! so the command table can name the stock service without an import
-//! circle.
+//! commands are dispatched ([`crate::command::spec::stock`] pairs each with
+//! who serves it), so the command table can name the stock service without
+//! an import circle.
 
 /// One argument, as `COMMAND DOCS` and `HELP` describe it.
 pub struct ArgSpec {

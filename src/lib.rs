@@ -16,11 +16,13 @@
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
 //! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded, flat).
-//! - [`command`]: the command table, the password gate, arity, dispatch.
-//! - [`doc`]: what a command is (name, arity, arguments), as each command's
-//!   own file describes it.
+//! - [`dispatch`]: the command table, the password gate, arity, dispatch.
 //! - [`session`]: connection-level commands (HELLO, AUTH, CLIENT, INFO,
 //!   COMMAND, PING, ...), answered on the spot.
+//! - [`command`]: what a command is and who answers it; the connection's
+//!   [`command::Session`] that the connection-level commands change.
+//! - [`doc`]: what a command is (name, arity, arguments), as each command's
+//!   own file describes it.
 //! - [`stock`]: the stock service, one file per stock command (DEDUCT,
 //!   REVERT, STOCK.*): validate, build keys, run the script, map the
 //!   reply, record metrics.
@@ -60,6 +62,7 @@ pub mod command;
 pub mod config;
 pub mod connection;
 pub mod dev;
+pub mod dispatch;
 pub mod doc;
 pub mod error;
 pub mod frame;

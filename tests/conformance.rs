@@ -1019,7 +1019,7 @@ fn help(redis: &Resp, stockgate: &Resp) -> Result<(), String> {
         return Err("not Redis's header and HELP lines".into());
     }
     let container = theirs[0].split(' ').next().unwrap().to_ascii_lowercase();
-    let spec = stockgate::command::COMMANDS
+    let spec = stockgate::dispatch::COMMANDS
         .iter()
         .find(|c| c.name == container)
         .ok_or("no such container")?;

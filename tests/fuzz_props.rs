@@ -1,6 +1,6 @@
 //! The fuzz target's invariants, as a short proptest pass in the normal
 //! suite: random byte streams, and random valid requests, split into reads
-//! at random points, through the decoder, `command::execute`, the stock
+//! at random points, through the decoder, `dispatch::execute`, the stock
 //! service's argument parsing, and reply encoding in both protocols.
 //!
 //! The checks themselves are in `tests/fuzz/harness.rs`, shared with the

@@ -299,7 +299,7 @@ async fn client_and_select_commands() {
     assert_eq!(redis_cli(port, &["ECHO", "hi there"]).trim(), "hi there");
     assert_eq!(
         redis_cli(port, &["COMMAND", "COUNT"]).trim(),
-        stockgate::command::COMMANDS.len().to_string()
+        stockgate::dispatch::COMMANDS.len().to_string()
     );
 }
 

@@ -12,12 +12,12 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use redis::Value;
 use std::sync::OnceLock;
-use stockgate::command::{self, Action};
+use stockgate::command::Session;
 use stockgate::config::Config;
+use stockgate::dispatch::{self, Action};
 use stockgate::frame::Request;
 use stockgate::outcome::{Code, StockReply};
 use stockgate::reply::{Protocol, Reply};
-use stockgate::session::Session;
 use stockgate::state::Shared;
 use tokio_util::codec::Decoder;
 
@@ -224,10 +224,10 @@ fn table_reply(before: &[&[&str]], args: &[&str]) -> (Reply, Protocol) {
             .collect(),
     };
     for earlier in before {
-        let _ = command::execute(request(earlier), &mut session, shared());
+        let _ = dispatch::execute(request(earlier), &mut session, shared());
     }
     let protocol = session.protocol;
-    match command::execute(request(args), &mut session, shared()) {
+    match dispatch::execute(request(args), &mut session, shared()) {
         Action::Reply(reply) | Action::Close(reply) => (reply, protocol),
         Action::Stock(..) => panic!("{args:?} is not a connection-level command"),
     }

@@ -1,9 +1,9 @@
 //! What a command is and how it is served: its name, arity, flags and
 //! documented arguments, and who answers it. Every connection-level
 //! command file describes itself with one [`CommandSpec`]; a stock command
-//! describes itself with a [`Doc`] (`command/doc.rs`, a leaf, so that the
-//! stock service doesn't import the dispatch that imports it), which
-//! [`stock`] pairs with the stock service. [`crate::command::COMMANDS`]
+//! describes itself with a [`Doc`] ([`crate::doc`], a leaf, so that the
+//! stock service imports nothing about dispatch), which [`stock`] pairs
+//! with the stock service. [`crate::dispatch::COMMANDS`]
 //! lists them all, and lookup, arity checks, `COMMAND`, `COMMAND DOCS` and
 //! `HELP` read nothing else.
 //!
@@ -12,9 +12,9 @@
 //! humans already recognise: `tests/conformance.rs` compares them with a
 //! real redis-server's, byte for byte.
 
+use crate::command::Session;
 pub use crate::doc::{ArgSpec, Doc, arg, optional, optional_many};
 use crate::reply::Reply;
-use crate::session::Session;
 use crate::state::Shared;
 use crate::stock::StockCommand;
 use bytes::Bytes;

@@ -150,7 +150,7 @@ fn setinfo(call: &mut Call<'_>) -> Reply {
 }
 
 /// `ON` or `OFF`, in any case, as Redis reads them.
-fn switch(call: &mut Call<'_>, set: fn(&mut super::Session, bool)) -> Reply {
+fn switch(call: &mut Call<'_>, set: fn(&mut crate::command::Session, bool)) -> Reply {
     let value = &call.args[0];
     let on = if value.eq_ignore_ascii_case(b"on") {
         true

@@ -16,8 +16,9 @@
 //! `stockgate_version`; clients read the fields they know.
 
 use super::client::check_client_name;
-use super::{REDIS_COMPAT_VERSION, Session, keep, redis_integer};
+use super::{REDIS_COMPAT_VERSION, keep, redis_integer};
 use crate::auth::{Password, WRONGPASS};
+use crate::command::Session;
 use crate::command::spec::{Call, CommandSpec, arg, c_str, optional, session, shown};
 use crate::metrics::Metrics;
 use crate::reply::{Protocol, Reply};

@@ -184,7 +184,7 @@ fn command_docs(spec: &CommandSpec) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::COMMANDS;
+    use crate::dispatch::COMMANDS;
 
     #[test]
     fn docs_cover_every_command_with_the_types_redis_cli_asserts() {

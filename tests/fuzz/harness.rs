@@ -44,15 +44,15 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use stockgate::auth::Password;
-use stockgate::command::{self, Action};
+use stockgate::command::Session;
 use stockgate::config::{AccessLog, Config};
+use stockgate::dispatch::{self, Action};
 use stockgate::frame::{ProtocolError, Request, RequestDecoder};
 use stockgate::outcome::Code;
 use stockgate::params::{
     Delta, MAX_FIELD_LEN, MAX_STOCK, OrderNo, Qty, RequestId, Sku, StockLevel,
 };
 use stockgate::reply::{Protocol, Reply};
-use stockgate::session::Session;
 use stockgate::state::Shared;
 use stockgate::stock::StockCommand;
 use stockgate::stock::deduct::Deduct;
@@ -403,7 +403,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// connection closes after it.
 fn run_request(request: Request, session: &mut Session, shared: &Shared) -> (Reply, bool) {
     check_params(&request.args[1..], shared.config.max_qty);
-    match command::execute(request, session, shared) {
+    match dispatch::execute(request, session, shared) {
         Action::Reply(reply) => (reply, false),
         Action::Close(reply) => (reply, true),
         Action::Stock(command, args) => {

@@ -1,7 +1,7 @@
 //! Fuzz target `resp`: bytes from a client, through the whole request path.
 //!
 //! Bytes → `RequestDecoder` (in the reads the input asks for, as a
-//! connection gets them) → `command::execute` → the stock service (DEDUCT,
+//! connection gets them) → `dispatch::execute` → the stock service (DEDUCT,
 //! REVERT, STOCK.*: argument parsing, against an upstream that never
 //! connects) → `Reply::encode` in the session's protocol → redis-protocol's
 //! decoder. The invariants are in `../harness.rs`; the input format is

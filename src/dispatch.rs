@@ -1,0 +1,114 @@
+//! From a request to what to do with it: the command table, the password
+//! gate, arity checks, and dispatch.
+//!
+//! [`COMMANDS`] is the one place that lists the commands stockgate serves;
+//! each command describes itself in its own file, under [`crate::stock`]
+//! (a [`crate::doc::Doc`], paired here with the stock service) or
+//! [`crate::session`] (a [`CommandSpec`] with who answers it). Names are
+//! matched case-insensitively. A request is checked in Redis's order
+//! (`processCommand`): the command and subcommand exist, the arity fits,
+//! and only then the password, so a malformed request is told what is
+//! wrong with it even before AUTH. An unknown command gets Redis's own
+//! error and the connection stays open.
+//!
+//! It sits above both kinds of command, so that neither imports it: what a
+//! command is ([`crate::command`]) and who answers it stay below.
+
+use crate::auth::NOAUTH;
+use crate::command::Session;
+use crate::command::spec::{self, Call, CommandSpec, Serve, resolve, wrong_arity};
+use crate::frame::Request;
+use crate::reply::Reply;
+use crate::session::{basics, client, hello, info, introspection};
+use crate::state::Shared;
+use crate::stock::{self, StockCommand};
+use bytes::Bytes;
+
+/// Every command stockgate serves, in the order `COMMAND` lists them.
+pub static COMMANDS: &[CommandSpec] = &[
+    spec::stock(&stock::deduct::DOC, StockCommand::Deduct),
+    spec::stock(&stock::revert::DOC, StockCommand::Revert),
+    spec::stock(&stock::hold::DOC, StockCommand::Hold),
+    spec::stock(&stock::confirm::DOC, StockCommand::Confirm),
+    spec::stock(&stock::order::deduct::DOC, StockCommand::Order),
+    spec::stock(&stock::order::hold::DOC, StockCommand::OrderHold),
+    spec::stock(&stock::order::confirm::DOC, StockCommand::OrderConfirm),
+    spec::stock(&stock::order::revert::DOC, StockCommand::OrderRevert),
+    spec::stock(&stock::order::status::DOC, StockCommand::OrderStatus),
+    spec::stock(&stock::admin::GET, StockCommand::Get),
+    spec::stock(&stock::admin::SET, StockCommand::Set),
+    spec::stock(&stock::admin::ADD, StockCommand::Add),
+    spec::stock(&stock::status::DOC, StockCommand::Status),
+    basics::PING,
+    basics::ECHO,
+    hello::HELLO,
+    hello::AUTH,
+    client::CLIENT,
+    basics::SELECT,
+    basics::QUIT,
+    basics::RESET,
+    info::INFO,
+    introspection::COMMAND,
+];
+
+/// What an unauthenticated client may do: Redis's `no-auth` commands.
+/// PING is not one of them (Redis answers it NOAUTH too).
+fn allowed_before_auth(name: &str) -> bool {
+    matches!(name, "auth" | "hello" | "quit" | "reset")
+}
+
+/// What the connection does with one request.
+pub enum Action {
+    /// Reply now (in order with the others).
+    Reply(Reply),
+    /// Run a stock command against Redis; the arguments after the name.
+    Stock(StockCommand, Vec<Bytes>),
+    /// Reply, then close the connection (QUIT).
+    Close(Reply),
+}
+
+/// Decides what one request does. Connection-level commands run here, on
+/// the spot; stock commands are handed back to run against Redis.
+pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Action {
+    let spec = match resolve(COMMANDS, &request.args) {
+        Ok(spec) => spec,
+        Err(reply) => return Action::Reply(reply),
+    };
+    if !spec.arity_ok(request.args.len()) {
+        return Action::Reply(wrong_arity(spec.name));
+    }
+    if !session.authenticated && !allowed_before_auth(spec.name) {
+        return Action::Reply(Reply::error(NOAUTH));
+    }
+    // The words that named the command: one, or two for a subcommand.
+    let named = if spec.name.contains('|') { 2 } else { 1 };
+    match spec.serve {
+        Serve::Stock(command) => {
+            let mut args = request.args;
+            args.drain(..named);
+            Action::Stock(command, args)
+        }
+        Serve::Session(serve) => Action::Reply(serve(&mut Call {
+            spec,
+            args: &request.args[named..],
+            session,
+            shared,
+            table: COMMANDS,
+        })),
+        Serve::Quit => Action::Close(Reply::Simple("OK")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_listed_once_in_lowercase() {
+        let mut names: Vec<&str> = COMMANDS.iter().map(|c| c.name).collect();
+        assert!(names.iter().all(|n| *n == n.to_ascii_lowercase()));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COMMANDS.len());
+    }
+}
