@@ -111,4 +111,27 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), COMMANDS.len());
     }
+
+    #[test]
+    fn every_stock_command_is_served_once_under_its_own_name() {
+        let served: Vec<StockCommand> = COMMANDS
+            .iter()
+            .filter_map(|spec| match spec.serve {
+                Serve::Stock(command) => {
+                    assert_eq!(
+                        spec.name,
+                        command.name(),
+                        "{command:?}'s file describes another"
+                    );
+                    Some(command)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            served,
+            StockCommand::ALL,
+            "the table lists the stock commands in the list's order"
+        );
+    }
 }

@@ -41,6 +41,7 @@ use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
 use crate::stock::StockCommand;
+use crate::stock::order::OrderCommand;
 use crate::stock::order::OrderReply;
 use axum::Router;
 use axum::body::{Body, to_bytes};
@@ -263,7 +264,7 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let mut args = vec![Bytes::from(body.sku), qty, Bytes::from(body.request_id)];
     args.extend(body.order_no.map(Bytes::from));
     respond(
-        Operation::Deduct,
+        StockCommand::Deduct,
         shared
             .service
             .call(StockCommand::Deduct, &args, arrived)
@@ -294,7 +295,7 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     ];
     args.extend(body.order_no.map(Bytes::from));
     respond(
-        Operation::Hold,
+        StockCommand::Hold,
         shared
             .service
             .call(StockCommand::Hold, &args, arrived)
@@ -303,20 +304,15 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
 }
 
 async fn confirm(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    on_request(shared, request, Operation::Confirm, StockCommand::Confirm).await
+    on_request(shared, request, StockCommand::Confirm).await
 }
 
 async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    on_request(shared, request, Operation::Revert, StockCommand::Revert).await
+    on_request(shared, request, StockCommand::Revert).await
 }
 
 /// CONFIRM and REVERT: a body of `{"sku", "request_id"}`.
-async fn on_request(
-    shared: Arc<Shared>,
-    request: Request,
-    operation: Operation,
-    command: StockCommand,
-) -> Response {
+async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand) -> Response {
     let arrived = Instant::now();
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
@@ -326,10 +322,7 @@ async fn on_request(
         Err(response) => return response,
     };
     let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
-    respond(
-        operation,
-        shared.service.call(command, &args, arrived).await,
-    )
+    respond(command, shared.service.call(command, &args, arrived).await)
 }
 
 /// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
@@ -350,11 +343,11 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         Some(ttl) => match integer_text(ttl, "ttl_ms") {
             Ok(ttl) => {
                 args.push(ttl);
-                StockCommand::OrderHold
+                OrderCommand::Hold
             }
             Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
         },
-        None => StockCommand::Order,
+        None => OrderCommand::Order,
     };
     for line in body.lines {
         match integer_text(&line.qty, "qty") {
@@ -362,12 +355,8 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
             Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
         }
     }
-    let operation = match command {
-        StockCommand::OrderHold => Operation::OrderHold,
-        _ => Operation::Order,
-    };
     respond_order(
-        operation,
+        command.command(),
         shared.service.order_call(command, &args, arrived).await,
     )
 }
@@ -378,7 +367,7 @@ async fn order_confirm(
     id: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
-    order_by_id(&shared, id, request, Operation::OrderConfirm).await
+    order_by_id(&shared, id, request, OrderCommand::Confirm).await
 }
 
 /// `POST /v1/orders/{request_id}/revert`: ORDER.REVERT.
@@ -387,7 +376,7 @@ async fn order_revert(
     id: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
-    order_by_id(&shared, id, request, Operation::OrderRevert).await
+    order_by_id(&shared, id, request, OrderCommand::Revert).await
 }
 
 /// ORDER.CONFIRM or ORDER.REVERT of the (percent-decoded) request_id in
@@ -396,7 +385,7 @@ async fn order_by_id(
     shared: &Shared,
     id: Result<Path<String>, PathRejection>,
     request: Request,
-    operation: Operation,
+    command: OrderCommand,
 ) -> Response {
     let arrived = Instant::now();
     if let Some(refused) = authorize(shared, &request) {
@@ -412,12 +401,8 @@ async fn order_by_id(
             );
         }
     };
-    let command = match operation {
-        Operation::OrderConfirm => StockCommand::OrderConfirm,
-        _ => StockCommand::OrderRevert,
-    };
     respond_order(
-        operation,
+        command.command(),
         shared
             .service
             .order_call(command, &[Bytes::from(id)], arrived)
@@ -518,39 +503,26 @@ async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, 
     })
 }
 
-/// The operations the HTTP face serves; a code's status depends on which.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Deduct,
-    Revert,
-    Hold,
-    Confirm,
-    Order,
-    OrderHold,
-    OrderConfirm,
-    OrderRevert,
-}
-
 /// The HTTP status of a business code: never a 5xx. A status says whether
 /// the caller's intent was met, since that is what generic retry middleware
 /// acts on: a DEDUCT that was revoked did not deduct (409), but a REVERT
 /// that revoked is compensation done, there was nothing to give back (200,
 /// as for a duplicate). A hold that expired (5) did not hold or confirm
-/// (409); REVERT never answers 5. The order operations follow their
+/// (409); REVERT never answers 5. The order commands follow their
 /// single-line counterparts: ORDER.REVERT 4 is compensation done (200).
-pub fn status_for(operation: Operation, code: Code) -> StatusCode {
-    match (operation, code) {
-        (_, Code::Ok | Code::Duplicate) => StatusCode::OK,
-        (Operation::Revert | Operation::OrderRevert, Code::Revoked | Code::Expired) => {
-            StatusCode::OK
-        }
-        (_, Code::Revoked | Code::Expired) => StatusCode::CONFLICT,
-        (_, Code::Insufficient) => StatusCode::CONFLICT,
-        (_, Code::Invalid) => StatusCode::BAD_REQUEST,
+/// Which commands are compensations is the list's to say
+/// ([`crate::doc::About::gives_back`]).
+pub fn status_for(command: StockCommand, code: Code) -> StatusCode {
+    match code {
+        Code::Ok | Code::Duplicate => StatusCode::OK,
+        Code::Revoked | Code::Expired if command.about().gives_back => StatusCode::OK,
+        Code::Revoked | Code::Expired => StatusCode::CONFLICT,
+        Code::Insufficient => StatusCode::CONFLICT,
+        Code::Invalid => StatusCode::BAD_REQUEST,
     }
 }
 
-fn respond(operation: Operation, result: Result<StockReply, UpstreamError>) -> Response {
+fn respond(command: StockCommand, result: Result<StockReply, UpstreamError>) -> Response {
     match result {
         Ok(reply) => {
             let body = OutcomeBody {
@@ -567,13 +539,13 @@ fn respond(operation: Operation, result: Result<StockReply, UpstreamError>) -> R
                     .as_deref()
                     .and_then(|r| std::str::from_utf8(r).ok()),
             };
-            json(status_for(operation, reply.code), &body)
+            json(status_for(command, reply.code), &body)
         }
         Err(fault) => fault_response(&fault),
     }
 }
 
-fn respond_order(operation: Operation, result: Result<OrderReply, UpstreamError>) -> Response {
+fn respond_order(command: StockCommand, result: Result<OrderReply, UpstreamError>) -> Response {
     let reply = match result {
         Ok(reply) => reply,
         Err(fault) => return fault_response(&fault),
@@ -599,7 +571,7 @@ fn respond_order(operation: Operation, result: Result<OrderReply, UpstreamError>
         short: (!reply.short.is_empty()).then(|| reply.short.iter().map(|s| text(s)).collect()),
         reason: reply.reason.as_deref(),
     };
-    json(status_for(operation, reply.code), &body)
+    json(status_for(command, reply.code), &body)
 }
 
 /// A fault: 503 with `Retry-After` when a retry may succeed, else 500.
@@ -657,45 +629,48 @@ mod tests {
 
     #[test]
     fn business_codes_never_map_to_5xx() {
-        for operation in [
-            Operation::Deduct,
-            Operation::Revert,
-            Operation::Hold,
-            Operation::Confirm,
-            Operation::Order,
-            Operation::OrderHold,
-            Operation::OrderConfirm,
-            Operation::OrderRevert,
+        for command in [
+            StockCommand::Deduct,
+            StockCommand::Revert,
+            StockCommand::Hold,
+            StockCommand::Confirm,
+            StockCommand::Order,
+            StockCommand::OrderHold,
+            StockCommand::OrderConfirm,
+            StockCommand::OrderRevert,
         ] {
             for code in Code::ALL {
-                let status = status_for(operation, code);
+                let status = status_for(command, code);
                 assert!(status.is_success() || status.is_client_error());
             }
         }
         assert_eq!(
-            status_for(Operation::Deduct, Code::Revoked),
-            StatusCode::CONFLICT
-        );
-        assert_eq!(status_for(Operation::Revert, Code::Revoked), StatusCode::OK);
-        assert_eq!(
-            status_for(Operation::Confirm, Code::Expired),
+            status_for(StockCommand::Deduct, Code::Revoked),
             StatusCode::CONFLICT
         );
         assert_eq!(
-            status_for(Operation::Hold, Code::Revoked),
-            StatusCode::CONFLICT
-        );
-        assert_eq!(
-            status_for(Operation::OrderRevert, Code::Revoked),
+            status_for(StockCommand::Revert, Code::Revoked),
             StatusCode::OK
         );
-        for operation in [
-            Operation::Order,
-            Operation::OrderHold,
-            Operation::OrderConfirm,
+        assert_eq!(
+            status_for(StockCommand::Confirm, Code::Expired),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            status_for(StockCommand::Hold, Code::Revoked),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            status_for(StockCommand::OrderRevert, Code::Revoked),
+            StatusCode::OK
+        );
+        for command in [
+            StockCommand::Order,
+            StockCommand::OrderHold,
+            StockCommand::OrderConfirm,
         ] {
-            assert_eq!(status_for(operation, Code::Revoked), StatusCode::CONFLICT);
-            assert_eq!(status_for(operation, Code::Expired), StatusCode::CONFLICT);
+            assert_eq!(status_for(command, Code::Revoked), StatusCode::CONFLICT);
+            assert_eq!(status_for(command, Code::Expired), StatusCode::CONFLICT);
         }
     }
 }

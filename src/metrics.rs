@@ -8,6 +8,7 @@
 //! series is registered up front: counters show 0 from the first scrape,
 //! and recording a request touches a pre-resolved handle, not a registry.
 
+use crate::doc::StockCommand;
 use crate::error::FaultKind;
 use crate::outcome::{Code, HoldEvent};
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
@@ -45,60 +46,15 @@ const HELD_BUCKETS: [f64; 12] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 86_400.0,
 ];
 
-/// The commands that get request metrics (the `command` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommandLabel {
-    Deduct,
-    Revert,
-    Hold,
-    Confirm,
-    Order,
-    OrderHold,
-    OrderConfirm,
-    OrderRevert,
-}
-
-impl CommandLabel {
-    const ALL: [CommandLabel; 8] = [
-        CommandLabel::Deduct,
-        CommandLabel::Revert,
-        CommandLabel::Hold,
-        CommandLabel::Confirm,
-        CommandLabel::Order,
-        CommandLabel::OrderHold,
-        CommandLabel::OrderConfirm,
-        CommandLabel::OrderRevert,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CommandLabel::Deduct => "deduct",
-            CommandLabel::Revert => "revert",
-            CommandLabel::Hold => "hold",
-            CommandLabel::Confirm => "confirm",
-            CommandLabel::Order => "order",
-            CommandLabel::OrderHold => "order.hold",
-            CommandLabel::OrderConfirm => "order.confirm",
-            CommandLabel::OrderRevert => "order.revert",
+/// Whether `command` has a series for `result`: a metered command (see
+/// [`crate::doc::About`]) for each code it can answer, and for faults.
+fn has_series(command: StockCommand, result: ResultLabel) -> bool {
+    let about = command.about();
+    about.metered
+        && match result {
+            ResultLabel::Code(code) => about.answers.contains(&code),
+            ResultLabel::Error => true,
         }
-    }
-
-    /// Whether this command can ever answer `result`: a series for a code
-    /// it never gives would be a permanent 0 that a dashboard or an alert
-    /// could only misread. REVERT and CONFIRM never look at the stock
-    /// level (no 2); only HOLD and CONFIRM speak of expired holds (5).
-    pub fn answers(self, result: ResultLabel) -> bool {
-        use CommandLabel::*;
-        match result {
-            ResultLabel::Code(Code::Insufficient) => {
-                matches!(self, Deduct | Hold | Order | OrderHold)
-            }
-            ResultLabel::Code(Code::Expired) => {
-                matches!(self, Hold | Confirm | Order | OrderHold | OrderConfirm)
-            }
-            _ => true,
-        }
-    }
 }
 
 /// The `result` label: a business code, or `error` for any system fault.
@@ -223,11 +179,11 @@ impl Metrics {
             "1 when Redis is reachable and the scripts are loaded on every primary, else 0.".into(),
         );
         let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-        let requests = CommandLabel::ALL
-            .into_iter()
-            .map(|command| {
+        let requests = StockCommand::ALL
+            .iter()
+            .map(|&command| {
                 let series = ResultLabel::all().map(|result| {
-                    if !command.answers(result) {
+                    if !has_series(command, result) {
                         // Kept in the table so indexing stays by code, but
                         // never registered, so never exported.
                         return RequestSeries {
@@ -237,7 +193,7 @@ impl Metrics {
                         };
                     }
                     let labels = vec![
-                        Label::new("command", command.as_str()),
+                        Label::new("command", command.name()),
                         Label::new("result", result.as_str()),
                     ];
                     let total = recorder
@@ -270,13 +226,17 @@ impl Metrics {
                 (counter, AtomicU64::new(0))
             })
             .collect();
-        let upstream_durations = CommandLabel::ALL
-            .into_iter()
-            .map(|command| {
+        let upstream_durations = StockCommand::ALL
+            .iter()
+            .map(|&command| {
+                if !command.about().metered {
+                    // Kept so indexing stays by command; never exported.
+                    return Histogram::noop();
+                }
                 recorder.register_histogram(
                     &Key::from_parts(
                         UPSTREAM_DURATION,
-                        vec![Label::new("command", command.as_str())],
+                        vec![Label::new("command", command.name())],
                     ),
                     &meta,
                 )
@@ -417,7 +377,7 @@ impl Metrics {
     }
 
     /// Counts one answered request and its latency.
-    pub fn record_request(&self, command: CommandLabel, result: ResultLabel, elapsed: Duration) {
+    pub fn record_request(&self, command: StockCommand, result: ResultLabel, elapsed: Duration) {
         let series = &self.requests[command as usize][result.index()];
         series.total.increment(1);
         series.count.fetch_add(1, Ordering::Relaxed);
@@ -483,15 +443,15 @@ impl Metrics {
 
     /// Requests answered so far, as `(command, result, count)`.
     pub fn request_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
-        CommandLabel::ALL
-            .into_iter()
-            .flat_map(|command| {
+        StockCommand::ALL
+            .iter()
+            .flat_map(|&command| {
                 ResultLabel::all()
-                    .filter(move |result| command.answers(*result))
+                    .filter(move |result| has_series(command, *result))
                     .map(move |result| {
                         let series = &self.requests[command as usize][result.index()];
                         (
-                            command.as_str(),
+                            command.name(),
                             result.as_str(),
                             series.count.load(Ordering::Relaxed),
                         )
@@ -532,7 +492,7 @@ impl Metrics {
     }
 
     /// Records how long Redis took for one script call.
-    pub fn record_upstream(&self, command: CommandLabel, elapsed: Duration) {
+    pub fn record_upstream(&self, command: StockCommand, elapsed: Duration) {
         self.upstream_durations[command as usize].record(elapsed.as_secs_f64());
     }
 
@@ -619,15 +579,15 @@ mod tests {
         assert_eq!(metrics.activity(), Activity::default());
         let elapsed = Duration::from_micros(80);
         for code in [Code::Ok, Code::Insufficient, Code::Revoked] {
-            metrics.record_request(CommandLabel::Deduct, ResultLabel::Code(code), elapsed);
+            metrics.record_request(StockCommand::Deduct, ResultLabel::Code(code), elapsed);
         }
-        metrics.record_request(CommandLabel::Revert, ResultLabel::Code(Code::Ok), elapsed);
+        metrics.record_request(StockCommand::Revert, ResultLabel::Code(Code::Ok), elapsed);
         for kind in [
             FaultKind::Timeout,
             FaultKind::WritesRefused,
             FaultKind::UnknownSku,
         ] {
-            metrics.record_request(CommandLabel::Deduct, ResultLabel::Error, elapsed);
+            metrics.record_request(StockCommand::Deduct, ResultLabel::Error, elapsed);
             metrics.record_upstream_error(kind);
         }
         // The unknown sku is the data's fault: it says nothing about Redis.
@@ -644,7 +604,7 @@ mod tests {
     fn a_request_lands_in_its_series_and_a_sub_millisecond_bucket() {
         let metrics = Metrics::new();
         metrics.record_request(
-            CommandLabel::Deduct,
+            StockCommand::Deduct,
             ResultLabel::Code(Code::Duplicate),
             Duration::from_micros(80),
         );

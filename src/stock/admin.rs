@@ -34,7 +34,7 @@ use bytes::Bytes;
 use redis::Value;
 
 pub const GET: Doc = Doc {
-    name: "stock.get",
+    name: StockCommand::Get.name(),
     arity: 2,
     max_args: None,
     flags: &["fast"],
@@ -44,7 +44,7 @@ pub const GET: Doc = Doc {
 };
 
 pub const SET: Doc = Doc {
-    name: "stock.set",
+    name: StockCommand::Set.name(),
     arity: 4,
     max_args: None,
     flags: &["write", "admin"],
@@ -58,7 +58,7 @@ pub const SET: Doc = Doc {
 };
 
 pub const ADD: Doc = Doc {
-    name: "stock.add",
+    name: StockCommand::Add.name(),
     arity: 4,
     max_args: None,
     flags: &["write", "admin"],

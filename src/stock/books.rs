@@ -4,14 +4,14 @@
 use super::{StockCommand, StockService};
 use crate::config::AccessLog;
 use crate::error::UpstreamError;
-use crate::metrics::{CommandLabel, ResultLabel};
+use crate::metrics::ResultLabel;
 use crate::outcome::{Code, HoldEvent, StockReply};
 use std::time::{Duration, Instant};
 
 /// What the access log says of one request: the arguments as sent (they
 /// may be invalid), by meaning.
 pub(super) struct AccessEntry<'a> {
-    pub(super) command: CommandLabel,
+    pub(super) command: StockCommand,
     pub(super) sku: Option<&'a [u8]>,
     pub(super) request_id: Option<&'a [u8]>,
     pub(super) qty: Option<&'a [u8]>,
@@ -75,7 +75,7 @@ impl StockService {
             a.map(|a| String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned())
         };
         let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
-        let command = entry.command.as_str();
+        let command = entry.command.name();
         let (request_id, qty) = (field(entry.request_id), field(entry.qty));
         let latency_us = elapsed.as_micros() as u64;
         // A fault is a WARN, so `STOCKGATE_LOG=warn` or a collector's level

@@ -14,12 +14,12 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
-    name: "confirm",
+    name: StockCommand::Confirm.name(),
     arity: 3,
     max_args: None,
     flags: &["write", "denyoom"],

@@ -11,12 +11,12 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
-use crate::doc::{Doc, arg, optional};
+use crate::doc::{Doc, StockCommand, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
-    name: "deduct",
+    name: StockCommand::Deduct.name(),
     arity: -4,
     max_args: Some(5),
     flags: &["write", "denyoom"],

@@ -14,12 +14,12 @@
 //! 5 this id's hold already ran out. `lua/hold.lua` has the script;
 //! `lua/revert.lua` the whole state machine.
 
-use crate::doc::{Doc, arg, optional};
+use crate::doc::{Doc, StockCommand, arg, optional};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
-    name: "hold",
+    name: StockCommand::Hold.name(),
     arity: -5,
     max_args: Some(6),
     flags: &["write", "denyoom"],

@@ -35,9 +35,10 @@ pub mod sweeper;
 mod wire;
 
 use crate::config::{AccessLog, Config};
+pub use crate::doc::StockCommand;
 use crate::error::UpstreamError;
 use crate::keys::KeyLayout;
-use crate::metrics::{CommandLabel, Metrics};
+use crate::metrics::Metrics;
 use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
 use crate::pipeline::{Answer, Completion, Join, Joinable, PipeError};
@@ -48,28 +49,11 @@ use crate::upstream::Verdict;
 use books::AccessEntry;
 use bytes::Bytes;
 use nonces::Nonces;
+use order::OrderCommand;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
-
-/// The commands this service serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StockCommand {
-    Deduct,
-    Revert,
-    Hold,
-    Confirm,
-    Order,
-    OrderHold,
-    OrderConfirm,
-    OrderRevert,
-    OrderStatus,
-    Get,
-    Set,
-    Add,
-    Status,
-}
 
 /// What a stock command touches in Redis, for the order of one client
 /// connection's requests ([`crate::connection`]): commands on different
@@ -209,20 +193,6 @@ impl<'a> CallerArgs<'a> {
 }
 
 impl StockCommand {
-    /// The `command` label of the four that are calls on one request.
-    fn label(self) -> CommandLabel {
-        match self {
-            StockCommand::Deduct => CommandLabel::Deduct,
-            StockCommand::Revert => CommandLabel::Revert,
-            StockCommand::Hold => CommandLabel::Hold,
-            StockCommand::Order => CommandLabel::Order,
-            StockCommand::OrderHold => CommandLabel::OrderHold,
-            StockCommand::OrderConfirm => CommandLabel::OrderConfirm,
-            StockCommand::OrderRevert => CommandLabel::OrderRevert,
-            _ => CommandLabel::Confirm,
-        }
-    }
-
     /// HOLD and CONFIRM show the hold's expiry fifth in their replies.
     fn shows_expiry(self) -> bool {
         matches!(self, StockCommand::Hold | StockCommand::Confirm)
@@ -238,7 +208,7 @@ impl StockCommand {
             _ => (field(1), None),
         };
         AccessEntry {
-            command: self.label(),
+            command: self,
             sku: field(0),
             request_id,
             qty,
@@ -267,7 +237,7 @@ impl StockCall {
     fn entry(&self) -> AccessEntry<'_> {
         let (sku, request_id) = self.op.request();
         AccessEntry {
-            command: self.op.command().label(),
+            command: self.op.command(),
             sku: Some(sku.as_bytes()),
             request_id: Some(request_id.as_bytes()),
             qty: self.op.qty(),
@@ -446,10 +416,14 @@ impl StockService {
             | StockCommand::Revert
             | StockCommand::Hold
             | StockCommand::Confirm => self.call(command, args, arrived).await,
-            StockCommand::Order
-            | StockCommand::OrderHold
-            | StockCommand::OrderConfirm
-            | StockCommand::OrderRevert => return self.order(command, args, arrived).await,
+            StockCommand::Order => return self.order(OrderCommand::Order, args, arrived).await,
+            StockCommand::OrderHold => return self.order(OrderCommand::Hold, args, arrived).await,
+            StockCommand::OrderConfirm => {
+                return self.order(OrderCommand::Confirm, args, arrived).await;
+            }
+            StockCommand::OrderRevert => {
+                return self.order(OrderCommand::Revert, args, arrived).await;
+            }
             StockCommand::Get => return self.get(args).await,
             StockCommand::Set | StockCommand::Add => {
                 return self.change(command, args, caller).await;
@@ -790,8 +764,7 @@ impl StockService {
     fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
         let command = call.op.command();
         let result = result.map(|reply| reply.with_expiry(command.shows_expiry()));
-        self.metrics
-            .record_upstream(command.label(), call.sent.elapsed());
+        self.metrics.record_upstream(command, call.sent.elapsed());
         if let Ok(reply) = &result {
             self.record_holds(command, reply);
             self.index_hold(&call.op, reply);

@@ -13,12 +13,12 @@
 //! The qty given back is the one the record holds, never the caller's.
 //! See `lua/revert.lua` for the whole state machine.
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
-    name: "revert",
+    name: StockCommand::Revert.name(),
     arity: 3,
     max_args: None,
     flags: &["write", "denyoom"],

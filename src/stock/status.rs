@@ -15,14 +15,14 @@
 //! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
 
 use super::StockService;
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 use crate::params::{RequestId, Sku};
 use crate::reply::Reply;
 use bytes::Bytes;
 use redis::Value;
 
 pub const DOC: Doc = Doc {
-    name: "stock.status",
+    name: StockCommand::Status.name(),
     arity: 3,
     max_args: None,
     flags: &["fast"],

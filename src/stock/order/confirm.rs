@@ -14,10 +14,10 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 
 pub const DOC: Doc = Doc {
-    name: "order.confirm",
+    name: StockCommand::OrderConfirm.name(),
     arity: 2,
     max_args: None,
     flags: &["write", "denyoom"],

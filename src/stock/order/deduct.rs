@@ -13,10 +13,10 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 
 pub const DOC: Doc = Doc {
-    name: "order",
+    name: StockCommand::Order.name(),
     arity: -4,
     max_args: None,
     flags: &["write", "denyoom"],

@@ -14,10 +14,10 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 
 pub const DOC: Doc = Doc {
-    name: "order.hold",
+    name: StockCommand::OrderHold.name(),
     arity: -5,
     max_args: None,
     flags: &["write", "denyoom"],

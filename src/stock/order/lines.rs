@@ -2,8 +2,8 @@
 //! phase's call on every line, sent at once.
 
 use super::{Attempt, Step};
+use crate::doc::StockCommand;
 use crate::error::{FaultKind, UpstreamError};
-use crate::metrics::CommandLabel;
 use crate::outcome::Code;
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, Sku};
 use crate::stock::{Op, StockResult, StockService};
@@ -214,7 +214,7 @@ impl StockService {
             self.index_hold(&call.op, reply);
         }
         self.metrics
-            .record_upstream(CommandLabel::Order, call.sent.elapsed());
+            .record_upstream(StockCommand::Order, call.sent.elapsed());
         result
     }
 }

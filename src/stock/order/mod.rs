@@ -53,6 +53,31 @@ pub use reply::OrderReply;
 pub use status::OrderState;
 
 use super::{AccessEntry, StockCommand, StockService};
+
+/// The order commands that may move an order: what the saga is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderCommand {
+    /// ORDER: hold every line, then confirm them all.
+    Order,
+    /// ORDER.HOLD: hold every line until ORDER.CONFIRM or the ttl.
+    Hold,
+    /// ORDER.CONFIRM: make a held order final.
+    Confirm,
+    /// ORDER.REVERT: give every line back.
+    Revert,
+}
+
+impl OrderCommand {
+    /// The stock command it is (its metrics and access-log name).
+    pub fn command(self) -> StockCommand {
+        match self {
+            OrderCommand::Order => StockCommand::Order,
+            OrderCommand::Hold => StockCommand::OrderHold,
+            OrderCommand::Confirm => StockCommand::OrderConfirm,
+            OrderCommand::Revert => StockCommand::OrderRevert,
+        }
+    }
+}
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
@@ -145,7 +170,7 @@ impl StockService {
     /// metrics and access log, as the RESP reply.
     pub(super) async fn order(
         self: &Arc<Self>,
-        command: StockCommand,
+        command: OrderCommand,
         args: &[Bytes],
         arrived: Instant,
     ) -> Reply {
@@ -167,7 +192,7 @@ impl StockService {
     /// its budget, or [`recovery`] ends it.
     pub async fn order_call(
         self: &Arc<Self>,
-        command: StockCommand,
+        command: OrderCommand,
         args: &[Bytes],
         arrived: Instant,
     ) -> Result<OrderReply, UpstreamError> {
@@ -194,10 +219,9 @@ impl StockService {
                 ),
             )),
         };
-        let label = command.label();
         self.record(
             AccessEntry {
-                command: label,
+                command: command.command(),
                 sku: None,
                 request_id: args.first().map(|a| &a[..]),
                 qty: None,
@@ -211,7 +235,7 @@ impl StockService {
     /// An order command's outcome, not recorded.
     async fn order_result(
         &self,
-        command: StockCommand,
+        command: OrderCommand,
         args: &[Bytes],
     ) -> Result<OrderReply, UpstreamError> {
         let id = match parse_id(&args[0]).and_then(|id| self.fresh(&id.id).map(|()| id)) {
@@ -219,7 +243,7 @@ impl StockService {
             Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
         };
         match command {
-            StockCommand::Order => {
+            OrderCommand::Order => {
                 match parse_lines(&args[1..], self.max_qty, self.max_order_lines) {
                     Ok(lines) => {
                         self.moving(&id, self.begin(&id, Want::Order, &lines, None))
@@ -228,7 +252,7 @@ impl StockService {
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
-            StockCommand::OrderHold => {
+            OrderCommand::Hold => {
                 let max = self.max_hold_ms.saturating_sub(LINE_MARGIN_MS);
                 let parsed = HoldTtl::parse(args[1].clone(), max).and_then(|ttl| {
                     Ok((
@@ -244,7 +268,7 @@ impl StockService {
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
-            StockCommand::OrderConfirm => {
+            OrderCommand::Confirm => {
                 self.moving(&id, async {
                     let mut attempt = self.attempt(&id);
                     let intent = self.intent(&attempt, &[b"confirm"]).await?;
@@ -252,7 +276,7 @@ impl StockService {
                 })
                 .await
             }
-            StockCommand::OrderRevert => {
+            OrderCommand::Revert => {
                 self.moving(&id, async {
                     let mut attempt = self.attempt(&id);
                     let intent = self.intent(&attempt, &[b"revert"]).await?;
@@ -260,7 +284,6 @@ impl StockService {
                 })
                 .await
             }
-            other => unreachable!("{other:?} is not an order command that moves an order"),
         }
     }
 

@@ -13,10 +13,10 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 
 pub const DOC: Doc = Doc {
-    name: "order.revert",
+    name: StockCommand::OrderRevert.name(),
     arity: 2,
     max_args: None,
     flags: &["write", "denyoom"],

@@ -17,7 +17,7 @@
 //! `GET /v1/orders/{request_id}`.
 
 use super::{Phase, parse_id};
-use crate::doc::{Doc, arg};
+use crate::doc::{Doc, StockCommand, arg};
 use crate::error::UpstreamError;
 use crate::params::InvalidParam;
 use crate::reply::Reply;
@@ -25,7 +25,7 @@ use crate::stock::StockService;
 use bytes::Bytes;
 
 pub const DOC: Doc = Doc {
-    name: "order.status",
+    name: StockCommand::OrderStatus.name(),
     arity: 2,
     max_args: None,
     flags: &["fast"],
