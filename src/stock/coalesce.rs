@@ -24,6 +24,7 @@
 //! as the first send did.
 
 use super::deduct::Deduct;
+use super::single::OneRequest;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::params::{RequestId, Sku};
@@ -145,7 +146,7 @@ pub(super) fn write_member(
     let parts = &mut gathered.parts;
     reply::bulk_parts(parts, &keys.record_key_parts(&deduct.sku, request_id));
     gathered.marks.push(parts.len());
-    for arg in deduct.caller_args() {
+    for arg in deduct.caller_args().as_slice() {
         reply::bulk_of(parts, arg);
     }
     gathered.marks.push(parts.len());

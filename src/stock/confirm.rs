@@ -14,6 +14,8 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
+use super::Op;
+use super::single::{CallerArgs, OneRequest, Setting, Single};
 use crate::doc::{Doc, StockCommand, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
@@ -28,11 +30,37 @@ pub const DOC: Doc = Doc {
     args: &[arg("sku", "string"), arg("request_id", "string")],
 };
 
+/// How the stock service runs it: `lua/confirm.lua` with none of the caller's
+/// arguments (the record holds the qty), then the retry window and the
+/// missing-stock mode; its reply shows the hold's expiry.
+pub(super) const CALL: Single = Single {
+    command: StockCommand::Confirm,
+    parse: |args, _| Confirm::parse(args).map(Op::Confirm),
+    script: |scripts| &scripts.confirm,
+    caller_args: 0,
+    settings: &[Setting::RetryWindow, Setting::MissingStock],
+    ends_line: true,
+    shows_expiry: true,
+    // <sku> <request_id>
+    request_id_at: 1,
+    qty_at: None,
+};
+
 /// One validated confirm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirm {
     pub sku: Sku,
     pub request_id: RequestId,
+}
+
+impl OneRequest for Confirm {
+    fn request(&self) -> (&Sku, &RequestId) {
+        (&self.sku, &self.request_id)
+    }
+
+    fn caller_args(&self) -> CallerArgs<'_> {
+        CallerArgs::NONE
+    }
 }
 
 impl Confirm {

@@ -11,6 +11,8 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
+use super::Op;
+use super::single::{CallerArgs, OneRequest, Setting, Single};
 use crate::doc::{Doc, StockCommand, arg, optional};
 use crate::params::{InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
@@ -30,6 +32,22 @@ pub const DOC: Doc = Doc {
     ],
 };
 
+/// How the stock service runs it: `lua/deduct.lua` with the caller's qty
+/// and order_no, then the retry window, `--max-qty` and the missing-stock
+/// mode; its reply shows no expiry.
+pub(super) const CALL: Single = Single {
+    command: StockCommand::Deduct,
+    parse: |args, limits| Deduct::parse(args, limits.max_qty).map(Op::Deduct),
+    script: |scripts| &scripts.deduct,
+    caller_args: 2,
+    settings: &[Setting::RetryWindow, Setting::MaxQty, Setting::MissingStock],
+    ends_line: false,
+    shows_expiry: false,
+    // <sku> <qty> <request_id> [order_no]
+    request_id_at: 2,
+    qty_at: Some(1),
+};
+
 /// One validated deduction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deduct {
@@ -39,12 +57,21 @@ pub struct Deduct {
     pub order_no: OrderNo,
 }
 
-impl Deduct {
-    /// The caller's arguments of the script, in its ARGV order.
-    pub(super) fn caller_args(&self) -> [&[u8]; 2] {
-        [self.qty.as_bytes(), self.order_no.as_bytes()]
+impl OneRequest for Deduct {
+    fn request(&self) -> (&Sku, &RequestId) {
+        (&self.sku, &self.request_id)
     }
 
+    fn caller_args(&self) -> CallerArgs<'_> {
+        CallerArgs([self.qty.as_bytes(), self.order_no.as_bytes(), b""], 2)
+    }
+
+    fn qty(&self) -> Option<&[u8]> {
+        Some(self.qty.as_bytes())
+    }
+}
+
+impl Deduct {
     /// Checks the arguments after the command name: sku, qty, request_id,
     /// and an optional order_no. The caller has checked their count.
     pub fn parse(args: &[Bytes], max_qty: u64) -> Result<Deduct, InvalidParam> {

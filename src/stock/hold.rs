@@ -14,6 +14,8 @@
 //! 5 this id's hold already ran out. `lua/hold.lua` has the script;
 //! `lua/revert.lua` the whole state machine.
 
+use super::Op;
+use super::single::{CallerArgs, OneRequest, Setting, Single};
 use crate::doc::{Doc, StockCommand, arg, optional};
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, RequestId, Sku};
 use bytes::Bytes;
@@ -35,6 +37,27 @@ pub const DOC: Doc = Doc {
 };
 
 /// One validated hold.
+/// How the stock service runs it: `lua/hold.lua` with the caller's qty,
+/// order_no and ttl_ms, then `--max-hold`, the retry window, `--max-qty`
+/// and the missing-stock mode; its reply shows the hold's expiry.
+pub(super) const CALL: Single = Single {
+    command: StockCommand::Hold,
+    parse: |args, limits| Hold::parse(args, limits.max_qty, limits.max_hold_ms).map(Op::Hold),
+    script: |scripts| &scripts.hold,
+    caller_args: 3,
+    settings: &[
+        Setting::MaxHoldMs,
+        Setting::RetryWindow,
+        Setting::MaxQty,
+        Setting::MissingStock,
+    ],
+    ends_line: false,
+    shows_expiry: true,
+    // <sku> <qty> <request_id> <ttl_ms> [order_no]
+    request_id_at: 2,
+    qty_at: Some(1),
+};
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
     pub sku: Sku,
@@ -42,6 +65,27 @@ pub struct Hold {
     pub request_id: RequestId,
     pub ttl: HoldTtl,
     pub order_no: OrderNo,
+}
+
+impl OneRequest for Hold {
+    fn request(&self) -> (&Sku, &RequestId) {
+        (&self.sku, &self.request_id)
+    }
+
+    fn caller_args(&self) -> CallerArgs<'_> {
+        CallerArgs(
+            [
+                self.qty.as_bytes(),
+                self.order_no.as_bytes(),
+                self.ttl.as_bytes(),
+            ],
+            3,
+        )
+    }
+
+    fn qty(&self) -> Option<&[u8]> {
+        Some(self.qty.as_bytes())
+    }
 }
 
 impl Hold {
@@ -58,15 +102,6 @@ impl Hold {
                 None => OrderNo::default(),
             },
         })
-    }
-
-    /// The caller's arguments of the script, in its ARGV order.
-    pub(super) fn caller_args(&self) -> [&[u8]; 3] {
-        [
-            self.qty.as_bytes(),
-            self.order_no.as_bytes(),
-            self.ttl.as_bytes(),
-        ]
     }
 }
 

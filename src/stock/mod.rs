@@ -11,8 +11,10 @@
 //!   once per op_id, and each is written to the audit log).
 //! - [`status`]: STOCK.STATUS: one request's record, for support.
 //!
-//! Beside them, [`wire`] encodes the script calls the four request
-//! commands make, [`sold_out`] answers DEDUCTs on a sold-out SKU from one
+//! Each of the four commands on one request says in its file what it is
+//! ([`single::Single`]: its parse, script and settings, reply shape and
+//! access-log fields); the service reads nothing else about it. Beside
+//! them, [`wire`] encodes the script calls those four make, [`sold_out`] answers DEDUCTs on a sold-out SKU from one
 //! read, [`coalesce`] runs a hot SKU's DEDUCTs (and their reads) that wait
 //! for its primary together as one call, and [`sweeper`] gives back the
 //! expired holds of SKUs no request touches.
@@ -29,6 +31,7 @@ pub mod hold;
 mod nonces;
 pub mod order;
 pub mod revert;
+mod single;
 pub mod sold_out;
 pub mod status;
 pub mod sweeper;
@@ -50,6 +53,7 @@ use books::AccessEntry;
 use bytes::Bytes;
 use nonces::Nonces;
 use order::OrderCommand;
+use single::{CallerArgs, Limits, OneRequest, Setting, Single};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,75 +147,55 @@ enum Op {
     Confirm(confirm::Confirm),
 }
 
-impl Op {
-    fn command(&self) -> StockCommand {
-        match self {
-            Op::Deduct(_) => StockCommand::Deduct,
-            Op::Revert(_) => StockCommand::Revert,
-            Op::Hold(_) => StockCommand::Hold,
-            Op::Confirm(_) => StockCommand::Confirm,
+/// `$body` with `$x` bound to whichever command `$op` carries.
+macro_rules! on_op {
+    ($op:expr, $x:ident => $body:expr) => {
+        match $op {
+            Op::Deduct($x) => $body,
+            Op::Revert($x) => $body,
+            Op::Hold($x) => $body,
+            Op::Confirm($x) => $body,
         }
+    };
+}
+
+impl Op {
+    /// What its own file says of it.
+    fn single(&self) -> &'static Single {
+        match self {
+            Op::Deduct(_) => &deduct::CALL,
+            Op::Revert(_) => &revert::CALL,
+            Op::Hold(_) => &hold::CALL,
+            Op::Confirm(_) => &confirm::CALL,
+        }
+    }
+
+    fn command(&self) -> StockCommand {
+        self.single().command
     }
 
     fn request(&self) -> (&Sku, &RequestId) {
-        match self {
-            Op::Deduct(d) => (&d.sku, &d.request_id),
-            Op::Revert(r) => (&r.sku, &r.request_id),
-            Op::Hold(h) => (&h.sku, &h.request_id),
-            Op::Confirm(c) => (&c.sku, &c.request_id),
-        }
+        on_op!(self, x => x.request())
     }
 
-    /// The caller's script arguments, in ARGV order.
     fn caller_args(&self) -> CallerArgs<'_> {
-        match self {
-            Op::Deduct(d) => {
-                let [qty, order_no] = d.caller_args();
-                CallerArgs([qty, order_no, b""], 2)
-            }
-            Op::Hold(h) => CallerArgs(h.caller_args(), 3),
-            Op::Revert(_) | Op::Confirm(_) => CallerArgs([b""; 3], 0),
-        }
+        on_op!(self, x => x.caller_args())
     }
 
     fn qty(&self) -> Option<&[u8]> {
-        match self {
-            Op::Deduct(d) => Some(d.qty.as_bytes()),
-            Op::Hold(h) => Some(h.qty.as_bytes()),
-            Op::Revert(_) | Op::Confirm(_) => None,
-        }
+        on_op!(self, x => x.qty())
     }
 }
 
-/// Up to three of the caller's script arguments, without an allocation.
-struct CallerArgs<'a>([&'a [u8]; 3], usize);
-
-impl<'a> CallerArgs<'a> {
-    fn as_slice(&self) -> &[&'a [u8]] {
-        &self.0[..self.1]
-    }
-}
-
-impl StockCommand {
-    /// HOLD and CONFIRM show the hold's expiry fifth in their replies.
-    fn shows_expiry(self) -> bool {
-        matches!(self, StockCommand::Hold | StockCommand::Confirm)
-    }
-
+impl Single {
     /// The access-log fields of a request as sent (it may be invalid).
-    fn entry(self, args: &[Bytes]) -> AccessEntry<'_> {
+    fn entry<'a>(&self, args: &'a [Bytes]) -> AccessEntry<'a> {
         let field = |i: usize| args.get(i).map(|a| &a[..]);
-        let (request_id, qty) = match self {
-            // <sku> <qty> <request_id> ...
-            StockCommand::Deduct | StockCommand::Hold => (field(2), field(1)),
-            // <sku> <request_id>
-            _ => (field(1), None),
-        };
         AccessEntry {
-            command: self,
+            command: self.command,
             sku: field(0),
-            request_id,
-            qty,
+            request_id: field(self.request_id_at),
+            qty: self.qty_at.and_then(field),
         }
     }
 }
@@ -266,8 +250,8 @@ pub struct StockService {
     upstream: Arc<Upstream>,
     scripts: Scripts,
     keys: KeyLayout,
-    max_qty: u64,
-    max_hold_ms: u64,
+    /// What `parse` checks against ([`single::Limits`]).
+    limits: Limits,
     max_order_lines: usize,
     retry_window: Duration,
     /// Script arguments that never change, spelled once at startup.
@@ -300,16 +284,21 @@ pub struct StockService {
     missing_zero: bool,
 }
 
-/// The pre-encoded script call of each command on one request.
+/// The pre-encoded script call of each command on one request, by
+/// [`StockCommand`]: as the flags say, and for an order's lines
+/// (`--missing-stock zero` whatever the flag says, [`StockCall::order_line`]).
 struct Wires {
-    deduct: wire::Wire,
-    revert: wire::Wire,
-    hold: wire::Wire,
-    confirm: wire::Wire,
-    /// An order's line calls that end a line: `--missing-stock zero`
-    /// whatever the flag says ([`StockCall::order_line`]).
-    revert_line: wire::Wire,
-    confirm_line: wire::Wire,
+    plain: Vec<Option<wire::Wire>>,
+    line: Vec<Option<wire::Wire>>,
+}
+
+impl Wires {
+    fn of(&self, command: StockCommand, order_line: bool) -> &wire::Wire {
+        let wires = if order_line { &self.line } else { &self.plain };
+        wires[command as usize]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("{command:?} is a call on one request"))
+    }
 }
 
 impl StockService {
@@ -331,34 +320,44 @@ impl StockService {
             "0"
         };
         let replicate = replicate_arg.as_bytes();
-        // Each script's ARGV: the caller's arguments, then these, then the
-        // nonce and the replicate flag (see `wire`, and each lua/ header).
+        // Each script's ARGV: the caller's arguments, then its settings,
+        // then the nonce and the replicate flag (see `wire`, and each lua/
+        // header).
+        let wires_with = |line: bool| -> Vec<Option<wire::Wire>> {
+            StockCommand::ALL
+                .iter()
+                .map(|&command| {
+                    let single = Single::of(command)?;
+                    let missing: &[u8] = if line && single.ends_line {
+                        b"zero"
+                    } else {
+                        missing
+                    };
+                    let setting = |setting: &Setting| -> &[u8] {
+                        match setting {
+                            Setting::RetryWindow => window,
+                            Setting::MaxQty => max_qty_arg.as_bytes(),
+                            Setting::MaxHoldMs => max_hold_arg.as_bytes(),
+                            Setting::MissingStock => missing,
+                        }
+                    };
+                    let settings: Vec<&[u8]> = single.settings.iter().map(setting).collect();
+                    Some(wire::Wire::new(
+                        (single.script)(&scripts),
+                        single.caller_args,
+                        &settings,
+                        replicate,
+                    ))
+                })
+                .collect()
+        };
         let wires = Wires {
-            deduct: wire::Wire::new(
-                &scripts.deduct,
-                2,
-                &[window, max_qty_arg.as_bytes(), missing],
-                replicate,
-            ),
-            revert: wire::Wire::new(&scripts.revert, 0, &[window, missing], replicate),
-            hold: wire::Wire::new(
-                &scripts.hold,
-                3,
-                &[
-                    max_hold_arg.as_bytes(),
-                    window,
-                    max_qty_arg.as_bytes(),
-                    missing,
-                ],
-                replicate,
-            ),
-            confirm: wire::Wire::new(&scripts.confirm, 0, &[window, missing], replicate),
-            revert_line: wire::Wire::new(&scripts.revert, 0, &[window, b"zero"], replicate),
-            confirm_line: wire::Wire::new(&scripts.confirm, 0, &[window, b"zero"], replicate),
+            plain: wires_with(false),
+            line: wires_with(true),
         };
         let coalesce = (config.coalesce_deducts > 1).then(|| {
             Arc::new(coalesce::DeductJoin::new(
-                &wires.deduct,
+                wires.of(StockCommand::Deduct, false),
                 &scripts.deduct_many,
                 config.coalesce_deducts,
                 metrics.clone(),
@@ -368,8 +367,10 @@ impl StockService {
             upstream,
             scripts,
             keys: config.keys.clone(),
-            max_qty: config.max_qty,
-            max_hold_ms,
+            limits: Limits {
+                max_qty: config.max_qty,
+                max_hold_ms,
+            },
             max_order_lines: config.max_order_lines,
             retry_window: config.retry_window,
             retry_window_arg,
@@ -460,17 +461,10 @@ impl StockService {
         args: &[Bytes],
         arrived: Instant,
     ) -> Option<Prepared> {
-        let parsed = match command {
-            StockCommand::Deduct => deduct::Deduct::parse(args, self.max_qty).map(Op::Deduct),
-            StockCommand::Revert => revert::Revert::parse(args).map(Op::Revert),
-            StockCommand::Hold => {
-                hold::Hold::parse(args, self.max_qty, self.max_hold_ms).map(Op::Hold)
-            }
-            StockCommand::Confirm => confirm::Confirm::parse(args).map(Op::Confirm),
-            _ => return None,
-        }
-        .and_then(|op| not_an_order_line(op.request().1).map(|()| op))
-        .and_then(|op| self.fresh(op.request().1).map(|()| op));
+        let single = Single::of(command)?;
+        let parsed = (single.parse)(args, &self.limits)
+            .and_then(|op| not_an_order_line(op.request().1).map(|()| op))
+            .and_then(|op| self.fresh(op.request().1).map(|()| op));
         Some(match parsed {
             Ok(op) => {
                 let read_first = match (&op, &self.sold_out) {
@@ -484,8 +478,8 @@ impl StockService {
                 Prepared::Call(call)
             }
             Err(invalid) => {
-                let reply = StockReply::invalid(invalid.0).with_expiry(command.shows_expiry());
-                self.record(command.entry(args), Ok(reply.code), arrived);
+                let reply = StockReply::invalid(invalid.0).with_expiry(single.shows_expiry);
+                self.record(single.entry(args), Ok(reply.code), arrived);
                 let result = Ok(reply);
                 Prepared::Answered(result)
             }
@@ -592,14 +586,7 @@ impl StockService {
     }
 
     fn wire(&self, call: &StockCall) -> &wire::Wire {
-        match (&call.op, call.order_line) {
-            (Op::Deduct(_), _) => &self.wires.deduct,
-            (Op::Revert(_), false) => &self.wires.revert,
-            (Op::Revert(_), true) => &self.wires.revert_line,
-            (Op::Hold(_), _) => &self.wires.hold,
-            (Op::Confirm(_), false) => &self.wires.confirm,
-            (Op::Confirm(_), true) => &self.wires.confirm_line,
-        }
+        self.wires.of(call.op.command(), call.order_line)
     }
 
     /// A node pipe's answer to `call` (or why there is none), read: the
@@ -636,7 +623,7 @@ impl StockService {
         let upstream = self.upstream.clone();
         let script = self.scripts.deduct_many.clone();
         let keys = self.keys.sku_keys(sku);
-        let [window, max_qty, missing] = self.wires.deduct.fixed_argv();
+        let [window, max_qty, missing] = self.wires.of(StockCommand::Deduct, false).fixed_argv();
         let args: Vec<Vec<u8>> = [window, max_qty, missing, self.replicate_arg.as_bytes()]
             .map(<[u8]>::to_vec)
             .into();
@@ -762,8 +749,9 @@ impl StockService {
     /// A call's outcome as its command shows it, with its metrics and
     /// access log recorded.
     fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
-        let command = call.op.command();
-        let result = result.map(|reply| reply.with_expiry(command.shows_expiry()));
+        let single = call.op.single();
+        let command = single.command;
+        let result = result.map(|reply| reply.with_expiry(single.shows_expiry));
         self.metrics.record_upstream(command, call.sent.elapsed());
         if let Ok(reply) = &result {
             self.record_holds(command, reply);

@@ -13,6 +13,8 @@
 //! The qty given back is the one the record holds, never the caller's.
 //! See `lua/revert.lua` for the whole state machine.
 
+use super::Op;
+use super::single::{CallerArgs, OneRequest, Setting, Single};
 use crate::doc::{Doc, StockCommand, arg};
 use crate::params::{InvalidParam, RequestId, Sku};
 use bytes::Bytes;
@@ -27,11 +29,37 @@ pub const DOC: Doc = Doc {
     args: &[arg("sku", "string"), arg("request_id", "string")],
 };
 
+/// How the stock service runs it: `lua/revert.lua` with none of the caller's
+/// arguments (the record holds the qty), then the retry window and the
+/// missing-stock mode; its reply shows no expiry.
+pub(super) const CALL: Single = Single {
+    command: StockCommand::Revert,
+    parse: |args, _| Revert::parse(args).map(Op::Revert),
+    script: |scripts| &scripts.revert,
+    caller_args: 0,
+    settings: &[Setting::RetryWindow, Setting::MissingStock],
+    ends_line: true,
+    shows_expiry: false,
+    // <sku> <request_id>
+    request_id_at: 1,
+    qty_at: None,
+};
+
 /// One validated revert.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revert {
     pub sku: Sku,
     pub request_id: RequestId,
+}
+
+impl OneRequest for Revert {
+    fn request(&self) -> (&Sku, &RequestId) {
+        (&self.sku, &self.request_id)
+    }
+
+    fn caller_args(&self) -> CallerArgs<'_> {
+        CallerArgs::NONE
+    }
 }
 
 impl Revert {

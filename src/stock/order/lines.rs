@@ -107,8 +107,16 @@ impl StockService {
         call: LineCall,
         line_ttl: u64,
     ) -> Step {
-        let line_ttl = HoldTtl::parse(line_ttl.max(1000).to_string().into(), self.max_hold_ms)
-            .or_else(|_| HoldTtl::parse(self.max_hold_ms.to_string().into(), self.max_hold_ms));
+        let line_ttl = HoldTtl::parse(
+            line_ttl.max(1000).to_string().into(),
+            self.limits.max_hold_ms,
+        )
+        .or_else(|_| {
+            HoldTtl::parse(
+                self.limits.max_hold_ms.to_string().into(),
+                self.limits.max_hold_ms,
+            )
+        });
         let Ok(line_ttl) = line_ttl else {
             return Step::Fault(UpstreamError::new(
                 FaultKind::BadReply,

@@ -244,7 +244,7 @@ impl StockService {
         };
         match command {
             OrderCommand::Order => {
-                match parse_lines(&args[1..], self.max_qty, self.max_order_lines) {
+                match parse_lines(&args[1..], self.limits.max_qty, self.max_order_lines) {
                     Ok(lines) => {
                         self.moving(&id, self.begin(&id, Want::Order, &lines, None))
                             .await
@@ -253,11 +253,11 @@ impl StockService {
                 }
             }
             OrderCommand::Hold => {
-                let max = self.max_hold_ms.saturating_sub(LINE_MARGIN_MS);
+                let max = self.limits.max_hold_ms.saturating_sub(LINE_MARGIN_MS);
                 let parsed = HoldTtl::parse(args[1].clone(), max).and_then(|ttl| {
                     Ok((
                         ttl,
-                        parse_lines(&args[2..], self.max_qty, self.max_order_lines)?,
+                        parse_lines(&args[2..], self.limits.max_qty, self.max_order_lines)?,
                     ))
                 });
                 match parsed {
@@ -369,9 +369,9 @@ impl StockService {
     /// time, an ORDER.HOLD's its ttl plus [`LINE_MARGIN_MS`].
     fn line_ttl(&self, hold: bool, ttl_ms: u64) -> u64 {
         if hold {
-            (ttl_ms + LINE_MARGIN_MS).min(self.max_hold_ms)
+            (ttl_ms + LINE_MARGIN_MS).min(self.limits.max_hold_ms)
         } else {
-            SAGA_TTL_MS.min(self.max_hold_ms)
+            SAGA_TTL_MS.min(self.limits.max_hold_ms)
         }
     }
 
