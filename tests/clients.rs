@@ -47,7 +47,7 @@
 //!
 //! A recording relay ([`Tap`]) between client and stockgate captures what
 //! each client really sends: the handshake on every connection (so the
-//! protocol column of the README's support table is tested, not assumed),
+//! protocol column of docs/interfaces.md's support table is tested, not assumed),
 //! how many connections it used, its pool's health checks, and that every
 //! planned command arrived exactly once (no client resent or dropped one).
 //!
