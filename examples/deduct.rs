@@ -4,12 +4,13 @@
 //! Run it against `deploy/dev.sh` (which seeds demo-1 with 100 units):
 //!
 //! ```text
-//! cargo run --example deduct -- 127.0.0.1:6390 demo-1 2 order-4001
+//! cargo run --example deduct -- 127.0.0.1:6390 demo-1 2 order-4001 ORD-4001
 //! cargo run --example deduct -- --revert 127.0.0.1:6390 demo-1 order-4001
 //! ```
 //!
-//! The first takes 2 units for order line order-4001 (run it twice: the
-//! second is a retry, "already deducted", nothing taken again). The second
+//! The first takes 2 units for order line order-4001, of order ORD-4001
+//! (the order_no is optional; run it twice: the second is a retry,
+//! "already deducted", nothing taken again). The second
 //! gives them back, as the order service does when the payment fails or the
 //! order is cancelled; it is safe to repeat, and safe even when the
 //! DEDUCT's outcome is unknown. `examples/order_flow.rs` runs many orders
@@ -87,9 +88,11 @@ async fn main() -> redis::RedisResult<()> {
         cmd.arg(arg("example-request-1"));
     } else {
         let qty = arg("1");
-        cmd.arg(qty)
-            .arg(arg("example-request-1"))
-            .arg("ORD-EXAMPLE");
+        cmd.arg(qty).arg(arg("example-request-1"));
+        // The order_no is optional: send one only when given.
+        if let Some(order_no) = args.next() {
+            cmd.arg(order_no);
+        }
     }
 
     let client = redis::Client::open(format!("redis://{addr}"))?;
@@ -101,7 +104,15 @@ async fn main() -> redis::RedisResult<()> {
                 tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
             }
             Next::Proceed { remain, order_no } => {
-                println!("deducted (now or by an earlier try): {remain} left, order {order_no:?}");
+                // The order_no stockgate stored with the first call: "" when
+                // it was given none.
+                if order_no.is_empty() {
+                    println!("deducted (now or by an earlier try): {remain} left");
+                } else {
+                    println!(
+                        "deducted (now or by an earlier try): {remain} left, order {order_no:?}"
+                    );
+                }
                 return Ok(());
             }
             Next::FailOrder => {

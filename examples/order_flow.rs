@@ -15,9 +15,15 @@
 //! (`STOCK.STATUS`) must say what the service believes happened. The exit
 //! status is 0 only when everything adds up.
 //!
+//! Then, being a demo on a shared dev cluster, it gives back the units its
+//! paid orders kept (a REVERT each), so the sku's stock is what it was
+//! before the run and examples that come after it see the stock they
+//! expect. `--keep` leaves them deducted, as a real order service would.
+//!
 //! ```text
 //! deploy/dev.sh                       # in another terminal: demo-1 = 100
-//! cargo run --example order_flow      # 50 orders of demo-1 on 127.0.0.1:6390
+//! cargo run --example order_flow      # 50 orders of demo-1 on 127.0.0.1:6390, given back after
+//! cargo run --example order_flow -- --keep   # the paid orders keep their units
 //! cargo run --example order_flow -- 127.0.0.1:6390 --sku demo-2 --orders 20 --seed 7
 //! cargo run --example order_flow -- --timeout-ms 5   # provoke timeouts and retries
 //! ```
@@ -68,6 +74,11 @@ struct Args {
     /// Prefix of this run's request_ids and order numbers.
     #[arg(long)]
     run_id: Option<String>,
+    /// Leave the paid orders' units deducted after the reconciliation;
+    /// without it they are given back (REVERT), so the demo leaves the
+    /// stock as it found it.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// SplitMix64: a tiny seeded generator, so a run's choices can be repeated.
@@ -505,7 +516,7 @@ async fn main() -> ExitCode {
         books.units_given_back,
         before - after
     );
-    if !unsettled.is_empty() {
+    let verdict = if !unsettled.is_empty() {
         println!(
             "cannot reconcile: {} orders unsettled ({books})",
             unsettled.len()
@@ -517,5 +528,60 @@ async fn main() -> ExitCode {
     } else {
         println!("books balance: {books}");
         ExitCode::SUCCESS
+    };
+    if args.keep {
+        return verdict;
+    }
+    match give_back(&mut conn, &args, &orders).await {
+        Ok((kept, units, stock)) => {
+            println!(
+                "gave back the {kept} paid orders' {units} units (--keep leaves them): {} stock now {stock}",
+                args.sku
+            );
+            verdict
+        }
+        Err(why) => {
+            println!("could not give back every paid order: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// REVERTs every paid order, so the demo leaves the stock as it found it:
+/// how many orders, their units, and the stock after.
+async fn give_back(
+    conn: &mut ConnectionManager,
+    args: &Args,
+    orders: &[Placed],
+) -> Result<(u64, u64, i64), String> {
+    let (mut kept, mut units) = (0, 0);
+    for placed in orders {
+        if !matches!(placed.outcome, Outcome::Kept) {
+            continue;
+        }
+        let mut revert = redis::cmd("REVERT");
+        revert.arg(&args.sku).arg(&placed.request_id);
+        match send(conn, &revert, args.attempts, &mut 0)
+            .await
+            .and_then(reply)
+        {
+            // 1: an attempt whose reply was lost gave it back.
+            Ok(Reply { code: 0 | 1, .. }) => {}
+            other => {
+                return Err(format!(
+                    "{}: {}",
+                    placed.request_id,
+                    describe("REVERT", other)
+                ));
+            }
+        }
+        kept += 1;
+        units += placed.qty;
+    }
+    match stock(conn, args).await {
+        Ok(Some(stock)) => Ok((kept, units, stock)),
+        other => Err(format!(
+            "cannot read the stock after giving back: {other:?}"
+        )),
     }
 }

@@ -185,7 +185,8 @@ async fn dev(
 /// the other tools reach the same cluster. The README shows it, and its
 /// test compares the two, so keep them in step. The request ids are the
 /// README walkthrough's own (order-1001 to order-1003); other examples use
-/// others, so everything the README shows works on one dev cluster.
+/// others, so everything the README and the docs/ pages show works on one
+/// dev cluster.
 fn dev_banner(server: &Server, seeds: &[String]) -> String {
     let port = server.addr.port();
     let mut text = format!(

@@ -115,7 +115,8 @@ async fn order_flow_books_balance_while_redis_stalls() {
     }
     let mut run = tokio::process::Command::new(&binary);
     run.arg(server.addr.to_string())
-        .args(["--sku", SKU, "--run-id", RUN, "--seed", "42"])
+        // --keep: the books below are read from what the run left.
+        .args(["--sku", SKU, "--run-id", RUN, "--seed", "42", "--keep"])
         .args(["--orders", &ORDERS.to_string(), "--concurrency", "16"])
         .args(["--payment-failures", "25", "--duplicates", "15"])
         // Shorter than stockgate's deadline now and then under load, so
@@ -245,10 +246,12 @@ async fn deduct_example_handles_each_outcome_as_its_header_says() {
         assert!(out.status.success(), "{args:?}: {out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    let deducted = "deducted (now or by an earlier try): 1 left, order \"ORD-EXAMPLE\"\n";
-    assert_eq!(run(&[addr, "ex-sku", "2", "ex-1"]), deducted);
+    let deducted = "deducted (now or by an earlier try): 1 left, order \"ORD-1\"\n";
+    assert_eq!(run(&[addr, "ex-sku", "2", "ex-1", "ORD-1"]), deducted);
     // Run twice, the second is a retry of the same request_id: the same
-    // answer, nothing taken again.
+    // answer, nothing taken again. The order_no printed is the one
+    // stockgate stored with the first call, whatever the retry sends.
+    assert_eq!(run(&[addr, "ex-sku", "2", "ex-1", "ORD-1"]), deducted);
     assert_eq!(run(&[addr, "ex-sku", "2", "ex-1"]), deducted);
     assert_eq!(get_stock(&cluster, "ex-sku"), Some(1));
     assert_eq!(
@@ -269,4 +272,9 @@ async fn deduct_example_handles_each_outcome_as_its_header_says() {
     let unknown = run(&[addr, "no-such-sku", "1", "ex-4"]);
     assert!(unknown.starts_with("needs an operator"), "{unknown}");
     assert_eq!(get_stock(&cluster, "ex-sku"), Some(3), "nothing else moved");
+    // Without an order_no, none is sent, and none is printed.
+    assert_eq!(
+        run(&[addr, "ex-sku", "1", "ex-5"]),
+        "deducted (now or by an earlier try): 2 left\n"
+    );
 }

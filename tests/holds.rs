@@ -205,7 +205,7 @@ enum Command {
 /// A cell of the table: the code, the record's state after, the stock after.
 type Cell = (i64, char, i64);
 
-/// Every cell of the README's state-machine table, over the wire: the
+/// Every cell of docs/holds-and-orders.md's state-machine table, over the wire: the
 /// code, the record's state after, and the stock after (10 to start, 2
 /// units a call).
 #[tokio::test]

@@ -1,11 +1,17 @@
-//! The README, run: every command it shows with its output is run here, in
-//! README order, against one `stockgate dev`, and what it prints must match
-//! what the README says it prints. A newcomer follows the README top to
-//! bottom on one dev cluster; so does this test, so an example that breaks
-//! a later one (by reusing its ids, say) fails here first.
+//! The README and the docs/ pages, run: every command they show with its
+//! output is run here, page after page in [`PAGES`] order and top to bottom
+//! within a page, against one `stockgate dev`, and what it prints must
+//! match what the page says it prints. A newcomer reads the README, then
+//! the pages it links, on one dev cluster; so does this test, so an example
+//! that breaks a later one (by reusing its ids, or keeping a SKU's units,
+//! say) fails here first. A failure is reported as `page:line`.
 //!
-//! # The convention (for anyone adding a section)
+//! # The convention (for anyone adding a section or a page)
 //!
+//! - [`PAGES`] lists the pages in the order a newcomer reads them, the
+//!   README first. A Markdown page under `docs/` (or `README.md`) with a
+//!   console block, or a `$ ` line in any fenced block, that is missing
+//!   from it fails this test: add a new page where a reader meets it.
 //! - A block fenced as ```` ```console ```` is run. Each line starting with
 //!   `$ ` is a command, run with bash in a scratch directory (so `> file`,
 //!   pipes and quotes work as typed); a command ending in `\` continues on
@@ -30,15 +36,15 @@
 //!   `deploy/dev.sh [args]`, which this test runs as `stockgate dev [args]`
 //!   on free ports (a bare `--http-listen` gets one too), comparing what it
 //!   prints on stdout up to "Ctrl-C stops ..." with the block. It must come
-//!   before every other console block.
+//!   before every other console block, so it is the README's.
 //! - A block that shows a command with output but can't run here (it needs
 //!   production hosts, say `--upstream redis://10.0.0.5:6379`) is fenced
 //!   ```` ```console norun ````; it renders the same. A `$ ` line in a block
 //!   fenced any other way fails this test, so no example is left unchecked
 //!   by forgetting the tag. Commands shown without output go in ```` ```sh ````
 //!   blocks without a `$ `.
-//! - Use request ids (and skus, when the stock matters) of your own: the
-//!   whole README runs on one cluster, in order.
+//! - Use request ids (and skus, when the stock matters) of your own, or
+//!   give the units back: every page runs on one cluster, in order.
 //!
 //! # Why a harness of its own, not trycmd or snapbox
 //!
@@ -47,7 +53,7 @@
 //! substitutes variables only in the expected output, never in the command
 //! line: `redis-cli -p 6390` can't be pointed at a port picked at run time,
 //! and `printf ... > stock.csv` or `| sort` can't run at all. It also wants
-//! each case to own its binaries and state, where this README is one story
+//! each case to own its binaries and state, where these pages are one story
 //! on one live cluster. What is left to write is a Markdown walk and a line
 //! matcher, about 150 lines here, against a dev-dependency tree (trycmd,
 //! snapbox, toml_edit, ...) that every build would compile.
@@ -62,13 +68,25 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use support::*;
 
+/// The pages run, in the order a newcomer reads them: the README, then the
+/// pages its "Read next" table links, as it lists them.
+const PAGES: &[&str] = &[
+    "README.md",
+    "docs/holds-and-orders.md",
+    "docs/interfaces.md",
+    "docs/operations.md",
+    "docs/design.md",
+    "docs/testing.md",
+    "docs/performance.md",
+];
+
 /// A command that runs longer than this is stopped and reported: a
-/// watchdog against a hang, far above anything the README runs.
+/// watchdog against a hang, far above anything the pages run.
 const COMMAND_WATCHDOG_SECS: u32 = 120;
 /// The dev cluster and proxy must be up within this long: another watchdog.
 const DEV_WATCHDOG: Duration = Duration::from_secs(90);
 
-/// The README's default ports, each replaced by a port this test picks.
+/// The pages' default ports, each replaced by a port this test picks.
 const RESP_PORT: u16 = 6390;
 const HTTP_PORT: u16 = 8390;
 const ADMIN_PORT: u16 = 9390;
@@ -81,32 +99,60 @@ enum Kind {
     Dev,
 }
 
-#[derive(Debug)]
-struct Step {
-    /// 1-based line of the `$ ` line in the README.
+/// Where a line is: the page (as [`PAGES`] names it) and its 1-based line.
+#[derive(Debug, Clone, Copy)]
+struct At<'a> {
+    page: &'a str,
     line: usize,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.page, self.line)
+    }
+}
+
+#[derive(Debug)]
+struct Step<'a> {
+    /// Where the `$ ` line is.
+    at: At<'a>,
     command: String,
     status: i32,
     expected: Vec<String>,
 }
 
 #[derive(Debug)]
-struct Block {
+struct Block<'a> {
     kind: Kind,
-    steps: Vec<Step>,
+    steps: Vec<Step<'a>>,
 }
 
-/// What the README holds, by the convention above.
-struct Readme {
-    blocks: Vec<Block>,
+/// What a page holds (or the pages, appended in order), by the convention
+/// above.
+#[derive(Default)]
+struct Pages<'a> {
+    blocks: Vec<Block<'a>>,
     /// Fence lines of ```` ```console norun ```` blocks.
-    norun: Vec<usize>,
+    norun: Vec<At<'a>>,
     /// `$ ` lines found in blocks that are neither: mistakes.
-    stray: Vec<(usize, String)>,
+    stray: Vec<(At<'a>, String)>,
+}
+
+impl<'a> Pages<'a> {
+    /// Whether the page has anything this test runs, or should.
+    fn has_console(&self) -> bool {
+        !(self.blocks.is_empty() && self.norun.is_empty() && self.stray.is_empty())
+    }
+
+    fn append(&mut self, mut other: Pages<'a>) {
+        self.blocks.append(&mut other.blocks);
+        self.norun.append(&mut other.norun);
+        self.stray.append(&mut other.stray);
+    }
 }
 
 /// A block being read: its fence's indentation, what it is, its lines
-/// (with their README line numbers).
+/// (with their line numbers on the page).
 struct OpenBlock {
     indent: usize,
     fence: Fence,
@@ -122,12 +168,8 @@ enum Fence {
     Other,
 }
 
-fn parse_readme(text: &str) -> Readme {
-    let mut readme = Readme {
-        blocks: Vec::new(),
-        norun: Vec::new(),
-        stray: Vec::new(),
-    };
+fn parse_page<'a>(page: &'a str, text: &str) -> Pages<'a> {
+    let mut readme = Pages::default();
     let mut open: Option<OpenBlock> = None;
     for (index, raw) in text.lines().enumerate() {
         let number = index + 1;
@@ -141,7 +183,7 @@ fn parse_readme(text: &str) -> Readme {
                     ["console"] => Fence::Runs(Kind::Run),
                     ["console", "dev"] => Fence::Runs(Kind::Dev),
                     ["console", "norun"] => {
-                        readme.norun.push(number);
+                        readme.norun.push(At { page, line: number });
                         Fence::NoRun
                     }
                     _ => Fence::Other,
@@ -159,12 +201,15 @@ fn parse_readme(text: &str) -> Readme {
                 match fence {
                     Fence::Runs(kind) => readme.blocks.push(Block {
                         kind: *kind,
-                        steps: steps(lines),
+                        steps: steps(page, lines),
                     }),
                     Fence::NoRun => {}
-                    Fence::Other => readme
-                        .stray
-                        .extend(lines.drain(..).filter(|(_, l)| l.starts_with("$ "))),
+                    Fence::Other => readme.stray.extend(
+                        lines
+                            .drain(..)
+                            .filter(|(_, l)| l.starts_with("$ "))
+                            .map(|(line, l)| (At { page, line }, l)),
+                    ),
                 }
                 open = None;
             }
@@ -184,7 +229,7 @@ fn parse_readme(text: &str) -> Readme {
 }
 
 /// The commands of one console block, each with its expected output.
-fn steps(lines: &[(usize, String)]) -> Vec<Step> {
+fn steps<'a>(page: &'a str, lines: &[(usize, String)]) -> Vec<Step<'a>> {
     let mut steps: Vec<Step> = Vec::new();
     let mut iter = lines.iter().peekable();
     while let Some((number, line)) = iter.next() {
@@ -200,12 +245,15 @@ fn steps(lines: &[(usize, String)]) -> Vec<Step> {
                 && let Some(code) = next.strip_prefix("? ")
             {
                 status = code.trim().parse().unwrap_or_else(|_| {
-                    panic!("README.md:{}: `? {code}` is not an exit status", number + 1)
+                    panic!("{page}:{}: `? {code}` is not an exit status", number + 1)
                 });
                 iter.next();
             }
             steps.push(Step {
-                line: *number,
+                at: At {
+                    page,
+                    line: *number,
+                },
                 command,
                 status,
                 expected: Vec::new(),
@@ -213,7 +261,7 @@ fn steps(lines: &[(usize, String)]) -> Vec<Step> {
         } else if let Some(step) = steps.last_mut() {
             step.expected.push(line.clone());
         } else if !line.trim().is_empty() {
-            panic!("README.md:{number}: a console block must start with a `$ ` command line");
+            panic!("{page}:{number}: a console block must start with a `$ ` command line");
         }
     }
     steps
@@ -386,8 +434,8 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
     assert_eq!(
         words.next(),
         Some("deploy/dev.sh"),
-        "README.md:{}: the dev block runs deploy/dev.sh",
-        step.line
+        "{}: the dev block runs deploy/dev.sh",
+        step.at
     );
     let mut args: Vec<String> = vec!["dev".into()];
     let given: Vec<String> = words.map(str::to_owned).collect();
@@ -457,7 +505,7 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
     Ok((dev, printed))
 }
 
-/// Runs one README command as a user would in a shell, stdout and stderr
+/// Runs one command of a page as a user would in a shell, stdout and stderr
 /// together.
 fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, String) {
     // --no-raw: redis-cli prints raw replies when stdout is not a terminal;
@@ -498,8 +546,8 @@ fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, Str
     (status.code().unwrap_or(-1), out)
 }
 
-/// A failed step as the README has it, and what it printed written the
-/// README's way (its ports), so a changed output can be pasted in.
+/// A failed step as its page has it, and what it printed written the
+/// pages' way (their ports), so a changed output can be pasted in.
 fn describe(ports: &Ports, step: &Step, got: (i32, &str)) -> String {
     let indent = |text: &str| {
         text.lines()
@@ -508,8 +556,8 @@ fn describe(ports: &Ports, step: &Step, got: (i32, &str)) -> String {
             .join("\n")
     };
     format!(
-        "README.md:{}: $ {}\n  exit status: expected {}, got {}\n  expected (as the README has it):\n{}\n  got (with the README's ports):\n{}",
-        step.line,
+        "{}: $ {}\n  exit status: expected {}, got {}\n  expected (as the page has it):\n{}\n  got (with the pages' ports):\n{}",
+        step.at,
         step.command,
         step.status,
         got.0,
@@ -520,6 +568,42 @@ fn describe(ports: &Ports, step: &Step, got: (i32, &str)) -> String {
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read_page(page: &str) -> String {
+    std::fs::read_to_string(repo().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"))
+}
+
+/// Every page of [`PAGES`], parsed and appended in order.
+fn parse_pages() -> Pages<'static> {
+    let mut pages = Pages::default();
+    for page in PAGES {
+        pages.append(parse_page(page, &read_page(page)));
+    }
+    pages
+}
+
+/// `README.md` and every Markdown file under `docs/`, as paths from the
+/// repository root.
+fn markdown_pages() -> Vec<String> {
+    let mut found = vec!["README.md".to_owned()];
+    let mut pending = vec![repo().join("docs")];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                let relative = path.strip_prefix(repo()).unwrap();
+                found.push(relative.to_string_lossy().into_owned());
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 #[test]
@@ -534,8 +618,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
             "{tool} is needed to run the README: deploy/install-deps.sh test installs it"
         );
     }
-    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let readme = parse_readme(&text);
+    let readme = parse_pages();
     assert!(
         readme.stray.is_empty(),
         "`$ ` command lines outside a ```console block (fence it as console to run it, or \
@@ -545,11 +628,11 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
     let (dev_block, rest) = readme
         .blocks
         .split_first()
-        .expect("the README has console blocks");
+        .expect("the pages have console blocks");
     assert_eq!(
         dev_block.kind,
         Kind::Dev,
-        "the first console block must be the ```console dev one"
+        "the first console block (the README's) must be the ```console dev one"
     );
     assert_eq!(dev_block.steps.len(), 1, "the dev block has one command");
     assert!(
@@ -612,27 +695,61 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
         }
     }
     let log = dev.stop();
+    let norun: Vec<String> = readme.norun.iter().map(At::to_string).collect();
     println!(
-        "README: {commands} commands run in {} console blocks after the dev block; {} console norun blocks (lines {:?})",
+        "{} pages: {commands} commands run in {} console blocks after the dev block; {} console norun blocks ({})",
+        PAGES.len(),
         rest.len(),
-        readme.norun.len(),
-        readme.norun
+        norun.len(),
+        norun.join(", ")
     );
     assert!(
         failures.is_empty(),
-        "{} README example(s) don't do what the README says:\n\n{}\n\nstockgate dev's log:\n{log}",
+        "{} example(s) don't do what their page says:\n\n{}\n\nstockgate dev's log:\n{log}",
         failures.len(),
         failures.join("\n\n")
     );
     // A parse that found next to nothing would pass vacuously.
-    assert!(commands >= 10, "only {commands} README commands found");
+    assert!(
+        commands >= 10,
+        "only {commands} commands found in the pages"
+    );
 }
 
-/// Every example under examples/ is in the README with the command that
-/// runs it.
+/// A page with console blocks that this test doesn't walk would go
+/// unchecked: every Markdown page under docs/ (and the README) that has
+/// one, or a `$ ` line in any block, is in [`PAGES`], and every page
+/// listed exists.
 #[test]
-fn the_readme_says_how_to_run_every_example() {
-    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+fn every_page_with_console_blocks_is_walked() {
+    let mut missing = Vec::new();
+    for page in markdown_pages() {
+        let listed = PAGES.contains(&page.as_str());
+        if !listed && parse_page(&page, &read_page(&page)).has_console() {
+            missing.push(page);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "pages with console blocks that tests/readme.rs does not walk (add them to PAGES, \
+         where a newcomer reads them): {missing:?}"
+    );
+    for page in PAGES {
+        assert!(
+            repo().join(page).is_file(),
+            "PAGES lists {page}, which is missing"
+        );
+    }
+}
+
+/// The page that shows the runnable examples.
+const EXAMPLES_PAGE: &str = "docs/interfaces.md";
+
+/// Every example under examples/ is on the interfaces page with the
+/// command that runs it.
+#[test]
+fn the_docs_say_how_to_run_every_example() {
+    let text = read_page(EXAMPLES_PAGE);
     let mut missing = Vec::new();
     for entry in std::fs::read_dir(repo().join("examples")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
@@ -644,7 +761,7 @@ fn the_readme_says_how_to_run_every_example() {
             missing.push(how);
         }
     }
-    assert!(missing.is_empty(), "the README lacks {missing:?}");
+    assert!(missing.is_empty(), "{EXAMPLES_PAGE} lacks {missing:?}");
 }
 
 #[test]

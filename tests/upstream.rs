@@ -435,7 +435,7 @@ fn keepalive_to(ports: &[u16]) -> Vec<(u16, [i32; 4])> {
 }
 
 /// Every upstream connection, the node pipes' and the redis crate's, has
-/// TCP keepalive as the README documents it: the first probe after 10 s
+/// TCP keepalive as docs/operations.md documents it: the first probe after 10 s
 /// without traffic, then one every 5 s, reset after 3 unanswered. A flow
 /// the network drops while idle (a conntrack or NAT entry gone) is then
 /// found within 25 s, instead of by the next request's timeout (issue 23,

@@ -2,9 +2,9 @@
 
 Run it against deploy/dev.sh (which seeds demo-1 with 100 units):
 
-    python3 -m venv .venv && .venv/bin/pip install -r examples/python/requirements.txt
-    .venv/bin/python examples/python/deduct.py demo-1 2 order-4002 ORD-4002
-    .venv/bin/python examples/python/deduct.py --revert demo-1 order-4002
+    python3 -m venv target/python-example && target/python-example/bin/pip install -r examples/python/requirements.txt
+    target/python-example/bin/python examples/python/deduct.py demo-1 2 order-4002 ORD-4002
+    target/python-example/bin/python examples/python/deduct.py --revert demo-1 order-4002
 
 The first takes 2 units for order line order-4002; run it twice and the
 second run is a retry of the same request_id: "already deducted", nothing

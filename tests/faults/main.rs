@@ -25,10 +25,11 @@
 //! faults ([`failover`]) and the resharding faults ([`reshard`]) run against
 //! Redis and against Valkey, as `<test>::redis` and `<test>::valkey`
 //! (`support::matrix!`); the other faults run against Redis only. To keep
-//! CI within its budget, the Valkey half of five slower ones is
+//! CI within its budget, the Valkey half of six slower ones is
 //! `#[ignore]`d and runs on request: the manual failover, the lost
-//! scripts, the failover mid-sweep, the short slot move and the slot
-//! migrating mid-order (about 70 s together). CI runs the baseline, the
+//! scripts, the failover mid-sweep, the short slot move, the slot
+//! migrating mid-order and the hot sku killed mid-coalesced-calls (about
+//! 70 s together for the first five). CI runs the baseline, the
 //! killed primary (with holds and orders, some of them never retried by
 //! their callers) and live resharding on both.
 //!
