@@ -172,6 +172,31 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     // Its retry answers the recorded outcome.
     let again = must(&mut conn, &["ORDER", "o-short", &c, "5", &a, "2", &b, "3"]).await;
     assert_eq!((again.code, again.short.clone()), (2, vec![c.clone()]));
+    // An ORDER.HOLD that comes up short holds nothing, and shows no
+    // expiry, as a single HOLD answering 2 shows none.
+    let short_hold = must(
+        &mut conn,
+        &["ORDER.HOLD", "o-short-hold", "60000", &a, "2", &c, "5"],
+    )
+    .await;
+    assert_eq!(
+        (short_hold.code, short_hold.expires_at),
+        (2, 0),
+        "{short_hold:?}"
+    );
+    let single: Vec<redis::Value> = redis::cmd("HOLD")
+        .arg(&c)
+        .arg(5)
+        .arg("single-short")
+        .arg(60000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (&single[0], &single[4]),
+        (&redis::Value::Int(2), &redis::Value::Int(0)),
+        "{single:?}"
+    );
 
     // Every line fits: every line deducted, once.
     let ok = must(&mut conn, &["ORDER", "o-1", &a, "2", &b, "3", &c, "1"]).await;
@@ -280,7 +305,7 @@ async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4() {
     let late = must(&mut conn, &["ORDER", "r-1", &a, "1", &b, "1", &c, "1"]).await;
     assert_eq!(late.code, 4, "{late:?}");
     let late = must(&mut conn, &["ORDER.HOLD", "r-1", "60000", &a, "1"]).await;
-    assert_eq!(late.code, 4, "{late:?}");
+    assert_eq!((late.code, late.expires_at), (4, 0), "{late:?}");
     // ORDER.CONFIRM of an order never held revokes it too.
     assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "r-2"]).await.code, 4);
     let late = must(&mut conn, &["ORDER.HOLD", "r-2", "60000", &a, "1"]).await;

@@ -35,7 +35,8 @@
 //! in sku order (remain: the SKU's stock as this call's last line call
 //! saw it, -1 when this call made none); `short` the SKUs at fault for a
 //! 2 (insufficient) or a 5 (expired); `expires_at_ms` the order hold's
-//! expiry (ORDER.HOLD, ORDER.CONFIRM; 0 for ORDER).
+//! expiry (ORDER.HOLD, ORDER.CONFIRM answering 0, 1 or 5; 0 otherwise, as a
+//! single HOLD answers).
 
 pub mod confirm;
 pub mod deduct;

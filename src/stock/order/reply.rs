@@ -96,7 +96,12 @@ impl StockService {
         });
         OrderReply {
             code,
-            expires_at: if intent.is_hold() {
+            // As a single HOLD shows it: the hold's expiry when the order
+            // holds, held or ran out (0, 1, 5); 0 when it never held (2, 3)
+            // or was revoked (4), and for an ORDER, which holds no time.
+            expires_at: if intent.is_hold()
+                && matches!(code, Code::Ok | Code::Duplicate | Code::Expired)
+            {
                 intent.expires_at
             } else {
                 0
