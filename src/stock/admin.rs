@@ -79,6 +79,13 @@ enum Change {
     Add(Delta),
 }
 
+/// The operators' corrections of stock: STOCK.SET and STOCK.ADD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Correction {
+    Set,
+    Add,
+}
+
 impl StockService {
     /// `STOCK.GET <sku>`
     pub(super) async fn get(&self, args: &[Bytes]) -> Reply {
@@ -115,7 +122,7 @@ impl StockService {
     /// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`.
     pub(super) async fn change(
         &self,
-        command: StockCommand,
+        correction: Correction,
         args: &[Bytes],
         caller: &Caller,
     ) -> Reply {
@@ -123,9 +130,9 @@ impl StockService {
             return Reply::error(NOPERM);
         }
         let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
-            let change = match command {
-                StockCommand::Set => Change::Set(StockLevel::parse(&args[1])?),
-                _ => Change::Add(Delta::parse(&args[1])?),
+            let change = match correction {
+                Correction::Set => Change::Set(StockLevel::parse(&args[1])?),
+                Correction::Add => Change::Add(Delta::parse(&args[1])?),
             };
             Ok((
                 Sku::parse(args[0].clone())?,

@@ -426,9 +426,8 @@ impl StockService {
                 return self.order(OrderCommand::Revert, args, arrived).await;
             }
             StockCommand::Get => return self.get(args).await,
-            StockCommand::Set | StockCommand::Add => {
-                return self.change(command, args, caller).await;
-            }
+            StockCommand::Set => return self.change(admin::Correction::Set, args, caller).await,
+            StockCommand::Add => return self.change(admin::Correction::Add, args, caller).await,
             StockCommand::Status => return self.status(args).await,
             StockCommand::OrderStatus => return self.order_status(args).await,
         };
