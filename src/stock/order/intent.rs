@@ -128,7 +128,7 @@ impl StockService {
         args.extend_from_slice(&op[1..]);
         let value = self
             .upstream
-            .eval_by(&self.scripts.order, &[&key], &args, attempt.deadline)
+            .eval_piped(&self.scripts.order, &[&key], &args, attempt.deadline)
             .await?;
         Intent::from_script(value)
     }

@@ -69,10 +69,11 @@ impl StockService {
         let after = after.as_millis().to_string();
         match self
             .upstream
-            .eval(
+            .eval_piped(
                 &self.scripts.order_due,
                 &[&shard.orders],
                 &[b"mark", id.as_bytes(), after.as_bytes()],
+                tokio::time::Instant::now() + self.upstream.timeout(),
             )
             .await?
         {
@@ -94,11 +95,13 @@ impl StockService {
         let id = id.as_bytes().to_vec();
         runtime.spawn(async move {
             let score = score.to_string();
+            let deadline = tokio::time::Instant::now() + upstream.timeout();
             if let Err(fault) = upstream
-                .eval(
+                .eval_piped(
                     &script,
                     &[&shard.orders],
                     &[b"done", &id, score.as_bytes()],
+                    deadline,
                 )
                 .await
             {
