@@ -258,6 +258,13 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_MAX_ORDER_LINES", default_value_t = 100)]
     pub max_order_lines: usize,
 
+    /// How long an ORDER's line holds last (at most --max-hold): the time
+    /// its saga has to confirm them, and how late the units of a saga that
+    /// neither it nor the recovery of orders left behind ended come back by
+    /// themselves. At least the saga's budget (4 x --timeout) plus 2s.
+    #[arg(long, env = "STOCKGATE_ORDER_LINE_HOLD", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub order_line_hold: Duration,
+
     /// Run the hold sweeper, which gives back the expired holds of SKUs no
     /// request touches. Correctness never depends on it (every call on a
     /// SKU releases its expired holds first); with it off, such units come
@@ -407,6 +414,18 @@ pub struct Durability {
 }
 
 /// Everything the proxy needs, checked.
+/// How long an order's saga may run, in `--timeout`s. Its caller waits
+/// one `--timeout` for the answer; past it, the saga goes on in the
+/// background for the rest of this budget (no step starts later), and
+/// whatever it leaves unfinished is the recovery's
+/// (`stock::order::recovery`).
+pub const ORDER_SAGA_TIMEOUTS: u32 = 4;
+
+/// How much longer an order's line holds last than the order itself: the
+/// intent's expiry is decided by one primary's clock, each line's by its
+/// own, and the lines must not run out before the order does.
+pub const ORDER_LINE_MARGIN: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -418,6 +437,8 @@ pub struct Config {
     pub max_qty: u64,
     pub max_hold: Duration,
     pub max_order_lines: usize,
+    /// `--order-line-hold`, at most `--max-hold`.
+    pub order_line_hold: Duration,
     pub sweeper: bool,
     pub sold_out_reads: bool,
     pub coalesce_deducts: usize,
@@ -519,6 +540,16 @@ impl ProxyArgs {
                 humantime::format_duration(self.max_hold)
             ));
         }
+        let order_line_hold = self.order_line_hold.min(self.max_hold);
+        let saga = self.redis.timeout * ORDER_SAGA_TIMEOUTS + ORDER_LINE_MARGIN;
+        if order_line_hold < saga {
+            return Err(format!(
+                "--order-line-hold {} (at most --max-hold) must be at least {}: an ORDER's saga may run {ORDER_SAGA_TIMEOUTS} x --timeout, and its line holds must outlast it by {}",
+                humantime::format_duration(order_line_hold),
+                humantime::format_duration(saga),
+                humantime::format_duration(ORDER_LINE_MARGIN),
+            ));
+        }
         if !(1..=1000).contains(&self.max_order_lines) {
             return Err(format!(
                 "--max-order-lines {} must be from 1 to 1000",
@@ -587,6 +618,7 @@ impl ProxyArgs {
             max_qty: self.max_qty,
             max_hold: self.max_hold,
             max_order_lines: self.max_order_lines,
+            order_line_hold,
             sweeper: self.sweeper,
             sold_out_reads: self.sold_out_reads,
             coalesce_deducts: self.coalesce_deducts,
@@ -690,6 +722,19 @@ mod tests {
             Config::for_upstream(vec!["redis://x:1".into()]).max_qty,
             1_000_000
         );
+    }
+
+    #[test]
+    fn an_orders_line_holds_outlast_its_saga_and_fit_max_hold() {
+        assert_eq!(args(&[]).unwrap().order_line_hold, Duration::from_secs(300));
+        let config = args(&["--order-line-hold", "1h", "--max-hold", "10m"]).unwrap();
+        assert_eq!(config.order_line_hold, Duration::from_secs(600));
+        // The default --timeout is 1s: a saga of 4s, and 2s of margin.
+        let err = args(&["--order-line-hold", "5s"]).unwrap_err();
+        assert!(err.contains("must be at least 6s"), "{err}");
+        assert!(args(&["--order-line-hold", "6s"]).is_ok());
+        let err = args(&["--order-line-hold", "1m", "--timeout", "30s"]).unwrap_err();
+        assert!(err.contains("at least 2m 2s"), "{err}");
     }
 
     #[test]

@@ -253,6 +253,8 @@ pub struct StockService {
     /// What `parse` checks against ([`single::Limits`]).
     limits: Limits,
     max_order_lines: usize,
+    /// `--order-line-hold` (at most `--max-hold`), in ms.
+    order_line_hold_ms: u64,
     retry_window: Duration,
     /// Script arguments that never change, spelled once at startup.
     retry_window_arg: String,
@@ -372,6 +374,7 @@ impl StockService {
                 max_hold_ms,
             },
             max_order_lines: config.max_order_lines,
+            order_line_hold_ms: config.order_line_hold.as_millis() as u64,
             retry_window: config.retry_window,
             retry_window_arg,
             replicate_arg,

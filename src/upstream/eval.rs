@@ -82,10 +82,7 @@ impl Upstream {
     /// or fault to report, or `None` when the call must go again through
     /// the redis crate (a redirect, a lost script, a lost connection, no
     /// pipe at all).
-    fn answered(
-        &self,
-        answer: Result<Answer, PipeError>,
-    ) -> Option<Result<Answer, UpstreamError>> {
+    fn answered(&self, answer: Result<Answer, PipeError>) -> Option<Result<Answer, UpstreamError>> {
         match answer {
             Ok(answer) => match crate::answer::shape(&answer.frame) {
                 Shape::Error(text) => {

@@ -79,6 +79,7 @@ impl OrderCommand {
         }
     }
 }
+use crate::config::{ORDER_LINE_MARGIN, ORDER_SAGA_TIMEOUTS};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
@@ -91,21 +92,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How much longer an ORDER.HOLD's line holds last than the order: the
-/// intent's expiry is decided by one primary's clock, each line's by its
-/// own, and the lines must not run out before the order does.
-pub const LINE_MARGIN_MS: u64 = 2000;
-
-/// How long an ORDER's line holds last (at most `--max-hold`): the time
-/// the saga has to confirm them, and how soon the units of a saga whose
-/// stockgate died come back by themselves.
-pub const SAGA_TTL_MS: u64 = 300_000;
-
-/// How long an order's saga may run, in `--timeout`s. Its caller waits
-/// one `--timeout` for the answer; past it, the saga goes on in the
-/// background for the rest of this budget (no step starts later), and
-/// whatever it leaves unfinished is [`recovery`]'s.
-const SAGA_TIMEOUTS: u32 = 4;
+/// [`crate::config::ORDER_LINE_MARGIN`], in ms.
+const LINE_MARGIN_MS: u64 = ORDER_LINE_MARGIN.as_millis() as u64;
 
 /// The longest request_id of an order: the line ids add `~ord:`.
 const MAX_ORDER_ID: usize = crate::params::MAX_FIELD_LEN - crate::keys::ORDER_LINE_PREFIX.len();
@@ -151,7 +139,7 @@ enum Step {
 }
 
 /// One attempt at an order: its nonce, the phases it moved it into, and
-/// when its budget ends ([`SAGA_TIMEOUTS`]).
+/// when its budget ends ([`ORDER_SAGA_TIMEOUTS`]).
 struct Attempt<'a> {
     id: &'a OrderId,
     nonce: [u8; 16],
@@ -304,9 +292,9 @@ impl StockService {
         result
     }
 
-    /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
+    /// How long an order's saga may run ([`ORDER_SAGA_TIMEOUTS`]).
     fn saga_budget(&self) -> Duration {
-        self.upstream.timeout() * SAGA_TIMEOUTS
+        self.upstream.timeout() * ORDER_SAGA_TIMEOUTS
     }
 
     fn attempt<'a>(&self, id: &'a OrderId) -> Attempt<'a> {
@@ -366,13 +354,13 @@ impl StockService {
         self.settle(&mut attempt, want, intent).await
     }
 
-    /// How long the line holds of an order last: an ORDER's the saga's
-    /// time, an ORDER.HOLD's its ttl plus [`LINE_MARGIN_MS`].
+    /// How long the line holds of an order last: an ORDER's
+    /// `--order-line-hold`, an ORDER.HOLD's its ttl plus [`LINE_MARGIN_MS`].
     fn line_ttl(&self, hold: bool, ttl_ms: u64) -> u64 {
         if hold {
             (ttl_ms + LINE_MARGIN_MS).min(self.limits.max_hold_ms)
         } else {
-            SAGA_TTL_MS.min(self.limits.max_hold_ms)
+            self.order_line_hold_ms
         }
     }
 
