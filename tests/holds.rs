@@ -7,7 +7,7 @@
 mod support;
 
 use redis::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::*;
 
 fn set(conn: &mut impl redis::ConnectionLike, key: &[u8], value: i64) {
@@ -44,21 +44,6 @@ fn wait_redis_past(conn: &mut impl redis::ConnectionLike, at_ms: i64) {
             return;
         }
         std::thread::sleep(Duration::from_millis((at_ms - now + 1).min(200) as u64));
-    }
-}
-
-/// The record's state letter (D, R, V, H, C, X), or '-' when there is none.
-fn state_of(conn: &mut impl redis::ConnectionLike, sku: &str, id: &str) -> char {
-    let raw: Option<String> = redis::cmd("GET")
-        .arg(record_key(sku, id))
-        .query(conn)
-        .unwrap();
-    match raw {
-        None => '-',
-        Some(raw) => stockgate::record::Record::parse(&raw)
-            .unwrap_or_else(|| panic!("unreadable record {raw:?}"))
-            .state
-            .letter(),
     }
 }
 
@@ -278,12 +263,12 @@ async fn every_cell_of_the_state_machine() {
                     .query_async(&mut conn)
                     .await
                     .unwrap();
-                assert_eq!(state_of(&mut direct, &sku(*start, command), "id"), 'X');
+                assert_eq!(record_state(&mut direct, &sku(*start, command), "id"), 'X');
             }
         }
         if *start == RanOut {
             for command in [Deduct, Hold, Confirm, Revert] {
-                assert_eq!(state_of(&mut direct, &sku(*start, command), "id"), 'H');
+                assert_eq!(record_state(&mut direct, &sku(*start, command), "id"), 'H');
             }
         }
     }
@@ -307,7 +292,7 @@ async fn every_cell_of_the_state_machine() {
             }
             let got = (
                 code_of(&reply),
-                state_of(&mut direct, &sku, "id"),
+                record_state(&mut direct, &sku, "id"),
                 get_int(&mut direct, &stock_key(&sku)).unwrap(),
             );
             let held = get_int(&mut direct, &held_key(&sku)).unwrap_or(0);
@@ -398,7 +383,7 @@ async fn confirm_racing_expiry_settles_every_hold_exactly_once() {
         let reply = task.await.unwrap();
         assert!(matches!(reply.code, 0 | 5), "{id}: {reply:?}");
         assert_eq!(reply.expires_at, *expires_at);
-        let state = state_of(&mut direct, sku, id);
+        let state = record_state(&mut direct, sku, id);
         if reply.code == 0 {
             zeros += 1;
             confirmed[skus.iter().position(|s| s == sku).unwrap()] += qty;
@@ -435,23 +420,6 @@ fn wall_ms() -> i64 {
 /// `stockgate_holds_total` by event, as this stockgate counted them.
 fn hold_counts(server: &stockgate::server::Server) -> std::collections::HashMap<&'static str, u64> {
     server.shared().metrics.hold_totals().into_iter().collect()
-}
-
-/// Polls `check` until it gives a value; panics after `within` (a bound
-/// for a state that never comes, not a measure of how fast it came).
-async fn loop_until_async<T, F, Fut>(within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(start.elapsed() < within, "not there after {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// More expired holds than one call releases (lua/common.lua's
@@ -685,7 +653,7 @@ async fn holds_through_two_stockgates_at_once_add_up() {
         if *step == 'X' {
             loop_until_async(Duration::from_secs(30), || async {
                 let mut direct = cluster.cluster_connection().unwrap();
-                (state_of(&mut direct, sku, id) == 'X').then_some(())
+                (record_state(&mut direct, sku, id) == 'X').then_some(())
             })
             .await;
         }
@@ -696,7 +664,7 @@ async fn holds_through_two_stockgates_at_once_add_up() {
             if s != sku {
                 continue;
             }
-            let state = state_of(&mut direct, sku, id);
+            let state = record_state(&mut direct, sku, id);
             assert_eq!(state, *step, "{id}");
             match step {
                 'C' => confirmed += qty,
@@ -821,7 +789,7 @@ async fn a_hold_nobody_releases_for_longer_than_the_retry_window_still_comes_bac
         (&mut direct_unindexed, "lost-3"),
     ] {
         assert_eq!(get_int(direct, &held_key(sku)), None, "{sku}");
-        assert_eq!(state_of(direct, sku, "h1"), 'X', "{sku}");
+        assert_eq!(record_state(direct, sku, "h1"), 'X', "{sku}");
         let ttl: i64 = redis::cmd("PTTL")
             .arg(record_key(sku, "h1"))
             .query(direct)
@@ -872,7 +840,7 @@ async fn a_confirm_of_a_hold_placed_in_the_future_answers_0() {
         ),
         (0, 7, "ORD-F", expires)
     );
-    assert_eq!(state_of(&mut direct, "future", "f-1"), 'C');
+    assert_eq!(record_state(&mut direct, "future", "f-1"), 'C');
     assert_eq!(
         metric(&server, "stockgate_hold_held_seconds_count"),
         1,

@@ -43,11 +43,7 @@ impl Proc {
             log: Some(log),
             port,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_status(admin, "/readyz") != Some(200) {
-            assert!(Instant::now() < deadline, "stockgate did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready_http(admin);
         proc
     }
 

@@ -103,17 +103,7 @@ fn line_id(order: &str) -> String {
 /// The state letter of an order's line record on `sku` ('-': none).
 fn line_state(cluster: &stockgate::dev::LocalCluster, sku: &str, order: &str) -> char {
     let mut conn = cluster.cluster_connection().unwrap();
-    let raw: Option<String> = redis::cmd("GET")
-        .arg(record_key(sku, &line_id(order)))
-        .query(&mut conn)
-        .unwrap();
-    match raw {
-        None => '-',
-        Some(raw) => stockgate::record::Record::parse(&raw)
-            .unwrap_or_else(|| panic!("unreadable record {raw:?}"))
-            .state
-            .letter(),
-    }
+    record_state(&mut conn, sku, &line_id(order))
 }
 
 fn held(cluster: &stockgate::dev::LocalCluster, sku: &str) -> i64 {
@@ -133,21 +123,6 @@ fn intent_phase(cluster: &stockgate::dev::LocalCluster, order: &str) -> Option<S
         .arg("p")
         .query(&mut conn)
         .unwrap()
-}
-
-async fn wait_for<T, F, Fut>(within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(start.elapsed() < within, "not there after {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -445,7 +420,7 @@ async fn order_holds_expiring_while_confirm_races_them() {
     for (sku, qty) in [(&a, 1), (&b, 2), (&c, 3)] {
         let want = 1000 - qty * confirmed as i64;
         let cluster = &cluster;
-        wait_for(Duration::from_secs(60), || {
+        loop_until_async(Duration::from_secs(60), || {
             let mut conn = conn.clone();
             async move {
                 // Any call on the SKU releases its expired holds.
@@ -852,7 +827,7 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
         })
         .collect();
     // Kill it once some orders are done and others in flight.
-    wait_for(Duration::from_secs(30), || {
+    loop_until_async(Duration::from_secs(30), || {
         let n = answered.lock().unwrap().len();
         async move { (n >= ORDERS / 4).then_some(()) }
     })
@@ -868,7 +843,7 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
     // Nobody retries yet: every line hold comes back by itself.
     for sku in &skus {
         let cluster = &cluster;
-        wait_for(Duration::from_secs(90), || async move {
+        loop_until_async(Duration::from_secs(90), || async move {
             (held(cluster, sku) == 0).then_some(())
         })
         .await;
@@ -991,7 +966,7 @@ async fn orders_left_behind_in_every_phase_end_without_a_retry() {
     // find them.
     let server = proxy(cluster.seeds(), |_| {}).await;
     for (id, phase, states) in &expected {
-        wait_for(Duration::from_secs(30), || async {
+        loop_until_async(Duration::from_secs(30), || async {
             (intent_phase(&cluster, id).as_deref() == Some(*phase)).then_some(())
         })
         .await;
@@ -1010,7 +985,7 @@ async fn orders_left_behind_in_every_phase_end_without_a_retry() {
         );
     }
     let filed = expected.len() as u64;
-    wait_for(Duration::from_secs(10), || async {
+    loop_until_async(Duration::from_secs(10), || async {
         (metric(
             &server,
             "stockgate_order_recoveries_total{result=\"ended\"}",
@@ -1078,7 +1053,7 @@ async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry() 
     stalled.resume();
 
     for (id, phase) in [("stall-fwd", "DONE"), ("stall-back", "ABORTED")] {
-        wait_for(Duration::from_secs(60), || async {
+        loop_until_async(Duration::from_secs(60), || async {
             (intent_phase(&cluster, id).as_deref() == Some(phase)).then_some(())
         })
         .await;

@@ -51,11 +51,7 @@ impl Stockgate {
         }
         let child = cmd.spawn().expect("runs stockgate");
         let gate = Stockgate { child, addr, admin };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(admin, "/readyz").map(|r| r.0) != Some(200) {
-            assert!(Instant::now() < deadline, "stockgate did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::support::wait_ready_http(admin.port());
         gate
     }
 

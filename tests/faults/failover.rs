@@ -327,13 +327,12 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
         0,
         "no script ran on the demoted primary"
     );
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
     eprintln!(
         "[{name}] the lane's requests in flight between CLUSTER FAILOVER and the old primary stepping down: {}",
         lane.overlapping(asked, demoted, None)
@@ -451,18 +450,10 @@ async fn lost_scripts_are_reloaded_without_client_errors(kind: ServerKind) {
         })
         .count();
     assert_eq!(noscript, 0, "NOSCRIPT never reaches a client");
-    fault_history
-        .audit(
-            &cluster,
-            Policy {
-                allow_lost_acks: true,
-            },
-        )
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    let lossy = Policy {
+        allow_lost_acks: true,
+    };
+    audit_lanes_and_stop(&cluster, server, (&fault_history, lossy), &rest_history);
 }
 
 /// Σ of each sku's `:held` counter and `:holds` set size, read from

@@ -17,7 +17,7 @@ use stockgate::config::Durability;
 use stockgate::dev::{LocalCluster, RedisNode, RedisOptions};
 use stockgate::server::Server;
 
-use crate::checker::Workload;
+use crate::checker::{History, Policy, Workload};
 
 /// The fault tests measure recovery times on a 2-core machine; run one at a
 /// time so one test's load does not stretch another's numbers. (A tokio
@@ -493,6 +493,20 @@ pub fn lanes(cluster: &LocalCluster, name: &str, victim: usize) -> (Workload, Wo
     fault.seed(cluster);
     rest.seed(cluster);
     (fault, rest)
+}
+
+/// The end of a test on [`lanes`]: the faulted lane's history audited
+/// under `policy`, the other lane's strictly, each green; then stockgate
+/// stopped.
+pub fn audit_lanes_and_stop(
+    cluster: &LocalCluster,
+    server: Server,
+    (fault, policy): (&History, Policy),
+    rest: &History,
+) {
+    fault.audit(cluster, policy).assert_green();
+    rest.audit(cluster, Policy::default()).assert_green();
+    server.stop_now();
 }
 
 /// Milliseconds, for the reports.

@@ -102,13 +102,12 @@ async fn out_of_memory_primary_writes_nothing() {
         others.iter().all(|a| a.outcome.is_code()),
         "other shards served"
     );
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
 }
 
 /// Fault 8: another client runs a script for seconds on one primary
@@ -184,11 +183,10 @@ async fn busy_script_on_one_shard() {
         others.iter().all(|a| a.outcome.is_code()),
         "other shards served"
     );
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
 }

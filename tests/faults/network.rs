@@ -190,13 +190,12 @@ async fn black_holed_node_latency_and_lost_replies() {
         .expect("GET stock");
     assert_eq!(stock, stock_before - 7, "each probe deducted once");
 
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
 }
 
 /// Fault 6: every Redis node killed, then restarted (with an append-only

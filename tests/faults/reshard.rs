@@ -126,13 +126,12 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
         moving(&fault_history),
         moving(&rest_history)
     );
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
     // The lane's skus share the moving slots, one each, in move order.
     let met: Vec<usize> = moves
         .iter()

@@ -457,11 +457,10 @@ async fn a_stuck_flow_is_given_up_cluster() {
             .unwrap()
     };
     settle_probes(&server, &probe_sku, initial, &probes, stock).await;
-    fault_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    rest_history
-        .audit(&cluster, Policy::default())
-        .assert_green();
-    server.stop_now();
+    audit_lanes_and_stop(
+        &cluster,
+        server,
+        (&fault_history, Policy::default()),
+        &rest_history,
+    );
 }

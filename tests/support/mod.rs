@@ -19,7 +19,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stockgate::config::Config;
 pub use stockgate::dev::ServerKind;
 use stockgate::dev::{LocalCluster, LocalRedis, RedisNode, RedisOptions};
@@ -345,6 +345,22 @@ pub fn summary(raw: &str) -> String {
         .summary()
 }
 
+/// The state letter of the record of `id` on `sku` (D, R, V, H, C, X), or
+/// '-' when there is none.
+pub fn record_state(conn: &mut impl redis::ConnectionLike, sku: &str, id: &str) -> char {
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(record_key(sku, id))
+        .query(conn)
+        .unwrap();
+    match raw {
+        None => '-',
+        Some(raw) => stockgate::record::Record::parse(&raw)
+            .unwrap_or_else(|| panic!("unreadable record {raw:?}"))
+            .state
+            .letter(),
+    }
+}
+
 /// Sets a sku's stock directly in the cluster.
 pub fn set_stock(cluster: &LocalCluster, sku: &str, stock: i64) {
     let mut conn = cluster.cluster_connection().unwrap();
@@ -506,6 +522,23 @@ pub fn wait_ready_http(admin_port: u16) {
             "stockgate did not become ready"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls `check` until it gives a value; panics after `within` (a bound
+/// for a state that never comes, not a measure of how fast it came).
+pub async fn loop_until_async<T, F, Fut>(within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(start.elapsed() < within, "not there after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
