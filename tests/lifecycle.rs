@@ -191,7 +191,7 @@ fn sigint_stops_at_once() {
 #[test]
 fn the_access_log_has_the_designs_fields_and_nothing_more() {
     let cluster = cluster();
-    set_stock(&cluster, "logged", 5);
+    set_stock(&cluster, "logged", 50);
     for (mode, expect_ok_line) in [("all", true), ("errors", false), ("off", false)] {
         let proc = Proc::start(
             &cluster.seeds(),
@@ -201,6 +201,8 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
         let id = format!("req-{mode}");
         redis_cli(port, &["DEDUCT", "logged", "1", &id, "ORDER-SECRET-42"]);
         redis_cli(port, &["DEDUCT", "nope", "1", &id]);
+        let order = format!("ord-{mode}");
+        redis_cli(port, &["ORDER", &order, "logged", "2"]);
         proc.signal(libc::SIGTERM);
         let (status, log) = proc.finish();
         assert!(status.success());
@@ -236,6 +238,35 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
             assert_eq!(f["qty"], "1");
             assert_eq!(f["command"], "deduct");
             assert!(f["latency_us"].as_u64().unwrap() > 0);
+        }
+        // An ORDER's line calls are logged each as the call it is, on the
+        // line's id, key and qty, beside the order's own line.
+        let line_id = format!("~ord:{order}");
+        let line_calls: Vec<&str> = access
+            .iter()
+            .filter(|v| v["fields"]["request_id"] == line_id.as_str())
+            .map(|v| {
+                assert_eq!(v["fields"]["key"], "stock:{logged}", "{v}");
+                assert_eq!(v["fields"]["code"], 0, "{v}");
+                v["fields"]["command"].as_str().unwrap()
+            })
+            .collect();
+        let order_lines = access
+            .iter()
+            .filter(|v| {
+                v["fields"]["command"] == "order" && v["fields"]["request_id"] == order.as_str()
+            })
+            .count();
+        if expect_ok_line {
+            assert_eq!(line_calls, ["hold", "confirm"], "{log}");
+            assert_eq!(order_lines, 1, "{log}");
+            let hold = access
+                .iter()
+                .find(|v| v["fields"]["request_id"] == line_id.as_str())
+                .unwrap();
+            assert_eq!(hold["fields"]["qty"], "2", "{hold}");
+        } else {
+            assert!(line_calls.is_empty() && order_lines == 0, "{log}");
         }
         assert!(
             !log.contains("ORDER-SECRET-42"),

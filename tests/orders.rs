@@ -174,8 +174,20 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     );
 
     // Every line fits: every line deducted, once.
+    let holds = |event: &str| {
+        metric(
+            &server,
+            &format!("stockgate_holds_total{{event=\"{event}\"}}"),
+        )
+    };
+    let (placed, confirmed) = (holds("placed"), holds("confirmed"));
     let ok = must(&mut conn, &["ORDER", "o-1", &a, "2", &b, "3", &c, "1"]).await;
     assert_eq!(ok.code, 0, "{ok:?}");
+    // Its three line holds count among the holds, placed and confirmed.
+    assert_eq!(
+        (holds("placed") - placed, holds("confirmed") - confirmed),
+        (3, 3)
+    );
     let mut sorted = [a.clone(), b.clone(), c.clone()];
     sorted.sort();
     assert_eq!(

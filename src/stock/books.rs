@@ -18,9 +18,12 @@ pub(super) struct AccessEntry<'a> {
 }
 
 impl StockService {
-    /// What a reply says happened to holds: counted by event, and the time
-    /// a confirmed hold was held.
-    pub(super) fn record_holds(&self, command: StockCommand, reply: &StockReply) {
+    /// What a reply says happened to holds: counted by event, and, for a
+    /// CONFIRM of the caller's own hold (`held_time`), the time it was
+    /// held. An order's line confirms count as confirmed holds but add no
+    /// held time: an ORDER's lines are held for the few ms of its saga,
+    /// which would only drag the histogram of customers' holds down.
+    pub(super) fn record_holds(&self, reply: &StockReply, held_time: bool) {
         let effects = reply.effects;
         if effects.released > 0 {
             self.metrics
@@ -28,7 +31,7 @@ impl StockService {
         }
         if let Some(event) = effects.event {
             self.metrics.record_holds(event, 1);
-            if event == HoldEvent::Confirmed && command == StockCommand::Confirm {
+            if event == HoldEvent::Confirmed && held_time {
                 debug_assert_eq!(reply.code, Code::Ok);
                 self.metrics
                     .record_held(Duration::from_millis(effects.held_ms));
@@ -52,6 +55,16 @@ impl StockService {
             }
         };
         self.metrics.record_request(entry.command, label, elapsed);
+        self.log_access(entry, result, elapsed);
+    }
+
+    /// The access-log line of `entry`, if `--access-log` wants it.
+    pub(super) fn log_access(
+        &self,
+        entry: AccessEntry<'_>,
+        result: Result<Code, &UpstreamError>,
+        elapsed: Duration,
+    ) {
         let wanted = match self.access_log {
             AccessLog::All => true,
             AccessLog::Errors => result.is_err(),

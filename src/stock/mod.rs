@@ -756,7 +756,7 @@ impl StockService {
         let result = result.map(|reply| reply.with_expiry(single.shows_expiry));
         self.metrics.record_upstream(command, call.sent.elapsed());
         if let Ok(reply) = &result {
-            self.record_holds(command, reply);
+            self.record_holds(reply, command == StockCommand::Confirm);
             self.index_hold(&call.op, reply);
             if let (Op::Deduct(deduct), Some(memory)) = (&call.op, &self.sold_out) {
                 memory.learn(

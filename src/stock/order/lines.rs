@@ -216,13 +216,22 @@ impl StockService {
             Verdict::Settled(result) => result,
             Verdict::Fallback => self.resend(&call).await,
         };
-        if let Ok(reply) = &result
-            && swept
-        {
-            self.index_hold(&call.op, reply);
+        if let Ok(reply) = &result {
+            self.record_holds(reply, false);
+            if swept {
+                self.index_hold(&call.op, reply);
+            }
         }
         self.metrics
             .record_upstream(StockCommand::Order, call.sent.elapsed());
+        // Each line call has an access-log line of its own, as the single
+        // command it is (HOLD, CONFIRM, REVERT) on the line's id, key and
+        // qty: the order's own line names only its request_id.
+        self.log_access(
+            call.entry(),
+            result.as_ref().map(|reply| reply.code),
+            call.arrived.elapsed(),
+        );
         result
     }
 }
