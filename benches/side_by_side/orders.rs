@@ -13,6 +13,10 @@
 //! - `ORDER`: `ORDER <id> <sku a> 1 <sku b> 1 <sku c> 1`, all or nothing,
 //!   the saga in stockgate (begin, hold every line, commit, confirm every
 //!   line, done: five script rounds, the lines of a round in parallel).
+//! - `ORDER.HOLD + ORDER.CONFIRM`: the same lines held (ttl 600 s), then
+//!   confirmed: both written at once, the connection running the CONFIRM
+//!   after the HOLD answered (an order command waits for what came
+//!   before it); the order done at the CONFIRM's reply.
 //! - `3 × DEDUCT`: the caller's own saga without its compensation: three
 //!   `DEDUCT <sku> 1 <id>-<k> <order_no>` written at once, pipelined on one
 //!   connection (stockgate sends them to their primaries in parallel), the
@@ -37,17 +41,23 @@ use crate::loadgen::{self, Conn, Encoded};
 use crate::{Fleet, Knobs, Rng, probe};
 use std::fmt::Write;
 
-/// The two shapes of one order.
+/// The shapes of one order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     Order,
+    /// ORDER.HOLD then ORDER.CONFIRM, written at once (the connection runs
+    /// an order command after everything before it).
+    HoldConfirm,
     Deducts,
 }
 
 impl Shape {
+    const ALL: [Shape; 3] = [Shape::Order, Shape::HoldConfirm, Shape::Deducts];
+
     fn name(self) -> &'static str {
         match self {
             Shape::Order => "ORDER (3 lines)",
+            Shape::HoldConfirm => "ORDER.HOLD + ORDER.CONFIRM",
             Shape::Deducts => "3 × DEDUCT, pipelined",
         }
     }
@@ -56,10 +66,21 @@ impl Shape {
     fn group(self) -> usize {
         match self {
             Shape::Order => 1,
+            Shape::HoldConfirm => 2,
             Shape::Deducts => 3,
         }
     }
 }
+
+/// Issue 25's targets, as ratios of an order shape to three pipelined
+/// DEDUCTs: (what, column in the medians, the bound, whether the ratio
+/// must stay at or below it, the depths it applies to).
+const TARGETS: [(&str, usize, f64, bool, Option<usize>); 4] = [
+    ("Redis CPU per order", 4, 1.5, true, None),
+    ("stockgate CPU per order", 3, 2.0, true, None),
+    ("orders/s", 0, 0.6, false, None),
+    ("p50", 1, 2.0, true, Some(1)),
+];
 
 /// One measured row.
 #[derive(Debug, Clone)]
@@ -111,7 +132,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     let per_conn = orders_per_row(knobs).div_ceil(knobs.connections);
     let mut row = 0u64;
     // An unreported warm-up of each shape.
-    for shape in [Shape::Order, Shape::Deducts] {
+    for shape in Shape::ALL {
         let conns = plan(
             &stockgate,
             db,
@@ -127,11 +148,10 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     let mut runs = Vec::new();
     for repeat in 0..knobs.repeats {
         for &depth in &knobs.depths {
-            let shapes = if repeat % 2 == 0 {
-                [Shape::Order, Shape::Deducts]
-            } else {
-                [Shape::Deducts, Shape::Order]
-            };
+            let mut shapes = Shape::ALL;
+            if repeat % 2 == 1 {
+                shapes.reverse();
+            }
             for shape in shapes {
                 let conns = plan(
                     &stockgate,
@@ -196,6 +216,20 @@ fn plan(
                         b"1",
                         skus[2],
                         b"1",
+                    ]),
+                    Shape::HoldConfirm => requests.push_group(&[
+                        &[
+                            b"ORDER.HOLD",
+                            id.as_bytes(),
+                            b"600000",
+                            skus[0],
+                            b"1",
+                            skus[1],
+                            b"1",
+                            skus[2],
+                            b"1",
+                        ],
+                        &[b"ORDER.CONFIRM", id.as_bytes()],
                     ]),
                     Shape::Deducts => {
                         let order_no = format!("ORD-{c}-{n}");
@@ -290,6 +324,7 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
         conns = knobs.connections,
         repeats = knobs.repeats,
     );
+    let mut ratio_rows = Vec::new();
     for &depth in &knobs.depths {
         let medians = |shape: Shape| {
             let mine: Vec<&OrdersRun> = runs
@@ -307,9 +342,9 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
                 of(&|r| r.redis_cpu_us),
             ]
         };
-        let order = medians(Shape::Order);
         let deducts = medians(Shape::Deducts);
-        for (shape, m) in [(Shape::Order, order), (Shape::Deducts, deducts)] {
+        for shape in Shape::ALL {
+            let m = medians(shape);
             let _ = writeln!(
                 out,
                 "| {depth} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |",
@@ -321,12 +356,51 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
                 m[4]
             );
         }
-        let r: Vec<f64> = order.iter().zip(deducts).map(|(o, d)| o / d).collect();
-        let _ = writeln!(
-            out,
-            "| {depth} | ratio ORDER / 3 × DEDUCT | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
-            r[0], r[1], r[2], r[3], r[4]
-        );
+        for shape in [Shape::Order, Shape::HoldConfirm] {
+            let r = ratios(&medians(shape), &deducts);
+            let _ = writeln!(
+                out,
+                "| {depth} | ratio {} / 3 × DEDUCT | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+                shape.name(),
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4]
+            );
+            ratio_rows.push((depth, shape, r));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n### Orders against issue 25's targets (ratios to 3 × DEDUCT, this run)\n\n\
+         | depth | shape | target | bound | ratio | met |\n|---:|---|---|---:|---:|---|"
+    );
+    for (depth, shape, r) in &ratio_rows {
+        for (what, column, bound, at_most, only) in TARGETS {
+            if only.is_some_and(|d| d != *depth) {
+                continue;
+            }
+            let ratio = r[column];
+            let met = if at_most {
+                ratio <= bound
+            } else {
+                ratio >= bound
+            };
+            let _ = writeln!(
+                out,
+                "| {depth} | {} | {what} | {}{bound:.1}× | {ratio:.2}× | {} |",
+                shape.name(),
+                if at_most { "≤ " } else { "≥ " },
+                if met { "yes" } else { "**no**" }
+            );
+        }
     }
     out
+}
+
+/// Each median of an order shape over three DEDUCTs' (`[orders/s, p50,
+/// p99, stockgate CPU, Redis CPU]`).
+fn ratios(order: &[f64; 5], deducts: &[f64; 5]) -> [f64; 5] {
+    std::array::from_fn(|i| order[i] / deducts[i])
 }
