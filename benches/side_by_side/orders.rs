@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Every order has three lines of qty 1, one sku from each primary's slots
-//! (so its lines are on three different primaries), and a fresh id. Two
+//! (so its lines are on three different primaries), and a fresh id. Three
 //! shapes of the same order, same connections and depth:
 //!
 //! - `ORDER`: `ORDER <id> <sku a> 1 <sku b> 1 <sku c> 1`, all or nothing,
