@@ -145,12 +145,173 @@ fn deduct(
     }
 }
 
+/// The steps of one 3-line ORDER as the saga runs them (issue 25's
+/// profile), each a script call or one per line: what it costs Redis.
+const ORDER_STEPS: [(&str, usize); 7] = [
+    ("order_due.lua mark (filed among the orders in flight)", 1),
+    ("order.lua begin (HOLDING)", 1),
+    ("hold.lua, one per line", 3),
+    ("order.lua advance HOLDING -> CONFIRMING", 1),
+    ("confirm.lua, one per line", 3),
+    ("order.lua advance CONFIRMING -> DONE", 1),
+    ("order_due.lua done (taken out)", 1),
+];
+
+/// Orders run through [`ORDER_STEPS`], step by step over all of them.
+const ORDERS: usize = 600;
+
+/// Step `step` of `orders` 3-line orders named `<tag>-<n>`, pipelined 16
+/// orders at a time, with the arguments stockgate sends (its defaults).
+fn order_step(
+    conn: &mut redis::Connection,
+    scripts: &Scripts,
+    tag: &str,
+    step: usize,
+    orders: usize,
+) {
+    use stockgate::keys::KeyLayout;
+    use stockgate::params::{RequestId, Sku};
+    let keys = KeyLayout::new("stock").expect("the default prefix");
+    let skus: Vec<Sku> = ["line-a", "line-b", "line-c"]
+        .iter()
+        .map(|s| Sku::parse(s.as_bytes().to_vec().into()).expect("a sku"))
+        .collect();
+    let lines = "line-a 1 line-b 1 line-c 1";
+    for first in (0..orders).step_by(16) {
+        let mut pipe = redis::pipe();
+        for n in first..(first + 16).min(orders) {
+            let name = format!("{tag}-{n}");
+            let id = RequestId::parse(name.clone().into_bytes().into()).expect("an id");
+            let line_id = KeyLayout::order_line_id(&id).expect("a line id");
+            let nonce = format!("{:x}", n + 1);
+            let intent = keys.order_key(&id);
+            let filed = &keys.sweep_shards()[keys.order_shard_index(&id)].orders;
+            let order = |pipe: &mut redis::Pipeline, args: &[&str]| {
+                let cmd = pipe
+                    .cmd("EVALSHA")
+                    .arg(&scripts.order.sha)
+                    .arg(1)
+                    .arg(&intent);
+                cmd.arg(args[0]).arg(WINDOW).arg(&nonce);
+                for arg in &args[1..] {
+                    cmd.arg(*arg);
+                }
+                cmd.ignore();
+            };
+            match step {
+                0 | 6 => {
+                    let args: [&str; 3] = if step == 0 {
+                        ["mark", &name, "20000"]
+                    } else {
+                        // `done` at a score it no longer has: the same work
+                        // as taking it out, and the index stays the same
+                        // size for every step.
+                        ["done", &name, "1"]
+                    };
+                    pipe.cmd("EVALSHA")
+                        .arg(&scripts.order_due.sha)
+                        .arg(1)
+                        .arg(filed)
+                        .arg(&args[..])
+                        .ignore();
+                }
+                1 => order(&mut pipe, &["begin", "D", lines, "0", "300000"]),
+                3 => order(&mut pipe, &["advance", "HOLDING", "CONFIRMING", "", ""]),
+                5 => order(&mut pipe, &["advance", "CONFIRMING", "DONE", "", ""]),
+                _ => {
+                    for sku in &skus {
+                        let request = keys.request_keys(sku, &line_id);
+                        let cmd = pipe.cmd("EVALSHA");
+                        if step == 2 {
+                            cmd.arg(&scripts.hold.sha).arg(4).arg(&request.all()[..]);
+                            cmd.arg("1").arg("").arg("300000");
+                            cmd.arg("86400000").arg(WINDOW).arg(MAX_QTY).arg("error");
+                        } else {
+                            cmd.arg(&scripts.confirm.sha).arg(4).arg(&request.all()[..]);
+                            cmd.arg(WINDOW).arg("zero");
+                        }
+                        cmd.arg(&nonce).arg("0").ignore();
+                    }
+                }
+            }
+        }
+        pipe.query::<()>(conn).expect("the order steps run");
+    }
+}
+
+/// What each step of a 3-line ORDER costs Redis, and the ORDER against
+/// three DEDUCTs (`deduct`: instructions per plain DEDUCT, from the rows
+/// above).
+fn order_profile(
+    conn: &mut redis::Connection,
+    scripts: &Scripts,
+    pid: u32,
+    dir: &std::path::Path,
+    deduct: f64,
+    out: &mut String,
+) {
+    for sku in ["line-a", "line-b", "line-c"] {
+        redis::cmd("SET")
+            .arg(format!("stock:{{{sku}}}"))
+            .arg(1_000_000_000_000u64)
+            .query::<()>(conn)
+            .expect("seed the line skus");
+    }
+    for step in 0..ORDER_STEPS.len() {
+        order_step(conn, scripts, "warm", step, ORDERS / 4);
+    }
+    let _ = writeln!(
+        out,
+        "\n**A 3-line ORDER in Redis, step by step** ({ORDERS} orders, each step over all of them; \
+         the lines on one server here, as on three primaries they cost the same):\n\n\
+         | step | calls | instructions / call | per ORDER | share |\n|---|---:|---:|---:|---:|"
+    );
+    let mut steps = Vec::new();
+    for (step, (name, calls)) in ORDER_STEPS.iter().enumerate() {
+        control(&["--zero"], pid);
+        order_step(conn, scripts, "o", step, ORDERS);
+        let total = dump_total(dir, "redis", pid) as f64;
+        steps.push((
+            name,
+            *calls,
+            total / (ORDERS * calls) as f64,
+            total / ORDERS as f64,
+        ));
+        eprintln!(
+            "script-cost: {name}: {:.0} instructions per call",
+            total / (ORDERS * calls) as f64
+        );
+    }
+    let order: f64 = steps.iter().map(|s| s.3).sum();
+    for (name, calls, per_call, per_order) in &steps {
+        let _ = writeln!(
+            out,
+            "| {name} | {calls} | {per_call:.0} | {per_order:.0} | {:.0}% |",
+            100.0 * per_order / order
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| **the ORDER** | 11 | | **{order:.0}** | |\n| three DEDUCTs | 3 | {deduct:.0} | {:.0} | |\n\n\
+         ORDER / three DEDUCTs in Redis: **{:.2}×** (issue 25's target: at most 1.5×).",
+        3.0 * deduct,
+        order / (3.0 * deduct)
+    );
+}
+
 pub fn run() {
     let server = start();
     let mut conn = connect(server.port);
     let pid = server.child.id();
     let scripts = Scripts::new();
-    for script in [&scripts.deduct, &scripts.deduct_many] {
+    for script in [
+        &scripts.deduct,
+        &scripts.deduct_many,
+        &scripts.order,
+        &scripts.order_due,
+        &scripts.hold,
+        &scripts.confirm,
+    ] {
         redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(&script.body)
@@ -204,6 +365,15 @@ pub fn run() {
     assert_eq!(
         records as usize, expected,
         "every deduction wrote its record (and only that)"
+    );
+    let deduct = single.expect("the first row is one deduction per call");
+    order_profile(
+        &mut conn,
+        &scripts,
+        pid,
+        server.dir.path(),
+        deduct,
+        &mut out,
     );
     println!("{out}");
 }
