@@ -188,6 +188,26 @@ impl Op {
 }
 
 impl Single {
+    /// The description of `command`, if it is a call on one request: the
+    /// one list of which commands are, read from their own files.
+    fn of(command: StockCommand) -> Option<&'static Single> {
+        match command {
+            StockCommand::Deduct => Some(&deduct::CALL),
+            StockCommand::Revert => Some(&revert::CALL),
+            StockCommand::Hold => Some(&hold::CALL),
+            StockCommand::Confirm => Some(&confirm::CALL),
+            StockCommand::Order
+            | StockCommand::OrderHold
+            | StockCommand::OrderConfirm
+            | StockCommand::OrderRevert
+            | StockCommand::OrderStatus
+            | StockCommand::Get
+            | StockCommand::Set
+            | StockCommand::Add
+            | StockCommand::Status => None,
+        }
+    }
+
     /// The access-log fields of a request as sent (it may be invalid).
     fn entry<'a>(&self, args: &'a [Bytes]) -> AccessEntry<'a> {
         let field = |i: usize| args.get(i).map(|a| &a[..]);

@@ -55,27 +55,6 @@ pub(super) struct Limits {
     pub(super) max_hold_ms: u64,
 }
 
-impl Single {
-    /// The description of `command`, if it is a call on one request.
-    pub(super) fn of(command: StockCommand) -> Option<&'static Single> {
-        match command {
-            StockCommand::Deduct => Some(&super::deduct::CALL),
-            StockCommand::Revert => Some(&super::revert::CALL),
-            StockCommand::Hold => Some(&super::hold::CALL),
-            StockCommand::Confirm => Some(&super::confirm::CALL),
-            StockCommand::Order
-            | StockCommand::OrderHold
-            | StockCommand::OrderConfirm
-            | StockCommand::OrderRevert
-            | StockCommand::OrderStatus
-            | StockCommand::Get
-            | StockCommand::Set
-            | StockCommand::Add
-            | StockCommand::Status => None,
-        }
-    }
-}
-
 /// A command on one request, checked.
 pub(super) trait OneRequest {
     /// Its sku and request_id.
