@@ -111,7 +111,7 @@ async fn run(
     let mut replies = Replies::default();
     let mailbox = Arc::new(Mailbox::default());
     let mut arrived_answers = Vec::new();
-    let mut running: FuturesUnordered<BoxFuture<'_, (u64, Reply)>> = FuturesUnordered::new();
+    let mut running = Running::default();
     // Reading from the socket: stops at EOF, and once a drain has taken in
     // what the client had already sent.
     let mut reading = true;
@@ -236,6 +236,7 @@ async fn run(
                 &mut replies,
                 &mut arrived_answers,
                 &mailbox,
+                &mut running,
             );
         }
         let holding = input.capacity() > 0 || output.capacity() > 0 || replies.holds_memory();
@@ -307,7 +308,7 @@ async fn run(
             _ = janitor.tick(), if holding || replies.sent > 0 => {
                 if idle && last_read.elapsed() >= IDLE_RELEASE {
                     busy = false;
-                    give_back(&mut input, &mut output, &mut replies, &mut arrived_answers, &mailbox);
+                    give_back(&mut input, &mut output, &mut replies, &mut arrived_answers, &mailbox, &mut running);
                 }
                 let overdue = tokio::time::Instant::now() - ANSWER_GRACE;
                 while let Some((ticket, call)) = replies.take_overdue(overdue) {
@@ -345,6 +346,7 @@ fn give_back(
     replies: &mut Replies,
     arrived_answers: &mut Vec<(u64, Result<Answer, PipeError>)>,
     mailbox: &Mailbox,
+    running: &mut Running<'_>,
 ) {
     if input.capacity() > 0 {
         *input = BytesMut::new();
@@ -359,6 +361,9 @@ fn give_back(
         *arrived_answers = Vec::new();
     }
     mailbox.give_back();
+    if running.is_empty() {
+        running.0 = None;
+    }
 }
 
 /// Reads what the socket has now, growing the buffer first if needed.
@@ -379,7 +384,32 @@ struct Request {
     caller: Option<Box<Caller>>,
 }
 
-type Running<'a> = FuturesUnordered<BoxFuture<'a, (u64, Reply)>>;
+/// The requests running as futures (the redis crate's paths): made with
+/// the first, and dropped again with the connection's other memory
+/// ([`give_back`]). An empty `FuturesUnordered` holds two allocations, and
+/// most connections never run a future.
+#[derive(Default)]
+struct Running<'a>(Option<FuturesUnordered<BoxFuture<'a, (u64, Reply)>>>);
+
+impl<'a> Running<'a> {
+    fn push(&mut self, future: BoxFuture<'a, (u64, Reply)>) {
+        self.0
+            .get_or_insert_with(FuturesUnordered::new)
+            .push(future);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(FuturesUnordered::is_empty)
+    }
+
+    /// The next future done (`None` when none is running).
+    fn next(&mut self) -> impl Future<Output = Option<(u64, Reply)>> + '_ {
+        std::future::poll_fn(|cx| match &mut self.0 {
+            Some(running) => running.poll_next_unpin(cx),
+            None => std::task::Poll::Ready(None),
+        })
+    }
+}
 
 /// What starting a stock request came to.
 enum Started<'a> {
