@@ -53,12 +53,15 @@ use tokio_util::sync::CancellationToken;
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 4 * 1024;
-/// How long a connection sits idle (nothing in, nothing owed) before it
-/// gives its buffers back. Most of a sidecar's connections sit in a pool
-/// doing nothing, and 4 KiB each adds up to tens of MB at 10,000
+/// How long a busy connection sits idle (nothing in, nothing owed) before
+/// it gives its buffers back. Most of a sidecar's connections sit in a
+/// pool doing nothing, and 4 KiB each adds up to tens of MB at 10,000
 /// connections (measured); but a busy connection is idle between every
 /// request at depth 1, and freeing and allocating its buffers each time
-/// cost about a tenth of its instructions per request (callgrind).
+/// cost about a tenth of its instructions per request (callgrind). So a
+/// connection whose read came less than this after the one before keeps
+/// them this long; any other gives them back as soon as it owes nothing
+/// ([`give_back`]).
 const IDLE_RELEASE: Duration = Duration::from_millis(500);
 /// How far past its deadline an answer may be late before the connection
 /// answers the request itself: the pipe answers every request by its
@@ -108,7 +111,7 @@ async fn run(
     let mut replies = Replies::default();
     let mailbox = Arc::new(Mailbox::default());
     let mut arrived_answers = Vec::new();
-    let mut running: FuturesUnordered<BoxFuture<'_, (u64, Reply)>> = FuturesUnordered::new();
+    let mut running = Running::default();
     // Reading from the socket: stops at EOF, and once a drain has taken in
     // what the client had already sent.
     let mut reading = true;
@@ -117,6 +120,11 @@ async fn run(
     let mut draining = false;
     let idle_timeout = config.idle_timeout;
     let mut last_read = tokio::time::Instant::now();
+    // Whether a read has come yet, and whether the last one came less than
+    // IDLE_RELEASE after the one before (then the connection keeps its
+    // buffers while it is idle, until the janitor finds it quiet).
+    let mut read_once = false;
+    let mut busy = false;
     let mut janitor =
         tokio::time::interval_at(tokio::time::Instant::now() + IDLE_RELEASE, IDLE_RELEASE);
     janitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -221,7 +229,17 @@ async fn run(
             break;
         }
         let idle = replies.is_empty() && input.is_empty() && output.is_empty();
-        let holding = input.capacity() > 0 || output.capacity() > 0;
+        if idle && !busy {
+            give_back(
+                &mut input,
+                &mut output,
+                &mut replies,
+                &mut arrived_answers,
+                &mailbox,
+                &mut running,
+            );
+        }
+        let holding = input.capacity() > 0 || output.capacity() > 0 || replies.holds_memory();
 
         let can_read = reading && replies.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
         if draining && can_read {
@@ -272,19 +290,25 @@ async fn run(
                         reading = false;
                         closed_by_client = true;
                     }
-                    Ok(_) => last_read = tokio::time::Instant::now(),
+                    Ok(_) => {
+                        let now = tokio::time::Instant::now();
+                        busy = read_once && now - last_read < IDLE_RELEASE;
+                        read_once = true;
+                        last_read = now;
+                    }
                     Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(err) => return Err(err),
                 }
             }
             // Every half second while it holds buffers or is owed answers:
-            // an idle connection gives its buffers back (the next read
-            // allocates again), and a request whose answer is overdue past
-            // its deadline is answered here (a pipe that can't run).
+            // a busy connection that has gone quiet gives its buffers back
+            // (the next read allocates again), and a request whose answer
+            // is overdue past its deadline is answered here (a pipe that
+            // can't run).
             _ = janitor.tick(), if holding || replies.sent > 0 => {
                 if idle && last_read.elapsed() >= IDLE_RELEASE {
-                    input = BytesMut::new();
-                    output = BytesMut::new();
+                    busy = false;
+                    give_back(&mut input, &mut output, &mut replies, &mut arrived_answers, &mailbox, &mut running);
                 }
                 let overdue = tokio::time::Instant::now() - ANSWER_GRACE;
                 while let Some((ticket, call)) = replies.take_overdue(overdue) {
@@ -312,6 +336,36 @@ async fn run(
     Ok(())
 }
 
+/// Gives back what an idle connection holds besides its task: the read and
+/// write buffers, and the reply slots and answer lists, each as large as
+/// its busiest moment needed (a `VecDeque` never shrinks: one pipelined
+/// handshake left 8 slots of 300 bytes). The next request allocates again.
+fn give_back(
+    input: &mut BytesMut,
+    output: &mut BytesMut,
+    replies: &mut Replies,
+    arrived_answers: &mut Vec<(u64, Result<Answer, PipeError>)>,
+    mailbox: &Mailbox,
+    running: &mut Running<'_>,
+) {
+    if input.capacity() > 0 {
+        *input = BytesMut::new();
+    }
+    if output.capacity() > 0 {
+        *output = BytesMut::new();
+    }
+    if replies.holds_memory() {
+        replies.slots = VecDeque::new();
+    }
+    if arrived_answers.capacity() > 0 {
+        *arrived_answers = Vec::new();
+    }
+    mailbox.give_back();
+    if running.is_empty() {
+        running.0 = None;
+    }
+}
+
 /// Reads what the socket has now, growing the buffer first if needed.
 fn read_available(reader: &ReadHalf<'_>, input: &mut BytesMut) -> std::io::Result<usize> {
     if input.capacity() - input.len() < READ_CHUNK / 4 {
@@ -330,7 +384,32 @@ struct Request {
     caller: Option<Box<Caller>>,
 }
 
-type Running<'a> = FuturesUnordered<BoxFuture<'a, (u64, Reply)>>;
+/// The requests running as futures (the redis crate's paths): made with
+/// the first, and dropped again with the connection's other memory
+/// ([`give_back`]). An empty `FuturesUnordered` holds two allocations, and
+/// most connections never run a future.
+#[derive(Default)]
+struct Running<'a>(Option<FuturesUnordered<BoxFuture<'a, (u64, Reply)>>>);
+
+impl<'a> Running<'a> {
+    fn push(&mut self, future: BoxFuture<'a, (u64, Reply)>) {
+        self.0
+            .get_or_insert_with(FuturesUnordered::new)
+            .push(future);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(FuturesUnordered::is_empty)
+    }
+
+    /// The next future done (`None` when none is running).
+    fn next(&mut self) -> impl Future<Output = Option<(u64, Reply)>> + '_ {
+        std::future::poll_fn(|cx| match &mut self.0 {
+            Some(running) => running.poll_next_unpin(cx),
+            None => std::task::Poll::Ready(None),
+        })
+    }
+}
 
 /// What starting a stock request came to.
 enum Started<'a> {
@@ -636,6 +715,11 @@ impl Replies {
 
     fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+
+    /// Whether it keeps room for slots it has none in (see [`give_back`]).
+    fn holds_memory(&self) -> bool {
+        self.slots.is_empty() && self.slots.capacity() > 0
     }
 
     /// The ticket the next request pushed gets.

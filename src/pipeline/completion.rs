@@ -64,6 +64,15 @@ impl Mailbox {
         true
     }
 
+    /// Drops the list's room while nothing is in it: an idle connection
+    /// keeps none (the next answer allocates again).
+    pub fn give_back(&self) {
+        let mut arrived = lock(&self.arrived);
+        if arrived.is_empty() && arrived.capacity() > 0 {
+            *arrived = Vec::new();
+        }
+    }
+
     /// Ready when something has arrived; registers the task to be woken
     /// when something does otherwise. ([`Mailbox::take`] collects it.)
     pub fn poll_wake(&self, cx: &mut Context<'_>) -> Poll<()> {
