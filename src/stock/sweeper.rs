@@ -109,11 +109,14 @@ async fn deliver_mark(
     let shard = &keys.sweep_shards()[keys.sweep_shard_index(&sku)];
     let at = mark.expires_at.map(|at| at.to_string()).unwrap_or_default();
     let ttl = mark.ttl_ms.to_string();
+    // Through the shard's node pipe: every HOLD sends one or two of these,
+    // and the redis crate's general path costs ~20 µs of CPU each.
     upstream
-        .eval(
+        .eval_piped(
             &scripts.due_mark,
             &[&shard.due, &shard.marks],
             &[&mark.sku, at.as_bytes(), ttl.as_bytes()],
+            tokio::time::Instant::now() + upstream.timeout(),
         )
         .await
         .map(drop)
