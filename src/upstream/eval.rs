@@ -150,12 +150,15 @@ impl Upstream {
             None => return self.eval_by(script, keys, args, deadline).await,
             Some(answer) => answer?,
         };
-        let value = redis::parse_redis_value(&answer.frame).map_err(|err| {
-            UpstreamError::new(
-                FaultKind::BadReply,
-                format!("{} answered what stockgate can't read: {err}", script.name),
-            )
-        })?;
+        let value = match crate::answer::value(&answer.frame) {
+            Some(value) => value,
+            None => redis::parse_redis_value(&answer.frame).map_err(|err| {
+                UpstreamError::new(
+                    FaultKind::BadReply,
+                    format!("{} answered what stockgate can't read: {err}", script.name),
+                )
+            })?,
+        };
         if script.needs_replicas
             && let Value::Array(items) = &value
             && let Some(Value::Int(code)) = items.first()
