@@ -415,18 +415,6 @@ pub struct Durability {
 }
 
 /// Everything the proxy needs, checked.
-/// How long an order's saga may run, in `--timeout`s. Its caller waits
-/// one `--timeout` for the answer; past it, the saga goes on in the
-/// background for the rest of this budget (no step starts later), and
-/// whatever it leaves unfinished is the recovery's
-/// (`stock::order::recovery`).
-pub const ORDER_SAGA_TIMEOUTS: u32 = 4;
-
-/// How much longer an order's line holds last than the order itself: the
-/// intent's expiry is decided by one primary's clock, each line's by its
-/// own, and the lines must not run out before the order does.
-pub const ORDER_LINE_MARGIN: Duration = Duration::from_secs(2);
-
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,

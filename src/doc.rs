@@ -83,11 +83,9 @@ pub fn arity_fits(arity: i64, max_args: Option<usize>, count: usize) -> bool {
 pub struct About {
     /// Lowercase, as `COMMAND` lists it; also its `command` metric label.
     pub name: &'static str,
-    /// It gets request metrics (`stockgate_requests_total`, ...): a call on
-    /// request ids whose answer is a business code.
-    pub metered: bool,
-    /// The business codes it can answer: the metrics make a series for
-    /// each and no other, since a series for a code it never gives would
+    /// The business codes it can answer, none for a command that is not a
+    /// call on request ids (it gets no request metrics): the metrics make
+    /// a series for each and no other, since a series for a code it never gives would
     /// be a permanent 0 that a dashboard or an alert could only misread.
     pub answers: &'static [Code],
     /// A compensation: revoked or expired means there was nothing left to
@@ -133,7 +131,6 @@ const PLAIN: &[Code] = &[OK, DUP, INV, REV];
 const fn metered(name: &'static str, answers: &'static [Code]) -> About {
     About {
         name,
-        metered: true,
         answers,
         gives_back: false,
     }
@@ -143,7 +140,6 @@ const fn metered(name: &'static str, answers: &'static [Code]) -> About {
 const fn unmetered(name: &'static str) -> About {
     About {
         name,
-        metered: false,
         answers: &[],
         gives_back: false,
     }
@@ -163,6 +159,14 @@ stock_commands! {
     Set => unmetered("stock.set");
     Add => unmetered("stock.add");
     Status => unmetered("stock.status");
+}
+
+impl About {
+    /// It gets request metrics (`stockgate_requests_total`, ...): a call on
+    /// request ids whose answer is a business code.
+    pub const fn metered(&self) -> bool {
+        !self.answers.is_empty()
+    }
 }
 
 impl StockCommand {

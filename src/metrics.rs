@@ -50,7 +50,7 @@ const HELD_BUCKETS: [f64; 12] = [
 /// [`crate::doc::About`]) for each code it can answer, and for faults.
 fn has_series(command: StockCommand, result: ResultLabel) -> bool {
     let about = command.about();
-    about.metered
+    about.metered()
         && match result {
             ResultLabel::Code(code) => about.answers.contains(&code),
             ResultLabel::Error => true,
@@ -229,7 +229,7 @@ impl Metrics {
         let upstream_durations = StockCommand::ALL
             .iter()
             .map(|&command| {
-                if !command.about().metered {
+                if !command.about().metered() {
                     // Kept so indexing stays by command; never exported.
                     return Histogram::noop();
                 }

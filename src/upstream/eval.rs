@@ -136,16 +136,7 @@ impl Upstream {
         deadline: tokio::time::Instant,
     ) -> Result<Value, UpstreamError> {
         let deadline = deadline.min(tokio::time::Instant::now() + self.config.timeout);
-        let answer = match &self.pipelines {
-            Some(pipelines) => {
-                pipelines
-                    .call(crate::keys::slot(keys[0]), deadline, |buf| {
-                        crate::reply::evalsha(buf, &script.sha, keys, args)
-                    })
-                    .await
-            }
-            None => Err(PipeError::Lost),
-        };
+        let answer = self.piped(script, keys, args, deadline).await;
         let answer = match self.answered(answer) {
             None => return self.eval_by(script, keys, args, deadline).await,
             Some(answer) => answer?,
@@ -166,6 +157,27 @@ impl Upstream {
             self.check_replicated(*code, answer.replicas)?;
         }
         Ok(value)
+    }
+
+    /// One EVALSHA on the node pipe of `keys[0]`'s slot, awaited until
+    /// `deadline`: the answer as the pipe read it.
+    async fn piped(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        deadline: tokio::time::Instant,
+    ) -> Result<Answer, PipeError> {
+        match &self.pipelines {
+            Some(pipelines) => {
+                pipelines
+                    .call(crate::keys::slot(keys[0]), deadline, |buf| {
+                        crate::reply::evalsha(buf, &script.sha, keys, args)
+                    })
+                    .await
+            }
+            None => Err(PipeError::Lost),
+        }
     }
 
     /// The slow path of a script call first tried on a node pipe: the redis
@@ -211,18 +223,9 @@ impl Upstream {
         args: &[&[u8]],
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
-        let answer = match &self.pipelines {
-            Some(pipelines) => {
-                pipelines
-                    .call(
-                        crate::keys::slot(keys[0]),
-                        started + self.config.timeout,
-                        |buf| crate::reply::evalsha(buf, &script.sha, &keys, args),
-                    )
-                    .await
-            }
-            None => Err(PipeError::Lost),
-        };
+        let answer = self
+            .piped(script, &keys, args, started + self.config.timeout)
+            .await;
         match self.verdict(answer) {
             Verdict::Settled(result) => result,
             Verdict::Fallback => {

@@ -79,7 +79,6 @@ impl OrderCommand {
         }
     }
 }
-use crate::config::{ORDER_LINE_MARGIN, ORDER_SAGA_TIMEOUTS};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
@@ -92,8 +91,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// [`crate::config::ORDER_LINE_MARGIN`], in ms.
-const LINE_MARGIN_MS: u64 = ORDER_LINE_MARGIN.as_millis() as u64;
+/// How much longer an ORDER.HOLD's line holds last than the order: the
+/// intent's expiry is decided by one primary's clock, each line's by its
+/// own, and the lines must not run out before the order does.
+pub const LINE_MARGIN_MS: u64 = 2000;
+
+/// How long an order's saga may run, in `--timeout`s. Its caller waits
+/// one `--timeout` for the answer; past it, the saga goes on in the
+/// background for the rest of this budget (no step starts later), and
+/// whatever it leaves unfinished is [`recovery`]'s.
+const SAGA_TIMEOUTS: u32 = 4;
 
 /// The longest request_id of an order: the line ids add `~ord:`.
 const MAX_ORDER_ID: usize = crate::params::MAX_FIELD_LEN - crate::keys::ORDER_LINE_PREFIX.len();
@@ -139,7 +146,7 @@ enum Step {
 }
 
 /// One attempt at an order: its nonce, the phases it moved it into, and
-/// when its budget ends ([`ORDER_SAGA_TIMEOUTS`]).
+/// when its budget ends ([`SAGA_TIMEOUTS`]).
 struct Attempt<'a> {
     id: &'a OrderId,
     nonce: [u8; 16],
@@ -292,9 +299,9 @@ impl StockService {
         result
     }
 
-    /// How long an order's saga may run ([`ORDER_SAGA_TIMEOUTS`]).
+    /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
     fn saga_budget(&self) -> Duration {
-        self.upstream.timeout() * ORDER_SAGA_TIMEOUTS
+        self.upstream.timeout() * SAGA_TIMEOUTS
     }
 
     fn attempt<'a>(&self, id: &'a OrderId) -> Attempt<'a> {
