@@ -10,10 +10,12 @@ compare-and-set here: of two stockgates racing on one order, exactly one
 moves it on, and the other follows what the record then says.
 
 Phases (the record's field p):
-  HOLDING     lines are being held (the line holds may be partly placed)
+  HOLDING     lines are being held (ORDER.HOLD) or taken (ORDER); some
+              may be placed already
   HELD        ORDER.HOLD only: every line holds until e (Redis time here)
-  CONFIRMING  the commit point: lines are being confirmed
-  DONE        every line confirmed: deducted for good
+  CONFIRMING  the commit point of an ORDER.HOLD: lines are being confirmed
+  DONE        every line confirmed (ORDER.HOLD) or taken (ORDER): deducted
+              for good
   ABORTING    lines are being given back (c: why, 2 short, 4 revoked,
               5 expired, 3 a line refused; s: the SKUs at fault)
   ABORTED     every line given back or revoked; c and s as above
@@ -22,8 +24,9 @@ Phases (the record's field p):
   REVOKED     an ORDER.REVERT (or ORDER.CONFIRM) came first: nothing was
               ever held, and a late ORDER / ORDER.HOLD of the id gets 4
 
-The record is a hash with a TTL: p phase, k kind (D for ORDER, H for
-ORDER.HOLD), l the canonical line set ("sku qty sku qty ...", sorted by
+The record is a hash with a TTL: p phase, k kind (T for ORDER, whose
+lines are DEDUCTs; H for ORDER.HOLD; D for an ORDER begun by an older
+stockgate, whose lines are held, then confirmed), l the canonical line set ("sku qty sku qty ...", sorted by
 sku), e the order hold's expiry (ms of Redis time; 0 for ORDER), c and s,
 and w the nonce of the call that wrote it last (a call sent again finds
 its own nonce and is told it made the change). Its TTL is never
@@ -35,8 +38,8 @@ KEYS[1]  intent  <prefix>:{order:<request_id>}:intent
 ARGV[1]  op      begin | advance | confirm | revert | read
 ARGV[2]  retry window, milliseconds, at least 60000
 ARGV[3]  nonce   1 to 32 hex digits, new for every attempt
-begin:   ARGV[4] kind (D or H), ARGV[5] lines, ARGV[6] ttl_ms (H; else 0),
-         ARGV[7] line ttl ms (how long the line holds last)
+begin:   ARGV[4] kind (T, H or D), ARGV[5] lines, ARGV[6] ttl_ms (H; else 0),
+         ARGV[7] line ttl ms (how long the line holds last; T: the saga's)
 advance: ARGV[4] from, ARGV[5] to, ARGV[6] code, ARGV[7] short; to HELD
          after e has passed goes to ABORTING with code 5 instead
 confirm: HELD before e -> CONFIRMING, at or after e -> ABORTING (5); no
@@ -102,7 +105,7 @@ end
 
 if op == 'begin' then
   local kind, lines, ttl, line_ttl = ARGV[4], ARGV[5], positive_int(ARGV[6]) or 0, positive_int(ARGV[7])
-  if (kind ~= 'D' and kind ~= 'H') or type(lines) ~= 'string' or lines == '' or not line_ttl then
+  if (kind ~= 'T' and kind ~= 'H' and kind ~= 'D') or type(lines) ~= 'string' or lines == '' or not line_ttl then
     return badcall('begin needs a kind, lines and a line ttl')
   end
   if p then

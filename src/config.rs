@@ -258,11 +258,11 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_MAX_ORDER_LINES", default_value_t = 100)]
     pub max_order_lines: usize,
 
-    /// How long an ORDER's line holds last (at most --max-hold): the time
-    /// its saga has to confirm them, and how late the units of a saga that
-    /// neither it nor the recovery of orders left behind ended come back by
-    /// themselves. From 1s; below the saga's budget (4 x --timeout) plus
-    /// 2s, a slow saga finds a line run out and the order aborts (5).
+    /// How long the line holds of an ORDER begun by an older stockgate
+    /// (intent kind D: lines held, then confirmed) last when this one
+    /// resumes it, at most --max-hold, from 1s. Today's ORDERs take their
+    /// lines with DEDUCT and hold nothing: this matters only across that
+    /// upgrade.
     #[arg(long, env = "STOCKGATE_ORDER_LINE_HOLD", default_value = "5m", value_parser = humantime::parse_duration)]
     pub order_line_hold: Duration,
 

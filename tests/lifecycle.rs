@@ -258,7 +258,7 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
             })
             .count();
         if expect_ok_line {
-            assert_eq!(line_calls, ["hold", "confirm"], "{log}");
+            assert_eq!(line_calls, ["deduct"], "{log}");
             assert_eq!(order_lines, 1, "{log}");
             let hold = access
                 .iter()

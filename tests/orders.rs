@@ -142,7 +142,7 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     for (sku, stock) in [(&a, 10), (&b, 10), (&c, 1)] {
         assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
         assert_eq!(held(&cluster, sku), 0, "{sku}");
-        assert_ne!(line_state(&cluster, sku, "o-short"), 'C');
+        assert_ne!(line_state(&cluster, sku, "o-short"), 'D');
     }
     // Its retry answers the recorded outcome.
     let again = must(&mut conn, &["ORDER", "o-short", &c, "5", &a, "2", &b, "3"]).await;
@@ -173,7 +173,7 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
         "{single:?}"
     );
 
-    // Every line fits: every line deducted, once.
+    // Every line fits: every line deducted (taken by a line DEDUCT), once.
     let holds = |event: &str| {
         metric(
             &server,
@@ -183,10 +183,10 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     let (placed, confirmed) = (holds("placed"), holds("confirmed"));
     let ok = must(&mut conn, &["ORDER", "o-1", &a, "2", &b, "3", &c, "1"]).await;
     assert_eq!(ok.code, 0, "{ok:?}");
-    // Its three line holds count among the holds, placed and confirmed.
+    // Its lines are taken, not held: no hold is placed or confirmed.
     assert_eq!(
         (holds("placed") - placed, holds("confirmed") - confirmed),
-        (3, 3)
+        (0, 0)
     );
     let mut sorted = [a.clone(), b.clone(), c.clone()];
     sorted.sort();
@@ -201,7 +201,7 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     assert_eq!((remains[&a], remains[&b], remains[&c]), (8, 7, 0));
     for (sku, stock) in [(&a, 8), (&b, 7), (&c, 0)] {
         assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
-        assert_eq!(line_state(&cluster, sku, "o-1"), 'C', "{sku}");
+        assert_eq!(line_state(&cluster, sku, "o-1"), 'D', "{sku}");
         assert_eq!(held(&cluster, sku), 0, "{sku}");
     }
     assert_eq!(intent_phase(&cluster, "o-1").as_deref(), Some("DONE"));
@@ -487,7 +487,7 @@ async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units() {
             winners.push(id);
         } else {
             for sku in [&last, &b, &c] {
-                assert_ne!(line_state(&cluster, sku, &id), 'C', "{id} {sku}");
+                assert_ne!(line_state(&cluster, sku, &id), 'D', "{id} {sku}");
             }
             assert_eq!(intent_phase(&cluster, &id).as_deref(), Some("ABORTED"));
         }
@@ -495,7 +495,7 @@ async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units() {
     assert_eq!(winners.len() as i64, UNITS);
     for id in &winners {
         for sku in [&last, &b, &c] {
-            assert_eq!(line_state(&cluster, sku, id), 'C', "{id} {sku}");
+            assert_eq!(line_state(&cluster, sku, id), 'D', "{id} {sku}");
         }
     }
     assert_eq!(get_stock(&cluster, &last), Some(0));
@@ -593,6 +593,7 @@ impl Saga {
 
     fn line(&mut self, script: &str, sku: &str, order: &str, args: &[&str]) -> i64 {
         let body = match script {
+            "deduct" => &self.scripts.deduct.body,
             "hold" => &self.scripts.hold.body,
             "confirm" => &self.scripts.confirm.body,
             _ => &self.scripts.revert.body,
@@ -619,6 +620,12 @@ impl Saga {
     fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
         let args = [qty, "", ttl, "86400000", WINDOW, "1000000", "error"];
         self.line("hold", sku, order, &args)
+    }
+
+    /// An ORDER's line (kind `T`): a DEDUCT of the line id.
+    fn take(&mut self, sku: &str, order: &str, qty: &str) -> i64 {
+        let args = [qty, "", WINDOW, "1000000", "error"];
+        self.line("deduct", sku, order, &args)
     }
 
     fn confirm(&mut self, sku: &str, order: &str) -> i64 {
@@ -722,6 +729,28 @@ async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
         assert_eq!(must(&mut conn, &args).await.code, 1);
     }
 
+    // The same for an ORDER begun by this stockgate (kind T), k of 3
+    // lines taken: the retry takes the rest.
+    for k in 0..=3 {
+        let id = format!("cut-taking-{k}");
+        saga.intent(&id, &["begin", "T", &canonical, "0", "8000"]);
+        for (sku, qty) in lines.iter().take(k) {
+            assert_eq!(saga.take(sku, &id, qty), 0);
+        }
+        let args = order_args(&id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retry = must(&mut conn, &args).await;
+        assert_eq!(retry.code, 0, "{id}: {retry:?}");
+        for (sku, _) in &lines {
+            assert_eq!(line_state(&cluster, sku, &id), 'D', "{id} {sku}");
+        }
+        for (i, (_, qty)) in lines.iter().enumerate() {
+            deducted[i] += qty.parse::<i64>().unwrap();
+        }
+        assert_eq!(intent_phase(&cluster, &id).as_deref(), Some("DONE"));
+        assert_eq!(must(&mut conn, &args).await.code, 1);
+    }
+
     // CONFIRMING, k of 3 confirmed: the retry confirms the rest.
     for k in 0..=3 {
         let id = format!("cut-confirming-{k}");
@@ -788,9 +817,9 @@ async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
 }
 
 /// A stockgate SIGKILLed under a load of orders: with nobody retrying,
-/// its line holds come back by themselves; then every order is retried
-/// through another stockgate, and each is applied whole, once, or not
-/// at all, and the books add up.
+/// every order it left in flight comes to rest by itself (the survivor's
+/// recovery); then every order is retried through the survivor, and each
+/// is applied whole, once, or not at all, and the books add up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries() {
     use std::process::{Command, Stdio};
@@ -801,13 +830,11 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
         set_stock(&cluster, sku, 10_000);
     }
     let (port, admin) = (free_port(), free_port());
-    // A short --max-hold: its sagas' line holds last 4 s.
     let mut doomed = Command::new(stockgate_bin())
         .arg("serve")
         .args(["--upstream", &cluster.seeds().join(",")])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--max-hold", "4s"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -852,13 +879,30 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
     let first: HashMap<usize, i64> = answered.lock().unwrap().clone();
     assert!(first.values().all(|code| *code == 0), "{first:?}");
 
-    // Nobody retries yet: every line hold comes back by itself.
-    for sku in &skus {
+    // Nobody retries yet: every order comes to rest by itself, DONE or
+    // ABORTED (or never begun), and what the DONE ones took is all that
+    // is gone.
+    let mut done = [0i64; 3];
+    for i in 0..ORDERS {
+        let id = format!("killed-{i}");
         let cluster = &cluster;
-        loop_until_async(Duration::from_secs(90), || async move {
-            (held(cluster, sku) == 0).then_some(())
+        let phase = loop_until_async(Duration::from_secs(90), || {
+            let id = id.clone();
+            async move {
+                let phase = intent_phase(cluster, &id);
+                matches!(phase.as_deref(), None | Some("DONE" | "ABORTED")).then_some(phase)
+            }
         })
         .await;
+        if phase.as_deref() == Some("DONE") {
+            for (line, total) in done.iter_mut().enumerate() {
+                *total += qty(i, line).parse::<i64>().unwrap();
+            }
+        }
+    }
+    for (line, sku) in skus.iter().enumerate() {
+        assert_eq!(get_stock(&cluster, sku), Some(10_000 - done[line]), "{sku}");
+        assert_eq!(held(&cluster, sku), 0, "{sku}");
     }
 
     // Every order retried through the survivor.
@@ -872,15 +916,15 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
         if first.contains_key(&i) {
             assert_eq!(retry.code, 1, "{id} answered 0 before the kill");
         }
-        // 0: it had not begun, or no line was held yet; 5: its line
-        // holds ran out first.
+        // 0: it had not begun; 1: it was done; 5: the recovery of the
+        // orders left behind gave its lines back.
         assert!(matches!(retry.code, 0 | 1 | 5), "{id}: {retry:?}");
         for (line, sku) in skus.iter().enumerate() {
             let state = line_state(&cluster, sku, &id);
             if retry.code == 5 {
-                assert_ne!(state, 'C', "{id} {sku}");
+                assert_ne!(state, 'D', "{id} {sku}");
             } else {
-                assert_eq!(state, 'C', "{id} {sku}");
+                assert_eq!(state, 'D', "{id} {sku}");
                 taken[line] += qty(i, line).parse::<i64>().unwrap();
             }
         }
@@ -931,6 +975,17 @@ async fn orders_left_behind_in_every_phase_end_without_a_retry() {
         }
         // Held lines are given back (R); the others are revoked (V), so a
         // HOLD of theirs still on its way is refused.
+        let mut states = ['V'; 3];
+        states[..k].fill('R');
+        expected.push((id, "ABORTED", states));
+    }
+    // An ORDER of kind T, k of 3 lines taken: back the same way.
+    for k in 0..=3 {
+        let id = format!("behind-taking-{k}");
+        saga.intent(&id, &["begin", "T", &canonical, "0", "8000"]);
+        for (sku, qty) in lines.iter().take(k) {
+            assert_eq!(saga.take(sku, &id, qty), 0);
+        }
         let mut states = ['V'; 3];
         states[..k].fill('R');
         expected.push((id, "ABORTED", states));

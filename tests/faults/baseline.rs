@@ -138,7 +138,8 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .query(&mut conn)
         .expect("GET a line record");
     let line = stockgate::record::Record::parse(&raw).expect("a line record");
-    assert_eq!(line.state, stockgate::record::State::Confirmed, "{raw}");
+    // An ORDER's lines are taken with DEDUCT.
+    assert_eq!(line.state, stockgate::record::State::Deducted, "{raw}");
     redis::cmd("SET")
         .arg(&line_key)
         .arg(format!(
@@ -163,10 +164,10 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
 
     // Another ORDER applied and left alone, played as one whose caller
     // never retried: its one attempt failed (so the history says), and
-    // its saga stopped half way through CONFIRMING, one line confirmed and
-    // the next still held, filed nowhere among the orders in flight, so
-    // no recovery will ever end it. The books still add up (a HELD line
-    // keeps its units out, as a CONFIRMED one does): only "ended on its
+    // its saga stopped half way through HOLDING, its first line taken and
+    // the second not yet, filed nowhere among the orders in flight, so no
+    // recovery will ever end it. The books still add up (the second
+    // line's units are back in stock, with no record): only "ended on its
     // own" is broken.
     let (at, unfinished) = history
         .attempts
@@ -192,42 +193,32 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     redis::cmd("HSET")
         .arg(format!("stock:{{order:{}}}:intent", unfinished.id))
         .arg("p")
-        .arg("CONFIRMING")
+        .arg("HOLDING")
         .query::<()>(&mut conn)
-        .expect("HSET the intent CONFIRMING");
+        .expect("HSET the intent HOLDING");
     redis::cmd("ZREM")
         .arg(crate::checker::orders_in_flight_key(&unfinished.id))
         .arg(&*unfinished.id)
         .query::<()>(&mut conn)
         .expect("ZREM from the orders in flight");
-    let (held_line, held_qty) = unfinished.lines[1];
-    let held_line = history.sku_name(held_line).to_owned();
-    let line_key = crate::support::record_key(&held_line, &format!("~ord:{}", unfinished.id));
+    let (untaken, untaken_qty) = unfinished.lines[1];
+    let untaken = history.sku_name(untaken).to_owned();
+    let line_key = crate::support::record_key(&untaken, &format!("~ord:{}", unfinished.id));
     let raw: String = redis::cmd("GET")
         .arg(&line_key)
         .query(&mut conn)
         .expect("GET a line record");
     let line = stockgate::record::Record::parse(&raw).expect("a line record");
-    assert_eq!(line.state, stockgate::record::State::Confirmed, "{raw}");
-    let (expires, _) = line.hold.expect("a line record has its hold's times");
-    redis::cmd("SET")
+    assert_eq!(line.state, stockgate::record::State::Deducted, "{raw}");
+    redis::cmd("DEL")
         .arg(&line_key)
-        .arg(raw.replacen("3:C:", "3:H:", 1))
         .query::<()>(&mut conn)
-        .expect("SET the line HELD, without a TTL");
-    let mut stock = crate::support::stock_key(&held_line);
-    redis::cmd("ZADD")
-        .arg([&stock[..], b":holds"].concat())
-        .arg(expires)
-        .arg(format!("~ord:{}", unfinished.id))
-        .query::<()>(&mut conn)
-        .expect("ZADD the line to its holds set");
-    stock.extend_from_slice(b":held");
+        .expect("DEL the second line's record");
     redis::cmd("INCRBY")
-        .arg(stock)
-        .arg(held_qty)
+        .arg(crate::support::stock_key(&untaken))
+        .arg(untaken_qty)
         .query::<()>(&mut conn)
-        .expect("INCRBY the held counter");
+        .expect("INCRBY: the second line's units back in stock");
     // And, not a violation: an ORDER whose one attempt failed before it
     // began (its filing among the orders in flight failed, say), left by
     // its caller. No intent, no line: it ended as nothing.

@@ -581,9 +581,10 @@ async fn a_call_resent_after_its_reply_was_lost_answers_as_it_did() {
 }
 
 /// One deadline per order (issue 22, 3). Behind a relay that holds every
-/// chunk 150 ms each way, a line call on the slow node takes over 300 ms,
-/// and an ORDER makes two of them there (its holds, its confirms): more
-/// than one `--timeout` of 500 ms. The caller is told at its deadline that
+/// chunk 150 ms each way, a call on the slow node takes over 300 ms, and
+/// an ORDER whose intent and first line live there makes three of them
+/// (its begin, its line DEDUCTs, its move to DONE): more than one
+/// `--timeout` of 500 ms. The caller is told at its deadline that
 /// the outcome is unknown (before, each phase got a fresh timeout and the
 /// answer came whenever the saga ended); the saga goes on by itself and
 /// the order ends DONE with nobody retrying, and a retry then answers 1.
@@ -599,8 +600,8 @@ async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
     let slow = skus_where(&cluster, "slow-line", 1, |o| o == victim).remove(0);
     let fast = skus_where(&cluster, "fast-line", 1, |o| o != victim).remove(0);
     seed(&cluster, &[slow.clone(), fast.clone()], 100);
-    // Orders whose intent and index shard live off the slow node: only
-    // the line calls are slow.
+    // Orders whose intent lives on the slow node, and their index shard
+    // off it (the filing is fast, its removal is not awaited).
     let layout = crate::support::layout();
     let orders: Vec<String> = (0..)
         .map(|i| format!("one-deadline-{i}"))
@@ -608,7 +609,7 @@ async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
             let id = RequestId::parse(id.clone().into()).unwrap();
             let intent = stockgate::keys::slot(&layout.order_key(&id));
             let shard = &layout.sweep_shards()[layout.order_shard_index(&id)];
-            owner(&cluster, intent) != victim
+            owner(&cluster, intent) == victim
                 && owner(&cluster, stockgate::keys::slot(&shard.orders)) != victim
         })
         .take(2)
@@ -669,7 +670,7 @@ async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
         .arg(1)
         .query_async(&mut conn)
         .await;
-    let err = answered.expect_err("two slow rounds do not fit one deadline");
+    let err = answered.expect_err("three slow rounds do not fit one deadline");
     eprintln!("[one deadline] ORDER behind a slow line: {err}");
     assert!(
         err.to_string().contains("did not come to rest"),

@@ -61,7 +61,8 @@ pub(super) struct Intent {
     /// This call made the change it asked for.
     pub(super) changed: bool,
     pub(super) phase: Phase,
-    /// `D` (ORDER) or `H` (ORDER.HOLD); empty for REVOKED.
+    /// `T` (ORDER), `H` (ORDER.HOLD), `D` (an ORDER an older stockgate
+    /// began: its lines held, then confirmed); empty for REVOKED.
     pub(super) kind: Bytes,
     pub(super) lines: Bytes,
     pub(super) expires_at: i64,
@@ -108,6 +109,11 @@ impl Intent {
 
     pub(super) fn is_hold(&self) -> bool {
         &self.kind[..] == b"H"
+    }
+
+    /// An ORDER whose lines are taken (DEDUCT) rather than held.
+    pub(super) fn takes(&self) -> bool {
+        &self.kind[..] == b"T"
     }
 
     /// A HELD order whose expiry has passed (by Redis time).

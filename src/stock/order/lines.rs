@@ -94,6 +94,10 @@ pub(super) enum LineCall {
     /// behind, confirms or gives them back long before their saga time
     /// ends (and any call on their SKU releases them after it).
     Hold(bool),
+    /// An ORDER's lines (kind `T`): each line a DEDUCT of the line id, the
+    /// units taken for good in one call; an abort gives them back with
+    /// REVERT, as it gives back held lines.
+    Take,
     Confirm,
     Revert,
 }
@@ -134,6 +138,12 @@ impl StockService {
                     ttl: line_ttl.clone(),
                     order_no: OrderNo::default(),
                 }),
+                LineCall::Take => Op::Deduct(crate::stock::deduct::Deduct {
+                    sku: line.sku.clone(),
+                    qty: line.qty.clone(),
+                    request_id,
+                    order_no: OrderNo::default(),
+                }),
                 LineCall::Confirm => Op::Confirm(crate::stock::confirm::Confirm {
                     sku: line.sku.clone(),
                     request_id,
@@ -161,17 +171,17 @@ impl StockService {
                         (LineCall::Revert, _) => {}
                         (_, Code::Revoked) => revoked.push(sku),
                         (_, Code::Expired) => expired.push(sku),
-                        (LineCall::Hold(_), Code::Insufficient) => short.push(sku),
+                        (LineCall::Hold(_) | LineCall::Take, Code::Insufficient) => short.push(sku),
                         (_, _) => refused.push(sku),
                     }
                 }
-                // A line HOLD that the data refuses (no stock key with
+                // A line HOLD or take that the data refuses (no stock key with
                 // `--missing-stock error`, a stock or record stockgate did
                 // not write) changed nothing, and a retry would meet the
                 // same: the order can't be held, and every line goes back
                 // now instead of waiting for a retry that can't help.
                 Err(err)
-                    if matches!(call, LineCall::Hold(_))
+                    if matches!(call, LineCall::Hold(_) | LineCall::Take)
                         && matches!(err.kind, FaultKind::UnknownSku | FaultKind::BadData) =>
                 {
                     refused.push(sku)
@@ -201,9 +211,7 @@ impl StockService {
     /// `deadline`; a line hold filed in the sweep index when `swept`. Its
     /// metrics are the order's, not a HOLD's or a CONFIRM's.
     async fn line(&self, op: Op, deadline: tokio::time::Instant, swept: bool) -> StockResult {
-        if let Op::Hold(hold) = &op {
-            debug_assert!(hold.request_id.as_bytes().starts_with(b"~ord:"));
-        }
+        debug_assert!(op.request().1.as_bytes().starts_with(b"~ord:"));
         let mut call = self.call_of(op, Instant::now());
         if call.sent >= deadline {
             return Err(UpstreamError::timeout(self.upstream.timeout()));
@@ -225,7 +233,7 @@ impl StockService {
         self.metrics
             .record_upstream(StockCommand::Order, call.sent.elapsed());
         // Each line call has an access-log line of its own, as the single
-        // command it is (HOLD, CONFIRM, REVERT) on the line's id, key and
+        // command it is (DEDUCT, HOLD, CONFIRM, REVERT) on the line's id, key and
         // qty: the order's own line names only its request_id.
         self.log_access(
             call.entry(),

@@ -9,15 +9,16 @@
 //! On Redis Cluster each SKU lives in its own slot, so no one script can
 //! take them all. An order is a saga instead: an intent record under its
 //! own hash tag (`lua/order.lua`, [`crate::keys::KeyLayout::order_key`])
-//! says how far it got, and each line is a per-line HOLD (then CONFIRM, or
-//! REVERT) of the line id `~ord:<request_id>` on its SKU, all lines of a
-//! phase sent to their primaries at once. Every change of the intent is a
+//! says how far it got, and each line is a per-line call of the line id
+//! `~ord:<request_id>` on its SKU, all lines of a phase sent to their
+//! primaries at once: an ORDER's a DEDUCT (REVERT when it is undone), an
+//! ORDER.HOLD's a HOLD (then CONFIRM, or REVERT). Every change of the intent is a
 //! compare-and-set in Redis, and every line call is idempotent, so any
 //! number of stockgates driving one order converge on one outcome, and a
 //! retry resumes whatever phase an earlier attempt (perhaps dead) left.
 //!
 //! ```text
-//!   ORDER:       HOLDING -> CONFIRMING -> DONE
+//!   ORDER:       HOLDING -> DONE            (lines taken in HOLDING)
 //!   ORDER.HOLD:  HOLDING -> HELD --ORDER.CONFIRM--> CONFIRMING -> DONE
 //!   a line short (2), expired (5), revoked (4) or refused (3):
 //!                HOLDING | CONFIRMING -> ABORTING -> ABORTED
@@ -26,9 +27,17 @@
 //!
 //! Nothing answers 0 before the intent says DONE (or HELD): up to then
 //! the order can still be undone, and whoever undoes it first wins the
-//! compare-and-set. A line only ever becomes final (CONFIRMED) in
-//! CONFIRMING, and nothing leaves CONFIRMING but DONE (every line
-//! confirmed) or ABORTING / REVERTING, which give every line back.
+//! compare-and-set. An ORDER.HOLD's line only ever becomes final
+//! (CONFIRMED) in CONFIRMING, and nothing leaves CONFIRMING but DONE
+//! (every line confirmed) or ABORTING / REVERTING, which give every line
+//! back. An ORDER's lines are taken (DEDUCTED) in HOLDING, the phase an
+//! undo starts from like any other: a line REVERT gives a taken line
+//! back, and tombstones one not taken yet, so that a late DEDUCT of it
+//! answers 4 and takes nothing. An ORDER so needs no CONFIRMING: one
+//! round of line calls and one change of the intent fewer than holding
+//! and confirming (issue 25; docs/holds-and-orders.md has the crash
+//! argument step by step). Intents of kind `D`, begun by a stockgate
+//! older than this one, still hold and confirm their lines.
 //!
 //! Replies: `[code, version, expires_at_ms, lines, short]`, plus a reason
 //! for code 3. `lines` is a flat array `sku, remain, sku, remain, ...`
@@ -58,7 +67,7 @@ use super::{AccessEntry, StockCommand, StockService};
 /// The order commands that may move an order: what the saga is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrderCommand {
-    /// ORDER: hold every line, then confirm them all.
+    /// ORDER: take every line.
     Order,
     /// ORDER.HOLD: hold every line until ORDER.CONFIRM or the ttl.
     Hold,
@@ -95,6 +104,12 @@ use std::time::{Duration, Instant};
 /// intent's expiry is decided by one primary's clock, each line's by its
 /// own, and the lines must not run out before the order does.
 pub const LINE_MARGIN_MS: u64 = 2000;
+
+/// The intent kinds `lua/order.lua` keeps: an ORDER.HOLD's, and an
+/// ORDER's, whose lines are taken ([`lines::LineCall::Take`]). An older
+/// stockgate's ORDERs are of kind `D`, held then confirmed.
+const KIND_HOLD: &str = "H";
+const KIND_TAKE: &str = "T";
 
 /// How long an order's saga may run, in `--timeout`s. Its caller waits
 /// one `--timeout` for the answer; past it, the saga goes on in the
@@ -324,9 +339,19 @@ impl StockService {
     ) -> Result<OrderReply, UpstreamError> {
         let mut attempt = self.attempt(id);
         let text = canonical(lines);
+        // An ORDER's lines are taken, not held: the intent need only
+        // outlast its saga (the script adds two retry windows).
         let (kind, ttl_arg, line_ttl) = match &ttl {
-            Some(ttl) => ("H", ttl.get().to_string(), self.line_ttl(true, ttl.get())),
-            None => ("D", "0".to_string(), self.line_ttl(false, 0)),
+            Some(ttl) => (
+                KIND_HOLD,
+                ttl.get().to_string(),
+                self.line_ttl(true, ttl.get()),
+            ),
+            None => (
+                KIND_TAKE,
+                "0".to_string(),
+                self.saga_budget().as_millis() as u64,
+            ),
         };
         let line_ttl = line_ttl.to_string();
         let intent = self
@@ -342,7 +367,7 @@ impl StockService {
             )
             .await?;
         if intent.phase != Phase::Revoked {
-            if &intent.kind[..] != kind.as_bytes() {
+            if intent.is_hold() != (want == Want::Hold) {
                 let other = if intent.is_hold() {
                     "ORDER.HOLD"
                 } else {
@@ -396,10 +421,14 @@ impl StockService {
                     // of the order's time (plus the margin).
                     let left = (intent.expires_at - intent.now).max(0) as u64;
                     let line_ttl = self.line_ttl(intent.is_hold(), left);
+                    let call = if intent.takes() {
+                        LineCall::Take
+                    } else {
+                        LineCall::Hold(intent.is_hold())
+                    };
                     (
                         Phase::Holding,
-                        self.lines(attempt, &lines, LineCall::Hold(intent.is_hold()), line_ttl)
-                            .await,
+                        self.lines(attempt, &lines, call, line_ttl).await,
                     )
                 }
                 Phase::Confirming => (
@@ -426,6 +455,7 @@ impl StockService {
             let to = match (&step, from) {
                 (Step::Fault(fault), _) => return Err(fault.clone()),
                 (Step::Done, Phase::Holding) if intent.is_hold() => (Phase::Held, None),
+                (Step::Done, Phase::Holding) if intent.takes() => (Phase::Done, None),
                 (Step::Done, Phase::Holding) => (Phase::Confirming, None),
                 (Step::Done, Phase::Confirming) => (Phase::Done, None),
                 (Step::Done, Phase::Aborting) => (Phase::Aborted, None),

@@ -100,7 +100,7 @@ impl StockService {
                 .collect()
         };
         let kind = match &intent.kind[..] {
-            b"D" => "order",
+            b"T" | b"D" => "order",
             b"H" => "hold",
             _ => "",
         };

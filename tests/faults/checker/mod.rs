@@ -73,9 +73,11 @@
 //!   `BADREPLY` error within the client's timeout (a client timeout is a
 //!   hang), and every request_id ends in a definite state.
 //! - **Orders, all or nothing**: an order's lines are records of
-//!   `~ord:<request_id>` on their skus, counted in the books like holds
-//!   (HELD and CONFIRMED keep units out, the rest count zero). Every line
-//!   is applied (all CONFIRMED, or all HELD by a live order hold) or none
+//!   `~ord:<request_id>` on their skus, counted in the books like any
+//!   record (DEDUCTED, HELD and CONFIRMED keep units out, the rest count
+//!   zero); an ORDER's lines (intent kind T) are DEDUCTs and never holds,
+//!   an ORDER.HOLD's are holds and never DEDUCTs. Every line is applied
+//!   (all DEDUCTED or CONFIRMED, or all HELD by a live order hold) or none
 //!   is (REVERTED, REVOKED, EXPIRED, absent, or HELD past its expiry on its
 //!   way back); the intent record (`stock:{order:<id>}:intent`, read
 //!   through the cluster) rests in a final phase that says the same as the

@@ -120,7 +120,8 @@ pub(super) struct OrderAudit {
 /// Where an order ended, by its intent record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Os {
-    /// DONE: every line CONFIRMED.
+    /// DONE: every line CONFIRMED (ORDER.HOLD), or DEDUCTED (an ORDER's
+    /// lines are taken).
     Applied,
     /// HELD before its expiry: every line HELD.
     Live,
@@ -164,6 +165,9 @@ pub(super) fn audit_order(
     let intent = state.intents.get(id);
     let field = |f: &str| intent.and_then(|i| i.get(f)).map_or("", |v| v.as_str());
     let phase = field("p");
+    // An ORDER's lines are DEDUCTs (kind T); an ORDER.HOLD's (H), and an
+    // older stockgate's ORDER's (D), are HOLDs then CONFIRMs.
+    let takes = field("k") == "T";
     let expires: i64 = field("e").parse().unwrap_or(0);
     let os = match phase {
         "DONE" => Os::Applied,
@@ -174,7 +178,7 @@ pub(super) fn audit_order(
         _ => Os::InFlight,
     };
 
-    // The lines: C (confirmed), H (held, live), ? (held, but due, or of an
+    // The lines: C (confirmed, or taken), H (held, live), ? (held, but due, or of an
     // order hold that ran out: on its way back, whether or not the
     // sweeper released it yet, as lines on different primaries are read
     // at different instants), - (given back, revoked, expired or never
@@ -193,10 +197,16 @@ pub(super) fn audit_order(
                 } else {
                     qty as u64
                 };
-                if r.qty != want || r.state == RecordState::Deducted {
+                let wrong_kind = if takes {
+                    matches!(r.state, RecordState::Held | RecordState::Confirmed)
+                } else {
+                    r.state == RecordState::Deducted
+                };
+                if r.qty != want || wrong_kind {
                     violations.push(format!(
-                        "{name} {line_id}: line record {:?} does not match the order's line ({qty})",
-                        r.summary
+                        "{name} {line_id}: line record {:?} does not match the order's line ({qty}, intent kind {:?})",
+                        r.summary,
+                        field("k")
                     ));
                 }
                 if let Some(wrong) = r.ttl_violation() {
@@ -209,7 +219,7 @@ pub(super) fn audit_order(
                     _ => {}
                 }
                 match r.state {
-                    RecordState::Confirmed => 'C',
+                    RecordState::Confirmed | RecordState::Deducted => 'C',
                     RecordState::Held
                         if os != Os::RanOut && r.expires.is_some_and(|at| at > state.now_ms) =>
                     {
