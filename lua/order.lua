@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-cross-slot-keys
 --[[
 stockgate ORDER: one order's intent record.
 
@@ -47,9 +47,24 @@ confirm: HELD before e -> CONFIRMING, at or after e -> ABORTING (5); no
 revert:  no record -> REVOKED; HOLDING, HELD (before e), CONFIRMING, DONE
          -> REVERTING; HELD at or after e -> ABORTING (5)
 
-Reply: {changed, p, k, l, e, c, s, now, VERSION}; changed is 1 when this
-call (or this call sent again) made the change, p is "" when there is no
-record. Errors: BADCALL for what stockgate supplies.
+The order's filing among the orders in flight (lua/order_due.lua) may
+ride along, so that an order costs no call of its own for it: ARGV[8]
+`file`, ARGV[9] the orders key of the intent's shard, ARGV[10] after_ms
+files the order as order_due's `mark` does, before the op (any op but
+read); ARGV[8] `unfile`, ARGV[9] the orders key, ARGV[10] the score it
+was filed at takes it out as order_due's `done` does, after the op, and
+only when the order then rests (DONE, HELD, ABORTED, REVERTED, REVOKED).
+The orders key is of another slot: the script is flagged
+allow-cross-slot-keys and reads it before any write, so when it lives
+on another node (or is migrating away) the call fails with "non local
+key" having changed nothing, and stockgate files with order_due instead.
+Unused ARGV before ARGV[8] are "".
+
+Reply: {changed, p, k, l, e, c, s, now, VERSION, filing}; changed is 1
+when this call (or this call sent again) made the change, p is "" when
+there is no record; filing is the score the order was filed at (file),
+1 when it was taken out (unfile), else 0. Errors: BADCALL for what
+stockgate supplies.
 ]]
 
 --@common
@@ -68,12 +83,41 @@ if KEYS[2] or not string.match(key, ':{order:[!-z|~]+}:intent$') then
 end
 
 local now = now_ms()
+
+-- The filing that rides along, read first: a key of another node fails
+-- the call here, before anything is written.
+local filing_op, orders, filing_arg = ARGV[8], ARGV[9], ARGV[10]
+local id, filed, filing = nil, nil, 0
+if filing_op == 'file' or filing_op == 'unfile' then
+  id = string.match(key, '{order:([^}]+)}:intent$')
+  if op == 'read' or type(orders) ~= 'string' or not string.match(orders, ':{[^}]+}:orders$')
+      or not positive_int(filing_arg) then
+    return badcall('a filing needs the orders key and a number')
+  end
+  filed = tonumber(redis.call('ZSCORE', orders, id) or '0')
+elseif filing_op and filing_op ~= '' then
+  return badcall('unknown filing op')
+end
+if filing_op == 'file' then
+  -- As order_due's mark: after any filing before it.
+  filing = math.max(now + tonumber(filing_arg), filed + 1)
+  redis.call('ZADD', orders, filing, id)
+end
+
 local fields = redis.call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
 local p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
 
+local rests = {DONE = true, HELD = true, ABORTED = true, REVERTED = true, REVOKED = true}
+
 local function reply(changed)
+  -- As order_due's done: only the filing this attempt made, and only
+  -- once the order rests.
+  if filing_op == 'unfile' and rests[p] and filed == tonumber(filing_arg) then
+    redis.call('ZREM', orders, id)
+    filing = 1
+  end
   return {changed, p or '', k or '', l or '', tonumber(e or '0'), tonumber(c or '0'), s or '',
-          now, VERSION}
+          now, VERSION, filing}
 end
 
 -- At least two retry windows from now; never shorter than it was.

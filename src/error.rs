@@ -176,6 +176,14 @@ impl UpstreamError {
     }
 
     /// Classifies an error reply from Redis by its first word, `code`.
+    /// A script flagged `allow-cross-slot-keys` touched a key of a slot
+    /// its node does not serve (or is migrating away): refused at that
+    /// access, before the script wrote anything (`lua/order.lua` reads
+    /// such a key first), so the call can be made another way.
+    pub fn is_non_local_key(&self) -> bool {
+        self.kind == FaultKind::BadReply && self.detail.contains("non local key")
+    }
+
     pub fn from_server_error(code: &str, detail: &str) -> Self {
         match code {
             "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, detail),

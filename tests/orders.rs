@@ -1221,3 +1221,72 @@ async fn an_order_naming_a_sku_without_stock_ends_at_once_with_every_line_back()
     );
     assert_eq!(held(&cluster, &a), 0);
 }
+
+matrix! { #[tokio::test] async fn an_orders_filing_rides_along_or_falls_back_to_a_call_of_its_own }
+/// An order's filing among the orders in flight rides along with its
+/// intent calls when the shard's orders key is on the intent's node, and
+/// is a call of its own when it is not (`lua/order.lua` is refused with
+/// "non local key" before it writes anything): either way the order is
+/// done, and out of the orders in flight once it rests. On Redis and
+/// Valkey, whose refusals must read alike.
+async fn an_orders_filing_rides_along_or_falls_back_to_a_call_of_its_own(kind: ServerKind) {
+    let cluster = cluster_of(kind);
+    let [a, b, c] = spread("filing");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 10);
+    }
+    let layout = layout();
+    let node_of = |slot: u16| cluster.primary_for_slot(slot).unwrap().port;
+    let apart = |id: &str| {
+        let id = RequestId::parse(id.to_owned().into()).unwrap();
+        let intent = stockgate::keys::slot(&layout.order_key(&id));
+        let orders = &layout.sweep_shards()[layout.order_shard_index(&id)].orders;
+        node_of(intent) != node_of(stockgate::keys::slot(orders))
+    };
+    let pick = |want_apart: bool| {
+        (0..)
+            .map(|n| format!("filing-{want_apart}-{n}"))
+            .find(|id| apart(id) == want_apart)
+            .unwrap()
+    };
+    let (together, apart_id) = (pick(false), pick(true));
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    for id in [&together, &apart_id] {
+        let ok = must(&mut conn, &["ORDER", id, &a, "1", &b, "1", &c, "1"]).await;
+        assert_eq!(ok.code, 0, "{id}: {ok:?}");
+        assert_eq!(intent_phase(&cluster, id).as_deref(), Some("DONE"), "{id}");
+        let held = must(
+            &mut conn,
+            &["ORDER.HOLD", &format!("{id}-h"), "60000", &a, "1"],
+        )
+        .await;
+        assert_eq!(held.code, 0, "{id}: {held:?}");
+    }
+    // Every one of them out of the orders in flight (a fallback's taking
+    // out is not awaited by its command).
+    let mut direct = cluster.cluster_connection().unwrap();
+    for id in [
+        together.clone(),
+        apart_id.clone(),
+        format!("{together}-h"),
+        format!("{apart_id}-h"),
+    ] {
+        let rid = RequestId::parse(id.clone().into()).unwrap();
+        let orders = layout.sweep_shards()[layout.order_shard_index(&rid)]
+            .orders
+            .clone();
+        loop_until_async(Duration::from_secs(10), || {
+            let filed: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&orders)
+                .arg(&id)
+                .query(&mut direct)
+                .unwrap();
+            async move { filed.is_none().then_some(()) }
+        })
+        .await;
+    }
+    for (sku, stock) in [(&a, 6), (&b, 8), (&c, 8)] {
+        assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
+    }
+}

@@ -600,8 +600,8 @@ async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
     let slow = skus_where(&cluster, "slow-line", 1, |o| o == victim).remove(0);
     let fast = skus_where(&cluster, "fast-line", 1, |o| o != victim).remove(0);
     seed(&cluster, &[slow.clone(), fast.clone()], 100);
-    // Orders whose intent lives on the slow node, and their index shard
-    // off it (the filing is fast, its removal is not awaited).
+    // Orders whose intent lives on the slow node, with their shard of the
+    // orders in flight (the filing rides along with the intent calls).
     let layout = crate::support::layout();
     let orders: Vec<String> = (0..)
         .map(|i| format!("one-deadline-{i}"))
@@ -610,7 +610,7 @@ async fn an_order_has_one_deadline_and_its_saga_outlives_its_caller() {
             let intent = stockgate::keys::slot(&layout.order_key(&id));
             let shard = &layout.sweep_shards()[layout.order_shard_index(&id)];
             owner(&cluster, intent) == victim
-                && owner(&cluster, stockgate::keys::slot(&shard.orders)) != victim
+                && owner(&cluster, stockgate::keys::slot(&shard.orders)) == victim
         })
         .take(2)
         .collect();

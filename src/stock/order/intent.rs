@@ -1,7 +1,7 @@
 //! An order's intent record, as `lua/order.lua` keeps it: its phases, and
 //! the one call that reads or changes it.
 
-use super::Attempt;
+use super::{Attempt, Filing};
 use crate::error::{FaultKind, UpstreamError};
 use crate::stock::StockService;
 use bytes::Bytes;
@@ -39,6 +39,14 @@ impl Phase {
         })
     }
 
+    /// A phase an order rests in: nothing moves it on but a command.
+    pub fn rests(self) -> bool {
+        matches!(
+            self,
+            Phase::Done | Phase::Held | Phase::Aborted | Phase::Reverted | Phase::Revoked
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::None => "",
@@ -71,6 +79,9 @@ pub(super) struct Intent {
     pub(super) short: Bytes,
     /// Redis time when the script ran.
     pub(super) now: i64,
+    /// What became of a filing that rode along: the score it was filed
+    /// at, 1 when taken out, else 0.
+    pub(super) filing: i64,
 }
 
 impl Intent {
@@ -104,6 +115,7 @@ impl Intent {
             code: int(5).ok_or_else(bad)?,
             short: text(6).ok_or_else(bad)?,
             now: int(7).ok_or_else(bad)?,
+            filing: int(9).ok_or_else(bad)?,
         })
     }
 
@@ -122,16 +134,84 @@ impl Intent {
     }
 }
 
+/// A change of the attempt's filing that rides along with an intent call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ride {
+    File,
+    Unfile(i64),
+}
+
 impl StockService {
-    /// One call of the intent script.
+    /// One call of the intent script, with the attempt's filing among the
+    /// orders in flight riding along when it is due: filed by the first
+    /// call that may change the intent, taken out by a move into a phase
+    /// the order rests in. Where the shard's orders key is on another
+    /// node, the script refuses before writing anything, and the filing
+    /// is a call of its own (before the intent call; a taking out is left
+    /// to the end of the command, [`super::recovery`]).
     pub(super) async fn intent(
+        &self,
+        attempt: &mut Attempt<'_>,
+        op: &[&[u8]],
+    ) -> Result<Intent, UpstreamError> {
+        let moves_to_rest = op[0] == b"advance"
+            && op
+                .get(2)
+                .and_then(|to| Phase::from_script(to))
+                .is_some_and(Phase::rests);
+        let ride = match attempt.filing {
+            Filing::Due if op[0] != b"read" => Some(Ride::File),
+            Filing::Filed(score) if moves_to_rest => Some(Ride::Unfile(score)),
+            _ => None,
+        };
+        if let Some(ride) = ride {
+            if ride == Ride::File {
+                self.watch_order(&attempt.id.id);
+            }
+            match self.intent_call(attempt, op, Some(ride)).await {
+                Ok(intent) => {
+                    attempt.filing = match ride {
+                        Ride::File => Filing::Filed(intent.filing),
+                        Ride::Unfile(_) if intent.filing == 1 => Filing::Out,
+                        Ride::Unfile(score) => Filing::Filed(score),
+                    };
+                    return Ok(intent);
+                }
+                Err(fault) if fault.is_non_local_key() => {
+                    if ride == Ride::File {
+                        attempt.filing = Filing::Filed(self.mark_order(&attempt.id.id).await?);
+                    }
+                }
+                Err(fault) => return Err(fault),
+            }
+        }
+        self.intent_call(attempt, op, None).await
+    }
+
+    async fn intent_call(
         &self,
         attempt: &Attempt<'_>,
         op: &[&[u8]],
+        ride: Option<Ride>,
     ) -> Result<Intent, UpstreamError> {
         let key = self.keys.order_key(&attempt.id.id);
         let mut args: Vec<&[u8]> = vec![op[0], self.retry_window_arg.as_bytes(), &attempt.nonce];
         args.extend_from_slice(&op[1..]);
+        let shard;
+        let number;
+        if let Some(ride) = ride {
+            shard = &self.keys.sweep_shards()[self.keys.order_shard_index(&attempt.id.id)];
+            args.resize(7, b"");
+            number = match ride {
+                Ride::File => self.recover_after().as_millis().to_string(),
+                Ride::Unfile(score) => score.to_string(),
+            };
+            let word: &[u8] = match ride {
+                Ride::File => b"file",
+                Ride::Unfile(_) => b"unfile",
+            };
+            args.extend_from_slice(&[word, &shard.orders, number.as_bytes()]);
+        }
         let value = self
             .upstream
             .eval_piped(&self.scripts.order, &[&key], &args, attempt.deadline)

@@ -160,14 +160,33 @@ enum Step {
     Fault(UpstreamError),
 }
 
-/// One attempt at an order: its nonce, the phases it moved it into, and
-/// when its budget ends ([`SAGA_TIMEOUTS`]).
+/// One attempt at an order: its nonce, the phases it moved it into, its
+/// filing among the orders in flight, and when its budget ends
+/// ([`SAGA_TIMEOUTS`]).
 struct Attempt<'a> {
     id: &'a OrderId,
     nonce: [u8; 16],
     made: Vec<Phase>,
     remains: HashMap<Bytes, i64>,
+    filing: Filing,
     deadline: tokio::time::Instant,
+}
+
+/// Where an attempt stands with the orders in flight ([`recovery`]): an
+/// order command files its order before its first change of the intent,
+/// and takes it out once the order rests. Both ride along with a call of
+/// the intent script when the shard's orders key lives on the intent's
+/// node (`lua/order.lua`), and are calls of their own otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Filing {
+    /// Not this attempt's to file: a read, or the recovery itself.
+    Off,
+    /// To be filed by the first intent call that may change it.
+    Due,
+    /// Filed at this score.
+    Filed(i64),
+    /// Taken out again.
+    Out,
 }
 
 impl Attempt<'_> {
@@ -253,13 +272,30 @@ impl StockService {
             Ok(id) => id,
             Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
         };
+        let mut attempt = self.attempt(&id, Filing::Due);
+        let result = self.order_step(&mut attempt, command, args).await;
+        // Resting now: out of the orders in flight, unless a call of the
+        // saga took it out already. Not awaited: an order left filed is
+        // looked at when due, found at rest, and taken out then.
+        if result.is_ok()
+            && let Filing::Filed(score) = attempt.filing
+        {
+            self.unmark_order(&id.id, score);
+        }
+        result
+    }
+
+    /// What an order command does with its order, until it rests.
+    async fn order_step(
+        &self,
+        attempt: &mut Attempt<'_>,
+        command: OrderCommand,
+        args: &[Bytes],
+    ) -> Result<OrderReply, UpstreamError> {
         match command {
             OrderCommand::Order => {
                 match parse_lines(&args[1..], self.limits.max_qty, self.max_order_lines) {
-                    Ok(lines) => {
-                        self.moving(&id, self.begin(&id, Want::Order, &lines, None))
-                            .await
-                    }
+                    Ok(lines) => self.begin(attempt, Want::Order, &lines, None).await,
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
@@ -272,46 +308,19 @@ impl StockService {
                     ))
                 });
                 match parsed {
-                    Ok((ttl, lines)) => {
-                        self.moving(&id, self.begin(&id, Want::Hold, &lines, Some(ttl)))
-                            .await
-                    }
+                    Ok((ttl, lines)) => self.begin(attempt, Want::Hold, &lines, Some(ttl)).await,
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
             OrderCommand::Confirm => {
-                self.moving(&id, async {
-                    let mut attempt = self.attempt(&id);
-                    let intent = self.intent(&attempt, &[b"confirm"]).await?;
-                    self.settle(&mut attempt, Want::Confirm, intent).await
-                })
-                .await
+                let intent = self.intent(attempt, &[b"confirm"]).await?;
+                self.settle(attempt, Want::Confirm, intent).await
             }
             OrderCommand::Revert => {
-                self.moving(&id, async {
-                    let mut attempt = self.attempt(&id);
-                    let intent = self.intent(&attempt, &[b"revert"]).await?;
-                    self.settle(&mut attempt, Want::Revert, intent).await
-                })
-                .await
+                let intent = self.intent(attempt, &[b"revert"]).await?;
+                self.settle(attempt, Want::Revert, intent).await
             }
         }
-    }
-
-    /// Runs an order command that may move its order (`step`), filed among
-    /// the orders in flight ([`recovery`]) from before its first change of
-    /// the intent until the order rests again.
-    async fn moving(
-        &self,
-        id: &OrderId,
-        step: impl std::future::Future<Output = Result<OrderReply, UpstreamError>>,
-    ) -> Result<OrderReply, UpstreamError> {
-        let filed = self.mark_order(&id.id).await?;
-        let result = step.await;
-        if result.is_ok() {
-            self.unmark_order(&id.id, filed);
-        }
-        result
     }
 
     /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
@@ -319,12 +328,13 @@ impl StockService {
         self.upstream.timeout() * SAGA_TIMEOUTS
     }
 
-    fn attempt<'a>(&self, id: &'a OrderId) -> Attempt<'a> {
+    fn attempt<'a>(&self, id: &'a OrderId, filing: Filing) -> Attempt<'a> {
         Attempt {
             id,
             nonce: self.nonces.next(),
             made: Vec::new(),
             remains: HashMap::new(),
+            filing,
             deadline: tokio::time::Instant::now() + self.saga_budget(),
         }
     }
@@ -332,12 +342,11 @@ impl StockService {
     /// ORDER and ORDER.HOLD: the intent is made (or found), then driven.
     async fn begin(
         &self,
-        id: &OrderId,
+        attempt: &mut Attempt<'_>,
         want: Want,
         lines: &[Line],
         ttl: Option<HoldTtl>,
     ) -> Result<OrderReply, UpstreamError> {
-        let mut attempt = self.attempt(id);
         let text = canonical(lines);
         // An ORDER's lines are taken, not held: the intent need only
         // outlast its saga (the script adds two retry windows).
@@ -356,7 +365,7 @@ impl StockService {
         let line_ttl = line_ttl.to_string();
         let intent = self
             .intent(
-                &attempt,
+                attempt,
                 &[
                     b"begin",
                     kind.as_bytes(),
@@ -383,7 +392,7 @@ impl StockService {
                 ));
             }
         }
-        self.settle(&mut attempt, want, intent).await
+        self.settle(attempt, want, intent).await
     }
 
     /// How long the line holds of an order last: an ORDER's

@@ -32,7 +32,7 @@
 //! [`RETRY_AFTER`] of the fault healing if that is later (plus the lease's
 //! handover when the stockgate that filed it died too).
 
-use super::{Intent, OrderId, Phase, Want, parse_id};
+use super::{Filing, Intent, OrderId, Phase, Want, parse_id};
 use crate::error::UpstreamError;
 use crate::keys::SweepShard;
 use crate::params::RequestId;
@@ -57,16 +57,19 @@ impl StockService {
         self.saga_budget() + MARGIN
     }
 
+    /// Before an order is filed: this stockgate looks at the order's shard
+    /// until it is due and a while after, and the sweep leader is told of
+    /// the shard.
+    pub(super) fn watch_order(&self, id: &RequestId) {
+        self.watch_shard(self.keys.order_shard_index(id), self.recover_after());
+    }
+
     /// Files an order among the orders in flight, before its command
-    /// changes its intent; the score it was filed at. This stockgate then
-    /// looks at the order's shard until it is due and a while after, and
-    /// the sweep leader is told of the shard.
+    /// changes its intent, when that can't ride along with the intent
+    /// call (`lua/order.lua`): the score it was filed at.
     pub(super) async fn mark_order(&self, id: &RequestId) -> Result<i64, UpstreamError> {
-        let index = self.keys.order_shard_index(id);
-        let after = self.recover_after();
-        self.watch_shard(index, after);
-        let shard = &self.keys.sweep_shards()[index];
-        let after = after.as_millis().to_string();
+        let shard = &self.keys.sweep_shards()[self.keys.order_shard_index(id)];
+        let after = self.recover_after().as_millis().to_string();
         match self
             .upstream
             .eval_piped(
@@ -164,12 +167,15 @@ impl StockService {
     }
 
     async fn drive_left_behind(&self, id: &OrderId) -> Result<(), UpstreamError> {
-        let mut attempt = self.attempt(id);
-        let mut intent: Intent = self.intent(&attempt, &[b"read"]).await?;
+        let mut attempt = self.attempt(id, Filing::Off);
+        let mut intent: Intent = self.intent(&mut attempt, &[b"read"]).await?;
         if intent.phase == Phase::Holding {
             // Before the commit point, its caller gone: back.
             intent = self
-                .intent(&attempt, &[b"advance", b"HOLDING", b"ABORTING", b"5", b""])
+                .intent(
+                    &mut attempt,
+                    &[b"advance", b"HOLDING", b"ABORTING", b"5", b""],
+                )
                 .await?;
         }
         match intent.phase {

@@ -91,8 +91,8 @@ impl StockService {
             Ok(id) => id,
             Err(invalid) => return Ok(Err(invalid)),
         };
-        let attempt = self.attempt(&id);
-        let intent = self.intent(&attempt, &[b"read"]).await?;
+        let mut attempt = self.attempt(&id, super::Filing::Off);
+        let intent = self.intent(&mut attempt, &[b"read"]).await?;
         let words = |text: &Bytes| -> Vec<Bytes> {
             text.split(|b| *b == b' ')
                 .filter(|w| !w.is_empty())
