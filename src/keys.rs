@@ -95,6 +95,10 @@ pub struct SweepShard {
     pub marks: Vec<u8>,
     /// The orders in flight whose intent lives in this shard's slots.
     pub orders: Vec<u8>,
+    /// The SKUs of this shard's slots that have a journal
+    /// ([`KeyLayout::journal_key`]): a set, how the sink finds every
+    /// journal without scanning the keyspace.
+    pub journals: Vec<u8>,
 }
 
 /// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
@@ -128,6 +132,7 @@ impl KeyLayout {
                     due: format!("{prefix}:{{{tag}}}:due").into_bytes(),
                     marks: format!("{prefix}:{{{tag}}}:marks").into_bytes(),
                     orders: format!("{prefix}:{{{tag}}}:orders").into_bytes(),
+                    journals: format!("{prefix}:{{{tag}}}:journals").into_bytes(),
                 }
             })
             .collect();
@@ -212,6 +217,26 @@ impl KeyLayout {
     /// Every shard of the sweep index.
     pub fn sweep_shards(&self) -> &[SweepShard] {
         &self.shards
+    }
+
+    /// `<prefix>:{<sku>}:journal`: the SKU's journal, a stream of every
+    /// change of its stock or records ([`crate::journal`]), in the SKU's
+    /// slot so that the script that makes a change appends its entry.
+    pub fn journal_key(&self, sku: &Sku) -> Vec<u8> {
+        [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:journal"].concat()
+    }
+
+    /// `<prefix>:{<sku>}:journal:listed`: exists once the SKU is in its
+    /// shard's set of journals ([`SweepShard::journals`]); until then every
+    /// script that journals asks stockgate to list it.
+    pub fn journal_listed_key(&self, sku: &Sku) -> Vec<u8> {
+        [
+            self.prefix.as_bytes(),
+            b":{",
+            sku.as_bytes(),
+            b"}:journal:listed",
+        ]
+        .concat()
     }
 
     /// `<prefix>:{sweep}:lease`: who sweeps now.

@@ -51,6 +51,8 @@
 //! - [`http`]: the HTTP/JSON API, through the same stock service.
 //! - [`dev`]: throwaway local Redis servers and clusters.
 //! - [`bulk`]: `stockgate stock import|export`.
+//! - [`journal`]: the books: each SKU's journal of changes, its entry
+//!   shape, and how it reaches PostgreSQL.
 //! - [`check`]: `stockgate check`, the doctor.
 
 pub mod admin;
@@ -67,6 +69,7 @@ pub mod doc;
 pub mod error;
 pub mod frame;
 pub mod http;
+pub mod journal;
 pub mod keys;
 pub mod logging;
 pub mod metrics;

@@ -1,0 +1,219 @@
+//! The books: every change of a SKU's stock or records, as its journal
+//! keeps it (issue 26).
+//!
+//! The script that makes a change appends one entry to the SKU's journal
+//! in the same atomic call: a Redis stream under the SKU's hash tag
+//! ([`crate::keys::KeyLayout::journal_key`]), so entries of one SKU are
+//! totally ordered, and their ids (Redis's `<ms>-<seq>`, from the
+//! primary's clock, never below the stream's last id) are stable and never
+//! reused while the stream exists. A call that changes nothing (codes 1 to
+//! 5) writes no entry. The sink moves entries into PostgreSQL and only
+//! then trims them; `reconcile` proves Redis and the database agree.
+//!
+//! This module owns the entry's shape: its field names, its events and
+//! what each does to the SKU's account. The scripts write it (`lua/`,
+//! the `journal` helper of `lua/common.lua`), and everything that reads a
+//! journal parses it here.
+//!
+//! # An entry
+//!
+//! A stream entry's fields, all strings:
+//!
+//! | field | what |
+//! |---|---|
+//! | `v` | the format version, [`FORMAT`] |
+//! | `ev` | the event ([`Event`]) |
+//! | `id` | the request_id (an order's line: `~ord:<order id>`), or the op_id of STOCK.SET / STOCK.ADD |
+//! | `ono` | the order_no the request carried, or "" |
+//! | `ds` | the change of the SKU's available stock, signed |
+//! | `dh` | the change of its held units, signed |
+//! | `st` | the stock after the change |
+//! | `hd` | the held units after the change |
+//! | `t` | Redis time of the change, milliseconds |
+//!
+//! The account: after any entry, `st = st(before) + ds` and
+//! `hd = hd(before) + dh`. A `set` entry starts the account again (its
+//! `st` is the new baseline whatever came before); every other entry moves
+//! it.
+
+use std::collections::HashMap;
+
+/// The entry format this stockgate writes and reads.
+pub const FORMAT: u32 = 1;
+
+/// What a journal entry records. The names are the `ev` field's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// DEDUCT 0 (and an ORDER's line): `ds = -qty`.
+    Deduct,
+    /// REVERT 0 of a DEDUCTED or CONFIRMED record: `ds = +qty`.
+    Revert,
+    /// HOLD 0 (and an ORDER.HOLD's line): `ds = -qty, dh = +qty`.
+    Hold,
+    /// CONFIRM 0: the held units leave for good, `dh = -qty`.
+    Confirm,
+    /// REVERT 0 of a HELD record: `ds = +qty, dh = -qty`.
+    Cancel,
+    /// A hold released by its expiry, by any script or the sweeper:
+    /// `ds = +qty, dh = -qty`.
+    Expire,
+    /// STOCK.SET (and `stock import`): the account starts again at `st`.
+    Set,
+    /// STOCK.ADD: `ds = n`, signed.
+    Add,
+}
+
+impl Event {
+    pub const ALL: [Event; 8] = [
+        Event::Deduct,
+        Event::Revert,
+        Event::Hold,
+        Event::Confirm,
+        Event::Cancel,
+        Event::Expire,
+        Event::Set,
+        Event::Add,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Deduct => "deduct",
+            Event::Revert => "revert",
+            Event::Hold => "hold",
+            Event::Confirm => "confirm",
+            Event::Cancel => "cancel",
+            Event::Expire => "expire",
+            Event::Set => "set",
+            Event::Add => "add",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Event> {
+        Event::ALL.into_iter().find(|event| event.name() == name)
+    }
+}
+
+/// One journal entry, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The stream id, `<ms>-<seq>`, as its two numbers.
+    pub at: (u64, u64),
+    pub format: u32,
+    pub event: Event,
+    pub id: String,
+    pub order_no: String,
+    pub stock_change: i64,
+    pub held_change: i64,
+    pub stock: i64,
+    pub held: i64,
+    pub time_ms: i64,
+}
+
+/// Why an entry could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("journal entry {at}: {what}")]
+pub struct BadEntry {
+    pub at: String,
+    pub what: String,
+}
+
+impl Entry {
+    /// Reads one stream entry: its id and its field/value pairs.
+    pub fn parse(at: &str, fields: &[(String, String)]) -> Result<Entry, BadEntry> {
+        let bad = |what: String| BadEntry {
+            at: at.to_owned(),
+            what,
+        };
+        let stream_id = at
+            .split_once('-')
+            .and_then(|(ms, seq)| Some((ms.parse().ok()?, seq.parse().ok()?)))
+            .ok_or_else(|| bad("the id is not <ms>-<seq>".into()))?;
+        let map: HashMap<&str, &str> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let text = |name: &str| {
+            map.get(name)
+                .copied()
+                .ok_or_else(|| bad(format!("no field {name:?}")))
+        };
+        let int = |name: &str| {
+            text(name)?
+                .parse::<i64>()
+                .map_err(|_| bad(format!("field {name:?} is not an integer")))
+        };
+        let format = text("v")?
+            .parse::<u32>()
+            .map_err(|_| bad("field \"v\" is not a version".into()))?;
+        if format != FORMAT {
+            return Err(bad(format!(
+                "format {format}, this stockgate reads format {FORMAT}"
+            )));
+        }
+        let event = text("ev")?;
+        Ok(Entry {
+            at: stream_id,
+            format,
+            event: Event::parse(event).ok_or_else(|| bad(format!("unknown event {event:?}")))?,
+            id: text("id")?.to_owned(),
+            order_no: text("ono")?.to_owned(),
+            stock_change: int("ds")?,
+            held_change: int("dh")?,
+            stock: int("st")?,
+            held: int("hd")?,
+            time_ms: int("t")?,
+        })
+    }
+
+    /// The stream id as Redis spells it.
+    pub fn stream_id(&self) -> String {
+        format!("{}-{}", self.at.0, self.at.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_reads_back_and_a_bad_one_says_why() {
+        let good = fields(&[
+            ("v", "1"),
+            ("ev", "hold"),
+            ("id", "h-1"),
+            ("ono", ""),
+            ("ds", "-3"),
+            ("dh", "3"),
+            ("st", "7"),
+            ("hd", "3"),
+            ("t", "1700000000000"),
+        ]);
+        let entry = Entry::parse("1700000000000-2", &good).unwrap();
+        assert_eq!(entry.event, Event::Hold);
+        assert_eq!((entry.stock_change, entry.held_change), (-3, 3));
+        assert_eq!(entry.stream_id(), "1700000000000-2");
+        for event in Event::ALL {
+            assert_eq!(Event::parse(event.name()), Some(event));
+        }
+        let mut newer = good.clone();
+        newer[0].1 = "2".into();
+        assert!(
+            Entry::parse("1-0", &newer)
+                .unwrap_err()
+                .what
+                .contains("format 2")
+        );
+        let mut unknown = good.clone();
+        unknown[1].1 = "steal".into();
+        assert!(Entry::parse("1-0", &unknown).is_err());
+        assert!(Entry::parse("nope", &good).is_err());
+        assert!(Entry::parse("1-0", &good[1..]).is_err());
+    }
+}
