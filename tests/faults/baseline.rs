@@ -132,6 +132,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         })
         .expect("an ORDER applied and left alone");
     let (line_sku, line_qty) = (history.sku_name(ordered.lines[0].0), ordered.lines[0].1);
+    let reverted_line_sku = line_sku.to_owned();
     let line_key = crate::support::record_key(line_sku, &format!("~ord:{}", ordered.id));
     let raw: String = redis::cmd("GET")
         .arg(&line_key)
@@ -242,7 +243,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     for found in &audit.violations {
         eprintln!("[{name}]   found: {found}");
     }
-    let expected = [
+    let mut expected = vec![
         format!("{}: conservation broken", skus[0]),
         format!(
             "{} never-sent: a record for a request_id never sent",
@@ -253,7 +254,15 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         format!("order {ordered_id}: half applied"),
         format!("order {ordered_id}: intent without a TTL"),
         format!("order {}: unfinished", unfinished.id),
+        // The stock changed behind the scripts' back, three times: the
+        // journal (the third book) has no entry for any of them.
+        format!("{}: the journal's account ends at", skus[0]),
+        format!("{reverted_line_sku}: the journal's account ends at"),
+        format!("{untaken}: the journal's account ends at"),
     ];
+    // Two of those may be on one sku: one violation for both.
+    expected.sort();
+    expected.dedup();
     for want in &expected {
         assert!(
             audit

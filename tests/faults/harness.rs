@@ -91,6 +91,8 @@ pub async fn stockgate_with(
         c.upstream.timeout = timeout;
         c.upstream.connect_timeout = Duration::from_millis(500);
         c.upstream.durability = durability;
+        // The journal on: the audit keeps it as a third book.
+        c.journal = true;
     })
     .await
 }
@@ -255,15 +257,35 @@ pub fn owner(cluster: &LocalCluster, slot: u16) -> usize {
         .expect("a node of this cluster")
 }
 
-/// Sets each sku's stock directly, in one round trip per sku.
+/// Sets each sku's stock directly, and opens its journal as stockgate
+/// does before a sku's first entry (`lua/journal_open.lua`: listed, then
+/// made), so that the load's first calls on it take the path every later
+/// one does (the stockgates here run with `--journal`; tests/journal.rs
+/// covers a first call that opens it).
 pub fn seed(cluster: &LocalCluster, skus: &[String], stock: i64) {
     let mut conn = cluster.cluster_connection().expect("cluster connection");
+    let open = stockgate::script::Scripts::new().journal_open;
+    let layout = crate::support::layout();
     for sku in skus {
         redis::cmd("SET")
             .arg(crate::support::stock_key(sku))
             .arg(stock)
             .query::<()>(&mut conn)
             .expect("SET stock");
+        let parsed = stockgate::params::Sku::parse(sku.clone().into()).expect("a sku");
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
+        for (key, args) in [
+            (shard.journals.clone(), vec!["list", sku.as_str()]),
+            (layout.journal_key(&parsed), vec!["make"]),
+        ] {
+            redis::cmd("EVAL")
+                .arg(&open.body)
+                .arg(1)
+                .arg(key)
+                .arg(&args)
+                .query::<redis::Value>(&mut conn)
+                .expect("open the sku's journal");
+        }
     }
 }
 

@@ -108,6 +108,7 @@ impl FinalState {
                 "{sku}: the held counter says {counter}, HELD records hold {held}"
             ));
         }
+        violations.extend(self.journal_books(sku, initial, counter));
         let empty = HashMap::new();
         let set = self.holds.get(sku).unwrap_or(&empty);
         for (id, record) in held_records(&self.records, sku) {
@@ -132,6 +133,51 @@ impl FinalState {
                     "{sku} {id}: in the holds set, but its record is {state:?} (a hold still counted after it ended)"
                 ));
             }
+        }
+        violations
+    }
+}
+
+impl FinalState {
+    /// The third book (issue 26), when the load ran with `--journal`: the
+    /// sku's journal starts from `initial` stock and nothing held, each
+    /// entry moves the account by its changes to what it says it left,
+    /// and the last is the stock and held units Redis holds. Each change
+    /// and its entry are one script call, so this holds exactly through a
+    /// failover or a reshard as well.
+    fn journal_books(&self, sku: &str, initial: i64, held: i64) -> Vec<String> {
+        let Some(entries) = self.journals.get(sku) else {
+            return Vec::new();
+        };
+        let mut violations = Vec::new();
+        let mut account = (initial, 0);
+        for entry in entries {
+            let moved = if entry.event == stockgate::journal::Event::Set {
+                (entry.stock, entry.held)
+            } else {
+                (
+                    account.0 + entry.stock_change,
+                    account.1 + entry.held_change,
+                )
+            };
+            if moved != (entry.stock, entry.held) {
+                violations.push(format!(
+                    "{sku}: journal entry {} ({:?} {}) says stock {} held {}, the account before it moves to {moved:?}",
+                    entry.stream_id(),
+                    entry.event,
+                    entry.id,
+                    entry.stock,
+                    entry.held
+                ));
+            }
+            account = (entry.stock, entry.held);
+        }
+        let stock = self.stock.get(sku).copied().unwrap_or(0);
+        if account != (stock, held) {
+            violations.push(format!(
+                "{sku}: the journal's account ends at stock {} held {}, Redis holds stock {stock} held {held}",
+                account.0, account.1
+            ));
         }
         violations
     }

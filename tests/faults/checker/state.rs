@@ -20,6 +20,8 @@ pub(super) struct FinalState {
     pub(super) holds: HashMap<String, HashMap<String, i64>>,
     /// sku -> its `:held` counter (absent: 0, as the scripts delete it at 0)
     pub(super) held: HashMap<String, i64>,
+    /// sku -> its journal's entries (`--journal`, issue 26), oldest first.
+    pub(super) journals: HashMap<String, Vec<stockgate::journal::Entry>>,
     /// Redis time (ms) when the reading began: holds whose expiry is before
     /// it ran out, released or not.
     pub(super) now_ms: i64,
@@ -68,6 +70,34 @@ enum KeyKind {
     Record,
     Holds,
     Held,
+    Journal,
+}
+
+/// A journal's XRANGE, its entries read as stockgate reads them.
+fn read_journal(value: &Value) -> Result<Vec<stockgate::journal::Entry>, String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        other => Err(format!("not a string: {other:?}")),
+    };
+    let Value::Array(items) = value else {
+        return Err(format!("not a stream: {value:?}"));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let Value::Array(pair) = item else {
+                return Err(format!("not an entry: {item:?}"));
+            };
+            let (Some(id), Some(Value::Array(flat))) = (pair.first(), pair.get(1)) else {
+                return Err(format!("not an entry: {item:?}"));
+            };
+            let fields = flat
+                .chunks(2)
+                .map(|kv| Ok((text(&kv[0])?, text(kv.get(1).unwrap_or(&Value::Nil))?)))
+                .collect::<Result<Vec<_>, String>>()?;
+            stockgate::journal::Entry::parse(&text(id)?, &fields).map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 impl FinalState {
@@ -79,6 +109,7 @@ impl FinalState {
             records: HashMap::new(),
             holds: HashMap::new(),
             held: HashMap::new(),
+            journals: HashMap::new(),
             now_ms: 0,
             intents: HashMap::new(),
             filed: Default::default(),
@@ -148,6 +179,8 @@ impl FinalState {
                     // the whole transaction with WRONGTYPE.
                     if key.ends_with(b"}:holds") {
                         pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+                    } else if key.ends_with(b"}:journal") {
+                        pipe.cmd("XRANGE").arg(key).arg("-").arg("+");
                     } else {
                         pipe.cmd("GET").arg(key);
                     }
@@ -160,7 +193,8 @@ impl FinalState {
                     // Absent (a sku of another primary, or a counter at 0):
                     // nothing to read.
                     if pair[0] == Value::Nil
-                        || (key.ends_with(b"}:holds") && pair[0] == Value::Array(Vec::new()))
+                        || ((key.ends_with(b"}:holds") || key.ends_with(b"}:journal"))
+                            && pair[0] == Value::Array(Vec::new()))
                     {
                         continue;
                     }
@@ -240,6 +274,7 @@ impl FinalState {
                     "" => (KeyKind::Stock, ""),
                     ":holds" => (KeyKind::Holds, ""),
                     ":held" => (KeyKind::Held, ""),
+                    ":journal" => (KeyKind::Journal, ""),
                     _ => (KeyKind::Record, tail.strip_prefix(":req:")?),
                 };
                 Some((sku, kind, id))
@@ -249,6 +284,12 @@ impl FinalState {
             return;
         };
         match kind {
+            KeyKind::Journal => match read_journal(value) {
+                Ok(entries) => {
+                    self.journals.insert(sku.to_owned(), entries);
+                }
+                Err(bad) => self.violations.push(format!("{key}: {bad}")),
+            },
             KeyKind::Stock => match text().parse() {
                 Ok(stock) => {
                     self.stock.insert(sku.to_owned(), stock);
