@@ -36,6 +36,12 @@
 //! `st` is the new baseline whatever came before); every other entry moves
 //! it.
 
+pub mod database;
+pub mod fault;
+pub mod reconcile;
+pub mod sink;
+pub mod stream;
+
 use std::collections::HashMap;
 
 /// The entry format this stockgate writes and reads.

@@ -1,0 +1,589 @@
+//! The books (issue 26): `stockgate journal sink` moves each SKU's journal
+//! into a real PostgreSQL 15 exactly once, whatever is killed when, and
+//! `stockgate reconcile` proves Redis and the database agree.
+//!
+//! Each test starts a 3-primary Redis Cluster and a PostgreSQL of its own,
+//! and the stockgate binary as child processes it stops. The journals are
+//! written here by hand, as the scripts write them (an XADD of the entry's
+//! fields, the SKU listed in its shard's set first, the stock and held
+//! keys moved to match), under SKUs no other test uses, so the tests hold
+//! when the scripts write entries of their own.
+//!
+//! No assertion is timed: a test waits for a state (a metric, a row count,
+//! a backend waiting on a lock) with a generous bound that only a state
+//! that never comes reaches.
+
+mod support;
+
+use redis::Commands;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use stockgate::dev::LocalCluster;
+use stockgate::params::Sku;
+use support::postgres::Postgres;
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// A running `stockgate journal sink`; killed (SIGKILL) on drop.
+struct SinkProcess {
+    child: Child,
+    admin_port: u16,
+}
+
+impl SinkProcess {
+    fn start(cluster: &LocalCluster, pg: &Postgres, extra: &[&str]) -> SinkProcess {
+        let admin_port = support::free_port();
+        let admin = format!("127.0.0.1:{admin_port}");
+        let child = Command::new(support::stockgate_bin())
+            .args(["journal", "sink", "--database", &pg.url()])
+            .args(["--upstream", &cluster.seeds().join(",")])
+            .args(["--admin-listen", &admin, "--batch", "40", "--poll", "20ms"])
+            .args(extra)
+            .env("RUST_LOG", "stockgate=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the sink");
+        SinkProcess { child, admin_port }
+    }
+
+    /// One series of its /metrics, None until it answers.
+    fn metric(&self, series: &str) -> Option<f64> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        wait(|| self.metric(series).filter(|v| ok(*v)))
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SinkProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait<T>(mut check: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < WITHIN, "not there after {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The journals written by hand: each SKU's stock and held units kept in
+/// step, every entry remembered as (sku, stream id, event, stock change).
+struct Journals {
+    conn: redis::cluster::ClusterConnection,
+    state: BTreeMap<String, (i64, i64)>,
+    written: Vec<(String, String, &'static str, i64)>,
+}
+
+impl Journals {
+    fn new(cluster: &LocalCluster) -> Journals {
+        Journals {
+            conn: cluster.cluster_connection().unwrap(),
+            state: BTreeMap::new(),
+            written: Vec::new(),
+        }
+    }
+
+    /// Appends one entry the way a script does, and moves the SKU's keys.
+    fn append(
+        &mut self,
+        sku: &str,
+        event: &'static str,
+        id: &str,
+        order_no: &str,
+        ds: i64,
+        dh: i64,
+    ) {
+        let layout = support::layout();
+        let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+        if !self.state.contains_key(sku) {
+            let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
+            let _: i64 = self.conn.sadd(&shard.journals, sku).unwrap();
+        }
+        let (stock, held) = self.state.entry(sku.to_owned()).or_insert((0, 0));
+        // A set's `ds` here is the stock it sets; its entry's ds the change.
+        let ds = if event == "set" { ds - *stock } else { ds };
+        *stock += ds;
+        *held += dh;
+        let (st, hd) = (*stock, *held);
+        let _: () = self.conn.set(layout.stock_key(&parsed), st).unwrap();
+        let _: () = self.conn.set(layout.sku_keys(&parsed).held, hd).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            .to_string();
+        let id_at: String = redis::cmd("XADD")
+            .arg(layout.journal_key(&parsed))
+            .arg("*")
+            .arg(&[
+                ("v", "1"),
+                ("ev", event),
+                ("id", id),
+                ("ono", order_no),
+                ("ds", &ds.to_string()),
+                ("dh", &dh.to_string()),
+                ("st", &st.to_string()),
+                ("hd", &hd.to_string()),
+                ("t", &now),
+            ])
+            .query(&mut self.conn)
+            .unwrap();
+        self.written.push((sku.to_owned(), id_at, event, ds));
+    }
+
+    /// A day of one SKU: its stock set, sales, a hold and its fates.
+    fn day(&mut self, sku: &str, n: usize) {
+        self.append(sku, "set", &format!("{sku}-op"), "", 1000, 0);
+        for i in 0..n {
+            match i % 5 {
+                0 | 1 => self.append(
+                    sku,
+                    "deduct",
+                    &format!("{sku}-d{i}"),
+                    &format!("ORD-{sku}-{i}"),
+                    -2,
+                    0,
+                ),
+                2 => self.append(sku, "hold", &format!("{sku}-h{i}"), "", -3, 3),
+                3 => self.append(sku, "expire", &format!("{sku}-h{}", i - 1), "", 3, -3),
+                _ => self.append(sku, "add", &format!("{sku}-a{i}"), "", 5, 0),
+            }
+        }
+    }
+
+    fn journal_len(&mut self, sku: &str) -> i64 {
+        let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+        redis::cmd("XLEN")
+            .arg(support::layout().journal_key(&parsed))
+            .query(&mut self.conn)
+            .unwrap()
+    }
+
+    fn pending(&mut self) -> i64 {
+        let skus: Vec<String> = self.state.keys().cloned().collect();
+        skus.iter().map(|sku| self.journal_len(sku)).sum()
+    }
+}
+
+/// SKUs spread over many shards (and so over the three primaries).
+fn skus(tag: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("jr-{tag}-{i}")).collect()
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// What the database holds: (sku, stream id, event, stock change), sorted.
+async fn books(client: &tokio_postgres::Client) -> Vec<(String, String, String, i64)> {
+    client
+        .query(
+            "SELECT sku, entry_ms || '-' || entry_seq, event, stock_change FROM stockgate_journal",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+fn expected_books(journals: &Journals) -> Vec<(String, String, String, i64)> {
+    let mut all: Vec<_> = journals
+        .written
+        .iter()
+        .map(|(sku, id, event, ds)| (sku.clone(), id.clone(), event.to_string(), *ds))
+        .collect();
+    all.sort();
+    all
+}
+
+/// `stockgate reconcile`: its exit code and what it printed.
+fn reconcile(cluster: &LocalCluster, database: &str, skus: &[&str]) -> (i32, String) {
+    let mut command = Command::new(support::stockgate_bin());
+    command
+        .args(["reconcile", "--database", database])
+        .args(["--upstream", &cluster.seeds().join(",")]);
+    for sku in skus {
+        command.args(["--sku", sku]);
+    }
+    let out = command.output().expect("run reconcile");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().expect("an exit code"), text)
+}
+
+/// Waits until a backend of the sink waits on a lock inside its insert:
+/// the sink is mid-batch, its transaction open.
+async fn wait_blocked_insert(client: &tokio_postgres::Client) {
+    let sql = "SELECT count(*) FROM pg_stat_activity
+                WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO stockgate_journal%'";
+    support::loop_until_async(WITHIN, || async {
+        (count(client, sql).await == 1).then_some(())
+    })
+    .await;
+}
+
+async fn wait_no_blocked_insert(client: &tokio_postgres::Client) {
+    let sql = "SELECT count(*) FROM pg_stat_activity
+                WHERE query LIKE 'INSERT INTO stockgate_journal%' AND state <> 'idle'";
+    support::loop_until_async(WITHIN, || async {
+        (count(client, sql).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// Every entry lands once, the journals are trimmed only after the commit,
+/// a re-delivered entry changes nothing, and one whose id comes back with
+/// other content is kept as a conflict, counted, never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_land_once_and_leave_redis_only_after_their_commit() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    // Its schema is in once it owns every shard.
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let db = pg.client().await;
+
+    // The table locked: the sink's first batch waits inside its transaction.
+    let locker = pg.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stockgate_journal IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("once", 12) {
+        journals.day(&sku, 23);
+    }
+    let total = journals.written.len() as i64;
+    wait_blocked_insert(&db).await;
+    assert_eq!(
+        journals.pending(),
+        total,
+        "nothing may leave Redis while its transaction is open"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    first.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == total as f64
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
+        0
+    );
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("12 skus: 12 agree, 0 drift"), "{text}");
+
+    // A sink killed between commit and trim delivers again: the journal
+    // of one SKU written back with the same ids and content.
+    first.kill();
+    let sku = "jr-once-3";
+    let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+    let key = support::layout().journal_key(&parsed);
+    let moved: Vec<_> = books(&db)
+        .await
+        .into_iter()
+        .filter(|row| row.0 == sku)
+        .collect();
+    let mut conn = cluster.cluster_connection().unwrap();
+    let original: Vec<(String, Vec<(String, String)>)> = db
+        .query(
+            "SELECT entry_ms || '-' || entry_seq, format, event, request_id, order_no, stock_change,
+                    held_change, stock_after, held_after, redis_ms
+               FROM stockgate_journal WHERE sku = $1 ORDER BY entry_ms, entry_seq",
+            &[&sku],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let fields = vec![
+                ("v".to_owned(), row.get::<_, i32>(1).to_string()),
+                ("ev".to_owned(), row.get::<_, String>(2)),
+                ("id".to_owned(), row.get::<_, String>(3)),
+                ("ono".to_owned(), row.get::<_, String>(4)),
+                ("ds".to_owned(), row.get::<_, i64>(5).to_string()),
+                ("dh".to_owned(), row.get::<_, i64>(6).to_string()),
+                ("st".to_owned(), row.get::<_, i64>(7).to_string()),
+                ("hd".to_owned(), row.get::<_, i64>(8).to_string()),
+                ("t".to_owned(), row.get::<_, i64>(9).to_string()),
+            ];
+            (row.get(0), fields)
+        })
+        .collect();
+    assert_eq!(original.len(), moved.len());
+    let _: () = conn.del(&key).unwrap();
+    for (id, fields) in &original {
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg(id)
+            .arg(fields)
+            .query(&mut conn)
+            .unwrap();
+    }
+    // ...and one id given again with other content, as after a failover
+    // that lost the entry first given it.
+    let mut other = original[5].1.clone();
+    other[4].1 = "-7".into(); // ds
+    let other_sku = "jr-once-4";
+    let other_key =
+        support::layout().journal_key(&Sku::parse(other_sku.to_owned().into()).unwrap());
+    let reused: String = db
+        .query_one(
+            "SELECT entry_ms || '-' || entry_seq FROM stockgate_journal WHERE sku = $1
+              ORDER BY entry_ms, entry_seq OFFSET 5 LIMIT 1",
+            &[&other_sku],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let _: () = conn.del(&other_key).unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&other_key)
+        .arg(&reused)
+        .arg(&other)
+        .query(&mut conn)
+        .unwrap();
+
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    second.wait_metric("stockgate_journal_conflicts_total", |v| v == 1.0);
+    wait(|| (journals.journal_len(sku) == 0 && journals.journal_len(other_sku) == 0).then_some(()));
+    assert_eq!(
+        second.metric("stockgate_journal_entries_moved_total"),
+        Some(0.0),
+        "a re-delivery is not a move"
+    );
+    assert_eq!(
+        books(&db).await,
+        expected_books(&journals),
+        "the books unchanged"
+    );
+    let conflict: (String, i64) = db
+        .query_one(
+            "SELECT sku, stock_change FROM stockgate_journal_conflicts
+              WHERE entry_ms || '-' || entry_seq = $1",
+            &[&reused],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(conflict, (other_sku.to_owned(), -7));
+}
+
+/// reconcile: 0 when the books agree (entries not moved yet included), 1
+/// on a planted drift, naming the SKU, and 2 when it cannot check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_says_agree_drift_or_could_not_check() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("rec", 4) {
+        journals.day(&sku, 11);
+    }
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    sink.kill();
+    // Not moved yet: the journal's tail explains Redis's state.
+    journals.day("jr-rec-1", 3);
+    journals.day("jr-rec-new", 4);
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("5 skus: 5 agree, 0 drift"), "{text}");
+
+    // A write around stockgate: 5 units that no entry explains.
+    let mut conn = cluster.cluster_connection().unwrap();
+    let drifted = Sku::parse("jr-rec-2".to_owned().into()).unwrap();
+    let _: i64 = conn.incr(support::layout().stock_key(&drifted), 5).unwrap();
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("jr-rec-2: DRIFT"), "{text}");
+    assert!(text.contains("stock off by 5"), "{text}");
+    assert!(text.contains("4 agree, 1 drift"), "{text}");
+    let (code, text) = reconcile(&cluster, &pg.url(), &["jr-rec-1"]);
+    assert_eq!((code, text.contains("1 agree")), (0, true), "{text}");
+
+    // An entry that does not follow from the one before is named.
+    let db = pg.client().await;
+    db.execute(
+        "UPDATE stockgate_journal SET stock_after = stock_after + 1
+          WHERE sku = 'jr-rec-3' AND event = 'add'
+            AND (entry_ms, entry_seq) = (SELECT entry_ms, entry_seq FROM stockgate_journal
+                  WHERE sku = 'jr-rec-3' AND event = 'add' ORDER BY entry_ms, entry_seq LIMIT 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The same for its stock_change, so the account is off by one too.
+    db.execute(
+        "UPDATE stockgate_journal SET stock_change = stock_change + 1
+          WHERE sku = 'jr-rec-3' AND event = 'deduct'
+            AND (entry_ms, entry_seq) = (SELECT entry_ms, entry_seq FROM stockgate_journal
+                  WHERE sku = 'jr-rec-3' AND event = 'deduct' ORDER BY entry_ms, entry_seq LIMIT 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, text) = reconcile(&cluster, &pg.url(), &["jr-rec-3"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("does not follow from the entry before it"),
+        "{text}"
+    );
+
+    // No database: nothing can be checked.
+    pg.stop();
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 2, "{text}");
+    pg.start_again();
+}
+
+/// A sink SIGKILLed mid-batch, then PostgreSQL restarted under the next
+/// one mid-transaction: every entry lands exactly once, and Redis keeps
+/// each until its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sink_and_a_restarted_database_lose_and_double_nothing() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let db = pg.client().await;
+    let locker = pg.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stockgate_journal IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("kill", 10) {
+        journals.day(&sku, 30);
+    }
+    let total = journals.written.len() as i64;
+    wait_blocked_insert(&db).await;
+    first.kill();
+    // Its backend notices the dead client and rolls back.
+    wait_no_blocked_insert(&db).await;
+    assert_eq!(
+        count(&locker, "SELECT count(*) FROM stockgate_journal").await,
+        0
+    );
+    assert_eq!(journals.pending(), total);
+
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    wait_blocked_insert(&db).await;
+    // Mid-transaction, the database goes away and comes back.
+    pg.restart();
+    second.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == total as f64
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert!(
+        second
+            .metric("stockgate_journal_faults_total{source=\"database\"}")
+            .unwrap()
+            >= 1.0
+    );
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+}
+
+/// Two sinks at once share the 16 shards (neither starves) and write each
+/// entry once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sinks_share_the_shards_and_write_each_entry_once() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    // The first gives half back; the second takes it.
+    second.wait_metric("stockgate_journal_shards_owned", |v| v == 8.0);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 8.0);
+
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("two", 40) {
+        journals.day(&sku, 9);
+    }
+    let total = journals.written.len() as f64;
+    wait(|| {
+        let moved = first.metric("stockgate_journal_entries_moved_total")?
+            + second.metric("stockgate_journal_entries_moved_total")?;
+        (moved == total).then_some(())
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert!(
+        first
+            .metric("stockgate_journal_entries_moved_total")
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        second
+            .metric("stockgate_journal_entries_moved_total")
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
+        0
+    );
+}
+
+/// With --wait-replicas, entries no replica confirmed stay in Redis and
+/// out of the database (this cluster has no replicas at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_entries_are_not_moved() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    journals.day("jr-wait-0", 5);
+    let sink = SinkProcess::start(
+        &cluster,
+        &pg,
+        &["--wait-replicas", "1", "--wait-timeout", "20ms"],
+    );
+    sink.wait_metric("stockgate_journal_unreplicated_total", |v| v >= 2.0);
+    let db = pg.client().await;
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal").await,
+        0
+    );
+    assert_eq!(journals.pending(), journals.written.len() as i64);
+}
