@@ -64,6 +64,19 @@ impl SinkProcess {
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    /// Its whole /metrics text.
+    fn metrics_text(&self) -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    }
+
     fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
         wait(|| self.metric(series).filter(|v| ok(*v)))
     }
@@ -564,6 +577,64 @@ async fn two_sinks_share_the_shards_and_write_each_entry_once() {
         count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
         0
     );
+    // Every series the journal's alerts and dashboard read is one a live
+    // sink exports.
+    let text = first.metrics_text();
+    let mut used = String::new();
+    for file in [
+        "deploy/prometheus/stockgate-journal.rules.yml",
+        "deploy/grafana/stockgate-journal-dashboard.json",
+    ] {
+        used.push_str(&std::fs::read_to_string(support::in_repo(file)).unwrap());
+    }
+    let names: std::collections::BTreeSet<&str> = used
+        .match_indices("stockgate_journal_")
+        .map(|(at, _)| {
+            let rest = &used[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            rest[..end].trim_end_matches("_bucket")
+        })
+        // Table names in the annotations, not series.
+        .filter(|name| {
+            name.ends_with("_total")
+                || name.ends_with("_seconds")
+                || name.ends_with("_entries")
+                || name.ends_with("_owned")
+        })
+        .collect();
+    assert!(names.len() >= 6, "{names:?}");
+    for name in names {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} is not in a sink's /metrics"
+        );
+    }
+}
+
+/// promtool accepts the journal's alert rules and their unit tests.
+#[test]
+fn promtool_accepts_the_journal_rules_and_their_unit_tests() {
+    for args in [
+        ["check", "rules", "stockgate-journal.rules.yml"],
+        ["test", "rules", "stockgate-journal.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(support::in_repo("deploy/prometheus"))
+            .output()
+            .expect("promtool: install it with deploy/install-deps.sh test (Debian: apt-get install -y prometheus)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("SUCCESS"),
+            "{args:?}: {text}"
+        );
+    }
 }
 
 /// With --wait-replicas, entries no replica confirmed stay in Redis and
