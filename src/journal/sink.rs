@@ -164,24 +164,26 @@ impl Sink {
         let shards = self.keys.sweep_shards().len();
         self.books().await?;
         let mut owned = std::mem::take(&mut self.owned);
+        let before = owned.clone();
         let books = self.books.as_ref().expect("connected above");
         let sinks = books.sinks().await?;
         let share = shards.div_ceil(sinks);
         while owned.len() > share {
             let shard = owned.pop().expect("more than the share");
             books.release(shard).await?;
-            tracing::info!(shard, sinks, "gave a journal shard back to share the work");
         }
         for shard in 0..shards {
             if owned.len() >= share {
                 break;
             }
             if !owned.contains(&shard) && books.claim(shard).await? {
-                tracing::info!(shard, sinks, "took a journal shard");
                 owned.push(shard);
             }
         }
         owned.sort_unstable();
+        if owned != before {
+            tracing::info!(?owned, sinks, share, "journal shards this sink moves");
+        }
         self.owned = owned;
         self.metrics.set_shards(self.owned.len());
         Ok(())
