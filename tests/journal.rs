@@ -317,6 +317,15 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
         count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
         0
     );
+    // For the record, not asserted: the rate inside the sink's batches
+    // (its transactions and trims; batches of 40 here, on a shared host).
+    let batch_seconds = first
+        .metric("stockgate_journal_batch_duration_seconds_sum")
+        .unwrap();
+    eprintln!(
+        "sink: {total} entries in {batch_seconds:.3}s of batches, {:.0} entries/s",
+        total as f64 / batch_seconds
+    );
     let (code, text) = reconcile(&cluster, &pg.url(), &[]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("12 skus: 12 agree, 0 drift"), "{text}");
@@ -657,4 +666,45 @@ async fn unreplicated_entries_are_not_moved() {
         0
     );
     assert_eq!(journals.pending(), journals.written.len() as i64);
+}
+
+/// An entry the sink cannot read (a newer format) holds back its own SKU's
+/// journal, counted as a data fault, and no other SKU's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_entry_holds_back_only_its_own_sku() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("bad", 6) {
+        journals.day(&sku, 7);
+    }
+    let good = journals.written.len() as f64;
+    let bad = "jr-bad-3";
+    let key = support::layout().journal_key(&Sku::parse(bad.to_owned().into()).unwrap());
+    let mut conn = cluster.cluster_connection().unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&key)
+        .arg("*")
+        .arg(&[("v", "9"), ("ev", "deduct")])
+        .query(&mut conn)
+        .unwrap();
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    sink.wait_metric("stockgate_journal_faults_total{source=\"data\"}", |v| {
+        v >= 1.0
+    });
+    // Every other SKU's entries move; the bad SKU's stay whole in Redis.
+    let held_back = journals.journal_len(bad);
+    let others = good - (held_back - 1) as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == others);
+    let db = pg.client().await;
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM stockgate_journal WHERE sku = 'jr-bad-3'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(journals.journal_len(bad), held_back);
+    assert_eq!(journals.pending(), held_back);
 }

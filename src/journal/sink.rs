@@ -105,6 +105,10 @@ impl Sink {
     /// `stop` mid-transaction rolls back; nothing was trimmed for it.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
+        // The last round that ran, and the lag it saw: while rounds fail
+        // (the database down, say) the lag reported keeps growing from it,
+        // so the lag alert fires on an outage as on a slow sink.
+        let mut last_ok = (Instant::now(), Duration::ZERO, 0);
         loop {
             let round = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -113,7 +117,9 @@ impl Sink {
             let pause = match round {
                 Ok(round) => {
                     backoff = Duration::from_millis(100);
-                    self.metrics.set_lag(round.backlog, age(round.oldest_ms));
+                    let lag = age(round.oldest_ms);
+                    self.metrics.set_lag(round.backlog, lag);
+                    last_ok = (Instant::now(), lag, round.backlog);
                     if round.committed.moved + round.committed.already > 0 {
                         Duration::ZERO
                     } else {
@@ -122,6 +128,10 @@ impl Sink {
                 }
                 Err(fault) => {
                     self.metrics.record_fault(fault.origin);
+                    let (at, lag, backlog) = last_ok;
+                    if backlog > 0 || lag > Duration::ZERO {
+                        self.metrics.set_lag(backlog, lag + at.elapsed());
+                    }
                     tracing::warn!(%fault, retry_safe = fault.retry_safe, "journal sink round failed; trying again");
                     if self.books.as_ref().is_none_or(Books::is_closed)
                         || fault.origin == crate::metrics::JournalSource::Database
