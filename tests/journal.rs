@@ -692,31 +692,34 @@ async fn an_unreadable_entry_holds_back_only_its_own_sku() {
     let bad = "jr-bad-3";
     let key = support::layout().journal_key(&Sku::parse(bad.to_owned().into()).unwrap());
     let mut conn = cluster.cluster_connection().unwrap();
-    let _: String = redis::cmd("XADD")
+    let unreadable: String = redis::cmd("XADD")
         .arg(&key)
         .arg("*")
         .arg(&[("v", "9"), ("ev", "deduct")])
         .query(&mut conn)
         .unwrap();
+    // One more after it, which must wait behind it.
+    journals.append(bad, "deduct", "after-the-bad-one", "", -1, 0);
+    let behind = journals.written.pop().unwrap();
     let sink = SinkProcess::start(&cluster, &pg, &[]);
     sink.wait_metric("stockgate_journal_faults_total{source=\"data\"}", |v| {
         v >= 1.0
     });
-    // Every other SKU's entries move; the bad SKU's stay whole in Redis.
-    let held_back = journals.journal_len(bad);
-    let others = good - (held_back - 1) as f64;
-    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == others);
+    // Everything before the bad entry moves, the other SKUs' too.
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == good);
     let db = pg.client().await;
-    assert_eq!(
-        count(
-            &db,
-            "SELECT count(*) FROM stockgate_journal WHERE sku = 'jr-bad-3'"
-        )
-        .await,
-        0
-    );
-    assert_eq!(journals.journal_len(bad), held_back);
-    assert_eq!(journals.pending(), held_back);
+    assert_eq!(books(&db).await, expected_books(&journals));
+    // The bad SKU's journal stops at its bad entry: it and what follows
+    // stay in Redis, out of the database.
+    let left: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    let ids: Vec<&str> = left.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, [unreadable.as_str(), behind.1.as_str()]);
+    assert_eq!(journals.pending(), 2);
 }
 
 /// reconcile run again and again while entries are written and moved:

@@ -244,8 +244,12 @@ impl Sink {
                 if after.is_none() {
                     round.backlog += read.length;
                 }
+                let unreadable = read.unreadable;
                 let Some(last) = read.entries.last().map(|e| e.at) else {
-                    break;
+                    match unreadable {
+                        Some(fault) => return Err(fault),
+                        None => break,
+                    }
                 };
                 if let Some(durability) = self.config.durability
                     && !stream::replicated(&self.upstream, &self.keys, &sku, last, durability)
@@ -264,6 +268,11 @@ impl Sink {
                     entry,
                 }));
                 after = Some(last);
+                if let Some(fault) = unreadable {
+                    // What came before it moves with the batch; its SKU
+                    // stops at it.
+                    return Err(fault);
+                }
                 if batch.len() >= self.config.batch {
                     self.flush(batch, round).await?;
                 }

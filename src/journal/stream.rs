@@ -53,7 +53,10 @@ pub async fn all_listed(
 /// `count` of them after `after` (from the start when None).
 pub struct Read {
     pub length: u64,
+    /// The entries read, up to the first one that cannot be read.
     pub entries: Vec<Entry>,
+    /// That entry's fault, if any: its SKU stops there.
+    pub unreadable: Option<JournalFault>,
 }
 
 /// Reads up to `count` entries of `sku`'s journal after `after`, with the
@@ -88,9 +91,21 @@ pub async fn read(
     let Value::Int(length) = length else {
         return Err(JournalFault::bad_reply(format!("XLEN answered {length:?}")));
     };
+    let mut entries = Vec::new();
+    let mut unreadable = None;
+    for item in items(range)? {
+        match entry(item) {
+            Ok(entry) => entries.push(entry),
+            Err(fault) => {
+                unreadable = Some(fault);
+                break;
+            }
+        }
+    }
     Ok(Read {
         length: length.max(0) as u64,
-        entries: entries(range)?,
+        entries,
+        unreadable,
     })
 }
 
@@ -215,9 +230,13 @@ pub async fn snapshot(
 
 /// XRANGE's reply: `[[id, [field, value, ...]], ...]`.
 fn entries(value: Value) -> Result<Vec<Entry>, JournalFault> {
-    items(value)?
-        .into_iter()
-        .map(|item| {
+    items(value)?.into_iter().map(entry).collect()
+}
+
+/// One entry of XRANGE's reply: `[id, [field, value, ...]]`.
+fn entry(item: Value) -> Result<Entry, JournalFault> {
+    {
+        {
             let [id, fields]: [Value; 2] = items(item)?
                 .try_into()
                 .map_err(|v| JournalFault::bad_reply(format!("a stream entry {v:?}")))?;
@@ -238,8 +257,8 @@ fn entries(value: Value) -> Result<Vec<Entry>, JournalFault> {
                 }
             };
             Ok(Entry::parse(&id, &fields)?)
-        })
-        .collect()
+        }
+    }
 }
 
 fn stream_id(id: &str) -> Result<(u64, u64), JournalFault> {
