@@ -235,50 +235,47 @@ impl Sink {
         batch: &mut Vec<SkuEntry>,
         round: &mut Round,
     ) -> Result<(), JournalFault> {
-        {
-            let sku = stream::sku(name)?;
-            let mut after = None;
-            loop {
-                let room = self.config.batch - batch.len();
-                let read = stream::read(&self.upstream, &self.keys, &sku, after, room).await?;
-                if after.is_none() {
-                    round.backlog += read.length;
+        let sku = stream::sku(name)?;
+        let mut after = None;
+        loop {
+            let room = self.config.batch - batch.len();
+            let read = stream::read(&self.upstream, &self.keys, &sku, after, room).await?;
+            if after.is_none() {
+                round.backlog += read.length;
+            }
+            let unreadable = read.unreadable;
+            let Some(last) = read.entries.last().map(|e| e.at) else {
+                match unreadable {
+                    Some(fault) => return Err(fault),
+                    None => break,
                 }
-                let unreadable = read.unreadable;
-                let Some(last) = read.entries.last().map(|e| e.at) else {
-                    match unreadable {
-                        Some(fault) => return Err(fault),
-                        None => break,
-                    }
-                };
-                if let Some(durability) = self.config.durability
-                    && !stream::replicated(&self.upstream, &self.keys, &sku, last, durability)
-                        .await?
-                {
-                    // Not on enough replicas yet: a failover now could lose
-                    // them. Left for a later round.
-                    self.metrics.record_unreplicated();
-                    break;
-                }
-                let first_ms = read.entries[0].at.0;
-                round.oldest_ms = Some(round.oldest_ms.map_or(first_ms, |o| o.min(first_ms)));
-                let full = read.entries.len() >= room;
-                batch.extend(read.entries.into_iter().map(|entry| SkuEntry {
-                    sku: name.to_owned(),
-                    entry,
-                }));
-                after = Some(last);
-                if let Some(fault) = unreadable {
-                    // What came before it moves with the batch; its SKU
-                    // stops at it.
-                    return Err(fault);
-                }
-                if batch.len() >= self.config.batch {
-                    self.flush(batch, round).await?;
-                }
-                if !full {
-                    break;
-                }
+            };
+            if let Some(durability) = self.config.durability
+                && !stream::replicated(&self.upstream, &self.keys, &sku, last, durability).await?
+            {
+                // Not on enough replicas yet: a failover now could lose
+                // them. Left for a later round.
+                self.metrics.record_unreplicated();
+                break;
+            }
+            let first_ms = read.entries[0].at.0;
+            round.oldest_ms = Some(round.oldest_ms.map_or(first_ms, |o| o.min(first_ms)));
+            let full = read.entries.len() >= room;
+            batch.extend(read.entries.into_iter().map(|entry| SkuEntry {
+                sku: name.to_owned(),
+                entry,
+            }));
+            after = Some(last);
+            if let Some(fault) = unreadable {
+                // What came before it moves with the batch; its SKU
+                // stops at it.
+                return Err(fault);
+            }
+            if batch.len() >= self.config.batch {
+                self.flush(batch, round).await?;
+            }
+            if !full {
+                break;
             }
         }
         Ok(())

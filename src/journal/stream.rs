@@ -235,30 +235,26 @@ fn entries(value: Value) -> Result<Vec<Entry>, JournalFault> {
 
 /// One entry of XRANGE's reply: `[id, [field, value, ...]]`.
 fn entry(item: Value) -> Result<Entry, JournalFault> {
-    {
-        {
-            let [id, fields]: [Value; 2] = items(item)?
-                .try_into()
-                .map_err(|v| JournalFault::bad_reply(format!("a stream entry {v:?}")))?;
-            let id = text(id)?;
-            let fields = match fields {
-                Value::Map(pairs) => pairs
-                    .into_iter()
-                    .map(|(k, v)| Ok((text(k)?, text(v)?)))
-                    .collect::<Result<Vec<_>, JournalFault>>()?,
-                other => {
-                    let flat: Vec<String> = items(other)?
-                        .into_iter()
-                        .map(text)
-                        .collect::<Result<_, _>>()?;
-                    flat.chunks(2)
-                        .map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default()))
-                        .collect()
-                }
-            };
-            Ok(Entry::parse(&id, &fields)?)
+    let [id, fields]: [Value; 2] = items(item)?
+        .try_into()
+        .map_err(|v| JournalFault::bad_reply(format!("a stream entry {v:?}")))?;
+    let id = text(id)?;
+    let fields = match fields {
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .map(|(k, v)| Ok((text(k)?, text(v)?)))
+            .collect::<Result<Vec<_>, JournalFault>>()?,
+        other => {
+            let flat: Vec<String> = items(other)?
+                .into_iter()
+                .map(text)
+                .collect::<Result<_, _>>()?;
+            flat.chunks(2)
+                .map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default()))
+                .collect()
         }
-    }
+    };
+    Ok(Entry::parse(&id, &fields)?)
 }
 
 fn stream_id(id: &str) -> Result<(u64, u64), JournalFault> {
