@@ -29,7 +29,7 @@
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
 # - curl: tests/readme.rs runs the README's HTTP examples as written.
 # - postgresql: PostgreSQL 15 (Debian 12's), the books' database.
-#   tests/journal.rs runs `initdb` and `pg_ctl` from
+#   tests/books.rs runs `initdb` and `pg_ctl` from
 #   /usr/lib/postgresql/<version>/bin on a free loopback port in a temp
 #   dir (as the `postgres` user when run as root) and stops it; the
 #   package's own cluster and service are not used. Only installed when no
