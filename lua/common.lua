@@ -248,15 +248,59 @@ local function int_text(n)
   return string.format('%d', n)
 end
 
+-- The SKU's journal (issue 26; src/journal/mod.rs owns the entry's
+-- shape): with --journal, every change of a SKU's stock or held units
+-- appends one entry in the call that makes it. A script reads its journal
+-- flag with journal_ready first, before anything is read or written; the
+-- helpers below that change stock then journal what they do.
+local JOURNAL = {on = false, key = ''}
+
+-- The journal flag ("1": on; "0" or absent: off). With it on, the SKU's
+-- journal must exist: stockgate lists the SKU in its shard's set of
+-- journals, then makes the stream (lua/journal_open.lua), before the
+-- SKU's first entry, so the sink finds every journal without a scan; a
+-- call that finds no stream is refused with NOJOURNAL before it changes
+-- anything, and stockgate opens the journal and sends the call again.
+-- Returns the error reply to return, or nil.
+local function journal_ready(stock_key, flag)
+  if flag == nil or flag == '0' then
+    return nil
+  end
+  if flag ~= '1' then
+    return badcall('the journal flag must be 0 or 1')
+  end
+  JOURNAL.key = stock_key .. ':journal'
+  if redis.call('EXISTS', JOURNAL.key) == 0 then
+    return redis.error_reply('NOJOURNAL the sku has no journal yet; nothing was changed')
+  end
+  JOURNAL.on = true
+  return nil
+end
+
+-- One entry: the event, the request_id (or op_id), the order_no, the
+-- change of the stock and of the held units, and both after it (the
+-- entry's id, <ms>-<seq>, carries Redis time). Numbers may come as
+-- strings or Lua numbers; the id is Redis's own.
+local function journal(ev, id, ono, ds, dh, st, hd)
+  if JOURNAL.on then
+    redis.call('XADD', JOURNAL.key, '*', 'v', '1', 'ev', ev, 'id', id, 'ono', ono or '',
+      'ds', ds, 'dh', dh, 'st', st, 'hd', hd)
+  end
+end
+
 -- How many expired holds one call releases at most: a SKU with a backlog
 -- is cleaned over several calls, and no call blocks Redis for long.
 local RELEASE_BOUND = 32
 
 -- The units on hold go down by qty; the counter goes when it reaches 0.
+-- Returns the units held after it.
 local function unhold(held_key, qty)
-  if redis.call('DECRBY', held_key, qty) <= 0 then
+  local left = redis.call('DECRBY', held_key, qty)
+  if left <= 0 then
     redis.call('DEL', held_key)
+    return 0
   end
+  return left
 end
 
 -- A record's TTL when its state changes: never shorter than it was, and
@@ -274,9 +318,11 @@ end
 -- a retry window from now (set_lasting), and leaves the holds set.
 -- `record` is the parsed record of `record_key`, in state H.
 local function release_one(stock_key, holds_key, held_key, record_key, record, window)
-  redis.call('INCRBY', stock_key, record.qty)
-  unhold(held_key, record.qty)
-  redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
+  local stock = redis.call('INCRBY', stock_key, record.qty)
+  local held = unhold(held_key, record.qty)
+  local id = string.sub(record_key, #stock_key + 6)
+  journal('expire', id, record.order_no, record.qty, '-' .. record.qty, stock, held)
+  redis.call('ZREM', holds_key, id)
   set_lasting(record_key,
     record_text('X', record.qty, record.nonce, record.aux, record.order_no), window)
 end

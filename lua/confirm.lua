@@ -29,6 +29,7 @@ ARGV[1]  retry window        milliseconds, at least 60000
 ARGV[2]  missing stock       "error" or "zero"
 ARGV[3]  nonce               1 to 32 hex digits, new for every call
 ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent)
+ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
 
 Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
 expires_at, released, held_ms, event}:
@@ -59,7 +60,7 @@ local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate)
+bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[5])
 if bad then
   return bad
 end
@@ -115,8 +116,10 @@ if state == 'C' then
 end
 
 -- HELD, in time. Writes: only after every check above has passed.
-unhold(held_key, record.qty)
-redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
+local held = unhold(held_key, record.qty)
+local id = string.sub(record_key, #stock_key + 6)
+journal('confirm', id, record.order_no, '0', '-' .. record.qty, stock or 0, held)
+redis.call('ZREM', holds_key, id)
 set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window)
 return answer(0, stock, record.order_no, '', record.expires, released, held_for(record, now),
   'confirmed')

@@ -30,6 +30,10 @@ ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise
                              sent again, 1, 4) then writes it again unchanged,
                              so the WAIT after it confirms that record (see
                              replicate_again in lua/common.lua)
+ARGV[8]  journal             "1" with --journal: the change is appended to the
+                             SKU's journal in this call (lua/common.lua,
+                             journal_ready; NOJOURNAL when the SKU has none
+                             yet, nothing changed); "0" or absent: off
 
 Replies (lua/common.lua's answer(): {code, stock, order_no, VERSION,
 reason, expires_at, released, held_ms}). The first four elements are fixed
@@ -75,7 +79,7 @@ local window, bad = own_args(KEYS, window_arg, missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate)
+bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[8])
 if bad then
   return bad
 end
@@ -149,5 +153,7 @@ end
 -- number passed to redis.call is formatted with snprintf, about 2.7k
 -- instructions each.
 local remain = redis.call('DECRBY', stock_key, qty_arg)
+journal('deduct', string.sub(record_key, #stock_key + 6), order_no, '-' .. qty_arg, '0', remain,
+  math.max(held, 0))
 redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window_arg)
 return answer(0, remain, order_no, '', 0, released)

@@ -48,9 +48,10 @@ ARGV[1]    retry window      as lua/deduct.lua ARGV[3]
 ARGV[2]    max qty           as ARGV[4]
 ARGV[3]    missing stock     as ARGV[5]
 ARGV[4]    replicate         as ARGV[7]
-ARGV[2+3i] member i's qty       as lua/deduct.lua ARGV[1]
-ARGV[3+3i] member i's order_no  as ARGV[2]
-ARGV[4+3i] member i's nonce     as ARGV[6]
+ARGV[5]    journal           as ARGV[8]
+ARGV[3+3i] member i's qty       as lua/deduct.lua ARGV[1]
+ARGV[4+3i] member i's order_no  as ARGV[2]
+ARGV[5+3i] member i's nonce     as ARGV[6]
 
 Reply: an array of n replies, member i's at i, each lua/deduct.lua's reply
 or error reply. The released count (expired holds given back first) is on
@@ -70,8 +71,8 @@ local n = #KEYS - 3
 -- What the members share, checked once, in lua/deduct.lua's order: the
 -- window and the mode come before any member's own checks there, so a
 -- fault in either is every member's answer.
-if n < 0 or #ARGV ~= 4 + 3 * n then
-  return badcall('a coalesced DEDUCT takes 3 + n keys and 4 + 3n arguments')
+if n < 0 or #ARGV ~= 5 + 3 * n then
+  return badcall('a coalesced DEDUCT takes 3 + n keys and 5 + 3n arguments')
 end
 local window = window_ms(window_arg)
 if not window then
@@ -82,6 +83,13 @@ if missing ~= 'error' and missing ~= 'zero' then
 end
 if not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
+end
+if n > 0 then
+  -- The journal's absence refuses the whole call, before anything is read.
+  local refused = journal_ready(stock_key, ARGV[5])
+  if refused then
+    return refused
+  end
 end
 -- These two come after each member's key and nonce checks in
 -- lua/deduct.lua: a member whose own check fails answers that instead.
@@ -127,7 +135,7 @@ local deducted_once = false
 
 for i = 1, n do
   local record_key = KEYS[3 + i]
-  local qty_arg, order_no, nonce = ARGV[2 + 3 * i], ARGV[3 + 3 * i], ARGV[4 + 3 * i]
+  local qty_arg, order_no, nonce = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
   local reply
   local qty = positive_int(qty_arg)
   if not record_key_under(record_prefix, record_key) then
@@ -222,6 +230,8 @@ for i = 1, n do
         if decr_failed then
           reply = decr_failed
         else
+          journal('deduct', string.sub(record_key, #record_prefix + 1), order_no, '-' .. qty_arg,
+            '0', stock, math.max(held, 0))
           local text = record_text('D', qty_arg, nonce, '', order_no)
           redis.call('SET', record_key, text, 'PX', window_arg)
           written[record_key] = text

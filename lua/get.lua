@@ -8,6 +8,7 @@ KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
+ARGV[2]  journal, as lua/deduct.lua ARGV[8] (a release journals `expire` entries)
 
 Replies: {stock, held, next_expiry, released}
   stock        the available stock as stored, or false (nil) when missing
@@ -30,6 +31,10 @@ end
 local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
+end
+local refused = journal_ready(stock_key, ARGV[2])
+if refused then
+  return refused
 end
 local released = 0
 local stock = read_stock(stock_key)

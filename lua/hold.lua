@@ -38,6 +38,7 @@ ARGV[6]  max qty             decimal integer
 ARGV[7]  missing stock       "error" or "zero"
 ARGV[8]  nonce               1 to 32 hex digits, new for every call
 ARGV[9]  replicate           "1" with --wait-replicas, "0" (or absent)
+ARGV[10] journal             as lua/deduct.lua ARGV[8]
 
 Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
 expires_at, released, held_ms, event}; expires_at is the hold's expiry in
@@ -65,7 +66,7 @@ local window, bad = own_args(KEYS, window_arg, missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate)
+bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[10])
 if bad then
   return bad
 end
@@ -143,8 +144,10 @@ end
 -- Writes: only after every check above has passed.
 local expires = now + ttl
 local remain = redis.call('DECRBY', stock_key, qty)
-redis.call('INCRBY', held_key, qty)
-redis.call('ZADD', holds_key, expires, string.sub(record_key, #stock_key + 6))
+local held = redis.call('INCRBY', held_key, qty)
+local id = string.sub(record_key, #stock_key + 6)
+journal('hold', id, order_no, '-' .. qty_arg, qty_arg, remain, held)
+redis.call('ZADD', holds_key, expires, id)
 -- No TTL: the units held are known from this record alone, so it must
 -- outlive the hold however long nothing touches the SKU. Whatever ends the
 -- hold (CONFIRM, REVERT, the release at its expiry) gives the record its

@@ -57,6 +57,7 @@ ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent): a reply
                              stating an existing record (0 and 4 for a call
                              sent again, 1) writes it again unchanged, so the
                              WAIT after it confirms it (lua/common.lua)
+ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
 
 Replies, DEDUCT's shape (lua/common.lua, answer()):
   {0, remain, order_no, ...}   given back; remain is the stock after it,
@@ -87,14 +88,14 @@ local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate)
+bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[5])
 if bad then
   return bad
 end
 
 -- The read, the stored data's checks and the SKU's expired holds given
 -- back, before anything is decided.
-local failed, stock, raw, record, _, released, now = open_request(KEYS, window)
+local failed, stock, raw, record, held, released, now = open_request(KEYS, window)
 if failed then
   return failed
 end
@@ -143,13 +144,15 @@ end
 -- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.
 -- Writes: only after every check above has passed.
 local remain = redis.call('INCRBY', stock_key, record.qty)
-if record.state == 'H' then
-  unhold(held_key, record.qty)
-  redis.call('ZREM', holds_key, string.sub(record_key, #stock_key + 6))
-end
+local id = string.sub(record_key, #stock_key + 6)
 local event = ''
 if record.state == 'H' then
+  held = unhold(held_key, record.qty)
+  redis.call('ZREM', holds_key, id)
   event = 'cancelled'
+  journal('cancel', id, record.order_no, record.qty, '-' .. record.qty, remain, held)
+else
+  journal('revert', id, record.order_no, record.qty, '0', remain, math.max(held or 0, 0))
 end
 set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window)
 return answer(0, remain, record.order_no, '', 0, released, 0, event)

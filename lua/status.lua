@@ -10,6 +10,7 @@ KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 KEYS[3]  holds               <prefix>:{<sku>}:holds
 KEYS[4]  held units          <prefix>:{<sku>}:held
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
+ARGV[2]  journal, as lua/deduct.lua ARGV[8] (a release journals `expire` entries)
 
 Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, released}
   state        "none", "DEDUCTED", "REVERTED", "REVOKED", "HELD",
@@ -38,6 +39,10 @@ end
 local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
+end
+local refused = journal_ready(stock_key, ARGV[2])
+if refused then
+  return refused
 end
 local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}

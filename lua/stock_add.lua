@@ -19,6 +19,7 @@ ARGV[3]  nonce       1 to 32 hex digits, new for every call
 ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
                      op_id already applied writes its record again unchanged,
                      so the WAIT after it confirms it (lua/common.lua)
+ARGV[5]  journal     "1" with --journal: an `add` entry; "0" or absent
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, after, "", VERSION}    added now; after is the stock after it (a call
@@ -41,7 +42,7 @@ local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(ARGV[4])
+bad = bad_replicate(ARGV[4]) or journal_ready(stock_key, ARGV[5])
 if bad then
   return bad
 end
@@ -80,5 +81,9 @@ if after > EXACT then
   return {3, stock or 0, '', VERSION, 'the stock would exceed 2^53 - 1'}
 end
 after = redis.call('INCRBY', stock_key, delta_arg)
+if JOURNAL.on then
+  journal('add', string.sub(op_key, #stock_key + 5), '', delta_arg, '0', after,
+    tonumber(redis.call('GET', stock_key .. ':held') or '0'))
+end
 redis.call('SET', op_key, op_text('A', delta_arg, nonce, after), 'PX', window)
 return {0, after, '', VERSION}

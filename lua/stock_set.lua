@@ -15,6 +15,8 @@ ARGV[3]  nonce       1 to 32 hex digits, new for every call
 ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
                      op_id already applied writes its record again unchanged,
                      so the WAIT after it confirms it (lua/common.lua)
+ARGV[5]  journal     "1" with --journal, "0" (or absent): a set journals a
+                     `set` entry, where the SKU's account starts again
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, qty, "", VERSION}      set now (a call sent again that finds its own
@@ -34,7 +36,7 @@ local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(ARGV[4])
+bad = bad_replicate(ARGV[4]) or journal_ready(stock_key, ARGV[5])
 if bad then
   return bad
 end
@@ -62,5 +64,9 @@ if raw then
 end
 
 redis.call('SET', stock_key, qty_arg)
+if JOURNAL.on then
+  journal('set', string.sub(op_key, #stock_key + 5), '', int_text(qty - (tonumber(current or '0') or 0)),
+    '0', qty_arg, tonumber(redis.call('GET', stock_key .. ':held') or '0'))
+end
 redis.call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
 return {0, qty, '', VERSION}

@@ -5,7 +5,8 @@
 -- exactly once. src/journal/mod.rs owns what each column means.
 
 -- One row per journal entry. The key is the entry's identity in Redis:
--- the SKU and its stream id <entry_ms>-<entry_seq>. A re-delivered entry
+-- the SKU and its stream id <entry_ms>-<entry_seq> (entry_ms is the
+-- primary's Redis time when it appended the entry). A re-delivered entry
 -- (a sink killed after its commit and before its trim) meets the key and
 -- changes nothing.
 CREATE TABLE IF NOT EXISTS stockgate_journal (
@@ -21,7 +22,6 @@ CREATE TABLE IF NOT EXISTS stockgate_journal (
     held_change  bigint      NOT NULL,  -- signed change of the units on hold
     stock_after  bigint      NOT NULL,
     held_after   bigint      NOT NULL,
-    redis_ms     bigint      NOT NULL,  -- Redis time of the change
     -- Where the SKU's account starts again: STOCK.SET and `stock import`
     -- (one STOCK.SET per row). stock_after of the last baseline is the
     -- account's opening; the moves after it add up from there.
@@ -54,7 +54,6 @@ CREATE TABLE IF NOT EXISTS stockgate_journal_conflicts (
     held_change  bigint      NOT NULL,
     stock_after  bigint      NOT NULL,
     held_after   bigint      NOT NULL,
-    redis_ms     bigint      NOT NULL,
     seen_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (sku, entry_ms, entry_seq)
 );

@@ -347,6 +347,15 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_ORDER_LINE_HOLD", default_value = "5m", value_parser = humantime::parse_duration)]
     pub order_line_hold: Duration,
 
+    /// Journal every change of stock or of a record's state: the script
+    /// that makes a change appends an entry to the SKU's journal (a Redis
+    /// stream under its hash tag) in the same atomic call, for `stockgate
+    /// journal sink` to move into PostgreSQL. Off by default: nothing
+    /// trims a journal but the sink, so turn it on with the sink running
+    /// (docs/books.md).
+    #[arg(long, env = "STOCKGATE_JOURNAL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub journal: bool,
+
     /// Run the hold sweeper, which gives back the expired holds of SKUs no
     /// request touches. Correctness never depends on it (every call on a
     /// SKU releases its expired holds first); with it off, such units come
@@ -509,6 +518,8 @@ pub struct Config {
     pub max_order_lines: usize,
     /// `--order-line-hold`, at most `--max-hold`.
     pub order_line_hold: Duration,
+    /// `--journal`: every change appended to its SKU's journal.
+    pub journal: bool,
     pub sweeper: bool,
     pub sold_out_reads: bool,
     pub coalesce_deducts: usize,
@@ -689,6 +700,7 @@ impl ProxyArgs {
             max_hold: self.max_hold,
             max_order_lines: self.max_order_lines,
             order_line_hold,
+            journal: self.journal,
             sweeper: self.sweeper,
             sold_out_reads: self.sold_out_reads,
             coalesce_deducts: self.coalesce_deducts,

@@ -53,6 +53,10 @@ pub enum FaultKind {
     /// The node already has as many requests queued as stockgate holds for
     /// it (it stopped reading, or can't keep up); this one was not sent.
     Overloaded,
+    /// With `--journal`, the SKU has no journal yet (NOJOURNAL): the script
+    /// changed nothing. stockgate opens the journal and sends the call
+    /// again; a caller sees this only when that failed.
+    NoJournal,
 }
 
 /// The three classes of fault, by what they mean for the caller. The RESP
@@ -83,14 +87,15 @@ impl FaultKind {
             | FaultKind::WritesRefused
             | FaultKind::NotReady
             | FaultKind::NotReplicated
-            | FaultKind::Overloaded => FaultClass::Unavailable,
+            | FaultKind::Overloaded
+            | FaultKind::NoJournal => FaultClass::Unavailable,
             FaultKind::BadReply | FaultKind::BadCall => FaultClass::BadReply,
             FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
         }
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -105,6 +110,7 @@ impl FaultKind {
         FaultKind::Refused,
         FaultKind::NotReplicated,
         FaultKind::Overloaded,
+        FaultKind::NoJournal,
     ];
 
     /// The `kind` label of `stockgate_upstream_errors_total`.
@@ -124,6 +130,7 @@ impl FaultKind {
             FaultKind::Refused => "refused",
             FaultKind::NotReplicated => "not_replicated",
             FaultKind::Overloaded => "overloaded",
+            FaultKind::NoJournal => "no_journal",
         }
     }
 
@@ -187,6 +194,10 @@ impl UpstreamError {
     pub fn from_server_error(code: &str, detail: &str) -> Self {
         match code {
             "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, detail),
+            "NOJOURNAL" => UpstreamError::new(
+                FaultKind::NoJournal,
+                format!("the sku's journal could not be opened: {detail}"),
+            ),
             "BADSTOCK" | "BADRECORD" | "WRONGTYPE" => {
                 UpstreamError::new(FaultKind::BadData, format!("{code} {detail}"))
             }

@@ -226,19 +226,6 @@ impl KeyLayout {
         [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:journal"].concat()
     }
 
-    /// `<prefix>:{<sku>}:journal:listed`: exists once the SKU is in its
-    /// shard's set of journals ([`SweepShard::journals`]); until then every
-    /// script that journals asks stockgate to list it.
-    pub fn journal_listed_key(&self, sku: &Sku) -> Vec<u8> {
-        [
-            self.prefix.as_bytes(),
-            b":{",
-            sku.as_bytes(),
-            b"}:journal:listed",
-        ]
-        .concat()
-    }
-
     /// `<prefix>:{sweep}:lease`: who sweeps now.
     pub fn sweep_lease(&self) -> Vec<u8> {
         format!("{}:{{sweep}}:lease", self.prefix).into_bytes()

@@ -32,6 +32,7 @@ pub const SOLD_OUT_READS_TOTAL: &str = "stockgate_sold_out_reads_total";
 pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
 pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
 pub const ORDER_RECOVERIES_TOTAL: &str = "stockgate_order_recoveries_total";
+pub const JOURNALS_OPENED_TOTAL: &str = "stockgate_journal_opened_total";
 /// `stockgate journal sink`'s own series ([`JournalMetrics`]).
 pub const JOURNAL_ENTRIES_MOVED_TOTAL: &str = "stockgate_journal_entries_moved_total";
 pub const JOURNAL_LAG_SECONDS: &str = "stockgate_journal_lag_seconds";
@@ -145,6 +146,9 @@ pub struct Metrics {
     /// Orders left behind that this stockgate's recovery looked at
     /// ([`crate::stock::order::recovery`]), by whether it could end them.
     order_recoveries: [Counter; 2],
+    /// SKUs whose journal this stockgate opened ([`crate::stock`]'s
+    /// journal: a SKU's first call with `--journal` on).
+    journals_opened: Counter,
 }
 
 impl Metrics {
@@ -365,8 +369,17 @@ impl Metrics {
             counter.increment(0);
             counter
         });
+        recorder.describe_counter(
+            JOURNALS_OPENED_TOTAL.into(),
+            None,
+            "SKUs whose journal this stockgate listed and made (with --journal, a SKU's first change; the call that found no journal went again).".into(),
+        );
+        let journals_opened =
+            recorder.register_counter(&Key::from_name(JOURNALS_OPENED_TOTAL), &meta);
+        journals_opened.increment(0);
         Metrics {
             handle: recorder.handle(),
+            journals_opened,
             coalesced_calls,
             coalesced_deducts,
             order_recoveries,
@@ -433,6 +446,11 @@ impl Metrics {
     /// One order left behind, ended or not (yet).
     pub fn record_order_recovery(&self, ended: bool) {
         self.order_recoveries[usize::from(!ended)].increment(1);
+    }
+
+    /// A SKU's journal opened (listed and made).
+    pub fn record_journal_opened(&self) {
+        self.journals_opened.increment(1);
     }
 
     /// One pass of the sweeper, finished or failed.

@@ -198,6 +198,8 @@ pub struct Scripts {
     pub sweep_active: Arc<LuaScript>,
     /// The orders in flight, for their recovery (`src/stock/order/recovery.rs`).
     pub order_due: Arc<LuaScript>,
+    /// A SKU's journal opened before its first entry (`src/stock/journal.rs`).
+    pub journal_open: Arc<LuaScript>,
 }
 
 impl Scripts {
@@ -228,6 +230,7 @@ impl Scripts {
                 include_str!("../lua/sweep_active.lua"),
             ),
             order_due: LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
+            journal_open: LuaScript::new("journal_open", include_str!("../lua/journal_open.lua")),
         }
     }
 
@@ -250,6 +253,7 @@ impl Scripts {
             self.sweep_lease.clone(),
             self.sweep_active.clone(),
             self.order_due.clone(),
+            self.journal_open.clone(),
         ]
     }
 }
@@ -288,7 +292,8 @@ mod tests {
                 "order",
                 "stock_add",
                 "stock_set",
-                "order_due"
+                "order_due",
+                "journal_open"
             ]
         );
     }

@@ -148,11 +148,6 @@ impl Journals {
         *stock += ds;
         *held += dh;
         let (st, hd) = (*stock, *held);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-            .to_string();
         // The stock, the held units and the entry in one atomic call, as a
         // stockgate script changes them: a reader never sees one without
         // the others.
@@ -173,7 +168,6 @@ impl Journals {
                 ("dh", &dh.to_string()),
                 ("st", &st.to_string()),
                 ("hd", &hd.to_string()),
-                ("t", &now),
             ])
             .query(&mut self.conn)
             .unwrap();
@@ -355,7 +349,7 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
     let original: Vec<(String, Vec<(String, String)>)> = db
         .query(
             "SELECT entry_ms || '-' || entry_seq, format, event, request_id, order_no, stock_change,
-                    held_change, stock_after, held_after, redis_ms
+                    held_change, stock_after, held_after
                FROM stockgate_journal WHERE sku = $1 ORDER BY entry_ms, entry_seq",
             &[&sku],
         )
@@ -372,7 +366,6 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
                 ("dh".to_owned(), row.get::<_, i64>(6).to_string()),
                 ("st".to_owned(), row.get::<_, i64>(7).to_string()),
                 ("hd".to_owned(), row.get::<_, i64>(8).to_string()),
-                ("t".to_owned(), row.get::<_, i64>(9).to_string()),
             ];
             (row.get(0), fields)
         })

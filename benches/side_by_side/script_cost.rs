@@ -133,7 +133,7 @@ fn deduct(
                 for m in 0..members {
                     cmd.arg(id(m));
                 }
-                cmd.arg(WINDOW).arg(MAX_QTY).arg("error").arg("0");
+                cmd.arg(WINDOW).arg(MAX_QTY).arg("error").arg("0").arg("0");
                 for _ in 0..members {
                     cmd.arg("1").arg("").arg(&nonce);
                 }

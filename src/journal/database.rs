@@ -186,10 +186,10 @@ impl Books {
             .query(
                 "INSERT INTO stockgate_journal
                      (sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                      stock_change, held_change, stock_after, held_after, redis_ms)
+                      stock_change, held_change, stock_after, held_after)
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int4[],
                       $5::text[], $6::text[], $7::text[], $8::int8[], $9::int8[],
-                      $10::int8[], $11::int8[], $12::int8[])
+                      $10::int8[], $11::int8[])
                  ON CONFLICT (sku, entry_ms, entry_seq) DO NOTHING
                  RETURNING sku, entry_ms, entry_seq",
                 &columns.params(),
@@ -219,7 +219,7 @@ impl Books {
             let stored = tx
                 .query(
                     "SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                            stock_change, held_change, stock_after, held_after, redis_ms
+                            stock_change, held_change, stock_after, held_after
                        FROM stockgate_journal
                       WHERE (sku, entry_ms, entry_seq) IN
                             (SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[]))",
@@ -263,10 +263,10 @@ impl Books {
                     .execute(
                         "INSERT INTO stockgate_journal_conflicts
                              (sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                              stock_change, held_change, stock_after, held_after, redis_ms)
+                              stock_change, held_change, stock_after, held_after)
                          SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int4[],
                               $5::text[], $6::text[], $7::text[], $8::int8[], $9::int8[],
-                              $10::int8[], $11::int8[], $12::int8[])
+                              $10::int8[], $11::int8[])
                          ON CONFLICT (sku, entry_ms, entry_seq) DO NOTHING",
                         &differing.params(),
                     )
@@ -332,7 +332,7 @@ impl Books {
             .query(
                 "SELECT * FROM (
                      SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                            stock_change, held_change, stock_after, held_after, redis_ms,
+                            stock_change, held_change, stock_after, held_after,
                             lag(stock_after) OVER w AS stock_before,
                             lag(held_after) OVER w AS held_before
                        FROM stockgate_journal WHERE sku = $1
@@ -351,7 +351,7 @@ impl Books {
 
 /// An entry from a row whose columns from `first` are entry_ms, entry_seq,
 /// format, event, request_id, order_no, stock_change, held_change,
-/// stock_after, held_after, redis_ms. None for an event this stockgate
+/// stock_after, held_after. None for an event this stockgate
 /// doesn't know (the table's CHECK allows none).
 fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
     Some(Entry {
@@ -367,7 +367,7 @@ fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
         held_change: row.get(first + 7),
         stock: row.get(first + 8),
         held: row.get(first + 9),
-        time_ms: row.get(first + 10),
+        time_ms: row.get::<_, i64>(first) as u64,
     })
 }
 
@@ -385,7 +385,6 @@ struct Columns {
     held_change: Vec<i64>,
     stock: Vec<i64>,
     held: Vec<i64>,
-    time_ms: Vec<i64>,
 }
 
 impl Columns {
@@ -417,11 +416,10 @@ impl Columns {
         self.held_change.push(entry.held_change);
         self.stock.push(entry.stock);
         self.held.push(entry.held);
-        self.time_ms.push(entry.time_ms);
         Ok(())
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
         [
             &self.sku,
             &self.ms,
@@ -434,7 +432,6 @@ impl Columns {
             &self.held_change,
             &self.stock,
             &self.held,
-            &self.time_ms,
         ]
     }
 }

@@ -1,14 +1,19 @@
 //! The books: every change of a SKU's stock or records, as its journal
 //! keeps it (issue 26).
 //!
-//! The script that makes a change appends one entry to the SKU's journal
-//! in the same atomic call: a Redis stream under the SKU's hash tag
+//! With `--journal`, the script that makes a change appends one entry to
+//! the SKU's journal in the same atomic call (`lua/common.lua`, `journal`):
+//! a Redis stream under the SKU's hash tag
 //! ([`crate::keys::KeyLayout::journal_key`]), so entries of one SKU are
 //! totally ordered, and their ids (Redis's `<ms>-<seq>`, from the
 //! primary's clock, never below the stream's last id) are stable and never
 //! reused while the stream exists. A call that changes nothing (codes 1 to
-//! 5) writes no entry. The sink moves entries into PostgreSQL and only
-//! then trims them; `reconcile` proves Redis and the database agree.
+//! 5) writes no entry. Before a SKU's first entry, stockgate lists the SKU
+//! in its sweep shard's set of journals ([`crate::keys::SweepShard`]
+//! `journals`), then makes the stream (`lua/journal_open.lua`): a stream
+//! never exists unlisted, so the sink finds every journal without a scan.
+//! The sink moves entries into PostgreSQL and only then trims them;
+//! `reconcile` proves Redis and the database agree.
 //!
 //! This module owns the entry's shape: its field names, its events and
 //! what each does to the SKU's account. The scripts write it (`lua/`,
@@ -29,7 +34,9 @@
 //! | `dh` | the change of its held units, signed |
 //! | `st` | the stock after the change |
 //! | `hd` | the held units after the change |
-//! | `t` | Redis time of the change, milliseconds |
+//!
+//! The entry's time is its id's first part: Redis time of the primary, in
+//! milliseconds, when it was appended (never below the entry before it).
 //!
 //! The account: after any entry, `st = st(before) + ds` and
 //! `hd = hd(before) + dh`. A `set` entry starts the account again (its
@@ -112,7 +119,8 @@ pub struct Entry {
     pub held_change: i64,
     pub stock: i64,
     pub held: i64,
-    pub time_ms: i64,
+    /// The id's first part: Redis time when it was appended.
+    pub time_ms: u64,
 }
 
 /// Why an entry could not be read.
@@ -130,7 +138,7 @@ impl Entry {
             at: at.to_owned(),
             what,
         };
-        let stream_id = at
+        let stream_id: (u64, u64) = at
             .split_once('-')
             .and_then(|(ms, seq)| Some((ms.parse().ok()?, seq.parse().ok()?)))
             .ok_or_else(|| bad("the id is not <ms>-<seq>".into()))?;
@@ -167,7 +175,7 @@ impl Entry {
             held_change: int("dh")?,
             stock: int("st")?,
             held: int("hd")?,
-            time_ms: int("t")?,
+            time_ms: stream_id.0,
         })
     }
 
@@ -199,12 +207,12 @@ mod tests {
             ("dh", "3"),
             ("st", "7"),
             ("hd", "3"),
-            ("t", "1700000000000"),
         ]);
         let entry = Entry::parse("1700000000000-2", &good).unwrap();
         assert_eq!(entry.event, Event::Hold);
         assert_eq!((entry.stock_change, entry.held_change), (-3, 3));
         assert_eq!(entry.stream_id(), "1700000000000-2");
+        assert_eq!(entry.time_ms, 1_700_000_000_000);
         for event in Event::ALL {
             assert_eq!(Event::parse(event.name()), Some(event));
         }

@@ -284,7 +284,7 @@ mod tests {
             held_change: dh,
             stock: st,
             held: hd,
-            time_ms: at.0 as i64,
+            time_ms: at.0,
         }
     }
 

@@ -96,13 +96,15 @@ impl StockService {
         // A script, not a GET: like every call on a SKU, it first gives
         // back the SKU's expired holds (`lua/get.lua`).
         let keys = self.keys.sku_keys(&sku);
+        let keys = keys.all();
+        let args = [
+            self.retry_window_arg.as_bytes(),
+            self.journal_arg.as_bytes(),
+        ];
         match self
-            .upstream
-            .eval(
-                &self.scripts.get,
-                &keys.all(),
-                &[self.retry_window_arg.as_bytes()],
-            )
+            .with_journal(&sku, self.deadline(), || {
+                self.upstream.eval(&self.scripts.get, &keys, &args)
+            })
             .await
         {
             Ok(Value::Array(mut items)) if items.len() >= 4 => {
@@ -150,18 +152,18 @@ impl StockService {
         };
         let keys = self.keys.op_keys(&sku, &op_id);
         let nonce = self.nonces.next();
+        let script_args: [&[u8]; 5] = [
+            &args[1],
+            self.retry_window_arg.as_bytes(),
+            &nonce,
+            self.replicate_arg.as_bytes(),
+            self.journal_arg.as_bytes(),
+        ];
         let result: StockResult = self
-            .upstream
-            .eval_stock(
-                script,
-                [&keys.stock, &keys.record],
-                &[
-                    &args[1],
-                    self.retry_window_arg.as_bytes(),
-                    &nonce,
-                    self.replicate_arg.as_bytes(),
-                ],
-            )
+            .with_journal(&sku, self.deadline(), || {
+                self.upstream
+                    .eval_stock(script, [&keys.stock, &keys.record], &script_args)
+            })
             .await;
         match result {
             Ok(reply) => {

@@ -48,7 +48,7 @@ pub(super) struct DeductJoin {
     /// `lua/deduct_many.lua`'s SHA.
     sha: String,
     /// Its shared arguments (window, max qty, missing-stock mode,
-    /// replicate), encoded.
+    /// replicate, journal), encoded.
     shared_args: Bytes,
     most: usize,
     metrics: Arc<Metrics>,
@@ -108,8 +108,10 @@ impl Join for DeductJoin {
         }
         self.metrics.record_coalesced(members);
         // KEYS: stock, holds, held, then each member's record; ARGV: the
-        // shared four, then each member's qty, order_no and nonce.
-        reply::evalsha_start(out, &self.sha, 3 + members, 4 + 3 * members);
+        // shared five, then each member's qty, order_no and nonce.
+        // The shared arguments (window, max qty, missing-stock mode, the
+        // replicate and journal flags), then three per member.
+        reply::evalsha_start(out, &self.sha, 3 + members, 5 + 3 * members);
         out.extend_from_slice(stock);
         out.extend_from_slice(hold_keys);
         for i in 0..members {

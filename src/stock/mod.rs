@@ -28,6 +28,7 @@ mod coalesce;
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
+mod journal;
 mod nonces;
 pub mod order;
 pub mod revert;
@@ -283,6 +284,9 @@ pub struct StockService {
     /// unchanged, so that the WAIT after it confirms that record and not
     /// only what this connection wrote (see `lua/common.lua`).
     replicate_arg: &'static str,
+    /// The scripts' "journal" argument: "1" with `--journal` (each change
+    /// appended to its SKU's journal in the same call, [`journal`]).
+    journal_arg: &'static str,
     reject_stale_ids: bool,
     admin_commands: bool,
     access_log: AccessLog,
@@ -342,8 +346,9 @@ impl StockService {
             "0"
         };
         let replicate = replicate_arg.as_bytes();
+        let journal_arg = if config.journal { "1" } else { "0" };
         // Each script's ARGV: the caller's arguments, then its settings,
-        // then the nonce and the replicate flag (see `wire`, and each lua/
+        // then the nonce and the replicate and journal flags (see `wire`, and each lua/
         // header).
         let wires_with = |line: bool| -> Vec<Option<wire::Wire>> {
             StockCommand::ALL
@@ -368,7 +373,7 @@ impl StockService {
                         (single.script)(&scripts),
                         single.caller_args,
                         &settings,
-                        replicate,
+                        [replicate, journal_arg.as_bytes()],
                     ))
                 })
                 .collect()
@@ -398,6 +403,7 @@ impl StockService {
             retry_window: config.retry_window,
             retry_window_arg,
             replicate_arg,
+            journal_arg,
             reject_stale_ids: config.reject_stale_ids,
             admin_commands: config.admin_commands,
             access_log: config.access_log,
@@ -646,9 +652,15 @@ impl StockService {
         let script = self.scripts.deduct_many.clone();
         let keys = self.keys.sku_keys(sku);
         let [window, max_qty, missing] = self.wires.of(StockCommand::Deduct, false).fixed_argv();
-        let args: Vec<Vec<u8>> = [window, max_qty, missing, self.replicate_arg.as_bytes()]
-            .map(<[u8]>::to_vec)
-            .into();
+        let args: Vec<Vec<u8>> = [
+            window,
+            max_qty,
+            missing,
+            self.replicate_arg.as_bytes(),
+            self.journal_arg.as_bytes(),
+        ]
+        .map(<[u8]>::to_vec)
+        .into();
         let reloading = self.reloading.clone();
         tokio::spawn(async move {
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
@@ -736,9 +748,12 @@ impl StockService {
         let wire = self.wire(call);
         let caller = call.op.caller_args();
         let argv = wire.argv(caller.as_slice(), &call.nonce);
-        self.upstream
-            .eval_fallback(&wire.script, &keys.all(), &argv, call.deadline)
-            .await
+        let keys = keys.all();
+        self.with_journal(sku, call.deadline, || {
+            self.upstream
+                .eval_fallback(&wire.script, &keys, &argv, call.deadline)
+        })
+        .await
     }
 
     /// A call from start to end, awaited: for the HTTP face, which serves
@@ -1002,8 +1017,13 @@ mod tests {
             let mut keys: Vec<&[u8]> = sku_keys.all().to_vec();
             keys.extend(records.iter().map(Vec::as_slice));
             let [window, max_qty, missing] = wire.fixed_argv();
-            let mut argv: Vec<&[u8]> =
-                vec![window, max_qty, missing, service.replicate_arg.as_bytes()];
+            let mut argv: Vec<&[u8]> = vec![
+                window,
+                max_qty,
+                missing,
+                service.replicate_arg.as_bytes(),
+                service.journal_arg.as_bytes(),
+            ];
             for call in &calls {
                 let caller = call.op.caller_args();
                 argv.extend_from_slice(caller.as_slice());

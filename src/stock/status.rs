@@ -41,13 +41,15 @@ impl StockService {
             Err(invalid) => return Reply::error(format!("ERR {invalid}")),
         };
         let keys = self.keys.request_keys(&sku, &request_id);
+        let keys = keys.all();
+        let args = [
+            self.retry_window_arg.as_bytes(),
+            self.journal_arg.as_bytes(),
+        ];
         match self
-            .upstream
-            .eval(
-                &self.scripts.status,
-                &keys.all(),
-                &[self.retry_window_arg.as_bytes()],
-            )
+            .with_journal(&sku, self.deadline(), || {
+                self.upstream.eval(&self.scripts.status, &keys, &args)
+            })
             .await
         {
             Ok(value) => {

@@ -404,13 +404,15 @@ impl StockService {
             return Ok(0);
         };
         let keys = self.keys.sku_keys(&sku);
+        let keys = keys.all();
+        let args = [
+            self.retry_window_arg.as_bytes(),
+            self.journal_arg.as_bytes(),
+        ];
         let reply = self
-            .upstream
-            .eval(
-                &self.scripts.release,
-                &keys.all(),
-                &[self.retry_window_arg.as_bytes()],
-            )
+            .with_journal(&sku, self.deadline(), || {
+                self.upstream.eval(&self.scripts.release, &keys, &args)
+            })
             .await?;
         match reply {
             Value::Array(items) => match items[..] {

@@ -5,7 +5,7 @@
 //! held: [`crate::keys::RequestKeys`]) and its ARGV in one order: the
 //! caller's arguments, then what stockgate supplies alike for every call
 //! (window, limits, missing-stock mode), then the call's nonce, then the
-//! replicate flag. What every call has alike is encoded once at startup;
+//! replicate and journal flags. What every call has alike is encoded once at startup;
 //! the hot path copies it in and writes only the keys from their parts,
 //! the caller's arguments and the nonce.
 
@@ -26,36 +26,45 @@ pub(super) struct Wire {
     fixed: Bytes,
     /// ... and as they are, for the fallback.
     fixed_args: Vec<Vec<u8>>,
-    /// The replicate flag after the nonce, encoded and as it is.
+    /// The flags after the nonce (replicate, journal), encoded and as they
+    /// are.
     tail: Bytes,
-    replicate: Vec<u8>,
+    flags: Vec<Vec<u8>>,
     caller_args: usize,
 }
 
 impl Wire {
     /// The call of `script`, which takes `caller_args` of the caller's
-    /// arguments, then `fixed`, the nonce and `replicate`.
+    /// arguments, then `fixed`, the nonce and the `flags` (replicate,
+    /// journal).
     pub(super) fn new(
         script: &Arc<LuaScript>,
         caller_args: usize,
         fixed: &[&[u8]],
-        replicate: &[u8],
+        flags: [&[u8]; 2],
     ) -> Wire {
         let mut head = BytesMut::new();
-        reply::evalsha_start(&mut head, &script.sha, 4, caller_args + fixed.len() + 2);
+        reply::evalsha_start(
+            &mut head,
+            &script.sha,
+            4,
+            caller_args + fixed.len() + 1 + flags.len(),
+        );
         let mut encoded = BytesMut::new();
         for arg in fixed {
             reply::bulk_of(&mut encoded, arg);
         }
         let mut tail = BytesMut::new();
-        reply::bulk_of(&mut tail, replicate);
+        for flag in flags {
+            reply::bulk_of(&mut tail, flag);
+        }
         Wire {
             script: script.clone(),
             head: head.freeze(),
             fixed: encoded.freeze(),
             fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
             tail: tail.freeze(),
-            replicate: replicate.to_vec(),
+            flags: flags.iter().map(|f| f.to_vec()).collect(),
             caller_args,
         }
     }
@@ -107,7 +116,7 @@ impl Wire {
     }
 
     /// The arguments stockgate supplies alike for every call, encoded, then
-    /// the replicate flag: what a coalesced call's members share.
+    /// the flags: what a coalesced call's members share.
     pub(super) fn shared_args(&self) -> [&[u8]; 2] {
         [&self.fixed, &self.tail]
     }
@@ -119,11 +128,12 @@ impl Wire {
 
     /// The script's ARGV, for the fallback.
     pub(super) fn argv<'a>(&'a self, caller: &[&'a [u8]], nonce: &'a [u8]) -> Vec<&'a [u8]> {
-        let mut argv = Vec::with_capacity(self.caller_args + self.fixed_args.len() + 2);
+        let mut argv =
+            Vec::with_capacity(self.caller_args + self.fixed_args.len() + 1 + self.flags.len());
         argv.extend_from_slice(caller);
         argv.extend(self.fixed_args.iter().map(Vec::as_slice));
         argv.push(nonce);
-        argv.push(&self.replicate);
+        argv.extend(self.flags.iter().map(Vec::as_slice));
         argv
     }
 }

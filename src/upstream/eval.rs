@@ -88,6 +88,12 @@ impl Upstream {
                 Shape::Error(text) => {
                     let text = String::from_utf8_lossy(&text);
                     let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                    // The SKU's journal is not open yet: the script changed
+                    // nothing, and the slow path opens it and goes again
+                    // (`StockService::resend`).
+                    if code == "NOJOURNAL" {
+                        return None;
+                    }
                     if !UpstreamError::is_redirect(code) {
                         return Some(Err(UpstreamError::from_server_error(code, detail)));
                     }
