@@ -5,7 +5,8 @@
 # --http-listen for the HTTP/JSON API on 127.0.0.1:8390), except
 # --postgres, which this script takes: it also starts a throwaway
 # PostgreSQL on 127.0.0.1:5439 for the books (`stockgate journal sink`,
-# `stockgate reconcile`; docs/books.md) and prints its URL.
+# `stockgate reconcile`; docs/books.md), prints its URL, and turns the
+# journal on (`--journal true`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,12 @@ if [ "$postgres" = false ]; then
 fi
 
 deploy/install-deps.sh dev-postgres
+# The books need the journal, off by default (docs/books.md).
+journal_set=false
+for arg in "${args[@]}"; do
+    case "$arg" in --journal | --journal=*) journal_set=true ;; esac
+done
+[ "$journal_set" = true ] || args+=(--journal true)
 bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
 port="${STOCKGATE_DEV_POSTGRES_PORT:-5439}"
 dir="$(mktemp -d -t stockgate-dev-pg-XXXXXX)"

@@ -778,3 +778,99 @@ async fn replicated_entries_move_with_wait_replicas() {
     let db = pg.client().await;
     assert_eq!(books(&db).await, expected_books(&journals));
 }
+
+/// End to end: changes made through stockgate with --journal (every kind
+/// once, a SKU seeded around stockgate among them) reach the database
+/// through the sink; reconcile agrees, the account equals Redis's stock,
+/// and the order query of docs/books.md tells an order's units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_stockgate_reach_the_books_and_reconcile() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    // Seeded with a plain SET, as `stockgate dev` seeds its demo stock:
+    // its account opens where its first entry finds it.
+    support::set_stock(&cluster, "e2e-seeded", 100);
+    let server = support::proxy(cluster.seeds(), |c| {
+        c.journal = true;
+        c.admin_commands = true;
+        c.sweeper = false;
+    })
+    .await;
+    let mut conn = support::client(&server, false).await;
+    let calls: &[&[&str]] = &[
+        &["STOCK.SET", "e2e-1", "50", "e2e-op-set"],
+        &["DEDUCT", "e2e-1", "3", "e2e-d1", "ORD-E1"],
+        &["DEDUCT", "e2e-1", "2", "e2e-d2", "ORD-E2"],
+        &["REVERT", "e2e-1", "e2e-d2"],
+        &["HOLD", "e2e-1", "5", "e2e-h1", "60000", "ORD-E1"],
+        &["CONFIRM", "e2e-1", "e2e-h1"],
+        &["HOLD", "e2e-1", "4", "e2e-h2", "60000", "ORD-E3"],
+        &["STOCK.ADD", "e2e-1", "7", "e2e-op-add"],
+        &["DEDUCT", "e2e-seeded", "2", "e2e-d3", "ORD-E4"],
+    ];
+    for args in calls {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+        let redis::Value::Array(items) = &reply else {
+            panic!("{args:?}: {reply:?}")
+        };
+        assert_eq!(items[0], redis::Value::Int(0), "{args:?}: {reply:?}");
+    }
+    let mut plain = cluster.cluster_connection().unwrap();
+    let journal_len = |conn: &mut redis::cluster::ClusterConnection, sku: &str| -> i64 {
+        redis::cmd("XLEN")
+            .arg(support::layout().journal_key(&Sku::parse(sku.to_owned().into()).unwrap()))
+            .query(conn)
+            .unwrap()
+    };
+    let written = journal_len(&mut plain, "e2e-1") + journal_len(&mut plain, "e2e-seeded");
+    assert_eq!(written, 9, "one entry per change");
+
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == written as f64
+    });
+    wait(|| {
+        (journal_len(&mut plain, "e2e-1") + journal_len(&mut plain, "e2e-seeded") == 0)
+            .then_some(())
+    });
+    let db = pg.client().await;
+    for sku in ["e2e-1", "e2e-seeded"] {
+        let row = db
+            .query_one(
+                "SELECT stock, held, from_baseline FROM stockgate_account WHERE sku = $1",
+                &[&sku],
+            )
+            .await
+            .unwrap();
+        let account: (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+        let stock = support::get_stock(&cluster, sku).unwrap();
+        let held_key = support::layout()
+            .sku_keys(&Sku::parse(sku.to_owned().into()).unwrap())
+            .held;
+        let held: Option<i64> = plain.get(held_key).unwrap();
+        assert_eq!(
+            (account.0, account.1, account.2),
+            (stock, held.unwrap_or(0), sku == "e2e-1"),
+            "{sku}"
+        );
+    }
+    // ORD-E1: 3 deducted and 5 held then confirmed: 8 taken, none held.
+    let order = db
+        .query_one(
+            "SELECT (-sum(stock_change))::int8, sum(held_change)::int8,
+                    (-sum(stock_change) - sum(held_change))::int8
+               FROM stockgate_journal WHERE order_no = 'ORD-E1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let units: (i64, i64, i64) = (order.get(0), order.get(1), order.get(2));
+    assert_eq!(units, (8, 0, 8));
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("2 skus: 2 agree"), "{text}");
+}
