@@ -5,13 +5,16 @@ use clap::Parser;
 use std::process::ExitCode;
 use std::time::Duration;
 use stockgate::config::{
-    CheckArgs, Cli, Command, Config, ExportArgs, ImportArgs, JournalAction, LogFormat, ProxyArgs,
-    ReconcileArgs, SinkArgs, StockAction, UpstreamArgs, UpstreamMode,
+    CheckArgs, Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, StockAction,
+    UpstreamArgs, UpstreamMode,
 };
 use stockgate::dev::{LocalCluster, RedisOptions};
 use stockgate::metrics::Metrics;
 use stockgate::server::{self, Server};
 use stockgate::upstream::Upstream;
+
+// The books' commands (issue 26), apart so their imports merge cleanly.
+use stockgate::config::{JournalAction, ReconcileArgs, SinkArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
