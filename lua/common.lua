@@ -250,42 +250,35 @@ end
 
 -- The SKU's journal (issue 26; src/journal/mod.rs owns the entry's
 -- shape): with --journal, every change of a SKU's stock or held units
--- appends one entry in the call that makes it. A script reads its journal
--- flag with journal_ready first, before anything is read or written; the
--- helpers below that change stock then journal what they do.
-local JOURNAL = {on = false, key = ''}
+-- appends one entry in the call that makes it. A script takes its journal
+-- flag ("1": on) as its journal key, <stock key>:journal, or false:
+--
+--   local journal_key = ARGV[n] == '1' and stock_key .. ':journal'
+--   if journal_key and redis.call('EXISTS', journal_key) == 0 then
+--     return redis.error_reply(NOJOURNAL)
+--   end
+--
+-- first, before anything is read or written. The journal must exist:
+-- stockgate lists the SKU in its shard's set of journals, then makes the
+-- stream (lua/journal_open.lua), before the SKU's first entry, so the sink
+-- finds every journal without a scan; a call that finds no stream is
+-- refused having changed nothing, and stockgate opens the journal and
+-- sends it again. Written out in each script, not a helper: with the
+-- journal off a call then pays for nothing but the flag's test (a helper
+-- is a closure made on every call, about 1.5k instructions in Redis).
+local NOJOURNAL = 'NOJOURNAL the sku has no journal yet; nothing was changed'
 
--- The journal flag ("1": on; "0" or absent: off). With it on, the SKU's
--- journal must exist: stockgate lists the SKU in its shard's set of
--- journals, then makes the stream (lua/journal_open.lua), before the
--- SKU's first entry, so the sink finds every journal without a scan; a
--- call that finds no stream is refused with NOJOURNAL before it changes
--- anything, and stockgate opens the journal and sends the call again.
--- Returns the error reply to return, or nil.
-local function journal_ready(stock_key, flag)
-  if flag == nil or flag == '0' then
-    return nil
-  end
-  if flag ~= '1' then
-    return badcall('the journal flag must be 0 or 1')
-  end
-  JOURNAL.key = stock_key .. ':journal'
-  if redis.call('EXISTS', JOURNAL.key) == 0 then
-    return redis.error_reply('NOJOURNAL the sku has no journal yet; nothing was changed')
-  end
-  JOURNAL.on = true
-  return nil
-end
-
--- One entry: the event, the request_id (or op_id), the order_no, the
--- change of the stock and of the held units, and both after it (the
--- entry's id, <ms>-<seq>, carries Redis time). Numbers may come as
--- strings or Lua numbers; the id is Redis's own.
-local function journal(ev, id, ono, ds, dh, st, hd)
-  if JOURNAL.on then
-    redis.call('XADD', JOURNAL.key, '*', 'v', '1', 'ev', ev, 'id', id, 'ono', ono or '',
-      'ds', ds, 'dh', dh, 'st', st, 'hd', hd)
-  end
+-- One entry, as one field `e`: "1 <event> <id> <stock change> <held
+-- change> <stock after> <held after> <order_no>" (the format version
+-- first; the order_no last, as it may hold spaces; the entry's id,
+-- <ms>-<seq>, carries Redis time). One field, not nine: an XADD's cost
+-- grows with its arguments, and this is on every change (issue 26's
+-- budget, docs/performance.md). The changes come as strings, the stock
+-- and held units after it as numbers. Call it only with a journal key, so
+-- that a call with the journal off builds none of its arguments.
+local function journal(key, ev, id, ds, dh, st, hd, ono)
+  redis.call('XADD', key, '*', 'e', '1 ' .. ev .. ' ' .. id .. ' ' .. ds .. ' ' .. dh .. ' '
+    .. string.format('%d %d ', st, hd) .. (ono or ''))
 end
 
 -- How many expired holds one call releases at most: a SKU with a backlog
@@ -317,11 +310,14 @@ end
 -- Gives one expired hold's units back: the record becomes EXPIRED, lasting
 -- a retry window from now (set_lasting), and leaves the holds set.
 -- `record` is the parsed record of `record_key`, in state H.
-local function release_one(stock_key, holds_key, held_key, record_key, record, window)
+local function release_one(stock_key, holds_key, held_key, record_key, record, window, journal_key)
   local stock = redis.call('INCRBY', stock_key, record.qty)
   local held = unhold(held_key, record.qty)
   local id = string.sub(record_key, #stock_key + 6)
-  journal('expire', id, record.order_no, record.qty, '-' .. record.qty, stock, held)
+  if journal_key then
+    journal(journal_key, 'expire', id, record.qty, '-' .. record.qty, stock, held,
+      record.order_no)
+  end
   redis.call('ZREM', holds_key, id)
   set_lasting(record_key,
     record_text('X', record.qty, record.nonce, record.aux, record.order_no), window)
@@ -340,7 +336,7 @@ end
 -- can leave (its record had a TTL, and nothing released it in time: its
 -- units are not known any more; README "Upgrading"); one whose record
 -- this version can't read stays, for the newer script that wrote it.
-local function release_expired(stock_key, holds_key, held_key, now, window)
+local function release_expired(stock_key, holds_key, held_key, now, window, journal_key)
   local due = redis.call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', 0, RELEASE_BOUND)
   local released, units = 0, 0
   for _, id in ipairs(due) do
@@ -348,7 +344,7 @@ local function release_expired(stock_key, holds_key, held_key, now, window)
     local raw = redis.call('GET', record_key)
     local record = raw and parse_record(raw)
     if record and record.state == 'H' and record.expires <= now then
-      release_one(stock_key, holds_key, held_key, record_key, record, window)
+      release_one(stock_key, holds_key, held_key, record_key, record, window, journal_key)
       released = released + 1
       units = units + tonumber(record.qty)
     elseif record and record.state == 'H' then
@@ -367,7 +363,7 @@ end
 -- Returns the stock after it, how many holds were released, and now (0
 -- when the SKU has no holds, so Redis time was not needed). A SKU with no
 -- holds pays one EXISTS. `window`: as for release_expired.
-local function release_due(stock_key, holds_key, held_key, stock, held, window)
+local function release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
   -- held (from read_request) is above 0 exactly while the SKU has holds;
   -- a caller that did not read it asks the holds key instead.
   if stock == nil then
@@ -380,7 +376,7 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window)
     return stock, 0, 0
   end
   local now = now_ms()
-  local released, units = release_expired(stock_key, holds_key, held_key, now, window)
+  local released, units = release_expired(stock_key, holds_key, held_key, now, window, journal_key)
   return stock + units, released, now
 end
 
@@ -393,7 +389,7 @@ end
 -- reply; or nil, then the stock after the release, the record's raw text
 -- and the record (nil when none), the units still held, the holds
 -- released and now (0 when Redis time was not needed).
-local function open_request(keys, window)
+local function open_request(keys, window, journal_key)
   local stock_key, record_key, holds_key, held_key = keys[1], keys[2], keys[3], keys[4]
   local stock, raw, held = read_request(stock_key, record_key, held_key)
   if stock == false then
@@ -405,7 +401,8 @@ local function open_request(keys, window)
   end
   local before = stock
   local released, now
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+    journal_key)
   if released > 0 then
     held = held - (stock - before)
   end
@@ -418,7 +415,8 @@ end
 -- it is now, and 1 when it was released here (0 otherwise). A missing
 -- stock key is created by the release (the caller has refused the call
 -- already unless --missing-stock is "zero").
-local function release_own(stock_key, holds_key, held_key, record_key, record, now, window)
+local function release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+    journal_key)
   if not record or record.state ~= 'H' or record.expires > now then
     return record, 0
   end
@@ -427,7 +425,7 @@ local function release_own(stock_key, holds_key, held_key, record_key, record, n
   if not fresh or fresh.state ~= 'H' then
     return fresh, 0
   end
-  release_one(stock_key, holds_key, held_key, record_key, fresh, window)
+  release_one(stock_key, holds_key, held_key, record_key, fresh, window, journal_key)
   fresh.state = 'X'
   return fresh, 1
 end

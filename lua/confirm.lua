@@ -60,14 +60,18 @@ local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[5])
+bad = bad_replicate(replicate)
 if bad then
   return bad
+end
+local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 
 -- The read, the stored data's checks and the SKU's expired holds given
 -- back, before anything is decided.
-local failed, stock, raw, record, _, released, now = open_request(KEYS, window)
+local failed, stock, raw, record, _, released, now = open_request(KEYS, window, journal_key)
 if failed then
   return failed
 end
@@ -86,7 +90,8 @@ if now == 0 then
   now = now_ms()
 end
 local own
-record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
+record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+    journal_key)
 if own == 1 then
   stock = (stock or 0) + tonumber(record.qty)
   released = released + 1
@@ -118,7 +123,10 @@ end
 -- HELD, in time. Writes: only after every check above has passed.
 local held = unhold(held_key, record.qty)
 local id = string.sub(record_key, #stock_key + 6)
-journal('confirm', id, record.order_no, '0', '-' .. record.qty, stock or 0, held)
+if journal_key then
+  journal(journal_key, 'confirm', id, '0', '-' .. record.qty, stock or 0, held,
+    record.order_no)
+end
 redis.call('ZREM', holds_key, id)
 set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window)
 return answer(0, stock, record.order_no, '', record.expires, released, held_for(record, now),

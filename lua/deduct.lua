@@ -32,7 +32,7 @@ ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise
                              replicate_again in lua/common.lua)
 ARGV[8]  journal             "1" with --journal: the change is appended to the
                              SKU's journal in this call (lua/common.lua,
-                             journal_ready; NOJOURNAL when the SKU has none
+                             journal; NOJOURNAL when the SKU has none
                              yet, nothing changed); "0" or absent: off
 
 Replies (lua/common.lua's answer(): {code, stock, order_no, VERSION,
@@ -79,9 +79,13 @@ local window, bad = own_args(KEYS, window_arg, missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[8])
+bad = bad_replicate(replicate)
 if bad then
   return bad
+end
+local journal_key = ARGV[8] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local max_qty = positive_int(max_arg)
 if not max_qty then
@@ -112,7 +116,7 @@ if raw and not record then
 end
 local released
 local before = stock
-stock, released = release_due(stock_key, holds_key, held_key, stock, held, window)
+stock, released = release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
 if released > 0 then
   -- What went back to stock is no longer held.
   held = held - (stock - before)
@@ -153,7 +157,9 @@ end
 -- number passed to redis.call is formatted with snprintf, about 2.7k
 -- instructions each.
 local remain = redis.call('DECRBY', stock_key, qty_arg)
-journal('deduct', string.sub(record_key, #stock_key + 6), order_no, '-' .. qty_arg, '0', remain,
-  math.max(held, 0))
+if journal_key then
+  journal(journal_key, 'deduct', string.sub(record_key, #stock_key + 6), '-' .. qty_arg, '0',
+    remain, math.max(held, 0), order_no)
+end
 redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window_arg)
 return answer(0, remain, order_no, '', 0, released)

@@ -84,11 +84,11 @@ end
 if not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
 end
+local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
 if n > 0 then
   -- The journal's absence refuses the whole call, before anything is read.
-  local refused = journal_ready(stock_key, ARGV[5])
-  if refused then
-    return refused
+  if journal_key and redis.call('EXISTS', journal_key) == 0 then
+    return redis.error_reply(NOJOURNAL)
   end
 end
 -- These two come after each member's key and nonce checks in
@@ -173,7 +173,8 @@ for i = 1, n do
             owed = 0
           end
           local before = stock
-          stock, released, released_at = release_due(stock_key, holds_key, held_key, stock, held, window)
+          stock, released, released_at = release_due(stock_key, holds_key, held_key, stock, held,
+            window, journal_key)
           -- The held units went down by what went back to stock (the
           -- counter is deleted at 0 or below, so "above 0" is what the
           -- next member's own call reads there; the holds set may still
@@ -230,8 +231,10 @@ for i = 1, n do
         if decr_failed then
           reply = decr_failed
         else
-          journal('deduct', string.sub(record_key, #record_prefix + 1), order_no, '-' .. qty_arg,
-            '0', stock, math.max(held, 0))
+          if journal_key then
+            journal(journal_key, 'deduct', string.sub(record_key, #record_prefix + 1),
+              '-' .. qty_arg, '0', stock, math.max(held, 0), order_no)
+          end
           local text = record_text('D', qty_arg, nonce, '', order_no)
           redis.call('SET', record_key, text, 'PX', window_arg)
           written[record_key] = text

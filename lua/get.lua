@@ -32,14 +32,14 @@ local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
 end
-local refused = journal_ready(stock_key, ARGV[2])
-if refused then
-  return refused
+local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local released = 0
 local stock = read_stock(stock_key)
 if stock then
-  stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window)
+  stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
 end
 local shown = redis.call('GET', stock_key)
 return {shown, tonumber(redis.call('GET', held_key) or '0'), earliest_hold(holds_key), released}

@@ -66,9 +66,13 @@ local window, bad = own_args(KEYS, window_arg, missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[10])
+bad = bad_replicate(replicate)
 if bad then
   return bad
+end
+local journal_key = ARGV[10] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local max_qty = positive_int(max_arg)
 local max_hold = positive_int(max_hold_arg)
@@ -90,7 +94,7 @@ end
 
 -- The read, the stored data's checks and the SKU's expired holds given
 -- back, before anything is decided.
-local failed, stock, raw, record, _, released, now = open_request(KEYS, window)
+local failed, stock, raw, record, _, released, now = open_request(KEYS, window, journal_key)
 if failed then
   return failed
 end
@@ -103,7 +107,8 @@ end
 
 if record then
   local own
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+    journal_key)
   if own == 1 then
     stock = (stock or 0) + tonumber(record.qty)
     released = released + 1
@@ -146,7 +151,9 @@ local expires = now + ttl
 local remain = redis.call('DECRBY', stock_key, qty)
 local held = redis.call('INCRBY', held_key, qty)
 local id = string.sub(record_key, #stock_key + 6)
-journal('hold', id, order_no, '-' .. qty_arg, qty_arg, remain, held)
+if journal_key then
+  journal(journal_key, 'hold', id, '-' .. qty_arg, qty_arg, remain, held, order_no)
+end
 redis.call('ZADD', holds_key, expires, id)
 -- No TTL: the units held are known from this record alone, so it must
 -- outlive the hold however long nothing touches the SKU. Whatever ends the

@@ -1,7 +1,7 @@
 #!lua
 --[[
 stockgate's journal, opened for one SKU before its first entry (issue 26;
-lua/common.lua, journal_ready): stockgate lists the SKU in its shard's set
+lua/common.lua, journal): stockgate lists the SKU in its shard's set
 of journals, then makes the SKU's stream, in that order and each with a
 call of its own (the set lives in another slot). A stream therefore never
 exists unlisted, and the sink, which reads the sets, finds every journal

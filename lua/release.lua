@@ -32,9 +32,9 @@ local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
 end
-local refused = journal_ready(stock_key, ARGV[2])
-if refused then
-  return refused
+local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local stock = read_stock(stock_key)
 if not stock then
@@ -43,5 +43,5 @@ if not stock then
   end
   return {0, now_ms() + 60000}
 end
-local _, released = release_due(stock_key, holds_key, held_key, stock, nil, window)
+local _, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
 return {released, earliest_hold(holds_key)}

@@ -88,14 +88,18 @@ local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(replicate) or journal_ready(stock_key, ARGV[5])
+bad = bad_replicate(replicate)
 if bad then
   return bad
+end
+local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 
 -- The read, the stored data's checks and the SKU's expired holds given
 -- back, before anything is decided.
-local failed, stock, raw, record, held, released, now = open_request(KEYS, window)
+local failed, stock, raw, record, held, released, now = open_request(KEYS, window, journal_key)
 if failed then
   return failed
 end
@@ -117,7 +121,8 @@ if record.state == 'H' then
   if now == 0 then
     now = now_ms()
   end
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+    journal_key)
   if own == 1 then
     stock = (stock or 0) + tonumber(record.qty)
     released = released + 1
@@ -150,9 +155,13 @@ if record.state == 'H' then
   held = unhold(held_key, record.qty)
   redis.call('ZREM', holds_key, id)
   event = 'cancelled'
-  journal('cancel', id, record.order_no, record.qty, '-' .. record.qty, remain, held)
-else
-  journal('revert', id, record.order_no, record.qty, '0', remain, math.max(held or 0, 0))
+  if journal_key then
+    journal(journal_key, 'cancel', id, record.qty, '-' .. record.qty, remain, held,
+      record.order_no)
+  end
+elseif journal_key then
+  journal(journal_key, 'revert', id, record.qty, '0', remain, math.max(held or 0, 0),
+    record.order_no)
 end
 set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window)
 return answer(0, remain, record.order_no, '', 0, released, 0, event)

@@ -40,9 +40,9 @@ local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
 end
-local refused = journal_ready(stock_key, ARGV[2])
-if refused then
-  return refused
+local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}
@@ -53,13 +53,14 @@ if raw and not record then
 end
 local released, now = 0, 0
 if stock then
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window)
+  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
   if record and record.state == 'H' then
     if now == 0 then
       now = now_ms()
     end
     local own
-    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window)
+    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+      journal_key)
     released = released + own
   end
 end

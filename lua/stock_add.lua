@@ -42,9 +42,13 @@ local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(ARGV[4]) or journal_ready(stock_key, ARGV[5])
+bad = bad_replicate(ARGV[4])
 if bad then
   return bad
+end
+local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 
 local delta = nil
@@ -81,9 +85,9 @@ if after > EXACT then
   return {3, stock or 0, '', VERSION, 'the stock would exceed 2^53 - 1'}
 end
 after = redis.call('INCRBY', stock_key, delta_arg)
-if JOURNAL.on then
-  journal('add', string.sub(op_key, #stock_key + 5), '', delta_arg, '0', after,
-    tonumber(redis.call('GET', stock_key .. ':held') or '0'))
+if journal_key then
+  journal(journal_key, 'add', string.sub(op_key, #stock_key + 5), delta_arg, '0', after,
+    tonumber(redis.call('GET', stock_key .. ':held') or '0'), '')
 end
 redis.call('SET', op_key, op_text('A', delta_arg, nonce, after), 'PX', window)
 return {0, after, '', VERSION}

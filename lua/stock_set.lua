@@ -36,9 +36,13 @@ local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
 if not window then
   return bad
 end
-bad = bad_replicate(ARGV[4]) or journal_ready(stock_key, ARGV[5])
+bad = bad_replicate(ARGV[4])
 if bad then
   return bad
+end
+local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
+if journal_key and redis.call('EXISTS', journal_key) == 0 then
+  return redis.error_reply(NOJOURNAL)
 end
 local qty = nil
 if type(qty_arg) == 'string' and (qty_arg == '0' or positive_int(qty_arg)) then
@@ -64,9 +68,10 @@ if raw then
 end
 
 redis.call('SET', stock_key, qty_arg)
-if JOURNAL.on then
-  journal('set', string.sub(op_key, #stock_key + 5), '', int_text(qty - (tonumber(current or '0') or 0)),
-    '0', qty_arg, tonumber(redis.call('GET', stock_key .. ':held') or '0'))
+if journal_key then
+  local before = tonumber(current or '0') or 0
+  journal(journal_key, 'set', string.sub(op_key, #stock_key + 5), int_text(qty - before), '0',
+    qty, tonumber(redis.call('GET', stock_key .. ':held') or '0'), '')
 end
 redis.call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
 return {0, qty, '', VERSION}

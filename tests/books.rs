@@ -5,7 +5,7 @@
 //! Each test starts a 3-primary Redis Cluster and a PostgreSQL of its own,
 //! and the stockgate binary as child processes it stops. The journals are
 //! written here by hand, as the scripts write them (an XADD of the entry's
-//! fields, the SKU listed in its shard's set first, the stock and held
+//! one field, the SKU listed in its shard's set first, the stock and held
 //! keys moved to match), under SKUs no other test uses, so the tests hold
 //! when the scripts write entries of their own.
 //!
@@ -21,6 +21,7 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use stockgate::dev::LocalCluster;
+use stockgate::journal::Entry;
 use stockgate::params::Sku;
 use support::postgres::Postgres;
 
@@ -110,9 +111,36 @@ fn wait<T>(mut check: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// KEYS stock, held, journal; ARGV stock, held, then the entry's fields.
+/// KEYS stock, held, journal; ARGV stock, held, the entry's text.
 const APPEND: &str = "redis.call('SET', KEYS[1], ARGV[1]) redis.call('SET', KEYS[2], ARGV[2]) \
-     return redis.call('XADD', KEYS[3], '*', unpack(ARGV, 3))";
+     return redis.call('XADD', KEYS[3], '*', 'e', ARGV[3])";
+
+/// An entry's one field as the scripts write it (`src/journal/mod.rs` owns
+/// the shape): read back through [`Entry::parse`] here, so a change of
+/// the shape fails these tests at once instead of feeding the sink
+/// entries it no longer reads.
+fn entry_text(event: &str, id: &str, order_no: &str, ds: i64, dh: i64, st: i64, hd: i64) -> String {
+    let text = format!("1 {event} {id} {ds} {dh} {st} {hd} {order_no}");
+    let entry = Entry::parse("1-1", &[("e".to_owned(), text.clone())]).expect("the shape parses");
+    assert_eq!(
+        (
+            entry.event.name(),
+            entry.id.as_str(),
+            entry.order_no.as_str()
+        ),
+        (event, id, order_no)
+    );
+    assert_eq!(
+        (
+            entry.stock_change,
+            entry.held_change,
+            entry.stock,
+            entry.held
+        ),
+        (ds, dh, st, hd)
+    );
+    text
+}
 
 /// The journals written by hand: each SKU's stock and held units kept in
 /// step, every entry remembered as (sku, stream id, event, stock change).
@@ -164,16 +192,7 @@ impl Journals {
             .arg(layout.journal_key(&parsed))
             .arg(st)
             .arg(hd)
-            .arg(&[
-                ("v", "1"),
-                ("ev", event),
-                ("id", id),
-                ("ono", order_no),
-                ("ds", &ds.to_string()),
-                ("dh", &dh.to_string()),
-                ("st", &st.to_string()),
-                ("hd", &hd.to_string()),
-            ])
+            .arg(entry_text(event, id, order_no, ds, dh, st, hd))
             .query(&mut self.conn)
             .unwrap();
         self.written.push((sku.to_owned(), id_at, event, ds));
@@ -351,7 +370,7 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
         .filter(|row| row.0 == sku)
         .collect();
     let mut conn = cluster.cluster_connection().unwrap();
-    let original: Vec<(String, Vec<(String, String)>)> = db
+    let original: Vec<(String, Entry)> = db
         .query(
             "SELECT entry_ms || '-' || entry_seq, format, event, request_id, order_no, stock_change,
                     held_change, stock_after, held_after
@@ -362,33 +381,46 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
         .unwrap()
         .iter()
         .map(|row| {
-            let fields = vec![
-                ("v".to_owned(), row.get::<_, i32>(1).to_string()),
-                ("ev".to_owned(), row.get::<_, String>(2)),
-                ("id".to_owned(), row.get::<_, String>(3)),
-                ("ono".to_owned(), row.get::<_, String>(4)),
-                ("ds".to_owned(), row.get::<_, i64>(5).to_string()),
-                ("dh".to_owned(), row.get::<_, i64>(6).to_string()),
-                ("st".to_owned(), row.get::<_, i64>(7).to_string()),
-                ("hd".to_owned(), row.get::<_, i64>(8).to_string()),
-            ];
-            (row.get(0), fields)
+            let id: String = row.get(0);
+            let text = entry_text(
+                row.get(2),
+                row.get(3),
+                row.get(4),
+                row.get(5),
+                row.get(6),
+                row.get(7),
+                row.get(8),
+            );
+            let entry = Entry::parse(&id, &[("e".to_owned(), text)]).unwrap();
+            (id, entry)
         })
         .collect();
     assert_eq!(original.len(), moved.len());
     let _: () = conn.del(&key).unwrap();
-    for (id, fields) in &original {
+    let text_of = |e: &Entry| {
+        entry_text(
+            e.event.name(),
+            &e.id,
+            &e.order_no,
+            e.stock_change,
+            e.held_change,
+            e.stock,
+            e.held,
+        )
+    };
+    for (id, entry) in &original {
         let _: String = redis::cmd("XADD")
             .arg(&key)
             .arg(id)
-            .arg(fields)
+            .arg("e")
+            .arg(text_of(entry))
             .query(&mut conn)
             .unwrap();
     }
     // ...and one id given again with other content, as after a failover
     // that lost the entry first given it.
     let mut other = original[5].1.clone();
-    other[4].1 = "-7".into(); // ds
+    other.stock_change = -7;
     let other_sku = "jr-once-4";
     let other_key =
         support::layout().journal_key(&Sku::parse(other_sku.to_owned().into()).unwrap());
@@ -405,7 +437,8 @@ async fn entries_land_once_and_leave_redis_only_after_their_commit() {
     let _: String = redis::cmd("XADD")
         .arg(&other_key)
         .arg(&reused)
-        .arg(&other)
+        .arg("e")
+        .arg(text_of(&other))
         .query(&mut conn)
         .unwrap();
 
@@ -693,7 +726,8 @@ async fn an_unreadable_entry_holds_back_only_its_own_sku() {
     let unreadable: String = redis::cmd("XADD")
         .arg(&key)
         .arg("*")
-        .arg(&[("v", "9"), ("ev", "deduct")])
+        .arg("e")
+        .arg("9 deduct from-a-newer-stockgate 0 0 0 0")
         .query(&mut conn)
         .unwrap();
     // One more after it, which must wait behind it.
@@ -889,8 +923,8 @@ const APPEND_LIVE: &str = "local st = tonumber(redis.call('GET', KEYS[1]) or '0'
      if ARGV[1] == 'set' then ds = ds - st end \
      st = st + ds hd = hd + dh \
      redis.call('SET', KEYS[1], st) redis.call('SET', KEYS[2], hd) \
-     return redis.call('XADD', KEYS[3], '*', 'v', '1', 'ev', ARGV[1], 'id', ARGV[4], 'ono', '', \
-       'ds', tostring(ds), 'dh', tostring(dh), 'st', tostring(st), 'hd', tostring(hd))";
+     return redis.call('XADD', KEYS[3], '*', 'e', '1 ' .. ARGV[1] .. ' ' .. ARGV[4] .. ' ' .. \
+       ds .. ' ' .. dh .. ' ' .. st .. ' ' .. hd .. ' ')";
 
 /// A primary killed while entries are written and moved, the sink with
 /// --wait-replicas 1: it goes on after the failover, and the database

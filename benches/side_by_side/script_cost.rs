@@ -91,14 +91,17 @@ fn connect(port: u16) -> redis::Connection {
     }
 }
 
-/// `calls` calls of `members` fresh deductions each (1: lua/deduct.lua).
+/// `calls` calls of `members` fresh deductions each (1: lua/deduct.lua),
+/// each journaled when `journal` (issue 26: the SKU's journal must exist).
 fn deduct(
     conn: &mut redis::Connection,
     scripts: &Scripts,
     tag: &str,
     members: usize,
     calls: usize,
+    journal: bool,
 ) {
+    let flag = if journal { "1" } else { "0" };
     let stock = "stock:{hot}";
     let mut sent = 0;
     while sent < calls {
@@ -124,7 +127,8 @@ fn deduct(
                     .arg(MAX_QTY)
                     .arg("error")
                     .arg(&nonce)
-                    .arg("0");
+                    .arg("0")
+                    .arg(flag);
             } else {
                 cmd.arg(3 + members)
                     .arg(stock)
@@ -133,7 +137,7 @@ fn deduct(
                 for m in 0..members {
                     cmd.arg(id(m));
                 }
-                cmd.arg(WINDOW).arg(MAX_QTY).arg("error").arg("0").arg("0");
+                cmd.arg(WINDOW).arg(MAX_QTY).arg("error").arg("0").arg(flag);
                 for _ in 0..members {
                     cmd.arg("1").arg("").arg(&nonce);
                 }
@@ -350,9 +354,10 @@ pub fn run() {
             &format!("w{tag}"),
             members,
             calls / 4 + 1,
+            false,
         );
         control(&["--zero"], pid);
-        deduct(&mut conn, &scripts, &tag, members, calls);
+        deduct(&mut conn, &scripts, &tag, members, calls, false);
         let total = dump_total(server.dir.path(), "redis", pid);
         let per = total as f64 / (members * calls) as f64;
         let single_cost = *single.get_or_insert(per);
@@ -378,6 +383,61 @@ pub fn run() {
         records as usize, expected,
         "every deduction wrote its record (and only that)"
     );
+    // The same deductions journaled (issue 26's target: at most +20% per
+    // DEDUCT), on the SKU's journal made as stockgate makes it.
+    redis::cmd("XADD")
+        .arg("stock:{hot}:journal")
+        .arg("MAXLEN")
+        .arg("0")
+        .arg("*")
+        .arg("v")
+        .arg("1")
+        .query::<String>(&mut conn)
+        .expect("make the journal");
+    let _ = writeln!(
+        out,
+        "\n**With the journal** (`--journal`: each deduction also appends its entry to the \
+         SKU's stream; issue 26's target: at most +20% per DEDUCT):\n\n\
+         | script | deductions per call | calls | instructions / deduction | vs journal off |\n\
+         |---|---:|---:|---:|---:|"
+    );
+    for (members, calls) in [(1, 4000), (32, 150)] {
+        let tag = format!("j{members}");
+        deduct(
+            &mut conn,
+            &scripts,
+            &format!("w{tag}"),
+            members,
+            calls / 4 + 1,
+            true,
+        );
+        let off = {
+            control(&["--zero"], pid);
+            deduct(
+                &mut conn,
+                &scripts,
+                &format!("off{tag}"),
+                members,
+                calls,
+                false,
+            );
+            dump_total(server.dir.path(), "redis", pid) as f64 / (members * calls) as f64
+        };
+        control(&["--zero"], pid);
+        deduct(&mut conn, &scripts, &tag, members, calls, true);
+        let on = dump_total(server.dir.path(), "redis", pid) as f64 / (members * calls) as f64;
+        let _ = writeln!(
+            out,
+            "| {} | {members} | {calls} | {on:.0} | {:+.1}% |",
+            if members == 1 {
+                "lua/deduct.lua"
+            } else {
+                "lua/deduct_many.lua"
+            },
+            100.0 * (on / off - 1.0),
+        );
+        eprintln!("script-cost: journal on, {members} per call: {on:.0} vs {off:.0} off");
+    }
     let deduct = single.expect("the first row is one deduction per call");
     order_profile(
         &mut conn,

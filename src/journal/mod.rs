@@ -22,34 +22,41 @@
 //!
 //! # An entry
 //!
-//! A stream entry's fields, all strings:
+//! A stream entry has one field, `e`, whose value is nine words: the
+//! first seven separated by single spaces, the last the rest of the text
+//! (an order_no may hold spaces):
 //!
-//! | field | what |
+//! ```text
+//! e = "<format> <event> <id> <stock change> <held change> <stock after> <held after> <order_no>"
+//! e = "1 deduct d-1 -3 0 97 0 ORD 1"
+//! ```
+//!
+//! | word | what |
 //! |---|---|
-//! | `v` | the format version, [`FORMAT`] |
-//! | `ev` | the event ([`Event`]) |
-//! | `id` | the request_id (an order's line: `~ord:<order id>`), or the op_id of STOCK.SET / STOCK.ADD |
-//! | `ono` | the order_no the request carried, or "" |
-//! | `ds` | the change of the SKU's available stock, signed |
-//! | `dh` | the change of its held units, signed |
-//! | `st` | the stock after the change |
-//! | `hd` | the held units after the change |
+//! | format | the format version, [`FORMAT`] |
+//! | event | [`Event`]'s name |
+//! | id | the request_id (an order's line: `~ord:<order id>`), or the op_id of STOCK.SET / STOCK.ADD |
+//! | stock change | the change of the SKU's available stock, signed |
+//! | held change | the change of its held units, signed |
+//! | stock after, held after | both after the change |
+//! | order_no | the order_no the request carried, or empty |
 //!
-//! The entry's time is its id's first part: Redis time of the primary, in
-//! milliseconds, when it was appended (never below the entry before it).
+//! One field, not one per word: an XADD's cost in Redis grows with its
+//! arguments, and this one is on every change (docs/performance.md has the
+//! figures). The entry's time is its id's first part: Redis time of the
+//! primary, in milliseconds, when it was appended (never below the entry
+//! before it).
 //!
-//! The account: after any entry, `st = st(before) + ds` and
-//! `hd = hd(before) + dh`. A `set` entry starts the account again (its
-//! `st` is the new baseline whatever came before); every other entry moves
-//! it.
+//! The account: after any entry, `stock after = stock before + stock
+//! change` and likewise for the held units. A `set` entry starts the
+//! account again (its stock after is the new baseline whatever came
+//! before); every other entry moves it.
 
 pub mod database;
 pub mod fault;
 pub mod reconcile;
 pub mod sink;
 pub mod stream;
-
-use std::collections::HashMap;
 
 /// The entry format this stockgate writes and reads.
 pub const FORMAT: u32 = 1;
@@ -142,39 +149,48 @@ impl Entry {
             .split_once('-')
             .and_then(|(ms, seq)| Some((ms.parse().ok()?, seq.parse().ok()?)))
             .ok_or_else(|| bad("the id is not <ms>-<seq>".into()))?;
-        let map: HashMap<&str, &str> = fields
+        let text = fields
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let text = |name: &str| {
-            map.get(name)
-                .copied()
-                .ok_or_else(|| bad(format!("no field {name:?}")))
+            .find(|(k, _)| k == "e")
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| bad("no field \"e\"".into()))?;
+        let mut words = text.splitn(8, ' ');
+        let mut word = |name: &str| {
+            words
+                .next()
+                .ok_or_else(|| bad(format!("no {name} in {text:?}")))
         };
-        let int = |name: &str| {
-            text(name)?
-                .parse::<i64>()
-                .map_err(|_| bad(format!("field {name:?} is not an integer")))
-        };
-        let format = text("v")?
+        let format = word("format")?
             .parse::<u32>()
-            .map_err(|_| bad("field \"v\" is not a version".into()))?;
+            .map_err(|_| bad(format!("no format version in {text:?}")))?;
         if format != FORMAT {
             return Err(bad(format!(
                 "format {format}, this stockgate reads format {FORMAT}"
             )));
         }
-        let event = text("ev")?;
+        let event = word("event")?;
+        let event = Event::parse(event).ok_or_else(|| bad(format!("unknown event {event:?}")))?;
+        let id = word("id")?.to_owned();
+        let mut int = |name: &str| {
+            let w = word(name)?;
+            w.parse::<i64>()
+                .map_err(|_| bad(format!("{name} {w:?} is not an integer")))
+        };
+        let stock_change = int("stock change")?;
+        let held_change = int("held change")?;
+        let stock = int("stock after")?;
+        let held = int("held after")?;
+        let order_no = word("order_no").unwrap_or("").to_owned();
         Ok(Entry {
             at: stream_id,
             format,
-            event: Event::parse(event).ok_or_else(|| bad(format!("unknown event {event:?}")))?,
-            id: text("id")?.to_owned(),
-            order_no: text("ono")?.to_owned(),
-            stock_change: int("ds")?,
-            held_change: int("dh")?,
-            stock: int("st")?,
-            held: int("hd")?,
+            event,
+            id,
+            order_no,
+            stock_change,
+            held_change,
+            stock,
+            held,
             time_ms: stream_id.0,
         })
     }
@@ -198,36 +214,38 @@ mod tests {
 
     #[test]
     fn an_entry_reads_back_and_a_bad_one_says_why() {
-        let good = fields(&[
-            ("v", "1"),
-            ("ev", "hold"),
-            ("id", "h-1"),
-            ("ono", ""),
-            ("ds", "-3"),
-            ("dh", "3"),
-            ("st", "7"),
-            ("hd", "3"),
-        ]);
-        let entry = Entry::parse("1700000000000-2", &good).unwrap();
+        let entry = Entry::parse(
+            "1700000000000-2",
+            &fields(&[("e", "1 hold h-1 -3 3 7 3 ORD 1")]),
+        )
+        .unwrap();
         assert_eq!(entry.event, Event::Hold);
         assert_eq!((entry.stock_change, entry.held_change), (-3, 3));
+        assert_eq!((entry.stock, entry.held), (7, 3));
+        assert_eq!(
+            (entry.id.as_str(), entry.order_no.as_str()),
+            ("h-1", "ORD 1")
+        );
         assert_eq!(entry.stream_id(), "1700000000000-2");
         assert_eq!(entry.time_ms, 1_700_000_000_000);
+        let none = Entry::parse("1-0", &fields(&[("e", "1 deduct d 1 0 5 0 ")])).unwrap();
+        assert_eq!(none.order_no, "");
         for event in Event::ALL {
             assert_eq!(Event::parse(event.name()), Some(event));
         }
-        let mut newer = good.clone();
-        newer[0].1 = "2".into();
-        assert!(
-            Entry::parse("1-0", &newer)
-                .unwrap_err()
-                .what
-                .contains("format 2")
-        );
-        let mut unknown = good.clone();
-        unknown[1].1 = "steal".into();
-        assert!(Entry::parse("1-0", &unknown).is_err());
-        assert!(Entry::parse("nope", &good).is_err());
-        assert!(Entry::parse("1-0", &good[1..]).is_err());
+        let newer = Entry::parse("1-0", &fields(&[("e", "2 deduct d 1 0 5 0 ")]));
+        assert!(newer.unwrap_err().what.contains("format 2"));
+        for bad in [
+            "1 steal d 1 0 5 0 ",
+            "1 deduct d x 0 5 0 ",
+            "1 deduct d 1 0",
+        ] {
+            assert!(
+                Entry::parse("1-0", &fields(&[("e", bad)])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(Entry::parse("nope", &fields(&[("e", "1 deduct d 1 0 5 0 ")])).is_err());
+        assert!(Entry::parse("1-0", &fields(&[("v", "1")])).is_err());
     }
 }
