@@ -639,7 +639,7 @@ impl JournalMetrics {
         };
         let lag_seconds = gauge(
             JOURNAL_LAG_SECONDS,
-            "Age of the oldest entry not yet in the database, in this sink's shards, at its last round (Redis time of the entry against this host's clock).",
+            "Age of the oldest entry not yet in the database, in this sink's shards, at its last round (Redis time of the entry against this host's clock); while rounds fail or leave shards unread, it grows from the last round that read them all.",
         );
         let lag_entries = gauge(
             JOURNAL_LAG_ENTRIES,
@@ -704,6 +704,11 @@ impl JournalMetrics {
 
     pub fn set_lag(&self, entries: u64, oldest: Duration) {
         self.lag_entries.set(entries as f64);
+        self.lag_seconds.set(oldest.as_secs_f64());
+    }
+
+    /// The lag's age alone, when a round could not count the entries.
+    pub fn set_lag_seconds(&self, oldest: Duration) {
         self.lag_seconds.set(oldest.as_secs_f64());
     }
 

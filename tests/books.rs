@@ -1035,3 +1035,34 @@ async fn a_primary_failover_under_the_sink_leaves_the_books_whole() {
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("12 skus: 12 agree"), "{text}");
 }
+
+/// While the database is down the sink moves nothing, and the lag it
+/// reports grows (so the lag alert fires on an outage); back up, it
+/// catches up and the lag returns to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_grows_while_the_database_is_down_and_clears_after() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    journals.day("jr-lag-0", 5);
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    let first = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == first);
+    pg.stop();
+    journals.day("jr-lag-1", 5);
+    sink.wait_metric("stockgate_journal_faults_total{source=\"database\"}", |v| {
+        v >= 2.0
+    });
+    let growing = sink.wait_metric("stockgate_journal_lag_seconds", |v| v > 0.0);
+    assert_eq!(
+        journals.journal_len("jr-lag-1"),
+        6,
+        "nothing moved meanwhile"
+    );
+    pg.start_again();
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    sink.wait_metric("stockgate_journal_lag_seconds", |v| v == 0.0);
+    assert!(growing > 0.0);
+    assert_eq!(journals.pending(), 0);
+}

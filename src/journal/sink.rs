@@ -69,13 +69,15 @@ pub struct Sink {
 }
 
 /// What one round found.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Round {
     committed: Committed,
     /// Entries in the owned journals when the round read them.
     backlog: u64,
     /// Redis time (ms) of the oldest entry read, if any.
     oldest_ms: Option<u64>,
+    /// A Redis fault that stopped some shards; the others went on.
+    redis_fault: Option<JournalFault>,
 }
 
 impl Sink {
@@ -105,10 +107,12 @@ impl Sink {
     /// `stop` mid-transaction rolls back; nothing was trimmed for it.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
-        // The last round that ran, and the lag it saw: while rounds fail
-        // (the database down, say) the lag reported keeps growing from it,
-        // so the lag alert fires on an outage as on a slow sink.
-        let mut last_ok = (Instant::now(), Duration::ZERO, 0);
+        // When the last round that read every owned shard ended, and the
+        // lag it saw: while rounds fail or leave shards unread (the
+        // database down, a node down), the lag reported keeps growing from
+        // it, so the lag alert fires on an outage as on a slow sink.
+        let mut whole = (Instant::now(), Duration::ZERO);
+        let since_whole = |whole: (Instant, Duration)| whole.1 + whole.0.elapsed();
         loop {
             let round = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -116,22 +120,35 @@ impl Sink {
             };
             let pause = match round {
                 Ok(round) => {
-                    backoff = Duration::from_millis(100);
                     let lag = age(round.oldest_ms);
-                    self.metrics.set_lag(round.backlog, lag);
-                    last_ok = (Instant::now(), lag, round.backlog);
-                    if round.committed.moved + round.committed.already > 0 {
-                        Duration::ZERO
+                    if round.redis_fault.is_none() {
+                        whole = (Instant::now(), lag);
+                        self.metrics.set_lag(round.backlog, lag);
                     } else {
-                        self.config.poll
+                        self.metrics
+                            .set_lag(round.backlog, lag.max(since_whole(whole)));
+                    }
+                    if let Some(fault) = round.redis_fault {
+                        // Some shards could not be read: what the others
+                        // moved counts, and the pause backs off as after
+                        // any fault.
+                        self.metrics.record_fault(fault.origin);
+                        tracing::warn!(%fault, "journal sink: some shards could not be read; trying again");
+                        let pause = backoff;
+                        backoff = (backoff * 2).min(MOST_BACKOFF);
+                        pause
+                    } else {
+                        backoff = Duration::from_millis(100);
+                        if round.committed.moved + round.committed.already > 0 {
+                            Duration::ZERO
+                        } else {
+                            self.config.poll
+                        }
                     }
                 }
                 Err(fault) => {
                     self.metrics.record_fault(fault.origin);
-                    let (at, lag, backlog) = last_ok;
-                    if backlog > 0 || lag > Duration::ZERO {
-                        self.metrics.set_lag(backlog, lag + at.elapsed());
-                    }
+                    self.metrics.set_lag_seconds(since_whole(whole));
                     tracing::warn!(%fault, retry_safe = fault.retry_safe, "journal sink round failed; trying again");
                     if self.books.as_ref().is_none_or(Books::is_closed)
                         || fault.origin == crate::metrics::JournalSource::Database
@@ -199,11 +216,23 @@ impl Sink {
         Ok(())
     }
 
+    /// One pass over the owned shards. A Redis fault stops only its own
+    /// shard: a shard's set and its SKUs' journals all live in the shard's
+    /// slots, on one node, so a node that is down or failing over holds
+    /// back its shards and not the others'. A database fault stops the
+    /// round (its connection is in doubt).
     async fn round(&mut self) -> Result<Round, JournalFault> {
         self.balance().await?;
         let mut round = Round::default();
         for shard in self.owned.clone() {
-            self.shard(shard, &mut round).await?;
+            match self.shard(shard, &mut round).await {
+                Ok(()) => {}
+                Err(fault) if fault.origin == crate::metrics::JournalSource::Redis => {
+                    tracing::debug!(%fault, shard, "journal shard left for the next round");
+                    round.redis_fault.get_or_insert(fault);
+                }
+                Err(fault) => return Err(fault),
+            }
         }
         Ok(round)
     }
