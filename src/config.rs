@@ -74,7 +74,7 @@ pub struct SinkArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
-    /// Where /metrics, /healthz and /readyz listen.
+    /// Where /metrics and /healthz listen.
     #[arg(
         long,
         env = "STOCKGATE_SINK_ADMIN_LISTEN",

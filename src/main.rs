@@ -334,6 +334,10 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
     if args.batch == 0 || args.batch > 100_000 {
         return Err("--batch must be from 1 to 100000".into());
     }
+    if args.poll < Duration::from_millis(1) {
+        // An idle sink would ask Redis for nothing, as fast as it can.
+        return Err("--poll must be at least 1ms".into());
+    }
     let timeout = args.redis.timeout;
     let durability = (args.wait_replicas > 0).then_some(stockgate::config::Durability {
         replicas: args.wait_replicas,
