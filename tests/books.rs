@@ -37,7 +37,17 @@ impl SinkProcess {
     fn start(cluster: &LocalCluster, pg: &Postgres, extra: &[&str]) -> SinkProcess {
         let admin_port = support::free_port();
         let admin = format!("127.0.0.1:{admin_port}");
-        let child = Command::new(support::stockgate_bin())
+        let mut command = Command::new(support::stockgate_bin());
+        // SAFETY: prctl in the child before exec touches nothing else.
+        // The sink dies with this test even when the test process is
+        // killed and no Drop runs (a cut pipe, a timeout).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
             .args(["journal", "sink", "--database", &pg.url()])
             .args(["--upstream", &cluster.seeds().join(",")])
             .args(["--admin-listen", &admin, "--batch", "40", "--poll", "20ms"])
