@@ -3,6 +3,8 @@
 # toolchain, from Debian's packages:
 #
 #   deploy/install-deps.sh dev    what `deploy/dev.sh` needs: Redis only
+#   deploy/install-deps.sh dev-postgres   that, and PostgreSQL
+#                                 (`deploy/dev.sh --postgres`)
 #   deploy/install-deps.sh test   (the default) that, and the test tools
 #
 # dev:
@@ -26,6 +28,12 @@
 #   when missing; the newest ioredis and node-redis want Node.js 20, which
 #   Debian 12's nodejs (18) is not, and the tests say so if that's the case.
 # - curl: tests/readme.rs runs the README's HTTP examples as written.
+# - postgresql: PostgreSQL 15 (Debian 12's), the books' database.
+#   tests/books.rs runs `initdb` and `pg_ctl` from
+#   /usr/lib/postgresql/<version>/bin on a free loopback port in a temp
+#   dir (as the `postgres` user when run as root) and stops it; the
+#   package's own cluster and service are not used. Only installed when no
+#   initdb is there. `deploy/dev.sh --postgres` needs it too (dev-postgres).
 # - openjdk-17-jdk-headless and maven: tests/clients.rs builds the Java
 #   clients' drivers (Jedis, Lettuce, Redisson) and examples/java with one
 #   `mvn compile`, fetching the jars from Maven Central. Only installed when
@@ -59,9 +67,9 @@ set -euo pipefail
 
 what="${1:-test}"
 case "$what" in
-    dev | test) ;;
+    dev | dev-postgres | test) ;;
     *)
-        echo "usage: $0 [dev|test]" >&2
+        echo "usage: $0 [dev|dev-postgres|test]" >&2
         exit 2
         ;;
 esac
@@ -78,6 +86,10 @@ valkey_major() {
 packages=()
 if ! command -v redis-cli >/dev/null || ! [ "$(redis_major || echo 0)" -ge 7 ] 2>/dev/null; then
     packages+=(redis-server redis-tools)
+fi
+# initdb and pg_ctl live off PATH, in /usr/lib/postgresql/<version>/bin.
+if [ "$what" != dev ] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    packages+=(postgresql)
 fi
 need_valkey=false
 if [ "$what" = test ]; then

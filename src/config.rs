@@ -44,6 +44,87 @@ pub enum Command {
     /// Load or dump stock in bulk (CSV `sku,qty`).
     #[command(subcommand)]
     Stock(StockAction),
+    /// The books: each SKU's journal of changes, moved into PostgreSQL.
+    #[command(subcommand)]
+    Journal(JournalAction),
+    /// Compare every SKU's stock and held units in Redis with its account
+    /// in PostgreSQL plus the entries not moved yet. Exits 0 when all
+    /// agree, 1 on drift, 2 when it could not check.
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JournalAction {
+    /// Move journal entries into PostgreSQL, exactly once, and trim what
+    /// the database holds; runs until SIGTERM or SIGINT.
+    Sink(SinkArgs),
+}
+
+/// Where the books are: a PostgreSQL URL. stockgate connects without TLS
+/// (`sslmode=disable` and `prefer` are accepted; `require` fails).
+#[derive(Debug, Args, Clone)]
+pub struct DatabaseArgs {
+    /// postgres://user[:password]@host:port/dbname[?sslmode=disable]
+    #[arg(long, env = "STOCKGATE_DATABASE")]
+    pub database: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SinkArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Where /metrics and /healthz listen.
+    #[arg(
+        long,
+        env = "STOCKGATE_SINK_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9391"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// Most entries one PostgreSQL transaction carries.
+    #[arg(long, env = "STOCKGATE_SINK_BATCH", default_value_t = 1000)]
+    pub batch: usize,
+
+    /// How long to wait after a round that found nothing to move.
+    #[arg(long, env = "STOCKGATE_SINK_POLL", default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub poll: Duration,
+
+    /// Move only entries at least this many replicas confirmed (a WAIT
+    /// after each read): an entry a failover then loses from Redis is
+    /// never in the database. 0: move what the primary has.
+    #[arg(long, env = "STOCKGATE_WAIT_REPLICAS", default_value_t = 0)]
+    pub wait_replicas: u32,
+
+    /// How long that WAIT may take; below --timeout.
+    #[arg(long, env = "STOCKGATE_WAIT_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub wait_timeout: Duration,
+
+    #[arg(long, env = "STOCKGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Only these SKUs (repeat the flag); every SKU with a journal or an
+    /// account when absent.
+    #[arg(long = "sku")]
+    pub skus: Vec<String>,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
 }
 
 #[derive(Debug, Subcommand)]

@@ -13,6 +13,9 @@ use stockgate::metrics::Metrics;
 use stockgate::server::{self, Server};
 use stockgate::upstream::Upstream;
 
+// The books' commands (issue 26), apart so their imports merge cleanly.
+use stockgate::config::{JournalAction, ReconcileArgs, SinkArgs};
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_files_limit();
@@ -21,6 +24,8 @@ fn main() -> ExitCode {
         Command::Dev(args) => args.proxy.worker_threads,
         _ => 1,
     };
+    // reconcile's exit code is its verdict: 2 also when it could not start.
+    let could_not_check = matches!(cli.command, Command::Reconcile(_));
     // One thread: every task on one core, so a client's task and the Redis
     // connection's task never wake each other across threads.
     let mut builder = if threads <= 1 {
@@ -37,7 +42,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    let result: Result<ExitCode, String> = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => {
                 let _logs = init_logging(args.proxy.log_format);
@@ -57,13 +62,26 @@ fn main() -> ExitCode {
                 let _logs = init_logging(LogFormat::Text);
                 export(args).await
             }
+            Command::Journal(JournalAction::Sink(args)) => {
+                let _logs = init_logging(args.log_format);
+                sink(args).await
+            }
+            Command::Reconcile(args) => {
+                let _logs = init_logging(LogFormat::Text);
+                return reconcile(args).await;
+            }
         }
+        .map(|()| ExitCode::SUCCESS)
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("stockgate: {err}");
-            ExitCode::FAILURE
+            if could_not_check {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -307,4 +325,74 @@ async fn check(args: CheckArgs) -> Result<(), String> {
     } else {
         Ok(())
     }
+}
+
+/// `stockgate journal sink`: until SIGTERM or SIGINT, which stop it
+/// between statements (a transaction cut short rolls back; nothing was
+/// trimmed for it).
+async fn sink(args: SinkArgs) -> Result<(), String> {
+    if args.batch == 0 || args.batch > 100_000 {
+        return Err("--batch must be from 1 to 100000".into());
+    }
+    if args.poll < Duration::from_millis(1) {
+        // An idle sink would ask Redis for nothing, as fast as it can.
+        return Err("--poll must be at least 1ms".into());
+    }
+    let timeout = args.redis.timeout;
+    let durability = (args.wait_replicas > 0).then_some(stockgate::config::Durability {
+        replicas: args.wait_replicas,
+        timeout: args.wait_timeout,
+    });
+    if durability.is_some() && args.wait_timeout >= timeout {
+        return Err(format!(
+            "--wait-timeout {} must be below --timeout {}: WAIT runs within the call's deadline",
+            humantime::format_duration(args.wait_timeout),
+            humantime::format_duration(timeout)
+        ));
+    }
+    let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let metrics = std::sync::Arc::new(stockgate::metrics::JournalMetrics::new());
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
+    let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut sink = stockgate::journal::sink::Sink::new(
+        stockgate::journal::sink::SinkConfig {
+            database: args.database.database,
+            batch: args.batch,
+            poll: args.poll,
+            durability,
+        },
+        keys,
+        upstream.clone(),
+        metrics.clone(),
+    );
+    sink.start().await.map_err(|e| e.to_string())?;
+    tokio::spawn(upstream.clone().maintain(stop.clone()));
+    tokio::spawn(stockgate::journal::sink::serve_admin(
+        admin,
+        metrics,
+        stop.clone(),
+    ));
+    tracing::info!(admin = %admin_addr, "journal sink running");
+    let running = tokio::spawn(sink.run(stop.clone()));
+    let signal = wait_for_signal().await;
+    tracing::info!(?signal, "stopping the journal sink");
+    stop.cancel();
+    let _ = running.await;
+    Ok(())
+}
+
+/// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.
+async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
+    let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let books = stockgate::journal::database::Books::connect(&args.database.database)
+        .await
+        .map_err(|e| format!("cannot reach the database: {e}"))?;
+    let report = stockgate::journal::reconcile::run(&upstream, &keys, &books, &args.skus)
+        .await
+        .map_err(|e| format!("cannot list the skus: {e}"))?;
+    print!("{}", stockgate::journal::reconcile::render(&report));
+    Ok(ExitCode::from(report.exit_code()))
 }

@@ -33,6 +33,15 @@ pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
 pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
 pub const ORDER_RECOVERIES_TOTAL: &str = "stockgate_order_recoveries_total";
 pub const JOURNALS_OPENED_TOTAL: &str = "stockgate_journal_opened_total";
+/// `stockgate journal sink`'s own series ([`JournalMetrics`]).
+pub const JOURNAL_ENTRIES_MOVED_TOTAL: &str = "stockgate_journal_entries_moved_total";
+pub const JOURNAL_LAG_SECONDS: &str = "stockgate_journal_lag_seconds";
+pub const JOURNAL_LAG_ENTRIES: &str = "stockgate_journal_lag_entries";
+pub const JOURNAL_BATCH_DURATION: &str = "stockgate_journal_batch_duration_seconds";
+pub const JOURNAL_CONFLICTS_TOTAL: &str = "stockgate_journal_conflicts_total";
+pub const JOURNAL_SHARDS_OWNED: &str = "stockgate_journal_shards_owned";
+pub const JOURNAL_FAULTS_TOTAL: &str = "stockgate_journal_faults_total";
+pub const JOURNAL_UNREPLICATED_TOTAL: &str = "stockgate_journal_unreplicated_total";
 
 /// Latency buckets, in seconds: fine below a millisecond, where a healthy
 /// DEDUCT lands, and up to the longest sensible --timeout.
@@ -549,6 +558,176 @@ impl Metrics {
     /// seconds so memory stays flat between scrapes.
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
+    }
+}
+
+/// Where a fault of the journal's sink came from: its metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalSource {
+    Redis,
+    Database,
+    /// An entry the sink cannot read (a newer format, a corrupt field).
+    Data,
+}
+
+impl JournalSource {
+    pub const ALL: [JournalSource; 3] = [
+        JournalSource::Redis,
+        JournalSource::Database,
+        JournalSource::Data,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            JournalSource::Redis => "redis",
+            JournalSource::Database => "database",
+            JournalSource::Data => "data",
+        }
+    }
+}
+
+/// Batch latency buckets, in seconds: one PostgreSQL transaction of up to
+/// a few thousand rows, and the trims after it.
+const BATCH_BUCKETS: [f64; 12] = [
+    0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// The series of `stockgate journal sink`, a process of its own with its
+/// own `/metrics` (a recorder of its own, as [`Metrics`]).
+pub struct JournalMetrics {
+    handle: PrometheusHandle,
+    moved: Counter,
+    lag_seconds: Gauge,
+    lag_entries: Gauge,
+    batch: Histogram,
+    conflicts: Counter,
+    shards: Gauge,
+    faults: [Counter; 3],
+    unreplicated: Counter,
+}
+
+impl JournalMetrics {
+    pub fn new() -> JournalMetrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(JOURNAL_BATCH_DURATION.into()), &BATCH_BUCKETS)
+            .expect("bucket list is not empty")
+            .build_recorder();
+        let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let counter = |name: &'static str, help: &'static str| {
+            recorder.describe_counter(name.into(), None, help.into());
+            let counter = recorder.register_counter(&Key::from_name(name), &meta);
+            counter.increment(0);
+            counter
+        };
+        let moved = counter(
+            JOURNAL_ENTRIES_MOVED_TOTAL,
+            "Journal entries this sink committed to PostgreSQL (re-deliveries, already there, not counted).",
+        );
+        let conflicts = counter(
+            JOURNAL_CONFLICTS_TOTAL,
+            "Entries whose id was already in the database with other content (a failover lost the first); kept in stockgate_journal_conflicts. Never 0 for a good reason: look.",
+        );
+        let unreplicated = counter(
+            JOURNAL_UNREPLICATED_TOTAL,
+            "Reads of a SKU's journal left for a later round because fewer replicas than --wait-replicas confirmed them.",
+        );
+        let gauge = |name: &'static str, help: &'static str| {
+            recorder.describe_gauge(name.into(), None, help.into());
+            let gauge = recorder.register_gauge(&Key::from_name(name), &meta);
+            gauge.set(0.0);
+            gauge
+        };
+        let lag_seconds = gauge(
+            JOURNAL_LAG_SECONDS,
+            "Age of the oldest entry not yet in the database, in this sink's shards, at its last round (Redis time of the entry against this host's clock); while rounds fail or leave shards unread, it grows from the last round that read them all.",
+        );
+        let lag_entries = gauge(
+            JOURNAL_LAG_ENTRIES,
+            "Entries still in Redis's journals of this sink's shards at its last round.",
+        );
+        let shards = gauge(
+            JOURNAL_SHARDS_OWNED,
+            "Sweep shards whose journals this sink moves now (16 in all, shared among the sinks).",
+        );
+        recorder.describe_histogram(
+            JOURNAL_BATCH_DURATION.into(),
+            Some(Unit::Seconds),
+            "Time of one batch: its PostgreSQL transaction and the trims after its commit.".into(),
+        );
+        let batch = recorder.register_histogram(&Key::from_name(JOURNAL_BATCH_DURATION), &meta);
+        recorder.describe_counter(
+            JOURNAL_FAULTS_TOTAL.into(),
+            None,
+            "Rounds of the sink cut short by a fault, by source (redis, database, data); the sink retries.".into(),
+        );
+        let faults = JournalSource::ALL.map(|source| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(
+                    JOURNAL_FAULTS_TOTAL,
+                    vec![Label::new("source", source.label())],
+                ),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
+        JournalMetrics {
+            handle: recorder.handle(),
+            moved,
+            lag_seconds,
+            lag_entries,
+            batch,
+            conflicts,
+            shards,
+            faults,
+            unreplicated,
+        }
+    }
+
+    /// A committed batch: how many entries were new, how long it took.
+    pub fn record_batch(&self, moved: u64, elapsed: Duration) {
+        self.moved.increment(moved);
+        self.batch.record(elapsed.as_secs_f64());
+    }
+
+    pub fn record_conflicts(&self, n: u64) {
+        self.conflicts.increment(n);
+    }
+
+    pub fn record_unreplicated(&self) {
+        self.unreplicated.increment(1);
+    }
+
+    pub fn record_fault(&self, source: JournalSource) {
+        self.faults[source as usize].increment(1);
+    }
+
+    pub fn set_lag(&self, entries: u64, oldest: Duration) {
+        self.lag_entries.set(entries as f64);
+        self.lag_seconds.set(oldest.as_secs_f64());
+    }
+
+    /// The lag's age alone, when a round could not count the entries.
+    pub fn set_lag_seconds(&self, oldest: Duration) {
+        self.lag_seconds.set(oldest.as_secs_f64());
+    }
+
+    pub fn set_shards(&self, owned: usize) {
+        self.shards.set(owned as f64);
+    }
+
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+}
+
+impl Default for JournalMetrics {
+    fn default() -> Self {
+        JournalMetrics::new()
     }
 }
 

@@ -52,6 +52,12 @@
 //! account again (its stock after is the new baseline whatever came
 //! before); every other entry moves it.
 
+pub mod database;
+pub mod fault;
+pub mod reconcile;
+pub mod sink;
+pub mod stream;
+
 /// The entry format this stockgate writes and reads.
 pub const FORMAT: u32 = 1;
 

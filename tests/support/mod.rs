@@ -13,6 +13,7 @@
 #![allow(unused_imports, unused_macros)] // likewise for `matrix!`
 
 pub mod history;
+pub mod postgres;
 
 use redis::Value;
 use std::io::{Read, Write};

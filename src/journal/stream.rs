@@ -1,0 +1,286 @@
+//! The books' side in Redis, as the sink and reconcile read it: the shard
+//! sets that list every SKU with a journal, a SKU's journal (a stream), the
+//! replication check before a move, the trim after a commit, and one
+//! consistent read of a SKU's state with its journal.
+
+use super::Entry;
+use super::fault::JournalFault;
+use crate::config::Durability;
+use crate::keys::KeyLayout;
+use crate::params::Sku;
+use crate::upstream::Upstream;
+use redis::Value;
+
+/// A SKU named in a shard set, checked as stockgate checks any sku.
+pub fn sku(name: &str) -> Result<Sku, JournalFault> {
+    Sku::parse(bytes::Bytes::copy_from_slice(name.as_bytes())).map_err(|e| {
+        JournalFault::new(
+            crate::metrics::JournalSource::Data,
+            false,
+            format!("sku {name:?} in a journal set: {e:?}"),
+        )
+    })
+}
+
+/// The SKUs listed in one sweep shard's set of journals.
+pub async fn listed(upstream: &Upstream, set_key: &[u8]) -> Result<Vec<String>, JournalFault> {
+    let mut cmd = redis::cmd("SMEMBERS");
+    cmd.arg(set_key);
+    let value = upstream.query(&cmd).await.map_err(JournalFault::redis)?;
+    let mut skus: Vec<String> = items(value)?
+        .into_iter()
+        .map(text)
+        .collect::<Result<_, _>>()?;
+    skus.sort();
+    Ok(skus)
+}
+
+/// Every SKU listed in any shard set.
+pub async fn all_listed(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+) -> Result<Vec<String>, JournalFault> {
+    let mut all = Vec::new();
+    for shard in keys.sweep_shards() {
+        all.extend(listed(upstream, &shard.journals).await?);
+    }
+    all.sort();
+    all.dedup();
+    Ok(all)
+}
+
+/// A read of a SKU's journal: how many entries it holds in all, and up to
+/// `count` of them after `after` (from the start when None).
+pub struct Read {
+    pub length: u64,
+    /// The entries read, up to the first one that cannot be read.
+    pub entries: Vec<Entry>,
+    /// That entry's fault, if any: its SKU stops there.
+    pub unreadable: Option<JournalFault>,
+}
+
+/// Reads up to `count` entries of `sku`'s journal after `after`, with the
+/// journal's length, in one pipeline to its slot.
+pub async fn read(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    sku: &Sku,
+    after: Option<(u64, u64)>,
+    count: usize,
+) -> Result<Read, JournalFault> {
+    let key = keys.journal_key(sku);
+    let start = match after {
+        Some((ms, seq)) => format!("({ms}-{seq}"),
+        None => "-".to_owned(),
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("XLEN").arg(&key);
+    pipe.cmd("XRANGE")
+        .arg(&key)
+        .arg(start)
+        .arg("+")
+        .arg("COUNT")
+        .arg(count);
+    let replies = upstream
+        .pipeline(&pipe)
+        .await
+        .map_err(JournalFault::redis)?;
+    let [length, range]: [Value; 2] = replies
+        .try_into()
+        .map_err(|r| JournalFault::bad_reply(format!("XLEN and XRANGE answered {r:?}")))?;
+    let Value::Int(length) = length else {
+        return Err(JournalFault::bad_reply(format!("XLEN answered {length:?}")));
+    };
+    let mut entries = Vec::new();
+    let mut unreadable = None;
+    for item in items(range)? {
+        match entry(item) {
+            Ok(entry) => entries.push(entry),
+            Err(fault) => {
+                unreadable = Some(fault);
+                break;
+            }
+        }
+    }
+    Ok(Read {
+        length: length.max(0) as u64,
+        entries,
+        unreadable,
+    })
+}
+
+/// Whether `durability.replicas` replicas have everything `sku`'s primary
+/// had when the sink read up to `last`: a small write in the SKU's slot
+/// (the last id read, under `<journal>:sunk`), then WAIT on the same
+/// connection. WAIT confirms the replication offset of this connection's
+/// last write, which lies after every entry read.
+pub async fn replicated(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    sku: &Sku,
+    last: (u64, u64),
+    durability: Durability,
+) -> Result<bool, JournalFault> {
+    let mut sunk = keys.journal_key(sku);
+    sunk.extend_from_slice(b":sunk");
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(sunk)
+        .arg(format!("{}-{}", last.0, last.1));
+    pipe.cmd("WAIT")
+        .arg(durability.replicas)
+        .arg(durability.timeout.as_millis() as u64);
+    let replies = upstream
+        .pipeline(&pipe)
+        .await
+        .map_err(JournalFault::redis)?;
+    match replies.last() {
+        Some(Value::Int(acked)) => Ok(*acked >= i64::from(durability.replicas)),
+        other => Err(JournalFault::bad_reply(format!("WAIT answered {other:?}"))),
+    }
+}
+
+/// Drops the entries of `sku`'s journal up to and including `last`, which
+/// the database holds (called only after the commit). Entries appended
+/// since have larger ids and stay.
+pub async fn trim(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    sku: &Sku,
+    last: (u64, u64),
+) -> Result<(), JournalFault> {
+    let min_kept = match last.1.checked_add(1) {
+        Some(seq) => format!("{}-{seq}", last.0),
+        None => format!("{}-0", last.0 + 1),
+    };
+    let mut cmd = redis::cmd("XTRIM");
+    cmd.arg(keys.journal_key(sku))
+        .arg("MINID")
+        .arg("=")
+        .arg(min_kept);
+    upstream.query(&cmd).await.map_err(JournalFault::redis)?;
+    Ok(())
+}
+
+/// A SKU's state in Redis, read in one atomic script call: stock, held
+/// units and its whole journal, so a change running meanwhile is either
+/// all in it or not at all.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// None when the stock key is missing.
+    pub stock: Option<i64>,
+    pub held: i64,
+    pub journal: Vec<Entry>,
+    /// The last id the journal ever gave (XINFO's last-generated-id),
+    /// trimmed entries included; None when there is no journal.
+    pub last_given: Option<(u64, u64)>,
+}
+
+/// Reads nothing but these three keys, all in the SKU's slot; `no-writes`
+/// lets a replica-routed read and an out-of-memory primary run it.
+const SNAPSHOT: &str = "#!lua flags=no-writes
+local last = false
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[3])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last = info[i + 1] end
+  end
+end
+return {redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('XRANGE', KEYS[3], '-', '+'), last}";
+
+pub async fn snapshot(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    sku: &Sku,
+) -> Result<Snapshot, JournalFault> {
+    let held_key = keys.sku_keys(sku).held;
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(SNAPSHOT)
+        .arg(3)
+        .arg(keys.stock_key(sku))
+        .arg(held_key)
+        .arg(keys.journal_key(sku));
+    let value = upstream.query(&cmd).await.map_err(JournalFault::redis)?;
+    let items = items(value)?;
+    let [stock, held, journal, last_given]: [Value; 4] = items
+        .try_into()
+        .map_err(|v| JournalFault::bad_reply(format!("the snapshot answered {v:?}")))?;
+    let number = |value: Value, what: &str| -> Result<Option<i64>, JournalFault> {
+        match value {
+            Value::Nil => Ok(None),
+            other => text(other)?.parse().map(Some).map_err(|_| {
+                JournalFault::new(
+                    crate::metrics::JournalSource::Data,
+                    false,
+                    format!("{what} of {sku:?} is not an integer"),
+                )
+            }),
+        }
+    };
+    Ok(Snapshot {
+        stock: number(stock, "the stock")?,
+        held: number(held, "the held units")?.unwrap_or(0),
+        journal: entries(journal)?,
+        last_given: match last_given {
+            Value::Nil => None,
+            other => Some(stream_id(&text(other)?)?),
+        },
+    })
+}
+
+/// XRANGE's reply: `[[id, [field, value, ...]], ...]`.
+fn entries(value: Value) -> Result<Vec<Entry>, JournalFault> {
+    items(value)?.into_iter().map(entry).collect()
+}
+
+/// One entry of XRANGE's reply: `[id, [field, value, ...]]`.
+fn entry(item: Value) -> Result<Entry, JournalFault> {
+    let [id, fields]: [Value; 2] = items(item)?
+        .try_into()
+        .map_err(|v| JournalFault::bad_reply(format!("a stream entry {v:?}")))?;
+    let id = text(id)?;
+    let fields = match fields {
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .map(|(k, v)| Ok((text(k)?, text(v)?)))
+            .collect::<Result<Vec<_>, JournalFault>>()?,
+        other => {
+            let flat: Vec<String> = items(other)?
+                .into_iter()
+                .map(text)
+                .collect::<Result<_, _>>()?;
+            flat.chunks(2)
+                .map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default()))
+                .collect()
+        }
+    };
+    Ok(Entry::parse(&id, &fields)?)
+}
+
+fn stream_id(id: &str) -> Result<(u64, u64), JournalFault> {
+    id.split_once('-')
+        .and_then(|(ms, seq)| Some((ms.parse().ok()?, seq.parse().ok()?)))
+        .ok_or_else(|| JournalFault::bad_reply(format!("stream id {id:?}")))
+}
+
+fn items(value: Value) -> Result<Vec<Value>, JournalFault> {
+    match value {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(JournalFault::bad_reply(format!(
+            "expected an array, got {other:?}"
+        ))),
+    }
+}
+
+fn text(value: Value) -> Result<String, JournalFault> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|_| JournalFault::bad_reply("a journal string is not UTF-8")),
+        Value::SimpleString(s) => Ok(s),
+        Value::Int(n) => Ok(n.to_string()),
+        other => Err(JournalFault::bad_reply(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}

@@ -1,0 +1,1078 @@
+//! The books (issue 26): `stockgate journal sink` moves each SKU's journal
+//! into a real PostgreSQL 15 exactly once, whatever is killed when, and
+//! `stockgate reconcile` proves Redis and the database agree.
+//!
+//! Each test starts a 3-primary Redis Cluster and a PostgreSQL of its own,
+//! and the stockgate binary as child processes it stops. The journals are
+//! written here by hand, as the scripts write them (an XADD of the entry's
+//! one field, the SKU listed in its shard's set first, the stock and held
+//! keys moved to match), under SKUs no other test uses, so the tests hold
+//! when the scripts write entries of their own.
+//!
+//! No assertion is timed: a test waits for a state (a metric, a row count,
+//! a backend waiting on a lock) with a generous bound that only a state
+//! that never comes reaches.
+
+mod support;
+
+use redis::Commands;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use stockgate::dev::LocalCluster;
+use stockgate::journal::Entry;
+use stockgate::params::Sku;
+use support::postgres::Postgres;
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// A running `stockgate journal sink`; killed (SIGKILL) on drop.
+struct SinkProcess {
+    child: Child,
+    admin_port: u16,
+}
+
+impl SinkProcess {
+    fn start(cluster: &LocalCluster, pg: &Postgres, extra: &[&str]) -> SinkProcess {
+        let admin_port = support::free_port();
+        let admin = format!("127.0.0.1:{admin_port}");
+        let mut command = Command::new(support::stockgate_bin());
+        // SAFETY: prctl in the child before exec touches nothing else.
+        // The sink dies with this test even when the test process is
+        // killed and no Drop runs (a cut pipe, a timeout).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .args(["journal", "sink", "--database", &pg.url()])
+            .args(["--upstream", &cluster.seeds().join(",")])
+            .args(["--admin-listen", &admin, "--batch", "40", "--poll", "20ms"])
+            .args(extra)
+            .env("RUST_LOG", "stockgate=debug")
+            .stdout(Stdio::null())
+            // BOOKS_SINK_LOG=1 shows the sinks' logs, for a failing test.
+            .stderr(if std::env::var_os("BOOKS_SINK_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start the sink");
+        SinkProcess { child, admin_port }
+    }
+
+    /// One series of its /metrics, None until it answers.
+    fn metric(&self, series: &str) -> Option<f64> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Its whole /metrics text.
+    fn metrics_text(&self) -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        wait(|| self.metric(series).filter(|v| ok(*v)))
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SinkProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait<T>(mut check: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < WITHIN, "not there after {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// KEYS stock, held, journal; ARGV stock, held, the entry's text.
+const APPEND: &str = "redis.call('SET', KEYS[1], ARGV[1]) redis.call('SET', KEYS[2], ARGV[2]) \
+     return redis.call('XADD', KEYS[3], '*', 'e', ARGV[3])";
+
+/// An entry's one field as the scripts write it (`src/journal/mod.rs` owns
+/// the shape): read back through [`Entry::parse`] here, so a change of
+/// the shape fails these tests at once instead of feeding the sink
+/// entries it no longer reads.
+fn entry_text(event: &str, id: &str, order_no: &str, ds: i64, dh: i64, st: i64, hd: i64) -> String {
+    let text = format!("1 {event} {id} {ds} {dh} {st} {hd} {order_no}");
+    let entry = Entry::parse("1-1", &[("e".to_owned(), text.clone())]).expect("the shape parses");
+    assert_eq!(
+        (
+            entry.event.name(),
+            entry.id.as_str(),
+            entry.order_no.as_str()
+        ),
+        (event, id, order_no)
+    );
+    assert_eq!(
+        (
+            entry.stock_change,
+            entry.held_change,
+            entry.stock,
+            entry.held
+        ),
+        (ds, dh, st, hd)
+    );
+    text
+}
+
+/// The journals written by hand: each SKU's stock and held units kept in
+/// step, every entry remembered as (sku, stream id, event, stock change).
+struct Journals {
+    conn: redis::cluster::ClusterConnection,
+    state: BTreeMap<String, (i64, i64)>,
+    written: Vec<(String, String, &'static str, i64)>,
+}
+
+impl Journals {
+    fn new(cluster: &LocalCluster) -> Journals {
+        Journals {
+            conn: cluster.cluster_connection().unwrap(),
+            state: BTreeMap::new(),
+            written: Vec::new(),
+        }
+    }
+
+    /// Appends one entry the way a script does, and moves the SKU's keys.
+    fn append(
+        &mut self,
+        sku: &str,
+        event: &'static str,
+        id: &str,
+        order_no: &str,
+        ds: i64,
+        dh: i64,
+    ) {
+        let layout = support::layout();
+        let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+        if !self.state.contains_key(sku) {
+            let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
+            let _: i64 = self.conn.sadd(&shard.journals, sku).unwrap();
+        }
+        let (stock, held) = self.state.entry(sku.to_owned()).or_insert((0, 0));
+        // A set's `ds` here is the stock it sets; its entry's ds the change.
+        let ds = if event == "set" { ds - *stock } else { ds };
+        *stock += ds;
+        *held += dh;
+        let (st, hd) = (*stock, *held);
+        // The stock, the held units and the entry in one atomic call, as a
+        // stockgate script changes them: a reader never sees one without
+        // the others.
+        let id_at: String = redis::cmd("EVAL")
+            .arg(APPEND)
+            .arg(3)
+            .arg(layout.stock_key(&parsed))
+            .arg(layout.sku_keys(&parsed).held)
+            .arg(layout.journal_key(&parsed))
+            .arg(st)
+            .arg(hd)
+            .arg(entry_text(event, id, order_no, ds, dh, st, hd))
+            .query(&mut self.conn)
+            .unwrap();
+        self.written.push((sku.to_owned(), id_at, event, ds));
+    }
+
+    /// A day of one SKU: its stock set, sales, a hold and its fates.
+    fn day(&mut self, sku: &str, n: usize) {
+        self.append(sku, "set", &format!("{sku}-op"), "", 1000, 0);
+        for i in 0..n {
+            match i % 5 {
+                0 | 1 => self.append(
+                    sku,
+                    "deduct",
+                    &format!("{sku}-d{i}"),
+                    &format!("ORD-{sku}-{i}"),
+                    -2,
+                    0,
+                ),
+                2 => self.append(sku, "hold", &format!("{sku}-h{i}"), "", -3, 3),
+                3 => self.append(sku, "expire", &format!("{sku}-h{}", i - 1), "", 3, -3),
+                _ => self.append(sku, "add", &format!("{sku}-a{i}"), "", 5, 0),
+            }
+        }
+    }
+
+    fn journal_len(&mut self, sku: &str) -> i64 {
+        let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+        redis::cmd("XLEN")
+            .arg(support::layout().journal_key(&parsed))
+            .query(&mut self.conn)
+            .unwrap()
+    }
+
+    fn pending(&mut self) -> i64 {
+        let skus: Vec<String> = self.state.keys().cloned().collect();
+        skus.iter().map(|sku| self.journal_len(sku)).sum()
+    }
+}
+
+/// SKUs spread over many shards (and so over the three primaries).
+fn skus(tag: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("jr-{tag}-{i}")).collect()
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// What the database holds: (sku, stream id, event, stock change), sorted.
+async fn books(client: &tokio_postgres::Client) -> Vec<(String, String, String, i64)> {
+    client
+        .query(
+            "SELECT sku, entry_ms || '-' || entry_seq, event, stock_change FROM stockgate_journal",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+fn expected_books(journals: &Journals) -> Vec<(String, String, String, i64)> {
+    let mut all: Vec<_> = journals
+        .written
+        .iter()
+        .map(|(sku, id, event, ds)| (sku.clone(), id.clone(), event.to_string(), *ds))
+        .collect();
+    all.sort();
+    all
+}
+
+/// `stockgate reconcile`: its exit code and what it printed.
+fn reconcile(cluster: &LocalCluster, database: &str, skus: &[&str]) -> (i32, String) {
+    let mut command = Command::new(support::stockgate_bin());
+    command
+        .args(["reconcile", "--database", database])
+        .args(["--upstream", &cluster.seeds().join(",")]);
+    for sku in skus {
+        command.args(["--sku", sku]);
+    }
+    let out = command.output().expect("run reconcile");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().expect("an exit code"), text)
+}
+
+/// Waits until a backend of the sink waits on a lock inside its insert:
+/// the sink is mid-batch, its transaction open.
+async fn wait_blocked_insert(client: &tokio_postgres::Client) {
+    let sql = "SELECT count(*) FROM pg_stat_activity
+                WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO stockgate_journal%'";
+    support::loop_until_async(WITHIN, || async {
+        (count(client, sql).await == 1).then_some(())
+    })
+    .await;
+}
+
+async fn wait_no_blocked_insert(client: &tokio_postgres::Client) {
+    let sql = "SELECT count(*) FROM pg_stat_activity
+                WHERE query LIKE 'INSERT INTO stockgate_journal%' AND state <> 'idle'";
+    support::loop_until_async(WITHIN, || async {
+        (count(client, sql).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// Every entry lands once, the journals are trimmed only after the commit,
+/// a re-delivered entry changes nothing, and one whose id comes back with
+/// other content is kept as a conflict, counted, never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_land_once_and_leave_redis_only_after_their_commit() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    // Its schema is in once it owns every shard.
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let db = pg.client().await;
+
+    // The table locked: the sink's first batch waits inside its transaction.
+    let locker = pg.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stockgate_journal IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("once", 12) {
+        journals.day(&sku, 23);
+    }
+    let total = journals.written.len() as i64;
+    wait_blocked_insert(&db).await;
+    assert_eq!(
+        journals.pending(),
+        total,
+        "nothing may leave Redis while its transaction is open"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    first.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == total as f64
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
+        0
+    );
+    // For the record, not asserted: the rate inside the sink's batches
+    // (its transactions and trims; batches of 40 here, on a shared host).
+    let batch_seconds = first
+        .metric("stockgate_journal_batch_duration_seconds_sum")
+        .unwrap();
+    eprintln!(
+        "sink: {total} entries in {batch_seconds:.3}s of batches, {:.0} entries/s",
+        total as f64 / batch_seconds
+    );
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("12 skus: 12 agree, 0 drift"), "{text}");
+
+    // A sink killed between commit and trim delivers again: the journal
+    // of one SKU written back with the same ids and content.
+    first.kill();
+    let sku = "jr-once-3";
+    let parsed = Sku::parse(sku.to_owned().into()).unwrap();
+    let key = support::layout().journal_key(&parsed);
+    let moved: Vec<_> = books(&db)
+        .await
+        .into_iter()
+        .filter(|row| row.0 == sku)
+        .collect();
+    let mut conn = cluster.cluster_connection().unwrap();
+    let original: Vec<(String, Entry)> = db
+        .query(
+            "SELECT entry_ms || '-' || entry_seq, format, event, request_id, order_no, stock_change,
+                    held_change, stock_after, held_after
+               FROM stockgate_journal WHERE sku = $1 ORDER BY entry_ms, entry_seq",
+            &[&sku],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let id: String = row.get(0);
+            let text = entry_text(
+                row.get(2),
+                row.get(3),
+                row.get(4),
+                row.get(5),
+                row.get(6),
+                row.get(7),
+                row.get(8),
+            );
+            let entry = Entry::parse(&id, &[("e".to_owned(), text)]).unwrap();
+            (id, entry)
+        })
+        .collect();
+    assert_eq!(original.len(), moved.len());
+    let _: () = conn.del(&key).unwrap();
+    let text_of = |e: &Entry| {
+        entry_text(
+            e.event.name(),
+            &e.id,
+            &e.order_no,
+            e.stock_change,
+            e.held_change,
+            e.stock,
+            e.held,
+        )
+    };
+    for (id, entry) in &original {
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg(id)
+            .arg("e")
+            .arg(text_of(entry))
+            .query(&mut conn)
+            .unwrap();
+    }
+    // ...and one id given again with other content, as after a failover
+    // that lost the entry first given it.
+    let mut other = original[5].1.clone();
+    other.stock_change = -7;
+    let other_sku = "jr-once-4";
+    let other_key =
+        support::layout().journal_key(&Sku::parse(other_sku.to_owned().into()).unwrap());
+    let reused: String = db
+        .query_one(
+            "SELECT entry_ms || '-' || entry_seq FROM stockgate_journal WHERE sku = $1
+              ORDER BY entry_ms, entry_seq OFFSET 5 LIMIT 1",
+            &[&other_sku],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let _: () = conn.del(&other_key).unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&other_key)
+        .arg(&reused)
+        .arg("e")
+        .arg(text_of(&other))
+        .query(&mut conn)
+        .unwrap();
+
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    second.wait_metric("stockgate_journal_conflicts_total", |v| v == 1.0);
+    wait(|| (journals.journal_len(sku) == 0 && journals.journal_len(other_sku) == 0).then_some(()));
+    assert_eq!(
+        second.metric("stockgate_journal_entries_moved_total"),
+        Some(0.0),
+        "a re-delivery is not a move"
+    );
+    assert_eq!(
+        books(&db).await,
+        expected_books(&journals),
+        "the books unchanged"
+    );
+    let conflict: (String, i64) = db
+        .query_one(
+            "SELECT sku, stock_change FROM stockgate_journal_conflicts
+              WHERE entry_ms || '-' || entry_seq = $1",
+            &[&reused],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(conflict, (other_sku.to_owned(), -7));
+}
+
+/// reconcile: 0 when the books agree (entries not moved yet included), 1
+/// on a planted drift, naming the SKU, and 2 when it cannot check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_says_agree_drift_or_could_not_check() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("rec", 4) {
+        journals.day(&sku, 11);
+    }
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    sink.kill();
+    // Not moved yet: the journal's tail explains Redis's state.
+    journals.day("jr-rec-1", 3);
+    journals.day("jr-rec-new", 4);
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("5 skus: 5 agree, 0 drift"), "{text}");
+
+    // A write around stockgate: 5 units that no entry explains.
+    let mut conn = cluster.cluster_connection().unwrap();
+    let drifted = Sku::parse("jr-rec-2".to_owned().into()).unwrap();
+    let _: i64 = conn.incr(support::layout().stock_key(&drifted), 5).unwrap();
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("jr-rec-2: DRIFT"), "{text}");
+    assert!(text.contains("stock off by 5"), "{text}");
+    assert!(text.contains("4 agree, 1 drift"), "{text}");
+    let (code, text) = reconcile(&cluster, &pg.url(), &["jr-rec-1"]);
+    assert_eq!((code, text.contains("1 agree")), (0, true), "{text}");
+
+    // An entry that does not follow from the one before is named.
+    let db = pg.client().await;
+    db.execute(
+        "UPDATE stockgate_journal SET stock_after = stock_after + 1
+          WHERE sku = 'jr-rec-3' AND event = 'add'
+            AND (entry_ms, entry_seq) = (SELECT entry_ms, entry_seq FROM stockgate_journal
+                  WHERE sku = 'jr-rec-3' AND event = 'add' ORDER BY entry_ms, entry_seq LIMIT 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The same for its stock_change, so the account is off by one too.
+    db.execute(
+        "UPDATE stockgate_journal SET stock_change = stock_change + 1
+          WHERE sku = 'jr-rec-3' AND event = 'deduct'
+            AND (entry_ms, entry_seq) = (SELECT entry_ms, entry_seq FROM stockgate_journal
+                  WHERE sku = 'jr-rec-3' AND event = 'deduct' ORDER BY entry_ms, entry_seq LIMIT 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, text) = reconcile(&cluster, &pg.url(), &["jr-rec-3"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("does not follow from the entry before it"),
+        "{text}"
+    );
+
+    // No database: nothing can be checked.
+    pg.stop();
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 2, "{text}");
+    pg.start_again();
+}
+
+/// A sink SIGKILLed mid-batch, then PostgreSQL restarted under the next
+/// one mid-transaction: every entry lands exactly once, and Redis keeps
+/// each until its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sink_and_a_restarted_database_lose_and_double_nothing() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let db = pg.client().await;
+    let locker = pg.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stockgate_journal IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("kill", 10) {
+        journals.day(&sku, 30);
+    }
+    let total = journals.written.len() as i64;
+    wait_blocked_insert(&db).await;
+    first.kill();
+    // Its backend notices the dead client and rolls back.
+    wait_no_blocked_insert(&db).await;
+    assert_eq!(
+        count(&locker, "SELECT count(*) FROM stockgate_journal").await,
+        0
+    );
+    assert_eq!(journals.pending(), total);
+
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    wait_blocked_insert(&db).await;
+    // Mid-transaction, the database goes away and comes back.
+    pg.restart();
+    second.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == total as f64
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert!(
+        second
+            .metric("stockgate_journal_faults_total{source=\"database\"}")
+            .unwrap()
+            >= 1.0
+    );
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+}
+
+/// Two sinks at once share the 16 shards (neither starves) and write each
+/// entry once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sinks_share_the_shards_and_write_each_entry_once() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let first = SinkProcess::start(&cluster, &pg, &[]);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let second = SinkProcess::start(&cluster, &pg, &[]);
+    // The first gives half back; the second takes it.
+    second.wait_metric("stockgate_journal_shards_owned", |v| v == 8.0);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 8.0);
+
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("two", 40) {
+        journals.day(&sku, 9);
+    }
+    let total = journals.written.len() as f64;
+    wait(|| {
+        let moved = first.metric("stockgate_journal_entries_moved_total")?
+            + second.metric("stockgate_journal_entries_moved_total")?;
+        (moved == total).then_some(())
+    });
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    assert!(
+        first
+            .metric("stockgate_journal_entries_moved_total")
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        second
+            .metric("stockgate_journal_entries_moved_total")
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
+        0
+    );
+    // Every series the journal's alerts and dashboard read is one a live
+    // sink exports.
+    let text = first.metrics_text();
+    let mut used = String::new();
+    for file in [
+        "deploy/prometheus/stockgate-journal.rules.yml",
+        "deploy/grafana/stockgate-journal-dashboard.json",
+    ] {
+        used.push_str(&std::fs::read_to_string(support::in_repo(file)).unwrap());
+    }
+    let names: std::collections::BTreeSet<&str> = used
+        .match_indices("stockgate_journal_")
+        .map(|(at, _)| {
+            let rest = &used[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            rest[..end].trim_end_matches("_bucket")
+        })
+        // Table names in the annotations, not series.
+        .filter(|name| {
+            name.ends_with("_total")
+                || name.ends_with("_seconds")
+                || name.ends_with("_entries")
+                || name.ends_with("_owned")
+        })
+        .collect();
+    assert!(names.len() >= 6, "{names:?}");
+    for name in names {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} is not in a sink's /metrics"
+        );
+    }
+}
+
+/// promtool accepts the journal's alert rules and their unit tests.
+#[test]
+fn promtool_accepts_the_journal_rules_and_their_unit_tests() {
+    for args in [
+        ["check", "rules", "stockgate-journal.rules.yml"],
+        ["test", "rules", "stockgate-journal.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(support::in_repo("deploy/prometheus"))
+            .output()
+            .expect("promtool: install it with deploy/install-deps.sh test (Debian: apt-get install -y prometheus)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("SUCCESS"),
+            "{args:?}: {text}"
+        );
+    }
+}
+
+/// With --wait-replicas, entries no replica confirmed stay in Redis and
+/// out of the database (this cluster has no replicas at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_entries_are_not_moved() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    journals.day("jr-wait-0", 5);
+    let sink = SinkProcess::start(
+        &cluster,
+        &pg,
+        &["--wait-replicas", "1", "--wait-timeout", "20ms"],
+    );
+    sink.wait_metric("stockgate_journal_unreplicated_total", |v| v >= 2.0);
+    let db = pg.client().await;
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal").await,
+        0
+    );
+    assert_eq!(journals.pending(), journals.written.len() as i64);
+}
+
+/// An entry the sink cannot read (a newer format) holds back its own SKU's
+/// journal, counted as a data fault, and no other SKU's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_entry_holds_back_only_its_own_sku() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("bad", 6) {
+        journals.day(&sku, 7);
+    }
+    let good = journals.written.len() as f64;
+    let bad = "jr-bad-3";
+    let key = support::layout().journal_key(&Sku::parse(bad.to_owned().into()).unwrap());
+    let mut conn = cluster.cluster_connection().unwrap();
+    let unreadable: String = redis::cmd("XADD")
+        .arg(&key)
+        .arg("*")
+        .arg("e")
+        .arg("9 deduct from-a-newer-stockgate 0 0 0 0")
+        .query(&mut conn)
+        .unwrap();
+    // One more after it, which must wait behind it.
+    journals.append(bad, "deduct", "after-the-bad-one", "", -1, 0);
+    let behind = journals.written.pop().unwrap();
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    sink.wait_metric("stockgate_journal_faults_total{source=\"data\"}", |v| {
+        v >= 1.0
+    });
+    // Everything before the bad entry moves, the other SKUs' too.
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == good);
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    // The bad SKU's journal stops at its bad entry: it and what follows
+    // stay in Redis, out of the database.
+    let left: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    let ids: Vec<&str> = left.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, [unreadable.as_str(), behind.1.as_str()]);
+    assert_eq!(journals.pending(), 2);
+}
+
+/// reconcile run again and again while entries are written and moved:
+/// its one atomic read per SKU, and the account as of the last id that
+/// read saw, never mistake a change in flight for drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_agrees_while_entries_are_written_and_moved() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    sink.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let mut journals = Journals::new(&cluster);
+        let writing = writing.clone();
+        std::thread::spawn(move || {
+            let mut round = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) || round < 3 {
+                for sku in skus("live", 6) {
+                    journals.day(&sku, 4);
+                }
+                round += 1;
+            }
+            journals
+        })
+    };
+    let mut runs = 0;
+    while runs < 6 {
+        let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+        assert_eq!(code, 0, "run {runs}: {text}");
+        runs += 1;
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut journals = writer.join().unwrap();
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+}
+
+/// With replicas behind each primary, --wait-replicas 1 moves what they
+/// confirmed: the check that held entries back above is not a wall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_entries_move_with_wait_replicas() {
+    let cluster = LocalCluster::start(3, 1, &stockgate::dev::RedisOptions::default())
+        .expect("a 3-primary cluster with a replica each");
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("repl", 5) {
+        journals.day(&sku, 6);
+    }
+    let sink = SinkProcess::start(
+        &cluster,
+        &pg,
+        &["--wait-replicas", "1", "--wait-timeout", "500ms"],
+    );
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(books(&db).await, expected_books(&journals));
+}
+
+/// End to end: changes made through stockgate with --journal (every kind
+/// once, a SKU seeded around stockgate among them) reach the database
+/// through the sink; reconcile agrees, the account equals Redis's stock,
+/// and the order query of docs/books.md tells an order's units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_stockgate_reach_the_books_and_reconcile() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    // Seeded with a plain SET, as `stockgate dev` seeds its demo stock:
+    // its account opens where its first entry finds it.
+    support::set_stock(&cluster, "e2e-seeded", 100);
+    let server = support::proxy(cluster.seeds(), |c| {
+        c.journal = true;
+        c.admin_commands = true;
+        c.sweeper = false;
+    })
+    .await;
+    let mut conn = support::client(&server, false).await;
+    let calls: &[&[&str]] = &[
+        &["STOCK.SET", "e2e-1", "50", "e2e-op-set"],
+        &["DEDUCT", "e2e-1", "3", "e2e-d1", "ORD-E1"],
+        &["DEDUCT", "e2e-1", "2", "e2e-d2", "ORD-E2"],
+        &["REVERT", "e2e-1", "e2e-d2"],
+        &["HOLD", "e2e-1", "5", "e2e-h1", "60000", "ORD-E1"],
+        &["CONFIRM", "e2e-1", "e2e-h1"],
+        &["HOLD", "e2e-1", "4", "e2e-h2", "60000", "ORD-E3"],
+        &["STOCK.ADD", "e2e-1", "7", "e2e-op-add"],
+        &["DEDUCT", "e2e-seeded", "2", "e2e-d3", "ORD-E4"],
+    ];
+    for args in calls {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+        let redis::Value::Array(items) = &reply else {
+            panic!("{args:?}: {reply:?}")
+        };
+        assert_eq!(items[0], redis::Value::Int(0), "{args:?}: {reply:?}");
+    }
+    let mut plain = cluster.cluster_connection().unwrap();
+    let journal_len = |conn: &mut redis::cluster::ClusterConnection, sku: &str| -> i64 {
+        redis::cmd("XLEN")
+            .arg(support::layout().journal_key(&Sku::parse(sku.to_owned().into()).unwrap()))
+            .query(conn)
+            .unwrap()
+    };
+    let written = journal_len(&mut plain, "e2e-1") + journal_len(&mut plain, "e2e-seeded");
+    assert_eq!(written, 9, "one entry per change");
+
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| {
+        v == written as f64
+    });
+    wait(|| {
+        (journal_len(&mut plain, "e2e-1") + journal_len(&mut plain, "e2e-seeded") == 0)
+            .then_some(())
+    });
+    let db = pg.client().await;
+    for sku in ["e2e-1", "e2e-seeded"] {
+        let row = db
+            .query_one(
+                "SELECT stock, held, from_baseline FROM stockgate_account WHERE sku = $1",
+                &[&sku],
+            )
+            .await
+            .unwrap();
+        let account: (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+        let stock = support::get_stock(&cluster, sku).unwrap();
+        let held_key = support::layout()
+            .sku_keys(&Sku::parse(sku.to_owned().into()).unwrap())
+            .held;
+        let held: Option<i64> = plain.get(held_key).unwrap();
+        assert_eq!(
+            (account.0, account.1, account.2),
+            (stock, held.unwrap_or(0), sku == "e2e-1"),
+            "{sku}"
+        );
+    }
+    // ORD-E1: 3 deducted and 5 held then confirmed: 8 taken, none held.
+    let order = db
+        .query_one(
+            "SELECT (-sum(stock_change))::int8, sum(held_change)::int8,
+                    (-sum(stock_change) - sum(held_change))::int8
+               FROM stockgate_journal WHERE order_no = 'ORD-E1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let units: (i64, i64, i64) = (order.get(0), order.get(1), order.get(2));
+    assert_eq!(units, (8, 0, 8));
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("2 skus: 2 agree"), "{text}");
+}
+
+/// KEYS stock, held, journal; ARGV event, ds (a set's: the new stock),
+/// dh, id. Moves the SKU from what Redis holds, so the state stays whole
+/// whatever a failover loses.
+const APPEND_LIVE: &str = "local st = tonumber(redis.call('GET', KEYS[1]) or '0') \
+     local hd = tonumber(redis.call('GET', KEYS[2]) or '0') \
+     local ds, dh = tonumber(ARGV[2]), tonumber(ARGV[3]) \
+     if ARGV[1] == 'set' then ds = ds - st end \
+     st = st + ds hd = hd + dh \
+     redis.call('SET', KEYS[1], st) redis.call('SET', KEYS[2], hd) \
+     return redis.call('XADD', KEYS[3], '*', 'e', '1 ' .. ARGV[1] .. ' ' .. ARGV[4] .. ' ' .. \
+       ds .. ' ' .. dh .. ' ' .. st .. ' ' .. hd .. ' ')";
+
+/// A primary killed while entries are written and moved, the sink with
+/// --wait-replicas 1: it goes on after the failover, and the database
+/// holds exactly what the surviving Redis does (reconcile agrees, no
+/// conflict): nothing the failover lost from Redis is in the books.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_failover_under_the_sink_leaves_the_books_whole() {
+    let options = stockgate::dev::RedisOptions {
+        node_timeout_ms: 1000,
+        ..stockgate::dev::RedisOptions::default()
+    };
+    let mut cluster = LocalCluster::start(3, 1, &options).expect("a cluster with replicas");
+    let pg = Postgres::start();
+    let layout = support::layout();
+    let names = skus("fail", 12);
+    let mut conn = cluster.cluster_connection().unwrap();
+    for sku in &names {
+        let parsed = Sku::parse(sku.clone().into()).unwrap();
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
+        let _: i64 = conn.sadd(&shard.journals, sku).unwrap();
+    }
+    let sink = SinkProcess::start(
+        &cluster,
+        &pg,
+        &["--wait-replicas", "1", "--wait-timeout", "300ms"],
+    );
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = {
+        let (writing, written, names) = (writing.clone(), written.clone(), names.clone());
+        let mut conn = cluster.cluster_connection().unwrap();
+        std::thread::spawn(move || {
+            let layout = support::layout();
+            let mut n = 0u64;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                let sku = &names[(n as usize) % names.len()];
+                let parsed = Sku::parse(sku.clone().into()).unwrap();
+                let (event, ds, dh) = match n % 4 {
+                    0 => ("set", 500, 0),
+                    1 => ("deduct", -2, 0),
+                    2 => ("hold", -3, 3),
+                    _ => ("expire", 3, -3),
+                };
+                let appended: redis::RedisResult<String> = redis::cmd("EVAL")
+                    .arg(APPEND_LIVE)
+                    .arg(3)
+                    .arg(layout.stock_key(&parsed))
+                    .arg(layout.sku_keys(&parsed).held)
+                    .arg(layout.journal_key(&parsed))
+                    .arg(event)
+                    .arg(ds)
+                    .arg(dh)
+                    .arg(format!("f-{n}"))
+                    .query(&mut conn);
+                match appended {
+                    Ok(_) => {
+                        written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // The failover: try the next one a moment later.
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // Some entries moved before the fault.
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v >= 50.0);
+    let slot = stockgate::keys::sku_slot(&Sku::parse(names[0].clone().into()).unwrap());
+    let victim_port = cluster.primary_for_slot(slot).unwrap().port;
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port == victim_port)
+        .unwrap();
+    cluster.nodes[victim].kill();
+    wait(|| {
+        cluster
+            .primary_for_slot(slot)
+            .filter(|primary| primary.port != victim_port)
+            .map(|_| ())
+    });
+    // The old primary comes back as the new one's replica: until then
+    // no replica confirms that slot's entries, and they wait in Redis.
+    cluster.nodes[victim].restart().unwrap();
+    // Entries written after the failover move too.
+    let after = written.load(std::sync::atomic::Ordering::Relaxed);
+    wait(|| (written.load(std::sync::atomic::Ordering::Relaxed) >= after + 100).then_some(()));
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+
+    let mut journals = Journals::new(&cluster);
+    for sku in &names {
+        journals.state.insert(sku.clone(), (0, 0));
+    }
+    wait(|| (journals.pending() == 0).then_some(()));
+    let db = pg.client().await;
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM stockgate_journal_conflicts").await,
+        0
+    );
+    assert!(
+        sink.metric("stockgate_journal_faults_total{source=\"redis\"}")
+            .unwrap()
+            >= 1.0
+    );
+    let (code, text) = reconcile(&cluster, &pg.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("12 skus: 12 agree"), "{text}");
+}
+
+/// While the database is down the sink moves nothing, and the lag it
+/// reports grows (so the lag alert fires on an outage); back up, it
+/// catches up and the lag returns to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_grows_while_the_database_is_down_and_clears_after() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let mut journals = Journals::new(&cluster);
+    journals.day("jr-lag-0", 5);
+    let sink = SinkProcess::start(&cluster, &pg, &[]);
+    let first = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == first);
+    pg.stop();
+    journals.day("jr-lag-1", 5);
+    sink.wait_metric("stockgate_journal_faults_total{source=\"database\"}", |v| {
+        v >= 2.0
+    });
+    let growing = sink.wait_metric("stockgate_journal_lag_seconds", |v| v > 0.0);
+    assert_eq!(
+        journals.journal_len("jr-lag-1"),
+        6,
+        "nothing moved meanwhile"
+    );
+    pg.start_again();
+    let total = journals.written.len() as f64;
+    sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+    sink.wait_metric("stockgate_journal_lag_seconds", |v| v == 0.0);
+    assert!(growing > 0.0);
+    assert_eq!(journals.pending(), 0);
+}
