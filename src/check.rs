@@ -108,6 +108,7 @@ pub async fn run(upstream: &Upstream, keys: &KeyLayout, timeout: Duration) -> Ve
     if mode == Mode::Cluster {
         node_timeout(upstream, &nodes[0], timeout, &mut report).await;
     }
+    journal_backlog(upstream, keys, &mut report).await;
     report.0
 }
 
@@ -643,6 +644,109 @@ async fn node_timeout(upstream: &Upstream, node: &Node, timeout: Duration, repor
             "node timeout",
             format!("--timeout {ms} ms covers cluster-node-timeout {node_timeout} ms: requests can wait through a failover"),
         );
+    }
+}
+
+/// How old the oldest journal entry the sink has not moved yet may get
+/// before `check` warns (the sink's own alert waits 5 minutes too).
+const JOURNAL_BEHIND: Duration = Duration::from_secs(300);
+
+/// The journals' backlog (issue 26): how many entries wait in Redis for
+/// the sink, and how old the oldest is. Nothing trims a journal but the
+/// sink, so a sink that is down or behind shows here as well as in its own
+/// lag metrics. Read through each sweep shard's set of journals: no scan.
+async fn journal_backlog(upstream: &Upstream, keys: &KeyLayout, report: &mut Report) {
+    let mut skus = 0usize;
+    let mut entries = 0i64;
+    let mut oldest: Option<u64> = None;
+    for shard in keys.sweep_shards() {
+        let mut members = redis::cmd("SMEMBERS");
+        members.arg(&shard.journals);
+        let listed = match upstream.query(&members).await {
+            Ok(Value::Array(items)) => items,
+            Ok(Value::Set(items)) => items,
+            Ok(other) => {
+                report.add(
+                    Verdict::Warn,
+                    "journal",
+                    format!("cannot read the set of journals: {other:?}"),
+                );
+                return;
+            }
+            Err(err) => {
+                report.add(
+                    Verdict::Warn,
+                    "journal",
+                    format!("cannot read the set of journals: {}", err.detail),
+                );
+                return;
+            }
+        };
+        for sku in listed.into_iter().filter_map(text) {
+            let Ok(sku) = Sku::parse(sku.into_bytes().into()) else {
+                continue;
+            };
+            skus += 1;
+            let mut first = redis::cmd("XRANGE");
+            first
+                .arg(keys.journal_key(&sku))
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1);
+            let mut len = redis::cmd("XLEN");
+            len.arg(keys.journal_key(&sku));
+            if let Ok(Value::Int(n)) = upstream.query(&len).await {
+                entries += n;
+            }
+            if let Ok(Value::Array(items)) = upstream.query(&first).await
+                && let Some(Value::Array(entry)) = items.into_iter().next()
+                && let Some(ms) = entry.into_iter().next().and_then(text).and_then(|id| {
+                    id.split_once('-')
+                        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+                })
+            {
+                oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
+            }
+        }
+    }
+    if skus == 0 {
+        report.add(
+            Verdict::Pass,
+            "journal",
+            "no SKU has a journal (--journal is off, or nothing changed since it was turned on)",
+        );
+        return;
+    }
+    let age = match (oldest, upstream.query(&redis::cmd("TIME")).await) {
+        (Some(ms), Ok(Value::Array(time))) => {
+            let now_ms = time
+                .first()
+                .cloned()
+                .and_then(text)
+                .and_then(|s| s.parse::<u64>().ok())
+                .map(|secs| secs * 1000);
+            now_ms.map(|now| Duration::from_millis(now.saturating_sub(ms)))
+        }
+        _ => None,
+    };
+    let detail = format!(
+        "{skus} SKUs with a journal; {entries} entries not moved by the sink yet{}",
+        age.map_or(String::new(), |age| format!(
+            ", the oldest {} s old",
+            age.as_secs()
+        ))
+    );
+    if age.is_some_and(|age| age > JOURNAL_BEHIND) {
+        report.add(
+            Verdict::Warn,
+            "journal",
+            format!(
+                "{detail}: the sink is behind or not running (nothing else trims a journal; docs/books.md)"
+            ),
+        );
+    } else {
+        report.add(Verdict::Pass, "journal", detail);
     }
 }
 

@@ -372,3 +372,71 @@ async fn the_sweepers_releases_are_journaled() {
     assert_eq!(got[2].id, "swept-1");
     assert_books(&cluster, sku, &got);
 }
+
+/// `stockgate check` says how many entries wait for the sink, read
+/// through the shards' sets of journals, and warns once the oldest is
+/// older than the sink's alert allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_tells_the_journals_backlog() {
+    let cluster = cluster();
+    let check = || {
+        let out = std::process::Command::new(stockgate_bin())
+            .args(["check", "--upstream", &cluster.seeds().join(",")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.contains("journal"))
+            .unwrap_or_else(|| panic!("no journal line in {text}"))
+            .to_owned()
+    };
+    assert!(check().contains("no SKU has a journal"), "{}", check());
+    let server = proxy(cluster.seeds(), |c| c.journal = true).await;
+    let mut conn = client(&server, false).await;
+    for (sku, n) in [("backlog-a", 3), ("backlog-b", 2)] {
+        set_stock(&cluster, sku, 100);
+        for i in 0..n {
+            let id = format!("{sku}-{i}");
+            assert_eq!(
+                parse(deduct(&mut conn, sku, "1", &id, None).await.unwrap()).code,
+                0
+            );
+        }
+    }
+    let line = check();
+    assert!(
+        line.contains("2 SKUs with a journal; 5 entries not moved by the sink yet"),
+        "{line}"
+    );
+    assert!(line.starts_with("PASS"), "{line}");
+    // An entry six minutes old (as a sink that stopped would leave one).
+    let mut direct = cluster.cluster_connection().unwrap();
+    let old_id = format!(
+        "{}-0",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            - 360_000
+    );
+    let sku = Sku::parse("backlog-old".to_owned().into()).unwrap();
+    let layout = layout();
+    let shard = &layout.sweep_shards()[layout.sweep_shard_index(&sku)];
+    redis::cmd("SADD")
+        .arg(&shard.journals)
+        .arg("backlog-old")
+        .query::<()>(&mut direct)
+        .unwrap();
+    redis::cmd("XADD")
+        .arg(layout.journal_key(&sku))
+        .arg(&old_id)
+        .arg("e")
+        .arg("1 deduct old-1 -1 0 99 0 ")
+        .query::<String>(&mut direct)
+        .unwrap();
+    let line = check();
+    assert!(
+        line.starts_with("WARN") && line.contains("the sink is behind or not running"),
+        "{line}"
+    );
+}
