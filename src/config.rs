@@ -90,6 +90,12 @@ pub struct SinkArgs {
     #[arg(long, env = "STOCKGATE_SINK_POLL", default_value = "200ms", value_parser = humantime::parse_duration)]
     pub poll: Duration,
 
+    /// Move what is there, then stop (0 when a round found nothing left;
+    /// 1 on a fault) instead of running until a signal: for a
+    /// walkthrough, or a catch-up before a cut-over.
+    #[arg(long)]
+    pub drain: bool,
+
     /// Move only entries at least this many replicas confirmed (a WAIT
     /// after each read): an entry a failover then loses from Redis is
     /// never in the database. 0: move what the primary has.

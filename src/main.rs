@@ -352,10 +352,6 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
     }
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
     let metrics = std::sync::Arc::new(stockgate::metrics::JournalMetrics::new());
-    let admin = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
-    let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut sink = stockgate::journal::sink::Sink::new(
         stockgate::journal::sink::SinkConfig {
@@ -369,6 +365,15 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
         metrics.clone(),
     );
     sink.start().await.map_err(|e| e.to_string())?;
+    if args.drain {
+        let moved = sink.drain().await.map_err(|e| e.to_string())?;
+        println!("moved {moved} entries; nothing left to move");
+        return Ok(());
+    }
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
+    let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(upstream.clone().maintain(stop.clone()));
     tokio::spawn(stockgate::journal::sink::serve_admin(
         admin,

@@ -1076,3 +1076,66 @@ async fn the_lag_grows_while_the_database_is_down_and_clears_after() {
     assert!(growing > 0.0);
     assert_eq!(journals.pending(), 0);
 }
+
+/// `stockgate journal sink --drain` moves what is there and stops: it
+/// says how many entries it moved, the journals are empty after it, a
+/// second drain moves nothing, and reconcile agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_what_is_there_and_stops() {
+    let cluster = support::cluster();
+    let pg = Postgres::start();
+    let server = support::proxy(cluster.seeds(), |c| {
+        c.journal = true;
+        c.admin_commands = true;
+    })
+    .await;
+    let mut conn = support::client(&server, false).await;
+    for args in [
+        &["STOCK.SET", "drain-1", "20", "drain-op"][..],
+        &["DEDUCT", "drain-1", "3", "drain-d1"],
+        &["HOLD", "drain-1", "2", "drain-h1", "60000"],
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+    }
+    let drain = || {
+        let out = std::process::Command::new(support::stockgate_bin())
+            .args(["journal", "sink", "--drain"])
+            .args(["--database", &pg.url()])
+            .args(["--upstream", &cluster.seeds().join(",")])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(
+        drain(),
+        (
+            Some(0),
+            "moved 3 entries; nothing left to move\n".to_owned()
+        )
+    );
+    assert_eq!(
+        drain(),
+        (
+            Some(0),
+            "moved 0 entries; nothing left to move\n".to_owned()
+        )
+    );
+    let db = pg.client().await;
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM stockgate_journal WHERE sku = 'drain-1'"
+        )
+        .await,
+        3
+    );
+    let (code, out) = reconcile(&cluster, &pg.url(), &["drain-1"]);
+    assert_eq!(code, 0, "{out}");
+}

@@ -103,6 +103,29 @@ impl Sink {
         self.books().await.map(|_| ())
     }
 
+    /// Rounds until one finds nothing left to move, then stops: `stockgate
+    /// journal sink --drain` (a walkthrough, a catch-up before a
+    /// cut-over). Any fault ends it: the entries it moved stay moved, the
+    /// rest stay in Redis. The entries it moved.
+    pub async fn drain(mut self) -> Result<u64, JournalFault> {
+        let mut moved = 0;
+        loop {
+            let round = self.round().await?;
+            if let Some(fault) = round.redis_fault {
+                return Err(fault);
+            }
+            let Committed {
+                moved: new,
+                already,
+                conflicts,
+            } = round.committed;
+            moved += new;
+            if new + already + conflicts == 0 {
+                return Ok(moved);
+            }
+        }
+    }
+
     /// Rounds until `stop`, reconnecting after any fault. A round cut by
     /// `stop` mid-transaction rolls back; nothing was trimmed for it.
     pub async fn run(mut self, stop: CancellationToken) {
