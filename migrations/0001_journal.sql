@@ -22,9 +22,10 @@ CREATE TABLE IF NOT EXISTS stockgate_journal (
     held_change  bigint      NOT NULL,  -- signed change of the units on hold
     stock_after  bigint      NOT NULL,
     held_after   bigint      NOT NULL,
-    -- Where the SKU's account starts again: STOCK.SET and `stock import`
-    -- (one STOCK.SET per row). stock_after of the last baseline is the
-    -- account's opening; the moves after it add up from there.
+    -- Where the SKU's account starts again: STOCK.SET (`stock import`
+    -- writes stock directly and journals nothing). stock_after of the last
+    -- baseline is the account's opening; the moves after it add up from
+    -- there.
     baseline     boolean     GENERATED ALWAYS AS (event = 'set') STORED,
     sunk_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (sku, entry_ms, entry_seq)

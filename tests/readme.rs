@@ -29,6 +29,9 @@
 //!   `STOCKGATE_UPSTREAM` is set to the dev cluster's seeds, as the dev
 //!   start-up message tells the user to do, so `stockgate check` and
 //!   `stockgate stock ...` need no `--upstream`.
+//! - The dev cluster runs with the journal on, and `STOCKGATE_DATABASE`
+//!   points at a throwaway PostgreSQL this test starts (and stops), as
+//!   `deploy/dev.sh --postgres` sets them up (docs/books.md).
 //! - `stockgate` is the binary this build made; `redis-cli` and `curl`
 //!   are the system's. redis-cli runs with `--no-raw`, so its output reads
 //!   as on a terminal (`1) (integer) 0`) although it goes to a pipe here.
@@ -73,6 +76,7 @@ use support::*;
 const PAGES: &[&str] = &[
     "README.md",
     "docs/holds-and-orders.md",
+    "docs/books.md",
     "docs/interfaces.md",
     "docs/operations.md",
     "docs/design.md",
@@ -455,6 +459,9 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
     let mut child = Command::new(stockgate_bin())
         .args(&args)
         .env_remove("STOCKGATE_LOG")
+        // As `deploy/dev.sh --postgres` runs it: the books' walkthrough
+        // (docs/books.md) needs the journal.
+        .env("STOCKGATE_JOURNAL", "true")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -608,7 +615,7 @@ fn markdown_pages() -> Vec<String> {
 
 #[test]
 fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
-    for tool in ["redis-cli", "curl", "bash", "timeout"] {
+    for tool in ["redis-cli", "curl", "bash", "timeout", "psql"] {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
@@ -641,6 +648,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
     );
 
     let dev_step = &dev_block.steps[0];
+    let postgres = support::postgres::Postgres::start();
     let (ports, dev, printed) = start_dev_on_free_ports(dev_step);
     let mut failures = Vec::new();
     let expected: Vec<String> = dev_step.expected.iter().map(|l| ports.apply(l)).collect();
@@ -678,6 +686,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
             ),
         ),
         ("STOCKGATE_UPSTREAM", upstream),
+        ("STOCKGATE_DATABASE", postgres.url()),
     ]);
 
     let mut commands = 0;
