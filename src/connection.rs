@@ -7,7 +7,9 @@
 //!
 //! Yet each takes effect after every request sent before it, as Redis
 //! promises for one connection: a request waits only for an unfinished
-//! earlier one that touches the same SKU (or spans several: an order), and
+//! earlier one that touches the same SKU (an ORDER touches its lines'
+//! SKUs and its order; the order commands that name no SKU touch
+//! everything), and
 //! not even then when both are script calls on that SKU's node pipe, which
 //! keeps them in order itself ([`Replies::must_wait`]). A fallback to the
 //! redis crate waits for the earlier ones of its SKU; a sold-out read
@@ -178,7 +180,9 @@ async fn run(
                         arrived,
                         caller,
                     };
-                    let kind = Kind::of(command.touches(&request.args));
+                    let touches = command.touches(&request.args);
+                    let kind = Kind::of(touches);
+                    let lines = Lines::of(touches);
                     let sku = request.args.first().map_or(&[][..], |sku| &sku[..]);
                     let how = || match kind {
                         Kind::Piped if shared.service.would_read_first(command, &request.args) => {
@@ -187,8 +191,9 @@ async fn run(
                         Kind::Piped => Sending::Script,
                         _ => Sending::Alone,
                     };
-                    if replies.must_wait(replies.len(), kind, sku, how) {
+                    if replies.must_wait(replies.len(), kind, sku, lines.as_deref(), how) {
                         replies.push_held(protocol, kind, request);
+                        replies.set_lines(lines);
                     } else {
                         let ticket = replies.next_ticket();
                         // Its slot is made in the state the start leaves it
@@ -198,6 +203,7 @@ async fn run(
                             Started::Piped(call) => replies.push_sent(protocol, kind, call),
                             started => {
                                 replies.push_stock(protocol, kind);
+                                replies.set_lines(lines);
                                 carry_on(shared, &mut replies, &mut running, ticket, started);
                             }
                         }
@@ -591,6 +597,8 @@ enum Kind {
     Local,
     Piped,
     Sku,
+    /// An ORDER or ORDER.HOLD ([`Lines`]).
+    Lines,
     All,
 }
 
@@ -599,8 +607,39 @@ impl Kind {
         match touches {
             Touches::Piped(_) => Kind::Piped,
             Touches::Sku(_) => Kind::Sku,
+            Touches::Lines { .. } => Kind::Lines,
             Touches::All => Kind::All,
         }
+    }
+}
+
+/// What an ORDER or ORDER.HOLD touches ([`Touches::Lines`]): its order
+/// and its lines' SKUs, kept with its slot while it is unfinished (its
+/// request moves into the saga's future).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Lines {
+    id: Bytes,
+    skus: Vec<Bytes>,
+}
+
+impl Lines {
+    fn of(touches: Touches<'_>) -> Option<Box<Lines>> {
+        let Touches::Lines { id, pairs } = touches else {
+            return None;
+        };
+        Some(Box::new(Lines {
+            id: Bytes::copy_from_slice(id),
+            skus: pairs.iter().step_by(2).cloned().collect(),
+        }))
+    }
+
+    fn has(&self, sku: &[u8]) -> bool {
+        self.skus.iter().any(|s| &s[..] == sku)
+    }
+
+    /// Two orders that share their order or a SKU.
+    fn meets(&self, other: &Lines) -> bool {
+        self.id == other.id || self.skus.iter().any(|s| other.has(s))
     }
 }
 
@@ -613,6 +652,8 @@ struct Slot {
     kind: Kind,
     /// The SKU of a request running as a future (its call moved into it).
     running_sku: Option<Bytes>,
+    /// An order's footprint, while it is unfinished.
+    lines: Option<Box<Lines>>,
 }
 
 enum SlotState {
@@ -750,7 +791,15 @@ impl Replies {
             state,
             kind,
             running_sku: None,
+            lines: None,
         });
+    }
+
+    /// The footprint of the order just pushed.
+    fn set_lines(&mut self, lines: Option<Box<Lines>>) {
+        if let Some(slot) = self.slots.back_mut() {
+            slot.lines = lines;
+        }
     }
 
     /// Sets the state of the slot at `index`, in place: a state is large
@@ -798,6 +847,7 @@ impl Replies {
             state: SlotState::Sent(call),
             kind,
             running_sku: None,
+            lines: None,
         });
     }
 
@@ -814,6 +864,7 @@ impl Replies {
         index: usize,
         kind: Kind,
         sku: &[u8],
+        lines: Option<&Lines>,
         how: impl FnOnce() -> Sending,
     ) -> bool {
         if self.open == 0 {
@@ -832,6 +883,12 @@ impl Replies {
             if earlier.kind == Kind::All || kind == Kind::All {
                 return true;
             }
+            match (earlier.lines.as_deref(), lines) {
+                (Some(earlier), Some(lines)) => return earlier.meets(lines),
+                (Some(earlier), None) => return earlier.has(sku),
+                (None, Some(lines)) => return earlier.sku().is_some_and(|s| lines.has(s)),
+                (None, None) => {}
+            }
             earlier.sku() == Some(sku)
                 && !matches!(
                     (earlier.with_pipe(), how),
@@ -847,7 +904,10 @@ impl Replies {
         let Some(index) = self.index(ticket) else {
             return false;
         };
-        self.must_wait(index, self.slots[index].kind, sku, || Sending::Alone)
+        let slot = &self.slots[index];
+        self.must_wait(index, slot.kind, sku, slot.lines.as_deref(), || {
+            Sending::Alone
+        })
     }
 
     fn hold_fallback(&mut self, ticket: u64, call: StockCall) {
@@ -877,7 +937,7 @@ impl Replies {
                 _ => return false,
             };
             let sku = slot.sku().unwrap_or_default();
-            !self.must_wait(i, slot.kind, sku, || how)
+            !self.must_wait(i, slot.kind, sku, slot.lines.as_deref(), || how)
         })?;
         let released = match self.take_state(index, SlotState::Pending) {
             SlotState::Held(request) => Released::Request(request),
@@ -947,6 +1007,7 @@ impl Replies {
         let before = Counted::of(slot.kind, &slot.state);
         slot.state = SlotState::Ready(reply);
         slot.running_sku = None;
+        slot.lines = None;
         // A ready slot counts for nothing.
         self.tally(before, -1);
     }

@@ -71,7 +71,13 @@ pub enum Touches<'a> {
     Piped(&'a [u8]),
     /// One SKU's keys, by a path of its own (the redis crate).
     Sku(&'a [u8]),
-    /// Several SKUs, or an order's intent: ordered with everything.
+    /// An ORDER or ORDER.HOLD: its order's intent (`id`) and the SKUs of
+    /// its lines (`pairs`: `<sku> <qty> ...` as sent), each by a saga of
+    /// its own. Ordered with the requests on those SKUs and with the other
+    /// commands of its order; an ORDER on other SKUs goes alongside.
+    Lines { id: &'a [u8], pairs: &'a [Bytes] },
+    /// An order command that names no SKU (ORDER.CONFIRM, ORDER.REVERT,
+    /// ORDER.STATUS): ordered with everything.
     All,
 }
 
@@ -87,11 +93,17 @@ impl StockCommand {
             StockCommand::Get | StockCommand::Set | StockCommand::Add | StockCommand::Status => {
                 Touches::Sku(sku())
             }
-            StockCommand::Order
-            | StockCommand::OrderHold
-            | StockCommand::OrderConfirm
-            | StockCommand::OrderRevert
-            | StockCommand::OrderStatus => Touches::All,
+            StockCommand::Order => Touches::Lines {
+                id: sku(),
+                pairs: args.get(1..).unwrap_or_default(),
+            },
+            StockCommand::OrderHold => Touches::Lines {
+                id: sku(),
+                pairs: args.get(2..).unwrap_or_default(),
+            },
+            StockCommand::OrderConfirm | StockCommand::OrderRevert | StockCommand::OrderStatus => {
+                Touches::All
+            }
         }
     }
 }
