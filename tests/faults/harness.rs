@@ -40,7 +40,7 @@ pub fn long_faults() -> bool {
 /// Three Redis primaries, one replica each, `cluster-node-timeout` of
 /// `node_timeout_ms`, and `extra_args` for every node.
 pub fn cluster(node_timeout_ms: u64, extra_args: &[&str]) -> LocalCluster {
-    cluster_of(ServerKind::Redis, node_timeout_ms, extra_args)
+    cluster_of(ServerKind::Redis7, node_timeout_ms, extra_args)
 }
 
 /// [`cluster`] of `kind`'s servers: the faults of the upstream matrix run
