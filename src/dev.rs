@@ -91,9 +91,11 @@ impl ServerKind {
     }
 }
 
+/// `redis-7.0`, `valkey-9.1`: fit for messages and for the names of the
+/// keys a test makes (no space).
 impl std::fmt::Display for ServerKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.name(), self.release())
+        write!(f, "{}-{}", self.name(), self.release())
     }
 }
 
@@ -391,7 +393,8 @@ impl LocalRedis {
 /// all slots assigned, `cluster_state:ok` on every node.
 pub struct LocalCluster {
     /// Primaries first, then replicas (replica `r` of primary `m` is at
-    /// `masters + m * replicas + r`).
+    /// `masters + m * replicas + r`), then any [`LocalCluster::add_node`]
+    /// started since.
     pub nodes: Vec<RedisNode>,
     pub masters: usize,
     _dir: tempfile::TempDir,
@@ -423,6 +426,35 @@ impl LocalCluster {
 
     pub fn seeds(&self) -> Vec<String> {
         self.nodes.iter().map(RedisNode::url).collect()
+    }
+
+    /// Starts one more node, an empty primary (no slots, no data, no
+    /// scripts or functions), and has the cluster meet it, as an operator
+    /// adds a shard before moving slots to it. Returns its index in
+    /// [`LocalCluster::nodes`].
+    pub fn add_node(&mut self) -> Result<usize, DevError> {
+        let options = self.nodes[0].options.clone();
+        let node = RedisNode::start(self._dir.path(), true, &options)?;
+        let fail =
+            |what: &str, err: redis::RedisError| DevError::Formation(format!("{what}: {err}"));
+        let mut first = self.nodes[0].connection().map_err(|e| fail("connect", e))?;
+        redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(node.port)
+            .arg(node.bus_port)
+            .query::<()>(&mut first)
+            .map_err(|e| fail("MEET", e))?;
+        self.nodes.push(node);
+        let running = self.nodes.iter().filter(|n| n.is_running()).count();
+        self.wait_for("every node to know the new one", |_, nodes| {
+            nodes
+                .lines()
+                .filter(|l| !l.contains("handshake") && !l.contains("fail"))
+                .count()
+                >= running
+        })?;
+        Ok(self.nodes.len() - 1)
     }
 
     fn form(&self, replicas: usize) -> Result<(), DevError> {

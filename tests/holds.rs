@@ -190,10 +190,10 @@ enum Command {
 /// A cell of the table: the code, the record's state after, the stock after.
 type Cell = (i64, char, i64);
 
+matrix! { #[tokio::test] async fn every_cell_of_the_state_machine }
 /// Every cell of docs/holds-and-orders.md's state-machine table, over the wire: the
 /// code, the record's state after, and the stock after (10 to start, 2
 /// units a call).
-matrix! { #[tokio::test] async fn every_cell_of_the_state_machine }
 async fn every_cell_of_the_state_machine(kind: ServerKind) {
     use Command::*;
     use Start::*;

@@ -19,9 +19,12 @@
 //!   answers and keeps the slot table from drifting, unless requests were
 //!   answered meanwhile without a fault, which prove as much for free; the
 //!   scripts are checked every [`SCRIPTS`], one SCRIPT EXISTS per primary
-//!   (a NOSCRIPT on the hot path is recovered inline anyway).
+//!   (a NOSCRIPT on the hot path is recovered inline anyway), and with it
+//!   the function library, one FUNCTION LOAD per primary (answered
+//!   "already exists" where it is); a `Function not found` on the hot path
+//!   loads it again within a [`TICK`] ([`Upstream::ensure_library`]).
 //!
-//! So an idle sidecar sends 0.2 + 3/60 = 0.25 commands a second to 3
+//! So an idle sidecar sends 0.2 + 6/60 = 0.3 commands a second to 3
 //! primaries (`tests/upstream.rs` counts them in the servers'
 //! commandstats), and `/readyz` still turns 503 within a check of a
 //! failing request, or within [`PROBE`] plus `--timeout` when idle.
@@ -36,8 +39,10 @@
 
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
+use crate::config::ScriptCalls;
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Activity;
+use crate::script::{Calling, Library};
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -140,6 +145,24 @@ impl Upstream {
     /// One look at the signals, and the one piece of work they call for.
     async fn tick(&self, schedule: &mut Schedule) {
         if self.replace_given_up(schedule).await {
+            return;
+        }
+        if self.is_ready() && self.library_lost.swap(false, Ordering::Relaxed) {
+            // Calls meanwhile go by EVAL (src/upstream/eval.rs); this makes
+            // FCALL work again on the node that lost the library. The
+            // topology first: the node may be a primary new since the last
+            // look (slots moved to a new shard).
+            let reloaded = match self.refresh_topology().await {
+                Ok(()) => {
+                    schedule.refreshed = Instant::now();
+                    self.ensure_library().await
+                }
+                Err(err) => Err(err.to_string()),
+            };
+            if let Err(problem) = reloaded {
+                tracing::debug!(%problem, "could not load the function library again yet");
+                self.library_lost.store(true, Ordering::Relaxed);
+            }
             return;
         }
         let now = Instant::now();
@@ -275,11 +298,13 @@ impl Upstream {
             Ok(()) => {
                 schedule.failing_since = None;
                 // Ready means the topology was read too: the slot table
-                // and INFO's primaries are the cluster's now.
+                // and INFO's primaries are the cluster's now; and the
+                // library is on each of those primaries, or stockgate
+                // calls by EVALSHA.
                 match self.refresh_topology().await {
                     Ok(()) => {
                         schedule.refreshed = Instant::now();
-                        Ok(())
+                        self.ensure_library().await
                     }
                     Err(err) => Err(format!("cannot read the cluster's slots: {err}")),
                 }
@@ -425,5 +450,99 @@ impl Upstream {
             tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
         }
         Ok(())
+    }
+
+    /// Loads the function library on every primary where it is missing
+    /// (FUNCTION LOAD, which a primary that has it answers "already
+    /// exists" without compiling anything), and decides how scripts are
+    /// called ([`crate::script::Calling`]): FCALL once every primary has
+    /// the library and an FCALL of its probe answers; with `--scripts
+    /// auto`, EVALSHA where a primary refuses FUNCTION LOAD or FCALL
+    /// (NOPERM from an ACL, a server without FUNCTION), with the refusal
+    /// logged and shown by INFO and `stockgate check`; with `--scripts
+    /// function`, such a refusal keeps stockgate not ready. A node that
+    /// doesn't answer is a problem either way: the check runs again.
+    pub(super) async fn ensure_library(&self) -> Result<(), String> {
+        let Some(library) = &self.library else {
+            return Ok(());
+        };
+        self.settle_calling(library, &self.nodes()).await
+    }
+
+    /// [`Upstream::ensure_library`] of `library` on `nodes`: also what
+    /// `stockgate check` runs, whose upstream has no scripts of its own.
+    pub async fn settle_calling(&self, library: &Library, nodes: &[Node]) -> Result<(), String> {
+        if self.config.scripts == ScriptCalls::Eval {
+            self.calling.set(Calling::Eval);
+            *self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some("--scripts eval".to_owned());
+            return Ok(());
+        }
+        let refused = |err: &redis::RedisError| {
+            err.code() == Some("NOPERM")
+                || err
+                    .to_string()
+                    .to_ascii_lowercase()
+                    .contains("unknown command")
+                || err
+                    .to_string()
+                    .to_ascii_lowercase()
+                    .contains("unknown subcommand")
+        };
+        let mut refusal = None;
+        for node in nodes {
+            let at = format!("{}:{}", node.host, node.port);
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg(&library.code);
+            match self.ask_node(&load, node).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(library = %library.name, node = %at, "function library loaded")
+                }
+                Ok(Err(err)) if err.to_string().contains("already exists") => {}
+                Ok(Err(err)) if refused(&err) => {
+                    refusal = Some(format!("{at} refuses FUNCTION LOAD: {err}"));
+                    break;
+                }
+                Ok(Err(err)) => return Err(format!("FUNCTION LOAD on {at}: {err}")),
+                Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
+            }
+            if self.calling() == Calling::Function {
+                continue;
+            }
+            // Loading may be allowed where calling is not.
+            let mut probe = redis::cmd("FCALL");
+            probe.arg(&library.probe).arg(0);
+            match self.ask_node(&probe, node).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) if refused(&err) => {
+                    refusal = Some(format!("{at} refuses FCALL: {err}"));
+                    break;
+                }
+                Ok(Err(err)) => return Err(format!("FCALL on {at}: {err}")),
+                Err(fault) => return Err(format!("FCALL on {at}: {fault}")),
+            }
+        }
+        let mut why = self.calling_why.lock().unwrap_or_else(|e| e.into_inner());
+        match refusal {
+            None => {
+                *why = None;
+                if self.calling.set(Calling::Function) {
+                    tracing::info!(library = %library.name, "calling scripts with FCALL");
+                }
+                Ok(())
+            }
+            Some(refusal) if self.config.scripts == ScriptCalls::Function => {
+                self.calling.set(Calling::Eval);
+                Err(format!("--scripts function, but {refusal}"))
+            }
+            Some(refusal) => {
+                self.calling.set(Calling::Eval);
+                if why.as_deref() != Some(refusal.as_str()) {
+                    tracing::warn!(%refusal, "calling scripts with EVALSHA: FUNCTION is refused");
+                    *why = Some(refusal);
+                }
+                Ok(())
+            }
+        }
     }
 }

@@ -327,6 +327,17 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
         0,
         "no script ran on the demoted primary"
     );
+    // The library is replicated like data: the promoted replica had it,
+    // and served FCALLs without one `Function not found` (which stockgate
+    // would have answered with EVAL, as it does NOSCRIPT).
+    let (fcalls, evals) = (command_calls(new, "fcall"), command_calls(new, "eval"));
+    eprintln!("[{name}] the promoted replica ran FCALL {fcalls} times, EVAL {evals} times");
+    assert_eq!(
+        server.shared().upstream.calling(),
+        stockgate::script::Calling::Function
+    );
+    assert!(fcalls > 0, "FCALLs reached the promoted replica");
+    assert_eq!(evals, 0, "it never lacked the library");
     audit_lanes_and_stop(
         &cluster,
         server,
@@ -341,18 +352,26 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors, ci: debian }
-/// Fault 4: NOSCRIPT. First `SCRIPT FLUSH` on a primary under load: the
-/// EVAL fallback hides it completely (no error at all). Then a primary is
-/// killed: its replica never had the script (SCRIPT LOAD is not replicated
-/// in Redis 7), and once promoted it serves without a client ever seeing
-/// NOSCRIPT.
+/// Fault 4: NOSCRIPT, with stockgate calling by EVALSHA (`--scripts
+/// eval`, as where FUNCTION is refused; the library's own faults are
+/// [`crate::functions`]'s). First `SCRIPT FLUSH` on a primary under load:
+/// the EVAL fallback hides it completely (no error at all). Then a primary
+/// is killed: its replica never had the script (SCRIPT LOAD is not
+/// replicated in Redis 7), and once promoted it serves without a client
+/// ever seeing NOSCRIPT.
 async fn lost_scripts_are_reloaded_without_client_errors(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
     let name = format!("noscript-{kind}");
     let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 1;
     let (fault, rest) = lanes(&cluster, &name, victim);
-    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let server = stockgate_calling(
+        cluster.seeds(),
+        TIMEOUT,
+        wait_from_env(),
+        stockgate::config::ScriptCalls::Eval,
+    )
+    .await;
     let sha = stockgate::script::Scripts::new().deduct.sha.clone();
     let replica = replica_of(&cluster, victim);
     // stockgate's SCRIPT LOAD reaches replicas too (the cluster client

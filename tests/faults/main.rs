@@ -36,7 +36,8 @@
 //! | module | faults |
 //! |---|---|
 //! | [`baseline`] | none: the checker itself, green on a quiet load, and catching planted violations |
-//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script; a primary killed mid-sweep of expired holds |
+//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script (`--scripts eval`); a primary killed mid-sweep of expired holds |
+//! | [`functions`] | 4, with FCALL: `FUNCTION FLUSH` under load; a new primary, without the library, taking busy slots |
 //! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED); one line's slot migrating under a load of orders |
 //! | [`network`] | 5: a node behind a faulty relay (latency, black hole, lost replies); 6: the whole upstream down and back |
 //! | [`limits`] | 7: out of memory; 8: BUSY |
@@ -78,6 +79,7 @@ mod baseline;
 mod clients;
 mod durability;
 mod failover;
+mod functions;
 mod limits;
 mod network;
 mod reshard;
