@@ -447,12 +447,15 @@ impl LocalCluster {
             .map_err(|e| fail("MEET", e))?;
         self.nodes.push(node);
         let running = self.nodes.iter().filter(|n| n.is_running()).count();
-        self.wait_for("every node to know the new one", |_, nodes| {
-            nodes
-                .lines()
-                .filter(|l| !l.contains("handshake") && !l.contains("fail"))
-                .count()
-                >= running
+        // The new node serves (MIGRATE to it works) once it has learned
+        // every slot's owner: cluster_state:ok there too.
+        self.wait_for("every node to know the new one", |info, nodes| {
+            info.contains("cluster_state:ok")
+                && nodes
+                    .lines()
+                    .filter(|l| !l.contains("handshake") && !l.contains("fail"))
+                    .count()
+                    >= running
         })?;
         Ok(self.nodes.len() - 1)
     }
