@@ -118,7 +118,7 @@ impl LuaScript {
         args: usize,
     ) {
         let (verb, name) = self.named(calling);
-        crate::reply::script_call_start(dst, verb, name, keys, args);
+        crate::reply::script_call_start(dst, verb.as_bytes(), name, keys, args);
     }
 
     /// A whole call, keys and arguments written as they are.
@@ -145,11 +145,11 @@ impl LuaScript {
         args: &[&[u8]],
     ) -> redis::Cmd {
         let (verb, name) = if with_body {
-            (&b"EVAL"[..], self.body.as_str())
+            ("EVAL", self.body.as_str())
         } else {
             self.named(calling)
         };
-        let mut cmd = redis::cmd(std::str::from_utf8(verb).expect("ASCII verb"));
+        let mut cmd = redis::cmd(verb);
         cmd.arg(name).arg(keys.len());
         for part in keys.iter().chain(args) {
             cmd.arg(*part);
@@ -157,10 +157,12 @@ impl LuaScript {
         cmd
     }
 
-    fn named(&self, calling: Calling) -> (&'static [u8], &str) {
+    /// The verb and what it names: `("FCALL", function)` or `("EVALSHA",
+    /// sha)`.
+    pub fn named(&self, calling: Calling) -> (&'static str, &str) {
         match calling {
-            Calling::Function => (b"FCALL", &self.function),
-            Calling::Eval => (b"EVALSHA", &self.sha),
+            Calling::Function => ("FCALL", &self.function),
+            Calling::Eval => ("EVALSHA", &self.sha),
         }
     }
 }

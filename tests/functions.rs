@@ -130,6 +130,18 @@ async fn scripts_run_as_one_versioned_library_called_with_fcall(kind: ServerKind
     }
 
     let mut conn = client(&server, false).await;
+    let info: String = redis::cmd("INFO")
+        .arg("stockgate")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        info.contains(&format!(
+            "scripts_called_by:FCALL (library {})",
+            library.name
+        )),
+        "{info}"
+    );
     let reply = parse(
         deduct(&mut conn, "lib-1", "3", "lib-r1", Some("ORD-1"))
             .await

@@ -1,25 +1,54 @@
 //! The `script-cost` mode: what a deduction costs Redis itself, in
-//! instructions counted by callgrind on `redis-server` (issue 16).
+//! instructions counted by callgrind on `redis-server` (issue 16), called
+//! with EVALSHA and with FCALL of stockgate's function library (issue 27).
 //!
 //! ```sh
 //! cargo bench --bench side_by_side -- script-cost
+//! STOCKGATE_SCRIPT_COST_SERVERS=redis-7.0 cargo bench --bench side_by_side -- script-cost
 //! ```
 //!
-//! A standalone `redis-server` runs under `valgrind --tool=callgrind`; the
-//! scripts stockgate embeds are loaded into it; for each row its counters
-//! are zeroed, `calls` EVALSHAs run (pipelined 16 at a time, each
-//! deduction a fresh request_id on one sku with plenty of stock), and the
-//! dump's total is divided by the deductions. The rows are the plain
-//! DEDUCT script, one deduction per call, and the coalesced one
-//! (`lua/deduct_many.lua`) at several group sizes: where a hot SKU's
-//! deduction costs its primary what it costs, with no other process's
-//! noise in the figure.
+//! For each server (Redis 7.0, Debian's, and Redis 8.2, from
+//! `deploy/install-servers.sh`; `STOCKGATE_SCRIPT_COST_SERVERS` names
+//! fewer, comma-separated) a standalone `redis-server` runs under
+//! `valgrind --tool=callgrind`; the scripts stockgate embeds are loaded
+//! into it, with SCRIPT LOAD and as one library with FUNCTION LOAD; for
+//! each row its counters are zeroed, `calls` calls run (pipelined 16 at a
+//! time, each deduction a fresh request_id on one sku with plenty of
+//! stock), and the dump's total is divided by the deductions. The rows
+//! are the plain DEDUCT script, one deduction per call, and the coalesced
+//! one (`lua/deduct_many.lua`) at several group sizes, each by EVALSHA and
+//! by FCALL: where a hot SKU's deduction costs its primary what it costs,
+//! with no other process's noise in the figure. Then a 3-line ORDER's
+//! steps, by each. (The Valkey 9.1 build is libc malloc's: not measured.)
 
 use crate::instructions::{callgrind, control, dump_total};
 use std::fmt::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use stockgate::script::{LuaScript, Scripts};
+use stockgate::dev::ServerKind;
+use stockgate::script::{Calling, Library, LuaScript, Scripts};
+
+/// Both ways of calling, in the order the rows show them.
+const CALLINGS: [Calling; 2] = [Calling::Eval, Calling::Function];
+
+/// The servers measured: Redis 7.0 and 8.2, or those named in
+/// `STOCKGATE_SCRIPT_COST_SERVERS` (`redis-7.0,redis-8.2`).
+fn servers() -> Vec<ServerKind> {
+    let all = [ServerKind::Redis7, ServerKind::Redis8];
+    match std::env::var("STOCKGATE_SCRIPT_COST_SERVERS") {
+        Ok(names) if !names.trim().is_empty() => names
+            .split(',')
+            .map(|name| {
+                *all.iter()
+                    .find(|kind| kind.to_string() == name.trim())
+                    .unwrap_or_else(|| {
+                        panic!("{name}: script-cost measures redis-7.0 or redis-8.2")
+                    })
+            })
+            .collect(),
+        _ => all.to_vec(),
+    }
+}
 
 /// Script arguments as stockgate sends them (its defaults).
 const WINDOW: &str = "86400000";
@@ -40,16 +69,16 @@ impl Drop for Server {
     }
 }
 
-fn start() -> Server {
+fn start(kind: ServerKind) -> Server {
     let dir = tempfile::tempdir().expect("a temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
     let mut command = callgrind(dir.path(), "redis");
+    command.push(kind.binary().display().to_string());
     command.extend(
         [
-            "redis-server",
             "--port",
             &port.to_string(),
             "--bind",
@@ -69,7 +98,10 @@ fn start() -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot start redis-server under valgrind ({e}): apt-get install valgrind redis-server")
+            panic!(
+                "cannot start {} under valgrind ({e}): apt-get install valgrind redis-server; deploy/install-servers.sh for Redis 8.2",
+                kind.binary().display()
+            )
         });
     Server { child, port, dir }
 }
@@ -91,10 +123,22 @@ fn connect(port: u16) -> redis::Connection {
     }
 }
 
+/// Starts a call of `script` in `pipe`, as `calling` says; its keys and
+/// arguments follow with `.arg`.
+fn script_call<'a>(
+    pipe: &'a mut redis::Pipeline,
+    script: &LuaScript,
+    calling: Calling,
+) -> &'a mut redis::Pipeline {
+    let (verb, name) = script.named(calling);
+    pipe.cmd(verb).arg(name)
+}
+
 /// `calls` calls of `members` fresh deductions each (1: lua/deduct.lua).
 fn deduct(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     tag: &str,
     members: usize,
     calls: usize,
@@ -111,7 +155,7 @@ fn deduct(
             } else {
                 &scripts.deduct_many
             };
-            let cmd = pipe.cmd("EVALSHA").arg(&script.sha);
+            let cmd = script_call(&mut pipe, script, calling);
             if members == 1 {
                 cmd.arg(4)
                     .arg(stock)
@@ -165,6 +209,7 @@ const ORDERS: usize = 600;
 fn order_step(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     tag: &str,
     step: usize,
     orders: usize,
@@ -187,9 +232,7 @@ fn order_step(
             let intent = keys.order_key(&id);
             let filed = &keys.sweep_shards()[keys.order_shard_index(&id)].orders;
             let order = |pipe: &mut redis::Pipeline, args: &[&str]| {
-                let cmd = pipe
-                    .cmd("EVALSHA")
-                    .arg(&scripts.order.sha)
+                let cmd = script_call(pipe, &scripts.order, calling)
                     .arg(1)
                     .arg(&intent);
                 cmd.arg(args[0]).arg(WINDOW).arg(&nonce);
@@ -208,8 +251,7 @@ fn order_step(
                         // size for every step.
                         ["done", &name, "1"]
                     };
-                    pipe.cmd("EVALSHA")
-                        .arg(&scripts.order_due.sha)
+                    script_call(&mut pipe, &scripts.order_due, calling)
                         .arg(1)
                         .arg(filed)
                         .arg(&args[..])
@@ -221,13 +263,18 @@ fn order_step(
                 _ => {
                     for sku in &skus {
                         let request = keys.request_keys(sku, &line_id);
-                        let cmd = pipe.cmd("EVALSHA");
+                        let script = if step == 2 {
+                            &scripts.hold
+                        } else {
+                            &scripts.confirm
+                        };
+                        let cmd = script_call(&mut pipe, script, calling)
+                            .arg(4)
+                            .arg(&request.all()[..]);
                         if step == 2 {
-                            cmd.arg(&scripts.hold.sha).arg(4).arg(&request.all()[..]);
                             cmd.arg("1").arg("").arg("300000");
                             cmd.arg("86400000").arg(WINDOW).arg(MAX_QTY).arg("error");
                         } else {
-                            cmd.arg(&scripts.confirm.sha).arg(4).arg(&request.all()[..]);
                             cmd.arg(WINDOW).arg("zero");
                         }
                         cmd.arg(&nonce).arg("0").ignore();
@@ -245,6 +292,7 @@ fn order_step(
 fn order_profile(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     pid: u32,
     dir: &std::path::Path,
     deduct: f64,
@@ -257,19 +305,27 @@ fn order_profile(
             .query::<()>(conn)
             .expect("seed the line skus");
     }
+    let verb = calling.verb();
     for step in 0..ORDER_STEPS.len() {
-        order_step(conn, scripts, "warm", step, ORDERS / 4);
+        order_step(
+            conn,
+            scripts,
+            calling,
+            &format!("{verb}-warm"),
+            step,
+            ORDERS / 4,
+        );
     }
     let _ = writeln!(
         out,
-        "\n**A 3-line ORDER in Redis, step by step** ({ORDERS} orders, each step over all of them; \
+        "\n**A 3-line ORDER in Redis, step by step, by {verb}** ({ORDERS} orders, each step over all of them; \
          the lines on one server here, as on three primaries they cost the same):\n\n\
          | step | calls | instructions / call | per ORDER | share |\n|---|---:|---:|---:|---:|"
     );
     let mut steps = Vec::new();
     for (step, (name, calls)) in ORDER_STEPS.iter().enumerate() {
         control(&["--zero"], pid);
-        order_step(conn, scripts, "o", step, ORDERS);
+        order_step(conn, scripts, calling, &format!("{verb}-o"), step, ORDERS);
         let total = dump_total(dir, "redis", pid) as f64;
         steps.push((
             name,
@@ -278,7 +334,7 @@ fn order_profile(
             total / ORDERS as f64,
         ));
         eprintln!(
-            "script-cost: {name}: {:.0} instructions per call",
+            "script-cost: {name} by {verb}: {:.0} instructions per call",
             total / (ORDERS * calls) as f64
         );
     }
@@ -300,7 +356,16 @@ fn order_profile(
 }
 
 pub fn run() {
-    let server = start();
+    let mut out = String::new();
+    for kind in servers() {
+        measure(kind, &mut out);
+    }
+    println!("{out}");
+}
+
+/// Every row on one server of `kind`, appended to `out`.
+fn measure(kind: ServerKind, out: &mut String) {
+    let server = start(kind);
     let mut conn = connect(server.port);
     let pid = server.child.id();
     let scripts = Scripts::new();
@@ -318,62 +383,95 @@ pub fn run() {
             .query::<String>(&mut conn)
             .expect("the script loads");
     }
+    let library = Library::of(&scripts.all()).expect("stockgate has scripts");
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library.code)
+        .query::<String>(&mut conn)
+        .expect("the library loads");
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query::<String>(&mut conn)
+        .expect("INFO")
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
     redis::cmd("SET")
         .arg("stock:{hot}")
         .arg(1_000_000_000_000u64)
         .query::<()>(&mut conn)
         .expect("seed the sku");
-    let mut out = String::from(
-        "**Script cost in Redis** (redis-server under callgrind; fresh request_ids on one sku):\n\n\
-         | script | deductions per call | calls | instructions / deduction | vs one per call |\n\
-         |---|---:|---:|---:|---:|\n",
+    let _ = write!(
+        out,
+        "\n## Redis {version}\n\n**Script cost in Redis** (redis-server under callgrind; fresh request_ids on one sku):\n\n\
+         | script | called by | deductions per call | calls | instructions / deduction | vs one per call by EVALSHA |\n\
+         |---|---|---:|---:|---:|---:|\n",
     );
-    let mut single = None;
+    let mut single = Vec::new();
     for (members, calls) in ROWS {
-        let tag = format!("m{members}");
-        // Warm-up: the script cache, the allocator, the keyspace's growth.
-        deduct(
-            &mut conn,
-            &scripts,
-            &format!("w{tag}"),
-            members,
-            calls / 4 + 1,
-        );
-        control(&["--zero"], pid);
-        deduct(&mut conn, &scripts, &tag, members, calls);
-        let total = dump_total(server.dir.path(), "redis", pid);
-        let per = total as f64 / (members * calls) as f64;
-        let single_cost = *single.get_or_insert(per);
-        let _ = writeln!(
-            out,
-            "| {} | {members} | {calls} | {per:.0} | {:.2}x |",
+        for calling in CALLINGS {
+            let tag = format!("{}-m{members}", calling.verb());
+            // Warm-up: the script cache, the allocator, the keyspace's growth.
+            deduct(
+                &mut conn,
+                &scripts,
+                calling,
+                &format!("w{tag}"),
+                members,
+                calls / 4 + 1,
+            );
+            control(&["--zero"], pid);
+            deduct(&mut conn, &scripts, calling, &tag, members, calls);
+            let total = dump_total(server.dir.path(), "redis", pid);
+            let per = total as f64 / (members * calls) as f64;
             if members == 1 {
-                "lua/deduct.lua"
-            } else {
-                "lua/deduct_many.lua"
-            },
-            per / single_cost,
-        );
-        eprintln!("script-cost: {members} per call, {per:.0} instructions per deduction");
+                single.push((calling, per));
+            }
+            let base = single[0].1;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {members} | {calls} | {per:.0} | {:.2}x |",
+                if members == 1 {
+                    "lua/deduct.lua"
+                } else {
+                    "lua/deduct_many.lua"
+                },
+                calling.verb(),
+                per / base,
+            );
+            eprintln!(
+                "script-cost: redis {version}, {members} per call by {}, {per:.0} instructions per deduction",
+                calling.verb()
+            );
+        }
     }
     let records: u64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
-    let expected: usize = ROWS
-        .iter()
-        .map(|(members, calls)| members * (calls + calls / 4 + 1))
-        .sum::<usize>()
+    let expected: usize = CALLINGS.len()
+        * ROWS
+            .iter()
+            .map(|(members, calls)| members * (calls + calls / 4 + 1))
+            .sum::<usize>()
         + 1;
     assert_eq!(
         records as usize, expected,
         "every deduction wrote its record (and only that)"
     );
-    let deduct = single.expect("the first row is one deduction per call");
-    order_profile(
-        &mut conn,
-        &scripts,
-        pid,
-        server.dir.path(),
-        deduct,
-        &mut out,
+    let _ = writeln!(
+        out,
+        "\nOne DEDUCT by FCALL / by EVALSHA: **{:.3}×**.",
+        single[1].1 / single[0].1
     );
-    println!("{out}");
+    for (calling, deduct) in single {
+        order_profile(
+            &mut conn,
+            &scripts,
+            calling,
+            pid,
+            server.dir.path(),
+            deduct,
+            out,
+        );
+    }
 }
