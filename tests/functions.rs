@@ -205,8 +205,8 @@ matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a
 /// saying why.
 async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
     for (denied, refused) in [
-        (&["-function"][..], "FUNCTION LOAD"),
-        (&["-fcall", "-fcall_ro"][..], "FCALL"),
+        (&["-function"][..], "refuses FUNCTION"),
+        (&["-fcall", "-fcall_ro"][..], "refuses FCALL"),
     ] {
         let redis = server_with_gate_user(kind, denied);
         set_stock_standalone(&redis, "acl-1", 5);

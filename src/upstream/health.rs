@@ -20,9 +20,9 @@
 //!   answered meanwhile without a fault, which prove as much for free; the
 //!   scripts are checked every [`SCRIPTS`], one SCRIPT EXISTS per primary
 //!   (a NOSCRIPT on the hot path is recovered inline anyway), and with it
-//!   the function library, one FUNCTION LOAD per primary (answered
-//!   "already exists" where it is); a `Function not found` on the hot path
-//!   loads it again within a [`TICK`] ([`Upstream::ensure_library`]).
+//!   the function library, one FUNCTION LIST of its name per primary (and
+//!   a FUNCTION LOAD where it is missing); a `Function not found` on the
+//!   hot path loads it again within a [`TICK`] ([`Upstream::ensure_library`]).
 //!
 //! So an idle sidecar sends 0.2 + 6/60 = 0.3 commands a second to 3
 //! primaries (`tests/upstream.rs` counts them in the servers'
@@ -453,12 +453,12 @@ impl Upstream {
     }
 
     /// Loads the function library on every primary where it is missing
-    /// (FUNCTION LOAD, which a primary that has it answers "already
-    /// exists" without compiling anything), and decides how scripts are
+    /// (FUNCTION LIST of its name, then FUNCTION LOAD where it is not
+    /// listed), and decides how scripts are
     /// called ([`crate::script::Calling`]): FCALL once every primary has
     /// the library and an FCALL of its probe answers; with `--scripts
-    /// auto`, EVALSHA where a primary refuses FUNCTION LOAD or FCALL
-    /// (NOPERM from an ACL, a server without FUNCTION), with the refusal
+    /// auto`, EVALSHA where a primary refuses FUNCTION or FCALL (NOPERM
+    /// from an ACL, a server without FUNCTION, any error reply), with the refusal
     /// logged and shown by INFO and `stockgate check`; with `--scripts
     /// function`, such a refusal keeps stockgate not ready. A node that
     /// doesn't answer is a problem either way: the check runs again.
@@ -478,33 +478,41 @@ impl Upstream {
                 Some("--scripts eval".to_owned());
             return Ok(());
         }
-        let refused = |err: &redis::RedisError| {
-            err.code() == Some("NOPERM")
-                || err
-                    .to_string()
-                    .to_ascii_lowercase()
-                    .contains("unknown command")
-                || err
-                    .to_string()
-                    .to_ascii_lowercase()
-                    .contains("unknown subcommand")
-        };
+        // Any error reply means this server will not take the library or
+        // the call (an ACL's NOPERM, a server without FUNCTION, a library
+        // it cannot compile): EVALSHA still works there. Only a node that
+        // doesn't answer is a problem to try again.
         let mut refusal = None;
         for node in nodes {
             let at = format!("{}:{}", node.host, node.port);
-            let mut load = redis::cmd("FUNCTION");
-            load.arg("LOAD").arg(&library.code);
-            match self.ask_node(&load, node).await {
-                Ok(Ok(_)) => {
-                    tracing::info!(library = %library.name, node = %at, "function library loaded")
-                }
-                Ok(Err(err)) if err.to_string().contains("already exists") => {}
-                Ok(Err(err)) if refused(&err) => {
-                    refusal = Some(format!("{at} refuses FUNCTION LOAD: {err}"));
+            // Asked first, as the library is some 80 KB: a fleet's checks
+            // would otherwise send it to every primary every minute.
+            let mut listed = redis::cmd("FUNCTION");
+            listed.arg("LIST").arg("LIBRARYNAME").arg(&library.name);
+            let has = match self.ask_node(&listed, node).await {
+                Ok(Ok(Value::Array(libraries))) => !libraries.is_empty(),
+                Ok(Ok(_)) => false,
+                Ok(Err(err)) => {
+                    refusal = Some(format!("{at} refuses FUNCTION LIST: {err}"));
                     break;
                 }
-                Ok(Err(err)) => return Err(format!("FUNCTION LOAD on {at}: {err}")),
-                Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
+                Err(fault) => return Err(format!("FUNCTION LIST on {at}: {fault}")),
+            };
+            if !has {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(&library.code);
+                match self.ask_node(&load, node).await {
+                    Ok(Ok(_)) => {
+                        tracing::info!(library = %library.name, node = %at, "function library loaded")
+                    }
+                    // Another sidecar of this build loaded it meanwhile.
+                    Ok(Err(err)) if err.to_string().contains("already exists") => {}
+                    Ok(Err(err)) => {
+                        refusal = Some(format!("{at} refuses FUNCTION LOAD: {err}"));
+                        break;
+                    }
+                    Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
+                }
             }
             if self.calling() == Calling::Function {
                 continue;
@@ -514,11 +522,10 @@ impl Upstream {
             probe.arg(&library.probe).arg(0);
             match self.ask_node(&probe, node).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(err)) if refused(&err) => {
+                Ok(Err(err)) => {
                     refusal = Some(format!("{at} refuses FCALL: {err}"));
                     break;
                 }
-                Ok(Err(err)) => return Err(format!("FCALL on {at}: {err}")),
                 Err(fault) => return Err(format!("FCALL on {at}: {fault}")),
             }
         }

@@ -72,10 +72,32 @@ impl Upstream {
 
     /// Sends one command to one primary (SCAN, which walks one node's keys).
     pub async fn query_node(&self, cmd: &Cmd, node: &Node) -> Result<Value, UpstreamError> {
+        let node = &self.routable(node);
         self.on_connection(self.config.timeout, async |connection| {
             on_node(connection, cmd, node).await
         })
         .await
+    }
+
+    /// `node` as the redis crate knows it. CLUSTER SLOTS names a node that
+    /// doesn't know its own address (a lone primary that never met another
+    /// node) with an empty host, which means "where you asked": the seeds'
+    /// host.
+    fn routable(&self, node: &Node) -> Node {
+        if !node.host.is_empty() {
+            return node.clone();
+        }
+        let host = redis::Client::open(self.config.urls[0].as_str())
+            .ok()
+            .and_then(|client| {
+                let addr = client.get_connection_info().addr().to_string();
+                addr.rsplit_once(':').map(|(host, _)| host.to_owned())
+            })
+            .unwrap_or_default();
+        Node {
+            host,
+            port: node.port,
+        }
     }
 
     /// [`Upstream::query_node`], with the node's error reply kept as the
@@ -86,6 +108,7 @@ impl Upstream {
         cmd: &Cmd,
         node: &Node,
     ) -> Result<redis::RedisResult<Value>, UpstreamError> {
+        let node = &self.routable(node);
         self.on_connection(self.config.timeout, async |connection| {
             match on_node(connection, cmd, node).await {
                 Err(err)
