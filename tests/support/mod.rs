@@ -398,7 +398,7 @@ pub fn get_stock(cluster: &LocalCluster, sku: &str) -> Option<i64> {
         .unwrap()
 }
 
-/// Script calls (EVAL and EVALSHA) every primary has served so far.
+/// Script calls (FCALL, EVAL and EVALSHA) every primary has served so far.
 pub fn script_calls(cluster: &LocalCluster) -> u64 {
     cluster.nodes[..cluster.masters]
         .iter()
@@ -408,7 +408,11 @@ pub fn script_calls(cluster: &LocalCluster) -> u64 {
                 .query(&mut node.connection().unwrap())
                 .unwrap();
             info.lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter(|l| {
+                    ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                        .iter()
+                        .any(|stat| l.starts_with(stat))
+                })
                 .filter_map(|l| {
                     l.split("calls=")
                         .nth(1)?
