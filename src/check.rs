@@ -410,7 +410,7 @@ async fn scripts(
     // as `stockgate serve` would decide: the probe DEDUCTs below are then
     // FCALLs of the library on every primary.
     let library = Library::of(&scripts.all()).expect("stockgate has scripts");
-    if let Err(problem) = upstream.settle_calling(&library, nodes).await {
+    if let Err(problem) = upstream.settle_calling(&library, nodes).await.map(|_| ()) {
         report.add(Verdict::Fail, "scripts", problem);
         return;
     }

@@ -466,17 +466,36 @@ impl Upstream {
         let Some(library) = &self.library else {
             return Ok(());
         };
-        self.settle_calling(library, &self.nodes()).await
+        let (before, why_before) = (self.calling(), self.calling_text());
+        let loaded = self.settle_calling(library, &self.nodes()).await?;
+        for node in loaded {
+            tracing::info!(library = %library.name, %node, "function library loaded");
+        }
+        let now = self.calling_text();
+        if self.calling() != before || now != why_before {
+            match self.calling() {
+                Calling::Function => tracing::info!(scripts = %now, "calling scripts with FCALL"),
+                Calling::Eval => tracing::warn!(scripts = %now, "calling scripts with EVALSHA"),
+            }
+        }
+        Ok(())
     }
 
-    /// [`Upstream::ensure_library`] of `library` on `nodes`: also what
-    /// `stockgate check` runs, whose upstream has no scripts of its own.
-    pub async fn settle_calling(&self, library: &Library, nodes: &[Node]) -> Result<(), String> {
+    /// [`Upstream::ensure_library`] of `library` on `nodes`, saying
+    /// nothing (also what `stockgate check` runs, whose upstream has no
+    /// scripts of its own, and whose output is its report): the primaries
+    /// where it loaded the library.
+    pub async fn settle_calling(
+        &self,
+        library: &Library,
+        nodes: &[Node],
+    ) -> Result<Vec<String>, String> {
+        let mut loaded = Vec::new();
         if self.config.scripts == ScriptCalls::Eval {
             self.calling.set(Calling::Eval);
             *self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some("--scripts eval".to_owned());
-            return Ok(());
+            return Ok(loaded);
         }
         // Any error reply means this server will not take the library or
         // the call (an ACL's NOPERM, a server without FUNCTION, a library
@@ -502,9 +521,7 @@ impl Upstream {
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg(&library.code);
                 match self.ask_node(&load, node).await {
-                    Ok(Ok(_)) => {
-                        tracing::info!(library = %library.name, node = %at, "function library loaded")
-                    }
+                    Ok(Ok(_)) => loaded.push(at.clone()),
                     // Another sidecar of this build loaded it meanwhile.
                     Ok(Err(err)) if err.to_string().contains("already exists") => {}
                     Ok(Err(err)) => {
@@ -533,10 +550,8 @@ impl Upstream {
         match refusal {
             None => {
                 *why = None;
-                if self.calling.set(Calling::Function) {
-                    tracing::info!(library = %library.name, "calling scripts with FCALL");
-                }
-                Ok(())
+                self.calling.set(Calling::Function);
+                Ok(loaded)
             }
             Some(refusal) if self.config.scripts == ScriptCalls::Function => {
                 self.calling.set(Calling::Eval);
@@ -544,11 +559,8 @@ impl Upstream {
             }
             Some(refusal) => {
                 self.calling.set(Calling::Eval);
-                if why.as_deref() != Some(refusal.as_str()) {
-                    tracing::warn!(%refusal, "calling scripts with EVALSHA: FUNCTION is refused");
-                    *why = Some(refusal);
-                }
-                Ok(())
+                *why = Some(refusal);
+                Ok(loaded)
             }
         }
     }
