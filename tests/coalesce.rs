@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redis::Value;
 use std::time::{Duration, Instant};
+use stockgate::config::ScriptCalls;
 use stockgate::dev::LocalRedis;
 use support::*;
 
@@ -497,6 +498,14 @@ fn raw_call(stream: &mut std::net::TcpStream, args: &[String]) -> Value {
 /// A stockgate in front of a standalone Redis, the SKU stocked, and a
 /// direct connection to the Redis.
 async fn hot_sku(stock: i64) -> (LocalRedis, stockgate::server::Server, redis::Connection) {
+    hot_sku_calling(stock, ScriptCalls::Auto).await
+}
+
+/// [`hot_sku`], with `--scripts` as given.
+async fn hot_sku_calling(
+    stock: i64,
+    scripts: ScriptCalls,
+) -> (LocalRedis, stockgate::server::Server, redis::Connection) {
     let redis = standalone();
     let mut direct = redis.node.connection().unwrap();
     redis::cmd("SET")
@@ -505,7 +514,8 @@ async fn hot_sku(stock: i64) -> (LocalRedis, stockgate::server::Server, redis::C
         .query::<()>(&mut direct)
         .unwrap();
     let server = proxy(vec![redis.url()], |c| {
-        c.upstream.timeout = Duration::from_secs(30)
+        c.upstream.timeout = Duration::from_secs(30);
+        c.upstream.scripts = scripts;
     })
     .await;
     (redis, server, direct)
@@ -542,10 +552,9 @@ async fn burst_while_paused(
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let clients: String = redis::cmd("CLIENT").arg("LIST").query(direct).unwrap();
-        if clients
-            .lines()
-            .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha"))
-        {
+        if clients.lines().any(|l| {
+            l.contains(" flags=b ") && (l.contains(" cmd=fcall") || l.contains(" cmd=evalsha"))
+        }) {
             break;
         }
         assert!(Instant::now() < deadline, "no script call reached Redis");
@@ -628,15 +637,30 @@ async fn deducts_waiting_together_share_calls_and_keep_their_own_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_scripts_gets_both_back_and_no_answer_changes() {
-    let (_redis, server, mut direct) = hot_sku(1000).await;
-    redis::cmd("SCRIPT")
+    lost_while_coalescing(ScriptCalls::Eval).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_library_gets_it_back_and_no_answer_changes() {
+    lost_while_coalescing(ScriptCalls::Auto).await
+}
+
+/// The node loses what stockgate calls (`SCRIPT FLUSH` under `--scripts
+/// eval`, `FUNCTION FLUSH` under FCALL) while DEDUCTs gather: each is
+/// answered as its own call would be, and what was lost is back without
+/// waiting for the health loop's next check (a minute away), so the next
+/// burst shares calls again.
+async fn lost_while_coalescing(scripts: ScriptCalls) {
+    let (_redis, server, mut direct) = hot_sku_calling(1000, scripts).await;
+    let eval = scripts == ScriptCalls::Eval;
+    redis::cmd(if eval { "SCRIPT" } else { "FUNCTION" })
         .arg("FLUSH")
         .query::<()>(&mut direct)
         .unwrap();
     let requests: Vec<Vec<String>> = (0..20).map(|i| deduct_args(&format!("n{i}"))).collect();
     let replies = burst_while_paused(&server, &mut direct, requests).await;
     // Each answered as its own call, through the slow path where the
-    // gathered call met NOSCRIPT.
+    // gathered call met NOSCRIPT or `Function not found`.
     let mut remains: Vec<i64> = replies
         .into_iter()
         .map(|reply| {
@@ -648,17 +672,27 @@ async fn a_node_that_lost_its_scripts_gets_both_back_and_no_answer_changes() {
     remains.sort_unstable();
     assert_eq!(remains, (980..1000).collect::<Vec<i64>>());
     assert_eq!(get(&mut direct, &stock_key("hot")), Some("980".to_owned()));
-    // The coalesced script is cached again without waiting for the health
-    // loop's next check (a minute away).
-    let many = stockgate::script::Scripts::new().deduct_many;
+    let all = stockgate::script::Scripts::new();
+    let library = stockgate::script::Library::of(&all.all()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let exists: Vec<bool> = redis::cmd("SCRIPT")
-            .arg("EXISTS")
-            .arg(&many.sha)
-            .query(&mut direct)
-            .unwrap();
-        if exists == [true] {
+        let back = if eval {
+            let exists: Vec<bool> = redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&all.deduct_many.sha)
+                .query(&mut direct)
+                .unwrap();
+            exists == [true]
+        } else {
+            let listed: Vec<Value> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(&library.name)
+                .query(&mut direct)
+                .unwrap();
+            !listed.is_empty()
+        };
+        if back {
             break;
         }
         assert!(
@@ -765,9 +799,10 @@ fn get(direct: &mut redis::Connection, key: &[u8]) -> Option<String> {
     redis::cmd("GET").arg(key).query(direct).unwrap()
 }
 
-/// EVALSHA calls the standalone Redis ran, from INFO commandstats.
+/// Script calls (FCALL and EVALSHA) the standalone Redis ran, from INFO
+/// commandstats.
 fn script_calls_standalone(direct: &mut redis::Connection) -> u64 {
-    calls_of(direct, "evalsha")
+    calls_of(direct, "fcall") + calls_of(direct, "evalsha")
 }
 
 /// Calls of `command` the standalone Redis ran, from INFO commandstats.

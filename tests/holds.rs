@@ -57,9 +57,9 @@ fn code_of(value: &Value) -> i64 {
     }
 }
 
-#[tokio::test]
-async fn a_hold_takes_stock_at_once_and_confirm_makes_it_final() {
-    let redis = standalone();
+matrix! { #[tokio::test] async fn a_hold_takes_stock_at_once_and_confirm_makes_it_final }
+async fn a_hold_takes_stock_at_once_and_confirm_makes_it_final(kind: ServerKind) {
+    let redis = standalone_of(kind);
     let mut direct = redis.node.connection().unwrap();
     set(&mut direct, &stock_key("h1"), 10);
     let server = proxy(vec![redis.url()], |_| {}).await;
@@ -190,11 +190,11 @@ enum Command {
 /// A cell of the table: the code, the record's state after, the stock after.
 type Cell = (i64, char, i64);
 
+matrix! { #[tokio::test] async fn every_cell_of_the_state_machine }
 /// Every cell of docs/holds-and-orders.md's state-machine table, over the wire: the
 /// code, the record's state after, and the stock after (10 to start, 2
 /// units a call).
-#[tokio::test]
-async fn every_cell_of_the_state_machine() {
+async fn every_cell_of_the_state_machine(kind: ServerKind) {
     use Command::*;
     use Start::*;
     #[rustfmt::skip]
@@ -209,7 +209,7 @@ async fn every_cell_of_the_state_machine() {
         (Reverted,  [(4, 'R', 10), (4, 'R', 10), (4, 'R', 10), (1, 'R', 10)]),
         (Revoked,   [(4, 'V', 10), (4, 'V', 10), (4, 'V', 10), (1, 'V', 10)]),
     ];
-    let redis = standalone();
+    let redis = standalone_of(kind);
     let mut direct = redis.node.connection().unwrap();
     // No sweeper: the ran-out holds must still be HELD when the command
     // under test arrives, so that it is the command that settles them.

@@ -135,9 +135,9 @@ async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
     // The DEDUCT's script is held inside Redis.
     let blocked = |direct: &mut redis::Connection| {
         let clients: String = redis::cmd("CLIENT").arg("LIST").query(direct).unwrap();
-        clients
-            .lines()
-            .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha "))
+        clients.lines().any(|l| {
+            l.contains(" flags=b ") && (l.contains(" cmd=fcall ") || l.contains(" cmd=evalsha "))
+        })
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !blocked(&mut direct) {

@@ -1081,7 +1081,7 @@ async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry() 
     // A long node timeout: the stalled primary is never failed over.
     let options = RedisOptions {
         node_timeout_ms: 30_000,
-        ..RedisOptions::of(ServerKind::Redis)
+        ..RedisOptions::of(ServerKind::Redis7)
     };
     let cluster = LocalCluster::start(3, 0, &options).expect("a test cluster");
     let [pa, pd, _] = spread("stall");

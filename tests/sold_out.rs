@@ -81,9 +81,9 @@ fn script_answer(value: redis::RedisResult<Value>) -> Result<StockReply, Upstrea
     }
 }
 
-#[test]
-fn the_read_answers_exactly_what_the_script_would() {
-    let redis = standalone();
+matrix! { #[test] fn the_read_answers_exactly_what_the_script_would }
+fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
+    let redis = standalone_of(kind);
     let mut conn = redis.node.connection().unwrap();
     let deduct = stockgate::script::Scripts::new().deduct;
     let layout = layout();

@@ -5,6 +5,7 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+use stockgate::config::ScriptCalls;
 use support::*;
 
 /// GET `path` on the admin port: (status, body).
@@ -37,12 +38,25 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_on_every_primary_is_invisible_to_clients() {
+    lost_scripts_on_every_primary_are_invisible_to_clients(ScriptCalls::Eval).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_on_every_primary_is_invisible_to_clients() {
+    lost_scripts_on_every_primary_are_invisible_to_clients(ScriptCalls::Function).await
+}
+
+/// Every primary loses what stockgate calls (`SCRIPT FLUSH` with
+/// `--scripts eval`, `FUNCTION FLUSH` with FCALL); every sku (spread over
+/// all three primaries) is still served, with no error reaching the
+/// client, and what was lost is back.
+async fn lost_scripts_on_every_primary_are_invisible_to_clients(scripts: ScriptCalls) {
     let cluster = cluster();
     let skus: Vec<String> = (0..12).map(|i| format!("flush-{i}")).collect();
     for sku in &skus {
         set_stock(&cluster, sku, 10);
     }
-    let server = proxy(cluster.seeds(), |_| {}).await;
+    let server = proxy(cluster.seeds(), |c| c.upstream.scripts = scripts).await;
     let mut conn = client(&server, false).await;
     for sku in &skus {
         assert_eq!(
@@ -50,30 +64,64 @@ async fn script_flush_on_every_primary_is_invisible_to_clients() {
             0
         );
     }
+    let flush = match scripts {
+        ScriptCalls::Eval => "SCRIPT",
+        _ => "FUNCTION",
+    };
     for node in &cluster.nodes[..cluster.masters] {
-        redis::cmd("SCRIPT")
+        redis::cmd(flush)
             .arg("FLUSH")
             .query::<()>(&mut node.connection().unwrap())
             .unwrap();
     }
-    // Every primary has lost the script; every sku (spread over all three
-    // primaries) is still served, with no error reaching the client.
     for sku in &skus {
         let reply = parse(deduct(&mut conn, sku, "2", "after", None).await.unwrap());
         assert_eq!((reply.code, reply.remain), (0, 7), "{sku}");
         let again = parse(deduct(&mut conn, sku, "2", "after", None).await.unwrap());
         assert_eq!(again.code, 1, "{sku}");
     }
-    // And the fallback put the script back where it was missing.
-    let sha = stockgate::script::Scripts::new().deduct.sha.clone();
+    // The fallback put the script back where it was missing (EVAL caches
+    // it); the health loop loads the library again, within a tick of the
+    // first `Function not found`.
+    let scripts = stockgate::script::Scripts::new();
+    let library = stockgate::script::Library::of(&scripts.all()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
     for node in &cluster.nodes[..cluster.masters] {
-        let exists: Vec<i64> = redis::cmd("SCRIPT")
-            .arg("EXISTS")
-            .arg(&sha)
-            .query(&mut node.connection().unwrap())
-            .unwrap();
-        assert_eq!(exists, vec![1], "port {}", node.port);
+        let mut conn = node.connection().unwrap();
+        if flush == "SCRIPT" {
+            let exists: Vec<i64> = redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&scripts.deduct.sha)
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(exists, vec![1], "port {}", node.port);
+            continue;
+        }
+        loop {
+            let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(&library.name)
+                .query(&mut conn)
+                .unwrap();
+            if !listed.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "port {}: the library never came back",
+                node.port
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
+    assert_eq!(
+        server.shared().upstream.calling(),
+        match flush {
+            "SCRIPT" => stockgate::script::Calling::Eval,
+            _ => stockgate::script::Calling::Function,
+        }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

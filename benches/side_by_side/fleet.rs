@@ -453,13 +453,7 @@ impl Db {
                     include_str!("../../tests/compat/v3/common.lua"),
                     1,
                 );
-                let sha = redis::Script::new(&body).get_hash().to_owned();
-                LuaScript {
-                    name: "deduct-v3",
-                    body,
-                    sha,
-                    needs_replicas: true,
-                }
+                LuaScript::from_body("deduct-v3", body, true)
             },
         }
     }

@@ -1,25 +1,54 @@
 //! The `script-cost` mode: what a deduction costs Redis itself, in
-//! instructions counted by callgrind on `redis-server` (issue 16).
+//! instructions counted by callgrind on `redis-server` (issue 16), called
+//! with EVALSHA and with FCALL of stockgate's function library (issue 27).
 //!
 //! ```sh
 //! cargo bench --bench side_by_side -- script-cost
+//! STOCKGATE_SCRIPT_COST_SERVERS=redis-7.0 cargo bench --bench side_by_side -- script-cost
 //! ```
 //!
-//! A standalone `redis-server` runs under `valgrind --tool=callgrind`; the
-//! scripts stockgate embeds are loaded into it; for each row its counters
-//! are zeroed, `calls` EVALSHAs run (pipelined 16 at a time, each
-//! deduction a fresh request_id on one sku with plenty of stock), and the
-//! dump's total is divided by the deductions. The rows are the plain
-//! DEDUCT script, one deduction per call, and the coalesced one
-//! (`lua/deduct_many.lua`) at several group sizes: where a hot SKU's
-//! deduction costs its primary what it costs, with no other process's
-//! noise in the figure.
+//! For each server (Redis 7.0, Debian's, and Redis 8.2, from
+//! `deploy/install-servers.sh`; `STOCKGATE_SCRIPT_COST_SERVERS` names
+//! fewer, comma-separated) a standalone `redis-server` runs under
+//! `valgrind --tool=callgrind`; the scripts stockgate embeds are loaded
+//! into it, with SCRIPT LOAD and as one library with FUNCTION LOAD; for
+//! each row its counters are zeroed, `calls` calls run (pipelined 16 at a
+//! time, each deduction a fresh request_id on one sku with plenty of
+//! stock), and the dump's total is divided by the deductions. The rows
+//! are the plain DEDUCT script, one deduction per call, and the coalesced
+//! one (`lua/deduct_many.lua`) at several group sizes, each by EVALSHA and
+//! by FCALL: where a hot SKU's deduction costs its primary what it costs,
+//! with no other process's noise in the figure. Then a 3-line ORDER's
+//! steps, by each. (The Valkey 9.1 build is libc malloc's: not measured.)
 
 use crate::instructions::{callgrind, control, dump_total};
 use std::fmt::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use stockgate::script::{LuaScript, Scripts};
+use stockgate::dev::ServerKind;
+use stockgate::script::{Calling, Library, LuaScript, Scripts};
+
+/// Both ways of calling, in the order the rows show them.
+const CALLINGS: [Calling; 2] = [Calling::Eval, Calling::Function];
+
+/// The servers measured: Redis 7.0 and 8.2, or those named in
+/// `STOCKGATE_SCRIPT_COST_SERVERS` (`redis-7.0,redis-8.2`).
+fn servers() -> Vec<ServerKind> {
+    let all = [ServerKind::Redis7, ServerKind::Redis8];
+    match std::env::var("STOCKGATE_SCRIPT_COST_SERVERS") {
+        Ok(names) if !names.trim().is_empty() => names
+            .split(',')
+            .map(|name| {
+                *all.iter()
+                    .find(|kind| kind.to_string() == name.trim())
+                    .unwrap_or_else(|| {
+                        panic!("{name}: script-cost measures redis-7.0 or redis-8.2")
+                    })
+            })
+            .collect(),
+        _ => all.to_vec(),
+    }
+}
 
 /// Script arguments as stockgate sends them (its defaults).
 const WINDOW: &str = "86400000";
@@ -40,16 +69,16 @@ impl Drop for Server {
     }
 }
 
-fn start() -> Server {
+fn start(kind: ServerKind) -> Server {
     let dir = tempfile::tempdir().expect("a temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
     let mut command = callgrind(dir.path(), "redis");
+    command.push(kind.binary().display().to_string());
     command.extend(
         [
-            "redis-server",
             "--port",
             &port.to_string(),
             "--bind",
@@ -69,7 +98,10 @@ fn start() -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot start redis-server under valgrind ({e}): apt-get install valgrind redis-server")
+            panic!(
+                "cannot start {} under valgrind ({e}): apt-get install valgrind redis-server; deploy/install-servers.sh for Redis 8.2",
+                kind.binary().display()
+            )
         });
     Server { child, port, dir }
 }
@@ -91,11 +123,23 @@ fn connect(port: u16) -> redis::Connection {
     }
 }
 
+/// Starts a call of `script` in `pipe`, as `calling` says; its keys and
+/// arguments follow with `.arg`.
+fn script_call<'a>(
+    pipe: &'a mut redis::Pipeline,
+    script: &LuaScript,
+    calling: Calling,
+) -> &'a mut redis::Pipeline {
+    let (verb, name) = script.named(calling);
+    pipe.cmd(verb).arg(name)
+}
+
 /// `calls` calls of `members` fresh deductions each (1: lua/deduct.lua),
 /// each journaled when `journal` (issue 26: the SKU's journal must exist).
 fn deduct(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     tag: &str,
     members: usize,
     calls: usize,
@@ -114,7 +158,7 @@ fn deduct(
             } else {
                 &scripts.deduct_many
             };
-            let cmd = pipe.cmd("EVALSHA").arg(&script.sha);
+            let cmd = script_call(&mut pipe, script, calling);
             if members == 1 {
                 cmd.arg(4)
                     .arg(stock)
@@ -150,10 +194,10 @@ fn deduct(
 }
 
 /// The steps of one 3-line ORDER as the saga runs them (issue 25's
-/// profile), each a script call or one per line: what it costs Redis.
-/// The filing among the orders in flight rides along with the intent
-/// calls (`lua/order.lua`), as it does whenever the shard's orders key is
-/// on the intent's node.
+/// profile), each a script call or one per line: what it costs Redis. The
+/// filing among the orders in flight rides along with the intent calls
+/// (`lua/order.lua`), as it does whenever the shard's orders key is on the
+/// intent's node.
 const ORDER_STEPS: [(&str, usize); 3] = [
     ("order.lua begin (HOLDING, kind T), filing the order", 1),
     ("deduct.lua, one per line (the lines taken)", 3),
@@ -165,11 +209,13 @@ const ORDERS: usize = 600;
 
 /// Step `step` of `orders` 3-line orders named `<tag>-<n>`, pipelined 16
 /// orders at a time, with the arguments stockgate sends (its defaults).
-/// `filed`: each order's score among the orders in flight, as its begin
+/// `filed_at`: each order's score among the orders in flight, as its begin
 /// answered it, for the advance that takes it out.
+#[allow(clippy::too_many_arguments)]
 fn order_step(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     tag: &str,
     step: usize,
     orders: usize,
@@ -194,9 +240,7 @@ fn order_step(
             let filed = &keys.sweep_shards()[keys.order_shard_index(&id)].orders;
             let score = filed_at.get(n).map(|s| s.to_string()).unwrap_or_default();
             let order = |pipe: &mut redis::Pipeline, args: &[&[u8]]| {
-                let cmd = pipe
-                    .cmd("EVALSHA")
-                    .arg(&scripts.order.sha)
+                let cmd = script_call(pipe, &scripts.order, calling)
                     .arg(1)
                     .arg(&intent);
                 cmd.arg(args[0]).arg(WINDOW).arg(&nonce);
@@ -227,8 +271,9 @@ fn order_step(
                 _ => {
                     for sku in &skus {
                         let request = keys.request_keys(sku, &line_id);
-                        let cmd = pipe.cmd("EVALSHA");
-                        cmd.arg(&scripts.deduct.sha).arg(4).arg(&request.all()[..]);
+                        let cmd = script_call(&mut pipe, &scripts.deduct, calling)
+                            .arg(4)
+                            .arg(&request.all()[..]);
                         cmd.arg("1").arg("").arg(WINDOW).arg(MAX_QTY).arg("error");
                         cmd.arg(&nonce).arg("0");
                     }
@@ -258,6 +303,7 @@ fn order_step(
 fn order_profile(
     conn: &mut redis::Connection,
     scripts: &Scripts,
+    calling: Calling,
     pid: u32,
     dir: &std::path::Path,
     deduct: f64,
@@ -270,21 +316,38 @@ fn order_profile(
             .query::<()>(conn)
             .expect("seed the line skus");
     }
+    let verb = calling.verb();
     let mut warm = Vec::new();
     for step in 0..ORDER_STEPS.len() {
-        order_step(conn, scripts, "warm", step, ORDERS / 4, &mut warm);
+        order_step(
+            conn,
+            scripts,
+            calling,
+            &format!("{verb}-warm"),
+            step,
+            ORDERS / 4,
+            &mut warm,
+        );
     }
     let mut filed_at = Vec::new();
     let _ = writeln!(
         out,
-        "\n**A 3-line ORDER in Redis, step by step** ({ORDERS} orders, each step over all of them; \
+        "\n**A 3-line ORDER in Redis, step by step, by {verb}** ({ORDERS} orders, each step over all of them; \
          the lines on one server here, as on three primaries they cost the same):\n\n\
          | step | calls | instructions / call | per ORDER | share |\n|---|---:|---:|---:|---:|"
     );
     let mut steps = Vec::new();
     for (step, (name, calls)) in ORDER_STEPS.iter().enumerate() {
         control(&["--zero"], pid);
-        order_step(conn, scripts, "o", step, ORDERS, &mut filed_at);
+        order_step(
+            conn,
+            scripts,
+            calling,
+            &format!("{verb}-o"),
+            step,
+            ORDERS,
+            &mut filed_at,
+        );
         let total = dump_total(dir, "redis", pid) as f64;
         steps.push((
             name,
@@ -293,7 +356,7 @@ fn order_profile(
             total / ORDERS as f64,
         ));
         eprintln!(
-            "script-cost: {name}: {:.0} instructions per call",
+            "script-cost: {name} by {verb}: {:.0} instructions per call",
             total / (ORDERS * calls) as f64
         );
     }
@@ -316,7 +379,16 @@ fn order_profile(
 }
 
 pub fn run() {
-    let server = start();
+    let mut out = String::new();
+    for kind in servers() {
+        measure(kind, &mut out);
+    }
+    println!("{out}");
+}
+
+/// Every row on one server of `kind`, appended to `out`.
+fn measure(kind: ServerKind, out: &mut String) {
+    let server = start(kind);
     let mut conn = connect(server.port);
     let pid = server.child.id();
     let scripts = Scripts::new();
@@ -334,57 +406,111 @@ pub fn run() {
             .query::<String>(&mut conn)
             .expect("the script loads");
     }
+    let library = Library::of(&scripts.all()).expect("stockgate has scripts");
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library.code)
+        .query::<String>(&mut conn)
+        .expect("the library loads");
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query::<String>(&mut conn)
+        .expect("INFO")
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
     redis::cmd("SET")
         .arg("stock:{hot}")
         .arg(1_000_000_000_000u64)
         .query::<()>(&mut conn)
         .expect("seed the sku");
-    let mut out = String::from(
-        "**Script cost in Redis** (redis-server under callgrind; fresh request_ids on one sku):\n\n\
-         | script | deductions per call | calls | instructions / deduction | vs one per call |\n\
-         |---|---:|---:|---:|---:|\n",
+    let _ = write!(
+        out,
+        "\n## Redis {version}\n\n**Script cost in Redis** (redis-server under callgrind; fresh request_ids on one sku):\n\n\
+         | script | called by | deductions per call | calls | instructions / deduction | vs one per call by EVALSHA |\n\
+         |---|---|---:|---:|---:|---:|\n",
     );
-    let mut single = None;
+    let mut single = Vec::new();
     for (members, calls) in ROWS {
-        let tag = format!("m{members}");
-        // Warm-up: the script cache, the allocator, the keyspace's growth.
-        deduct(
-            &mut conn,
-            &scripts,
-            &format!("w{tag}"),
-            members,
-            calls / 4 + 1,
-            false,
-        );
-        control(&["--zero"], pid);
-        deduct(&mut conn, &scripts, &tag, members, calls, false);
-        let total = dump_total(server.dir.path(), "redis", pid);
-        let per = total as f64 / (members * calls) as f64;
-        let single_cost = *single.get_or_insert(per);
-        let _ = writeln!(
-            out,
-            "| {} | {members} | {calls} | {per:.0} | {:.2}x |",
+        for calling in CALLINGS {
+            let tag = format!("{}-m{members}", calling.verb());
+            // Warm-up: the script cache, the allocator, the keyspace's growth.
+            deduct(
+                &mut conn,
+                &scripts,
+                calling,
+                &format!("w{tag}"),
+                members,
+                calls / 4 + 1,
+                false,
+            );
+            control(&["--zero"], pid);
+            deduct(&mut conn, &scripts, calling, &tag, members, calls, false);
+            let total = dump_total(server.dir.path(), "redis", pid);
+            let per = total as f64 / (members * calls) as f64;
             if members == 1 {
-                "lua/deduct.lua"
-            } else {
-                "lua/deduct_many.lua"
-            },
-            per / single_cost,
-        );
-        eprintln!("script-cost: {members} per call, {per:.0} instructions per deduction");
+                single.push((calling, per));
+            }
+            let base = single[0].1;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {members} | {calls} | {per:.0} | {:.2}x |",
+                if members == 1 {
+                    "lua/deduct.lua"
+                } else {
+                    "lua/deduct_many.lua"
+                },
+                calling.verb(),
+                per / base,
+            );
+            eprintln!(
+                "script-cost: redis {version}, {members} per call by {}, {per:.0} instructions per deduction",
+                calling.verb()
+            );
+        }
     }
     let records: u64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
-    let expected: usize = ROWS
-        .iter()
-        .map(|(members, calls)| members * (calls + calls / 4 + 1))
-        .sum::<usize>()
+    let expected: usize = CALLINGS.len()
+        * ROWS
+            .iter()
+            .map(|(members, calls)| members * (calls + calls / 4 + 1))
+            .sum::<usize>()
         + 1;
     assert_eq!(
         records as usize, expected,
         "every deduction wrote its record (and only that)"
     );
-    // The same deductions journaled (issue 26's target: at most +20% per
-    // DEDUCT), on the SKU's journal made as stockgate makes it.
+    let _ = writeln!(
+        out,
+        "\nOne DEDUCT by FCALL / by EVALSHA: **{:.3}×**.",
+        single[1].1 / single[0].1
+    );
+    journal_rows(&mut conn, &scripts, pid, server.dir.path(), out);
+    for (calling, deduct) in single {
+        order_profile(
+            &mut conn,
+            &scripts,
+            calling,
+            pid,
+            server.dir.path(),
+            deduct,
+            out,
+        );
+    }
+}
+
+/// The same deductions journaled (issue 26's target: at most +20% per
+/// DEDUCT), on the SKU's journal made as stockgate makes it, each against
+/// its run with the journal off right before; by EVALSHA and by FCALL.
+fn journal_rows(
+    conn: &mut redis::Connection,
+    scripts: &Scripts,
+    pid: u32,
+    dir: &std::path::Path,
+    out: &mut String,
+) {
     redis::cmd("XADD")
         .arg("stock:{hot}:journal")
         .arg("MAXLEN")
@@ -392,60 +518,49 @@ pub fn run() {
         .arg("*")
         .arg("v")
         .arg("1")
-        .query::<String>(&mut conn)
+        .query::<String>(conn)
         .expect("make the journal");
     let _ = writeln!(
         out,
         "\n**With the journal** (`--journal`: each deduction also appends its entry to the \
          SKU's stream; issue 26's target: at most +20% per DEDUCT):\n\n\
-         | script | deductions per call | calls | instructions / deduction | vs journal off |\n\
-         |---|---:|---:|---:|---:|"
+         | script | called by | deductions per call | calls | instructions / deduction | vs journal off |\n\
+         |---|---|---:|---:|---:|---:|"
     );
     for (members, calls) in [(1, 4000), (32, 150)] {
-        let tag = format!("j{members}");
-        deduct(
-            &mut conn,
-            &scripts,
-            &format!("w{tag}"),
-            members,
-            calls / 4 + 1,
-            true,
-        );
-        let off = {
-            control(&["--zero"], pid);
+        for calling in CALLINGS {
+            let tag = format!("j{}-{members}", calling.verb());
+            let run = |conn: &mut redis::Connection, name: &str, journal: bool| {
+                control(&["--zero"], pid);
+                deduct(conn, scripts, calling, name, members, calls, journal);
+                dump_total(dir, "redis", pid) as f64 / (members * calls) as f64
+            };
             deduct(
-                &mut conn,
-                &scripts,
-                &format!("off{tag}"),
+                conn,
+                scripts,
+                calling,
+                &format!("w{tag}"),
                 members,
-                calls,
-                false,
+                calls / 4 + 1,
+                true,
             );
-            dump_total(server.dir.path(), "redis", pid) as f64 / (members * calls) as f64
-        };
-        control(&["--zero"], pid);
-        deduct(&mut conn, &scripts, &tag, members, calls, true);
-        let on = dump_total(server.dir.path(), "redis", pid) as f64 / (members * calls) as f64;
-        let _ = writeln!(
-            out,
-            "| {} | {members} | {calls} | {on:.0} | {:+.1}% |",
-            if members == 1 {
-                "lua/deduct.lua"
-            } else {
-                "lua/deduct_many.lua"
-            },
-            100.0 * (on / off - 1.0),
-        );
-        eprintln!("script-cost: journal on, {members} per call: {on:.0} vs {off:.0} off");
+            let off = run(conn, &format!("off{tag}"), false);
+            let on = run(conn, &tag, true);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {members} | {calls} | {on:.0} | {:+.1}% |",
+                if members == 1 {
+                    "lua/deduct.lua"
+                } else {
+                    "lua/deduct_many.lua"
+                },
+                calling.verb(),
+                100.0 * (on / off - 1.0),
+            );
+            eprintln!(
+                "script-cost: journal on, {members} per call by {}: {on:.0} vs {off:.0} off",
+                calling.verb()
+            );
+        }
     }
-    let deduct = single.expect("the first row is one deduction per call");
-    order_profile(
-        &mut conn,
-        &scripts,
-        pid,
-        server.dir.path(),
-        deduct,
-        &mut out,
-    );
-    println!("{out}");
 }

@@ -79,10 +79,11 @@ fn info(shared: &Shared, args: &[Bytes]) -> String {
     if wanted("stockgate") {
         let _ = write!(
             out,
-            "# Stockgate\r\nscript_version:{}\r\nscript_sha:{}\r\nrevert_script_sha:{}\r\nupstream_mode:{}\r\nupstream_ready:{}\r\nupstream_seeds:{}\r\nupstream_primaries:{}\r\nkey_prefix:{}\r\nretry_window_seconds:{}\r\n\r\n",
+            "# Stockgate\r\nscript_version:{}\r\nscript_sha:{}\r\nrevert_script_sha:{}\r\nscripts_called_by:{}\r\nupstream_mode:{}\r\nupstream_ready:{}\r\nupstream_seeds:{}\r\nupstream_primaries:{}\r\nkey_prefix:{}\r\nretry_window_seconds:{}\r\n\r\n",
             crate::outcome::SCRIPT_VERSION,
             shared.service.scripts().deduct.sha,
             shared.service.scripts().revert.sha,
+            upstream.calling_text(),
             upstream.mode().map_or("unknown", |m| m.as_str()),
             u8::from(upstream.is_ready()),
             upstream.seeds().join(","),

@@ -12,14 +12,15 @@
 //! and each member gets its own reply, exactly what its own call would
 //! have answered at that place in the order.
 //!
-//! A call of one member is the plain `lua/deduct.lua` EVALSHA, byte for
-//! byte, so a SKU without company costs nothing new in Redis.
+//! A call of one member is the plain `lua/deduct.lua` call (FCALL or
+//! EVALSHA, as [`crate::script::Calling`] is now), byte for byte, so a SKU
+//! without company costs nothing new in Redis.
 //!
 //! The sold-out tail's reads ([`super::sold_out`]) gather the same way
 //! ([`ReadJoin`]): one `MGET` of the stock and held keys and every
 //! member's record, split into each member's own three values. Every member
 //! keeps its own nonce and its own deadline, and one whose answer calls for
-//! the slow path (a lost connection, NOSCRIPT, a redirect) is sent again
+//! the slow path (a lost connection, a lost script, a redirect) is sent again
 //! alone through the redis crate: safe, because a resend of a call answers
 //! as the first send did.
 
@@ -30,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::params::{RequestId, Sku};
 use crate::pipeline::{Gathered, Join};
 use crate::reply;
-use crate::script::LuaScript;
+use crate::script::{CallingNow, LuaScript};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
@@ -45,8 +46,10 @@ const MEMBER_MARKS: usize = 3;
 pub(super) struct DeductJoin {
     /// `lua/deduct.lua`'s call: a member alone.
     single: Wire,
-    /// `lua/deduct_many.lua`'s SHA.
-    sha: String,
+    /// `lua/deduct_many.lua`.
+    many: Arc<LuaScript>,
+    /// How scripts are called now (the upstream's).
+    calling: Arc<CallingNow>,
     /// Its shared arguments (window, max qty, missing-stock mode,
     /// replicate, journal), encoded.
     shared_args: Bytes,
@@ -57,13 +60,15 @@ pub(super) struct DeductJoin {
 impl DeductJoin {
     pub(super) fn new(
         single: &Wire,
-        many: &LuaScript,
+        many: &Arc<LuaScript>,
+        calling: Arc<CallingNow>,
         most: usize,
         metrics: Arc<Metrics>,
     ) -> DeductJoin {
         DeductJoin {
             single: single.clone(),
-            sha: many.sha.clone(),
+            many: many.clone(),
+            calling,
             shared_args: single.shared_args().concat().into(),
             most,
             metrics,
@@ -92,9 +97,11 @@ impl Join for DeductJoin {
         let members = gathered.members;
         let (stock, hold_keys) = gathered.shared.split_at(gathered.marks[0]);
         let parts = &gathered.parts[..];
+        let calling = self.calling.get();
         if members == 1 {
             let [start, record, caller, nonce] = member_at(gathered, 0);
             self.single.encode_bulks(
+                calling,
                 [
                     stock,
                     &parts[start..record],
@@ -108,10 +115,10 @@ impl Join for DeductJoin {
         }
         self.metrics.record_coalesced(members);
         // KEYS: stock, holds, held, then each member's record; ARGV: the
-        // shared five, then each member's qty, order_no and nonce.
-        // The shared arguments (window, max qty, missing-stock mode, the
-        // replicate and journal flags), then three per member.
-        reply::evalsha_start(out, &self.sha, 3 + members, 5 + 3 * members);
+        // shared five (window, max qty, missing-stock mode, the replicate
+        // and journal flags), then each member's qty, order_no and nonce.
+        self.many
+            .write_head(calling, out, 3 + members, 5 + 3 * members);
         out.extend_from_slice(stock);
         out.extend_from_slice(hold_keys);
         for i in 0..members {

@@ -398,6 +398,7 @@ impl StockService {
             Arc::new(coalesce::DeductJoin::new(
                 wires.of(StockCommand::Deduct, false),
                 &scripts.deduct_many,
+                upstream.calling_now(),
                 config.coalesce_deducts,
                 metrics.clone(),
             )) as Arc<dyn Join>
@@ -614,6 +615,7 @@ impl StockService {
             |buf| {
                 let caller = call.op.caller_args();
                 wire.encode(
+                    self.upstream.calling(),
                     &self.keys,
                     sku,
                     request_id,
@@ -877,6 +879,7 @@ fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::script::Calling;
 
     /// A stockgate's shared state with default settings, `--wait-replicas
     /// 1` when `durable` (no Redis needed: nothing is sent).
@@ -892,10 +895,14 @@ mod tests {
     }
 
     #[test]
-    fn the_hot_path_writes_exactly_the_evalsha_the_fallback_sends() {
-        // The node pipes get each call's EVALSHA from pre-encoded parts;
-        // the redis-rs fallback from the argument lists. They must agree.
-        for durable in [false, true] {
+    fn the_hot_path_writes_exactly_the_call_the_fallback_sends() {
+        // The node pipes get each call's FCALL or EVALSHA from pre-encoded
+        // parts; the redis-rs fallback from the argument lists. They must
+        // agree.
+        for (durable, calling) in [false, true]
+            .into_iter()
+            .flat_map(|d| [(d, Calling::Function), (d, Calling::Eval)])
+        {
             let shared = shared_state(durable);
             let service = &shared.service;
             let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
@@ -933,6 +940,7 @@ mod tests {
                 let caller = call.op.caller_args();
                 let caller = caller.as_slice();
                 wire.encode(
+                    calling,
                     &service.keys,
                     sku,
                     request_id,
@@ -941,13 +949,19 @@ mod tests {
                     &mut hot,
                 );
                 let keys = service.keys.request_keys(sku, request_id);
-                crate::reply::evalsha(
+                wire.script.write_call(
+                    calling,
                     &mut slow,
-                    &wire.script.sha,
                     &keys.all(),
                     &wire.argv(caller, &call.nonce),
                 );
-                assert_eq!(hot, slow, "{command:?}, durable {durable}");
+                assert_eq!(hot, slow, "{command:?}, durable {durable}, {calling:?}");
+                let verb = if calling == Calling::Function {
+                    &b"FCALL"[..]
+                } else {
+                    b"EVALSHA"
+                };
+                assert!(hot.windows(verb.len()).any(|w| w == verb), "{calling:?}");
                 let zero = hot.windows(6).any(|w| w == b"\r\nzero");
                 assert_eq!(zero, call.order_line, "{command:?}: missing-stock mode");
             }
@@ -1008,6 +1022,7 @@ mod tests {
             let mut own = bytes::BytesMut::new();
             let caller = alone.op.caller_args();
             wire.encode(
+                shared.upstream.calling(),
                 &service.keys,
                 sku,
                 request_id,
@@ -1042,7 +1057,12 @@ mod tests {
                 argv.push(&call.nonce);
             }
             let mut one = bytes::BytesMut::new();
-            crate::reply::evalsha(&mut one, &service.scripts.deduct_many.sha, &keys, &argv);
+            service.scripts.deduct_many.write_call(
+                shared.upstream.calling(),
+                &mut one,
+                &keys,
+                &argv,
+            );
             assert_eq!(gather(&calls), one, "durable {durable}");
         }
     }

@@ -1,5 +1,6 @@
-//! The EVALSHA of a call on one request (DEDUCT, REVERT, HOLD, CONFIRM), as
-//! the node pipes send it and as the redis-rs fallback sends it.
+//! The call (FCALL or EVALSHA: [`Calling`]) of a script on one request
+//! (DEDUCT, REVERT, HOLD, CONFIRM), as the node pipes send it and as the
+//! redis-rs fallback sends it.
 //!
 //! Every such script takes the request's four keys (stock, record, holds,
 //! held: [`crate::keys::RequestKeys`]) and its ARGV in one order: the
@@ -12,7 +13,7 @@
 use crate::keys::KeyLayout;
 use crate::params::{RequestId, Sku};
 use crate::reply;
-use crate::script::LuaScript;
+use crate::script::{Calling, LuaScript};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
@@ -20,8 +21,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `*<n>`, EVALSHA, the SHA, `4`.
-    head: Bytes,
+    /// `*<n>`, FCALL, the function, `4`; and `*<n>`, EVALSHA, the SHA, `4`.
+    heads: [Bytes; 2],
     /// The arguments stockgate supplies before the nonce, encoded...
     fixed: Bytes,
     /// ... and as they are, for the fallback.
@@ -43,13 +44,16 @@ impl Wire {
         fixed: &[&[u8]],
         flags: [&[u8]; 2],
     ) -> Wire {
-        let mut head = BytesMut::new();
-        reply::evalsha_start(
-            &mut head,
-            &script.sha,
-            4,
-            caller_args + fixed.len() + 1 + flags.len(),
-        );
+        let heads = [Calling::Function, Calling::Eval].map(|calling| {
+            let mut head = BytesMut::new();
+            script.write_head(
+                calling,
+                &mut head,
+                4,
+                caller_args + fixed.len() + 1 + flags.len(),
+            );
+            head.freeze()
+        });
         let mut encoded = BytesMut::new();
         for arg in fixed {
             reply::bulk_of(&mut encoded, arg);
@@ -60,7 +64,7 @@ impl Wire {
         }
         Wire {
             script: script.clone(),
-            head: head.freeze(),
+            heads,
             fixed: encoded.freeze(),
             fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
             tail: tail.freeze(),
@@ -69,11 +73,20 @@ impl Wire {
         }
     }
 
+    fn head(&self, calling: Calling) -> &[u8] {
+        match calling {
+            Calling::Function => &self.heads[0],
+            Calling::Eval => &self.heads[1],
+        }
+    }
+
     /// Writes the call into a node pipe's batch: byte for byte what
-    /// [`reply::evalsha`] of the request's keys and [`Wire::argv`] writes
-    /// (a test checks).
+    /// [`LuaScript::write_call`] of the request's keys and [`Wire::argv`]
+    /// writes (a test checks).
+    #[allow(clippy::too_many_arguments)] // the call's parts, as they come
     pub(super) fn encode(
         &self,
+        calling: Calling,
         keys: &KeyLayout,
         sku: &Sku,
         request_id: &RequestId,
@@ -82,7 +95,7 @@ impl Wire {
         buf: &mut BytesMut,
     ) {
         debug_assert_eq!(caller.len(), self.caller_args);
-        buf.extend_from_slice(&self.head);
+        buf.extend_from_slice(self.head(calling));
         reply::bulk_parts(buf, &keys.stock_key_parts(sku));
         reply::bulk_parts(buf, &keys.record_key_parts(sku, request_id));
         for parts in keys.hold_key_parts(sku) {
@@ -102,10 +115,11 @@ impl Wire {
     /// call, [`super::coalesce`]).
     pub(super) fn encode_bulks(
         &self,
+        calling: Calling,
         [stock, record, hold_keys, caller, nonce]: [&[u8]; 5],
         buf: &mut BytesMut,
     ) {
-        buf.extend_from_slice(&self.head);
+        buf.extend_from_slice(self.head(calling));
         buf.extend_from_slice(stock);
         buf.extend_from_slice(record);
         buf.extend_from_slice(hold_keys);

@@ -1,8 +1,9 @@
 //! Running scripts: DEDUCT and REVERT through the node pipes when they
-//! can, and through the redis crate (redirects, retries, NOSCRIPT → EVAL,
-//! `--wait-replicas` per request, for the scripts whose answers
-//! acknowledge writes) when they can't, always within the request's one
-//! `--timeout`.
+//! can, and through the redis crate (redirects, retries, a lost script or
+//! function → EVAL, `--wait-replicas` per request, for the scripts whose
+//! answers acknowledge writes) when they can't, always within the
+//! request's one `--timeout`. Every call is written as
+//! [`crate::script::LuaScript`] says for the [`Calling`] in use.
 
 use super::Upstream;
 use crate::answer::Shape;
@@ -10,9 +11,9 @@ use crate::config::Durability;
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::StockReply;
 use crate::pipeline::{Answer, Completion, Gathered, Joinable, PipeError};
-use crate::script::LuaScript;
+use crate::script::{Calling, LuaScript};
 use bytes::BytesMut;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use std::time::Duration;
 
 /// What a node pipe's answer to a script call comes to.
@@ -94,6 +95,12 @@ impl Upstream {
                     if code == "NOJOURNAL" {
                         return None;
                     }
+                    if crate::script::is_function_lost(code, detail) {
+                        // The call did not run: the slow path answers it
+                        // with EVAL, and the library is loaded again.
+                        self.function_lost();
+                        return None;
+                    }
                     if !UpstreamError::is_redirect(code) {
                         return Some(Err(UpstreamError::from_server_error(code, detail)));
                     }
@@ -113,6 +120,18 @@ impl Upstream {
                 "the node's queue is full (it is not keeping up); this request was not sent",
             ))),
             Err(PipeError::Lost) => None,
+        }
+    }
+
+    /// A node lacks the library: the health loop loads it again.
+    fn function_lost(&self) {
+        if !self
+            .library_lost
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::debug!(
+                "Function not found; sending the body with EVAL, loading the library again"
+            );
         }
     }
 
@@ -165,8 +184,8 @@ impl Upstream {
         Ok(value)
     }
 
-    /// One EVALSHA on the node pipe of `keys[0]`'s slot, awaited until
-    /// `deadline`: the answer as the pipe read it.
+    /// One call (FCALL or EVALSHA) on the node pipe of `keys[0]`'s slot,
+    /// awaited until `deadline`: the answer as the pipe read it.
     async fn piped(
         &self,
         script: &LuaScript,
@@ -178,7 +197,7 @@ impl Upstream {
             Some(pipelines) => {
                 pipelines
                     .call(crate::keys::slot(keys[0]), deadline, |buf| {
-                        crate::reply::evalsha(buf, &script.sha, keys, args)
+                        script.write_call(self.calling(), buf, keys, args)
                     })
                     .await
             }
@@ -241,8 +260,9 @@ impl Upstream {
         }
     }
 
-    /// Runs `script` with EVALSHA on the node that owns `keys[0]`, falling
-    /// back to EVAL there on NOSCRIPT, all within `--timeout`.
+    /// Runs `script` with FCALL or EVALSHA ([`Calling`]) on the node that
+    /// owns `keys[0]`, falling back to EVAL there on `Function not found`
+    /// or NOSCRIPT, all within `--timeout`.
     pub async fn eval(
         &self,
         script: &LuaScript,
@@ -290,14 +310,11 @@ impl Upstream {
             }
             let sent = self
                 .on_connection(left, async |connection| {
-                    let evalsha = script_call("EVALSHA", &script.sha, keys, args);
-                    let result = match connection.query(&evalsha).await {
-                        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                            tracing::debug!(
-                                script = script.name,
-                                "NOSCRIPT; sending the body with EVAL"
-                            );
-                            let eval = script_call("EVAL", &script.body, keys, args);
+                    let call = script.command(self.calling(), false, keys, args);
+                    let result = match connection.query(&call).await {
+                        Err(err) if self.is_lost(&err) => {
+                            tracing::debug!(script = script.name, %err, "sending the body with EVAL");
+                            let eval = script.command(Calling::Eval, true, keys, args);
                             connection.query(&eval).await
                         }
                         other => other,
@@ -370,22 +387,27 @@ impl Upstream {
         }
         let wait_ms = durability.timeout.as_millis() as u64;
         let call = async |connection: &mut super::connect::Connection| {
-            let pipeline = |verb: &str, script_text: &str| {
+            let pipeline = |with_body: bool| {
                 let mut pipe = redis::pipe();
-                pipe.add_command(script_call(verb, script_text, keys, args))
+                pipe.add_command(script.command(self.calling(), with_body, keys, args))
                     .cmd("WAIT")
                     .arg(durability.replicas)
                     .arg(wait_ms);
                 pipe
             };
-            let mut replies = connection
-                .packed(&pipeline("EVALSHA", &script.sha), 2)
-                .await?;
-            let noscript = matches!(&replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript));
-            if noscript {
-                replies = connection
-                    .packed(&pipeline("EVAL", &script.body), 2)
-                    .await?;
+            let mut replies = connection.packed(&pipeline(false), 2).await?;
+            let lost = match replies.first() {
+                Some(Value::ServerError(e)) => {
+                    e.kind() == Some(ServerErrorKind::NoScript)
+                        || crate::script::is_function_lost(e.code(), e.details().unwrap_or(""))
+                }
+                _ => false,
+            };
+            if lost {
+                if self.calling() == Calling::Function {
+                    self.function_lost();
+                }
+                replies = connection.packed(&pipeline(true), 2).await?;
             }
             Ok::<_, RedisError>(replies)
         };
@@ -413,6 +435,23 @@ impl Upstream {
             replicated(*code, confirmed, durability, Shortfall::Confirmed)?;
         }
         Ok(reply)
+    }
+}
+
+impl Upstream {
+    /// Whether the node answered that it lacks the script or the function
+    /// called: the call did not run, and EVAL with the body both answers
+    /// it and caches the script there.
+    fn is_lost(&self, err: &RedisError) -> bool {
+        if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+            return true;
+        }
+        let lost =
+            crate::script::is_function_lost(err.code().unwrap_or(""), err.detail().unwrap_or(""));
+        if lost {
+            self.function_lost();
+        }
+        lost
     }
 }
 
@@ -468,16 +507,4 @@ fn replicated(
             durability.replicas,
         ),
     ))
-}
-
-fn script_call(verb: &str, script: &str, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(keys.len());
-    for key in keys {
-        cmd.arg(*key);
-    }
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    cmd
 }

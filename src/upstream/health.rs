@@ -19,9 +19,12 @@
 //!   answers and keeps the slot table from drifting, unless requests were
 //!   answered meanwhile without a fault, which prove as much for free; the
 //!   scripts are checked every [`SCRIPTS`], one SCRIPT EXISTS per primary
-//!   (a NOSCRIPT on the hot path is recovered inline anyway).
+//!   (a NOSCRIPT on the hot path is recovered inline anyway), and with it
+//!   the function library, one FUNCTION LIST of its name per primary (and
+//!   a FUNCTION LOAD where it is missing); a `Function not found` on the
+//!   hot path loads it again within a [`TICK`] ([`Upstream::ensure_library`]).
 //!
-//! So an idle sidecar sends 0.2 + 3/60 = 0.25 commands a second to 3
+//! So an idle sidecar sends 0.2 + 6/60 = 0.3 commands a second to 3
 //! primaries (`tests/upstream.rs` counts them in the servers'
 //! commandstats), and `/readyz` still turns 503 within a check of a
 //! failing request, or within [`PROBE`] plus `--timeout` when idle.
@@ -36,8 +39,10 @@
 
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
+use crate::config::ScriptCalls;
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Activity;
+use crate::script::{Calling, Library};
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -140,6 +145,24 @@ impl Upstream {
     /// One look at the signals, and the one piece of work they call for.
     async fn tick(&self, schedule: &mut Schedule) {
         if self.replace_given_up(schedule).await {
+            return;
+        }
+        if self.is_ready() && self.library_lost.swap(false, Ordering::Relaxed) {
+            // Calls meanwhile go by EVAL (src/upstream/eval.rs); this makes
+            // FCALL work again on the node that lost the library. The
+            // topology first: the node may be a primary new since the last
+            // look (slots moved to a new shard).
+            let reloaded = match self.refresh_topology().await {
+                Ok(()) => {
+                    schedule.refreshed = Instant::now();
+                    self.ensure_library().await
+                }
+                Err(err) => Err(err.to_string()),
+            };
+            if let Err(problem) = reloaded {
+                tracing::debug!(%problem, "could not load the function library again yet");
+                self.library_lost.store(true, Ordering::Relaxed);
+            }
             return;
         }
         let now = Instant::now();
@@ -275,11 +298,13 @@ impl Upstream {
             Ok(()) => {
                 schedule.failing_since = None;
                 // Ready means the topology was read too: the slot table
-                // and INFO's primaries are the cluster's now.
+                // and INFO's primaries are the cluster's now; and the
+                // library is on each of those primaries, or stockgate
+                // calls by EVALSHA.
                 match self.refresh_topology().await {
                     Ok(()) => {
                         schedule.refreshed = Instant::now();
-                        Ok(())
+                        self.ensure_library().await
                     }
                     Err(err) => Err(format!("cannot read the cluster's slots: {err}")),
                 }
@@ -425,5 +450,118 @@ impl Upstream {
             tracing::info!(script = script.name, sha = %script.sha, "script loaded on every primary");
         }
         Ok(())
+    }
+
+    /// Loads the function library on every primary where it is missing
+    /// (FUNCTION LIST of its name, then FUNCTION LOAD where it is not
+    /// listed), and decides how scripts are
+    /// called ([`crate::script::Calling`]): FCALL once every primary has
+    /// the library and an FCALL of its probe answers; with `--scripts
+    /// auto`, EVALSHA where a primary refuses FUNCTION or FCALL (NOPERM
+    /// from an ACL, a server without FUNCTION, any error reply), with the refusal
+    /// logged and shown by INFO and `stockgate check`; with `--scripts
+    /// function`, such a refusal keeps stockgate not ready. A node that
+    /// doesn't answer is a problem either way: the check runs again.
+    pub(super) async fn ensure_library(&self) -> Result<(), String> {
+        let Some(library) = &self.library else {
+            return Ok(());
+        };
+        let (before, why_before) = (self.calling(), self.calling_text());
+        let loaded = self.settle_calling(library, &self.nodes()).await?;
+        for node in loaded {
+            tracing::info!(library = %library.name, %node, "function library loaded");
+        }
+        let now = self.calling_text();
+        if self.calling() != before || now != why_before {
+            match self.calling() {
+                Calling::Function => tracing::info!(scripts = %now, "calling scripts with FCALL"),
+                Calling::Eval => tracing::warn!(scripts = %now, "calling scripts with EVALSHA"),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Upstream::ensure_library`] of `library` on `nodes`, saying
+    /// nothing (also what `stockgate check` runs, whose upstream has no
+    /// scripts of its own, and whose output is its report): the primaries
+    /// where it loaded the library.
+    pub async fn settle_calling(
+        &self,
+        library: &Library,
+        nodes: &[Node],
+    ) -> Result<Vec<String>, String> {
+        let mut loaded = Vec::new();
+        if self.config.scripts == ScriptCalls::Eval {
+            self.calling.set(Calling::Eval);
+            *self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some("--scripts eval".to_owned());
+            return Ok(loaded);
+        }
+        // Any error reply means this server will not take the library or
+        // the call (an ACL's NOPERM, a server without FUNCTION, a library
+        // it cannot compile): EVALSHA still works there. Only a node that
+        // doesn't answer is a problem to try again.
+        let mut refusal = None;
+        for node in nodes {
+            let at = format!("{}:{}", node.host, node.port);
+            // Asked first, as the library is some 80 KB: a fleet's checks
+            // would otherwise send it to every primary every minute.
+            let mut listed = redis::cmd("FUNCTION");
+            listed.arg("LIST").arg("LIBRARYNAME").arg(&library.name);
+            let has = match self.ask_node(&listed, node).await {
+                Ok(Ok(Value::Array(libraries))) => !libraries.is_empty(),
+                Ok(Ok(_)) => false,
+                Ok(Err(err)) => {
+                    refusal = Some(format!("{at} refuses FUNCTION LIST: {err}"));
+                    break;
+                }
+                Err(fault) => return Err(format!("FUNCTION LIST on {at}: {fault}")),
+            };
+            if !has {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(&library.code);
+                match self.ask_node(&load, node).await {
+                    Ok(Ok(_)) => loaded.push(at.clone()),
+                    // Another sidecar of this build loaded it meanwhile.
+                    Ok(Err(err)) if err.to_string().contains("already exists") => {}
+                    Ok(Err(err)) => {
+                        refusal = Some(format!("{at} refuses FUNCTION LOAD: {err}"));
+                        break;
+                    }
+                    Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
+                }
+            }
+            if self.calling() == Calling::Function {
+                continue;
+            }
+            // Loading may be allowed where calling is not.
+            let mut probe = redis::cmd("FCALL");
+            probe.arg(&library.probe).arg(0);
+            match self.ask_node(&probe, node).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => {
+                    refusal = Some(format!("{at} refuses FCALL: {err}"));
+                    break;
+                }
+                Err(fault) => return Err(format!("FCALL on {at}: {fault}")),
+            }
+        }
+        let mut why = self.calling_why.lock().unwrap_or_else(|e| e.into_inner());
+        match refusal {
+            None => {
+                *why = None;
+                self.calling.set(Calling::Function);
+                Ok(loaded)
+            }
+            Some(refusal) if self.config.scripts == ScriptCalls::Function => {
+                self.calling.set(Calling::Eval);
+                Err(format!("--scripts function, but {refusal}"))
+            }
+            Some(refusal) => {
+                self.calling.set(Calling::Eval);
+                *why = Some(refusal);
+                Ok(loaded)
+            }
+        }
     }
 }

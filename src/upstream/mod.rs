@@ -38,7 +38,7 @@ use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Metrics;
 use crate::pipeline::{Login, Pipelines};
 use crate::redact::redact;
-use crate::script::LuaScript;
+use crate::script::{Calling, CallingNow, Library, LuaScript};
 use connect::Connection;
 use redis::{Cmd, RedisError, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,6 +72,17 @@ pub struct Node {
 pub struct Upstream {
     config: UpstreamConfig,
     scripts: Vec<Arc<LuaScript>>,
+    /// The scripts as one function library (none for the one-shot tools).
+    library: Option<Library>,
+    /// How scripts are called now: FCALL once the library is on every
+    /// primary and FCALL is allowed, else EVALSHA (see [`health`]).
+    calling: Arc<CallingNow>,
+    /// Why the library is not in use, when `--scripts auto` fell back to
+    /// EVALSHA (for `stockgate check`, INFO and the log).
+    calling_why: Mutex<Option<String>>,
+    /// A node answered `Function not found`: the health loop loads the
+    /// library again within a tick.
+    library_lost: AtomicBool,
     /// Set by the first successful connect; replaced when a call timed out
     /// on it, or when it keeps failing while a fresh one works.
     connection: RwLock<Option<Current>>,
@@ -125,7 +136,11 @@ impl Upstream {
         });
         Arc::new(Upstream {
             config,
+            library: Library::of(&scripts),
             scripts,
+            calling: Arc::default(),
+            calling_why: Mutex::new(None),
+            library_lost: AtomicBool::new(false),
             connection: RwLock::new(None),
             generations: AtomicU64::new(0),
             dead: AtomicU64::new(0),
@@ -144,6 +159,33 @@ impl Upstream {
     /// how often it checks what).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// How scripts are called now ([`Calling`]): read on every call.
+    pub fn calling(&self) -> Calling {
+        self.calling.get()
+    }
+
+    /// The same, for what writes calls on its own (the coalesced DEDUCT).
+    pub fn calling_now(&self) -> Arc<CallingNow> {
+        self.calling.clone()
+    }
+
+    /// How scripts are called, as INFO and the log say it: `FCALL
+    /// (library <name>)`, or `EVALSHA` and why.
+    pub fn calling_text(&self) -> String {
+        match (self.calling(), &self.library) {
+            (Calling::Function, Some(library)) => format!("FCALL (library {})", library.name),
+            _ => match self
+                .calling_why
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_deref()
+            {
+                Some(why) => format!("EVALSHA ({why})"),
+                None => "EVALSHA".to_owned(),
+            },
+        }
     }
 
     /// The mode, once connected.

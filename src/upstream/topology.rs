@@ -72,15 +72,55 @@ impl Upstream {
 
     /// Sends one command to one primary (SCAN, which walks one node's keys).
     pub async fn query_node(&self, cmd: &Cmd, node: &Node) -> Result<Value, UpstreamError> {
-        self.on_connection(self.config.timeout, async |connection| match connection {
-            Connection::Cluster(c) => {
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                    host: node.host.clone(),
-                    port: node.port,
-                });
-                c.route_command(cmd.clone(), route).await
+        let node = &self.routable(node);
+        self.on_connection(self.config.timeout, async |connection| {
+            on_node(connection, cmd, node).await
+        })
+        .await
+    }
+
+    /// `node` as the redis crate knows it. CLUSTER SLOTS names a node that
+    /// doesn't know its own address (a lone primary that never met another
+    /// node) with an empty host, which means "where you asked": the seeds'
+    /// host.
+    fn routable(&self, node: &Node) -> Node {
+        if !node.host.is_empty() {
+            return node.clone();
+        }
+        let host = redis::Client::open(self.config.urls[0].as_str())
+            .ok()
+            .and_then(|client| {
+                let addr = client.get_connection_info().addr().to_string();
+                addr.rsplit_once(':').map(|(host, _)| host.to_owned())
+            })
+            .unwrap_or_default();
+        Node {
+            host,
+            port: node.port,
+        }
+    }
+
+    /// [`Upstream::query_node`], with the node's error reply kept as the
+    /// redis crate read it, for a caller that tells one refusal from
+    /// another (FUNCTION LOAD's "already exists" from NOPERM).
+    pub(super) async fn ask_node(
+        &self,
+        cmd: &Cmd,
+        node: &Node,
+    ) -> Result<redis::RedisResult<Value>, UpstreamError> {
+        let node = &self.routable(node);
+        self.on_connection(self.config.timeout, async |connection| {
+            match on_node(connection, cmd, node).await {
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                    ) =>
+                {
+                    Ok(Err(err))
+                }
+                other => other.map(Ok),
             }
-            Connection::Standalone(c) => cmd.query_async(c).await,
         })
         .await
     }
@@ -166,5 +206,19 @@ impl SlotMap {
             }
         }
         nodes
+    }
+}
+
+/// `cmd` on `node` alone.
+async fn on_node(connection: &mut Connection, cmd: &Cmd, node: &Node) -> redis::RedisResult<Value> {
+    match connection {
+        Connection::Cluster(c) => {
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: node.host.clone(),
+                port: node.port,
+            });
+            c.route_command(cmd.clone(), route).await
+        }
+        Connection::Standalone(c) => cmd.query_async(c).await,
     }
 }

@@ -204,7 +204,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     );
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books, valkey_ignored }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books, ci: debian }
 /// A flash sale's shape under a crash: every client on one SKU, so its
 /// DEDUCTs run coalesced (lua/deduct_many.lua), some of them in the call
 /// that is in Redis when its primary is killed. Each member was sent again
@@ -255,7 +255,7 @@ async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books(kind: ServerKind
     );
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost, valkey_ignored }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost, ci: debian }
 /// Fault 2: `CLUSTER FAILOVER` on a replica under load. The old primary
 /// becomes a replica, and stockgate's next DEDUCT for that shard still goes
 /// to it: the script's `#!lua` flags make the replica answer MOVED (not
@@ -327,6 +327,17 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
         0,
         "no script ran on the demoted primary"
     );
+    // The library is replicated like data: the promoted replica had it,
+    // and served FCALLs without one `Function not found` (which stockgate
+    // would have answered with EVAL, as it does NOSCRIPT).
+    let (fcalls, evals) = (command_calls(new, "fcall"), command_calls(new, "eval"));
+    eprintln!("[{name}] the promoted replica ran FCALL {fcalls} times, EVAL {evals} times");
+    assert_eq!(
+        server.shared().upstream.calling(),
+        stockgate::script::Calling::Function
+    );
+    assert!(fcalls > 0, "FCALLs reached the promoted replica");
+    assert_eq!(evals, 0, "it never lacked the library");
     audit_lanes_and_stop(
         &cluster,
         server,
@@ -340,19 +351,27 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
     lane.assert_linearizable(&lane.history, asked, demoted, (0, ""));
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors, valkey_ignored }
-/// Fault 4: NOSCRIPT. First `SCRIPT FLUSH` on a primary under load: the
-/// EVAL fallback hides it completely (no error at all). Then a primary is
-/// killed: its replica never had the script (SCRIPT LOAD is not replicated
-/// in Redis 7), and once promoted it serves without a client ever seeing
-/// NOSCRIPT.
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors, ci: debian }
+/// Fault 4: NOSCRIPT, with stockgate calling by EVALSHA (`--scripts
+/// eval`, as where FUNCTION is refused; the library's own faults are
+/// [`crate::functions`]'s). First `SCRIPT FLUSH` on a primary under load:
+/// the EVAL fallback hides it completely (no error at all). Then a primary
+/// is killed: its replica never had the script (SCRIPT LOAD is not
+/// replicated in Redis 7), and once promoted it serves without a client
+/// ever seeing NOSCRIPT.
 async fn lost_scripts_are_reloaded_without_client_errors(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
     let name = format!("noscript-{kind}");
     let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 1;
     let (fault, rest) = lanes(&cluster, &name, victim);
-    let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    let server = stockgate_calling(
+        cluster.seeds(),
+        TIMEOUT,
+        wait_from_env(),
+        stockgate::config::ScriptCalls::Eval,
+    )
+    .await;
     let sha = stockgate::script::Scripts::new().deduct.sha.clone();
     let replica = replica_of(&cluster, victim);
     // stockgate's SCRIPT LOAD reaches replicas too (the cluster client
@@ -473,7 +492,7 @@ fn held_on(node: &stockgate::dev::RedisNode, skus: &[String]) -> Option<(i64, i6
     }))
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once, valkey_ignored }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once, ci: debian }
 /// A primary killed while the sweeper releases its expired holds. Short
 /// holds (1–2.5 s) are placed on skus of one primary, whose sweep index
 /// shard lives there too, and nothing else touches them: only the sweeper

@@ -13,7 +13,7 @@ pub(crate) use crate::support::{ServerKind, matrix};
 use redis::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use stockgate::config::Durability;
+use stockgate::config::{Durability, ScriptCalls};
 use stockgate::dev::{LocalCluster, RedisNode, RedisOptions};
 use stockgate::server::Server;
 
@@ -40,7 +40,7 @@ pub fn long_faults() -> bool {
 /// Three Redis primaries, one replica each, `cluster-node-timeout` of
 /// `node_timeout_ms`, and `extra_args` for every node.
 pub fn cluster(node_timeout_ms: u64, extra_args: &[&str]) -> LocalCluster {
-    cluster_of(ServerKind::Redis, node_timeout_ms, extra_args)
+    cluster_of(ServerKind::Redis7, node_timeout_ms, extra_args)
 }
 
 /// [`cluster`] of `kind`'s servers: the faults of the upstream matrix run
@@ -87,14 +87,57 @@ pub async fn stockgate_with(
     timeout: Duration,
     durability: Option<Durability>,
 ) -> Server {
+    stockgate_calling(seeds, timeout, durability, ScriptCalls::Auto).await
+}
+
+/// A stockgate with `--wait-replicas` and `--scripts` as given.
+pub async fn stockgate_calling(
+    seeds: Vec<String>,
+    timeout: Duration,
+    durability: Option<Durability>,
+    scripts: ScriptCalls,
+) -> Server {
     crate::support::proxy(seeds, |c| {
         c.upstream.timeout = timeout;
         c.upstream.connect_timeout = Duration::from_millis(500);
         c.upstream.durability = durability;
+        c.upstream.scripts = scripts;
         // The journal on: the audit keeps it as a third book.
         c.journal = true;
     })
     .await
+}
+
+/// Whether `node` has the function library `name` (FUNCTION LIST).
+pub fn has_library(node: &RedisNode, name: &str) -> bool {
+    let Ok(mut conn) = node.connection() else {
+        return false;
+    };
+    let libraries: redis::RedisResult<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(name)
+        .query(&mut conn);
+    // LIBRARYNAME is a pattern: a name with another suffix would match too.
+    libraries.is_ok_and(|libraries| {
+        libraries
+            .iter()
+            .any(|library| format!("{library:?}").contains(&format!("\"{name}\"")))
+    })
+}
+
+/// How many times `node` has run `command` (INFO commandstats, lower case).
+pub fn command_calls(node: &RedisNode, command: &str) -> u64 {
+    info_field(node, "commandstats", &format!("cmdstat_{command}"))
+        .and_then(|stats| {
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
 }
 
 /// A node's answer to a command that returns text, or None when it cannot

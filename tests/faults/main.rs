@@ -9,34 +9,37 @@
 //! latency, acknowledged writes lost).
 //!
 //! ```sh
-//! cargo test --test faults -- --nocapture     # the CI variants, about 5 minutes on 2 cores
+//! cargo test --test faults -- --nocapture     # the CI variants, about 9 minutes on 2 cores
 //! STOCKGATE_LONG_FAULTS=1 cargo test --test faults -- --nocapture
 //!                                              # longer phases, more slots moved, more rounds
 //! STOCKGATE_FAULT_WAIT=1 cargo test --test faults
 //!                                              # every fault with --wait-replicas 1
 //! STOCKGATE_FAULT_SEED=123 cargo test --test faults
 //!                                              # replay one load's random choices
-//! cargo test --test faults -- --ignored        # the Valkey half of the slow faults (below)
+//! cargo test --test faults -- --ignored        # the Redis 8.2 and Valkey 9.1 cells of the slow faults (below)
 //! cargo test --test faults valkey -- --include-ignored
 //!                                              # the whole Valkey half of the upstream matrix
 //! ```
 //!
 //! The upstream matrix: the checker's own test ([`baseline`]), the failover
-//! faults ([`failover`]) and the resharding faults ([`reshard`]) run against
-//! Redis and against Valkey, as `<test>::redis` and `<test>::valkey`
-//! (`support::matrix!`); the other faults run against Redis only. To keep
-//! CI within its budget, the Valkey half of six slower ones is
-//! `#[ignore]`d and runs on request: the manual failover, the lost
-//! scripts, the failover mid-sweep, the short slot move, the slot
-//! migrating mid-order and the hot sku killed mid-coalesced-calls (about
-//! 70 s together for the first five). CI runs the baseline, the
-//! killed primary (with holds and orders, some of them never retried by
-//! their callers) and live resharding on both.
+//! faults ([`failover`]), the resharding faults ([`reshard`]) and the
+//! function library's ([`functions`]) run against Redis 7.0, Redis 8.2,
+//! Valkey 8.0 and Valkey 9.1, as `<test>::redis7`, `::redis8`, `::valkey8`
+//! and `::valkey9` (`support::matrix!`); the other faults run against
+//! Redis 7.0 only. To keep CI within its budget, the Redis 8.2 and Valkey
+//! 9.1 cells of seven slower ones are `#[ignore]`d (`ci: debian`) and run
+//! on request: the manual failover, the lost scripts, the failover
+//! mid-sweep, the short slot move, the slot migrating mid-order, the hot
+//! sku killed mid-coalesced-calls and the library's flush and new primary
+//! (178 s together). CI runs the baseline, the killed primary (with holds
+//! and orders, some of them never retried by their callers) and live
+//! resharding on all four (docs/testing.md says why).
 //!
 //! | module | faults |
 //! |---|---|
 //! | [`baseline`] | none: the checker itself, green on a quiet load, and catching planted violations |
-//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script; a primary killed mid-sweep of expired holds |
+//! | [`failover`] | 1: a primary killed; 2: `CLUSTER FAILOVER`; 4: `SCRIPT FLUSH`, a promoted replica without the script (`--scripts eval`); a primary killed mid-sweep of expired holds |
+//! | [`functions`] | 4, with FCALL: `FUNCTION FLUSH` under load; a new primary, without the library, taking busy slots |
 //! | [`reshard`] | 3: live slot migration of busy skus (ASK, TRYAGAIN, MOVED); one line's slot migrating under a load of orders |
 //! | [`network`] | 5: a node behind a faulty relay (latency, black hole, lost replies); 6: the whole upstream down and back |
 //! | [`limits`] | 7: out of memory; 8: BUSY |
@@ -78,6 +81,7 @@ mod baseline;
 mod clients;
 mod durability;
 mod failover;
+mod functions;
 mod limits;
 mod network;
 mod reshard;

@@ -18,8 +18,8 @@
 //!   node whose receive window is shut does: the sender's socket buffers
 //!   fill and its writes block (a black hole reads and holds; this does
 //!   not read at all). Reading resumes on [`Mode::Pass`].
-//! - [`Mode::LoseReplies`]: requests pass; once a script call (EVAL or
-//!   EVALSHA) has gone to the node on a connection, the next reply bytes
+//! - [`Mode::LoseReplies`]: requests pass; once a script call (FCALL, EVAL
+//!   or EVALSHA) has gone to the node on a connection, the next reply bytes
 //!   that come back are thrown away with the connection: the command ran,
 //!   its reply was lost. (Other replies pass, so a client's handshake on a
 //!   new connection still works and its retry reaches Redis again.)
@@ -315,7 +315,10 @@ async fn pump(
                 }
                 _ if losing
                     && direction == Direction::ToNode
-                    && buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL")) =>
+                    && (buf[..n].windows(4).any(|w| w.eq_ignore_ascii_case(b"EVAL"))
+                        || buf[..n]
+                            .windows(5)
+                            .any(|w| w.eq_ignore_ascii_case(b"FCALL"))) =>
                 {
                     script_sent.store(true, Ordering::SeqCst);
                     Instant::now()
