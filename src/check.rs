@@ -669,63 +669,35 @@ const JOURNAL_BEHIND: Duration = Duration::from_secs(300);
 /// The journals' backlog (issue 26): how many entries wait in Redis for
 /// the sink, and how old the oldest is. Nothing trims a journal but the
 /// sink, so a sink that is down or behind shows here as well as in its own
-/// lag metrics. Read through each sweep shard's set of journals: no scan.
+/// lag metrics. Read as the sink reads them ([`crate::journal::stream`]):
+/// through each sweep shard's set of journals, no scan.
 async fn journal_backlog(upstream: &Upstream, keys: &KeyLayout, report: &mut Report) {
-    let mut skus = 0usize;
-    let mut entries = 0i64;
+    use crate::journal::stream;
+    let listed = match stream::all_listed(upstream, keys).await {
+        Ok(listed) => listed,
+        Err(fault) => {
+            report.add(
+                Verdict::Warn,
+                "journal",
+                format!("cannot read the set of journals: {fault}"),
+            );
+            return;
+        }
+    };
+    let mut entries = 0u64;
     let mut oldest: Option<u64> = None;
-    for shard in keys.sweep_shards() {
-        let mut members = redis::cmd("SMEMBERS");
-        members.arg(&shard.journals);
-        let listed = match upstream.query(&members).await {
-            Ok(Value::Array(items)) => items,
-            Ok(Value::Set(items)) => items,
-            Ok(other) => {
-                report.add(
-                    Verdict::Warn,
-                    "journal",
-                    format!("cannot read the set of journals: {other:?}"),
-                );
-                return;
-            }
-            Err(err) => {
-                report.add(
-                    Verdict::Warn,
-                    "journal",
-                    format!("cannot read the set of journals: {}", err.detail),
-                );
-                return;
-            }
+    for name in &listed {
+        let Ok(sku) = stream::sku(name) else {
+            continue;
         };
-        for sku in listed.into_iter().filter_map(text) {
-            let Ok(sku) = Sku::parse(sku.into_bytes().into()) else {
-                continue;
-            };
-            skus += 1;
-            let mut first = redis::cmd("XRANGE");
-            first
-                .arg(keys.journal_key(&sku))
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1);
-            let mut len = redis::cmd("XLEN");
-            len.arg(keys.journal_key(&sku));
-            if let Ok(Value::Int(n)) = upstream.query(&len).await {
-                entries += n;
-            }
-            if let Ok(Value::Array(items)) = upstream.query(&first).await
-                && let Some(Value::Array(entry)) = items.into_iter().next()
-                && let Some(ms) = entry.into_iter().next().and_then(text).and_then(|id| {
-                    id.split_once('-')
-                        .and_then(|(ms, _)| ms.parse::<u64>().ok())
-                })
-            {
-                oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
+        if let Ok(read) = stream::read(upstream, keys, &sku, None, 1).await {
+            entries += read.length;
+            if let Some(first) = read.entries.first() {
+                oldest = Some(oldest.map_or(first.time_ms, |o| o.min(first.time_ms)));
             }
         }
     }
-    if skus == 0 {
+    if listed.is_empty() {
         report.add(
             Verdict::Pass,
             "journal",
@@ -734,19 +706,17 @@ async fn journal_backlog(upstream: &Upstream, keys: &KeyLayout, report: &mut Rep
         return;
     }
     let age = match (oldest, upstream.query(&redis::cmd("TIME")).await) {
-        (Some(ms), Ok(Value::Array(time))) => {
-            let now_ms = time
-                .first()
-                .cloned()
-                .and_then(text)
-                .and_then(|s| s.parse::<u64>().ok())
-                .map(|secs| secs * 1000);
-            now_ms.map(|now| Duration::from_millis(now.saturating_sub(ms)))
-        }
+        (Some(ms), Ok(Value::Array(time))) => time
+            .first()
+            .cloned()
+            .and_then(text)
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|secs| Duration::from_millis((secs * 1000).saturating_sub(ms))),
         _ => None,
     };
     let detail = format!(
-        "{skus} SKUs with a journal; {entries} entries not moved by the sink yet{}",
+        "{} SKUs with a journal; {entries} entries not moved by the sink yet{}",
+        listed.len(),
         age.map_or(String::new(), |age| format!(
             ", the oldest {} s old",
             age.as_secs()

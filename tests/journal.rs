@@ -13,7 +13,8 @@ use stockgate::journal::{Entry, Event};
 use stockgate::params::Sku;
 use support::*;
 
-/// Every entry of `sku`'s journal, oldest first.
+/// Every entry of `sku`'s journal, oldest first, read as the sink reads
+/// them.
 fn entries(cluster: &stockgate::dev::LocalCluster, sku: &str) -> Vec<Entry> {
     let mut conn = cluster.cluster_connection().unwrap();
     let key = layout().journal_key(&Sku::parse(sku.to_owned().into()).unwrap());
@@ -23,29 +24,7 @@ fn entries(cluster: &stockgate::dev::LocalCluster, sku: &str) -> Vec<Entry> {
         .arg("+")
         .query(&mut conn)
         .unwrap();
-    let Value::Array(items) = raw else {
-        panic!("XRANGE answered {raw:?}")
-    };
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
-        other => panic!("not a string: {other:?}"),
-    };
-    items
-        .iter()
-        .map(|item| {
-            let Value::Array(pair) = item else {
-                panic!("{item:?}")
-            };
-            let Value::Array(flat) = &pair[1] else {
-                panic!("{pair:?}")
-            };
-            let fields: Vec<(String, String)> = flat
-                .chunks(2)
-                .map(|kv| (text(&kv[0]), text(&kv[1])))
-                .collect();
-            Entry::parse(&text(&pair[0]), &fields).unwrap()
-        })
-        .collect()
+    stockgate::journal::stream::entries(raw).unwrap()
 }
 
 /// Whether `sku` is in its shard's set of journals.
@@ -59,15 +38,6 @@ fn listed(cluster: &stockgate::dev::LocalCluster, sku: &str) -> bool {
         .arg(sku.as_bytes())
         .query(&mut conn)
         .unwrap()
-}
-
-fn held(cluster: &stockgate::dev::LocalCluster, sku: &str) -> i64 {
-    let mut conn = cluster.cluster_connection().unwrap();
-    let held: Option<i64> = redis::cmd("GET")
-        .arg([stock_key(sku), b":held".to_vec()].concat())
-        .query(&mut conn)
-        .unwrap();
-    held.unwrap_or(0)
 }
 
 /// The journal tells the SKU's account: from its first `set`, each entry

@@ -106,15 +106,6 @@ fn line_state(cluster: &stockgate::dev::LocalCluster, sku: &str, order: &str) ->
     record_state(&mut conn, sku, &line_id(order))
 }
 
-fn held(cluster: &stockgate::dev::LocalCluster, sku: &str) -> i64 {
-    let mut conn = cluster.cluster_connection().unwrap();
-    let held: Option<i64> = redis::cmd("GET")
-        .arg([stock_key(sku), b":held".to_vec()].concat())
-        .query(&mut conn)
-        .unwrap();
-    held.unwrap_or(0)
-}
-
 fn intent_phase(cluster: &stockgate::dev::LocalCluster, order: &str) -> Option<String> {
     let mut conn = cluster.cluster_connection().unwrap();
     let key = layout().order_key(&RequestId::parse(order.to_owned().into()).unwrap());

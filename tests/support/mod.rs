@@ -338,6 +338,17 @@ pub fn parse(value: Value) -> Reply {
     }
 }
 
+/// The units `sku` holds (its `:held` counter; 0 when absent, as the
+/// scripts delete it at 0), read directly.
+pub fn held(cluster: &LocalCluster, sku: &str) -> i64 {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let held: Option<i64> = redis::cmd("GET")
+        .arg([stock_key(sku), b":held".to_vec()].concat())
+        .query(&mut conn)
+        .unwrap();
+    held.unwrap_or(0)
+}
+
 /// The default key layout, as tests compute keys to audit Redis directly.
 pub fn layout() -> KeyLayout {
     KeyLayout::new("stock").unwrap()

@@ -73,31 +73,9 @@ enum KeyKind {
     Journal,
 }
 
-/// A journal's XRANGE, its entries read as stockgate reads them.
+/// A journal's XRANGE, its entries read as the sink reads them.
 fn read_journal(value: &Value) -> Result<Vec<stockgate::journal::Entry>, String> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
-        other => Err(format!("not a string: {other:?}")),
-    };
-    let Value::Array(items) = value else {
-        return Err(format!("not a stream: {value:?}"));
-    };
-    items
-        .iter()
-        .map(|item| {
-            let Value::Array(pair) = item else {
-                return Err(format!("not an entry: {item:?}"));
-            };
-            let (Some(id), Some(Value::Array(flat))) = (pair.first(), pair.get(1)) else {
-                return Err(format!("not an entry: {item:?}"));
-            };
-            let fields = flat
-                .chunks(2)
-                .map(|kv| Ok((text(&kv[0])?, text(kv.get(1).unwrap_or(&Value::Nil))?)))
-                .collect::<Result<Vec<_>, String>>()?;
-            stockgate::journal::Entry::parse(&text(id)?, &fields).map_err(|e| e.to_string())
-        })
-        .collect()
+    stockgate::journal::stream::entries(value.clone()).map_err(|e| e.to_string())
 }
 
 impl FinalState {
