@@ -9,11 +9,22 @@
 //! A row that fails its checks is reported with its line number and
 //! skipped; nothing is dropped silently.
 //!
+//! With `--journal true`, each row is a STOCK.SET instead (`lua/stock_set.lua`,
+//! its op_id `import-<run>-<line>`): the stock and the SKU's journal entry
+//! `set` are written in one call, so the import is where the SKU's account
+//! starts in the books (docs/books.md). The rows of one slot are then
+//! written one after another (each call waits for the one before it, which
+//! keeps file order), the slots `--concurrency` at a time.
+//!
 //! Export walks every primary with SCAN (never KEYS, which blocks a node)
 //! and writes each stock key's value as `sku,qty`.
 
+use crate::error::FaultKind;
 use crate::keys::{KeyLayout, slot};
-use crate::params::{InvalidParam, Sku, StockLevel};
+use crate::outcome::{Code, StockReply};
+use crate::params::{InvalidParam, OpId, Sku, StockLevel};
+use crate::script::Scripts;
+use crate::stock::journal;
 use crate::upstream::Upstream;
 use futures_util::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -112,19 +123,46 @@ impl Progress {
 /// One valid row, ready to write.
 struct Row {
     line: u64,
+    sku: Sku,
     key: Vec<u8>,
     qty: i64,
 }
+
+/// How rows are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writing {
+    /// Check every row and write nothing.
+    DryRun,
+    /// SET, in pipelines: nothing journaled.
+    Plain,
+    /// STOCK.SET per row, each journaled as a baseline.
+    Journaled,
+}
+
+/// The op record of a journaled row lives this long (the least STOCK.SET
+/// takes): long enough for the row's own resends, which are all an import
+/// makes.
+const IMPORT_OP_WINDOW_MS: &str = "60000";
 
 /// Loads `file` into Redis.
 pub async fn import(
     upstream: &Upstream,
     keys: &KeyLayout,
     file: &Path,
-    dry_run: bool,
+    writing: Writing,
     concurrency: usize,
 ) -> Result<ImportReport, String> {
     let started = Instant::now();
+    let writer = Writer {
+        upstream,
+        keys,
+        scripts: Scripts::new(),
+        run: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_millis()),
+        writing,
+        concurrency,
+    };
     let total = std::fs::metadata(file)
         .map_err(|e| format!("{}: {e}", file.display()))?
         .len();
@@ -161,6 +199,7 @@ pub async fn import(
             Ok((sku, qty)) => chunk.push(Row {
                 line,
                 key: keys.stock_key(&sku),
+                sku,
                 qty: qty.0,
             }),
             Err(invalid) => {
@@ -169,27 +208,11 @@ pub async fn import(
             }
         }
         if chunk.len() >= CHUNK_ROWS {
-            write_chunk(
-                upstream,
-                &mut chunk,
-                dry_run,
-                concurrency,
-                &mut report,
-                &progress,
-            )
-            .await;
+            writer.chunk(&mut chunk, &mut report, &progress).await;
             progress.update(reader.bytes, report.rows, started);
         }
     }
-    write_chunk(
-        upstream,
-        &mut chunk,
-        dry_run,
-        concurrency,
-        &mut report,
-        &progress,
-    )
-    .await;
+    writer.chunk(&mut chunk, &mut report, &progress).await;
     progress.update(total, report.rows, started);
     progress.finish();
     report.elapsed = started.elapsed();
@@ -321,66 +344,142 @@ fn parse_row(record: &csv::ByteRecord) -> Result<(Sku, StockLevel), InvalidParam
     Ok((sku, qty))
 }
 
-/// Writes one chunk: a pipeline per slot (split at PIPELINE_LEN), up to
-/// `concurrency` in flight.
-async fn write_chunk(
-    upstream: &Upstream,
-    chunk: &mut Vec<Row>,
-    dry_run: bool,
+/// What writes the rows of one import.
+struct Writer<'a> {
+    upstream: &'a Upstream,
+    keys: &'a KeyLayout,
+    scripts: Scripts,
+    /// The import's start, in Unix milliseconds: its rows' op_ids.
+    run: u128,
+    writing: Writing,
     concurrency: usize,
-    report: &mut ImportReport,
-    progress: &Progress,
-) {
-    if dry_run {
-        chunk.clear();
-        return;
-    }
-    let mut by_slot: BTreeMap<u16, Vec<Row>> = BTreeMap::new();
-    for row in chunk.drain(..) {
-        by_slot.entry(slot(&row.key)).or_default().push(row);
-    }
-    let batches = by_slot
-        .into_values()
-        .flat_map(|rows| {
-            let mut rows = rows.into_iter().peekable();
-            std::iter::from_fn(move || {
-                rows.peek()?;
-                Some(rows.by_ref().take(PIPELINE_LEN).collect::<Vec<Row>>())
+}
+
+impl Writer<'_> {
+    /// Writes one chunk: a batch per slot (split at PIPELINE_LEN), up to
+    /// `concurrency` in flight.
+    async fn chunk(&self, chunk: &mut Vec<Row>, report: &mut ImportReport, progress: &Progress) {
+        if self.writing == Writing::DryRun {
+            chunk.clear();
+            return;
+        }
+        let mut by_slot: BTreeMap<u16, Vec<Row>> = BTreeMap::new();
+        for row in chunk.drain(..) {
+            by_slot.entry(slot(&row.key)).or_default().push(row);
+        }
+        let batches = by_slot
+            .into_values()
+            .flat_map(|rows| {
+                let mut rows = rows.into_iter().peekable();
+                std::iter::from_fn(move || {
+                    rows.peek()?;
+                    Some(rows.by_ref().take(PIPELINE_LEN).collect::<Vec<Row>>())
+                })
             })
-        })
-        .collect::<Vec<_>>();
-    let mut results = stream::iter(batches)
-        .map(|rows| async move {
-            let mut pipe = redis::pipe();
-            for row in &rows {
-                pipe.cmd("SET").arg(&row.key).arg(row.qty).ignore();
-            }
-            let mut last = None;
-            for attempt in 0..ATTEMPTS {
-                match upstream.pipeline(&pipe).await {
-                    Ok(_) => return (rows, None),
-                    Err(err) => {
-                        last = Some(err);
-                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                    }
+            .collect::<Vec<_>>();
+        let mut results = stream::iter(batches)
+            .map(|rows| async move {
+                match self.writing {
+                    Writing::Journaled => self.journaled(rows).await,
+                    _ => self.pipelined(rows).await,
                 }
-            }
-            (rows, last)
-        })
-        .buffer_unordered(concurrency.max(1));
-    while let Some((rows, error)) = results.next().await {
-        match error {
-            None => report.written += rows.len() as u64,
-            Some(err) => {
-                report.failed += rows.len() as u64;
-                let lines: Vec<String> = rows.iter().map(|r| r.line.to_string()).collect();
-                progress.println(format!(
-                    "lines {}: not written after {ATTEMPTS} attempts: {}",
-                    lines.join(","),
-                    err.reply_text()
-                ));
+            })
+            .buffer_unordered(self.concurrency.max(1));
+        while let Some((written, failed)) = results.next().await {
+            report.written += written;
+            for (lines, why) in failed {
+                report.failed += lines.len() as u64;
+                let lines: Vec<String> = lines.iter().map(u64::to_string).collect();
+                progress.println(format!("lines {}: not written: {why}", lines.join(",")));
             }
         }
+    }
+
+    /// One slot's rows as SETs in one pipeline: how many were written, and
+    /// the lines that were not, with why.
+    async fn pipelined(&self, rows: Vec<Row>) -> (u64, Vec<(Vec<u64>, String)>) {
+        let mut pipe = redis::pipe();
+        for row in &rows {
+            pipe.cmd("SET").arg(&row.key).arg(row.qty).ignore();
+        }
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            match self.upstream.pipeline(&pipe).await {
+                Ok(_) => return (rows.len() as u64, vec![]),
+                Err(err) => {
+                    last = Some(err);
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+            }
+        }
+        let why = format!(
+            "after {ATTEMPTS} attempts: {}",
+            last.map(|e| e.reply_text()).unwrap_or_default()
+        );
+        (0, vec![(rows.iter().map(|r| r.line).collect(), why)])
+    }
+
+    /// One slot's rows as STOCK.SETs, one after another: how many were
+    /// written, and the lines that were not, with why.
+    async fn journaled(&self, rows: Vec<Row>) -> (u64, Vec<(Vec<u64>, String)>) {
+        let (mut written, mut failed) = (0, vec![]);
+        for row in rows {
+            match self.set(&row).await {
+                Ok(()) => written += 1,
+                Err(why) => failed.push((vec![row.line], why)),
+            }
+        }
+        (written, failed)
+    }
+
+    /// One row's STOCK.SET, sent again (with the same nonce, so a resend of
+    /// a call that was applied answers 0) after a fault, and after opening
+    /// the SKU's journal when it has none.
+    async fn set(&self, row: &Row) -> Result<(), String> {
+        let op_id = OpId::parse(format!("import-{}-{}", self.run, row.line).into())
+            .map_err(|invalid| invalid.0)?;
+        let keys = self.keys.op_keys(&row.sku, &op_id);
+        let qty = row.qty.to_string();
+        let nonce = format!("{:016x}", row.line);
+        let args: [&[u8]; 5] = [
+            qty.as_bytes(),
+            IMPORT_OP_WINDOW_MS.as_bytes(),
+            nonce.as_bytes(),
+            b"0",
+            b"1",
+        ];
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            let call = self
+                .upstream
+                .eval(&self.scripts.stock_set, &[&keys.stock, &keys.record], &args)
+                .await
+                .and_then(StockReply::from_script);
+            match call {
+                Ok(reply) if matches!(reply.code, Code::Ok | Code::Duplicate) => return Ok(()),
+                Ok(reply) => {
+                    return Err(format!(
+                        "code {}: {}",
+                        reply.code as u8,
+                        String::from_utf8_lossy(reply.reason.as_deref().unwrap_or_default())
+                    ));
+                }
+                Err(fault) if fault.kind == FaultKind::NoJournal => {
+                    let deadline = tokio::time::Instant::now() + self.upstream.timeout();
+                    if let Err(fault) =
+                        journal::open(self.upstream, &self.scripts, self.keys, &row.sku, deadline)
+                            .await
+                    {
+                        last = format!("opening its journal: {}", fault.reply_text());
+                    }
+                }
+                Err(fault) => {
+                    last = fault.reply_text();
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+            }
+        }
+        Err(format!("after {ATTEMPTS} attempts: {last}"))
     }
 }
 

@@ -154,6 +154,13 @@ pub struct ImportArgs {
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
 
+    /// Write each row as a STOCK.SET that journals a `set` entry, where the
+    /// SKU's account starts in the books (docs/books.md); plain SETs, which
+    /// journal nothing, when false. Follows the sidecars' own
+    /// `STOCKGATE_JOURNAL`.
+    #[arg(long, env = "STOCKGATE_JOURNAL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub journal: bool,
+
     #[command(flatten)]
     pub upstream: UpstreamArgs,
 

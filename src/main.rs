@@ -249,9 +249,13 @@ async fn connect(
 /// `stockgate stock import <file.csv>`
 async fn import(args: ImportArgs) -> Result<(), String> {
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let writing = match (args.dry_run, args.journal) {
+        (true, _) => stockgate::bulk::Writing::DryRun,
+        (false, false) => stockgate::bulk::Writing::Plain,
+        (false, true) => stockgate::bulk::Writing::Journaled,
+    };
     let report =
-        stockgate::bulk::import(&upstream, &keys, &args.file, args.dry_run, args.concurrency)
-            .await?;
+        stockgate::bulk::import(&upstream, &keys, &args.file, writing, args.concurrency).await?;
     let secs = report.elapsed.as_secs_f64();
     eprintln!(
         "{}: {} rows read, {} {}, {} skipped as invalid, {} failed to write, in {secs:.1}s ({:.0} rows/s)",

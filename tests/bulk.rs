@@ -10,6 +10,9 @@ fn stockgate(args: &[&str], seeds: &[String]) -> (bool, String, String) {
         .args(args)
         .arg("--upstream")
         .arg(seeds.join(","))
+        // The import follows the sidecars' STOCKGATE_JOURNAL: a test says
+        // which it wants with the flag.
+        .env_remove("STOCKGATE_JOURNAL")
         .output()
         .expect("runs stockgate");
     (
@@ -84,6 +87,102 @@ fn bad_rows_are_reported_by_line_and_skipped_and_the_rest_is_loaded() {
     assert_eq!(get_stock(&cluster, "pear"), Some(7), "fields are trimmed");
     assert_eq!(get_stock(&cluster, "melon"), Some(0));
     assert_eq!(get_stock(&cluster, "plum"), None);
+}
+
+/// A SKU's journal, read back.
+fn journal(cluster: &stockgate::dev::LocalCluster, sku: &str) -> Vec<stockgate::journal::Entry> {
+    let key = layout().journal_key(&stockgate::params::Sku::parse(sku.to_owned().into()).unwrap());
+    let raw: redis::Value = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query(&mut cluster.cluster_connection().unwrap())
+        .unwrap();
+    stockgate::journal::stream::entries(raw).unwrap()
+}
+
+#[test]
+fn a_journaled_import_starts_each_account_with_a_baseline_in_file_order() {
+    use stockgate::journal::Event;
+    let cluster = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.csv");
+    std::fs::write(&plain, "sku,qty\npear,5\nkiwi,1\n").unwrap();
+    let (ok, _, err) = stockgate(
+        &[
+            "stock",
+            "import",
+            plain.to_str().unwrap(),
+            "--journal",
+            "false",
+        ],
+        &cluster.seeds(),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        journal(&cluster, "kiwi").is_empty(),
+        "a plain import journals nothing"
+    );
+
+    let csv = dir.path().join("stock.csv");
+    std::fs::write(&csv, "sku,qty\napple,10\npear,7\nbad sku,3\napple,12\n").unwrap();
+    let (ok, _, err) = stockgate(
+        &[
+            "stock",
+            "import",
+            csv.to_str().unwrap(),
+            "--journal",
+            "true",
+        ],
+        &cluster.seeds(),
+    );
+    assert!(!ok, "a bad row makes the exit status non-zero: {err}");
+    assert!(err.contains("line 4: skipped: sku must be"), "{err}");
+    assert!(
+        err.contains("4 rows read, 3 written, 1 skipped as invalid, 0 failed"),
+        "{err}"
+    );
+    assert_eq!(get_stock(&cluster, "apple"), Some(12), "file order holds");
+    assert_eq!(get_stock(&cluster, "pear"), Some(7));
+
+    let apple = journal(&cluster, "apple");
+    let seen: Vec<(Event, i64, i64)> = apple
+        .iter()
+        .map(|e| (e.event, e.stock_change, e.stock))
+        .collect();
+    assert_eq!(
+        seen,
+        [(Event::Set, 10, 10), (Event::Set, 2, 12)],
+        "one baseline per row, in file order: {apple:?}"
+    );
+    let run = apple[0]
+        .id
+        .strip_suffix("-2")
+        .expect("the op_id ends with the row's line");
+    assert!(run.starts_with("import-"), "{}", apple[0].id);
+    assert_eq!(apple[1].id, format!("{run}-5"));
+    let pear = journal(&cluster, "pear");
+    assert_eq!(pear.len(), 1, "{pear:?}");
+    assert_eq!(
+        (pear[0].event, pear[0].stock_change, pear[0].stock),
+        (Event::Set, 2, 7),
+        "the baseline says what the import changed"
+    );
+
+    // The sink finds every journal through the shards' sets.
+    let mut conn = cluster.cluster_connection().unwrap();
+    let mut listed: Vec<String> = layout()
+        .sweep_shards()
+        .iter()
+        .flat_map(|shard| {
+            redis::cmd("SMEMBERS")
+                .arg(&shard.journals)
+                .query::<Vec<String>>(&mut conn)
+                .unwrap()
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ["apple", "pear"]);
 }
 
 #[test]

@@ -13,7 +13,10 @@
 
 use super::StockService;
 use crate::error::{FaultKind, UpstreamError};
+use crate::keys::KeyLayout;
 use crate::params::Sku;
+use crate::script::Scripts;
+use crate::upstream::Upstream;
 use std::future::Future;
 
 impl StockService {
@@ -43,32 +46,45 @@ impl StockService {
         }
     }
 
-    /// Lists `sku` in its shard's set of journals, then makes its journal
-    /// (`lua/journal_open.lua`); both idempotent, so racing stockgates and
-    /// a retry after a crash between the two are harmless.
+    /// Opens `sku`'s journal ([`open`]) and counts it.
     pub(super) async fn open_journal(
         &self,
         sku: &Sku,
         deadline: tokio::time::Instant,
     ) -> Result<(), UpstreamError> {
-        let shard = &self.keys.sweep_shards()[self.keys.sweep_shard_index(sku)];
-        self.upstream
-            .eval_piped(
-                &self.scripts.journal_open,
-                &[&shard.journals],
-                &[b"list", sku.as_bytes()],
-                deadline,
-            )
-            .await?;
-        self.upstream
-            .eval_piped(
-                &self.scripts.journal_open,
-                &[&self.keys.journal_key(sku)],
-                &[b"make"],
-                deadline,
-            )
-            .await?;
+        open(&self.upstream, &self.scripts, &self.keys, sku, deadline).await?;
         self.metrics.record_journal_opened();
         Ok(())
     }
+}
+
+/// Lists `sku` in its shard's set of journals, then makes its journal
+/// (`lua/journal_open.lua`); both idempotent, so racing stockgates and a
+/// retry after a crash between the two are harmless. For the stock service
+/// and for `stockgate stock import --journal true` ([`crate::bulk`]).
+pub async fn open(
+    upstream: &Upstream,
+    scripts: &Scripts,
+    keys: &KeyLayout,
+    sku: &Sku,
+    deadline: tokio::time::Instant,
+) -> Result<(), UpstreamError> {
+    let shard = &keys.sweep_shards()[keys.sweep_shard_index(sku)];
+    upstream
+        .eval_piped(
+            &scripts.journal_open,
+            &[&shard.journals],
+            &[b"list", sku.as_bytes()],
+            deadline,
+        )
+        .await?;
+    upstream
+        .eval_piped(
+            &scripts.journal_open,
+            &[&keys.journal_key(sku)],
+            &[b"make"],
+            deadline,
+        )
+        .await?;
+    Ok(())
 }

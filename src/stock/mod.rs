@@ -28,7 +28,7 @@ mod coalesce;
 pub mod confirm;
 pub mod deduct;
 pub mod hold;
-mod journal;
+pub mod journal;
 mod nonces;
 pub mod order;
 pub mod revert;
