@@ -268,6 +268,46 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     }
 }
 
+/// One sale through the stockgate `proxy` on the standalone Redis, for
+/// the `sink` mode: `units` units on a SKU of their own, `connections`
+/// connections, no tail, audited as every flash row is. Returns the sale's
+/// phase and when it sold out.
+pub fn sale(
+    runtime: &tokio::runtime::Runtime,
+    db: &mut Db,
+    admin: &mut redis::Connection,
+    proxy: &Stockgate,
+    units: u64,
+    connections: usize,
+    tag: &str,
+) -> Phase {
+    let row = Row {
+        name: "sink-sale",
+        wire: Wire::Deduct,
+        addr: proxy.addr,
+        proxy: None,
+        sold_out_reads: false,
+    };
+    let load = Load {
+        sku: db.skus[0].0.clone(),
+        units,
+        tail: Duration::ZERO,
+        connections,
+        tag: tag.to_owned(),
+    };
+    redis::cmd("SET")
+        .arg(stock_key(db, &load.sku))
+        .arg(units)
+        .query::<()>(admin)
+        .expect("seed the hot sku");
+    drive_row(runtime, &row, db, admin, Some(proxy), &load, false).sale
+}
+
+/// The connections of a flash row (`BENCH_FLASH_CONNECTIONS`).
+pub fn connections() -> usize {
+    FlashKnobs::from_env().connections
+}
+
 /// A row's runs as one: each phase from the run whose Redis CPU per
 /// request is the median of that phase's, the retry counts summed, and
 /// the sale's spread kept for the table.
@@ -562,9 +602,15 @@ fn audit(
         ));
     }
     let keys: u64 = redis::cmd("DBSIZE").query(admin).expect("DBSIZE");
+    // Keys that are not records: the sweeper's, and with `--journal` (the
+    // `sink` mode) the hot SKU's journal and its shard's set of journals.
+    let hot = stockgate::params::Sku::parse(load.sku.clone().into()).expect("a valid sku");
+    let layout = db.layout();
     let sweeper: u64 = redis::cmd("EXISTS")
-        .arg(db.layout().sweep_lease())
-        .arg(db.layout().sweep_active())
+        .arg(layout.sweep_lease())
+        .arg(layout.sweep_active())
+        .arg(layout.journal_key(&hot))
+        .arg(&layout.sweep_shards()[layout.sweep_shard_index(&hot)].journals)
         .query(admin)
         .expect("EXISTS");
     let records = keys - sweeper - db.skus.len() as u64;

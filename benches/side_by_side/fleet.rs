@@ -180,7 +180,7 @@ fn wrapped(wrap: &[String], bin: &Path) -> Command {
     }
 }
 
-fn free_addr() -> SocketAddr {
+pub fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")

@@ -11,6 +11,7 @@
 //! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
 //! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
 //! cargo bench --bench side_by_side -- script-cost   # instructions per deduction in Redis, under callgrind
+//! cargo bench --bench side_by_side -- sink          # the journal's sink against a flash sale (needs PostgreSQL)
 //! BENCH_REQUESTS=20000 BENCH_REPEATS=1 cargo bench --bench side_by_side   # a quick look
 //! ```
 //!
@@ -108,6 +109,7 @@
 //! | `BENCH_CALLGRIND_REQUESTS` | 20000 | instructions: requests per counted load |
 //! | `BENCH_FLASH_CONNECTIONS` | 200 | flash: connections, one request in flight each (`flash.rs`) |
 //! | `BENCH_FLASH_TAIL_SECONDS` | 20 | flash: how long the sold-out tail runs after the stock reaches 0 |
+//! | `BENCH_SINK_UNITS` | 50000 | sink: units sold in each sale (`sink.rs`) |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
 mod flash;
@@ -119,6 +121,12 @@ mod memory;
 mod orders;
 mod report;
 mod script_cost;
+mod sink;
+// The tests' throwaway PostgreSQL (initdb and pg_ctl in a temp dir), for
+// the `sink` mode.
+#[path = "../../tests/support/postgres.rs"]
+#[allow(dead_code)] // restarts and the like are the tests'
+mod postgres;
 
 use fleet::{Db, Proc, Stockgate, Twemproxy};
 use loadgen::{Conn, Encoded};
@@ -647,6 +655,11 @@ impl Fleet {
     }
 }
 
+/// A free loopback port, for [`postgres`].
+fn free_port() -> u16 {
+    fleet::free_addr().port()
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs bench
     // binaries without it, and this one is far too heavy for a test run.
@@ -690,6 +703,9 @@ fn main() {
     }
     if wants("flash") {
         flash::run(&runtime, &knobs, &mut fleet);
+    }
+    if wants("sink") {
+        sink::run(&runtime, &knobs, &mut fleet);
     }
     if wants("script-cost") {
         script_cost::run();
