@@ -226,6 +226,13 @@ impl KeyLayout {
         [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:journal"].concat()
     }
 
+    /// `<prefix>:{<sku>}:journal:sunk`: the last journal id a sink with
+    /// `--wait-replicas` read of the SKU, a small write in its slot that
+    /// the sink's WAIT then confirms ([`crate::journal::stream::replicated`]).
+    pub fn journal_sunk_key(&self, sku: &Sku) -> Vec<u8> {
+        [self.journal_key(sku).as_slice(), b":sunk"].concat()
+    }
+
     /// `<prefix>:{sweep}:lease`: who sweeps now.
     pub fn sweep_lease(&self) -> Vec<u8> {
         format!("{}:{{sweep}}:lease", self.prefix).into_bytes()

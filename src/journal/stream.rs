@@ -121,11 +121,9 @@ pub async fn replicated(
     last: (u64, u64),
     durability: Durability,
 ) -> Result<bool, JournalFault> {
-    let mut sunk = keys.journal_key(sku);
-    sunk.extend_from_slice(b":sunk");
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
-        .arg(sunk)
+        .arg(keys.journal_sunk_key(sku))
         .arg(format!("{}-{}", last.0, last.1));
     pipe.cmd("WAIT")
         .arg(durability.replicas)

@@ -25,6 +25,8 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     load.clients = 8;
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    // The database as the third book, kept by a sink through the load.
+    let mut books = crate::books::Books::start(&cluster, &name);
     let running = load.start(server.addr).await;
     // Long enough for short holds (1–3 s) to run out, and for CONFIRMs
     // sent around their expiry to come back 5.
@@ -32,7 +34,8 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     let mut history = running.stop().await;
     server.stop_now();
 
-    let audit = history.audit(&cluster, Policy::default());
+    let database = books.drain().await;
+    let audit = history.audit_with_database(&cluster, Policy::default(), &database);
     audit.assert_green();
     let faults: Vec<_> = audit
         .by_label
@@ -61,7 +64,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     );
 
     // Seven violations behind stockgate's back, one of each kind the audit
-    // reads from the servers.
+    // reads from the servers, and two in the database.
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("DECRBY")
         .arg(crate::support::stock_key(&skus[0]))
@@ -238,8 +241,40 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     });
     history.attempts.push(never_begun);
 
-    let audit = history.audit(&cluster, Policy::default());
-    eprintln!("{} (after planting seven)", audit.summary());
+    // In the database: an entry lost from the middle of a sku's account,
+    // and a conflict (an id Redis gave twice, as a failover without
+    // --wait-replicas can).
+    let (lost_sku, lost) = database
+        .entries
+        .iter()
+        .filter(|(sku, entries)| skus.contains(sku) && entries.len() >= 3)
+        .map(|(sku, entries)| (sku.clone(), entries[1].clone()))
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .expect("a sku with three entries in the database");
+    let client = books.client().await;
+    let deleted = client
+        .execute(
+            "DELETE FROM stockgate_journal WHERE sku = $1 AND entry_ms = $2 AND entry_seq = $3",
+            &[&lost_sku, &(lost.at.0 as i64), &(lost.at.1 as i64)],
+        )
+        .await
+        .expect("DELETE an entry");
+    assert_eq!(deleted, 1, "{lost_sku} {lost:?} was in the database");
+    client
+        .execute(
+            "INSERT INTO stockgate_journal_conflicts (sku, entry_ms, entry_seq, format, event, \
+             request_id, order_no, stock_change, held_change, stock_after, held_after) \
+             SELECT sku, entry_ms, entry_seq, format, event, request_id || '-other', order_no, \
+             stock_change, held_change, stock_after, held_after FROM stockgate_journal \
+             ORDER BY entry_ms LIMIT 1",
+            &[],
+        )
+        .await
+        .expect("INSERT a conflict");
+    let database = books.read().await;
+
+    let audit = history.audit_with_database(&cluster, Policy::default(), &database);
+    eprintln!("{} (after planting nine)", audit.summary());
     for found in &audit.violations {
         eprintln!("[{name}]   found: {found}");
     }
@@ -259,6 +294,9 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         format!("{}: the journal's account ends at", skus[0]),
         format!("{reverted_line_sku}: the journal's account ends at"),
         format!("{untaken}: the journal's account ends at"),
+        // The database's two.
+        format!("{lost_sku}: journal entry"),
+        "the database holds 1 conflicting entries".to_owned(),
     ];
     // Two of those may be on one sku: one violation for both.
     expected.sort();

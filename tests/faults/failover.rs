@@ -99,6 +99,9 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let (mut fault, rest) = (fault.with_holds().with_orders(), rest.with_holds());
     (fault.order_pct, fault.unretried_pct) = (30, 60);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
+    // The database as the third book: a sink moving the journals, killed
+    // and restarted, and PostgreSQL restarted, before the primary dies.
+    let mut books = crate::books::Books::start(&cluster, &name);
     // The linearizability lane, on skus of the victim, with
     // --wait-replicas 1: without it an acknowledged write may be lost in
     // the failover (asynchronous replication, as the audit counts), and no
@@ -110,6 +113,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
         rest.start(server.addr).await,
     );
     tokio::time::sleep(phase()).await;
+    books.upset(Duration::from_millis(300)).await;
 
     let replica = replica_of(&cluster, victim);
     let killed = Instant::now();
@@ -134,7 +138,8 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     let policy = Policy {
         allow_lost_acks: true,
     };
-    let audit = fault_history.audit(&cluster, policy);
+    let database = books.drain().await;
+    let audit = fault_history.audit_with_database(&cluster, policy, &database);
     audit.assert_green();
     eprintln!(
         "[{name}] acknowledged changes lost in the failover (async replication): {}; orders left behind that recovery ended: {}",
@@ -145,7 +150,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
         ),
     );
     rest_history
-        .audit(&cluster, Policy::default())
+        .audit_with_database(&cluster, Policy::default(), &database)
         .assert_green();
     server.stop_now();
 

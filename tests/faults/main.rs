@@ -45,6 +45,7 @@
 //! | [`limits`] | 7: out of memory; 8: BUSY |
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
+//! | [`books`] | not a fault: the database as the third book, a sink killed and PostgreSQL restarted mid-load, carried by the baseline, the killed primary and live resharding |
 //! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
 //! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
@@ -64,6 +65,17 @@
 //! the victim's skus sent before the kill, which the old primary may have
 //! answered from a write it then lost (a dirty read).
 //!
+//! The books (issue 26): every stockgate here journals (`--journal`), and
+//! the audit replays each SKU's journal from its initial stock to what
+//! Redis holds. The baseline, the killed primary and live resharding, on
+//! all four servers, also run a `stockgate journal sink --wait-replicas 1`
+//! into a throwaway PostgreSQL through the load, kill it (SIGKILL) and
+//! start another, restart PostgreSQL, then drain it, and the audit reads
+//! each SKU's account from the database (what Redis journaled after the
+//! drain appended) instead: exact, with no conflicts ([`books`]). The
+//! baseline plants an entry lost from the database and a conflict, and
+//! both are found.
+//!
 //! The tests run one at a time ([`harness::SERIAL`]): they measure times on
 //! a 2-core machine. Nothing but 127.0.0.1 is reached; every process a test
 //! starts, it stops (Redis servers and the stockgate process die with their
@@ -72,6 +84,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod books;
 mod checker;
 mod harness;
 mod linear;

@@ -71,6 +71,8 @@ enum KeyKind {
     Holds,
     Held,
     Journal,
+    /// The sink's mark of the last id it read (`--wait-replicas`).
+    Sunk,
 }
 
 /// A journal's XRANGE, its entries read as the sink reads them.
@@ -253,6 +255,7 @@ impl FinalState {
                     ":holds" => (KeyKind::Holds, ""),
                     ":held" => (KeyKind::Held, ""),
                     ":journal" => (KeyKind::Journal, ""),
+                    ":journal:sunk" => (KeyKind::Sunk, ""),
                     _ => (KeyKind::Record, tail.strip_prefix(":req:")?),
                 };
                 Some((sku, kind, id))
@@ -262,6 +265,16 @@ impl FinalState {
             return;
         };
         match kind {
+            KeyKind::Sunk => {
+                let id = text();
+                let parsed = id.split_once('-').and_then(|(ms, seq)| {
+                    Some((ms.parse::<u64>().ok()?, seq.parse::<u64>().ok()?))
+                });
+                if parsed.is_none() {
+                    self.violations
+                        .push(format!("{key} is not a stream id: {id:?}"));
+                }
+            }
             KeyKind::Journal => match read_journal(value) {
                 Ok(entries) => {
                     self.journals.insert(sku.to_owned(), entries);
