@@ -5,6 +5,14 @@
 //! holds expiring while ORDER.CONFIRM races them. No timed assertions:
 //! tests assert states and counts, and wait for states with generous
 //! bounds.
+//!
+//! The contract (all or none, retries, revert, order holds and their
+//! status, invalid orders, a saga finished by a retry) runs against each
+//! server of the upstream matrix. The races and the faults (`, ci:
+//! redis7`) run against Redis 7.0 in CI and against the other three on
+//! request (`cargo test --test orders -- --ignored`): each starts its own
+//! cluster and takes seconds, and what they test is stockgate's saga, the
+//! same on every server once the contract holds there.
 
 mod support;
 
@@ -80,7 +88,7 @@ async fn must(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> Or
 }
 
 /// Three SKU names, one on each third of the slots (each on its own
-/// primary of a 3-primary cluster made by `cluster()`).
+/// primary of a 3-primary cluster made by `cluster_of`).
 fn spread(prefix: &str) -> [String; 3] {
     let mut found: [Option<String>; 3] = Default::default();
     for n in 0.. {
@@ -116,9 +124,9 @@ fn intent_phase(cluster: &stockgate::dev::LocalCluster, order: &str) -> Option<S
         .unwrap()
 }
 
-#[tokio::test]
-async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn an_order_is_all_lines_or_none_and_answers_its_retries }
+async fn an_order_is_all_lines_or_none_and_answers_its_retries(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let [a, b, c] = spread("all");
     set_stock(&cluster, &a, 10);
     set_stock(&cluster, &b, 10);
@@ -227,9 +235,9 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries() {
     assert_eq!(must(&mut conn, &["ORDER.REVERT", "o-short"]).await.code, 1);
 }
 
-#[tokio::test]
-async fn invalid_orders_are_code_3_and_touch_nothing() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn invalid_orders_are_code_3_and_touch_nothing }
+async fn invalid_orders_are_code_3_and_touch_nothing(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let [a, b, _] = spread("inv");
     set_stock(&cluster, &a, 10);
     set_stock(&cluster, &b, 10);
@@ -268,9 +276,9 @@ async fn invalid_orders_are_code_3_and_touch_nothing() {
     );
 }
 
-#[tokio::test]
-async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4 }
+async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let [a, b, c] = spread("rev");
     for sku in [&a, &b, &c] {
         set_stock(&cluster, sku, 5);
@@ -294,9 +302,9 @@ async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4() {
     }
 }
 
-#[tokio::test]
-async fn an_order_hold_is_confirmed_whole_or_reverted_whole() {
-    let cluster = cluster();
+matrix! { #[tokio::test] async fn an_order_hold_is_confirmed_whole_or_reverted_whole }
+async fn an_order_hold_is_confirmed_whole_or_reverted_whole(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let [a, b, c] = spread("oh");
     for sku in [&a, &b, &c] {
         set_stock(&cluster, sku, 10);
@@ -371,13 +379,13 @@ async fn an_order_hold_is_confirmed_whole_or_reverted_whole() {
     assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "d-1"]).await.code, 3);
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_holds_expiring_while_confirm_races_them, ci: redis7 }
 /// Order holds of 1000 ms, each raced by an ORDER.CONFIRM sent around its
 /// expiry: each answers 0 (every line confirmed) or 5 (every line given
 /// back), and the books say the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn order_holds_expiring_while_confirm_races_them() {
+async fn order_holds_expiring_while_confirm_races_them(kind: ServerKind) {
     const ORDERS: usize = 24;
-    let cluster = cluster();
+    let cluster = cluster_of(kind);
     let [a, b, c] = spread("race");
     for sku in [&a, &b, &c] {
         set_stock(&cluster, sku, 1000);
@@ -440,14 +448,14 @@ async fn order_holds_expiring_while_confirm_races_them() {
     eprintln!("{confirmed} of {ORDERS} confirmed in time");
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units, ci: redis7 }
 /// Orders competing for the last units of one SKU, each sent through two
 /// stockgates at once: exactly as many win as there are units, each pair
 /// of answers agrees, and each winner has every line applied.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units() {
+async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units(kind: ServerKind) {
     const ORDERS: usize = 12;
     const UNITS: i64 = 4;
-    let cluster = cluster();
+    let cluster = cluster_of(kind);
     let [last, b, c] = spread("last");
     set_stock(&cluster, &last, UNITS);
     set_stock(&cluster, &b, 100);
@@ -497,13 +505,13 @@ async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units() {
     }
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted, ci: redis7 }
 /// ORDER.REVERT sent while the ORDER is in flight (through another
 /// stockgate): whichever wins, every line ends given back or revoked,
 /// never deducted, and the stock is whole again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted() {
+async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted(kind: ServerKind) {
     const ORDERS: usize = 30;
-    let cluster = cluster();
+    let cluster = cluster_of(kind);
     let [a, b, c] = spread("inflight");
     for sku in [&a, &b, &c] {
         set_stock(&cluster, sku, 1000);
@@ -668,11 +676,11 @@ impl Saga {
     }
 }
 
+matrix! { #[tokio::test] async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry }
 /// A saga cut short after k of n lines, in each phase, then retried
 /// through a stockgate: the retry finishes (or undoes) the order whole.
-#[tokio::test]
-async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
-    let cluster = cluster();
+async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let skus = spread("cut");
     let lines = {
         let mut l: Vec<(String, &str)> = skus.iter().cloned().zip(["1", "2", "3"]).collect();
@@ -807,15 +815,15 @@ async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry() {
     }
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries, ci: redis7 }
 /// A stockgate SIGKILLed under a load of orders: with nobody retrying,
 /// every order it left in flight comes to rest by itself (the survivor's
 /// recovery); then every order is retried through the survivor, and each
 /// is applied whole, once, or not at all, and the books add up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries() {
+async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries(kind: ServerKind) {
     use std::process::{Command, Stdio};
     const ORDERS: usize = 60;
-    let cluster = cluster();
+    let cluster = cluster_of(kind);
     let skus = spread("killed");
     for sku in &skus {
         set_stock(&cluster, sku, 10_000);
@@ -933,14 +941,14 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries()
     }
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_left_behind_in_every_phase_end_without_a_retry, ci: redis7 }
 /// Orders left behind in every phase, with nobody to retry them (issue
 /// 22, 2): as a stockgate that died mid-saga leaves them, filed among the
 /// orders in flight. A stockgate's recovery ends each one, the way its
 /// phase points: HOLDING back (ABORTED, 5), CONFIRMING forward (DONE),
 /// ABORTING and REVERTING on; a HELD order hold waits for its confirm.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_left_behind_in_every_phase_end_without_a_retry() {
-    let cluster = cluster();
+async fn orders_left_behind_in_every_phase_end_without_a_retry(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let skus = spread("behind");
     for sku in &skus {
         set_stock(&cluster, sku, 100);
@@ -1061,18 +1069,18 @@ async fn orders_left_behind_in_every_phase_end_without_a_retry() {
     assert_eq!(must(&mut conn, &args).await.code, 5);
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry, ci: redis7 }
 /// The reproduced strand (issue 22, 2): an ORDER.CONFIRM whose line meets
 /// a primary that stops (SIGSTOP) gets an error, and its caller never
 /// retries. Once the primary goes on, stockgate ends the order by itself:
 /// forward (DONE) while its lines still hold, back (ABORTED, 5, the line
 /// confirmed before the stall given back) when they ran out meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry() {
+async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry(kind: ServerKind) {
     use stockgate::dev::{LocalCluster, RedisOptions};
     // A long node timeout: the stalled primary is never failed over.
     let options = RedisOptions {
         node_timeout_ms: 30_000,
-        ..RedisOptions::of(ServerKind::Redis7)
+        ..RedisOptions::of(kind)
     };
     let cluster = LocalCluster::start(3, 0, &options).expect("a test cluster");
     let [pa, pd, _] = spread("stall");
@@ -1140,15 +1148,15 @@ async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry() 
     );
 }
 
+matrix! { #[tokio::test] async fn an_order_naming_a_sku_without_stock_ends_at_once_with_every_line_back }
 /// An order naming a SKU with no stock key (issue 22, 5): with the
 /// default `--missing-stock error` it ends in the same request, every line
 /// given back, and answers 3 naming the SKU; its retries and its
 /// ORDER.REVERT are answered, never UNKNOWNSKU. An order whose SKU loses
 /// its stock key while held is given back (the key made again) by
 /// ORDER.REVERT, in the same request.
-#[tokio::test]
-async fn an_order_naming_a_sku_without_stock_ends_at_once_with_every_line_back() {
-    let cluster = cluster();
+async fn an_order_naming_a_sku_without_stock_ends_at_once_with_every_line_back(kind: ServerKind) {
+    let cluster = cluster_of(kind);
     let [a, b, missing] = spread("nostock");
     for sku in [&a, &b] {
         set_stock(&cluster, sku, 100);

@@ -20,12 +20,9 @@ impl Upstream {
     /// mode, no command in standalone mode (the one server serves all).
     async fn slots(&self) -> Result<SlotMap, UpstreamError> {
         if self.mode() != Some(Mode::Cluster) {
-            let url = redis::Client::open(self.config.urls[0].as_str())
-                .map_err(|e| UpstreamError::from_redis(&e))?;
-            let addr = url.get_connection_info().addr().to_string();
-            let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), "6379"));
+            let (host, port) = self.seed().map_err(|e| UpstreamError::from_redis(&e))?;
             let node = Node {
-                host: host.to_owned(),
+                host,
                 port: port.parse().unwrap_or(6379),
             };
             // How many replicas it has is asked in `refresh_topology`, and
@@ -41,33 +38,23 @@ impl Upstream {
                 format!("CLUSTER SLOTS answered {slots:?}"),
             ));
         };
-        let ranges = ranges
-            .into_iter()
-            .filter_map(|range| {
-                let Value::Array(items) = range else {
-                    return None;
-                };
-                let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(primary))) =
-                    (items.first(), items.get(1), items.get(2))
-                else {
-                    return None;
-                };
-                let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-                    (primary.first(), primary.get(1))
-                else {
-                    return None;
-                };
-                let node = Node {
-                    host: String::from_utf8_lossy(host).into_owned(),
-                    port: *port as u16,
-                };
-                // Each replica the cluster deems usable (not failed, and
-                // synced at least once) follows the primary in the range.
-                let replicas = items.len().saturating_sub(3);
-                Some((*lo as u16, *hi as u16, node, Some(replicas)))
-            })
-            .collect();
-        Ok(SlotMap(ranges))
+        Ok(SlotMap::from_cluster_slots(&ranges, &self.seed_host()))
+    }
+
+    /// The first seed's host and port, as the redis crate reads its URL.
+    fn seed(&self) -> redis::RedisResult<(String, String)> {
+        let addr = redis::Client::open(self.config.urls[0].as_str())?
+            .get_connection_info()
+            .addr()
+            .to_string();
+        let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), "6379"));
+        Ok((host.to_owned(), port.to_owned()))
+    }
+
+    /// Where a node that names no host of its own is: the host asked, the
+    /// first seed's.
+    fn seed_host(&self) -> String {
+        self.seed().map(|(host, _)| host).unwrap_or_default()
     }
 
     /// Sends one command to one primary (SCAN, which walks one node's keys).
@@ -79,23 +66,16 @@ impl Upstream {
         .await
     }
 
-    /// `node` as the redis crate knows it. CLUSTER SLOTS names a node that
-    /// doesn't know its own address (a lone primary that never met another
-    /// node) with an empty host, which means "where you asked": the seeds'
-    /// host.
+    /// `node` as the redis crate knows it: the primaries of [`SlotMap`]
+    /// have their host already, but `stockgate check` reads CLUSTER SLOTS
+    /// on its own, and a node there may name none (see
+    /// [`SlotMap::from_cluster_slots`]).
     fn routable(&self, node: &Node) -> Node {
         if !node.host.is_empty() {
             return node.clone();
         }
-        let host = redis::Client::open(self.config.urls[0].as_str())
-            .ok()
-            .and_then(|client| {
-                let addr = client.get_connection_info().addr().to_string();
-                addr.rsplit_once(':').map(|(host, _)| host.to_owned())
-            })
-            .unwrap_or_default();
         Node {
-            host,
+            host: self.seed_host(),
             port: node.port,
         }
     }
@@ -131,12 +111,7 @@ impl Upstream {
     pub(super) async fn refresh_topology(&self) -> Result<(), UpstreamError> {
         let mut slots = self.slots().await?;
         if let Some(pipelines) = &self.pipelines {
-            let ranges: Vec<(u16, u16, String)> = slots
-                .0
-                .iter()
-                .map(|(lo, hi, node, _)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
-                .collect();
-            pipelines.set_routes(&ranges);
+            pipelines.set_routes(&slots.routes());
         }
         *self.nodes.lock().unwrap_or_else(|e| e.into_inner()) = slots.nodes();
         if let Some(durability) = self.config.durability {
@@ -197,6 +172,55 @@ impl Upstream {
 struct SlotMap(Vec<(u16, u16, Node, Option<usize>)>);
 
 impl SlotMap {
+    /// The ranges of a CLUSTER SLOTS reply, each with its primary and how
+    /// many replicas follow it (each replica the cluster deems usable:
+    /// not failed, and synced at least once). A primary that doesn't know
+    /// its own address (a lone primary that never met another node) is
+    /// named with an empty host, and one behind an unknown endpoint
+    /// (`cluster-preferred-endpoint-type unknown-endpoint`) with a null:
+    /// both mean "where you asked", so such a primary is `asked`'s.
+    fn from_cluster_slots(ranges: &[Value], asked: &str) -> SlotMap {
+        let ranges = ranges
+            .iter()
+            .filter_map(|range| {
+                let Value::Array(items) = range else {
+                    return None;
+                };
+                let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(primary))) =
+                    (items.first(), items.get(1), items.get(2))
+                else {
+                    return None;
+                };
+                let host = match primary.first() {
+                    Some(Value::BulkString(host)) if !host.is_empty() => {
+                        String::from_utf8_lossy(host).into_owned()
+                    }
+                    Some(Value::BulkString(_) | Value::Nil) => asked.to_owned(),
+                    _ => return None,
+                };
+                let Some(Value::Int(port)) = primary.get(1) else {
+                    return None;
+                };
+                let node = Node {
+                    host,
+                    port: *port as u16,
+                };
+                let replicas = items.len().saturating_sub(3);
+                Some((*lo as u16, *hi as u16, node, Some(replicas)))
+            })
+            .collect();
+        SlotMap(ranges)
+    }
+
+    /// The node pipes' slot table: each range and its primary's
+    /// `host:port`.
+    fn routes(&self) -> Vec<(u16, u16, String)> {
+        self.0
+            .iter()
+            .map(|(lo, hi, node, _)| (*lo, *hi, format!("{}:{}", node.host, node.port)))
+            .collect()
+    }
+
     /// Each primary once, in the order CLUSTER SLOTS first names it.
     fn nodes(&self) -> Vec<Node> {
         let mut nodes: Vec<Node> = Vec::new();
@@ -220,5 +244,58 @@ async fn on_node(connection: &mut Connection, cmd: &Cmd, node: &Node) -> redis::
             c.route_command(cmd.clone(), route).await
         }
         Connection::Standalone(c) => cmd.query_async(c).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    /// A range of CLUSTER SLOTS: `first`, `last`, the primary, replicas.
+    fn range(first: i64, last: i64, primary: Value, replicas: usize) -> Value {
+        let node = |host: Value, port: i64| Value::Array(vec![host, Value::Int(port), bulk("id")]);
+        let mut items = vec![Value::Int(first), Value::Int(last), node(primary, 7000)];
+        items.extend((0..replicas).map(|r| node(bulk("replica.internal"), 7100 + r as i64)));
+        Value::Array(items)
+    }
+
+    #[test]
+    fn a_primary_without_a_host_is_routed_to_the_host_asked() {
+        // A single-primary cluster that never met another node.
+        let lone = SlotMap::from_cluster_slots(&[range(0, 16383, bulk(""), 0)], "127.0.0.1");
+        assert_eq!(lone.routes(), [(0, 16383, "127.0.0.1:7000".to_owned())]);
+        assert_eq!(
+            lone.nodes(),
+            [Node {
+                host: "127.0.0.1".into(),
+                port: 7000
+            }]
+        );
+        // An unknown endpoint (a null) means the same.
+        let unknown = SlotMap::from_cluster_slots(&[range(0, 16383, Value::Nil, 1)], "gate-0");
+        assert_eq!(unknown.routes(), [(0, 16383, "gate-0:7000".to_owned())]);
+        assert_eq!(unknown.0[0].3, Some(1));
+    }
+
+    #[test]
+    fn a_primary_naming_its_host_keeps_it() {
+        let map = SlotMap::from_cluster_slots(
+            &[
+                range(0, 8191, bulk("redis-a.internal"), 1),
+                range(8192, 16383, bulk("redis-b.internal"), 0),
+            ],
+            "127.0.0.1",
+        );
+        assert_eq!(
+            map.routes(),
+            [
+                (0, 8191, "redis-a.internal:7000".to_owned()),
+                (8192, 16383, "redis-b.internal:7000".to_owned())
+            ]
+        );
     }
 }

@@ -97,9 +97,10 @@ pub fn assert_runs(node: &RedisNode, kind: ServerKind) {
 /// ```
 ///
 /// The attribute (`#[test]`, `#[tokio::test(...)]`) goes on every test.
-/// A slow fault can't run four times within CI's budget; a tail says
-/// which cells are `#[ignore]`d and run on request (`cargo test --test
-/// faults -- --ignored`), see docs/testing.md for which and why:
+/// A slow test (a fault, a race) can't run four times within CI's budget;
+/// a tail says which cells are `#[ignore]`d and run on request (`cargo
+/// test --test <file> -- --ignored`), see docs/testing.md for which and
+/// why:
 /// - `, ci: debian`: Redis 7.0 and Valkey 8.0 in CI, the newer two on request;
 /// - `, ci: redis7`: Redis 7.0 in CI, the other three on request.
 macro_rules! matrix {
@@ -141,7 +142,7 @@ macro_rules! matrix {
     };
     (@cell [$($async:tt)*] [$($await:tt)*] #[$test:meta] $name:ident $cell:ident $kind:ident ignored) => {
         #[$test]
-        #[ignore = "a slow fault's cell outside CI's budget (docs/testing.md): cargo test --test faults -- --ignored"]
+        #[ignore = "a slow test's cell outside CI's budget (docs/testing.md): cargo test --test <its file> -- --ignored"]
         $($async)* fn $cell() {
             super::$name($crate::support::ServerKind::$kind) $($await)*
         }
