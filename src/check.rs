@@ -507,33 +507,7 @@ async fn slot_owners(upstream: &Upstream, mode: Mode) -> Result<Vec<(u16, u16, N
     if mode == Mode::Standalone {
         return Ok(Vec::new());
     }
-    let mut cmd = redis::cmd("CLUSTER");
-    cmd.arg("SLOTS");
-    let Value::Array(ranges) = upstream.query(&cmd).await.map_err(|e| e.detail)? else {
-        return Err("CLUSTER SLOTS answered an unexpected shape".into());
-    };
-    let mut owners = Vec::new();
-    for range in ranges {
-        let Value::Array(items) = range else { continue };
-        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(primary))) =
-            (items.first(), items.get(1), items.get(2))
-        else {
-            continue;
-        };
-        if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-            (primary.first(), primary.get(1))
-        {
-            owners.push((
-                *lo as u16,
-                *hi as u16,
-                Node {
-                    host: String::from_utf8_lossy(host).into_owned(),
-                    port: *port as u16,
-                },
-            ));
-        }
-    }
-    Ok(owners)
+    upstream.slot_owners().await.map_err(|e| e.detail)
 }
 
 /// Both key shapes hash to one slot, by stockgate's CRC16 and by Redis's.

@@ -228,7 +228,8 @@ impl KeyLayout {
 
     /// `<prefix>:{<sku>}:journal:sunk`: the last journal id a sink with
     /// `--wait-replicas` read of the SKU, a small write in its slot that
-    /// the sink's WAIT then confirms ([`crate::journal::stream::replicated`]).
+    /// the sink's WAIT then confirms ([`crate::journal::stream::replicated`]);
+    /// it expires a minute after its last write.
     pub fn journal_sunk_key(&self, sku: &Sku) -> Vec<u8> {
         [self.journal_key(sku).as_slice(), b":sunk"].concat()
     }

@@ -826,6 +826,20 @@ async fn replicated_entries_move_with_wait_replicas() {
     wait(|| (journals.pending() == 0).then_some(()));
     let db = pg.client().await;
     assert_eq!(books(&db).await, expected_books(&journals));
+    // The mark WAIT confirmed, per SKU, goes by itself once idle.
+    let layout = support::layout();
+    let mut conn = cluster.cluster_connection().unwrap();
+    for sku in skus("repl", 5) {
+        let sku = stockgate::params::Sku::parse(sku.into()).unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(layout.journal_sunk_key(&sku))
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            (1..=60_000).contains(&ttl),
+            "the sunk mark of {sku:?} expires within a minute: PTTL {ttl}"
+        );
+    }
 }
 
 /// End to end: changes made through stockgate with --journal (every kind

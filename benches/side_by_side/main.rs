@@ -110,6 +110,8 @@
 //! | `BENCH_FLASH_CONNECTIONS` | 200 | flash: connections, one request in flight each (`flash.rs`) |
 //! | `BENCH_FLASH_TAIL_SECONDS` | 20 | flash: how long the sold-out tail runs after the stock reaches 0 |
 //! | `BENCH_SINK_UNITS` | 50000 | sink: units sold in each sale (`sink.rs`) |
+//! | `BENCH_SINK_ARGS` | none | sink: extra `journal sink` flags, split at whitespace (`--batch 5000`) |
+//! | `BENCH_SINK_LOG` | unset | sink: set, the sinks' debug log on stderr |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
 mod flash;

@@ -209,6 +209,15 @@ fn start_sink(bin: &std::path::Path, seeds: &[String], database: &str, drain: bo
     if drain {
         cmd.arg("--drain");
     }
+    // Other sink flags to compare in one run (`--batch 5000`).
+    if let Ok(extra) = std::env::var("BENCH_SINK_ARGS") {
+        cmd.args(extra.split_whitespace());
+    }
+    if std::env::var_os("BENCH_SINK_LOG").is_some() {
+        cmd.env("STOCKGATE_LOG", "stockgate=debug");
+    } else {
+        cmd.stderr(Stdio::null());
+    }
     cmd.spawn().expect("start stockgate journal sink")
 }
 

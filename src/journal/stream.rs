@@ -109,6 +109,9 @@ pub async fn read(
     })
 }
 
+/// How long a SKU's `:journal:sunk` mark outlives its last write.
+const SUNK_MARK_TTL_MS: u64 = 60_000;
+
 /// Whether `durability.replicas` replicas have everything `sku`'s primary
 /// had when the sink read up to `last`: a small write in the SKU's slot
 /// (the last id read, under `<journal>:sunk`), then WAIT on the same
@@ -122,9 +125,13 @@ pub async fn replicated(
     durability: Durability,
 ) -> Result<bool, JournalFault> {
     let mut pipe = redis::pipe();
+    // Nothing reads the mark back: it only gives WAIT an offset to confirm.
+    // Its TTL lets an idle SKU's mark go; any write in the slot would do.
     pipe.cmd("SET")
         .arg(keys.journal_sunk_key(sku))
-        .arg(format!("{}-{}", last.0, last.1));
+        .arg(format!("{}-{}", last.0, last.1))
+        .arg("PX")
+        .arg(SUNK_MARK_TTL_MS);
     pipe.cmd("WAIT")
         .arg(durability.replicas)
         .arg(durability.timeout.as_millis() as u64);

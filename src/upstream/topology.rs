@@ -16,6 +16,18 @@ impl Upstream {
         Ok(self.slots().await?.nodes())
     }
 
+    /// Which primary serves which slots, as (first, last, primary) ranges:
+    /// for `stockgate check`, read as routing reads them.
+    pub async fn slot_owners(&self) -> Result<Vec<(u16, u16, Node)>, UpstreamError> {
+        Ok(self
+            .slots()
+            .await?
+            .0
+            .into_iter()
+            .map(|(first, last, primary, _)| (first, last, primary))
+            .collect())
+    }
+
     /// Which primary serves which slots: one CLUSTER SLOTS in cluster
     /// mode, no command in standalone mode (the one server serves all).
     async fn slots(&self) -> Result<SlotMap, UpstreamError> {
