@@ -264,7 +264,8 @@ impl Sink {
     async fn shard(&mut self, shard: usize, round: &mut Round) -> Result<(), JournalFault> {
         let set = self.keys.sweep_shards()[shard].journals.clone();
         let mut batch: Vec<SkuEntry> = Vec::new();
-        for name in stream::listed(&self.upstream, &set).await? {
+        let listed = stream::listed(&self.upstream, &set).await?;
+        for name in stream::holding(&self.upstream, &self.keys, listed).await? {
             match self.sku(&name, &mut batch, round).await {
                 Ok(()) => {}
                 // An entry nobody can read stops its own SKU only (its

@@ -35,6 +35,42 @@ pub async fn listed(upstream: &Upstream, set_key: &[u8]) -> Result<Vec<String>, 
     Ok(skus)
 }
 
+/// XLENs in flight at once in [`holding`].
+const PROBES_IN_FLIGHT: usize = 64;
+
+/// Which of `names` (a shard's listed SKUs) have entries: their journals'
+/// lengths, asked many at a time. Most journals of an idle shop are empty,
+/// and a sink that read each in turn would pay a round trip per listed SKU
+/// every round; the multiplexed connection carries these together.
+pub async fn holding(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    names: Vec<String>,
+) -> Result<Vec<String>, JournalFault> {
+    use futures_util::stream::{self, StreamExt, TryStreamExt};
+    let probed: Vec<(String, bool)> = stream::iter(names)
+        .map(|name| async move {
+            // A name that is no sku is kept: the sink's read of it reports
+            // it, and stops that SKU only.
+            let Ok(parsed) = sku(&name) else {
+                return Ok((name, true));
+            };
+            let mut cmd = redis::cmd("XLEN");
+            cmd.arg(keys.journal_key(&parsed));
+            match upstream.query(&cmd).await.map_err(JournalFault::redis)? {
+                Value::Int(length) => Ok((name, length > 0)),
+                other => Err(JournalFault::bad_reply(format!("XLEN answered {other:?}"))),
+            }
+        })
+        .buffered(PROBES_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(probed
+        .into_iter()
+        .filter_map(|(name, holds)| holds.then_some(name))
+        .collect())
+}
+
 /// Every SKU listed in any shard set.
 pub async fn all_listed(
     upstream: &Upstream,
