@@ -353,7 +353,7 @@ impl Books {
 /// format, event, request_id, order_no, stock_change, held_change,
 /// stock_after, held_after. None for an event this stockgate
 /// doesn't know (the table's CHECK allows none).
-fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
+pub fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
     Some(Entry {
         at: (
             row.get::<_, i64>(first) as u64,

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use stockgate::dev::LocalCluster;
-use stockgate::journal::{Entry, Event};
+use stockgate::journal::Entry;
 
 /// What the database holds after the drain.
 pub struct Database {
@@ -174,20 +174,8 @@ impl Books {
             .expect("read the journal table");
         let mut entries: HashMap<String, Vec<Entry>> = HashMap::new();
         for row in rows {
-            let event: &str = row.get(4);
-            let entry = Entry {
-                at: (row.get::<_, i64>(1) as u64, row.get::<_, i64>(2) as u64),
-                format: row.get::<_, i32>(3) as u32,
-                event: Event::parse(event)
-                    .unwrap_or_else(|| panic!("an event stockgate knows: {event}")),
-                id: row.get(5),
-                order_no: row.get(6),
-                stock_change: row.get(7),
-                held_change: row.get(8),
-                stock: row.get(9),
-                held: row.get(10),
-                time_ms: row.get::<_, i64>(1) as u64,
-            };
+            let entry = stockgate::journal::database::entry_of(&row, 1)
+                .unwrap_or_else(|| panic!("an event stockgate knows: {row:?}"));
             entries.entry(row.get(0)).or_default().push(entry);
         }
         let conflicts: i64 = client
