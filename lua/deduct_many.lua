@@ -232,8 +232,9 @@ for i = 1, n do
           reply = decr_failed
         else
           if journal_key then
-            journal(journal_key, 'deduct', string.sub(record_key, #record_prefix + 1),
-              '-' .. qty_arg, '0', stock, math.max(held, 0), order_no)
+            -- Written with no global (string, math): lua/common.lua, journal_entry.
+            journal(journal_key, 'deduct', record_key:sub(#record_prefix + 1),
+              '-' .. qty_arg, '0', stock, held > 0 and held or 0, order_no)
           end
           local text = record_text('D', qty_arg, nonce, '', order_no)
           redis.call('SET', record_key, text, 'PX', window_arg)

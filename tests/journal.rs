@@ -410,3 +410,129 @@ async fn check_tells_the_journals_backlog() {
         "{line}"
     );
 }
+
+/// lua/deduct.lua asks for the journal only where it would write to it:
+/// a DEDUCT that changes nothing answers its code without one, one that
+/// would deduct, or release an expired hold first, is refused with
+/// NOJOURNAL having changed nothing, and once the journal exists both
+/// changes are entries that add up.
+#[test]
+fn a_deduct_needs_a_journal_only_to_change_the_sku() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    let scripts = stockgate::script::Scripts::new();
+    let sku = "nojournal";
+    let stock = stock_key(sku);
+    let holds = [stock.as_slice(), b":holds"].concat();
+    let held_key = [stock.as_slice(), b":held"].concat();
+    // Each call a nonce of its own: a call that finds its own nonce is the
+    // same call sent again, and answers 0 as it did.
+    let nonces = std::cell::Cell::new(0u32);
+    let deduct = |id: &str, qty: &str, journal: &str, direct: &mut redis::Connection| {
+        nonces.set(nonces.get() + 1);
+        let nonce = format!("{:x}", nonces.get());
+        redis::cmd("EVAL")
+            .arg(&scripts.deduct.body)
+            .arg(4)
+            .arg(&stock)
+            .arg(record_key(sku, id))
+            .arg(&holds)
+            .arg(&held_key)
+            .arg(&[qty, "o-1", "86400000", "100", "error", &nonce, "0", journal])
+            .query::<Value>(direct)
+    };
+    let get = |key: &[u8], direct: &mut redis::Connection| -> Option<String> {
+        redis::cmd("GET").arg(key).query(direct).unwrap()
+    };
+    redis::cmd("SET")
+        .arg(&stock)
+        .arg(10)
+        .query::<()>(&mut direct)
+        .unwrap();
+
+    // A deduction with no journal: refused, nothing changed.
+    let refused = deduct("r1", "2", "1", &mut direct).unwrap_err();
+    assert_eq!(refused.code(), Some("NOJOURNAL"), "{refused:?}");
+    assert_eq!(get(&stock, &mut direct).as_deref(), Some("10"));
+    assert_eq!(get(&record_key(sku, "r1"), &mut direct), None);
+
+    // Calls that change nothing need no journal: a duplicate (its record
+    // written with the journal off) and insufficient stock.
+    assert_eq!(parse(deduct("r2", "3", "0", &mut direct).unwrap()).code, 0);
+    let duplicate = parse(deduct("r2", "3", "1", &mut direct).unwrap());
+    assert_eq!((duplicate.code, duplicate.remain), (1, 7));
+    assert_eq!(parse(deduct("r3", "50", "1", &mut direct).unwrap()).code, 2);
+
+    // A hold that ran out (its record and the SKU's hold keys as
+    // lua/hold.lua leaves them, expired a minute ago): the deduction would
+    // give its units back first, which journals too. Refused, nothing
+    // changed.
+    let hold_record = record_key(sku, "h1");
+    let now_ms = {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut direct).unwrap();
+        s * 1000 + us / 1000
+    };
+    let expired = format!("3:H:4:00aa:{}.{}:o-h", now_ms - 60_000, now_ms - 120_000);
+    redis::pipe()
+        .cmd("SET")
+        .arg(&hold_record)
+        .arg(&expired)
+        .cmd("ZADD")
+        .arg(&holds)
+        .arg(now_ms - 60_000)
+        .arg("h1")
+        .cmd("SET")
+        .arg(&held_key)
+        .arg(4)
+        .cmd("DECRBY")
+        .arg(&stock)
+        .arg(4)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let refused = deduct("r4", "1", "1", &mut direct).unwrap_err();
+    assert_eq!(refused.code(), Some("NOJOURNAL"), "{refused:?}");
+    assert_eq!(get(&stock, &mut direct).as_deref(), Some("3"));
+    assert_eq!(get(&hold_record, &mut direct), Some(expired));
+    assert_eq!(get(&held_key, &mut direct).as_deref(), Some("4"));
+    assert_eq!(get(&record_key(sku, "r4"), &mut direct), None);
+
+    // The journal opened as stockgate opens it: the release and the
+    // deduction are one entry each, in that order, and add up.
+    let journal = layout().journal_key(&Sku::parse(sku.to_owned().into()).unwrap());
+    redis::cmd("EVAL")
+        .arg(&scripts.journal_open.body)
+        .arg(1)
+        .arg(&journal)
+        .arg("make")
+        .query::<Value>(&mut direct)
+        .unwrap();
+    let deducted = parse(deduct("r4", "1", "1", &mut direct).unwrap());
+    assert_eq!((deducted.code, deducted.remain), (0, 6));
+    let raw: Value = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query(&mut direct)
+        .unwrap();
+    let entries = stockgate::journal::stream::entries(raw).unwrap();
+    let seen: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            (
+                e.event,
+                &*e.id,
+                e.stock_change,
+                e.held_change,
+                e.stock,
+                e.held,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Event::Expire, "h1", 4, -4, 7, 0),
+            (Event::Deduct, "r4", -1, 0, 6, 0),
+        ]
+    );
+}
