@@ -22,9 +22,12 @@
 //!   (PostgreSQL connection and migration check included): the sink's own
 //!   rate on a backlog, entries per second.
 //!
-//! Each figure is the median of the runs. Every run checks that the
-//! database holds exactly `BENCH_SINK_UNITS` `deduct` entries of the hot
-//! SKU, once each; anything else stops the run.
+//! Each row also gives Redis's CPU per request during its sale (`INFO
+//! cpu`, as the flash mode reads it): the journal's cost in Redis, beside
+//! script-cost's instruction counts. Each figure is the median of the
+//! runs. Every run checks that the database holds exactly
+//! `BENCH_SINK_UNITS` `deduct` entries of the hot SKU, once each; anything
+//! else stops the run.
 
 use crate::Fleet;
 use crate::Knobs;
@@ -52,6 +55,9 @@ fn runs() -> usize {
 struct Round {
     /// The sale's rate with the journal off, deductions per second.
     plain: f64,
+    /// Redis CPU per request of each sale (µs, `INFO cpu`): journal off,
+    /// on with the sink live, on with no sink.
+    cpu: [f64; 3],
     /// The sale's rate with the journal on and a sink running.
     live: f64,
     /// The most entries the hot SKU's journal held during the sale: those
@@ -112,6 +118,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             &format!("sp{round}"),
         );
         let plain_rate = sale.throughput();
+        let plain_cpu = sale.redis_cpu_us;
 
         db.reset();
         runtime.block_on(sql.clear());
@@ -140,7 +147,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
         let _ = sink.kill();
         let _ = sink.wait();
         runtime.block_on(sql.audit(&hot, units));
-        let live = (sale.throughput(), peak, catch_up);
+        let live = (sale.throughput(), peak, catch_up, sale.redis_cpu_us);
 
         db.reset();
         runtime.block_on(sql.clear());
@@ -162,6 +169,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
         runtime.block_on(sql.audit(&hot, units));
         let round = Round {
             plain: plain_rate,
+            cpu: [plain_cpu, live.3, sale.redis_cpu_us],
             live: live.0,
             backlog: live.1,
             catch_up: live.2,
@@ -169,13 +177,14 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             drain,
         };
         eprintln!(
-            "sink run {}: sale {:.0}/s off, {:.0}/s on (backlog at most {}, caught up {:.0?} after), drain {:.0} entries/s",
+            "sink run {}: sale {:.0}/s off, {:.0}/s on (backlog at most {}, caught up {:.0?} after), drain {:.0} entries/s; Redis CPU per request {:.2?} µs (off, live, no sink)",
             rounds.len(),
             round.plain,
             round.live,
             round.backlog,
             round.catch_up,
-            units as f64 / round.drain.as_secs_f64()
+            units as f64 / round.drain.as_secs_f64(),
+            round.cpu,
         );
         rounds.push(round);
         for p in [&mut plain, &mut journaled] {
@@ -349,15 +358,26 @@ fn table(units: u64, connections: usize, rounds: &[Round]) -> String {
         rounds.len()
     );
     out.push_str(
-        "| row | entries or deductions per second | × the sale, journal off |\n|---|---:|---:|\n",
+        "| row | entries or deductions per second | × the sale, journal off | Redis CPU per request (µs) | × |\n|---|---:|---:|---:|---:|\n",
     );
-    for (name, rate) in [
-        ("sale, journal off (the rate to keep up with)", plain),
-        ("sale, journal on, sink live", live),
-        ("sale, journal on, no sink", journaled),
-        ("sink --drain of the sale's journal", drain),
+    let cpus: Vec<f64> = (0..3).map(|i| med(&|r| r.cpu[i])).collect();
+    for (name, rate, cpu) in [
+        (
+            "sale, journal off (the rate to keep up with)",
+            plain,
+            Some(cpus[0]),
+        ),
+        ("sale, journal on, sink live", live, Some(cpus[1])),
+        ("sale, journal on, no sink", journaled, Some(cpus[2])),
+        ("sink --drain of the sale's journal", drain, None),
     ] {
-        out.push_str(&format!("| {name} | {rate:.0} | {:.2}× |\n", rate / plain));
+        let cpu = cpu.map_or(" | ".to_owned(), |c| {
+            format!("{c:.2} | {:.2}×", c / cpus[0])
+        });
+        out.push_str(&format!(
+            "| {name} | {rate:.0} | {:.2}× | {cpu} |\n",
+            rate / plain
+        ));
     }
     out.push_str(&format!(
         "\nWith the sink live, the hot SKU's journal held at most {backlog:.0} entries not yet moved (of {units}; sampled every 5 ms), and PostgreSQL held every entry {catch_up:.0} ms after the sale's audit.\n"
