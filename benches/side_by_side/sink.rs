@@ -21,6 +21,9 @@
 //!   `stockgate journal sink --drain` timed from its start to its exit
 //!   (PostgreSQL connection and migration check included): the sink's own
 //!   rate on a backlog, entries per second.
+//! - then the other shape of a backlog: `BENCH_SINK_SKUS` (20,000)
+//!   journals of one entry each (`stock import --journal true`), drained
+//!   the same way.
 //!
 //! Each row also gives Redis's CPU per request during its sale (`INFO
 //! cpu`, as the flash mode reads it): the journal's cost in Redis, beside
@@ -191,19 +194,15 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             p.proc.check_alive();
         }
     }
-    println!("{}", table(units, connections, &rounds));
+    let many = many_skus_drain(runtime, &knobs.stockgate_bin, &seeds, &database, &sql, &dir);
+    println!("{}", table(units, connections, &rounds, many));
     drop(pg);
 }
 
 /// `stockgate journal sink` against the standalone Redis, with its default
 /// batch and poll; `--drain` when `drain`.
 fn start_sink(bin: &std::path::Path, seeds: &[String], database: &str, drain: bool) -> Child {
-    let mut cmd = Command::new(bin);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("STOCKGATE_") {
-            cmd.env_remove(key);
-        }
-    }
+    let mut cmd = stockgate_cmd(bin);
     cmd.env("STOCKGATE_LOG", "warn")
         .args(["journal", "sink", "--database", database])
         .args([
@@ -228,6 +227,88 @@ fn start_sink(bin: &std::path::Path, seeds: &[String], database: &str, drain: bo
         cmd.stderr(Stdio::null());
     }
     cmd.spawn().expect("start stockgate journal sink")
+}
+
+/// The stockgate binary, with none of this process's `STOCKGATE_*`
+/// settings.
+fn stockgate_cmd(bin: &std::path::Path) -> Command {
+    let mut cmd = Command::new(bin);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("STOCKGATE_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// SKUs in the many-SKUs drain.
+fn many_skus() -> usize {
+    std::env::var("BENCH_SINK_SKUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// The other shape of a backlog: `many_skus()` journals of one entry each
+/// (a `set`, written by `stock import --journal true`), as a shop's many
+/// quiet SKUs leave them. `sink --drain`'s entries per second, each run
+/// audited (every SKU's entry in the database once, no conflict); the
+/// median of `runs()`.
+fn many_skus_drain(
+    runtime: &tokio::runtime::Runtime,
+    bin: &std::path::Path,
+    seeds: &[String],
+    database: &str,
+    sql: &Sql,
+    dir: &std::path::Path,
+) -> f64 {
+    let skus = many_skus();
+    let file = dir.join("sink-many.csv");
+    let mut csv = String::from("sku,qty\n");
+    for i in 0..skus {
+        csv.push_str(&format!("sink-many-{i},{}\n", 100 + i % 7));
+    }
+    std::fs::write(&file, csv).expect("write the import file");
+    let mut rates = Vec::new();
+    for run in 0..runs() {
+        runtime.block_on(sql.clear());
+        let status = stockgate_cmd(bin)
+            .env("STOCKGATE_LOG", "warn")
+            .args(["stock", "import", "--journal", "true", "--upstream"])
+            .arg(seeds.join(","))
+            .args(["--upstream-mode", "standalone"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run stock import");
+        assert!(status.success(), "stock import exited {status}");
+        let started = Instant::now();
+        let status = start_sink(bin, seeds, database, true)
+            .wait()
+            .expect("the draining sink runs");
+        let took = started.elapsed();
+        assert!(status.success(), "journal sink --drain exited {status}");
+        let row = runtime
+            .block_on(sql.0.query_one(
+                "SELECT count(*), count(DISTINCT sku), \
+                 (SELECT count(*) FROM stockgate_journal_conflicts) \
+                 FROM stockgate_journal WHERE sku LIKE 'sink-many-%' AND event = 'set'",
+                &[],
+            ))
+            .expect("audit the entries");
+        let (entries, distinct, conflicts): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(
+            (entries, distinct, conflicts),
+            (skus as i64, skus as i64, 0),
+            "the database holds each SKU's entry once (entries, skus, conflicts)"
+        );
+        let rate = skus as f64 / took.as_secs_f64();
+        eprintln!(
+            "sink many-skus run {run}: {skus} one-entry journals drained in {took:.2?}, {rate:.0} entries/s"
+        );
+        rates.push(rate);
+    }
+    median(rates)
 }
 
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -345,7 +426,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn table(units: u64, connections: usize, rounds: &[Round]) -> String {
+fn table(units: u64, connections: usize, rounds: &[Round], many: f64) -> String {
     let med = |f: &dyn Fn(&Round) -> f64| median(rounds.iter().map(f).collect());
     let plain = med(&|r| r.plain);
     let live = med(&|r| r.live);
@@ -370,6 +451,14 @@ fn table(units: u64, connections: usize, rounds: &[Round]) -> String {
         ("sale, journal on, sink live", live, Some(cpus[1])),
         ("sale, journal on, no sink", journaled, Some(cpus[2])),
         ("sink --drain of the sale's journal", drain, None),
+        (
+            &format!(
+                "sink --drain of {} SKUs' journals, one entry each",
+                many_skus()
+            ),
+            many,
+            None,
+        ),
     ] {
         let cpu = cpu.map_or(" | ".to_owned(), |c| {
             format!("{c:.2} | {:.2}×", c / cpus[0])

@@ -4,11 +4,12 @@
 //! # A round
 //!
 //! For each sweep shard this sink owns, it reads the shard's set of SKUs
-//! with a journal, and from each journal up to `--batch` entries (with
-//! `--wait-replicas`, only once that many replicas confirmed them). The
-//! entries of a shard gather into batches of at most `--batch`; each batch
-//! is one transaction ([`Books::commit`]), and only after its commit are
-//! the journals trimmed up to the last id moved.
+//! with a journal, which of them hold entries (their lengths, many at a
+//! time), and from each of those up to `--batch` entries, 64 SKUs at a
+//! time (with `--wait-replicas`, only once that many replicas confirmed
+//! them). The entries of a shard gather into batches of at most `--batch`;
+//! each batch is one transaction ([`Books::commit`]), and only after its
+//! commit are the journals trimmed up to the last id moved.
 //!
 //! # Exactly once, whatever is killed when
 //!
@@ -260,13 +261,30 @@ impl Sink {
         Ok(round)
     }
 
-    /// Moves what the journals of one shard hold.
+    /// Moves what the journals of one shard hold. Each SKU's first read
+    /// (and its replication check) goes out [`READS_IN_FLIGHT`] at a time,
+    /// ahead of the batches: most journals hold a few entries, and one
+    /// read each in turn would cost a round trip per SKU. What a SKU holds
+    /// past its first read (a hot SKU) is read in turn, batch by batch.
     async fn shard(&mut self, shard: usize, round: &mut Round) -> Result<(), JournalFault> {
+        use futures_util::stream::{self as futures_stream, StreamExt};
         let set = self.keys.sweep_shards()[shard].journals.clone();
         let mut batch: Vec<SkuEntry> = Vec::new();
         let listed = stream::listed(&self.upstream, &set).await?;
-        for name in stream::holding(&self.upstream, &self.keys, listed).await? {
-            match self.sku(&name, &mut batch, round).await {
+        let holding = stream::holding(&self.upstream, &self.keys, listed).await?;
+        let (upstream, keys) = (self.upstream.clone(), self.keys.clone());
+        let (count, durability) = (self.config.batch, self.config.durability);
+        let mut firsts = futures_stream::iter(holding)
+            .map(|name| {
+                let (upstream, keys) = (upstream.clone(), keys.clone());
+                async move {
+                    let first = first_read(&upstream, &keys, &name, count, durability).await;
+                    (name, first)
+                }
+            })
+            .buffered(READS_IN_FLIGHT);
+        while let Some((name, first)) = firsts.next().await {
+            match self.sku(&name, first, &mut batch, round).await {
                 Ok(()) => {}
                 // An entry nobody can read stops its own SKU only (its
                 // journal stays, untrimmed from there, for a human); the
@@ -281,31 +299,31 @@ impl Sink {
         self.flush(&mut batch, round).await
     }
 
-    /// Gathers one SKU's journal into `batch`, flushing each full batch.
+    /// Gathers one SKU's journal into `batch` from its first read, reading
+    /// on while a read comes back full, and flushing each full batch (a
+    /// SKU's entries may span two: each trims up to what it moved).
     async fn sku(
         &mut self,
         name: &str,
+        first: Result<FirstRead, JournalFault>,
         batch: &mut Vec<SkuEntry>,
         round: &mut Round,
     ) -> Result<(), JournalFault> {
-        let sku = stream::sku(name)?;
-        let mut after = None;
+        let FirstRead {
+            sku,
+            mut read,
+            mut replicated,
+        } = first?;
+        round.backlog += read.length;
         loop {
-            let room = self.config.batch - batch.len();
-            let read = stream::read(&self.upstream, &self.keys, &sku, after, room).await?;
-            if after.is_none() {
-                round.backlog += read.length;
-            }
-            let unreadable = read.unreadable;
+            let unreadable = read.unreadable.take();
             let Some(last) = read.entries.last().map(|e| e.at) else {
                 match unreadable {
                     Some(fault) => return Err(fault),
                     None => break,
                 }
             };
-            if let Some(durability) = self.config.durability
-                && !stream::replicated(&self.upstream, &self.keys, &sku, last, durability).await?
-            {
+            if !replicated {
                 // Not on enough replicas yet: a failover now could lose
                 // them. Left for a later round.
                 self.metrics.record_unreplicated();
@@ -313,23 +331,39 @@ impl Sink {
             }
             let first_ms = read.entries[0].at.0;
             round.oldest_ms = Some(round.oldest_ms.map_or(first_ms, |o| o.min(first_ms)));
-            let full = read.entries.len() >= room;
-            batch.extend(read.entries.into_iter().map(|entry| SkuEntry {
-                sku: name.to_owned(),
-                entry,
-            }));
-            after = Some(last);
+            let full = read.entries.len() >= self.config.batch;
+            for entry in read.entries {
+                batch.push(SkuEntry {
+                    sku: name.to_owned(),
+                    entry,
+                });
+                if batch.len() >= self.config.batch {
+                    self.flush(batch, round).await?;
+                }
+            }
             if let Some(fault) = unreadable {
                 // What came before it moves with the batch; its SKU
                 // stops at it.
                 return Err(fault);
             }
-            if batch.len() >= self.config.batch {
-                self.flush(batch, round).await?;
-            }
             if !full {
                 break;
             }
+            read = stream::read(
+                &self.upstream,
+                &self.keys,
+                &sku,
+                Some(last),
+                self.config.batch,
+            )
+            .await?;
+            replicated = match (self.config.durability, read.entries.last()) {
+                (Some(durability), Some(entry)) => {
+                    stream::replicated(&self.upstream, &self.keys, &sku, entry.at, durability)
+                        .await?
+                }
+                _ => true,
+            };
         }
         Ok(())
     }
@@ -354,8 +388,18 @@ impl Sink {
                 _ => last.push((item.sku.clone(), item.entry.at)),
             }
         }
-        for (name, at) in last {
-            stream::trim(&self.upstream, &self.keys, &stream::sku(&name)?, at).await?;
+        // The trims, READS_IN_FLIGHT at a time (a batch of one-entry
+        // journals is a trim per SKU).
+        {
+            use futures_util::stream::{self as futures_stream, StreamExt, TryStreamExt};
+            let (upstream, keys) = (&self.upstream, &self.keys);
+            futures_stream::iter(last)
+                .map(|(name, at)| async move {
+                    stream::trim(upstream, keys, &stream::sku(&name)?, at).await
+                })
+                .buffer_unordered(READS_IN_FLIGHT)
+                .try_collect::<()>()
+                .await?;
         }
         self.metrics
             .record_batch(committed.moved, started.elapsed());
@@ -376,6 +420,41 @@ impl Sink {
         batch.clear();
         Ok(())
     }
+}
+
+/// SKUs whose first read (and trim) are in flight at once.
+const READS_IN_FLIGHT: usize = 64;
+
+/// A SKU's first read in a round, and whether its entries are on enough
+/// replicas (always, without `--wait-replicas`).
+struct FirstRead {
+    sku: crate::params::Sku,
+    read: stream::Read,
+    replicated: bool,
+}
+
+/// Reads up to `count` entries of the journal of `name` from its start,
+/// then, with `durability`, asks whether they are on its replicas.
+async fn first_read(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    name: &str,
+    count: usize,
+    durability: Option<Durability>,
+) -> Result<FirstRead, JournalFault> {
+    let sku = stream::sku(name)?;
+    let read = stream::read(upstream, keys, &sku, None, count).await?;
+    let replicated = match (durability, read.entries.last()) {
+        (Some(durability), Some(entry)) => {
+            stream::replicated(upstream, keys, &sku, entry.at, durability).await?
+        }
+        _ => true,
+    };
+    Ok(FirstRead {
+        sku,
+        read,
+        replicated,
+    })
 }
 
 /// How old an entry of Redis time `ms` is by this host's clock (0 when
