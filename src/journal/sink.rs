@@ -349,21 +349,15 @@ impl Sink {
             if !full {
                 break;
             }
-            read = stream::read(
+            (read, replicated) = read_checked(
                 &self.upstream,
                 &self.keys,
                 &sku,
                 Some(last),
                 self.config.batch,
+                self.config.durability,
             )
             .await?;
-            replicated = match (self.config.durability, read.entries.last()) {
-                (Some(durability), Some(entry)) => {
-                    stream::replicated(&self.upstream, &self.keys, &sku, entry.at, durability)
-                        .await?
-                }
-                _ => true,
-            };
         }
         Ok(())
     }
@@ -433,8 +427,8 @@ struct FirstRead {
     replicated: bool,
 }
 
-/// Reads up to `count` entries of the journal of `name` from its start,
-/// then, with `durability`, asks whether they are on its replicas.
+/// The first read of the journal of `name` ([`read_checked`] from its
+/// start).
 async fn first_read(
     upstream: &Upstream,
     keys: &KeyLayout,
@@ -443,18 +437,33 @@ async fn first_read(
     durability: Option<Durability>,
 ) -> Result<FirstRead, JournalFault> {
     let sku = stream::sku(name)?;
-    let read = stream::read(upstream, keys, &sku, None, count).await?;
-    let replicated = match (durability, read.entries.last()) {
-        (Some(durability), Some(entry)) => {
-            stream::replicated(upstream, keys, &sku, entry.at, durability).await?
-        }
-        _ => true,
-    };
+    let (read, replicated) = read_checked(upstream, keys, &sku, None, count, durability).await?;
     Ok(FirstRead {
         sku,
         read,
         replicated,
     })
+}
+
+/// Reads up to `count` entries of `sku`'s journal after `after`, then,
+/// with `durability`, asks whether they are on its replicas (true
+/// without).
+async fn read_checked(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    sku: &crate::params::Sku,
+    after: Option<(u64, u64)>,
+    count: usize,
+    durability: Option<Durability>,
+) -> Result<(stream::Read, bool), JournalFault> {
+    let read = stream::read(upstream, keys, sku, after, count).await?;
+    let replicated = match (durability, read.entries.last()) {
+        (Some(durability), Some(entry)) => {
+            stream::replicated(upstream, keys, sku, entry.at, durability).await?
+        }
+        _ => true,
+    };
+    Ok((read, replicated))
 }
 
 /// How old an entry of Redis time `ms` is by this host's clock (0 when

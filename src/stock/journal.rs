@@ -5,8 +5,8 @@
 //! entry to the SKU's journal in the same call ([`crate::journal`] owns the
 //! entry's shape), and refuses with NOJOURNAL, having changed nothing, when
 //! the journal does not exist (DEDUCT, the hot path, only when it would
-//! change the SKU: see lua/deduct.lua). The sink finds journals through each sweep
-//! shard's set of the SKUs that have one, so a journal must be listed
+//! change the SKU: see lua/deduct.lua). The sink finds journals through
+//! each sweep shard's set of the SKUs that have one, so a journal must be listed
 //! before its stream exists: [`StockService::open_journal`] lists the SKU,
 //! then makes the stream, each a call of its own (the set lives in another
 //! slot), and the refused call goes again. A SKU pays this once, on its
