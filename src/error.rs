@@ -182,15 +182,21 @@ impl UpstreamError {
         }
     }
 
-    /// Classifies an error reply from Redis by its first word, `code`.
-    /// A script flagged `allow-cross-slot-keys` touched a key of a slot
-    /// its node does not serve (or is migrating away): refused at that
-    /// access, before the script wrote anything (`lua/order.lua` reads
-    /// such a key first), so the call can be made another way.
+    /// A script touched a key of a slot its node does not serve (or is
+    /// migrating away), and Redis refused it at that access. Flagged
+    /// `allow-cross-slot-keys` (`lua/order.lua`'s filing), it reads such a
+    /// key before it writes anything, so the call can be made another way.
+    /// Any other script touches its own slot only, and keys it does not
+    /// declare (the SKU's journal, the records of its expired holds): in a
+    /// slot that is migrating, one already moved is refused so, where a
+    /// declared one would have been ASK or TRYAGAIN. That means "the slot
+    /// is moving", and the call goes again as for TRYAGAIN
+    /// ([`non_local_key`]).
     pub fn is_non_local_key(&self) -> bool {
-        self.kind == FaultKind::BadReply && self.detail.contains("non local key")
+        self.kind == FaultKind::BadReply && non_local_key(&self.detail)
     }
 
+    /// Classifies an error reply from Redis by its first word, `code`.
     pub fn from_server_error(code: &str, detail: &str) -> Self {
         match code {
             "UNKNOWNSKU" => UpstreamError::new(FaultKind::UnknownSku, detail),
@@ -275,6 +281,14 @@ impl UpstreamError {
             ),
         }
     }
+}
+
+/// Whether an error reply's text is Redis refusing a script's access to a
+/// key of a slot its node does not serve at that moment
+/// ([`UpstreamError::is_non_local_key`]). Redis says "Script attempted to
+/// access a non local key", Valkey 9.1 "Attempted to access ...".
+pub fn non_local_key(text: &str) -> bool {
+    text.contains("non local key")
 }
 
 impl fmt::Display for UpstreamError {

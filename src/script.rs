@@ -90,6 +90,14 @@ impl LuaScript {
         }
     }
 
+    /// Whether the script may touch keys of other slots by design (its
+    /// shebang's `allow-cross-slot-keys`: `lua/order.lua`'s filing). For
+    /// any other script, a "non local key" refusal can only mean its own
+    /// slot is moving ([`crate::error::UpstreamError::is_non_local_key`]).
+    pub fn crosses_slots(&self) -> bool {
+        self.flags.contains(&"allow-cross-slot-keys")
+    }
+
     /// A script given whole, as Redis runs it: an older release's (the
     /// benchmark's and the upgrade tests' `tests/compat/`). Not in any
     /// library: call it with [`Calling::Eval`].

@@ -66,7 +66,8 @@ impl Upstream {
 
     /// Reads a node pipe's answer to a DEDUCT-shaped script call.
     pub fn verdict(&self, answer: Result<Answer, PipeError>) -> Verdict {
-        match self.answered(answer) {
+        // DEDUCT-shaped scripts touch their SKU's slot only.
+        match self.answered(answer, false) {
             None => Verdict::Fallback,
             Some(Err(fault)) => Verdict::Settled(Err(fault)),
             Some(Ok(answer)) => {
@@ -82,8 +83,13 @@ impl Upstream {
     /// script's answer reads alike: a reply that is not an error, an error
     /// or fault to report, or `None` when the call must go again through
     /// the redis crate (a redirect, a lost script, a lost connection, no
-    /// pipe at all).
-    fn answered(&self, answer: Result<Answer, PipeError>) -> Option<Result<Answer, UpstreamError>> {
+    /// pipe at all, or a script of one slot (not `crosses_slots`) refused
+    /// a key of its slot that is moving away).
+    fn answered(
+        &self,
+        answer: Result<Answer, PipeError>,
+        crosses_slots: bool,
+    ) -> Option<Result<Answer, UpstreamError>> {
         match answer {
             Ok(answer) => match crate::answer::shape(&answer.frame) {
                 Shape::Error(text) => {
@@ -93,6 +99,11 @@ impl Upstream {
                     // nothing, and the slow path opens it and goes again
                     // (`StockService::resend`).
                     if code == "NOJOURNAL" {
+                        return None;
+                    }
+                    // Its slot is moving: the slow path asks again, as for
+                    // TRYAGAIN, until the move ends or the deadline passes.
+                    if !crosses_slots && crate::error::non_local_key(detail) {
                         return None;
                     }
                     if crate::script::is_function_lost(code, detail) {
@@ -162,7 +173,7 @@ impl Upstream {
     ) -> Result<Value, UpstreamError> {
         let deadline = deadline.min(tokio::time::Instant::now() + self.config.timeout);
         let answer = self.piped(script, keys, args, deadline).await;
-        let answer = match self.answered(answer) {
+        let answer = match self.answered(answer, script.crosses_slots()) {
             None => return self.eval_by(script, keys, args, deadline).await,
             Some(answer) => answer?,
         };
@@ -321,7 +332,7 @@ impl Upstream {
                     };
                     match result {
                         Ok(value) => Ok(Ok(value)),
-                        Err(err) if slot_moving(&err) => Ok(Err(err)),
+                        Err(err) if slot_moving(script, &err) => Ok(Err(err)),
                         Err(err) => Err(err),
                     }
                 })
@@ -421,9 +432,14 @@ impl Upstream {
                 "the script and WAIT pipeline answered too few replies",
             ));
         };
-        let reply = reply
-            .extract_error()
-            .map_err(|e| UpstreamError::from_redis(&e))?;
+        let reply = reply.extract_error().map_err(|e| {
+            if slot_moving(script, &e) {
+                // As a TRYAGAIN here: the caller may retry once it moved.
+                UpstreamError::new(FaultKind::ClusterDown, format!("a slot is moving: {e}"))
+            } else {
+                UpstreamError::from_redis(&e)
+            }
+        })?;
         if let Value::Array(items) = &reply
             && let Some(Value::Int(code)) = items.first()
         {
@@ -458,15 +474,17 @@ impl Upstream {
 /// Between the fallback's attempts while a slot moves.
 const SLOT_MOVE_PAUSE: Duration = Duration::from_millis(20);
 
-/// Whether the redis crate gave up on a call only because a slot is moving
-/// (its redirects or TRYAGAINs outnumbered its retries).
-fn slot_moving(err: &RedisError) -> bool {
+/// Whether a call of `script` failed only because a slot is moving: the
+/// redis crate gave up (its redirects or TRYAGAINs outnumbered its
+/// retries), or the script, of one slot, was refused a key of it that had
+/// moved away already ([`UpstreamError::is_non_local_key`]).
+fn slot_moving(script: &LuaScript, err: &RedisError) -> bool {
     matches!(
         err.kind(),
         ErrorKind::Server(
             ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
         )
-    )
+    ) || (!script.crosses_slots() && crate::error::non_local_key(&err.to_string()))
 }
 
 /// How a write came to lack its replicas.

@@ -407,3 +407,111 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
     );
     server.stop_now();
 }
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_confirm_meeting_its_moved_journal_waits_for_the_move }
+/// A slot in migration whose SKU's journal moved first. A CONFIRM finds the
+/// four keys it declares (stock, record, holds, held) still on the source,
+/// so Redis lets it run, and refuses its access to the journal, a key it
+/// does not declare, as "non local key". That only means the slot is
+/// moving: stockgate asks again, as for TRYAGAIN, and the CONFIRM is
+/// answered by the target once the move ends. It used to come back as
+/// `-BADREPLY` (the slot migrating mid-order met it on Redis 8.2).
+async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind) {
+    let _serial = SERIAL.lock().await;
+    let name = format!("journalmove-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
+    let (source, target) = (0, 1);
+    let sku = skus_on_every_primary(&cluster, &name, 1)
+        .into_iter()
+        .find(|s| owner(&cluster, sku_slot(s)) == source)
+        .expect("a sku on the source");
+    let slot = sku_slot(&sku);
+    let mut direct = cluster.cluster_connection().expect("cluster connection");
+    redis::cmd("SET")
+        .arg(crate::support::stock_key(&sku))
+        .arg(100)
+        .query::<()>(&mut direct)
+        .expect("seed the stock");
+    let server = stockgate(cluster.seeds(), Duration::from_secs(10)).await;
+    let mut client = crate::support::client(&server, false).await;
+    let held = crate::support::hold(&mut client, &sku, "3", "h1", "600000", None)
+        .await
+        .expect("HOLD");
+    assert_eq!(crate::support::parse_hold(held).code, 0, "held");
+
+    // The slot starts moving, the journal first.
+    let (src_node, dst_node) = (&cluster.nodes[source], &cluster.nodes[target]);
+    let mut src = src_node.connection().expect("source");
+    let mut dst = dst_node.connection().expect("target");
+    for (conn, state, peer) in [
+        (&mut dst, "IMPORTING", node_id(src_node)),
+        (&mut src, "MIGRATING", node_id(dst_node)),
+    ] {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(peer)
+            .query::<()>(conn)
+            .expect("SETSLOT");
+    }
+    let journal = crate::support::layout()
+        .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(dst_node.port)
+        .arg(&journal)
+        .arg(0)
+        .arg(5000)
+        .query::<()>(&mut src)
+        .expect("MIGRATE the journal");
+
+    let refused_before = error_stat(src_node, "ERR");
+    let confirming = {
+        let (mut client, sku) = (client.clone(), sku.clone());
+        tokio::spawn(async move { crate::support::confirm(&mut client, &sku, "h1").await })
+    };
+    // Until the source has refused the CONFIRM's script at least once.
+    let waited = Instant::now();
+    while error_stat(src_node, "ERR") == refused_before {
+        assert!(
+            waited.elapsed() < Duration::from_secs(8) && !confirming.is_finished(),
+            "the CONFIRM's script was never refused its moved journal"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The rest of the slot moves, and the move ends.
+    migrate_slot(
+        &cluster,
+        slot,
+        source,
+        target,
+        100,
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    let confirmed = confirming
+        .await
+        .expect("the CONFIRM's task")
+        .expect("CONFIRM answered, not a fault");
+    assert_eq!(crate::support::parse_hold(confirmed).code, 0, "confirmed");
+    assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
+    // The books: the target's journal ends with the confirm.
+    let raw: redis::Value = redis::cmd("XREVRANGE")
+        .arg(&journal)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query(&mut dst)
+        .expect("XREVRANGE on the target");
+    let last = stockgate::journal::stream::entries(raw).expect("entries");
+    assert_eq!(
+        last.iter()
+            .map(|e| (e.event, e.id.as_str()))
+            .collect::<Vec<_>>(),
+        [(stockgate::journal::Event::Confirm, "h1")],
+        "{sku}: the journal's last entry"
+    );
+    server.stop_now();
+}
