@@ -339,6 +339,36 @@ pub fn seed(cluster: &LocalCluster, skus: &[String], stock: i64) {
 /// meet it), then SETSLOT NODE on both and on every other primary.
 /// The slot stays in migration at least `hold`. Returns how long the slot
 /// was in migration and how many keys moved.
+/// Puts `slot` in migration from node `from` to node `to` (IMPORTING on the
+/// target first, then MIGRATING on the source), moving no key yet; their
+/// connections, source first. [`migrate_slot`] goes on from here, and may
+/// be called after it.
+pub fn begin_migration(
+    cluster: &LocalCluster,
+    slot: u16,
+    from: usize,
+    to: usize,
+) -> (redis::Connection, redis::Connection) {
+    let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let mut src = source.connection().expect("source");
+    let mut dst = target.connection().expect("target");
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(node_id(source))
+        .query::<()>(&mut dst)
+        .expect("SETSLOT IMPORTING");
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(node_id(target))
+        .query::<()>(&mut src)
+        .expect("SETSLOT MIGRATING");
+    (src, dst)
+}
+
 pub fn migrate_slot(
     cluster: &LocalCluster,
     slot: u16,
@@ -348,25 +378,10 @@ pub fn migrate_slot(
     pace: Duration,
     hold: Duration,
 ) -> (Duration, usize) {
-    let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    let mut src = source.connection().expect("source");
-    let mut dst = target.connection().expect("target");
+    let target = &cluster.nodes[to];
+    let target_id = node_id(target);
     let started = Instant::now();
-    redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("IMPORTING")
-        .arg(&source_id)
-        .query::<()>(&mut dst)
-        .expect("SETSLOT IMPORTING");
-    redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("MIGRATING")
-        .arg(&target_id)
-        .query::<()>(&mut src)
-        .expect("SETSLOT MIGRATING");
+    let (mut src, mut dst) = begin_migration(cluster, slot, from, to);
     let mut moved = 0;
     loop {
         let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")

@@ -441,20 +441,7 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
 
     // The slot starts moving, the journal first.
     let (src_node, dst_node) = (&cluster.nodes[source], &cluster.nodes[target]);
-    let mut src = src_node.connection().expect("source");
-    let mut dst = dst_node.connection().expect("target");
-    for (conn, state, peer) in [
-        (&mut dst, "IMPORTING", node_id(src_node)),
-        (&mut src, "MIGRATING", node_id(dst_node)),
-    ] {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(peer)
-            .query::<()>(conn)
-            .expect("SETSLOT");
-    }
+    let (mut src, mut dst) = begin_migration(&cluster, slot, source, target);
     let journal = crate::support::layout()
         .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
     redis::cmd("MIGRATE")
