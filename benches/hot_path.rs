@@ -17,13 +17,24 @@ use stockgate::frame::RequestDecoder;
 use stockgate::keys::{self, KeyLayout};
 use stockgate::outcome::{Code, SCRIPT_VERSION, StockReply};
 use stockgate::reply::{Protocol, Reply};
-use stockgate::stock::deduct::Deduct;
+use stockgate::stock::{Limits, OneRequest, StockCommand};
 use tokio_util::codec::Decoder;
 
 /// The decoder's bound, as stockgate's default `--max-request-bytes`.
 const MAX_REQUEST: usize = 64 * 1024;
-/// The default `--max-qty`.
-const MAX_QTY: u64 = 1_000_000;
+/// The default `--max-qty` and `--max-hold`.
+const LIMITS: Limits = Limits {
+    max_qty: 1_000_000,
+    max_hold_ms: 24 * 3600 * 1000,
+};
+
+/// A DEDUCT's arguments (after its name) checked, as the service checks
+/// them.
+fn check(args: &[Bytes]) -> OneRequest {
+    let command = StockCommand::Deduct;
+    let single = command.single().expect("DEDUCT is a call on one request");
+    OneRequest::parse(command, single, args, &LIMITS).expect("the sample DEDUCT is valid")
+}
 
 /// One DEDUCT as a client library sends it, with realistic field sizes.
 const REQUEST: &[u8] = b"*5\r\n$6\r\nDEDUCT\r\n$12\r\nSKU-10086-XL\r\n$1\r\n1\r\n\
@@ -84,14 +95,14 @@ fn decode(c: &mut Criterion) {
 
 fn validate(c: &mut Criterion) {
     let args = args();
-    c.bench_function("validate/Deduct::parse", |b| {
-        b.iter(|| black_box(Deduct::parse(black_box(&args), MAX_QTY).unwrap()))
+    c.bench_function("validate/OneRequest::parse", |b| {
+        b.iter(|| black_box(check(black_box(&args))))
     });
 }
 
 fn keys_and_slot(c: &mut Criterion) {
     let layout = KeyLayout::new("stock").unwrap();
-    let deduct = Deduct::parse(&args(), MAX_QTY).unwrap();
+    let deduct = check(&args());
     c.bench_function("keys/request_keys + slot", |b| {
         b.iter(|| {
             let keys = layout.request_keys(black_box(&deduct.sku), black_box(&deduct.request_id));
@@ -128,7 +139,7 @@ fn whole_path(c: &mut Criterion) {
             || BytesMut::from(REQUEST),
             |buf| {
                 let request = decoder.decode(buf).unwrap().unwrap();
-                let deduct = Deduct::parse(&request.args[1..], MAX_QTY).unwrap();
+                let deduct = check(&request.args[1..]);
                 let keys = layout.request_keys(&deduct.sku, &deduct.request_id);
                 black_box(keys::slot(&keys.stock));
                 black_box(&keys);

@@ -21,24 +21,12 @@ use crate::frame::Request;
 use crate::reply::Reply;
 use crate::session::{basics, client, hello, info, introspection};
 use crate::state::Shared;
-use crate::stock::{self, StockCommand};
+use crate::stock::StockCommand;
 use bytes::Bytes;
 
-/// Every command stockgate serves, in the order `COMMAND` lists them.
-pub static COMMANDS: &[CommandSpec] = &[
-    spec::stock(&stock::deduct::DOC, StockCommand::Deduct),
-    spec::stock(&stock::revert::DOC, StockCommand::Revert),
-    spec::stock(&stock::hold::DOC, StockCommand::Hold),
-    spec::stock(&stock::confirm::DOC, StockCommand::Confirm),
-    spec::stock(&stock::order::deduct::DOC, StockCommand::Order),
-    spec::stock(&stock::order::hold::DOC, StockCommand::OrderHold),
-    spec::stock(&stock::order::confirm::DOC, StockCommand::OrderConfirm),
-    spec::stock(&stock::order::revert::DOC, StockCommand::OrderRevert),
-    spec::stock(&stock::order::status::DOC, StockCommand::OrderStatus),
-    spec::stock(&stock::admin::GET, StockCommand::Get),
-    spec::stock(&stock::admin::SET, StockCommand::Set),
-    spec::stock(&stock::admin::ADD, StockCommand::Add),
-    spec::stock(&stock::status::DOC, StockCommand::Status),
+/// The connection-level commands, each described in its own file under
+/// [`crate::session`].
+const SESSION: &[CommandSpec] = &[
     basics::PING,
     basics::ECHO,
     hello::HELLO,
@@ -50,6 +38,27 @@ pub static COMMANDS: &[CommandSpec] = &[
     info::INFO,
     introspection::COMMAND,
 ];
+
+/// How many commands stockgate serves.
+const SERVED: usize = StockCommand::ALL.len() + SESSION.len();
+
+/// Every command stockgate serves, in the order `COMMAND` lists them: the
+/// stock commands in their list's order, each as its own file describes
+/// it, then the connection-level ones.
+pub static COMMANDS: [CommandSpec; SERVED] = {
+    let mut table = [basics::PING; SERVED];
+    let mut i = 0;
+    while i < StockCommand::ALL.len() {
+        table[i] = spec::stock(StockCommand::ALL[i]);
+        i += 1;
+    }
+    let mut j = 0;
+    while j < SESSION.len() {
+        table[i + j] = SESSION[j];
+        j += 1;
+    }
+    table
+};
 
 /// What an unauthenticated client may do: Redis's `no-auth` commands.
 /// PING is not one of them (Redis answers it NOAUTH too).
@@ -70,7 +79,7 @@ pub enum Action {
 /// Decides what one request does. Connection-level commands run here, on
 /// the spot; stock commands are handed back to run against Redis.
 pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Action {
-    let spec = match resolve(COMMANDS, &request.args) {
+    let spec = match resolve(&COMMANDS, &request.args) {
         Ok(spec) => spec,
         Err(reply) => return Action::Reply(reply),
     };
@@ -93,7 +102,7 @@ pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Acti
             args: &request.args[named..],
             session,
             shared,
-            table: COMMANDS,
+            table: &COMMANDS,
         })),
         Serve::Quit => Action::Close(Reply::Simple("OK")),
     }

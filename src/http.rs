@@ -41,8 +41,8 @@ use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
 use crate::stock::StockCommand;
-use crate::stock::order::OrderCommand;
 use crate::stock::order::OrderReply;
+use crate::stock::order::{order_call, order_state};
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::rejection::PathRejection;
@@ -326,7 +326,7 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
 }
 
 /// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
-/// same [`StockService::order_call`](crate::stock::StockService::order_call)
+/// same [`order_call`]
 /// as RESP. The lines become the RESP arguments, in the order given.
 async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
@@ -343,11 +343,11 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         Some(ttl) => match integer_text(ttl, "ttl_ms") {
             Ok(ttl) => {
                 args.push(ttl);
-                OrderCommand::Hold
+                StockCommand::OrderHold
             }
             Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
         },
-        None => OrderCommand::Order,
+        None => StockCommand::Order,
     };
     for line in body.lines {
         match integer_text(&line.qty, "qty") {
@@ -356,8 +356,8 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         }
     }
     respond_order(
-        command.command(),
-        shared.service.order_call(command, &args, arrived).await,
+        command,
+        order_call(&shared.service, command, &args, arrived).await,
     )
 }
 
@@ -367,7 +367,7 @@ async fn order_confirm(
     id: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
-    order_by_id(&shared, id, request, OrderCommand::Confirm).await
+    order_by_id(&shared, id, request, StockCommand::OrderConfirm).await
 }
 
 /// `POST /v1/orders/{request_id}/revert`: ORDER.REVERT.
@@ -376,7 +376,7 @@ async fn order_revert(
     id: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
-    order_by_id(&shared, id, request, OrderCommand::Revert).await
+    order_by_id(&shared, id, request, StockCommand::OrderRevert).await
 }
 
 /// ORDER.CONFIRM or ORDER.REVERT of the (percent-decoded) request_id in
@@ -385,7 +385,7 @@ async fn order_by_id(
     shared: &Shared,
     id: Result<Path<String>, PathRejection>,
     request: Request,
-    command: OrderCommand,
+    command: StockCommand,
 ) -> Response {
     let arrived = Instant::now();
     if let Some(refused) = authorize(shared, &request) {
@@ -402,11 +402,8 @@ async fn order_by_id(
         }
     };
     respond_order(
-        command.command(),
-        shared
-            .service
-            .order_call(command, &[Bytes::from(id)], arrived)
-            .await,
+        command,
+        order_call(&shared.service, command, &[Bytes::from(id)], arrived).await,
     )
 }
 
@@ -429,7 +426,7 @@ async fn order_status(
             );
         }
     };
-    let state = match shared.service.order_state(&Bytes::from(id)).await {
+    let state = match order_state(&shared.service, &Bytes::from(id)).await {
         Ok(Ok(state)) => state,
         Ok(Err(invalid)) => return error(StatusCode::BAD_REQUEST, &invalid.0, None),
         Err(fault) => return fault_response(&fault),
@@ -515,7 +512,7 @@ async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, 
 pub fn status_for(command: StockCommand, code: Code) -> StatusCode {
     match code {
         Code::Ok | Code::Duplicate => StatusCode::OK,
-        Code::Revoked | Code::Expired if command.about().gives_back => StatusCode::OK,
+        Code::Revoked | Code::Expired if command.describe().gives_back => StatusCode::OK,
         Code::Revoked | Code::Expired => StatusCode::CONFLICT,
         Code::Insufficient => StatusCode::CONFLICT,
         Code::Invalid => StatusCode::BAD_REQUEST,

@@ -241,7 +241,11 @@ async fn connect(
     redis: stockgate::config::RedisArgs,
 ) -> Result<(std::sync::Arc<Upstream>, stockgate::keys::KeyLayout), String> {
     let (config, keys) = redis.validate(upstream)?;
-    let upstream = Upstream::new(config, vec![], std::sync::Arc::new(Metrics::new()));
+    let upstream = Upstream::new(
+        config,
+        vec![],
+        std::sync::Arc::new(Metrics::new::<stockgate::stock::StockCommand>()),
+    );
     upstream.connect_once().await?;
     Ok((upstream, keys))
 }
@@ -313,7 +317,11 @@ async fn check(args: CheckArgs) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let upstream = Upstream::new(config, vec![], std::sync::Arc::new(Metrics::new()));
+    let upstream = Upstream::new(
+        config,
+        vec![],
+        std::sync::Arc::new(Metrics::new::<stockgate::stock::StockCommand>()),
+    );
     let findings = stockgate::check::run(&upstream, &keys, timeout).await;
     let count = |v| findings.iter().filter(|f| f.verdict == v).count();
     let (warns, fails) = (

@@ -8,7 +8,6 @@
 //! series is registered up front: counters show 0 from the first scrape,
 //! and recording a request touches a pre-resolved handle, not a registry.
 
-use crate::doc::StockCommand;
 use crate::error::FaultKind;
 use crate::outcome::{Code, HoldEvent};
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
@@ -56,13 +55,29 @@ const HELD_BUCKETS: [f64; 12] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 86_400.0,
 ];
 
-/// Whether `command` has a series for `result`: a metered command (see
-/// [`crate::doc::About`]) for each code it can answer, and for faults.
-fn has_series(command: StockCommand, result: ResultLabel) -> bool {
-    let about = command.about();
-    about.metered()
+/// A command whose requests are counted: the stock commands, each
+/// described in its own file ([`crate::stock::StockCommand`]). The
+/// metrics read from it the `command` label and the codes it can answer:
+/// a series for each and no other, since a series for a code it never
+/// gives would be a permanent 0 that a dashboard or an alert could only
+/// misread.
+pub trait Metered: Copy + 'static {
+    /// Every such command; [`Metered::index`] is its place here.
+    const ALL: &'static [Self];
+    fn index(self) -> usize;
+    /// Its `command` label.
+    fn label(self) -> &'static str;
+    /// The business codes it can answer; none for a command that gets no
+    /// request metrics (it is not a call on request ids).
+    fn answers(self) -> &'static [Code];
+}
+
+/// Whether a command that answers `answers` has a series for `result`: a
+/// metered command for each code it can answer, and for faults.
+fn has_series(answers: &[Code], result: ResultLabel) -> bool {
+    !answers.is_empty()
         && match result {
-            ResultLabel::Code(code) => about.answers.contains(&code),
+            ResultLabel::Code(code) => answers.contains(&code),
             ResultLabel::Error => true,
         }
 }
@@ -119,6 +134,8 @@ pub struct Activity {
 /// Every series stockgate exports, resolved once.
 pub struct Metrics {
     handle: PrometheusHandle,
+    /// The metered commands' labels and codes, by [`Metered::index`].
+    commands: Vec<(&'static str, &'static [Code])>,
     requests: Vec<[RequestSeries; ResultLabel::COUNT]>,
     upstream_errors: Vec<(Counter, AtomicU64)>,
     /// Time Redis took per script call, by command (the part of a
@@ -152,7 +169,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The metrics of a stockgate serving the commands `C` lists.
+    pub fn new<C: Metered>() -> Metrics {
+        let commands: Vec<(&'static str, &'static [Code])> = C::ALL
+            .iter()
+            .map(|&command| (command.label(), command.answers()))
+            .collect();
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &DURATION_BUCKETS)
             .and_then(|b| {
@@ -192,11 +214,11 @@ impl Metrics {
             "1 when Redis is reachable and the scripts are loaded on every primary, else 0.".into(),
         );
         let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-        let requests = StockCommand::ALL
+        let requests = commands
             .iter()
-            .map(|&command| {
+            .map(|&(name, answers)| {
                 let series = ResultLabel::all().map(|result| {
-                    if !has_series(command, result) {
+                    if !has_series(answers, result) {
                         // Kept in the table so indexing stays by code, but
                         // never registered, so never exported.
                         return RequestSeries {
@@ -206,7 +228,7 @@ impl Metrics {
                         };
                     }
                     let labels = vec![
-                        Label::new("command", command.name()),
+                        Label::new("command", name),
                         Label::new("result", result.as_str()),
                     ];
                     let total = recorder
@@ -239,18 +261,15 @@ impl Metrics {
                 (counter, AtomicU64::new(0))
             })
             .collect();
-        let upstream_durations = StockCommand::ALL
+        let upstream_durations = commands
             .iter()
-            .map(|&command| {
-                if !command.about().metered() {
+            .map(|&(name, answers)| {
+                if answers.is_empty() {
                     // Kept so indexing stays by command; never exported.
                     return Histogram::noop();
                 }
                 recorder.register_histogram(
-                    &Key::from_parts(
-                        UPSTREAM_DURATION,
-                        vec![Label::new("command", command.name())],
-                    ),
+                    &Key::from_parts(UPSTREAM_DURATION, vec![Label::new("command", name)]),
                     &meta,
                 )
             })
@@ -379,6 +398,7 @@ impl Metrics {
         journals_opened.increment(0);
         Metrics {
             handle: recorder.handle(),
+            commands,
             journals_opened,
             coalesced_calls,
             coalesced_deducts,
@@ -399,8 +419,8 @@ impl Metrics {
     }
 
     /// Counts one answered request and its latency.
-    pub fn record_request(&self, command: StockCommand, result: ResultLabel, elapsed: Duration) {
-        let series = &self.requests[command as usize][result.index()];
+    pub fn record_request(&self, command: impl Metered, result: ResultLabel, elapsed: Duration) {
+        let series = &self.requests[command.index()][result.index()];
         series.total.increment(1);
         series.count.fetch_add(1, Ordering::Relaxed);
         series.duration.record(elapsed.as_secs_f64());
@@ -470,18 +490,15 @@ impl Metrics {
 
     /// Requests answered so far, as `(command, result, count)`.
     pub fn request_totals(&self) -> Vec<(&'static str, &'static str, u64)> {
-        StockCommand::ALL
+        self.commands
             .iter()
-            .flat_map(|&command| {
+            .zip(&self.requests)
+            .flat_map(|(&(name, answers), series)| {
                 ResultLabel::all()
-                    .filter(move |result| has_series(command, *result))
+                    .filter(move |result| has_series(answers, *result))
                     .map(move |result| {
-                        let series = &self.requests[command as usize][result.index()];
-                        (
-                            command.name(),
-                            result.as_str(),
-                            series.count.load(Ordering::Relaxed),
-                        )
+                        let series = &series[result.index()];
+                        (name, result.as_str(), series.count.load(Ordering::Relaxed))
                     })
             })
             .collect()
@@ -519,8 +536,8 @@ impl Metrics {
     }
 
     /// Records how long Redis took for one script call.
-    pub fn record_upstream(&self, command: StockCommand, elapsed: Duration) {
-        self.upstream_durations[command as usize].record(elapsed.as_secs_f64());
+    pub fn record_upstream(&self, command: impl Metered, elapsed: Duration) {
+        self.upstream_durations[command.index()].record(elapsed.as_secs_f64());
     }
 
     /// Records readiness; `changed` says it flipped since the last check.
@@ -731,19 +748,48 @@ impl Default for JournalMetrics {
     }
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Two commands as the stock service describes DEDUCT and REVERT.
+    #[derive(Debug, Clone, Copy)]
+    enum StockCommand {
+        Deduct,
+        Revert,
+    }
+
+    impl Metered for StockCommand {
+        const ALL: &'static [StockCommand] = &[StockCommand::Deduct, StockCommand::Revert];
+
+        fn index(self) -> usize {
+            self as usize
+        }
+
+        fn label(self) -> &'static str {
+            match self {
+                StockCommand::Deduct => "deduct",
+                StockCommand::Revert => "revert",
+            }
+        }
+
+        fn answers(self) -> &'static [Code] {
+            match self {
+                StockCommand::Deduct => &[
+                    Code::Ok,
+                    Code::Duplicate,
+                    Code::Insufficient,
+                    Code::Invalid,
+                    Code::Revoked,
+                ],
+                StockCommand::Revert => &[Code::Ok, Code::Duplicate, Code::Invalid, Code::Revoked],
+            }
+        }
+    }
+
     #[test]
     fn every_series_exists_from_the_start() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::new::<StockCommand>();
         let text = metrics.render();
         for command in ["deduct", "revert"] {
             for result in [
@@ -772,7 +818,7 @@ mod tests {
 
     #[test]
     fn activity_counts_answers_and_the_faults_a_retry_may_get_past() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::new::<StockCommand>();
         assert_eq!(metrics.activity(), Activity::default());
         let elapsed = Duration::from_micros(80);
         for code in [Code::Ok, Code::Insufficient, Code::Revoked] {
@@ -799,7 +845,7 @@ mod tests {
 
     #[test]
     fn a_request_lands_in_its_series_and_a_sub_millisecond_bucket() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::new::<StockCommand>();
         metrics.record_request(
             StockCommand::Deduct,
             ResultLabel::Code(Code::Duplicate),

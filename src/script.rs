@@ -403,122 +403,64 @@ fn names_in(code: &str) -> impl Iterator<Item = &str> {
         .filter(|word| !word.is_empty())
 }
 
-/// Every script stockgate runs.
-#[derive(Debug, Clone)]
-pub struct Scripts {
-    pub deduct: Arc<LuaScript>,
+/// Declares [`Scripts`] from one line per script: its name (its file is
+/// `lua/<name>.lua`), and whether its answers acknowledge writes (`new`,
+/// followed by a WAIT with `--wait-replicas`) or not (`without_replicas`).
+macro_rules! scripts {
+    ($($(#[$doc:meta])* $name:ident: $make:ident;)*) => {
+        /// Every script stockgate runs.
+        #[derive(Debug, Clone)]
+        pub struct Scripts {
+            $($(#[$doc])* pub $name: Arc<LuaScript>,)*
+        }
+
+        impl Scripts {
+            pub fn new() -> Scripts {
+                let mut scripts = [$(LuaScript::$make(
+                    stringify!($name),
+                    include_str!(concat!("../lua/", stringify!($name), ".lua")),
+                ),)*];
+                let library = library_name(scripts.iter().map(|s| s.sha.as_str())).expect("scripts");
+                for script in &mut scripts {
+                    script.function = format!("{library}_{}", script.name);
+                }
+                let [$($name,)*] = scripts.map(Arc::new);
+                Scripts { $($name,)* }
+            }
+
+            /// All of them, for loading and checking.
+            pub fn all(&self) -> Vec<Arc<LuaScript>> {
+                vec![$(self.$name.clone(),)*]
+            }
+        }
+    };
+}
+
+scripts! {
+    deduct: new;
     /// A hot SKU's DEDUCTs in one call (`src/stock/coalesce.rs`).
-    pub deduct_many: Arc<LuaScript>,
-    pub revert: Arc<LuaScript>,
-    pub hold: Arc<LuaScript>,
-    pub confirm: Arc<LuaScript>,
+    deduct_many: new;
+    revert: new;
+    hold: new;
+    confirm: new;
     /// An order's intent record (ORDER, ORDER.HOLD, ORDER.CONFIRM, ORDER.REVERT).
-    pub order: Arc<LuaScript>,
-    pub stock_add: Arc<LuaScript>,
-    pub stock_set: Arc<LuaScript>,
-    pub status: Arc<LuaScript>,
-    pub get: Arc<LuaScript>,
+    order: new;
+    stock_add: new;
+    stock_set: new;
+    status: without_replicas;
+    get: without_replicas;
     /// The sweeper's: release one SKU's expired holds, mark a SKU in the
     /// sweep index, file and list the index's due SKUs, take the lease
     /// (and learn the active shards), tell the leader a shard is active.
-    pub release: Arc<LuaScript>,
-    pub due_mark: Arc<LuaScript>,
-    pub due_sweep: Arc<LuaScript>,
-    pub sweep_lease: Arc<LuaScript>,
-    pub sweep_active: Arc<LuaScript>,
+    release: without_replicas;
+    due_mark: without_replicas;
+    due_sweep: without_replicas;
+    sweep_lease: without_replicas;
+    sweep_active: without_replicas;
     /// The orders in flight, for their recovery (`src/stock/order/recovery.rs`).
-    pub order_due: Arc<LuaScript>,
+    order_due: new;
     /// A SKU's journal opened before its first entry (`src/stock/journal.rs`).
-    pub journal_open: Arc<LuaScript>,
-}
-
-impl Scripts {
-    pub fn new() -> Scripts {
-        let mut scripts = [
-            LuaScript::new("deduct", include_str!("../lua/deduct.lua")),
-            LuaScript::new("deduct_many", include_str!("../lua/deduct_many.lua")),
-            LuaScript::new("revert", include_str!("../lua/revert.lua")),
-            LuaScript::new("hold", include_str!("../lua/hold.lua")),
-            LuaScript::new("confirm", include_str!("../lua/confirm.lua")),
-            LuaScript::new("order", include_str!("../lua/order.lua")),
-            LuaScript::new("stock_add", include_str!("../lua/stock_add.lua")),
-            LuaScript::new("stock_set", include_str!("../lua/stock_set.lua")),
-            LuaScript::without_replicas("status", include_str!("../lua/status.lua")),
-            LuaScript::without_replicas("get", include_str!("../lua/get.lua")),
-            LuaScript::without_replicas("release", include_str!("../lua/release.lua")),
-            LuaScript::without_replicas("due_mark", include_str!("../lua/due_mark.lua")),
-            LuaScript::without_replicas("due_sweep", include_str!("../lua/due_sweep.lua")),
-            LuaScript::without_replicas("sweep_lease", include_str!("../lua/sweep_lease.lua")),
-            LuaScript::without_replicas("sweep_active", include_str!("../lua/sweep_active.lua")),
-            LuaScript::new("order_due", include_str!("../lua/order_due.lua")),
-            LuaScript::new("journal_open", include_str!("../lua/journal_open.lua")),
-        ];
-        let library = library_name(scripts.iter().map(|s| s.sha.as_str())).expect("scripts");
-        for script in &mut scripts {
-            script.function = format!("{library}_{}", script.name);
-        }
-        let [
-            deduct,
-            deduct_many,
-            revert,
-            hold,
-            confirm,
-            order,
-            stock_add,
-            stock_set,
-            status,
-            get,
-            release,
-            due_mark,
-            due_sweep,
-            sweep_lease,
-            sweep_active,
-            order_due,
-            journal_open,
-        ] = scripts.map(Arc::new);
-        Scripts {
-            deduct,
-            deduct_many,
-            revert,
-            hold,
-            confirm,
-            order,
-            stock_add,
-            stock_set,
-            status,
-            get,
-            release,
-            due_mark,
-            due_sweep,
-            sweep_lease,
-            sweep_active,
-            order_due,
-            journal_open,
-        }
-    }
-
-    /// All of them, for loading and checking.
-    pub fn all(&self) -> Vec<Arc<LuaScript>> {
-        vec![
-            self.deduct.clone(),
-            self.deduct_many.clone(),
-            self.revert.clone(),
-            self.hold.clone(),
-            self.confirm.clone(),
-            self.order.clone(),
-            self.stock_add.clone(),
-            self.stock_set.clone(),
-            self.status.clone(),
-            self.get.clone(),
-            self.release.clone(),
-            self.due_mark.clone(),
-            self.due_sweep.clone(),
-            self.sweep_lease.clone(),
-            self.sweep_active.clone(),
-            self.order_due.clone(),
-            self.journal_open.clone(),
-        ]
-    }
+    journal_open: new;
 }
 
 impl Default for Scripts {

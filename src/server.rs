@@ -93,7 +93,7 @@ pub async fn start(config: Config) -> io::Result<Server> {
     {
         let shared = shared.clone();
         let stop = stop.clone();
-        background.spawn(async move { shared.service.sweep(stop).await });
+        background.spawn(async move { crate::stock::sweeper::sweep(&shared.service, stop).await });
     }
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.

@@ -40,7 +40,7 @@ impl Shared {
     /// without a Redis.
     pub fn new(config: Config, local_port: u16) -> Shared {
         let scripts = Scripts::new();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new::<crate::stock::StockCommand>());
         let upstream = Upstream::new(config.upstream.clone(), scripts.all(), metrics.clone());
         let service = Arc::new(StockService::new(
             &config,

@@ -27,6 +27,7 @@ pub const SINCE: &str = "0.1.0";
 
 /// One command: what `COMMAND` and `COMMAND DOCS` say about it, how many
 /// arguments it takes, and who answers it.
+#[derive(Clone, Copy)]
 pub struct CommandSpec {
     /// Lowercase, as Redis lists commands; a subcommand is `parent|sub`.
     pub name: &'static str,
@@ -68,7 +69,8 @@ pub struct Call<'a> {
 
 /// A stock command's table entry: its own file's [`Doc`], served by the
 /// stock service.
-pub const fn stock(doc: &'static Doc, command: StockCommand) -> CommandSpec {
+pub const fn stock(command: StockCommand) -> CommandSpec {
+    let doc = &command.describe().doc;
     CommandSpec {
         name: doc.name,
         arity: doc.arity,

@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn hello_switches_protocol_and_names_the_connection() {
         let mut session = Session::new(7, true);
-        let metrics = Metrics::new();
+        let metrics = Metrics::new::<crate::stock::StockCommand>();
         let reply = hello(
             &[
                 Bytes::from_static(b"3"),
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn hello_reads_every_option_before_the_password_as_redis_7_2() {
         let password = Password::new("pw");
-        let metrics = Metrics::new();
+        let metrics = Metrics::new::<crate::stock::StockCommand>();
         let args = |words: &[&'static str]| -> Vec<Bytes> {
             words
                 .iter()
@@ -271,7 +271,7 @@ mod tests {
             ],
             &mut session,
             None,
-            &Metrics::new(),
+            &Metrics::new::<crate::stock::StockCommand>(),
         );
         let kept = session.name.expect("named");
         assert_eq!(&kept[..], &[b'n'; 10][..]);

@@ -213,10 +213,10 @@ mod tests {
 
     #[test]
     fn subcommands_are_found_by_their_full_name() {
-        let sub = find(COMMANDS, b"CLIENT|SetName").expect("client|setname");
+        let sub = find(&COMMANDS, b"CLIENT|SetName").expect("client|setname");
         assert_eq!(sub.name, "client|setname");
-        assert!(find(COMMANDS, b"client|nosuch").is_none());
-        assert!(find(COMMANDS, b"ping|x").is_none());
-        assert_eq!(find(COMMANDS, b"Ping").map(|c| c.name), Some("ping"));
+        assert!(find(&COMMANDS, b"client|nosuch").is_none());
+        assert!(find(&COMMANDS, b"ping|x").is_none());
+        assert_eq!(find(&COMMANDS, b"Ping").map(|c| c.name), Some("ping"));
     }
 }

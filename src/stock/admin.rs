@@ -24,53 +24,81 @@
 //! `lua/stock_add.lua`): 0 applied now, 1 this op_id was already applied,
 //! 2 (ADD) refused because the stock would go below 0, 3 invalid.
 
-use super::{Caller, StockCommand, StockResult, StockService};
-use crate::doc::{Doc, arg};
-use crate::outcome::{Code, StockReply};
+use super::command::{Command, Footprint, Serve};
+use super::{Caller, StockResult, StockService};
+use crate::doc::{ArgSpec, Doc, arg};
+use crate::outcome::{Code, HoldEvent, StockReply};
 use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
 use crate::reply::Reply;
 use crate::script::LuaScript;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use redis::Value;
+use std::sync::Arc;
 
-pub const GET: Doc = Doc {
-    name: StockCommand::Get.name(),
-    arity: 2,
-    max_args: None,
-    flags: &["fast"],
-    group: "stockgate",
-    summary: "Returns a sku's stock, or nil when it has none.",
-    args: &[arg("sku", "string")],
+static GET_ARGS: [ArgSpec; 1] = [arg("sku", "string")];
+
+pub static GET: Command = Command {
+    doc: Doc {
+        name: "stock.get",
+        arity: 2,
+        max_args: None,
+        flags: &["fast"],
+        group: "stockgate",
+        summary: "Returns a sku's stock, or nil when it has none.",
+        args: &GET_ARGS,
+    },
+    answers: &[],
+    gives_back: false,
+    footprint: Footprint::Sku,
+    serve: Serve::Alone(|service, args, _| get(service, args).boxed()),
 };
 
-pub const SET: Doc = Doc {
-    name: StockCommand::Set.name(),
-    arity: 4,
-    max_args: None,
-    flags: &["write", "admin"],
-    group: "stockgate",
-    summary: "Sets a sku's stock, once per op_id (needs --admin-commands). Replies [code, stock, \"\", version]: 0 set, 1 this op_id was already applied, 3 invalid.",
-    args: &[
-        arg("sku", "string"),
-        arg("qty", "integer"),
-        arg("op_id", "string"),
-    ],
+pub static SET: Command = Command {
+    doc: Doc {
+        name: "stock.set",
+        arity: 4,
+        max_args: None,
+        flags: &["write", "admin"],
+        group: "stockgate",
+        summary: "Sets a sku's stock, once per op_id (needs --admin-commands). Replies [code, stock, \"\", version]: 0 set, 1 this op_id was already applied, 3 invalid.",
+        args: &[
+            arg("sku", "string"),
+            arg("qty", "integer"),
+            arg("op_id", "string"),
+        ],
+    },
+    answers: &[],
+    gives_back: false,
+    footprint: Footprint::Sku,
+    serve: Serve::Alone(|service, args, caller| {
+        change(service, Correction::Set, args, caller).boxed()
+    }),
 };
 
-pub const ADD: Doc = Doc {
-    name: StockCommand::Add.name(),
-    arity: 4,
-    max_args: None,
-    flags: &["write", "admin"],
-    group: "stockgate",
-    summary: "Adds a signed delta to a sku's stock, once per op_id, never below 0 (needs --admin-commands). Replies [code, stock, \"\", version]: 0 added, 1 this op_id was already applied, 2 it would go below 0, 3 invalid.",
-    args: &[
-        arg("sku", "string"),
-        arg("delta", "integer"),
-        arg("op_id", "string"),
-    ],
+pub static ADD: Command = Command {
+    doc: Doc {
+        name: "stock.add",
+        arity: 4,
+        max_args: None,
+        flags: &["write", "admin"],
+        group: "stockgate",
+        summary: "Adds a signed delta to a sku's stock, once per op_id, never below 0 (needs --admin-commands). Replies [code, stock, \"\", version]: 0 added, 1 this op_id was already applied, 2 it would go below 0, 3 invalid.",
+        args: &[
+            arg("sku", "string"),
+            arg("delta", "integer"),
+            arg("op_id", "string"),
+        ],
+    },
+    answers: &[],
+    gives_back: false,
+    footprint: Footprint::Sku,
+    serve: Serve::Alone(|service, args, caller| {
+        change(service, Correction::Add, args, caller).boxed()
+    }),
 };
 
+/// The refusal of SET and ADD without `--admin-commands`.
 const NOPERM: &str = "NOPERM STOCK.SET and STOCK.ADD change stock outside the order flow; start stockgate with --admin-commands to allow them";
 
 /// Which change, checked.
@@ -81,103 +109,106 @@ enum Change {
 
 /// The operators' corrections of stock: STOCK.SET and STOCK.ADD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Correction {
+enum Correction {
     Set,
     Add,
 }
 
-impl StockService {
-    /// `STOCK.GET <sku>`
-    pub(super) async fn get(&self, args: &[Bytes]) -> Reply {
-        let sku = match Sku::parse(args[0].clone()) {
-            Ok(sku) => sku,
-            Err(invalid) => return Reply::error(format!("ERR {invalid}")),
-        };
-        // A script, not a GET: like every call on a SKU, it first gives
-        // back the SKU's expired holds (`lua/get.lua`).
-        let keys = self.keys.sku_keys(&sku);
-        let keys = keys.all();
-        let args = [
-            self.retry_window_arg.as_bytes(),
-            self.journal_arg.as_bytes(),
-        ];
-        match self
-            .with_journal(&sku, self.deadline(), || {
-                self.upstream.eval(&self.scripts.get, &keys, &args)
-            })
-            .await
-        {
-            Ok(Value::Array(mut items)) if items.len() >= 4 => {
-                if let Value::Int(released) = items[3]
-                    && released > 0
-                {
-                    self.metrics
-                        .record_holds(crate::outcome::HoldEvent::Expired, released as u64);
-                }
-                stock_value(items.swap_remove(0))
+/// `STOCK.GET <sku>`
+async fn get(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
+    let sku = match Sku::parse(args[0].clone()) {
+        Ok(sku) => sku,
+        Err(invalid) => return Reply::error(format!("ERR {invalid}")),
+    };
+    let keys = service.keys.sku_keys(&sku);
+    let keys = keys.all();
+    let settings = &service.settings;
+    let args = [
+        settings.retry_window_arg.as_bytes(),
+        settings.journal_arg.as_bytes(),
+    ];
+    let upstream = &service.upstream;
+    match service
+        .with_journal(&sku, service.deadline(), || {
+            upstream.eval(&service.scripts.get, &keys, &args)
+        })
+        .await
+    {
+        Ok(Value::Array(mut items)) if items.len() >= 4 => {
+            if let Value::Int(released) = items[3]
+                && released > 0
+            {
+                service
+                    .books
+                    .metrics
+                    .record_holds(HoldEvent::Expired, released as u64);
             }
-            Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
-            Err(fault) => Reply::Error(fault.reply_text()),
+            stock_value(items.swap_remove(0))
         }
+        Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
+        Err(fault) => Reply::Error(fault.reply_text()),
     }
+}
 
-    /// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`.
-    pub(super) async fn change(
-        &self,
-        correction: Correction,
-        args: &[Bytes],
-        caller: &Caller,
-    ) -> Reply {
-        if !self.admin_commands {
-            return Reply::error(NOPERM);
-        }
-        let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
-            let change = match correction {
-                Correction::Set => Change::Set(StockLevel::parse(&args[1])?),
-                Correction::Add => Change::Add(Delta::parse(&args[1])?),
-            };
-            Ok((
-                Sku::parse(args[0].clone())?,
-                change,
-                OpId::parse(args[2].clone())?,
-            ))
-        })();
-        let (sku, change, op_id) = match parsed {
-            Ok(parsed) => parsed,
-            Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
+/// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`.
+async fn change(
+    service: &Arc<StockService>,
+    correction: Correction,
+    args: &[Bytes],
+    caller: &Caller,
+) -> Reply {
+    if !service.settings.admin_commands {
+        return Reply::error(NOPERM);
+    }
+    // Checked in this order: the amount, the sku, the op_id.
+    let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
+        let change = match correction {
+            Correction::Set => Change::Set(StockLevel::parse(&args[1])?),
+            Correction::Add => Change::Add(Delta::parse(&args[1])?),
         };
-        let script: &LuaScript = match change {
-            Change::Set(_) => &self.scripts.stock_set,
-            Change::Add(_) => &self.scripts.stock_add,
-        };
-        let keys = self.keys.op_keys(&sku, &op_id);
-        let nonce = self.nonces.next();
-        let script_args: [&[u8]; 5] = [
-            &args[1],
-            self.retry_window_arg.as_bytes(),
-            &nonce,
-            self.replicate_arg.as_bytes(),
-            self.journal_arg.as_bytes(),
-        ];
-        let result: StockResult = self
-            .with_journal(&sku, self.deadline(), || {
-                self.upstream
-                    .eval_stock(script, [&keys.stock, &keys.record], &script_args)
-            })
-            .await;
-        match result {
-            Ok(reply) => {
-                if reply.code == Code::Ok {
-                    let (name, amount) = match change {
-                        Change::Set(level) => ("STOCK.SET", level.0),
-                        Change::Add(delta) => ("STOCK.ADD", delta.0),
-                    };
-                    audit(name, &sku, amount, &op_id, reply.remain, caller);
-                }
-                Reply::Stock(reply)
+        Ok((
+            Sku::parse(args[0].clone())?,
+            change,
+            OpId::parse(args[2].clone())?,
+        ))
+    })();
+    let (sku, change, op_id) = match parsed {
+        Ok(parsed) => parsed,
+        Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
+    };
+    let script: &LuaScript = match change {
+        Change::Set(_) => &service.scripts.stock_set,
+        Change::Add(_) => &service.scripts.stock_add,
+    };
+    let keys = service.keys.op_keys(&sku, &op_id);
+    let nonce = service.nonces.next();
+    let settings = &service.settings;
+    let script_args: [&[u8]; 5] = [
+        &args[1],
+        settings.retry_window_arg.as_bytes(),
+        &nonce,
+        settings.replicate_arg.as_bytes(),
+        settings.journal_arg.as_bytes(),
+    ];
+    let result: StockResult = service
+        .with_journal(&sku, service.deadline(), || {
+            service
+                .upstream
+                .eval_stock(script, [&keys.stock, &keys.record], &script_args)
+        })
+        .await;
+    match result {
+        Ok(reply) => {
+            if reply.code == Code::Ok {
+                let (name, amount) = match change {
+                    Change::Set(level) => ("STOCK.SET", level.0),
+                    Change::Add(delta) => ("STOCK.ADD", delta.0),
+                };
+                audit(name, &sku, amount, &op_id, reply.remain, caller);
             }
-            Err(fault) => Reply::Error(fault.reply_text()),
+            Reply::Stock(reply)
         }
+        Err(fault) => Reply::Error(fault.reply_text()),
     }
 }
 

@@ -1,12 +1,22 @@
 //! The books of every answered request: its metrics, what holds it moved,
 //! and its access-log line.
 
-use super::{StockCommand, StockService};
+use super::StockCommand;
 use crate::config::AccessLog;
 use crate::error::UpstreamError;
-use crate::metrics::ResultLabel;
+use crate::keys::KeyLayout;
+use crate::metrics::{Metrics, ResultLabel};
 use crate::outcome::{Code, HoldEvent, StockReply};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Where every answered request is recorded.
+pub(super) struct Books {
+    pub(super) metrics: Arc<Metrics>,
+    access_log: AccessLog,
+    /// For the access log's key names.
+    keys: KeyLayout,
+}
 
 /// What the access log says of one request: the arguments as sent (they
 /// may be invalid), by meaning.
@@ -17,7 +27,15 @@ pub(super) struct AccessEntry<'a> {
     pub(super) qty: Option<&'a [u8]>,
 }
 
-impl StockService {
+impl Books {
+    pub(super) fn new(metrics: Arc<Metrics>, access_log: AccessLog, keys: KeyLayout) -> Books {
+        Books {
+            metrics,
+            access_log,
+            keys,
+        }
+    }
+
     /// What a reply says happened to holds: counted by event, and, for a
     /// CONFIRM of the caller's own hold (`held_time`), the time it was
     /// held. An order's line confirms count as confirmed holds but add no

@@ -24,7 +24,6 @@
 //! alone through the redis crate: safe, because a resend of a call answers
 //! as the first send did.
 
-use super::deduct::Deduct;
 use super::single::OneRequest;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
@@ -147,15 +146,17 @@ pub(super) fn write_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered)
 /// and order_no, its nonce.
 pub(super) fn write_member(
     keys: &KeyLayout,
-    deduct: &Deduct,
-    request_id: &RequestId,
+    deduct: &OneRequest,
     nonce: &[u8],
     gathered: &mut Gathered,
 ) {
     let parts = &mut gathered.parts;
-    reply::bulk_parts(parts, &keys.record_key_parts(&deduct.sku, request_id));
+    reply::bulk_parts(
+        parts,
+        &keys.record_key_parts(&deduct.sku, &deduct.request_id),
+    );
     gathered.marks.push(parts.len());
-    for arg in deduct.caller_args().as_slice() {
+    for arg in deduct.script_args().as_slice() {
         reply::bulk_of(parts, arg);
     }
     gathered.marks.push(parts.len());

@@ -14,61 +14,38 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
-use super::Op;
-use super::single::{CallerArgs, OneRequest, Setting, Single};
-use crate::doc::{Doc, StockCommand, arg};
-use crate::params::{InvalidParam, RequestId, Sku};
-use bytes::Bytes;
+use super::command::{Command, Footprint, Serve, codes};
+use super::single::{Field, Setting, Single};
+use crate::doc::{ArgSpec, Doc};
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::Confirm.name(),
-    arity: 3,
-    max_args: None,
-    flags: &["write", "denyoom"],
-    group: "stockgate",
-    summary: "Makes a hold final, once. Replies [code, remain, order_no, version, expires_at_ms]: 0 confirmed, 1 already confirmed, 3 invalid, 4 cancelled or revoked, 5 expired first.",
-    args: &[arg("sku", "string"), arg("request_id", "string")],
+const FIELDS: [Field; 2] = [Field::Sku, Field::RequestId];
+static ARGS: [ArgSpec; 2] = Field::specs(FIELDS);
+
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "confirm",
+        arity: Field::arity(&FIELDS),
+        max_args: Field::max_args(&FIELDS),
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Makes a hold final, once. Replies [code, remain, order_no, version, expires_at_ms]: 0 confirmed, 1 already confirmed, 3 invalid, 4 cancelled or revoked, 5 expired first.",
+        args: &ARGS,
+    },
+    answers: codes::ENDS_HOLD,
+    gives_back: false,
+    footprint: Footprint::Piped,
+    // `lua/confirm.lua` with none of the caller's arguments (the record
+    // holds the qty), then the retry window and the missing-stock mode;
+    // its reply shows the hold's expiry.
+    serve: Serve::Single(Single {
+        fields: &FIELDS,
+        script: |scripts| &scripts.confirm,
+        script_args: &[],
+        settings: &[Setting::RetryWindow, Setting::MissingStock],
+        ends_line: true,
+        shows_expiry: true,
+        takes: false,
+        places_hold: false,
+        ends_hold: true,
+    }),
 };
-
-/// How the stock service runs it: `lua/confirm.lua` with none of the caller's
-/// arguments (the record holds the qty), then the retry window and the
-/// missing-stock mode; its reply shows the hold's expiry.
-pub(super) const CALL: Single = Single {
-    command: StockCommand::Confirm,
-    parse: |args, _| Confirm::parse(args).map(Op::Confirm),
-    script: |scripts| &scripts.confirm,
-    caller_args: 0,
-    settings: &[Setting::RetryWindow, Setting::MissingStock],
-    ends_line: true,
-    shows_expiry: true,
-    // <sku> <request_id>
-    request_id_at: 1,
-    qty_at: None,
-};
-
-/// One validated confirm.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Confirm {
-    pub sku: Sku,
-    pub request_id: RequestId,
-}
-
-impl OneRequest for Confirm {
-    fn request(&self) -> (&Sku, &RequestId) {
-        (&self.sku, &self.request_id)
-    }
-
-    fn caller_args(&self) -> CallerArgs<'_> {
-        CallerArgs::NONE
-    }
-}
-
-impl Confirm {
-    /// Checks the arguments after the command name: sku and request_id.
-    pub fn parse(args: &[Bytes]) -> Result<Confirm, InvalidParam> {
-        Ok(Confirm {
-            sku: Sku::parse(args[0].clone())?,
-            request_id: RequestId::parse(args[1].clone())?,
-        })
-    }
-}

@@ -23,6 +23,7 @@
 //! back in one wake. Only what needs the redis crate (a redirect, a lost
 //! connection, the operators' commands) runs as a future.
 
+use super::command::Serve;
 use super::{
     Caller, Concluded, Prepared, StockCall, StockCommand, StockResult, StockService, Touches,
 };
@@ -97,9 +98,11 @@ impl<'a> InFlight<'a> {
         caller: impl FnOnce() -> Caller,
         protocol: Protocol,
     ) {
-        let caller = match command {
-            StockCommand::Set | StockCommand::Add => Some(Box::new(caller())),
-            _ => None,
+        // Only a command served by a future of its own reads its caller:
+        // the rest, every DEDUCT among them, name none.
+        let caller = match command.describe().serve {
+            Serve::Alone(_) => Some(Box::new(caller())),
+            Serve::Single(_) | Serve::Order(_) => None,
         };
         let request = Request {
             command,
@@ -364,7 +367,7 @@ fn release_held<'a>(
                 let started = start(service, mailbox, ticket, request);
                 carry_on(service, replies, running, ticket, started);
             }
-            Released::Fallback(call) => fall_back(service, replies, running, ticket, call),
+            Released::Fallback(call) => fall_back(service, replies, running, ticket, *call),
         }
     }
 }
@@ -553,7 +556,7 @@ impl Counted {
 /// What [`Replies::take_releasable`] hands back to be sent.
 enum Released {
     Request(Request),
-    Fallback(StockCall),
+    Fallback(Box<StockCall>),
 }
 
 impl Slot {
@@ -789,7 +792,7 @@ impl Replies {
         })?;
         let released = match self.take_state(index, SlotState::Pending) {
             SlotState::Held(request) => Released::Request(request),
-            SlotState::HeldFallback(call) => Released::Fallback(call),
+            SlotState::HeldFallback(call) => Released::Fallback(Box::new(call)),
             _ => unreachable!("found held just above"),
         };
         Some((self.first + index as u64, released))

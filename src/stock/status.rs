@@ -15,55 +15,68 @@
 //! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
 
 use super::StockService;
-use crate::doc::{Doc, StockCommand, arg};
+use super::command::{Command, Footprint, Serve};
+use crate::doc::{ArgSpec, Doc, arg};
+use crate::outcome::HoldEvent;
 use crate::params::{RequestId, Sku};
 use crate::reply::Reply;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use redis::Value;
+use std::sync::Arc;
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::Status.name(),
-    arity: 3,
-    max_args: None,
-    flags: &["fast"],
-    group: "stockgate",
-    summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED, HELD, CONFIRMED, EXPIRED), qty, order_no, remaining TTL and hold expiry, and its sku's stock, units held and next expiry.",
-    args: &[arg("sku", "string"), arg("request_id", "string")],
+static ARGS: [ArgSpec; 2] = [arg("sku", "string"), arg("request_id", "string")];
+
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "stock.status",
+        arity: 3,
+        max_args: None,
+        flags: &["fast"],
+        group: "stockgate",
+        summary: "Returns one request's state (none, DEDUCTED, REVERTED, REVOKED, HELD, CONFIRMED, EXPIRED), qty, order_no, remaining TTL and hold expiry, and its sku's stock, units held and next expiry.",
+        args: &ARGS,
+    },
+    answers: &[],
+    gives_back: false,
+    footprint: Footprint::Sku,
+    serve: Serve::Alone(|service, args, _| status(service, args).boxed()),
 };
 
-impl StockService {
-    /// `STOCK.STATUS <sku> <request_id>`
-    pub(super) async fn status(&self, args: &[Bytes]) -> Reply {
-        let parsed = Sku::parse(args[0].clone())
-            .and_then(|sku| Ok((sku, RequestId::parse(args[1].clone())?)));
-        let (sku, request_id) = match parsed {
-            Ok(parsed) => parsed,
-            Err(invalid) => return Reply::error(format!("ERR {invalid}")),
-        };
-        let keys = self.keys.request_keys(&sku, &request_id);
-        let keys = keys.all();
-        let args = [
-            self.retry_window_arg.as_bytes(),
-            self.journal_arg.as_bytes(),
-        ];
-        match self
-            .with_journal(&sku, self.deadline(), || {
-                self.upstream.eval(&self.scripts.status, &keys, &args)
-            })
-            .await
-        {
-            Ok(value) => {
-                if let Value::Array(items) = &value
-                    && let Some(Value::Int(released)) = items.get(8)
-                    && *released > 0
-                {
-                    self.metrics
-                        .record_holds(crate::outcome::HoldEvent::Expired, *released as u64);
-                }
-                status_reply(value)
+/// `STOCK.STATUS <sku> <request_id>`
+async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
+    let parsed =
+        Sku::parse(args[0].clone()).and_then(|sku| Ok((sku, RequestId::parse(args[1].clone())?)));
+    let (sku, request_id) = match parsed {
+        Ok(parsed) => parsed,
+        Err(invalid) => return Reply::error(format!("ERR {invalid}")),
+    };
+    let keys = service.keys.request_keys(&sku, &request_id);
+    let keys = keys.all();
+    let settings = &service.settings;
+    let args = [
+        settings.retry_window_arg.as_bytes(),
+        settings.journal_arg.as_bytes(),
+    ];
+    match service
+        .with_journal(&sku, service.deadline(), || {
+            service.upstream.eval(&service.scripts.status, &keys, &args)
+        })
+        .await
+    {
+        Ok(value) => {
+            if let Value::Array(items) = &value
+                && let Some(Value::Int(released)) = items.get(8)
+                && *released > 0
+            {
+                service
+                    .books
+                    .metrics
+                    .record_holds(HoldEvent::Expired, *released as u64);
             }
-            Err(fault) => Reply::Error(fault.reply_text()),
+            status_reply(value)
         }
+        Err(fault) => Reply::Error(fault.reply_text()),
     }
 }
 

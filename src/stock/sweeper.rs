@@ -39,12 +39,15 @@
 
 use super::StockService;
 use crate::error::UpstreamError;
+use crate::keys::KeyLayout;
 use crate::keys::{SWEEP_SHARDS, SweepShard};
 use crate::outcome::HoldEvent;
 use crate::params::Sku;
+use crate::script::Scripts;
+use crate::upstream::Upstream;
 use futures_util::stream::{self, StreamExt};
 use redis::Value;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -178,11 +181,30 @@ impl Hints {
     }
 }
 
-impl StockService {
+/// What the stock service's calls tell the sweep index: the SKUs they
+/// placed holds on, and the shards to watch.
+pub(super) struct Sweeper {
+    upstream: Arc<Upstream>,
+    scripts: Scripts,
+    keys: KeyLayout,
+    /// What this stockgate told the sweep leader lately.
+    hints: Arc<Hints>,
+}
+
+impl Sweeper {
+    pub(super) fn new(upstream: Arc<Upstream>, scripts: Scripts, keys: KeyLayout) -> Sweeper {
+        Sweeper {
+            upstream,
+            scripts,
+            keys,
+            hints: Arc::default(),
+        }
+    }
+
     /// Files a HOLD's SKU in the sweep index by the hold's ttl (and, when
     /// due, tells the leader its shard is active), beside the HOLD itself:
     /// so the hold is found even if this stockgate dies before the HOLD
-    /// answers. [`StockService::mark_held`] then files it by the hold's own
+    /// answers. [`Sweeper::mark_held`] then files it by the hold's own
     /// expiry. Not awaited; a mark that fails is tried again at the next
     /// pass ([`Hints::retry`]).
     pub(super) fn mark_for_sweep(&self, sku: &Sku, ttl: Duration) {
@@ -199,7 +221,7 @@ impl StockService {
     /// then and a minute more, and tells the sweep leader of it when it was
     /// not told lately (`lua/sweep_active.lua`). Not awaited.
     pub(super) fn watch_shard(&self, index: usize, ttl: Duration) {
-        if !self.sweep_hints.placed(index, ttl) {
+        if !self.hints.placed(index, ttl) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -209,7 +231,7 @@ impl StockService {
         let upstream = self.upstream.clone();
         let scripts = self.scripts.clone();
         let active = self.keys.sweep_active();
-        let hints = self.sweep_hints.clone();
+        let hints = self.hints.clone();
         runtime.spawn(async move {
             let number = index.to_string();
             if let Err(fault) = upstream
@@ -251,7 +273,7 @@ impl StockService {
         let upstream = self.upstream.clone();
         let scripts = self.scripts.clone();
         let keys = self.keys.clone();
-        let hints = self.sweep_hints.clone();
+        let hints = self.hints.clone();
         runtime.spawn(async move {
             if let Err(fault) = deliver_mark(&upstream, &scripts, &keys, &mark).await {
                 tracing::debug!(error = %fault, "could not mark a held sku in the sweep index; trying again at the next pass");
@@ -263,32 +285,47 @@ impl StockService {
     /// The marks that failed, sent again; those that fail again wait for
     /// the next pass.
     async fn resend_marks(&self) {
-        for mark in self.sweep_hints.take_retries() {
+        for mark in self.hints.take_retries() {
             if deliver_mark(&self.upstream, &self.scripts, &self.keys, &mark)
                 .await
                 .is_err()
             {
-                self.sweep_hints.retry(mark);
+                self.hints.retry(mark);
             }
         }
     }
+}
 
-    /// The sweeper, until `stop`: every [`PASS_EVERY`] it sweeps the shards
-    /// of its own holds and, when it leads, the active ones; it tries the
-    /// lease when due, and gives it up on the way out.
-    pub async fn sweep(&self, stop: CancellationToken) {
-        let owner = self.nonces.next();
+/// The sweeper, until `stop`: every [`PASS_EVERY`] it sweeps the shards
+/// of its own holds and, when it leads, the active ones; it tries the
+/// lease when due, and gives it up on the way out.
+pub async fn sweep(service: &StockService, stop: CancellationToken) {
+    Sweep { service }.run(stop).await
+}
+
+/// The passes of [`sweep`].
+struct Sweep<'a> {
+    service: &'a StockService,
+}
+
+impl Sweep<'_> {
+    async fn run(&self, stop: CancellationToken) {
+        let owner = self.service.nonces.next();
         let lease_ms = LEASE.as_millis().to_string();
-        let keys = [self.keys.sweep_lease(), self.keys.sweep_active()];
+        let keys = [
+            self.service.keys.sweep_lease(),
+            self.service.keys.sweep_active(),
+        ];
         let keys = [&keys[0][..], &keys[1][..]];
         let mut leading: Vec<usize> = Vec::new();
         let mut next_look = tokio::time::Instant::now();
         loop {
-            if self.upstream.is_ready() && tokio::time::Instant::now() >= next_look {
+            if self.service.upstream.is_ready() && tokio::time::Instant::now() >= next_look {
                 let looked = self
+                    .service
                     .upstream
                     .eval(
-                        &self.scripts.sweep_lease,
+                        &self.service.scripts.sweep_lease,
                         &keys,
                         &[&owner[..], lease_ms.as_bytes()],
                     )
@@ -311,16 +348,16 @@ impl StockService {
                 next_look = next_look.max(tokio::time::Instant::now());
                 leading = active;
             }
-            if self.upstream.is_ready() {
-                self.resend_marks().await;
+            if self.service.upstream.is_ready() {
+                self.service.sweeper.resend_marks().await;
             }
-            let mut shards = self.sweep_hints.own();
+            let mut shards = self.service.sweeper.hints.own();
             shards.extend(leading.iter().copied());
             shards.sort_unstable();
             shards.dedup();
-            if !shards.is_empty() && self.upstream.is_ready() {
+            if !shards.is_empty() && self.service.upstream.is_ready() {
                 let result = self.pass(&shards).await;
-                self.metrics.record_sweep(result.is_ok());
+                self.service.books.metrics.record_sweep(result.is_ok());
                 if let Err(fault) = result {
                     tracing::debug!(error = %fault, "a sweep pass failed; the next one tries again");
                 }
@@ -332,8 +369,13 @@ impl StockService {
         }
         // Hand the lease on at once rather than in LEASE.
         let _ = self
+            .service
             .upstream
-            .eval(&self.scripts.sweep_lease, &keys, &[&owner[..], b"0"])
+            .eval(
+                &self.service.scripts.sweep_lease,
+                &keys,
+                &[&owner[..], b"0"],
+            )
             .await;
     }
 
@@ -342,14 +384,14 @@ impl StockService {
     /// ([`crate::stock::order::recovery`]). The first failure, if any (the
     /// other shards are swept all the same).
     async fn pass(&self, shards: &[usize]) -> Result<(), UpstreamError> {
-        let all = self.keys.sweep_shards();
+        let all = self.service.keys.sweep_shards();
         let results = futures_util::future::join_all(shards.iter().map(|k| async {
-            let holds = if self.sweep_holds {
+            let holds = if self.service.settings.sweep_holds {
                 self.sweep_shard(&all[*k]).await
             } else {
                 Ok(())
             };
-            let orders = self.recover_shard(&all[*k]).await;
+            let orders = super::order::recover_shard(self.service, &all[*k]).await;
             holds.and(orders)
         }))
         .await;
@@ -369,8 +411,9 @@ impl StockService {
             let mut args: Vec<&[u8]> = vec![list.as_bytes(), grace.as_bytes()];
             args.extend(filed.iter().map(Vec::as_slice));
             let listed = self
+                .service
                 .upstream
-                .eval(&self.scripts.due_sweep, &keys, &args)
+                .eval(&self.service.scripts.due_sweep, &keys, &args)
                 .await?;
             filed.clear();
             let due = due_skus(listed)?;
@@ -403,22 +446,27 @@ impl StockService {
             // Not a sku stockgate would write: let it leave the index.
             return Ok(0);
         };
-        let keys = self.keys.sku_keys(&sku);
+        let keys = self.service.keys.sku_keys(&sku);
         let keys = keys.all();
         let args = [
-            self.retry_window_arg.as_bytes(),
-            self.journal_arg.as_bytes(),
+            self.service.settings.retry_window_arg.as_bytes(),
+            self.service.settings.journal_arg.as_bytes(),
         ];
         let reply = self
-            .with_journal(&sku, self.deadline(), || {
-                self.upstream.eval(&self.scripts.release, &keys, &args)
+            .service
+            .with_journal(&sku, self.service.deadline(), || {
+                self.service
+                    .upstream
+                    .eval(&self.service.scripts.release, &keys, &args)
             })
             .await?;
         match reply {
             Value::Array(items) => match items[..] {
                 [Value::Int(released), Value::Int(next_at), ..] => {
                     if released > 0 {
-                        self.metrics
+                        self.service
+                            .books
+                            .metrics
                             .record_holds(HoldEvent::Expired, released as u64);
                     }
                     Ok(next_at)

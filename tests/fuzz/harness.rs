@@ -54,9 +54,7 @@ use stockgate::params::{
 };
 use stockgate::reply::{Protocol, Reply};
 use stockgate::state::Shared;
-use stockgate::stock::StockCommand;
-use stockgate::stock::deduct::Deduct;
-use stockgate::stock::revert::Revert;
+use stockgate::stock::{Limits, OneRequest, StockCommand};
 use tokio_util::codec::Decoder;
 
 /// The password of the locked-down server.
@@ -426,15 +424,13 @@ fn run_request(request: Request, session: &mut Session, shared: &Shared) -> (Rep
 fn check_stock_reply(command: StockCommand, args: &[Bytes], reply: &Reply, shared: &Shared) {
     let config = &shared.config;
     let invalid_reason = match command {
-        StockCommand::Deduct => Deduct::parse(args, config.max_qty).err(),
-        StockCommand::Revert => Revert::parse(args).err(),
-        StockCommand::Hold => stockgate::stock::hold::Hold::parse(
-            args,
-            config.max_qty,
-            config.max_hold.as_millis() as u64,
-        )
-        .err(),
-        StockCommand::Confirm => stockgate::stock::confirm::Confirm::parse(args).err(),
+        command if let Some(single) = command.single() => {
+            let limits = Limits {
+                max_qty: config.max_qty,
+                max_hold_ms: config.max_hold.as_millis() as u64,
+            };
+            OneRequest::parse(command, single, args, &limits).err()
+        }
         // The order stockgate checks them in: the amount, the sku, the op_id.
         StockCommand::Set | StockCommand::Add if config.admin_commands => {
             let amount = if command == StockCommand::Set {

@@ -14,14 +14,22 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
-use crate::doc::{Doc, StockCommand, arg};
+use super::Want;
+use crate::doc::{Doc, arg};
+use crate::stock::command::{Command, Footprint, Serve, codes};
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::OrderConfirm.name(),
-    arity: 2,
-    max_args: None,
-    flags: &["write", "denyoom"],
-    group: "stockgate",
-    summary: "Makes an order's hold final, every line, once. Replies [code, version, expires_at_ms, lines, short]: 0 confirmed, 1 already confirmed, 3 invalid, 4 reverted or revoked, 5 expired first.",
-    args: &[arg("request_id", "string")],
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "order.confirm",
+        arity: 2,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Makes an order's hold final, every line, once. Replies [code, version, expires_at_ms, lines, short]: 0 confirmed, 1 already confirmed, 3 invalid, 4 reverted or revoked, 5 expired first.",
+        args: &[arg("request_id", "string")],
+    },
+    answers: codes::ENDS_HOLD,
+    gives_back: false,
+    footprint: Footprint::All,
+    serve: Serve::Order(Want::Confirm),
 };

@@ -13,18 +13,26 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
-use crate::doc::{Doc, StockCommand, arg};
+use super::Want;
+use crate::doc::{Doc, arg};
+use crate::stock::command::{Command, Footprint, Serve, codes};
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::Order.name(),
-    arity: -4,
-    max_args: None,
-    flags: &["write", "denyoom"],
-    group: "stockgate",
-    summary: "Deducts every line of an order (sku qty pairs), all or none, once per request_id. Replies [code, version, expires_at_ms, lines (sku, remain ...), short skus]: 0 applied, 1 already applied, 2 insufficient (no line applied), 3 invalid, 4 reverted or revoked, 5 expired.",
-    args: &[
-        arg("request_id", "string"),
-        arg("sku", "string"),
-        arg("qty", "integer"),
-    ],
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "order",
+        arity: -4,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Deducts every line of an order (sku qty pairs), all or none, once per request_id. Replies [code, version, expires_at_ms, lines (sku, remain ...), short skus]: 0 applied, 1 already applied, 2 insufficient (no line applied), 3 invalid, 4 reverted or revoked, 5 expired.",
+        args: &[
+            arg("request_id", "string"),
+            arg("sku", "string"),
+            arg("qty", "integer"),
+        ],
+    },
+    answers: codes::HOLDS,
+    gives_back: false,
+    footprint: Footprint::Lines { pairs_from: 1 },
+    serve: Serve::Order(Want::Order),
 };

@@ -14,19 +14,27 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
-use crate::doc::{Doc, StockCommand, arg};
+use super::Want;
+use crate::doc::{Doc, arg};
+use crate::stock::command::{Command, Footprint, Serve, codes};
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::OrderHold.name(),
-    arity: -5,
-    max_args: None,
-    flags: &["write", "denyoom"],
-    group: "stockgate",
-    summary: "Holds every line of an order for ttl_ms (Redis time), all or none, once per request_id, until ORDER.CONFIRM or ORDER.REVERT. Replies [code, version, expires_at_ms, lines, short]: 0 held, 1 already held, 2 insufficient, 3 invalid, 4 revoked, 5 expired.",
-    args: &[
-        arg("request_id", "string"),
-        arg("ttl_ms", "integer"),
-        arg("sku", "string"),
-        arg("qty", "integer"),
-    ],
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "order.hold",
+        arity: -5,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Holds every line of an order for ttl_ms (Redis time), all or none, once per request_id, until ORDER.CONFIRM or ORDER.REVERT. Replies [code, version, expires_at_ms, lines, short]: 0 held, 1 already held, 2 insufficient, 3 invalid, 4 revoked, 5 expired.",
+        args: &[
+            arg("request_id", "string"),
+            arg("ttl_ms", "integer"),
+            arg("sku", "string"),
+            arg("qty", "integer"),
+        ],
+    },
+    answers: codes::HOLDS,
+    gives_back: false,
+    footprint: Footprint::Lines { pairs_from: 2 },
+    serve: Serve::Order(Want::Hold),
 };

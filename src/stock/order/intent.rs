@@ -1,9 +1,9 @@
 //! An order's intent record, as `lua/order.lua` keeps it: its phases, and
 //! the one call that reads or changes it.
 
-use super::{Attempt, Filing};
+use super::{Filing, Saga, recovery};
 use crate::error::{FaultKind, UpstreamError};
-use crate::stock::StockService;
+use crate::outcome::Code;
 use bytes::Bytes;
 use redis::Value;
 
@@ -134,6 +134,79 @@ impl Intent {
     }
 }
 
+/// What one call of the intent script asks (`lua/order.lua`'s ops).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum IntentOp<'a> {
+    /// The record as it is.
+    Read,
+    /// Make the record (ORDER, ORDER.HOLD), or find it: the canonical line
+    /// set; `hold` the order hold's ttl (ORDER.HOLD; an ORDER, whose lines
+    /// are taken, has none); how long the line holds last.
+    Begin {
+        lines: &'a [u8],
+        hold: Option<u64>,
+        line_ttl: u64,
+    },
+    /// Move the order from one phase to the next, a compare-and-set; an
+    /// abort says why and names the SKUs at fault.
+    Advance {
+        from: Phase,
+        to: Phase,
+        abort: Option<(Code, &'a [Bytes])>,
+    },
+    /// ORDER.CONFIRM's move.
+    Confirm,
+    /// ORDER.REVERT's move.
+    Revert,
+}
+
+impl IntentOp<'_> {
+    fn word(&self) -> &'static [u8] {
+        match self {
+            IntentOp::Read => b"read",
+            IntentOp::Begin { .. } => b"begin",
+            IntentOp::Advance { .. } => b"advance",
+            IntentOp::Confirm => b"confirm",
+            IntentOp::Revert => b"revert",
+        }
+    }
+
+    /// Its own arguments, after the op, the window and the nonce.
+    fn args(&self) -> Vec<Vec<u8>> {
+        match *self {
+            IntentOp::Read | IntentOp::Confirm | IntentOp::Revert => Vec::new(),
+            IntentOp::Begin {
+                lines,
+                hold,
+                line_ttl,
+            } => vec![
+                if hold.is_some() {
+                    b"H".to_vec()
+                } else {
+                    b"T".to_vec()
+                },
+                lines.to_vec(),
+                hold.unwrap_or(0).to_string().into_bytes(),
+                line_ttl.to_string().into_bytes(),
+            ],
+            IntentOp::Advance { from, to, abort } => {
+                let (code, short) = match abort {
+                    Some((code, short)) => {
+                        ((code as i64).to_string().into_bytes(), short.join(&b' '))
+                    }
+                    None => (Vec::new(), Vec::new()),
+                };
+                vec![
+                    from.as_str().as_bytes().to_vec(),
+                    to.as_str().as_bytes().to_vec(),
+                    code,
+                    short,
+                ]
+            }
+        }
+    }
+}
+
 /// A change of the attempt's filing that rides along with an intent call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ride {
@@ -141,36 +214,37 @@ enum Ride {
     Unfile(i64),
 }
 
-impl StockService {
+impl Saga<'_> {
     /// One call of the intent script, with the attempt's filing among the
     /// orders in flight riding along when it is due: filed by the first
     /// call that may change the intent, taken out by a move into a phase
     /// the order rests in. Where the shard's orders key is on another
     /// node, the script refuses before writing anything, and the filing
     /// is a call of its own (before the intent call; a taking out is left
-    /// to the end of the command, [`super::recovery`]).
-    pub(super) async fn intent(
-        &self,
-        attempt: &mut Attempt<'_>,
-        op: &[&[u8]],
-    ) -> Result<Intent, UpstreamError> {
-        let moves_to_rest = op[0] == b"advance"
-            && op
-                .get(2)
-                .and_then(|to| Phase::from_script(to))
-                .is_some_and(Phase::rests);
-        let ride = match attempt.filing {
-            Filing::Due if op[0] != b"read" => Some(Ride::File),
+    /// to the end of the command, [`super::recovery`]). A phase the call
+    /// moved the order into is this attempt's ([`Saga::made`]).
+    pub(super) async fn intent(&mut self, op: IntentOp<'_>) -> Result<Intent, UpstreamError> {
+        let intent = self.intent_filed(op).await?;
+        if intent.changed {
+            self.made.push(intent.phase);
+        }
+        Ok(intent)
+    }
+
+    async fn intent_filed(&mut self, op: IntentOp<'_>) -> Result<Intent, UpstreamError> {
+        let moves_to_rest = matches!(op, IntentOp::Advance { to, .. } if to.rests());
+        let ride = match self.filing {
+            Filing::Due if !matches!(op, IntentOp::Read) => Some(Ride::File),
             Filing::Filed(score) if moves_to_rest => Some(Ride::Unfile(score)),
             _ => None,
         };
         if let Some(ride) = ride {
             if ride == Ride::File {
-                self.watch_order(&attempt.id.id);
+                recovery::watch_order(self.service, &self.id.id);
             }
-            match self.intent_call(attempt, op, Some(ride)).await {
+            match self.intent_call(op, Some(ride)).await {
                 Ok(intent) => {
-                    attempt.filing = match ride {
+                    self.filing = match ride {
                         Ride::File => Filing::Filed(intent.filing),
                         Ride::Unfile(_) if intent.filing == 1 => Filing::Out,
                         Ride::Unfile(score) => Filing::Filed(score),
@@ -179,31 +253,38 @@ impl StockService {
                 }
                 Err(fault) if fault.is_non_local_key() => {
                     if ride == Ride::File {
-                        attempt.filing = Filing::Filed(self.mark_order(&attempt.id.id).await?);
+                        let score = recovery::mark_order(self.service, &self.id.id).await?;
+                        self.filing = Filing::Filed(score);
                     }
                 }
                 Err(fault) => return Err(fault),
             }
         }
-        self.intent_call(attempt, op, None).await
+        self.intent_call(op, None).await
     }
 
     async fn intent_call(
         &self,
-        attempt: &Attempt<'_>,
-        op: &[&[u8]],
+        op: IntentOp<'_>,
         ride: Option<Ride>,
     ) -> Result<Intent, UpstreamError> {
-        let key = self.keys.order_key(&attempt.id.id);
-        let mut args: Vec<&[u8]> = vec![op[0], self.retry_window_arg.as_bytes(), &attempt.nonce];
-        args.extend_from_slice(&op[1..]);
+        let service = self.service;
+        let keys = &service.keys;
+        let key = keys.order_key(&self.id.id);
+        let own = op.args();
+        let mut args: Vec<&[u8]> = vec![
+            op.word(),
+            service.settings.retry_window_arg.as_bytes(),
+            &self.nonce,
+        ];
+        args.extend(own.iter().map(Vec::as_slice));
         let shard;
         let number;
         if let Some(ride) = ride {
-            shard = &self.keys.sweep_shards()[self.keys.order_shard_index(&attempt.id.id)];
+            shard = &keys.sweep_shards()[keys.order_shard_index(&self.id.id)];
             args.resize(7, b"");
             number = match ride {
-                Ride::File => self.recover_after().as_millis().to_string(),
+                Ride::File => recovery::recover_after(service).as_millis().to_string(),
                 Ride::Unfile(score) => score.to_string(),
             };
             let word: &[u8] = match ride {
@@ -212,9 +293,9 @@ impl StockService {
             };
             args.extend_from_slice(&[word, &shard.orders, number.as_bytes()]);
         }
-        let value = self
+        let value = service
             .upstream
-            .eval_piped(&self.scripts.order, &[&key], &args, attempt.deadline)
+            .eval_piped(&service.scripts.order, &[&key], &args, self.deadline)
             .await?;
         Intent::from_script(value)
     }

@@ -1,13 +1,13 @@
 //! An order's lines: checked and put in their canonical order, and each
 //! phase's call on every line, sent at once.
 
-use super::{Attempt, Step};
-use crate::doc::StockCommand;
+use super::{Saga, Step};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, Sku};
-use crate::stock::{Op, StockResult, StockService};
-use crate::upstream::Verdict;
+use crate::stock::StockCommand;
+use crate::stock::call::{OnBehalf, Prepared, StockResult};
+use crate::stock::single::{Field, OneRequest};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -102,58 +102,40 @@ pub(super) enum LineCall {
     Revert,
 }
 
-impl StockService {
+impl Saga<'_> {
     /// One phase's call on every line, all sent at once.
-    pub(super) async fn lines(
-        &self,
-        attempt: &mut Attempt<'_>,
-        lines: &[Line],
-        call: LineCall,
-        line_ttl: u64,
-    ) -> Step {
-        let line_ttl = HoldTtl::parse(
-            line_ttl.max(1000).to_string().into(),
-            self.limits.max_hold_ms,
-        )
-        .or_else(|_| {
-            HoldTtl::parse(
-                self.limits.max_hold_ms.to_string().into(),
-                self.limits.max_hold_ms,
-            )
-        });
+    pub(super) async fn lines(&mut self, lines: &[Line], call: LineCall, line_ttl: u64) -> Step {
+        let max_hold_ms = self.service.settings.limits.max_hold_ms;
+        let line_ttl = HoldTtl::parse(line_ttl.max(1000).to_string().into(), max_hold_ms)
+            .or_else(|_| HoldTtl::parse(max_hold_ms.to_string().into(), max_hold_ms));
         let Ok(line_ttl) = line_ttl else {
             return Step::Fault(UpstreamError::new(
                 FaultKind::BadReply,
                 "no line hold ttl fits --max-hold",
             ));
         };
-        let line_id = &attempt.id.line_id;
+        let (command, ttl) = match call {
+            LineCall::Hold(_) => (StockCommand::Hold, Some(line_ttl)),
+            LineCall::Take => (StockCommand::Deduct, None),
+            LineCall::Confirm => (StockCommand::Confirm, None),
+            LineCall::Revert => (StockCommand::Revert, None),
+        };
+        let single = command
+            .single()
+            .unwrap_or_else(|| unreachable!("{command:?} is a call on one request"));
+        let takes_qty = single.fields.contains(&Field::Qty);
+        let swept = matches!(call, LineCall::Hold(true));
         let results = futures_util::future::join_all(lines.iter().map(|line| {
-            let request_id = line_id.clone();
-            let op = match call {
-                LineCall::Hold(_) => Op::Hold(crate::stock::hold::Hold {
-                    sku: line.sku.clone(),
-                    qty: line.qty.clone(),
-                    request_id,
-                    ttl: line_ttl.clone(),
-                    order_no: OrderNo::default(),
-                }),
-                LineCall::Take => Op::Deduct(crate::stock::deduct::Deduct {
-                    sku: line.sku.clone(),
-                    qty: line.qty.clone(),
-                    request_id,
-                    order_no: OrderNo::default(),
-                }),
-                LineCall::Confirm => Op::Confirm(crate::stock::confirm::Confirm {
-                    sku: line.sku.clone(),
-                    request_id,
-                }),
-                LineCall::Revert => Op::Revert(crate::stock::revert::Revert {
-                    sku: line.sku.clone(),
-                    request_id,
-                }),
+            let request = OneRequest {
+                command,
+                single,
+                sku: line.sku.clone(),
+                request_id: self.id.line_id.clone(),
+                qty: takes_qty.then(|| line.qty.clone()),
+                ttl: ttl.clone(),
+                order_no: OrderNo::default(),
             };
-            self.line(op, attempt.deadline, matches!(call, LineCall::Hold(true)))
+            self.line(request, swept)
         }))
         .await;
         let (mut revoked, mut expired, mut short, mut refused) =
@@ -164,7 +146,7 @@ impl StockService {
             match result {
                 Ok(reply) => {
                     if reply.remain >= 0 {
-                        attempt.remains.insert(sku.clone(), reply.remain);
+                        self.remains.insert(sku.clone(), reply.remain);
                     }
                     match (call, reply.code) {
                         (_, Code::Ok | Code::Duplicate) => {}
@@ -206,46 +188,24 @@ impl StockService {
         }
     }
 
-    /// One line's script call: through its node pipe, and the fallback
-    /// when the answer calls for it, within `--timeout` and the saga's
-    /// `deadline`; a line hold filed in the sweep index when `swept`. Its
-    /// metrics are the order's, not a HOLD's or a CONFIRM's.
-    async fn line(&self, op: Op, deadline: tokio::time::Instant, swept: bool) -> StockResult {
-        debug_assert!(op.request().1.as_bytes().starts_with(b"~ord:"));
-        let mut call = self.call_of(op, Instant::now());
-        if call.sent >= deadline {
-            return Err(UpstreamError::timeout(self.upstream.timeout()));
-        }
-        call.deadline = call.deadline.min(deadline);
-        call.order_line = true;
-        call.swept = swept;
-        let answer = self.await_answer(&call).await;
-        let result = match self.upstream.verdict(answer) {
-            Verdict::Settled(result) => result,
-            Verdict::Fallback => self.resend(&call).await,
-        };
-        if let Ok(reply) = &result {
-            self.record_holds(reply, false);
-            if swept {
-                self.index_hold(&call.op, reply);
-            }
-        }
-        self.metrics
-            .record_upstream(StockCommand::Order, call.sent.elapsed());
-        // Each line call has an access-log line of its own, as the single
-        // command it is (DEDUCT, HOLD, CONFIRM, REVERT) on the line's id, key and
-        // qty: the order's own line names only its request_id.
-        self.log_access(
-            call.entry(),
-            result.as_ref().map(|reply| reply.code),
-            call.arrived.elapsed(),
+    /// One line's call, through the call's one life
+    /// ([`crate::stock::StockService::run`]), within `--timeout` and the
+    /// saga's deadline; a line hold filed in the sweep index when `swept`.
+    async fn line(&self, request: OneRequest, swept: bool) -> StockResult {
+        debug_assert!(
+            request
+                .request_id
+                .as_bytes()
+                .starts_with(crate::keys::ORDER_LINE_PREFIX.as_bytes())
         );
-        result
+        let service = self.service;
+        let mut call = service.call_of(request, Instant::now(), OnBehalf::Line { swept });
+        if tokio::time::Instant::now() >= self.deadline {
+            return Err(UpstreamError::timeout(service.upstream.timeout()));
+        }
+        call.limit_deadline(self.deadline);
+        service.run(Prepared::Call(call)).await
     }
-}
-
-pub(super) fn join(skus: &[Bytes]) -> Vec<u8> {
-    skus.join(&b' ')
 }
 
 #[cfg(test)]

@@ -35,8 +35,8 @@
 //! back, and tombstones one not taken yet, so that a late DEDUCT of it
 //! answers 4 and takes nothing. An ORDER so needs no CONFIRMING: one
 //! round of line calls and one change of the intent fewer than holding
-//! and confirming (issue 25; docs/holds-and-orders.md has the crash
-//! argument step by step). Intents of kind `D`, begun by a stockgate
+//! and confirming (docs/holds-and-orders.md has the crash argument step
+//! by step). Intents of kind `D`, begun by a stockgate
 //! older than this one, still hold and confirm their lines.
 //!
 //! Replies: `[code, version, expires_at_ms, lines, short]`, plus a reason
@@ -59,43 +59,21 @@ pub mod status;
 
 pub use intent::Phase;
 pub use lines::{Line, canonical, parse_lines};
+pub use recovery::recover_shard;
 pub use reply::OrderReply;
-pub use status::OrderState;
+pub use status::{OrderState, order_state};
 
-use super::{AccessEntry, StockCommand, StockService};
-
-/// The order commands that may move an order: what the saga is asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrderCommand {
-    /// ORDER: take every line.
-    Order,
-    /// ORDER.HOLD: hold every line until ORDER.CONFIRM or the ttl.
-    Hold,
-    /// ORDER.CONFIRM: make a held order final.
-    Confirm,
-    /// ORDER.REVERT: give every line back.
-    Revert,
-}
-
-impl OrderCommand {
-    /// The stock command it is (its metrics and access-log name).
-    pub fn command(self) -> StockCommand {
-        match self {
-            OrderCommand::Order => StockCommand::Order,
-            OrderCommand::Hold => StockCommand::OrderHold,
-            OrderCommand::Confirm => StockCommand::OrderConfirm,
-            OrderCommand::Revert => StockCommand::OrderRevert,
-        }
-    }
-}
+use super::books::AccessEntry;
+use super::command::Serve;
+use super::{StockCommand, StockService};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
 use crate::params::{HoldTtl, InvalidParam, RequestId};
 use crate::reply::Reply;
 use bytes::Bytes;
-use intent::Intent;
-use lines::{LineCall, join, lines_of};
+use intent::{Intent, IntentOp};
+use lines::{LineCall, lines_of};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -104,12 +82,6 @@ use std::time::{Duration, Instant};
 /// intent's expiry is decided by one primary's clock, each line's by its
 /// own, and the lines must not run out before the order does.
 pub const LINE_MARGIN_MS: u64 = 2000;
-
-/// The intent kinds `lua/order.lua` keeps: an ORDER.HOLD's, and an
-/// ORDER's, whose lines are taken ([`lines::LineCall::Take`]). An older
-/// stockgate's ORDERs are of kind `D`, held then confirmed.
-const KIND_HOLD: &str = "H";
-const KIND_TAKE: &str = "T";
 
 /// How long an order's saga may run, in `--timeout`s. Its caller waits
 /// one `--timeout` for the answer; past it, the saga goes on in the
@@ -138,12 +110,16 @@ pub fn parse_id(arg: &Bytes) -> Result<OrderId, InvalidParam> {
     }
 }
 
-/// What the order commands ask of the saga.
+/// What an order command asks of its order's saga.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
+pub enum Want {
+    /// ORDER: take every line.
     Order,
+    /// ORDER.HOLD: hold every line until ORDER.CONFIRM or the ttl.
     Hold,
+    /// ORDER.CONFIRM: make a held order final.
     Confirm,
+    /// ORDER.REVERT: give every line back.
     Revert,
     /// Nobody asks: an order left behind, driven to an end ([`recovery`]).
     Recover,
@@ -158,18 +134,6 @@ enum Step {
     /// A line's outcome is unknown: the order stays where it is, and a
     /// retry resumes it.
     Fault(UpstreamError),
-}
-
-/// One attempt at an order: its nonce, the phases it moved it into, its
-/// filing among the orders in flight, and when its budget ends
-/// ([`SAGA_TIMEOUTS`]).
-struct Attempt<'a> {
-    id: &'a OrderId,
-    nonce: [u8; 16],
-    made: Vec<Phase>,
-    remains: HashMap<Bytes, i64>,
-    filing: Filing,
-    deadline: tokio::time::Instant,
 }
 
 /// Where an attempt stands with the orders in flight ([`recovery`]): an
@@ -189,160 +153,169 @@ enum Filing {
     Out,
 }
 
-impl Attempt<'_> {
-    fn made(&self, phase: Phase) -> bool {
-        self.made.contains(&phase)
+/// One attempt at an order: its nonce, the phases it moved it into, the
+/// stock each line's last call saw, its filing among the orders in
+/// flight, and when its budget ends ([`SAGA_TIMEOUTS`]).
+struct Saga<'a> {
+    service: &'a StockService,
+    id: &'a OrderId,
+    nonce: [u8; 16],
+    made: Vec<Phase>,
+    remains: HashMap<Bytes, i64>,
+    filing: Filing,
+    deadline: tokio::time::Instant,
+}
+
+/// Serves an order command (`args` after the name, as RESP carries them:
+/// `<request_id> [<ttl_ms>] <sku> <qty> ...`) as the RESP reply.
+pub(super) async fn serve(
+    service: &Arc<StockService>,
+    command: StockCommand,
+    args: &[Bytes],
+    arrived: Instant,
+) -> Reply {
+    match order_call(service, command, args, arrived).await {
+        Ok(reply) => reply.to_reply(),
+        Err(fault) => Reply::Error(fault.reply_text()),
     }
 }
 
-impl StockService {
-    /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT, with its
-    /// metrics and access log, as the RESP reply.
-    pub(super) async fn order(
-        self: &Arc<Self>,
-        command: OrderCommand,
-        args: &[Bytes],
-        arrived: Instant,
-    ) -> Reply {
-        match self.order_call(command, args, arrived).await {
-            Ok(reply) => reply.to_reply(),
-            Err(fault) => Reply::Error(fault.reply_text()),
+/// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT (`args` after
+/// the name), with its metrics and access log: the one code path of both
+/// doors (RESP, and HTTP's `/v1/orders`).
+///
+/// The saga runs as a task of its own, so a caller that goes away (a
+/// closed connection, an HTTP client's timeout) never cancels it between
+/// two steps. The caller waits one `--timeout` for it; past that it is
+/// told the outcome is unknown, and the saga goes on within its budget,
+/// or [`recovery`] ends it.
+pub async fn order_call(
+    service: &Arc<StockService>,
+    command: StockCommand,
+    args: &[Bytes],
+    arrived: Instant,
+) -> Result<OrderReply, UpstreamError> {
+    let Serve::Order(want) = command.describe().serve else {
+        unreachable!("{command:?} is not an order command")
+    };
+    let timeout = service.upstream.timeout();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let saga = {
+        let service = service.clone();
+        let args = args.to_vec();
+        tokio::spawn(async move { order_result(&service, want, &args).await })
+    };
+    let result = match tokio::time::timeout_at(deadline, saga).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panicked)) => Err(UpstreamError::new(
+            FaultKind::BadReply,
+            format!(
+                "the order's saga ended without an answer ({panicked}); stockgate's recovery ends the order"
+            ),
+        )),
+        Err(_) => Err(UpstreamError::new(
+            FaultKind::Timeout,
+            format!(
+                "the order did not come to rest within {} ms; it goes on in the background, and stockgate's recovery ends it if nothing else does (ORDER.STATUS shows where it is)",
+                timeout.as_millis()
+            ),
+        )),
+    };
+    service.books.record(
+        AccessEntry {
+            command,
+            sku: None,
+            request_id: args.first().map(|a| &a[..]),
+            qty: None,
+        },
+        result.as_ref().map(|reply| reply.code),
+        arrived,
+    );
+    result
+}
+
+/// An order command's outcome, not recorded.
+async fn order_result(
+    service: &StockService,
+    want: Want,
+    args: &[Bytes],
+) -> Result<OrderReply, UpstreamError> {
+    let id = match parse_id(&args[0]).and_then(|id| service.fresh(&id.id).map(|()| id)) {
+        Ok(id) => id,
+        Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
+    };
+    let mut saga = Saga::new(service, &id, Filing::Due);
+    let result = saga.order_step(want, args).await;
+    // Resting now: out of the orders in flight, unless a call of the saga
+    // took it out already. Not awaited: an order left filed is looked at
+    // when due, found at rest, and taken out then.
+    if result.is_ok()
+        && let Filing::Filed(score) = saga.filing
+    {
+        recovery::unmark_order(service, &id.id, score);
+    }
+    result
+}
+
+/// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
+fn saga_budget(service: &StockService) -> Duration {
+    service.upstream.timeout() * SAGA_TIMEOUTS
+}
+
+impl<'a> Saga<'a> {
+    fn new(service: &'a StockService, id: &'a OrderId, filing: Filing) -> Saga<'a> {
+        Saga {
+            service,
+            id,
+            nonce: service.nonces.next(),
+            made: Vec::new(),
+            remains: HashMap::new(),
+            filing,
+            deadline: tokio::time::Instant::now() + saga_budget(service),
         }
     }
 
-    /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT (`args`
-    /// after the name, as RESP carries them: `<request_id> [<ttl_ms>]
-    /// <sku> <qty> ...`), with its metrics and access log: the one code
-    /// path of both doors (RESP, and HTTP's `/v1/orders`).
-    ///
-    /// The saga runs as a task of its own, so a caller that goes away (a
-    /// closed connection, an HTTP client's timeout) never cancels it
-    /// between two steps. The caller waits one `--timeout` for it; past
-    /// that it is told the outcome is unknown, and the saga goes on within
-    /// its budget, or [`recovery`] ends it.
-    pub async fn order_call(
-        self: &Arc<Self>,
-        command: OrderCommand,
-        args: &[Bytes],
-        arrived: Instant,
-    ) -> Result<OrderReply, UpstreamError> {
-        let timeout = self.upstream.timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let saga = {
-            let service = self.clone();
-            let args = args.to_vec();
-            tokio::spawn(async move { service.order_result(command, &args).await })
-        };
-        let result = match tokio::time::timeout_at(deadline, saga).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(panicked)) => Err(UpstreamError::new(
-                FaultKind::BadReply,
-                format!(
-                    "the order's saga ended without an answer ({panicked}); stockgate's recovery ends the order"
-                ),
-            )),
-            Err(_) => Err(UpstreamError::new(
-                FaultKind::Timeout,
-                format!(
-                    "the order did not come to rest within {} ms; it goes on in the background, and stockgate's recovery ends it if nothing else does (ORDER.STATUS shows where it is)",
-                    timeout.as_millis()
-                ),
-            )),
-        };
-        self.record(
-            AccessEntry {
-                command: command.command(),
-                sku: None,
-                request_id: args.first().map(|a| &a[..]),
-                qty: None,
-            },
-            result.as_ref().map(|reply| reply.code),
-            arrived,
-        );
-        result
-    }
-
-    /// An order command's outcome, not recorded.
-    async fn order_result(
-        &self,
-        command: OrderCommand,
-        args: &[Bytes],
-    ) -> Result<OrderReply, UpstreamError> {
-        let id = match parse_id(&args[0]).and_then(|id| self.fresh(&id.id).map(|()| id)) {
-            Ok(id) => id,
-            Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
-        };
-        let mut attempt = self.attempt(&id, Filing::Due);
-        let result = self.order_step(&mut attempt, command, args).await;
-        // Resting now: out of the orders in flight, unless a call of the
-        // saga took it out already. Not awaited: an order left filed is
-        // looked at when due, found at rest, and taken out then.
-        if result.is_ok()
-            && let Filing::Filed(score) = attempt.filing
-        {
-            self.unmark_order(&id.id, score);
-        }
-        result
+    fn made(&self, phase: Phase) -> bool {
+        self.made.contains(&phase)
     }
 
     /// What an order command does with its order, until it rests.
     async fn order_step(
-        &self,
-        attempt: &mut Attempt<'_>,
-        command: OrderCommand,
+        &mut self,
+        want: Want,
         args: &[Bytes],
     ) -> Result<OrderReply, UpstreamError> {
-        match command {
-            OrderCommand::Order => {
-                match parse_lines(&args[1..], self.limits.max_qty, self.max_order_lines) {
-                    Ok(lines) => self.begin(attempt, Want::Order, &lines, None).await,
-                    Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
-                }
-            }
-            OrderCommand::Hold => {
-                let max = self.limits.max_hold_ms.saturating_sub(LINE_MARGIN_MS);
-                let parsed = HoldTtl::parse(args[1].clone(), max).and_then(|ttl| {
-                    Ok((
-                        ttl,
-                        parse_lines(&args[2..], self.limits.max_qty, self.max_order_lines)?,
-                    ))
-                });
+        let settings = &self.service.settings;
+        let (max_qty, max_lines) = (settings.limits.max_qty, settings.max_order_lines);
+        match want {
+            Want::Order => match parse_lines(&args[1..], max_qty, max_lines) {
+                Ok(lines) => self.begin(want, &lines, None).await,
+                Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
+            },
+            Want::Hold => {
+                let max = settings.limits.max_hold_ms.saturating_sub(LINE_MARGIN_MS);
+                let parsed = HoldTtl::parse(args[1].clone(), max)
+                    .and_then(|ttl| Ok((ttl, parse_lines(&args[2..], max_qty, max_lines)?)));
                 match parsed {
-                    Ok((ttl, lines)) => self.begin(attempt, Want::Hold, &lines, Some(ttl)).await,
+                    Ok((ttl, lines)) => self.begin(want, &lines, Some(ttl)).await,
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
-            OrderCommand::Confirm => {
-                let intent = self.intent(attempt, &[b"confirm"]).await?;
-                self.settle(attempt, Want::Confirm, intent).await
+            Want::Confirm => {
+                let intent = self.intent(IntentOp::Confirm).await?;
+                self.settle(want, intent).await
             }
-            OrderCommand::Revert => {
-                let intent = self.intent(attempt, &[b"revert"]).await?;
-                self.settle(attempt, Want::Revert, intent).await
+            Want::Revert => {
+                let intent = self.intent(IntentOp::Revert).await?;
+                self.settle(want, intent).await
             }
-        }
-    }
-
-    /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
-    fn saga_budget(&self) -> Duration {
-        self.upstream.timeout() * SAGA_TIMEOUTS
-    }
-
-    fn attempt<'a>(&self, id: &'a OrderId, filing: Filing) -> Attempt<'a> {
-        Attempt {
-            id,
-            nonce: self.nonces.next(),
-            made: Vec::new(),
-            remains: HashMap::new(),
-            filing,
-            deadline: tokio::time::Instant::now() + self.saga_budget(),
+            Want::Recover => unreachable!("the recovery drives an order from its intent"),
         }
     }
 
     /// ORDER and ORDER.HOLD: the intent is made (or found), then driven.
     async fn begin(
-        &self,
-        attempt: &mut Attempt<'_>,
+        &mut self,
         want: Want,
         lines: &[Line],
         ttl: Option<HoldTtl>,
@@ -350,30 +323,16 @@ impl StockService {
         let text = canonical(lines);
         // An ORDER's lines are taken, not held: the intent need only
         // outlast its saga (the script adds two retry windows).
-        let (kind, ttl_arg, line_ttl) = match &ttl {
-            Some(ttl) => (
-                KIND_HOLD,
-                ttl.get().to_string(),
-                self.line_ttl(true, ttl.get()),
-            ),
-            None => (
-                KIND_TAKE,
-                "0".to_string(),
-                self.saga_budget().as_millis() as u64,
-            ),
+        let (hold, line_ttl) = match &ttl {
+            Some(ttl) => (Some(ttl.get()), self.line_ttl(true, ttl.get())),
+            None => (None, saga_budget(self.service).as_millis() as u64),
         };
-        let line_ttl = line_ttl.to_string();
         let intent = self
-            .intent(
-                attempt,
-                &[
-                    b"begin",
-                    kind.as_bytes(),
-                    &text,
-                    ttl_arg.as_bytes(),
-                    line_ttl.as_bytes(),
-                ],
-            )
+            .intent(IntentOp::Begin {
+                lines: &text,
+                hold,
+                line_ttl,
+            })
             .await?;
         if intent.phase != Phase::Revoked {
             if intent.is_hold() != (want == Want::Hold) {
@@ -392,29 +351,26 @@ impl StockService {
                 ));
             }
         }
-        self.settle(attempt, want, intent).await
+        self.settle(want, intent).await
     }
 
     /// How long the line holds of an order last: an ORDER's
     /// `--order-line-hold`, an ORDER.HOLD's its ttl plus [`LINE_MARGIN_MS`].
     fn line_ttl(&self, hold: bool, ttl_ms: u64) -> u64 {
+        let settings = &self.service.settings;
         if hold {
-            (ttl_ms + LINE_MARGIN_MS).min(self.limits.max_hold_ms)
+            (ttl_ms + LINE_MARGIN_MS).min(settings.limits.max_hold_ms)
         } else {
-            self.order_line_hold_ms
+            settings.order_line_hold_ms
         }
     }
 
     /// Drives the order from `intent` until it rests, and answers.
     async fn settle(
-        &self,
-        attempt: &mut Attempt<'_>,
+        &mut self,
         want: Want,
         mut intent: Intent,
     ) -> Result<OrderReply, UpstreamError> {
-        if intent.changed {
-            attempt.made.push(intent.phase);
-        }
         if want == Want::Confirm && intent.phase != Phase::Revoked && !intent.is_hold() {
             return Ok(OrderReply::invalid(
                 "request_id is an ORDER's, which needs no ORDER.CONFIRM",
@@ -435,33 +391,27 @@ impl StockService {
                     } else {
                         LineCall::Hold(intent.is_hold())
                     };
-                    (
-                        Phase::Holding,
-                        self.lines(attempt, &lines, call, line_ttl).await,
-                    )
+                    (Phase::Holding, self.lines(&lines, call, line_ttl).await)
                 }
                 Phase::Confirming => (
                     Phase::Confirming,
-                    self.lines(attempt, &lines, LineCall::Confirm, 0).await,
+                    self.lines(&lines, LineCall::Confirm, 0).await,
                 ),
                 Phase::Aborting => (
                     Phase::Aborting,
-                    self.lines(attempt, &lines, LineCall::Revert, 0).await,
+                    self.lines(&lines, LineCall::Revert, 0).await,
                 ),
                 Phase::Reverting => (
                     Phase::Reverting,
-                    self.lines(attempt, &lines, LineCall::Revert, 0).await,
+                    self.lines(&lines, LineCall::Revert, 0).await,
                 ),
                 Phase::Held if want == Want::Confirm => {
-                    intent = self.intent(attempt, &[b"confirm"]).await?;
-                    if intent.changed {
-                        attempt.made.push(intent.phase);
-                    }
+                    intent = self.intent(IntentOp::Confirm).await?;
                     continue;
                 }
-                _ => return Ok(self.answer(attempt, want, &intent, &lines)),
+                _ => return Ok(self.answer(want, &intent, &lines)),
             };
-            let to = match (&step, from) {
+            let (to, abort) = match (&step, from) {
                 (Step::Fault(fault), _) => return Err(fault.clone()),
                 (Step::Done, Phase::Holding) if intent.is_hold() => (Phase::Held, None),
                 (Step::Done, Phase::Holding) if intent.takes() => (Phase::Done, None),
@@ -469,32 +419,77 @@ impl StockService {
                 (Step::Done, Phase::Confirming) => (Phase::Done, None),
                 (Step::Done, Phase::Aborting) => (Phase::Aborted, None),
                 (Step::Done, _) => (Phase::Reverted, None),
-                (Step::Abort(code, short), _) => (Phase::Aborting, Some((*code, short.clone()))),
+                (Step::Abort(code, short), _) => (Phase::Aborting, Some((*code, &short[..]))),
             };
-            let (code, short) = match &to.1 {
-                Some((code, short)) => ((*code as i64).to_string(), join(short)),
-                None => (String::new(), Vec::new()),
-            };
-            intent = self
-                .intent(
-                    attempt,
-                    &[
-                        b"advance",
-                        from.as_str().as_bytes(),
-                        to.0.as_str().as_bytes(),
-                        code.as_bytes(),
-                        &short,
-                    ],
-                )
-                .await?;
-            if intent.changed {
-                attempt.made.push(intent.phase);
-            }
+            intent = self.intent(IntentOp::Advance { from, to, abort }).await?;
         }
         Err(UpstreamError::new(
             FaultKind::BadReply,
             "the order did not come to rest; nothing more was done (retry with the same request_id)",
         ))
+    }
+
+    /// What the order command answers, from where its intent rests.
+    fn answer(&self, want: Want, intent: &Intent, lines: &[Line]) -> OrderReply {
+        let short: Vec<Bytes> = intent
+            .short
+            .split(|b| *b == b' ')
+            .filter(|s| !s.is_empty())
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let aborted = || Code::from_wire(intent.code).unwrap_or(Code::Revoked);
+        let code = match (want, intent.phase) {
+            (Want::Revert, Phase::Revoked) if self.made(Phase::Revoked) => Code::Revoked,
+            (Want::Revert, Phase::Reverted) if self.made(Phase::Reverting) => Code::Ok,
+            (Want::Revert, _) => Code::Duplicate,
+            (_, Phase::Revoked) => Code::Revoked,
+            (_, Phase::Reverting | Phase::Reverted) => Code::Revoked,
+            (Want::Confirm, Phase::Aborted) if aborted() == Code::Expired => Code::Expired,
+            (Want::Confirm, Phase::Aborted) => Code::Revoked,
+            (_, Phase::Aborted) => aborted(),
+            (Want::Hold, Phase::Held) if intent.ran_out() => Code::Expired,
+            (Want::Hold, Phase::Held) if self.made(Phase::Held) => Code::Ok,
+            (Want::Hold, _) => Code::Duplicate,
+            (_, Phase::Done) if self.made(Phase::Done) => Code::Ok,
+            _ => Code::Duplicate,
+        };
+        // A 3 of an order that was begun: a line's SKU refused its HOLD
+        // (see `lines`), and every line was given back.
+        let refused = code == Code::Invalid && intent.phase == Phase::Aborted;
+        let shown_short = matches!(code, Code::Insufficient | Code::Expired) || refused;
+        let reason = refused.then(|| {
+            let skus: Vec<String> = short
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect();
+            format!(
+                "no stock is recorded for sku {} (or its stock or record is not what stockgate wrote); every line was given back",
+                skus.join(", ")
+            )
+        });
+        OrderReply {
+            code,
+            // As a single HOLD shows it: the hold's expiry when the order
+            // holds, held or ran out (0, 1, 5); 0 when it never held (2, 3)
+            // or was revoked (4), and for an ORDER, which holds no time.
+            expires_at: if intent.is_hold()
+                && matches!(code, Code::Ok | Code::Duplicate | Code::Expired)
+            {
+                intent.expires_at
+            } else {
+                0
+            },
+            lines: lines
+                .iter()
+                .map(|line| {
+                    let sku = Bytes::copy_from_slice(line.sku.as_bytes());
+                    let remain = self.remains.get(&sku).copied().unwrap_or(-1);
+                    (sku, remain)
+                })
+                .collect(),
+            short: if shown_short { short } else { Vec::new() },
+            reason,
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! on until a retry. So before an order command changes an intent, it
 //! files the order among the *orders in flight* (`lua/order_due.lua`, one
 //! sorted set per shard of the sweep index, by the slot of the intent),
-//! due [`StockService::recover_after`] later; once the order rests it takes
+//! due [`recover_after`] later; once the order rests it takes
 //! it out again. What is still filed when due was left behind, and the
 //! sweeper's passes (every stockgate's for the shards it filed orders in,
 //! the lease holder's for every active shard: [`crate::stock::sweeper`])
@@ -27,14 +27,16 @@
 //! so a recovery racing a slow saga, a retry or another stockgate's
 //! recovery converges on one outcome. An order that can't be moved yet (its
 //! primary is still down) is filed again [`RETRY_AFTER`] later. So an
-//! unfinished order ends within [`StockService::recover_after`] of its last
+//! unfinished order ends within [`recover_after`] of its last
 //! command, or within about a [`crate::stock::sweeper::PASS_EVERY`] plus
 //! [`RETRY_AFTER`] of the fault healing if that is later (plus the lease's
 //! handover when the stockgate that filed it died too).
 
-use super::{Filing, Intent, OrderId, Phase, Want, parse_id};
+use super::intent::IntentOp;
+use super::{Filing, OrderId, Phase, Saga, Want, parse_id, saga_budget};
 use crate::error::UpstreamError;
 use crate::keys::SweepShard;
+use crate::outcome::Code;
 use crate::params::RequestId;
 use crate::stock::StockService;
 use bytes::Bytes;
@@ -49,144 +51,151 @@ const MARGIN: Duration = Duration::from_secs(5);
 const LIST: usize = 64;
 const ROUNDS: usize = 4;
 
-impl StockService {
-    /// How long after an order command its order counts as left behind:
-    /// the saga's whole budget (it goes on after its caller's deadline),
-    /// and a margin.
-    pub fn recover_after(&self) -> Duration {
-        self.saga_budget() + MARGIN
-    }
+/// How long after an order command its order counts as left behind:
+/// the saga's whole budget (it goes on after its caller's deadline),
+/// and a margin.
+pub fn recover_after(service: &StockService) -> Duration {
+    saga_budget(service) + MARGIN
+}
 
-    /// Before an order is filed: this stockgate looks at the order's shard
-    /// until it is due and a while after, and the sweep leader is told of
-    /// the shard.
-    pub(super) fn watch_order(&self, id: &RequestId) {
-        self.watch_shard(self.keys.order_shard_index(id), self.recover_after());
-    }
+/// Before an order is filed: this stockgate looks at the order's shard
+/// until it is due and a while after, and the sweep leader is told of
+/// the shard.
+pub(super) fn watch_order(service: &StockService, id: &RequestId) {
+    service
+        .sweeper
+        .watch_shard(service.keys.order_shard_index(id), recover_after(service));
+}
 
-    /// Files an order among the orders in flight, before its command
-    /// changes its intent, when that can't ride along with the intent
-    /// call (`lua/order.lua`): the score it was filed at.
-    pub(super) async fn mark_order(&self, id: &RequestId) -> Result<i64, UpstreamError> {
-        let shard = &self.keys.sweep_shards()[self.keys.order_shard_index(id)];
-        let after = self.recover_after().as_millis().to_string();
-        match self
-            .upstream
+/// Files an order among the orders in flight, before its command
+/// changes its intent, when that can't ride along with the intent
+/// call (`lua/order.lua`): the score it was filed at.
+pub(super) async fn mark_order(
+    service: &StockService,
+    id: &RequestId,
+) -> Result<i64, UpstreamError> {
+    let shard = &service.keys.sweep_shards()[service.keys.order_shard_index(id)];
+    let after = recover_after(service).as_millis().to_string();
+    match service
+        .upstream
+        .eval_piped(
+            &service.scripts.order_due,
+            &[&shard.orders],
+            &[b"mark", id.as_bytes(), after.as_bytes()],
+            tokio::time::Instant::now() + service.upstream.timeout(),
+        )
+        .await?
+    {
+        Value::Int(score) => Ok(score),
+        other => Err(bad_reply(&other)),
+    }
+}
+
+/// Takes an order that rests out of the orders in flight, unless an
+/// attempt filed it again since (`score`). Not awaited: an order left
+/// filed is looked at when due, found at rest, and taken out then.
+pub(super) fn unmark_order(service: &StockService, id: &RequestId, score: i64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let upstream = service.upstream.clone();
+    let script = service.scripts.order_due.clone();
+    let shard = service.keys.sweep_shards()[service.keys.order_shard_index(id)].clone();
+    let id = id.as_bytes().to_vec();
+    runtime.spawn(async move {
+        let score = score.to_string();
+        let deadline = tokio::time::Instant::now() + upstream.timeout();
+        if let Err(fault) = upstream
             .eval_piped(
-                &self.scripts.order_due,
+                &script,
                 &[&shard.orders],
-                &[b"mark", id.as_bytes(), after.as_bytes()],
-                tokio::time::Instant::now() + self.upstream.timeout(),
+                &[b"done", &id, score.as_bytes()],
+                deadline,
             )
-            .await?
+            .await
         {
-            Value::Int(score) => Ok(score),
-            other => Err(bad_reply(&other)),
+            tracing::debug!(error = %fault, "could not take a finished order out of the orders in flight; recovery will");
         }
-    }
+    });
+}
 
-    /// Takes an order that rests out of the orders in flight, unless an
-    /// attempt filed it again since (`score`). Not awaited: an order left
-    /// filed is looked at when due, found at rest, and taken out then.
-    pub(super) fn unmark_order(&self, id: &RequestId, score: i64) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let upstream = self.upstream.clone();
-        let script = self.scripts.order_due.clone();
-        let shard = self.keys.sweep_shards()[self.keys.order_shard_index(id)].clone();
-        let id = id.as_bytes().to_vec();
-        runtime.spawn(async move {
-            let score = score.to_string();
-            let deadline = tokio::time::Instant::now() + upstream.timeout();
-            if let Err(fault) = upstream
-                .eval_piped(
-                    &script,
-                    &[&shard.orders],
-                    &[b"done", &id, score.as_bytes()],
-                    deadline,
-                )
-                .await
-            {
-                tracing::debug!(error = %fault, "could not take a finished order out of the orders in flight; recovery will");
+/// The orders of one shard that are due, each driven to an end; the
+/// first failure, if any (an order that failed is filed again for
+/// later, the others go on).
+pub async fn recover_shard(
+    service: &StockService,
+    shard: &SweepShard,
+) -> Result<(), UpstreamError> {
+    let keys = [&shard.orders[..]];
+    let list = LIST.to_string();
+    let retry = RETRY_AFTER.as_millis().to_string();
+    let mut failed = None;
+    for _ in 0..ROUNDS {
+        let listed = service
+            .upstream
+            .eval(
+                &service.scripts.order_due,
+                &keys,
+                &[b"list", list.as_bytes()],
+            )
+            .await?;
+        let due = due_orders(&listed)?;
+        if due.is_empty() {
+            break;
+        }
+        let results =
+            futures_util::future::join_all(due.iter().map(|(id, _)| recover_order(service, id)))
+                .await;
+        for ((id, score), result) in due.iter().zip(results) {
+            let (op, extra): (&[u8], &[u8]) = match &result {
+                Ok(()) => (b"done", b""),
+                Err(_) => (b"later", retry.as_bytes()),
+            };
+            service.books.metrics.record_order_recovery(result.is_ok());
+            if let Err(fault) = result {
+                tracing::warn!(error = %fault, order = %String::from_utf8_lossy(id), "could not finish an order left behind; trying again later");
+                failed = Some(fault);
             }
-        });
-    }
-
-    /// The orders of one shard that are due, each driven to an end; the
-    /// first failure, if any (an order that failed is filed again for
-    /// later, the others go on).
-    pub(in crate::stock) async fn recover_shard(
-        &self,
-        shard: &SweepShard,
-    ) -> Result<(), UpstreamError> {
-        let keys = [&shard.orders[..]];
-        let list = LIST.to_string();
-        let retry = RETRY_AFTER.as_millis().to_string();
-        let mut failed = None;
-        for _ in 0..ROUNDS {
-            let listed = self
+            service
                 .upstream
-                .eval(&self.scripts.order_due, &keys, &[b"list", list.as_bytes()])
-                .await?;
-            let due = due_orders(&listed)?;
-            if due.is_empty() {
-                break;
-            }
-            let results =
-                futures_util::future::join_all(due.iter().map(|(id, _)| self.recover_order(id)))
-                    .await;
-            for ((id, score), result) in due.iter().zip(results) {
-                let (op, extra): (&[u8], &[u8]) = match &result {
-                    Ok(()) => (b"done", b""),
-                    Err(_) => (b"later", retry.as_bytes()),
-                };
-                self.metrics.record_order_recovery(result.is_ok());
-                if let Err(fault) = result {
-                    tracing::warn!(error = %fault, order = %String::from_utf8_lossy(id), "could not finish an order left behind; trying again later");
-                    failed = Some(fault);
-                }
-                self.upstream
-                    .eval(&self.scripts.order_due, &keys, &[op, id, score, extra])
-                    .await?;
-            }
-            if due.len() < LIST {
-                break;
-            }
-        }
-        failed.map_or(Ok(()), Err)
-    }
-
-    /// Drives one order left behind to an end (module doc).
-    async fn recover_order(&self, id: &[u8]) -> Result<(), UpstreamError> {
-        // Not an order stockgate would file: let it go.
-        let Ok(id) = parse_id(&Bytes::copy_from_slice(id)) else {
-            return Ok(());
-        };
-        self.drive_left_behind(&id).await
-    }
-
-    async fn drive_left_behind(&self, id: &OrderId) -> Result<(), UpstreamError> {
-        let mut attempt = self.attempt(id, Filing::Off);
-        let mut intent: Intent = self.intent(&mut attempt, &[b"read"]).await?;
-        if intent.phase == Phase::Holding {
-            // Before the commit point, its caller gone: back.
-            intent = self
-                .intent(
-                    &mut attempt,
-                    &[b"advance", b"HOLDING", b"ABORTING", b"5", b""],
-                )
+                .eval(&service.scripts.order_due, &keys, &[op, id, score, extra])
                 .await?;
         }
-        match intent.phase {
-            Phase::Confirming | Phase::Aborting | Phase::Reverting => {
-                tracing::info!(order = %String::from_utf8_lossy(id.id.as_bytes()), phase = intent.phase.as_str(), "finishing an order left behind");
-                self.settle(&mut attempt, Want::Recover, intent)
-                    .await
-                    .map(drop)
-            }
-            _ => Ok(()),
+        if due.len() < LIST {
+            break;
         }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Drives one order left behind to an end (module doc).
+async fn recover_order(service: &StockService, id: &[u8]) -> Result<(), UpstreamError> {
+    // Not an order stockgate would file: let it go.
+    let Ok(id) = parse_id(&Bytes::copy_from_slice(id)) else {
+        return Ok(());
+    };
+    drive_left_behind(service, &id).await
+}
+
+async fn drive_left_behind(service: &StockService, id: &OrderId) -> Result<(), UpstreamError> {
+    let mut saga = Saga::new(service, id, Filing::Off);
+    let mut intent = saga.intent(IntentOp::Read).await?;
+    if intent.phase == Phase::Holding {
+        // Before the commit point, its caller gone: back.
+        intent = saga
+            .intent(IntentOp::Advance {
+                from: Phase::Holding,
+                to: Phase::Aborting,
+                abort: Some((Code::Expired, &[])),
+            })
+            .await?;
+    }
+    match intent.phase {
+        Phase::Confirming | Phase::Aborting | Phase::Reverting => {
+            tracing::info!(order = %String::from_utf8_lossy(id.id.as_bytes()), phase = intent.phase.as_str(), "finishing an order left behind");
+            saga.settle(Want::Recover, intent).await.map(drop)
+        }
+        _ => Ok(()),
     }
 }
 

@@ -13,14 +13,22 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
-use crate::doc::{Doc, StockCommand, arg};
+use super::Want;
+use crate::doc::{Doc, arg};
+use crate::stock::command::{Command, Footprint, Serve, codes};
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::OrderRevert.name(),
-    arity: 2,
-    max_args: None,
-    flags: &["write", "denyoom"],
-    group: "stockgate",
-    summary: "Cancels an order or gives every line back, once. Replies [code, version, expires_at_ms, lines, short]: 0 given back, 1 already (nothing to give back), 3 invalid, 4 never seen (revoked).",
-    args: &[arg("request_id", "string")],
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "order.revert",
+        arity: 2,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Cancels an order or gives every line back, once. Replies [code, version, expires_at_ms, lines, short]: 0 given back, 1 already (nothing to give back), 3 invalid, 4 never seen (revoked).",
+        args: &[arg("request_id", "string")],
+    },
+    answers: codes::PLAIN,
+    gives_back: true,
+    footprint: Footprint::All,
+    serve: Serve::Order(Want::Revert),
 };

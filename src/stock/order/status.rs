@@ -16,22 +16,34 @@
 //! is `STOCK.STATUS <sku> ~ord:<request_id>`. Over HTTP:
 //! `GET /v1/orders/{request_id}`.
 
-use super::{Phase, parse_id};
-use crate::doc::{Doc, StockCommand, arg};
+use super::intent::IntentOp;
+use super::{Filing, Phase, Saga, parse_id};
+use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::UpstreamError;
 use crate::params::InvalidParam;
 use crate::reply::Reply;
 use crate::stock::StockService;
+use crate::stock::command::{Command, Footprint, Serve};
 use bytes::Bytes;
+use futures_util::FutureExt;
+use std::sync::Arc;
 
-pub const DOC: Doc = Doc {
-    name: StockCommand::OrderStatus.name(),
-    arity: 2,
-    max_args: None,
-    flags: &["fast"],
-    group: "stockgate",
-    summary: "Returns one order's phase (none, HOLDING, HELD, CONFIRMING, DONE, ABORTING, ABORTED, REVERTING, REVERTED, REVOKED), kind, lines, hold expiry, abort code and short skus, from its intent record.",
-    args: &[arg("request_id", "string")],
+static ARGS: [ArgSpec; 1] = [arg("request_id", "string")];
+
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "order.status",
+        arity: 2,
+        max_args: None,
+        flags: &["fast"],
+        group: "stockgate",
+        summary: "Returns one order's phase (none, HOLDING, HELD, CONFIRMING, DONE, ABORTING, ABORTED, REVERTING, REVERTED, REVOKED), kind, lines, hold expiry, abort code and short skus, from its intent record.",
+        args: &ARGS,
+    },
+    answers: &[],
+    gives_back: false,
+    footprint: Footprint::All,
+    serve: Serve::Alone(|service, args, _| status(service, args).boxed()),
 };
 
 /// An order's intent record, as ORDER.STATUS shows it.
@@ -52,75 +64,73 @@ pub struct OrderState {
     pub short: Vec<Bytes>,
 }
 
-impl StockService {
-    /// ORDER.STATUS: the intent record, read, as the RESP reply.
-    pub(crate) async fn order_status(&self, args: &[Bytes]) -> Reply {
-        let state = match self.order_state(&args[0]).await {
-            Ok(Ok(state)) => state,
-            Ok(Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
-            Err(fault) => return Reply::Error(fault.reply_text()),
-        };
-        let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
-        let lines: Vec<Bytes> = state
-            .lines
-            .iter()
-            .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
-            .collect();
-        Reply::Map(vec![
-            (Reply::bulk("phase"), Reply::bulk(state.phase)),
-            (Reply::bulk("kind"), Reply::bulk(state.kind)),
-            (Reply::bulk("lines"), flat(&lines)),
-            (Reply::bulk("expires_at"), Reply::Integer(state.expires_at)),
-            (
-                Reply::bulk("expired"),
-                Reply::Integer(i64::from(state.expired)),
-            ),
-            (Reply::bulk("code"), Reply::Integer(state.code)),
-            (Reply::bulk("short"), flat(&state.short)),
-        ])
-    }
+/// ORDER.STATUS: the intent record, read, as the RESP reply.
+async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
+    let state = match order_state(service, &args[0]).await {
+        Ok(Ok(state)) => state,
+        Ok(Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
+        Err(fault) => return Reply::Error(fault.reply_text()),
+    };
+    let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
+    let lines: Vec<Bytes> = state
+        .lines
+        .iter()
+        .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
+        .collect();
+    Reply::Map(vec![
+        (Reply::bulk("phase"), Reply::bulk(state.phase)),
+        (Reply::bulk("kind"), Reply::bulk(state.kind)),
+        (Reply::bulk("lines"), flat(&lines)),
+        (Reply::bulk("expires_at"), Reply::Integer(state.expires_at)),
+        (
+            Reply::bulk("expired"),
+            Reply::Integer(i64::from(state.expired)),
+        ),
+        (Reply::bulk("code"), Reply::Integer(state.code)),
+        (Reply::bulk("short"), flat(&state.short)),
+    ])
+}
 
-    /// ORDER.STATUS of `request_id` (RESP, and HTTP's
-    /// `GET /v1/orders/{request_id}`): the intent record, read, changing
-    /// nothing; the inner error for a request_id that is not one.
-    pub async fn order_state(
-        &self,
-        request_id: &Bytes,
-    ) -> Result<Result<OrderState, InvalidParam>, UpstreamError> {
-        let id = match parse_id(request_id) {
-            Ok(id) => id,
-            Err(invalid) => return Ok(Err(invalid)),
-        };
-        let mut attempt = self.attempt(&id, super::Filing::Off);
-        let intent = self.intent(&mut attempt, &[b"read"]).await?;
-        let words = |text: &Bytes| -> Vec<Bytes> {
-            text.split(|b| *b == b' ')
-                .filter(|w| !w.is_empty())
-                .map(Bytes::copy_from_slice)
-                .collect()
-        };
-        let kind = match &intent.kind[..] {
-            b"T" | b"D" => "order",
-            b"H" => "hold",
-            _ => "",
-        };
-        let phase = match intent.phase {
-            Phase::None => "none",
-            phase => phase.as_str(),
-        };
-        let lines = words(&intent.lines)
-            .chunks(2)
-            .filter(|pair| pair.len() == 2)
-            .map(|pair| (pair[0].clone(), pair[1].clone()))
-            .collect();
-        Ok(Ok(OrderState {
-            phase,
-            kind,
-            lines,
-            expires_at: intent.expires_at,
-            expired: intent.ran_out(),
-            code: intent.code,
-            short: words(&intent.short),
-        }))
-    }
+/// ORDER.STATUS of `request_id` (RESP, and HTTP's
+/// `GET /v1/orders/{request_id}`): the intent record, read, changing
+/// nothing; the inner error for a request_id that is not one.
+pub async fn order_state(
+    service: &StockService,
+    request_id: &Bytes,
+) -> Result<Result<OrderState, InvalidParam>, UpstreamError> {
+    let id = match parse_id(request_id) {
+        Ok(id) => id,
+        Err(invalid) => return Ok(Err(invalid)),
+    };
+    let mut saga = Saga::new(service, &id, Filing::Off);
+    let intent = saga.intent(IntentOp::Read).await?;
+    let words = |text: &Bytes| -> Vec<Bytes> {
+        text.split(|b| *b == b' ')
+            .filter(|w| !w.is_empty())
+            .map(Bytes::copy_from_slice)
+            .collect()
+    };
+    let kind = match &intent.kind[..] {
+        b"T" | b"D" => "order",
+        b"H" => "hold",
+        _ => "",
+    };
+    let phase = match intent.phase {
+        Phase::None => "none",
+        phase => phase.as_str(),
+    };
+    let lines = words(&intent.lines)
+        .chunks(2)
+        .filter(|pair| pair.len() == 2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    Ok(Ok(OrderState {
+        phase,
+        kind,
+        lines,
+        expires_at: intent.expires_at,
+        expired: intent.ran_out(),
+        code: intent.code,
+        short: words(&intent.short),
+    }))
 }
