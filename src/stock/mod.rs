@@ -38,16 +38,21 @@ mod service;
 pub mod single;
 pub mod sold_out;
 pub mod status;
+mod sweep_index;
 pub mod sweeper;
 mod wire;
 
 pub use call::{Concluded, Prepared, StockCall, StockResult};
-pub use command::{StockCommand, Touches};
+pub use command::Touches;
 pub use in_flight::InFlight;
 pub use service::StockService;
 pub use single::{Limits, OneRequest};
 
+use crate::metrics::Metered;
+use crate::outcome::Code;
 use bytes::Bytes;
+use command::{Command, Footprint, Serve};
+use single::Single;
 use std::net::SocketAddr;
 
 /// Who sent a request: for the audit log of operators' changes. Empty for
@@ -57,4 +62,131 @@ pub struct Caller {
     pub client_id: Option<u64>,
     pub addr: Option<SocketAddr>,
     pub name: Option<Bytes>,
+}
+
+/// Declares [`StockCommand`] from one line per command: its variant and
+/// the [`Command`] its file describes it with.
+macro_rules! stock_commands {
+    ($($variant:ident => $command:path;)*) => {
+        /// The commands the stock service serves, each described by its
+        /// own file under [`crate::stock`]; this is the one list of them.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum StockCommand {
+            $($variant,)*
+        }
+
+        impl StockCommand {
+            /// Every stock command, in `COMMAND`'s order.
+            pub const ALL: &[StockCommand] = &[$(StockCommand::$variant),*];
+
+            /// What its own file says of it.
+            pub const fn describe(self) -> &'static Command {
+                match self {
+                    $(StockCommand::$variant => &$command,)*
+                }
+            }
+        }
+    };
+}
+
+stock_commands! {
+    Deduct => deduct::COMMAND;
+    Revert => revert::COMMAND;
+    Hold => hold::COMMAND;
+    Confirm => confirm::COMMAND;
+    Order => order::deduct::COMMAND;
+    OrderHold => order::hold::COMMAND;
+    OrderConfirm => order::confirm::COMMAND;
+    OrderRevert => order::revert::COMMAND;
+    OrderStatus => order::status::COMMAND;
+    Get => admin::GET;
+    Set => admin::SET;
+    Add => admin::ADD;
+    Status => status::COMMAND;
+}
+
+impl StockCommand {
+    /// Its name, lowercase (`COMMAND`'s, and its metric label).
+    pub const fn name(self) -> &'static str {
+        self.describe().doc.name
+    }
+
+    /// It gets request metrics (`stockgate_requests_total`, ...): a call on
+    /// request ids whose answer is a business code.
+    pub const fn metered(self) -> bool {
+        !self.describe().answers.is_empty()
+    }
+
+    /// Its call on one request, if it is one.
+    pub fn single(self) -> Option<&'static Single> {
+        match &self.describe().serve {
+            Serve::Single(single) => Some(single),
+            Serve::Order(_) | Serve::Alone(_) => None,
+        }
+    }
+
+    /// What `self` with `args` (after the name, arity checked) touches.
+    pub fn touches(self, args: &[Bytes]) -> Touches<'_> {
+        let first = args.first().map_or(&[][..], |first| &first[..]);
+        match self.describe().footprint {
+            Footprint::Piped => Touches::Piped(first),
+            Footprint::Sku => Touches::Sku(first),
+            Footprint::Lines { pairs_from } => Touches::Lines {
+                id: first,
+                pairs: args.get(pairs_from..).unwrap_or_default(),
+            },
+            Footprint::All => Touches::All,
+        }
+    }
+}
+
+impl Metered for StockCommand {
+    const ALL: &'static [StockCommand] = StockCommand::ALL;
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn label(self) -> &'static str {
+        self.name()
+    }
+
+    fn answers(self) -> &'static [Code] {
+        self.describe().answers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_has_its_own_lowercase_name() {
+        let mut names: Vec<&str> = StockCommand::ALL.iter().map(|c| c.name()).collect();
+        assert!(names.iter().all(|n| *n == n.to_ascii_lowercase()));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), StockCommand::ALL.len());
+        for (i, command) in StockCommand::ALL.iter().enumerate() {
+            assert_eq!(command.index(), i, "{command:?}");
+        }
+    }
+
+    #[test]
+    fn a_call_on_one_request_takes_its_fields_in_its_documented_order() {
+        for &command in StockCommand::ALL {
+            let Some(single) = command.single() else {
+                continue;
+            };
+            let doc = &command.describe().doc;
+            let names: Vec<&str> = doc.args.iter().map(|a| a.name).collect();
+            let fields: Vec<&str> = single.fields.iter().map(|f| f.spec().name).collect();
+            assert_eq!(names, fields, "{command:?}");
+            assert_eq!(
+                command.describe().footprint,
+                Footprint::Piped,
+                "{command:?}"
+            );
+        }
+    }
 }

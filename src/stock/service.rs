@@ -6,7 +6,7 @@
 use super::books::Books;
 use super::command::Serve;
 use super::single::{Limits, Setting};
-use super::sweeper::Sweeper;
+use super::sweep_index::SweepIndex;
 use super::{Caller, StockCommand, StockResult, coalesce, nonces::Nonces, order, sold_out, wire};
 use crate::config::Config;
 use crate::error::{FaultKind, UpstreamError};
@@ -30,8 +30,8 @@ pub struct StockService {
     pub(super) books: Books,
     pub(super) nonces: Nonces,
     pub(super) wires: Wires,
-    /// Files held SKUs in the sweep index ([`super::sweeper`]).
-    pub(super) sweeper: Sweeper,
+    /// Files held SKUs in the sweep index ([`super::sweep_index`]).
+    pub(super) sweeper: SweepIndex,
     pub(super) fast: FastPaths,
 }
 
@@ -159,7 +159,7 @@ impl StockService {
         });
         let keys = config.keys.clone();
         StockService {
-            sweeper: Sweeper::new(upstream.clone(), scripts.clone(), keys.clone()),
+            sweeper: SweepIndex::new(upstream.clone(), scripts.clone(), keys.clone()),
             upstream,
             scripts,
             keys: keys.clone(),

@@ -14,9 +14,8 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
-use super::Want;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {

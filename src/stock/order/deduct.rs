@@ -13,9 +13,8 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
-use super::Want;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {

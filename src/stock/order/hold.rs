@@ -14,9 +14,8 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
-use super::Want;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {

@@ -1,7 +1,7 @@
 //! An order's intent record, as `lua/order.lua` keeps it: its phases, and
 //! the one call that reads or changes it.
 
-use super::{Filing, Saga, recovery};
+use super::{Filing, Saga, filing};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
 use bytes::Bytes;
@@ -240,7 +240,7 @@ impl Saga<'_> {
         };
         if let Some(ride) = ride {
             if ride == Ride::File {
-                recovery::watch_order(self.service, &self.id.id);
+                filing::watch_order(self.service, &self.id.id);
             }
             match self.intent_call(op, Some(ride)).await {
                 Ok(intent) => {
@@ -253,7 +253,7 @@ impl Saga<'_> {
                 }
                 Err(fault) if fault.is_non_local_key() => {
                     if ride == Ride::File {
-                        let score = recovery::mark_order(self.service, &self.id.id).await?;
+                        let score = filing::mark_order(self.service, &self.id.id).await?;
                         self.filing = Filing::Filed(score);
                     }
                 }
@@ -284,7 +284,7 @@ impl Saga<'_> {
             shard = &keys.sweep_shards()[keys.order_shard_index(&self.id.id)];
             args.resize(7, b"");
             number = match ride {
-                Ride::File => recovery::recover_after(service).as_millis().to_string(),
+                Ride::File => filing::recover_after(service).as_millis().to_string(),
                 Ride::Unfile(score) => score.to_string(),
             };
             let word: &[u8] = match ride {

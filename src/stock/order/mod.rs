@@ -49,6 +49,7 @@
 
 pub mod confirm;
 pub mod deduct;
+mod filing;
 pub mod hold;
 mod intent;
 mod lines;
@@ -64,7 +65,7 @@ pub use reply::OrderReply;
 pub use status::{OrderState, order_state};
 
 use super::books::AccessEntry;
-use super::command::Serve;
+use super::command::{Serve, Want};
 use super::{StockCommand, StockService};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
@@ -76,18 +77,12 @@ use intent::{Intent, IntentOp};
 use lines::{LineCall, lines_of};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// How much longer an ORDER.HOLD's line holds last than the order: the
 /// intent's expiry is decided by one primary's clock, each line's by its
 /// own, and the lines must not run out before the order does.
 pub const LINE_MARGIN_MS: u64 = 2000;
-
-/// How long an order's saga may run, in `--timeout`s. Its caller waits
-/// one `--timeout` for the answer; past it, the saga goes on in the
-/// background for the rest of this budget (no step starts later), and
-/// whatever it leaves unfinished is [`recovery`]'s.
-const SAGA_TIMEOUTS: u32 = 4;
 
 /// The longest request_id of an order: the line ids add `~ord:`.
 const MAX_ORDER_ID: usize = crate::params::MAX_FIELD_LEN - crate::keys::ORDER_LINE_PREFIX.len();
@@ -108,21 +103,6 @@ pub fn parse_id(arg: &Bytes) -> Result<OrderId, InvalidParam> {
             "an order's request_id must be at most {MAX_ORDER_ID} bytes"
         ))),
     }
-}
-
-/// What an order command asks of its order's saga.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// ORDER: take every line.
-    Order,
-    /// ORDER.HOLD: hold every line until ORDER.CONFIRM or the ttl.
-    Hold,
-    /// ORDER.CONFIRM: make a held order final.
-    Confirm,
-    /// ORDER.REVERT: give every line back.
-    Revert,
-    /// Nobody asks: an order left behind, driven to an end ([`recovery`]).
-    Recover,
 }
 
 /// What one phase's line calls came to.
@@ -252,14 +232,9 @@ async fn order_result(
     if result.is_ok()
         && let Filing::Filed(score) = saga.filing
     {
-        recovery::unmark_order(service, &id.id, score);
+        filing::unmark_order(service, &id.id, score);
     }
     result
-}
-
-/// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
-fn saga_budget(service: &StockService) -> Duration {
-    service.upstream.timeout() * SAGA_TIMEOUTS
 }
 
 impl<'a> Saga<'a> {
@@ -271,7 +246,7 @@ impl<'a> Saga<'a> {
             made: Vec::new(),
             remains: HashMap::new(),
             filing,
-            deadline: tokio::time::Instant::now() + saga_budget(service),
+            deadline: tokio::time::Instant::now() + filing::saga_budget(service),
         }
     }
 
@@ -325,7 +300,7 @@ impl<'a> Saga<'a> {
         // outlast its saga (the script adds two retry windows).
         let (hold, line_ttl) = match &ttl {
             Some(ttl) => (Some(ttl.get()), self.line_ttl(true, ttl.get())),
-            None => (None, saga_budget(self.service).as_millis() as u64),
+            None => (None, filing::saga_budget(self.service).as_millis() as u64),
         };
         let intent = self
             .intent(IntentOp::Begin {

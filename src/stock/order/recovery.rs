@@ -6,7 +6,7 @@
 //! on until a retry. So before an order command changes an intent, it
 //! files the order among the *orders in flight* (`lua/order_due.lua`, one
 //! sorted set per shard of the sweep index, by the slot of the intent),
-//! due [`recover_after`] later; once the order rests it takes
+//! due [`super::filing::recover_after`] later; once the order rests it takes
 //! it out again. What is still filed when due was left behind, and the
 //! sweeper's passes (every stockgate's for the shards it filed orders in,
 //! the lease holder's for every active shard: [`crate::stock::sweeper`])
@@ -27,97 +27,27 @@
 //! so a recovery racing a slow saga, a retry or another stockgate's
 //! recovery converges on one outcome. An order that can't be moved yet (its
 //! primary is still down) is filed again [`RETRY_AFTER`] later. So an
-//! unfinished order ends within [`recover_after`] of its last
+//! unfinished order ends within [`super::filing::recover_after`] of its last
 //! command, or within about a [`crate::stock::sweeper::PASS_EVERY`] plus
 //! [`RETRY_AFTER`] of the fault healing if that is later (plus the lease's
 //! handover when the stockgate that filed it died too).
 
 use super::intent::IntentOp;
-use super::{Filing, OrderId, Phase, Saga, Want, parse_id, saga_budget};
+use super::{Filing, OrderId, Phase, Saga, parse_id};
 use crate::error::UpstreamError;
 use crate::keys::SweepShard;
 use crate::outcome::Code;
-use crate::params::RequestId;
 use crate::stock::StockService;
+use crate::stock::command::Want;
 use bytes::Bytes;
 use redis::Value;
 use std::time::Duration;
 
 /// Between a failed recovery of an order and the next.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
-/// How much longer than a saga's budget an order waits to be recovered.
-const MARGIN: Duration = Duration::from_secs(5);
 /// Orders one index call lists, and index calls one shard gets per pass.
 const LIST: usize = 64;
 const ROUNDS: usize = 4;
-
-/// How long after an order command its order counts as left behind:
-/// the saga's whole budget (it goes on after its caller's deadline),
-/// and a margin.
-pub fn recover_after(service: &StockService) -> Duration {
-    saga_budget(service) + MARGIN
-}
-
-/// Before an order is filed: this stockgate looks at the order's shard
-/// until it is due and a while after, and the sweep leader is told of
-/// the shard.
-pub(super) fn watch_order(service: &StockService, id: &RequestId) {
-    service
-        .sweeper
-        .watch_shard(service.keys.order_shard_index(id), recover_after(service));
-}
-
-/// Files an order among the orders in flight, before its command
-/// changes its intent, when that can't ride along with the intent
-/// call (`lua/order.lua`): the score it was filed at.
-pub(super) async fn mark_order(
-    service: &StockService,
-    id: &RequestId,
-) -> Result<i64, UpstreamError> {
-    let shard = &service.keys.sweep_shards()[service.keys.order_shard_index(id)];
-    let after = recover_after(service).as_millis().to_string();
-    match service
-        .upstream
-        .eval_piped(
-            &service.scripts.order_due,
-            &[&shard.orders],
-            &[b"mark", id.as_bytes(), after.as_bytes()],
-            tokio::time::Instant::now() + service.upstream.timeout(),
-        )
-        .await?
-    {
-        Value::Int(score) => Ok(score),
-        other => Err(bad_reply(&other)),
-    }
-}
-
-/// Takes an order that rests out of the orders in flight, unless an
-/// attempt filed it again since (`score`). Not awaited: an order left
-/// filed is looked at when due, found at rest, and taken out then.
-pub(super) fn unmark_order(service: &StockService, id: &RequestId, score: i64) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let upstream = service.upstream.clone();
-    let script = service.scripts.order_due.clone();
-    let shard = service.keys.sweep_shards()[service.keys.order_shard_index(id)].clone();
-    let id = id.as_bytes().to_vec();
-    runtime.spawn(async move {
-        let score = score.to_string();
-        let deadline = tokio::time::Instant::now() + upstream.timeout();
-        if let Err(fault) = upstream
-            .eval_piped(
-                &script,
-                &[&shard.orders],
-                &[b"done", &id, score.as_bytes()],
-                deadline,
-            )
-            .await
-        {
-            tracing::debug!(error = %fault, "could not take a finished order out of the orders in flight; recovery will");
-        }
-    });
-}
 
 /// The orders of one shard that are due, each driven to an end; the
 /// first failure, if any (an order that failed is filed again for
@@ -200,10 +130,6 @@ async fn drive_left_behind(service: &StockService, id: &OrderId) -> Result<(), U
 }
 
 /// The index's `{now, id, score, ...}`, as (id, score) pairs.
-fn due_orders(listed: &Value) -> Result<Vec<crate::stock::sweeper::Due>, UpstreamError> {
-    crate::stock::sweeper::listed_pairs("order_due", listed)
-}
-
-fn bad_reply(what: &Value) -> UpstreamError {
-    crate::stock::sweeper::bad_reply("order_due", what)
+fn due_orders(listed: &Value) -> Result<Vec<crate::stock::sweep_index::Due>, UpstreamError> {
+    crate::stock::sweep_index::listed_pairs("order_due", listed)
 }

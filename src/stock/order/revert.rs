@@ -13,9 +13,8 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
-use super::Want;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {
