@@ -259,7 +259,6 @@ impl Index {
 /// The rule itself, by a look at every earlier request: what [`Index`]
 /// answers in O(log n), kept as the test of it (debug builds check every
 /// answer of the index against it).
-#[cfg(any(test, debug_assertions))]
 pub(super) fn waits_by_scan<'a>(
     earlier: impl Iterator<Item = &'a Entry>,
     touch: &Touch,
