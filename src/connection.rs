@@ -23,7 +23,7 @@ use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::ReadHalf;
@@ -103,17 +103,23 @@ async fn run(
     // buffers while it is idle, until the janitor finds it quiet).
     let mut read_once = false;
     let mut busy = false;
-    let mut janitor =
-        tokio::time::interval_at(tokio::time::Instant::now() + IDLE_RELEASE, IDLE_RELEASE);
-    janitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The janitor's timer (see `Janitor`).
+    let janitor = tokio::time::sleep(IDLE_RELEASE);
+    tokio::pin!(janitor);
+    let mut janitor_armed = false;
     // Taking requests from the buffer: stops after QUIT or a protocol error.
     let mut accepting = true;
-    // One future for the connection's life: made afresh each time round
-    // the loop, it enlisted in the token's waiter list every time.
+    // Enlisted once in the drain's waiter list, so that an idle connection
+    // wakes when the drain starts; each wake then reads the drain's flag,
+    // an atomic, instead of polling the token (a lock) every time round.
     let drained = drain.cancelled();
     tokio::pin!(drained);
+    enlist(drained.as_mut()).await;
 
     loop {
+        if reading && !draining && shared.draining.load(Ordering::Relaxed) {
+            draining = true;
+        }
         // Turn buffered bytes into requests while the pipeline has room.
         while accepting && in_flight.len() < config.max_pipeline {
             let request = match decoder.decode(&mut input) {
@@ -127,7 +133,9 @@ async fn run(
                     break;
                 }
             };
-            let arrived = Instant::now();
+            // Requests read together arrived together: one clock read for
+            // them all.
+            let arrived = last_read.into_std();
             let action = dispatch::execute(request, &mut session, shared);
             // After the command ran: HELLO's own reply is in the protocol
             // it chose.
@@ -165,6 +173,38 @@ async fn run(
             give_back(&mut input, &mut output, &mut in_flight);
         }
         let holding = input.capacity() > 0 || output.capacity() > 0 || in_flight.holds_memory();
+        // The janitor: every half second while the connection holds
+        // buffers or is owed answers, or an --idle-timeout may run out. Its
+        // timer is armed when it is first wanted and again each time it
+        // fires, never moved in between (a quiet connection's time is
+        // checked when it fires), and enlisted once each time it is armed:
+        // a wake, whatever its cause, looks whether it has fired.
+        let owes = !in_flight.is_empty() || !output.is_empty();
+        let janitor_wanted = holding || in_flight.with_pipes() || (idle_timeout.is_some() && !owes);
+        if janitor_armed && janitor.is_elapsed() {
+            janitor_armed = false;
+            let now = tokio::time::Instant::now();
+            if idle && now - last_read >= IDLE_RELEASE {
+                busy = false;
+                give_back(&mut input, &mut output, &mut in_flight);
+            }
+            in_flight.answer_overdue(now - ANSWER_GRACE);
+            if idle_timeout.is_some_and(|limit| !owes && now - last_read >= limit) {
+                tracing::debug!(client = id, "idle timeout; closing");
+                break;
+            }
+            continue;
+        }
+        if janitor_wanted && !janitor_armed {
+            let now = tokio::time::Instant::now();
+            let mut at = now + IDLE_RELEASE;
+            if let Some(limit) = idle_timeout.filter(|_| !owes) {
+                at = at.min((last_read + limit).max(now));
+            }
+            janitor.as_mut().reset(at);
+            janitor_armed = true;
+            enlist(janitor.as_mut()).await;
+        }
 
         let can_read =
             reading && in_flight.len() < config.max_pipeline && output.len() < MAX_OUTPUT;
@@ -188,9 +228,8 @@ async fn run(
         }
         // Biased: the branches are polled in this order instead of from a
         // random start, which cost a thread-local RNG call per select
-        // (callgrind). The ones before the read run out of work, and the
-        // read stops at --max-pipeline; what comes after it only matters
-        // when the client is quiet.
+        // (callgrind). The drain and the janitor wake the task without a
+        // branch of their own (see above).
         tokio::select! {
             biased;
             written = writer.write_buf(&mut output), if !output.is_empty() => {
@@ -201,13 +240,10 @@ async fn run(
             // Answers from the pipes and the futures; the top of the loop
             // settles them.
             () = in_flight.arrival(), if in_flight.awaits() => {}
-            // Before the read: a client that never stops sending must not
-            // keep the drain from starting.
-            () = &mut drained, if reading && !draining => {
-                draining = true;
-            }
-            // Wait for bytes before allocating a buffer for them.
-            ready = reader.readable(), if can_read && !draining => {
+            // Wait for bytes before allocating a buffer for them. The
+            // stream's own reader slot, not a waiter list.
+            ready = std::future::poll_fn(|cx| reader.as_ref().poll_read_ready(cx)),
+                if can_read && !draining => {
                 ready?;
                 match read_available(&reader, &mut input) {
                     Ok(0) => {
@@ -224,26 +260,17 @@ async fn run(
                     Err(err) => return Err(err),
                 }
             }
-            // Every half second while it holds buffers or is owed answers:
-            // a busy connection that has gone quiet gives its buffers back
-            // (the next read allocates again), and a request whose answer
-            // is overdue past its deadline is answered here (a pipe that
-            // can't run).
-            _ = janitor.tick(), if holding || in_flight.with_pipes() => {
-                if idle && last_read.elapsed() >= IDLE_RELEASE {
-                    busy = false;
-                    give_back(&mut input, &mut output, &mut in_flight);
+            // The janitor's timer fired, or the drain started: both woke the
+            // task (see above), which only has to look.
+            () = std::future::poll_fn(|_| {
+                let fired = janitor_armed && janitor.is_elapsed();
+                let drain = reading && !draining && shared.draining.load(Ordering::Relaxed);
+                if fired || drain {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
                 }
-                in_flight.answer_overdue(tokio::time::Instant::now() - ANSWER_GRACE);
-            }
-            // --idle-timeout: nothing sent and nothing owed for that long.
-            // (select! builds every branch's future each time round, so the
-            // timer is made only inside, when the branch is polled.)
-            _ = async { tokio::time::sleep_until(last_read + idle_timeout.unwrap_or_default()).await },
-                if idle_timeout.is_some() && in_flight.is_empty() && output.is_empty() => {
-                tracing::debug!(client = id, "idle timeout; closing");
-                break;
-            }
+            }), if janitor_armed || (reading && !draining) => {}
             else => break,
         }
     }
@@ -268,6 +295,18 @@ fn give_back(input: &mut BytesMut, output: &mut BytesMut, in_flight: &mut InFlig
         *output = BytesMut::new();
     }
     in_flight.give_back();
+}
+
+/// Polls `future` once, with this task's waker, and goes on: it wakes the
+/// task when it is ready, whether or not it is polled again (a timer, a
+/// cancellation token's waiter). The task then looks at what woke it.
+async fn enlist<F: Future>(future: std::pin::Pin<&mut F>) {
+    let mut future = future;
+    std::future::poll_fn(|cx| {
+        let _ = future.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await
 }
 
 /// Reads what the socket has now, growing the buffer first if needed.
