@@ -57,6 +57,11 @@ pub enum FaultKind {
     /// changed nothing. stockgate opens the journal and sends the call
     /// again; a caller sees this only when that failed.
     NoJournal,
+    /// Redis's ACL refuses stockgate's user a command or key it needs
+    /// (NOPERM), and no other way of calling was left (a refused FCALL
+    /// is sent again by EVALSHA first): nothing ran, and a retry passes
+    /// once the ACL allows it. An operator's fault, never a bad reply.
+    NoPermission,
 }
 
 /// The three classes of fault, by what they mean for the caller. The RESP
@@ -88,14 +93,15 @@ impl FaultKind {
             | FaultKind::NotReady
             | FaultKind::NotReplicated
             | FaultKind::Overloaded
-            | FaultKind::NoJournal => FaultClass::Unavailable,
+            | FaultKind::NoJournal
+            | FaultKind::NoPermission => FaultClass::Unavailable,
             FaultKind::BadReply | FaultKind::BadCall => FaultClass::BadReply,
             FaultKind::UnknownSku | FaultKind::BadData | FaultKind::Refused => FaultClass::Data,
         }
     }
 
     /// Every kind, for creating the metric series at zero.
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Timeout,
         FaultKind::Connection,
         FaultKind::ClusterDown,
@@ -111,6 +117,7 @@ impl FaultKind {
         FaultKind::NotReplicated,
         FaultKind::Overloaded,
         FaultKind::NoJournal,
+        FaultKind::NoPermission,
     ];
 
     /// The `kind` label of `stockgate_upstream_errors_total`.
@@ -131,6 +138,7 @@ impl FaultKind {
             FaultKind::NotReplicated => "not_replicated",
             FaultKind::Overloaded => "overloaded",
             FaultKind::NoJournal => "no_journal",
+            FaultKind::NoPermission => "no_permission",
         }
     }
 
@@ -229,6 +237,10 @@ impl UpstreamError {
                 format!(
                     "redis refuses writes (NOREPLICAS: too few replicas are connected): {detail}"
                 ),
+            ),
+            "NOPERM" => UpstreamError::new(
+                FaultKind::NoPermission,
+                format!("redis's ACL refuses stockgate's user (NOPERM {detail})"),
             ),
             "BUSY" => UpstreamError::new(
                 FaultKind::Busy,
@@ -364,6 +376,21 @@ mod tests {
             assert!(text.contains(says) && text.contains(detail), "{text}");
             assert!(text.contains(&format!("({code}: ")), "{text}");
         }
+        // An ACL's refusal is the operator's to fix, never a bad reply:
+        // nothing ran, and a retry passes once the ACL allows it.
+        let refused = redis::make_extension_error(
+            "NOPERM".into(),
+            Some("this user has no permissions to run the 'fcall' command".into()),
+        );
+        let e = UpstreamError::from_redis(&refused);
+        assert_eq!(e.kind, FaultKind::NoPermission);
+        assert!(e.kind.retry_may_help());
+        assert_eq!(
+            e.reply_text(),
+            "UPSTREAM redis's ACL refuses stockgate's user (NOPERM this user has no permissions \
+             to run the 'fcall' command); the outcome may be unknown, retrying with the same \
+             request_id is safe"
+        );
         // An error Redis may send that stockgate does not know stays a bad
         // reply: nothing says whether it ran.
         let e = UpstreamError::from_server_error("WHATEVER", "x");

@@ -180,31 +180,194 @@ async fn scripts_run_as_one_versioned_library_called_with_fcall(kind: ServerKind
     assert_eq!((evalshas, evals), (0, 0), "no call went by EVALSHA or EVAL");
     assert_eq!(get_stock(&cluster, "lib-1"), Some(10));
     server.stop_now();
+
+    // ACLs on the same cluster (a cluster costs more to start than these).
+    let primaries: Vec<&RedisNode> = cluster.nodes.iter().collect();
+    fcall_revoked_while_serving_moves_to_evalsha(&primaries, |sku, stock| {
+        set_stock(&cluster, sku, stock)
+    })
+    .await;
+    an_acl_refusing_fcall_at_start_means_evalsha(&primaries).await;
+}
+
+/// Gives user `user` (password `gate-pw`) every right, then takes away
+/// `denied` (ACL rules such as `-fcall`), on each of `nodes`: ACLs are
+/// each node's own, a cluster's included.
+fn set_user(nodes: &[&RedisNode], user: &str, denied: &[&str]) {
+    for node in nodes {
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg(user)
+            .arg("reset")
+            .arg("on")
+            .arg(">gate-pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all");
+        for rule in denied {
+            setuser.arg(*rule);
+        }
+        setuser
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+}
+
+fn url_of(user: &str, node: &RedisNode) -> String {
+    format!("redis://{user}:gate-pw@127.0.0.1:{}", node.port)
+}
+
+/// Calls of `command` served by `nodes` together.
+fn calls_on(nodes: &[&RedisNode], command: &str) -> u64 {
+    nodes.iter().map(|node| calls(node, command)).sum()
+}
+
+/// `stockgate check` against `url`: its `scripts` line, which must PASS.
+async fn check_scripts_line(url: String) -> String {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(stockgate_bin())
+            .args(["check", "--upstream", &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    report
+        .lines()
+        .find(|l| l.starts_with("PASS  scripts"))
+        .unwrap_or_else(|| panic!("no PASS for scripts in\n{report}"))
+        .to_owned()
+}
+
+/// FCALL revoked from stockgate's user while it serves by FCALL: the
+/// next call, a DEDUCT on the node pipes or an ORDER's intent, is sent
+/// again by EVALSHA and answered, never `-BADREPLY ... NOPERM`; from then
+/// on stockgate calls by EVALSHA and says why. `nodes` are every node of
+/// the upstream; `stock` sets a sku's stock there.
+async fn fcall_revoked_while_serving_moves_to_evalsha(
+    nodes: &[&RedisNode],
+    stock: impl Fn(&str, i64),
+) {
+    set_user(nodes, "gate-r", &[]);
+    for sku in ["rev-1", "rev-2"] {
+        stock(sku, 10);
+    }
+    let url = url_of("gate-r", nodes[0]);
+    // Two sidecars: each meets the refusal first on another path.
+    let piped = proxy(vec![url.clone()], |_| {}).await;
+    let ordering = proxy(vec![url.clone()], |_| {}).await;
+    for server in [&piped, &ordering] {
+        let upstream = &server.shared().upstream;
+        assert_eq!(
+            upstream.calling(),
+            Calling::Function,
+            "{}",
+            upstream.calling_text()
+        );
+    }
+    let mut conn = client(&piped, false).await;
+    let first = parse(
+        deduct(&mut conn, "rev-1", "1", "rev-r1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((first.code, first.remain), (0, 9));
+
+    set_user(nodes, "gate-r", &["-fcall", "-fcall_ro"]);
+    let evalshas = calls_on(nodes, "evalsha");
+    let reply = deduct(&mut conn, "rev-1", "2", "rev-r2", None)
+        .await
+        .expect("a DEDUCT refused FCALL is answered by EVALSHA");
+    let reply = parse(reply);
+    assert_eq!((reply.code, reply.remain), (0, 7));
+    let mut orders = client(&ordering, false).await;
+    let order: Value = redis::cmd("ORDER")
+        .arg("rev-o1")
+        .arg("rev-2")
+        .arg("3")
+        .query_async(&mut orders)
+        .await
+        .expect("an ORDER refused FCALL is answered by EVALSHA");
+    let Value::Array(order) = order else {
+        panic!("ORDER answered {order:?}")
+    };
+    assert_eq!(order.first(), Some(&Value::Int(0)), "{order:?}");
+    for server in [&piped, &ordering] {
+        let upstream = &server.shared().upstream;
+        let how = upstream.calling_text();
+        assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+        assert!(
+            how.starts_with("EVALSHA (")
+                && how.contains("refuses FCALL")
+                && how.to_ascii_lowercase().contains("noperm"),
+            "{how}"
+        );
+    }
+    // And from then on, by EVALSHA at once.
+    let again = parse(
+        deduct(&mut conn, "rev-1", "1", "rev-r3", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((again.code, again.remain), (0, 6));
+    assert!(
+        calls_on(nodes, "evalsha") >= evalshas + 3,
+        "the DEDUCTs and the ORDER's calls went by EVALSHA"
+    );
+    piped.stop_now();
+    ordering.stop_now();
+}
+
+/// A user refused FCALL from the start, on a cluster: stockgate is ready,
+/// calls by EVALSHA and says why, and so does `stockgate check`.
+async fn an_acl_refusing_fcall_at_start_means_evalsha(nodes: &[&RedisNode]) {
+    set_user(nodes, "gate-f", &["-fcall", "-fcall_ro"]);
+    let url = url_of("gate-f", nodes[0]);
+    let server = proxy(vec![url.clone()], |_| {}).await;
+    let upstream = &server.shared().upstream;
+    let how = upstream.calling_text();
+    assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+    assert!(
+        how.contains("refuses FCALL") && how.to_ascii_lowercase().contains("noperm"),
+        "{how}"
+    );
+    let mut conn = client(&server, false).await;
+    let reply = parse(
+        deduct(&mut conn, "lib-1", "1", "acl-f1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 9));
+    server.stop_now();
+    let line = check_scripts_line(url).await;
+    assert!(
+        line.contains("called with EVALSHA (") && line.contains("refuses FCALL"),
+        "{line}"
+    );
 }
 
 /// A standalone `kind` server with a user `gate` (password `gate-pw`)
 /// that may do everything but `denied` (ACL rules such as `-fcall`).
 fn server_with_gate_user(kind: ServerKind, denied: &[&str]) -> LocalRedis {
     let redis = standalone_of(kind);
-    let mut setuser = redis::cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg("gate")
-        .arg("on")
-        .arg(">gate-pw")
-        .arg("~*")
-        .arg("+@all");
-    for rule in denied {
-        setuser.arg(*rule);
-    }
-    setuser
-        .query::<()>(&mut redis.node.connection().unwrap())
-        .unwrap();
+    set_user(&[&redis.node], "gate", denied);
     redis
 }
 
 fn gate_url(redis: &LocalRedis) -> String {
-    format!("redis://gate:gate-pw@127.0.0.1:{}", redis.node.port)
+    url_of("gate", &redis.node)
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn fcall_revoked_while_serving_a_standalone_redis_moves_to_evalsha }
+/// [`fcall_revoked_while_serving_moves_to_evalsha`], on one Redis.
+async fn fcall_revoked_while_serving_a_standalone_redis_moves_to_evalsha(kind: ServerKind) {
+    let redis = standalone_of(kind);
+    fcall_revoked_while_serving_moves_to_evalsha(&[&redis.node], |sku, stock| {
+        set_stock_standalone(&redis, sku, stock)
+    })
+    .await;
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_acl_that_refuses_function_leaves_evalsha_in_use }
@@ -240,20 +403,7 @@ async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
         assert_eq!(calls(&redis.node, "fcall"), 0, "{denied:?}");
         server.stop_now();
 
-        let url = gate_url(&redis);
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new(stockgate_bin())
-                .args(["check", "--upstream", &url])
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let report = String::from_utf8_lossy(&out.stdout);
-        let line = report
-            .lines()
-            .find(|l| l.starts_with("PASS  scripts"))
-            .unwrap_or_else(|| panic!("{denied:?}: no PASS for scripts in\n{report}"));
+        let line = check_scripts_line(gate_url(&redis)).await;
         assert!(
             line.contains("called with EVALSHA (") && line.contains(refused),
             "{denied:?}: {line}"

@@ -1,8 +1,9 @@
 //! Running scripts: DEDUCT and REVERT through the node pipes when they
 //! can, and through the redis crate (redirects, retries, a lost script or
-//! function → EVAL, `--wait-replicas` per request, for the scripts whose
-//! answers acknowledge writes) when they can't, always within the
-//! request's one `--timeout`. Every call is written as
+//! function → EVAL, a refused FCALL → EVALSHA, `--wait-replicas` per
+//! request, for the scripts whose answers acknowledge writes) when they
+//! can't, always within the request's one `--timeout`. Every call is
+//! written as
 //! [`crate::script::LuaScript`] says for the [`Calling`] in use.
 
 use super::Upstream;
@@ -110,6 +111,12 @@ impl Upstream {
                         // The call did not run: the slow path answers it
                         // with EVAL, and the library is loaded again.
                         self.function_lost();
+                        return None;
+                    }
+                    // An ACL refused the call, which did not run: the slow
+                    // path knows what it sends, and sends an FCALL refused
+                    // so again by EVALSHA (`Upstream::call_script`).
+                    if code == "NOPERM" {
                         return None;
                     }
                     if !UpstreamError::is_redirect(code) {
@@ -321,16 +328,7 @@ impl Upstream {
             }
             let sent = self
                 .on_connection(left, async |connection| {
-                    let call = script.command(self.calling(), false, keys, args);
-                    let result = match connection.query(&call).await {
-                        Err(err) if self.is_lost(&err) => {
-                            tracing::debug!(script = script.name, %err, "sending the body with EVAL");
-                            let eval = script.command(Calling::Eval, true, keys, args);
-                            connection.query(&eval).await
-                        }
-                        other => other,
-                    };
-                    match result {
+                    match self.call_script(connection, script, keys, args).await {
                         Ok(value) => Ok(Ok(value)),
                         Err(err) if slot_moving(script, &err) => Ok(Err(err)),
                         Err(err) => Err(err),
@@ -354,6 +352,37 @@ impl Upstream {
                     )
                     .await
                 }
+            }
+        }
+    }
+
+    /// One call of `script` on `connection`, as the [`Calling`] in use
+    /// says, and again where the node's answer calls for it: by EVALSHA
+    /// when FCALL was refused with NOPERM (an ACL took it away; from then
+    /// on every call goes by EVALSHA, [`Upstream::fcall_refused`]), with
+    /// EVAL and the body when the node lacks the script or the function.
+    /// Neither refusal ran anything.
+    async fn call_script(
+        &self,
+        connection: &mut super::connect::Connection,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let mut calling = self.calling();
+        loop {
+            let call = script.command(calling, false, keys, args);
+            match connection.query(&call).await {
+                Err(err) if calling == Calling::Function && is_refused(&err) => {
+                    self.fcall_refused(&err);
+                    calling = Calling::Eval;
+                }
+                Err(err) if self.is_lost(&err) => {
+                    tracing::debug!(script = script.name, %err, "sending the body with EVAL");
+                    let eval = script.command(Calling::Eval, true, keys, args);
+                    return connection.query(&eval).await;
+                }
+                other => return other,
             }
         }
     }
@@ -397,30 +426,35 @@ impl Upstream {
             return Ok(reply);
         }
         let wait_ms = durability.timeout.as_millis() as u64;
+        // As `call_script`, each call with its WAIT: again by EVALSHA when
+        // FCALL is refused, with the body when the node lacks the script.
         let call = async |connection: &mut super::connect::Connection| {
-            let pipeline = |with_body: bool| {
+            let mut calling = self.calling();
+            let mut with_body = false;
+            loop {
                 let mut pipe = redis::pipe();
-                pipe.add_command(script.command(self.calling(), with_body, keys, args))
+                pipe.add_command(script.command(calling, with_body, keys, args))
                     .cmd("WAIT")
                     .arg(durability.replicas)
                     .arg(wait_ms);
-                pipe
-            };
-            let mut replies = connection.packed(&pipeline(false), 2).await?;
-            let lost = match replies.first() {
-                Some(Value::ServerError(e)) => {
-                    e.kind() == Some(ServerErrorKind::NoScript)
-                        || crate::script::is_function_lost(e.code(), e.details().unwrap_or(""))
+                let replies = connection.packed(&pipe, 2).await?;
+                let Some(Value::ServerError(e)) = replies.first().filter(|_| !with_body) else {
+                    return Ok::<_, RedisError>(replies);
+                };
+                if calling == Calling::Function && e.kind() == Some(ServerErrorKind::NoPerm) {
+                    self.fcall_refused(e);
+                    calling = Calling::Eval;
+                } else if e.kind() == Some(ServerErrorKind::NoScript)
+                    || crate::script::is_function_lost(e.code(), e.details().unwrap_or(""))
+                {
+                    if calling == Calling::Function {
+                        self.function_lost();
+                    }
+                    with_body = true;
+                } else {
+                    return Ok(replies);
                 }
-                _ => false,
-            };
-            if lost {
-                if self.calling() == Calling::Function {
-                    self.function_lost();
-                }
-                replies = connection.packed(&pipeline(true), 2).await?;
             }
-            Ok::<_, RedisError>(replies)
         };
         // What is left of the request's deadline, not a fresh --timeout: a
         // fallback after a node pipe's attempt must not take twice as long.
@@ -469,6 +503,11 @@ impl Upstream {
         }
         lost
     }
+}
+
+/// Whether an ACL refused the call (NOPERM): it did not run.
+fn is_refused(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
 }
 
 /// Between the fallback's attempts while a slot moves.
