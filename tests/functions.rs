@@ -188,6 +188,19 @@ async fn scripts_run_as_one_versioned_library_called_with_fcall(kind: ServerKind
     })
     .await;
     an_acl_refusing_fcall_at_start_means_evalsha(&primaries).await;
+    an_acl_refusing_function_load_means_evalsha_not_three_calls(&primaries).await;
+}
+
+/// `stockgate_function_refusals_total` of each command, as `server`
+/// counts them: (function_list, function_load, fcall).
+fn refusals(server: &stockgate::server::Server) -> (u64, u64, u64) {
+    let of = |command: &str| {
+        metric(
+            server,
+            &format!("stockgate_function_refusals_total{{command=\"{command}\"}}"),
+        )
+    };
+    (of("function_list"), of("function_load"), of("fcall"))
 }
 
 /// Gives user `user` (password `gate-pw`) every right, then takes away
@@ -221,6 +234,53 @@ fn url_of(user: &str, node: &RedisNode) -> String {
 /// Calls of `command` served by `nodes` together.
 fn calls_on(nodes: &[&RedisNode], command: &str) -> u64 {
     nodes.iter().map(|node| calls(node, command)).sum()
+}
+
+/// A user refused FUNCTION LOAD, where no primary has the library: it is
+/// not taken as loaded, stockgate calls by EVALSHA (not FCALL, `Function
+/// not found`, then EVAL: three calls each), says why once and counts it,
+/// and so does `stockgate check`.
+async fn an_acl_refusing_function_load_means_evalsha_not_three_calls(nodes: &[&RedisNode]) {
+    set_user(nodes, "gate-l", &["-function|load"]);
+    for node in nodes {
+        redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+    let url = url_of("gate-l", nodes[0]);
+    let server = proxy(vec![url.clone()], |_| {}).await;
+    let upstream = &server.shared().upstream;
+    let how = upstream.calling_text();
+    assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+    assert!(
+        how.contains("refuses FUNCTION LOAD") && how.to_ascii_lowercase().contains("noperm"),
+        "{how}"
+    );
+    assert_eq!(refusals(&server), (0, 1, 0));
+    let name = library().name;
+    for node in nodes {
+        assert!(functions_of(node, &name).is_empty(), ":{}", node.port);
+    }
+    let (fcalls, evals, evalshas) = (
+        calls_on(nodes, "fcall"),
+        calls_on(nodes, "eval"),
+        calls_on(nodes, "evalsha"),
+    );
+    let mut conn = client(&server, false).await;
+    for (n, id) in ["acl-l1", "acl-l2", "acl-l3"].into_iter().enumerate() {
+        let reply = parse(deduct(&mut conn, "lib-1", "1", id, None).await.unwrap());
+        assert_eq!((reply.code, reply.remain), (0, 8 - n as i64));
+    }
+    assert_eq!(calls_on(nodes, "fcall"), fcalls, "no FCALL");
+    assert_eq!(calls_on(nodes, "eval"), evals, "no EVAL");
+    assert_eq!(calls_on(nodes, "evalsha"), evalshas + 3, "one EVALSHA each");
+    server.stop_now();
+    let line = check_scripts_line(url).await;
+    assert!(
+        line.contains("called with EVALSHA (") && line.contains("refuses FUNCTION LOAD"),
+        "{line}"
+    );
 }
 
 /// `stockgate check` against `url`: its `scripts` line, which must PASS.
@@ -305,6 +365,18 @@ async fn fcall_revoked_while_serving_moves_to_evalsha(
             "{how}"
         );
     }
+    for server in [&piped, &ordering] {
+        // Counted once, and not again when the health loop's check, run
+        // at once, meets it on a primary it names.
+        assert_eq!(refusals(server), (0, 0, 1));
+        let upstream = &server.shared().upstream;
+        loop_until_async(Duration::from_secs(10), || async {
+            upstream.calling_text().contains("127.0.0.1:").then_some(())
+        })
+        .await;
+        assert_eq!(upstream.calling(), Calling::Eval);
+        assert_eq!(refusals(server), (0, 0, 1));
+    }
     // And from then on, by EVALSHA at once.
     let again = parse(
         deduct(&mut conn, "rev-1", "1", "rev-r3", None)
@@ -333,6 +405,7 @@ async fn an_acl_refusing_fcall_at_start_means_evalsha(nodes: &[&RedisNode]) {
         how.contains("refuses FCALL") && how.to_ascii_lowercase().contains("noperm"),
         "{how}"
     );
+    assert_eq!(refusals(&server), (0, 0, 1));
     let mut conn = client(&server, false).await;
     let reply = parse(
         deduct(&mut conn, "lib-1", "1", "acl-f1", None)
@@ -371,14 +444,15 @@ async fn fcall_revoked_while_serving_a_standalone_redis_moves_to_evalsha(kind: S
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_acl_that_refuses_function_leaves_evalsha_in_use }
-/// An ACL that refuses FUNCTION (LOAD) or only FCALL: stockgate is ready
-/// all the same, calls by EVALSHA, and says why; `stockgate check` says
-/// which is in use. With `--scripts function` it stays not ready instead,
+/// An ACL that refuses FUNCTION, FUNCTION LOAD or only FCALL: stockgate
+/// is ready all the same, calls by EVALSHA, says why and counts it;
+/// `stockgate check` says which is in use. With `--scripts function` it stays not ready instead,
 /// saying why.
 async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
-    for (denied, refused) in [
-        (&["-function"][..], "refuses FUNCTION"),
-        (&["-fcall", "-fcall_ro"][..], "refuses FCALL"),
+    for (denied, refused, counted) in [
+        (&["-function"][..], "refuses FUNCTION LIST", (1, 0, 0)),
+        (&["-function|load"][..], "refuses FUNCTION LOAD", (0, 1, 0)),
+        (&["-fcall", "-fcall_ro"][..], "refuses FCALL", (0, 0, 1)),
     ] {
         let redis = server_with_gate_user(kind, denied);
         set_stock_standalone(&redis, "acl-1", 5);
@@ -392,6 +466,7 @@ async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
                 && how.to_ascii_lowercase().contains("noperm"),
             "{denied:?}: {how}"
         );
+        assert_eq!(refusals(&server), counted, "{denied:?}");
         let mut conn = client(&server, false).await;
         let reply = parse(
             deduct(&mut conn, "acl-1", "2", "acl-r1", None)

@@ -42,7 +42,7 @@ use super::{Mode, Node, Upstream};
 use crate::config::ScriptCalls;
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Activity;
-use crate::script::{Calling, Library};
+use crate::script::{Calling, FunctionCommand, Library};
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -116,25 +116,6 @@ impl std::fmt::Display for ByEval {
         match self {
             ByEval::Asked => f.write_str("--scripts eval"),
             ByEval::Refused { text, .. } => f.write_str(text),
-        }
-    }
-}
-
-/// The commands the function library needs, any of which a server or an
-/// ACL may refuse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FunctionCommand {
-    List,
-    Load,
-    Call,
-}
-
-impl FunctionCommand {
-    fn name(self) -> &'static str {
-        match self {
-            FunctionCommand::List => "FUNCTION LIST",
-            FunctionCommand::Load => "FUNCTION LOAD",
-            FunctionCommand::Call => "FCALL",
         }
     }
 }
@@ -529,9 +510,14 @@ impl Upstream {
         for node in loaded {
             tracing::info!(library = %library.name, %node, "function library loaded");
         }
-        // Said once: a refusal is met again at every check, and the same
-        // refusal met on another primary, or by a call first, is no news.
-        if (self.calling(), self.refused()) != before {
+        // Said and counted once: a refusal is met again at every check,
+        // and the same refusal met on another primary, or by a call
+        // first, is no news.
+        let after = (self.calling(), self.refused());
+        if after != before {
+            if let (Calling::Eval, Some(command)) = after {
+                self.metrics.record_function_refusal(command);
+            }
             let now = self.calling_text();
             match self.calling() {
                 Calling::Function => tracing::info!(scripts = %now, "calling scripts with FCALL"),
@@ -567,6 +553,7 @@ impl Upstream {
             text: format!("a primary refuses FCALL: {answer}"),
         });
         drop(why);
+        self.metrics.record_function_refusal(FunctionCommand::Call);
         tracing::warn!(
             scripts = %self.calling_text(),
             "a call was refused FCALL; calling scripts with EVALSHA"
