@@ -255,14 +255,6 @@ impl FunctionCommand {
     }
 }
 
-/// Whether an error reply says the node lacks the function called: the
-/// library is not there (a new primary, `FUNCTION FLUSH`, a failover to a
-/// replica that never had it). Like NOSCRIPT, it says nothing about the
-/// request: the call did not run. Redis and Valkey word it alike.
-pub fn is_function_lost(code: &str, detail: &str) -> bool {
-    code == "ERR" && detail.starts_with("Function not found")
-}
-
 /// Bumped when the way [`Library::of`] writes the library changes, so that
 /// the same scripts written another way get another name.
 const LIBRARY_FORMAT: u32 = 1;

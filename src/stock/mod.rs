@@ -638,7 +638,7 @@ impl StockService {
             return self.conclude_read(call, answer);
         }
         if let (Op::Deduct(deduct), Ok(answer)) = (&call.op, &answer)
-            && answer.frame.starts_with(b"-NOSCRIPT")
+            && crate::answer::error_code(&answer.frame) == Some(crate::error::ErrorCode::NoScript)
         {
             self.reload_coalesced(&deduct.sku);
         }

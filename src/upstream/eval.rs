@@ -7,14 +7,13 @@
 //! [`crate::script::LuaScript`] says for the [`Calling`] in use.
 
 use super::Upstream;
-use crate::answer::Shape;
 use crate::config::Durability;
-use crate::error::{FaultKind, UpstreamError};
+use crate::error::{ErrorCode, ErrorReply, FaultKind, UpstreamError};
 use crate::outcome::StockReply;
 use crate::pipeline::{Answer, Completion, Gathered, Joinable, PipeError};
 use crate::script::{Calling, LuaScript};
 use bytes::BytesMut;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{RedisError, Value};
 use std::time::Duration;
 
 /// What a node pipe's answer to a script call comes to.
@@ -92,44 +91,35 @@ impl Upstream {
         crosses_slots: bool,
     ) -> Option<Result<Answer, UpstreamError>> {
         match answer {
-            Ok(answer) => match crate::answer::shape(&answer.frame) {
-                Shape::Error(text) => {
-                    let text = String::from_utf8_lossy(&text);
-                    let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+            Ok(answer) => match crate::answer::error_reply(&answer.frame) {
+                None => Some(Ok(answer)),
+                Some(reply) => match reply.code {
                     // The SKU's journal is not open yet: the script changed
                     // nothing, and the slow path opens it and goes again
                     // (`StockService::resend`).
-                    if code == "NOJOURNAL" {
-                        return None;
-                    }
+                    ErrorCode::NoJournal => None,
                     // Its slot is moving: the slow path asks again, as for
                     // TRYAGAIN, until the move ends or the deadline passes.
-                    if !crosses_slots && crate::error::non_local_key(detail) {
-                        return None;
-                    }
-                    if crate::script::is_function_lost(code, detail) {
+                    ErrorCode::NonLocalKey if !crosses_slots => None,
+                    ErrorCode::FunctionNotFound => {
                         // The call did not run: the slow path answers it
                         // with EVAL, and the library is loaded again.
                         self.function_lost();
-                        return None;
+                        None
                     }
                     // An ACL refused the call, which did not run: the slow
                     // path knows what it sends, and sends an FCALL refused
                     // so again by EVALSHA (`Upstream::call_script`).
-                    if code == "NOPERM" {
-                        return None;
+                    ErrorCode::NoPerm => None,
+                    ErrorCode::Moved => {
+                        if let Some(pipelines) = &self.pipelines {
+                            pipelines.mark_stale();
+                        }
+                        None
                     }
-                    if !UpstreamError::is_redirect(code) {
-                        return Some(Err(UpstreamError::from_server_error(code, detail)));
-                    }
-                    if code == "MOVED"
-                        && let Some(pipelines) = &self.pipelines
-                    {
-                        pipelines.mark_stale();
-                    }
-                    None
-                }
-                _ => Some(Ok(answer)),
+                    code if code.is_redirect() => None,
+                    _ => Some(Err(UpstreamError::from_reply(reply))),
+                },
             },
             Err(PipeError::Timeout) => Some(Err(UpstreamError::timeout(self.config.timeout))),
             // Not sent, and the slow path would queue on the same node.
@@ -441,18 +431,18 @@ impl Upstream {
                 let Some(Value::ServerError(e)) = replies.first().filter(|_| !with_body) else {
                     return Ok::<_, RedisError>(replies);
                 };
-                if calling == Calling::Function && e.kind() == Some(ServerErrorKind::NoPerm) {
-                    self.fcall_refused(e);
-                    calling = Calling::Eval;
-                } else if e.kind() == Some(ServerErrorKind::NoScript)
-                    || crate::script::is_function_lost(e.code(), e.details().unwrap_or(""))
-                {
-                    if calling == Calling::Function {
-                        self.function_lost();
+                match ErrorCode::of_server_error(e) {
+                    ErrorCode::NoPerm if calling == Calling::Function => {
+                        self.fcall_refused(e);
+                        calling = Calling::Eval;
                     }
-                    with_body = true;
-                } else {
-                    return Ok(replies);
+                    ErrorCode::NoScript | ErrorCode::FunctionNotFound => {
+                        if calling == Calling::Function {
+                            self.function_lost();
+                        }
+                        with_body = true;
+                    }
+                    _ => return Ok(replies),
                 }
             }
         };
@@ -469,7 +459,12 @@ impl Upstream {
         let reply = reply.extract_error().map_err(|e| {
             if slot_moving(script, &e) {
                 // As a TRYAGAIN here: the caller may retry once it moved.
-                UpstreamError::new(FaultKind::ClusterDown, format!("a slot is moving: {e}"))
+                let fault =
+                    UpstreamError::new(FaultKind::ClusterDown, format!("a slot is moving: {e}"));
+                match ErrorReply::of_redis(&e) {
+                    Some(reply) => fault.with_reply(reply),
+                    None => fault,
+                }
             } else {
                 UpstreamError::from_redis(&e)
             }
@@ -493,21 +488,20 @@ impl Upstream {
     /// called: the call did not run, and EVAL with the body both answers
     /// it and caches the script there.
     fn is_lost(&self, err: &RedisError) -> bool {
-        if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
-            return true;
+        match ErrorCode::of_redis(err) {
+            Some(ErrorCode::NoScript) => true,
+            Some(ErrorCode::FunctionNotFound) => {
+                self.function_lost();
+                true
+            }
+            _ => false,
         }
-        let lost =
-            crate::script::is_function_lost(err.code().unwrap_or(""), err.detail().unwrap_or(""));
-        if lost {
-            self.function_lost();
-        }
-        lost
     }
 }
 
 /// Whether an ACL refused the call (NOPERM): it did not run.
 fn is_refused(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+    ErrorCode::of_redis(err) == Some(ErrorCode::NoPerm)
 }
 
 /// Between the fallback's attempts while a slot moves.
@@ -518,12 +512,11 @@ const SLOT_MOVE_PAUSE: Duration = Duration::from_millis(20);
 /// retries), or the script, of one slot, was refused a key of it that had
 /// moved away already ([`UpstreamError::is_non_local_key`]).
 fn slot_moving(script: &LuaScript, err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
-        )
-    ) || (!script.crosses_slots() && crate::error::non_local_key(&err.to_string()))
+    match ErrorCode::of_redis(err) {
+        Some(ErrorCode::Ask | ErrorCode::Moved | ErrorCode::TryAgain) => true,
+        Some(ErrorCode::NonLocalKey) => !script.crosses_slots(),
+        _ => false,
+    }
 }
 
 /// How a write came to lack its replicas.

@@ -40,7 +40,7 @@
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
 use crate::config::ScriptCalls;
-use crate::error::{FaultKind, UpstreamError};
+use crate::error::{ErrorCode, FaultKind, UpstreamError};
 use crate::metrics::Activity;
 use crate::script::{Calling, FunctionCommand, Library};
 use redis::Value;
@@ -610,12 +610,14 @@ impl Upstream {
                 load.arg("LOAD").arg(&library.code);
                 match self.ask_node(&load, node).await {
                     Ok(Ok(_)) => loaded.push(at.clone()),
-                    // Another sidecar of this build loaded it meanwhile.
-                    Ok(Err(err)) if err.to_string().contains("already exists") => {}
-                    Ok(Err(err)) => {
-                        refusal = Some(refused(FunctionCommand::Load, &at, &err));
-                        break;
-                    }
+                    Ok(Err(err)) => match ErrorCode::of_redis(&err) {
+                        // Another sidecar of this build loaded it meanwhile.
+                        Some(ErrorCode::LibraryExists) => {}
+                        _ => {
+                            refusal = Some(refused(FunctionCommand::Load, &at, &err));
+                            break;
+                        }
+                    },
                     Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
                 }
             }
