@@ -10,6 +10,7 @@
 //! (measured with callgrind, `cargo bench --bench side_by_side --
 //! instructions`).
 
+use crate::error::{ErrorCode, ErrorReply};
 use bytes::Bytes;
 
 /// A reply from Redis that does not parse: the connection can't be trusted
@@ -140,6 +141,33 @@ pub fn shape(frame: &Bytes) -> Shape {
         },
         _ => Shape::Other,
     }
+}
+
+/// An error reply's code ([`ErrorCode::read`]); `None` for any other
+/// reply.
+pub fn error_code(frame: &Bytes) -> Option<ErrorCode> {
+    // Most replies are not errors: one byte tells (every answer is asked).
+    if frame.first() != Some(&b'-') {
+        return None;
+    }
+    let Shape::Error(text) = shape(frame) else {
+        return None;
+    };
+    let text = String::from_utf8_lossy(&text);
+    let (word, detail) = text.split_once(' ').unwrap_or((&text, ""));
+    Some(ErrorCode::read(word, detail))
+}
+
+/// An error reply, read whole: its code and its words, for the fault it
+/// becomes. `None` for any other reply.
+pub fn error_reply(frame: &Bytes) -> Option<ErrorReply> {
+    if frame.first() != Some(&b'-') {
+        return None;
+    }
+    let Shape::Error(text) = shape(frame) else {
+        return None;
+    };
+    Some(ErrorReply::parse(&String::from_utf8_lossy(&text)))
 }
 
 /// The top-level elements of an array reply, in order. Elements that are
@@ -274,6 +302,26 @@ pub fn value(frame: &Bytes) -> Option<redis::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_reply_is_read_into_its_code() {
+        let frame = |text: &'static [u8]| Bytes::from_static(text);
+        assert_eq!(
+            error_code(&frame(b"-NOSCRIPT No matching script.\r\n")),
+            Some(ErrorCode::NoScript)
+        );
+        assert_eq!(
+            error_code(&frame(b"-ERR Function not found\r\n")),
+            Some(ErrorCode::FunctionNotFound)
+        );
+        assert_eq!(error_code(&frame(b":1\r\n")), None);
+        assert_eq!(error_code(&frame(b"*1\r\n-ERR x\r\n")), None);
+        let reply = error_reply(&frame(b"-MOVED 12 127.0.0.1:7001\r\n")).unwrap();
+        assert_eq!(
+            (reply.code, reply.word.as_str(), reply.detail.as_str()),
+            (ErrorCode::Moved, "MOVED", "12 127.0.0.1:7001")
+        );
+    }
 
     #[test]
     fn a_reply_reads_as_the_redis_crate_reads_it() {

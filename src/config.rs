@@ -367,7 +367,8 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_MAX_HOLD", default_value = "24h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
-    /// Most lines one ORDER or ORDER.HOLD may have (1 to 1000).
+    /// Most lines one ORDER or ORDER.HOLD may have (1 to 1000); the largest
+    /// such order must fit in --max-request-bytes (checked at start).
     #[arg(long, env = "STOCKGATE_MAX_ORDER_LINES", default_value_t = 100)]
     pub max_order_lines: usize,
 
@@ -681,6 +682,19 @@ impl ProxyArgs {
         if !(512..=16 * 1024 * 1024).contains(&self.max_request_bytes) {
             return Err("--max-request-bytes must be from 512 to 16777216".into());
         }
+        // Every order the flag allows must reach stockgate whole over RESP
+        // (HTTP's body limit follows the flag: `http::order_body_limit`).
+        let largest_order =
+            largest_order_request(self.max_order_lines, self.max_qty, self.max_hold);
+        if largest_order > self.max_request_bytes {
+            return Err(format!(
+                "--max-order-lines {} needs --max-request-bytes {largest_order} or more, not {}: \
+                 an ORDER.HOLD of that many lines, with skus and request_id of 128 bytes and \
+                 qty up to --max-qty, takes that many bytes; raise --max-request-bytes, or \
+                 lower --max-order-lines",
+                self.max_order_lines, self.max_request_bytes
+            ));
+        }
         if self.max_pipeline == 0 {
             return Err("--max-pipeline must be at least 1".into());
         }
@@ -770,6 +784,24 @@ impl Config {
     }
 }
 
+/// The most bytes a valid ORDER.HOLD of `lines` lines (ORDER with a
+/// ttl_ms: the longer of the two) takes as a RESP request: its
+/// request_id and skus as long as a token may be, its ttl_ms and qtys of
+/// as many digits as `--max-hold` and `--max-qty` allow.
+fn largest_order_request(lines: usize, max_qty: u64, max_hold: Duration) -> usize {
+    let digits = |n: u64| n.checked_ilog10().map_or(1, |log| log as usize + 1);
+    // `*N\r\n` or `$N\r\n`, and a bulk of `len` bytes after its header.
+    let header = |n: usize| 1 + digits(n as u64) + 2;
+    let bulk = |len: usize| header(len) + len + 2;
+    let token = bulk(crate::params::MAX_FIELD_LEN);
+    let max_hold_ms = u64::try_from(max_hold.as_millis()).unwrap_or(u64::MAX);
+    header(3 + 2 * lines)
+        + bulk("ORDER.HOLD".len())
+        + token
+        + bulk(digits(max_hold_ms))
+        + lines * (token + bulk(digits(max_qty)))
+}
+
 impl ProxyArgs {
     /// The defaults, as if no flag and no environment variable were given.
     fn parse_from_defaults() -> ProxyArgs {
@@ -851,6 +883,63 @@ mod tests {
         assert_eq!(config.order_line_hold, Duration::from_secs(4));
         let err = args(&["--order-line-hold", "500ms"]).unwrap_err();
         assert!(err.contains("at least 1s"), "{err}");
+    }
+
+    #[test]
+    fn the_largest_order_the_flag_allows_fits_a_request() {
+        // The largest valid ORDER.HOLD, written as a client writes it,
+        // against the formula: a request of exactly that size is framed,
+        // one byte less of room refuses it.
+        let (lines, max_qty, max_hold) = (3, 1_000_000, Duration::from_secs(86_400));
+        let token = "k".repeat(crate::params::MAX_FIELD_LEN);
+        let mut order = vec![
+            "ORDER.HOLD".to_owned(),
+            token.clone(),
+            max_hold.as_millis().to_string(),
+        ];
+        for _ in 0..lines {
+            order.extend([token.clone(), max_qty.to_string()]);
+        }
+        let mut request = format!("*{}\r\n", order.len());
+        for arg in &order {
+            request += &format!("${}\r\n{arg}\r\n", arg.len());
+        }
+        let size = largest_order_request(lines, max_qty, max_hold);
+        assert_eq!(size, request.len());
+        use tokio_util::codec::Decoder;
+        let framed = crate::frame::RequestDecoder::new(size)
+            .decode(&mut bytes::BytesMut::from(request.as_bytes()))
+            .unwrap()
+            .expect("the whole request");
+        assert_eq!(framed.args.len(), order.len());
+        assert!(
+            crate::frame::RequestDecoder::new(size - 1)
+                .decode(&mut bytes::BytesMut::from(request.as_bytes()))
+                .is_err()
+        );
+
+        // At start: the default 100 lines fit the default 64 KiB; 1000
+        // lines need more, and say how much.
+        assert!(args(&[]).is_ok());
+        let err = args(&["--max-order-lines", "1000"]).unwrap_err();
+        let needed = largest_order_request(1000, 1_000_000, Duration::from_secs(86_400));
+        assert!(
+            err.contains(&format!(
+                "--max-order-lines 1000 needs --max-request-bytes {needed}"
+            )),
+            "{err}"
+        );
+        // docs/operations.md's figures, with the other defaults.
+        assert!(args(&["--max-order-lines", "438"]).is_ok());
+        assert!(args(&["--max-order-lines", "439"]).is_err());
+        assert_eq!(needed, 149_174);
+        assert_eq!(
+            largest_order_request(100, 1_000_000, Duration::from_secs(86_400)),
+            15_073
+        );
+        let enough = needed.to_string();
+        let config = args(&["--max-order-lines", "1000", "--max-request-bytes", &enough]).unwrap();
+        assert_eq!(config.max_order_lines, 1000);
     }
 
     #[test]

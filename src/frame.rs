@@ -25,8 +25,21 @@ use tokio_util::codec::Decoder;
 
 /// Longest line for a `*N` or `$len` header, digits and CRLF included.
 const MAX_HEADER: usize = 32;
-/// Most arguments in one request. stockgate's commands take a handful.
-pub const MAX_ARGS: usize = 1024;
+
+/// Most arguments in one request of at most `max_request` bytes. No
+/// argument takes fewer than two bytes (inline `a `; a bulk takes six), so
+/// the byte limit bounds the count, and is the one bound a client meets:
+/// any request within it is framed, however many arguments it has (an
+/// ORDER of more lines than `--max-order-lines` is answered code 3, on an
+/// open connection), and a header promising more than could ever fit is
+/// refused at once.
+pub fn max_args(max_request: usize) -> usize {
+    max_request / 2
+}
+
+/// Argument slots made ready for a multibulk request before its bulks
+/// arrive: its header alone must not make the decoder allocate much.
+const PREALLOCATED_ARGS: usize = 64;
 
 /// A malformed request. The connection answers `-ERR Protocol error: ...`
 /// once and closes, as Redis does: after a framing error the byte stream
@@ -240,12 +253,12 @@ fn scan_multibulk(
             // Redis ignores `*0` and `*-1` requests; so does stockgate.
             return Ok(Scan::Skip(at));
         }
-        if count as usize > MAX_ARGS {
+        if count as usize > max_args(max_request) {
             return Err(ProtocolError("invalid multibulk length".into()));
         }
         *progress = Progress::Multibulk {
             count: count as usize,
-            ranges: Vec::with_capacity(count as usize),
+            ranges: Vec::with_capacity((count as usize).min(PREALLOCATED_ARGS)),
             at,
         };
     }
@@ -335,7 +348,7 @@ fn scan_inline(
     // The line is split once, when its end has arrived: a trickled line
     // is searched for its LF incrementally above, never split twice.
     *scanned += line_end as u64;
-    let args = split_inline(&buf[..line_end])?;
+    let args = split_inline(&buf[..line_end], max_args(max_request))?;
     if args.is_empty() {
         return Ok(Scan::Skip(nl + 1));
     }
@@ -376,7 +389,7 @@ fn is_c_space(b: u8) -> bool {
 /// looks for the line's end with `strchr`, which stops at a NUL, so it
 /// never finds the end of a line holding one and waits for more until the
 /// line passes 64 KiB; stockgate takes the line as it is.
-fn split_inline(line: &[u8]) -> Result<Vec<InlineArg>, ProtocolError> {
+fn split_inline(line: &[u8], max_args: usize) -> Result<Vec<InlineArg>, ProtocolError> {
     let unbalanced = || ProtocolError("unbalanced quotes in request".into());
     let closes = |at: usize| at + 1 >= line.len() || is_c_space(line[at + 1]);
     let mut args = Vec::new();
@@ -388,7 +401,7 @@ fn split_inline(line: &[u8]) -> Result<Vec<InlineArg>, ProtocolError> {
         if at == line.len() {
             return Ok(args);
         }
-        if args.len() == MAX_ARGS {
+        if args.len() == max_args {
             return Err(ProtocolError("invalid multibulk length".into()));
         }
         let start = at;
@@ -681,6 +694,28 @@ mod tests {
         let mut decoder = RequestDecoder::new(limit);
         let mut buf = BytesMut::from(&exact[..]);
         assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().args.len(), 2);
+    }
+
+    #[test]
+    fn the_byte_limit_bounds_the_arguments_too() {
+        // Any request within the byte limit is framed, however many
+        // arguments it has (an ORDER of many lines is answered, not cut).
+        let max = 64 * 1024;
+        let count = 5000;
+        let mut request = format!("*{count}\r\n").into_bytes();
+        for _ in 0..count {
+            request.extend_from_slice(b"$1\r\na\r\n");
+        }
+        assert!(request.len() <= max);
+        let mut buf = BytesMut::from(&request[..]);
+        let framed = RequestDecoder::new(max).decode(&mut buf).unwrap().unwrap();
+        assert_eq!(framed.args.len(), count);
+        // A count that could never fit is refused at its header.
+        let mut buf = BytesMut::from(format!("*{}\r\n", max_args(max) + 1).as_bytes());
+        assert_eq!(
+            RequestDecoder::new(max).decode(&mut buf),
+            Err(ProtocolError("invalid multibulk length".into()))
+        );
     }
 
     #[test]

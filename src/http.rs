@@ -31,7 +31,7 @@
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
 //! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
-//! | malformed JSON, missing field, wrong type, body over 16 KiB | 400 `{"error"}`; Redis is not called |
+//! | malformed JSON, missing field, wrong type, body over 16 KiB (orders: over [`order_body_limit`]) | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
 //! | unknown sku, corrupt data, bad script reply, internal fault | 500 `{"error"}` |
 //!
@@ -60,6 +60,20 @@ use tokio_util::sync::CancellationToken;
 
 /// Largest request body; more is a 400 before anything is parsed.
 pub const MAX_BODY: usize = 16 * 1024;
+
+/// Room for one line of an order's body: its sku of up to 128 bytes with
+/// every byte escaped (256), a qty of 16 digits as a string, the keys, and
+/// a pretty printer's indentation.
+const LINE_BODY: usize = 512;
+
+/// Largest body of `POST /v1/orders` when an order may have `max_lines`
+/// lines: room for each line beside the others' limit, so that HTTP
+/// carries every order the flag allows (RESP's limit is checked against
+/// it at start), and an order of a few lines too many is answered code 3,
+/// as over RESP, not 400 for its size.
+pub fn order_body_limit(max_lines: usize) -> usize {
+    MAX_BODY + max_lines * LINE_BODY
+}
 
 /// Seconds a 503 asks the caller to wait before retrying.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -253,7 +267,7 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let body: DeductBody = match read_json(request).await {
+    let body: DeductBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -277,7 +291,7 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let body: HoldBody = match read_json(request).await {
+    let body: HoldBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -317,7 +331,7 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let body: RevertBody = match read_json(request).await {
+    let body: RevertBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -333,7 +347,8 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let body: OrderBody = match read_json(request).await {
+    let limit = order_body_limit(shared.config.max_order_lines);
+    let body: OrderBody = match read_json(request, limit).await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -481,13 +496,16 @@ fn integer_text(raw: &RawValue, field: &str) -> Result<Bytes, String> {
     ))
 }
 
-/// Reads at most [`MAX_BODY`] bytes and parses them; anything wrong is a
-/// 400 with the reason, and the stock service is never called.
-async fn read_json<T: for<'de> Deserialize<'de>>(request: Request) -> Result<T, Response> {
-    let bytes = to_bytes(request.into_body(), MAX_BODY).await.map_err(|_| {
+/// Reads at most `limit` bytes and parses them; anything wrong is a 400
+/// with the reason, and the stock service is never called.
+async fn read_json<T: for<'de> Deserialize<'de>>(
+    request: Request,
+    limit: usize,
+) -> Result<T, Response> {
+    let bytes = to_bytes(request.into_body(), limit).await.map_err(|_| {
         error(
             StatusCode::BAD_REQUEST,
-            &format!("request body is larger than {MAX_BODY} bytes, or unreadable"),
+            &format!("request body is larger than {limit} bytes, or unreadable"),
             None,
         )
     })?;

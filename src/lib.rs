@@ -40,7 +40,8 @@
 //! - [`answer`]: Redis's replies as the node pipes read them (raw bytes).
 //! - [`outcome`]: the business code table and the DEDUCT reply.
 //! - [`reply`]: replies (and commands to Redis) written as exact RESP bytes.
-//! - [`error`]: system faults, by source and whether a retry helps.
+//! - [`error`]: system faults, by source and whether a retry helps; Redis's
+//!   error replies, read once into the code every decision reads.
 //!
 //! Around it:
 //!

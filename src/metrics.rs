@@ -10,6 +10,7 @@
 
 use crate::error::FaultKind;
 use crate::outcome::{Code, HoldEvent};
+use crate::script::FunctionCommand;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,7 @@ pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
 pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
 pub const ORDER_RECOVERIES_TOTAL: &str = "stockgate_order_recoveries_total";
 pub const JOURNALS_OPENED_TOTAL: &str = "stockgate_journal_opened_total";
+pub const FUNCTION_REFUSALS_TOTAL: &str = "stockgate_function_refusals_total";
 /// `stockgate journal sink`'s own series ([`JournalMetrics`]).
 pub const JOURNAL_ENTRIES_MOVED_TOTAL: &str = "stockgate_journal_entries_moved_total";
 pub const JOURNAL_LAG_SECONDS: &str = "stockgate_journal_lag_seconds";
@@ -166,6 +168,9 @@ pub struct Metrics {
     /// SKUs whose journal this stockgate opened ([`crate::stock`]'s
     /// journal: a SKU's first call with `--journal` on).
     journals_opened: Counter,
+    /// Refusals of the function library that made stockgate call by
+    /// EVALSHA, in [`FunctionCommand::ALL`]'s order.
+    function_refusals: Vec<Counter>,
 }
 
 impl Metrics {
@@ -396,7 +401,27 @@ impl Metrics {
         let journals_opened =
             recorder.register_counter(&Key::from_name(JOURNALS_OPENED_TOTAL), &meta);
         journals_opened.increment(0);
+        recorder.describe_counter(
+            FUNCTION_REFUSALS_TOTAL.into(),
+            None,
+            "Times a primary refused stockgate the function library (an ACL's NOPERM, a server without FUNCTION) and scripts went to be called by EVALSHA, by the command refused (function_list, function_load, fcall); each refusal counts once, not at every check that meets it again.".into(),
+        );
+        let function_refusals = FunctionCommand::ALL
+            .into_iter()
+            .map(|command| {
+                let counter = recorder.register_counter(
+                    &Key::from_parts(
+                        FUNCTION_REFUSALS_TOTAL,
+                        vec![Label::new("command", command.label())],
+                    ),
+                    &meta,
+                );
+                counter.increment(0);
+                counter
+            })
+            .collect();
         Metrics {
+            function_refusals,
             handle: recorder.handle(),
             commands,
             journals_opened,
@@ -471,6 +496,15 @@ impl Metrics {
     /// A SKU's journal opened (listed and made).
     pub fn record_journal_opened(&self) {
         self.journals_opened.increment(1);
+    }
+
+    /// A refusal of the function library, newly met.
+    pub fn record_function_refusal(&self, command: FunctionCommand) {
+        let index = FunctionCommand::ALL
+            .iter()
+            .position(|c| *c == command)
+            .expect("every command is registered");
+        self.function_refusals[index].increment(1);
     }
 
     /// One pass of the sweeper, finished or failed.

@@ -220,12 +220,39 @@ impl CallingNow {
     }
 }
 
-/// Whether an error reply says the node lacks the function called: the
-/// library is not there (a new primary, `FUNCTION FLUSH`, a failover to a
-/// replica that never had it). Like NOSCRIPT, it says nothing about the
-/// request: the call did not run. Redis and Valkey word it alike.
-pub fn is_function_lost(code: &str, detail: &str) -> bool {
-    code == "ERR" && detail.starts_with("Function not found")
+/// The commands the function library needs, any of which a server or an
+/// ACL may refuse (stockgate then calls by EVALSHA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionCommand {
+    List,
+    Load,
+    Call,
+}
+
+impl FunctionCommand {
+    pub const ALL: [FunctionCommand; 3] = [
+        FunctionCommand::List,
+        FunctionCommand::Load,
+        FunctionCommand::Call,
+    ];
+
+    /// As Redis names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FunctionCommand::List => "FUNCTION LIST",
+            FunctionCommand::Load => "FUNCTION LOAD",
+            FunctionCommand::Call => "FCALL",
+        }
+    }
+
+    /// The `command` label of `stockgate_function_refusals_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FunctionCommand::List => "function_list",
+            FunctionCommand::Load => "function_load",
+            FunctionCommand::Call => "fcall",
+        }
+    }
 }
 
 /// Bumped when the way [`Library::of`] writes the library changes, so that

@@ -5,6 +5,7 @@ mod support;
 use std::time::Duration;
 use stockgate::config::Durability;
 use stockgate::dev::{LocalCluster, RedisOptions};
+use stockgate::script::Calling;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,6 +101,59 @@ async fn writes_wait_for_replicas_and_unconfirmed_ones_are_retryable_errors() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     assert!(not_replicated >= 2.0, "{metrics}");
+    server.stop_now();
+
+    // FCALL taken away by an ACL while a call waits for its replicas: the
+    // call goes again by EVALSHA with its WAIT, and is confirmed. (Once
+    // CLUSTER SLOTS lists the replica again: a sidecar that reads it
+    // without refuses writes at once, with no WAIT.)
+    let mut primary = cluster.nodes[0].connection().unwrap();
+    let mut listed = false;
+    for _ in 0..300 {
+        let slots: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut primary)
+            .unwrap();
+        if slots.first().is_some_and(|range| range.len() > 3) {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed, "CLUSTER SLOTS lists the replica again");
+    for node in &cluster.nodes {
+        redis::cmd("ACL")
+            .arg(&["SETUSER", "gate", "on", ">gate-pw", "~*", "+@all"])
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+    let gate = format!("redis://gate:gate-pw@127.0.0.1:{}", cluster.nodes[0].port);
+    let server = proxy(vec![gate], |c| {
+        c.upstream.durability = Some(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(200),
+        });
+    })
+    .await;
+    let upstream = &server.shared().upstream;
+    assert_eq!(upstream.calling(), Calling::Function);
+    for node in &cluster.nodes {
+        redis::cmd("ACL")
+            .arg(&["SETUSER", "gate", "-fcall"])
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+    let mut conn = client(&server, false).await;
+    let reply = deduct(&mut conn, "durable", "1", "w4", None)
+        .await
+        .expect("confirmed by EVALSHA and WAIT");
+    assert_eq!(parse(reply).code, 0);
+    assert_eq!(
+        upstream.calling(),
+        Calling::Eval,
+        "{}",
+        upstream.calling_text()
+    );
 }
 
 /// Stops a server process (SIGSTOP) until dropped: it keeps its

@@ -180,42 +180,279 @@ async fn scripts_run_as_one_versioned_library_called_with_fcall(kind: ServerKind
     assert_eq!((evalshas, evals), (0, 0), "no call went by EVALSHA or EVAL");
     assert_eq!(get_stock(&cluster, "lib-1"), Some(10));
     server.stop_now();
+
+    // ACLs on the same cluster (a cluster costs more to start than these).
+    let primaries: Vec<&RedisNode> = cluster.nodes.iter().collect();
+    fcall_revoked_while_serving_moves_to_evalsha(&primaries, |sku, stock| {
+        set_stock(&cluster, sku, stock)
+    })
+    .await;
+    an_acl_refusing_fcall_at_start_means_evalsha(&primaries).await;
+    an_acl_refusing_function_load_means_evalsha_not_three_calls(&primaries).await;
+}
+
+/// `stockgate_function_refusals_total` of each command, as `server`
+/// counts them: (function_list, function_load, fcall).
+fn refusals(server: &stockgate::server::Server) -> (u64, u64, u64) {
+    let of = |command: &str| {
+        metric(
+            server,
+            &format!("stockgate_function_refusals_total{{command=\"{command}\"}}"),
+        )
+    };
+    (of("function_list"), of("function_load"), of("fcall"))
+}
+
+/// Gives user `user` (password `gate-pw`) every right, then takes away
+/// `denied` (ACL rules such as `-fcall`), on each of `nodes`: ACLs are
+/// each node's own, a cluster's included.
+fn set_user(nodes: &[&RedisNode], user: &str, denied: &[&str]) {
+    for node in nodes {
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg(user)
+            .arg("reset")
+            .arg("on")
+            .arg(">gate-pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all");
+        for rule in denied {
+            setuser.arg(*rule);
+        }
+        setuser
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+}
+
+fn url_of(user: &str, node: &RedisNode) -> String {
+    format!("redis://{user}:gate-pw@127.0.0.1:{}", node.port)
+}
+
+/// Calls of `command` served by `nodes` together.
+fn calls_on(nodes: &[&RedisNode], command: &str) -> u64 {
+    nodes.iter().map(|node| calls(node, command)).sum()
+}
+
+/// A user refused FUNCTION LOAD, where no primary has the library: it is
+/// not taken as loaded, stockgate calls by EVALSHA (not FCALL, `Function
+/// not found`, then EVAL: three calls each), says why once and counts it,
+/// and so does `stockgate check`.
+async fn an_acl_refusing_function_load_means_evalsha_not_three_calls(nodes: &[&RedisNode]) {
+    set_user(nodes, "gate-l", &["-function|load"]);
+    for node in nodes {
+        redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query::<()>(&mut node.connection().unwrap())
+            .unwrap();
+    }
+    let url = url_of("gate-l", nodes[0]);
+    let server = proxy(vec![url.clone()], |_| {}).await;
+    let upstream = &server.shared().upstream;
+    let how = upstream.calling_text();
+    assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+    assert!(
+        how.contains("refuses FUNCTION LOAD") && how.to_ascii_lowercase().contains("noperm"),
+        "{how}"
+    );
+    assert_eq!(refusals(&server), (0, 1, 0));
+    let name = library().name;
+    for node in nodes {
+        assert!(functions_of(node, &name).is_empty(), ":{}", node.port);
+    }
+    let (fcalls, evals, evalshas) = (
+        calls_on(nodes, "fcall"),
+        calls_on(nodes, "eval"),
+        calls_on(nodes, "evalsha"),
+    );
+    let mut conn = client(&server, false).await;
+    for (n, id) in ["acl-l1", "acl-l2", "acl-l3"].into_iter().enumerate() {
+        let reply = parse(deduct(&mut conn, "lib-1", "1", id, None).await.unwrap());
+        assert_eq!((reply.code, reply.remain), (0, 8 - n as i64));
+    }
+    assert_eq!(calls_on(nodes, "fcall"), fcalls, "no FCALL");
+    assert_eq!(calls_on(nodes, "eval"), evals, "no EVAL");
+    assert_eq!(calls_on(nodes, "evalsha"), evalshas + 3, "one EVALSHA each");
+    server.stop_now();
+    let line = check_scripts_line(url).await;
+    assert!(
+        line.contains("called with EVALSHA (") && line.contains("refuses FUNCTION LOAD"),
+        "{line}"
+    );
+}
+
+/// `stockgate check` against `url`: its `scripts` line, which must PASS.
+async fn check_scripts_line(url: String) -> String {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(stockgate_bin())
+            .args(["check", "--upstream", &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    report
+        .lines()
+        .find(|l| l.starts_with("PASS  scripts"))
+        .unwrap_or_else(|| panic!("no PASS for scripts in\n{report}"))
+        .to_owned()
+}
+
+/// FCALL revoked from stockgate's user while it serves by FCALL: the
+/// next call, a DEDUCT on the node pipes or an ORDER's intent, is sent
+/// again by EVALSHA and answered, never `-BADREPLY ... NOPERM`; from then
+/// on stockgate calls by EVALSHA and says why. `nodes` are every node of
+/// the upstream; `stock` sets a sku's stock there.
+async fn fcall_revoked_while_serving_moves_to_evalsha(
+    nodes: &[&RedisNode],
+    stock: impl Fn(&str, i64),
+) {
+    set_user(nodes, "gate-r", &[]);
+    for sku in ["rev-1", "rev-2"] {
+        stock(sku, 10);
+    }
+    let url = url_of("gate-r", nodes[0]);
+    // Two sidecars: each meets the refusal first on another path.
+    let piped = proxy(vec![url.clone()], |_| {}).await;
+    let ordering = proxy(vec![url.clone()], |_| {}).await;
+    for server in [&piped, &ordering] {
+        let upstream = &server.shared().upstream;
+        assert_eq!(
+            upstream.calling(),
+            Calling::Function,
+            "{}",
+            upstream.calling_text()
+        );
+    }
+    let mut conn = client(&piped, false).await;
+    let first = parse(
+        deduct(&mut conn, "rev-1", "1", "rev-r1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((first.code, first.remain), (0, 9));
+
+    set_user(nodes, "gate-r", &["-fcall", "-fcall_ro"]);
+    let evalshas = calls_on(nodes, "evalsha");
+    let reply = deduct(&mut conn, "rev-1", "2", "rev-r2", None)
+        .await
+        .expect("a DEDUCT refused FCALL is answered by EVALSHA");
+    let reply = parse(reply);
+    assert_eq!((reply.code, reply.remain), (0, 7));
+    let mut orders = client(&ordering, false).await;
+    let order: Value = redis::cmd("ORDER")
+        .arg("rev-o1")
+        .arg("rev-2")
+        .arg("3")
+        .query_async(&mut orders)
+        .await
+        .expect("an ORDER refused FCALL is answered by EVALSHA");
+    let Value::Array(order) = order else {
+        panic!("ORDER answered {order:?}")
+    };
+    assert_eq!(order.first(), Some(&Value::Int(0)), "{order:?}");
+    for server in [&piped, &ordering] {
+        let upstream = &server.shared().upstream;
+        let how = upstream.calling_text();
+        assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+        assert!(
+            how.starts_with("EVALSHA (")
+                && how.contains("refuses FCALL")
+                && how.to_ascii_lowercase().contains("noperm"),
+            "{how}"
+        );
+    }
+    for server in [&piped, &ordering] {
+        // Counted once, and not again when the health loop's check, run
+        // at once, meets it on a primary it names.
+        assert_eq!(refusals(server), (0, 0, 1));
+        let upstream = &server.shared().upstream;
+        loop_until_async(Duration::from_secs(10), || async {
+            upstream.calling_text().contains("127.0.0.1:").then_some(())
+        })
+        .await;
+        assert_eq!(upstream.calling(), Calling::Eval);
+        assert_eq!(refusals(server), (0, 0, 1));
+    }
+    // And from then on, by EVALSHA at once.
+    let again = parse(
+        deduct(&mut conn, "rev-1", "1", "rev-r3", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((again.code, again.remain), (0, 6));
+    assert!(
+        calls_on(nodes, "evalsha") >= evalshas + 3,
+        "the DEDUCTs and the ORDER's calls went by EVALSHA"
+    );
+    piped.stop_now();
+    ordering.stop_now();
+}
+
+/// A user refused FCALL from the start, on a cluster: stockgate is ready,
+/// calls by EVALSHA and says why, and so does `stockgate check`.
+async fn an_acl_refusing_fcall_at_start_means_evalsha(nodes: &[&RedisNode]) {
+    set_user(nodes, "gate-f", &["-fcall", "-fcall_ro"]);
+    let url = url_of("gate-f", nodes[0]);
+    let server = proxy(vec![url.clone()], |_| {}).await;
+    let upstream = &server.shared().upstream;
+    let how = upstream.calling_text();
+    assert_eq!(upstream.calling(), Calling::Eval, "{how}");
+    assert!(
+        how.contains("refuses FCALL") && how.to_ascii_lowercase().contains("noperm"),
+        "{how}"
+    );
+    assert_eq!(refusals(&server), (0, 0, 1));
+    let mut conn = client(&server, false).await;
+    let reply = parse(
+        deduct(&mut conn, "lib-1", "1", "acl-f1", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((reply.code, reply.remain), (0, 9));
+    server.stop_now();
+    let line = check_scripts_line(url).await;
+    assert!(
+        line.contains("called with EVALSHA (") && line.contains("refuses FCALL"),
+        "{line}"
+    );
 }
 
 /// A standalone `kind` server with a user `gate` (password `gate-pw`)
 /// that may do everything but `denied` (ACL rules such as `-fcall`).
 fn server_with_gate_user(kind: ServerKind, denied: &[&str]) -> LocalRedis {
     let redis = standalone_of(kind);
-    let mut setuser = redis::cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg("gate")
-        .arg("on")
-        .arg(">gate-pw")
-        .arg("~*")
-        .arg("+@all");
-    for rule in denied {
-        setuser.arg(*rule);
-    }
-    setuser
-        .query::<()>(&mut redis.node.connection().unwrap())
-        .unwrap();
+    set_user(&[&redis.node], "gate", denied);
     redis
 }
 
 fn gate_url(redis: &LocalRedis) -> String {
-    format!("redis://gate:gate-pw@127.0.0.1:{}", redis.node.port)
+    url_of("gate", &redis.node)
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn fcall_revoked_while_serving_a_standalone_redis_moves_to_evalsha }
+/// [`fcall_revoked_while_serving_moves_to_evalsha`], on one Redis.
+async fn fcall_revoked_while_serving_a_standalone_redis_moves_to_evalsha(kind: ServerKind) {
+    let redis = standalone_of(kind);
+    fcall_revoked_while_serving_moves_to_evalsha(&[&redis.node], |sku, stock| {
+        set_stock_standalone(&redis, sku, stock)
+    })
+    .await;
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_acl_that_refuses_function_leaves_evalsha_in_use }
-/// An ACL that refuses FUNCTION (LOAD) or only FCALL: stockgate is ready
-/// all the same, calls by EVALSHA, and says why; `stockgate check` says
-/// which is in use. With `--scripts function` it stays not ready instead,
+/// An ACL that refuses FUNCTION, FUNCTION LOAD or only FCALL: stockgate
+/// is ready all the same, calls by EVALSHA, says why and counts it;
+/// `stockgate check` says which is in use. With `--scripts function` it stays not ready instead,
 /// saying why.
 async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
-    for (denied, refused) in [
-        (&["-function"][..], "refuses FUNCTION"),
-        (&["-fcall", "-fcall_ro"][..], "refuses FCALL"),
+    for (denied, refused, counted) in [
+        (&["-function"][..], "refuses FUNCTION LIST", (1, 0, 0)),
+        (&["-function|load"][..], "refuses FUNCTION LOAD", (0, 1, 0)),
+        (&["-fcall", "-fcall_ro"][..], "refuses FCALL", (0, 0, 1)),
     ] {
         let redis = server_with_gate_user(kind, denied);
         set_stock_standalone(&redis, "acl-1", 5);
@@ -229,6 +466,7 @@ async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
                 && how.to_ascii_lowercase().contains("noperm"),
             "{denied:?}: {how}"
         );
+        assert_eq!(refusals(&server), counted, "{denied:?}");
         let mut conn = client(&server, false).await;
         let reply = parse(
             deduct(&mut conn, "acl-1", "2", "acl-r1", None)
@@ -240,20 +478,7 @@ async fn an_acl_that_refuses_function_leaves_evalsha_in_use(kind: ServerKind) {
         assert_eq!(calls(&redis.node, "fcall"), 0, "{denied:?}");
         server.stop_now();
 
-        let url = gate_url(&redis);
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new(stockgate_bin())
-                .args(["check", "--upstream", &url])
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let report = String::from_utf8_lossy(&out.stdout);
-        let line = report
-            .lines()
-            .find(|l| l.starts_with("PASS  scripts"))
-            .unwrap_or_else(|| panic!("{denied:?}: no PASS for scripts in\n{report}"));
+        let line = check_scripts_line(gate_url(&redis)).await;
         assert!(
             line.contains("called with EVALSHA (") && line.contains(refused),
             "{denied:?}: {line}"

@@ -274,6 +274,134 @@ async fn invalid_orders_are_code_3_and_touch_nothing(kind: ServerKind) {
         err.to_string().contains("wrong number of arguments"),
         "{err}"
     );
+    server.stop_now();
+
+    the_widest_orders_are_carried_whole_and_one_line_more_is_code_3(&cluster).await;
+}
+
+/// `--max-order-lines` at its most, 1,000 (with `--max-request-bytes`
+/// raised as start-up asks): an order of that many lines reaches stockgate
+/// whole over RESP and over HTTP and is applied; one of a line more is
+/// code 3, on a connection that stays open (it was a protocol error and a
+/// close from 512 lines on over RESP, and a 400 from about 650 over HTTP).
+async fn the_widest_orders_are_carried_whole_and_one_line_more_is_code_3(
+    cluster: &stockgate::dev::LocalCluster,
+) {
+    const MOST: usize = 1000;
+    let skus: Vec<String> = (0..=MOST).map(|i| format!("wide-{i}")).collect();
+    let mut pipe = redis::cluster::cluster_pipe();
+    for sku in &skus {
+        pipe.cmd("SET").arg(stock_key(sku)).arg(2).ignore();
+    }
+    pipe.query::<()>(&mut cluster.cluster_connection().unwrap())
+        .unwrap();
+    let server = proxy(cluster.seeds(), |config| {
+        config.max_order_lines = MOST;
+        config.max_request_bytes = 256 * 1024;
+        config.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let order = |command: &str, id: &str, ttl: Option<&str>, lines: usize| {
+        let mut args = vec![command.to_owned(), id.to_owned()];
+        args.extend(ttl.map(str::to_owned));
+        for sku in &skus[..lines] {
+            args.extend([sku.clone(), "1".to_owned()]);
+        }
+        args
+    };
+    let send = async |conn: &mut redis::aio::MultiplexedConnection, args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        must(conn, &args).await
+    };
+
+    let whole = send(&mut conn, order("ORDER", "wide-1", None, MOST)).await;
+    assert_eq!(
+        (whole.code, whole.remains.len()),
+        (0, MOST),
+        "{:?}",
+        whole.reason
+    );
+    let over = send(&mut conn, order("ORDER", "wide-2", None, MOST + 1)).await;
+    assert_eq!(over.code, 3);
+    let reason = over.reason.unwrap_or_default();
+    assert!(reason.contains("at most 1000 lines"), "{reason}");
+    let over = send(
+        &mut conn,
+        order("ORDER.HOLD", "wide-3", Some("60000"), MOST + 1),
+    )
+    .await;
+    assert_eq!(over.code, 3);
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert_eq!(pong, "PONG", "the connection stays open");
+
+    let http = server.http_addr.expect("http is enabled");
+    let body = |id: &str, lines: usize| {
+        let lines: Vec<serde_json::Value> = skus[..lines]
+            .iter()
+            .map(|sku| serde_json::json!({"sku": sku, "qty": 1}))
+            .collect();
+        serde_json::json!({"request_id": id, "lines": lines}).to_string()
+    };
+    let (status, reply) = post_json(http, "/v1/orders", body("wide-4", MOST)).await;
+    assert_eq!(
+        (status, &reply["code"]),
+        (200, &serde_json::json!(0)),
+        "{reply}"
+    );
+    let (status, reply) = post_json(http, "/v1/orders", body("wide-5", MOST + 1)).await;
+    assert_eq!(
+        (status, &reply["code"]),
+        (400, &serde_json::json!(3)),
+        "{reply}"
+    );
+
+    // Both whole orders took every line; the refused ones, none.
+    for sku in [&skus[0], &skus[MOST - 1]] {
+        assert_eq!(get_stock(cluster, sku), Some(0), "{sku}");
+    }
+    assert_eq!(get_stock(cluster, &skus[MOST]), Some(2));
+    server.stop_now();
+}
+
+/// A POST of a JSON `body` to stockgate's HTTP face: the status and the
+/// JSON reply. (Off the runtime's thread: stockgate serves on it.)
+async fn post_json(
+    http: std::net::SocketAddr,
+    path: &'static str,
+    body: String,
+) -> (u16, serde_json::Value) {
+    tokio::task::spawn_blocking(move || post_json_blocking(http, path, &body))
+        .await
+        .unwrap()
+}
+
+fn post_json_blocking(
+    http: std::net::SocketAddr,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(http).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: stockgate\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{response}"));
+    let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {response}")),
+    )
 }
 
 matrix! { #[tokio::test] async fn a_revert_first_revokes_the_order_and_a_late_order_gets_4 }

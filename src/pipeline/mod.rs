@@ -57,8 +57,8 @@
 //!   each of them.
 //!
 //! Anything out of the ordinary (MOVED, ASK, TRYAGAIN, CLUSTERDOWN,
-//! NOSCRIPT, READONLY, a connection lost mid-request) is not handled here:
-//! the request goes again through the redis crate (see
+//! NOSCRIPT, READONLY, an ACL's NOPERM, a connection lost mid-request) is
+//! not handled here: the request goes again through the redis crate (see
 //! [`crate::upstream`]), which owns redirects, retries and reconnection.
 //! Sending it again is safe because the scripts are idempotent by
 //! request_id, and a resend of the same call answers as the first did.

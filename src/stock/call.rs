@@ -286,7 +286,7 @@ impl StockService {
         }
         if let Ok(answer) = &answer
             && call.request.single.takes
-            && answer.frame.starts_with(b"-NOSCRIPT")
+            && crate::answer::error_code(&answer.frame) == Some(crate::error::ErrorCode::NoScript)
         {
             self.reload_coalesced(&call.request.sku);
         }

@@ -1,19 +1,19 @@
 //! Running scripts: DEDUCT and REVERT through the node pipes when they
 //! can, and through the redis crate (redirects, retries, a lost script or
-//! function → EVAL, `--wait-replicas` per request, for the scripts whose
-//! answers acknowledge writes) when they can't, always within the
-//! request's one `--timeout`. Every call is written as
+//! function → EVAL, a refused FCALL → EVALSHA, `--wait-replicas` per
+//! request, for the scripts whose answers acknowledge writes) when they
+//! can't, always within the request's one `--timeout`. Every call is
+//! written as
 //! [`crate::script::LuaScript`] says for the [`Calling`] in use.
 
 use super::Upstream;
-use crate::answer::Shape;
 use crate::config::Durability;
-use crate::error::{FaultKind, UpstreamError};
+use crate::error::{ErrorCode, ErrorReply, FaultKind, UpstreamError};
 use crate::outcome::StockReply;
 use crate::pipeline::{Answer, Completion, Gathered, Joinable, PipeError};
 use crate::script::{Calling, LuaScript};
 use bytes::BytesMut;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{RedisError, Value};
 use std::time::Duration;
 
 /// What a node pipe's answer to a script call comes to.
@@ -91,38 +91,35 @@ impl Upstream {
         crosses_slots: bool,
     ) -> Option<Result<Answer, UpstreamError>> {
         match answer {
-            Ok(answer) => match crate::answer::shape(&answer.frame) {
-                Shape::Error(text) => {
-                    let text = String::from_utf8_lossy(&text);
-                    let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+            Ok(answer) => match crate::answer::error_reply(&answer.frame) {
+                None => Some(Ok(answer)),
+                Some(reply) => match reply.code {
                     // The SKU's journal is not open yet: the script changed
                     // nothing, and the slow path opens it and goes again
                     // (`StockService::resend`).
-                    if code == "NOJOURNAL" {
-                        return None;
-                    }
+                    ErrorCode::NoJournal => None,
                     // Its slot is moving: the slow path asks again, as for
                     // TRYAGAIN, until the move ends or the deadline passes.
-                    if !crosses_slots && crate::error::non_local_key(detail) {
-                        return None;
-                    }
-                    if crate::script::is_function_lost(code, detail) {
+                    ErrorCode::NonLocalKey if !crosses_slots => None,
+                    ErrorCode::FunctionNotFound => {
                         // The call did not run: the slow path answers it
                         // with EVAL, and the library is loaded again.
                         self.function_lost();
-                        return None;
+                        None
                     }
-                    if !UpstreamError::is_redirect(code) {
-                        return Some(Err(UpstreamError::from_server_error(code, detail)));
+                    // An ACL refused the call, which did not run: the slow
+                    // path knows what it sends, and sends an FCALL refused
+                    // so again by EVALSHA (`Upstream::call_script`).
+                    ErrorCode::NoPerm => None,
+                    ErrorCode::Moved => {
+                        if let Some(pipelines) = &self.pipelines {
+                            pipelines.mark_stale();
+                        }
+                        None
                     }
-                    if code == "MOVED"
-                        && let Some(pipelines) = &self.pipelines
-                    {
-                        pipelines.mark_stale();
-                    }
-                    None
-                }
-                _ => Some(Ok(answer)),
+                    code if code.is_redirect() => None,
+                    _ => Some(Err(UpstreamError::from_reply(reply))),
+                },
             },
             Err(PipeError::Timeout) => Some(Err(UpstreamError::timeout(self.config.timeout))),
             // Not sent, and the slow path would queue on the same node.
@@ -321,16 +318,7 @@ impl Upstream {
             }
             let sent = self
                 .on_connection(left, async |connection| {
-                    let call = script.command(self.calling(), false, keys, args);
-                    let result = match connection.query(&call).await {
-                        Err(err) if self.is_lost(&err) => {
-                            tracing::debug!(script = script.name, %err, "sending the body with EVAL");
-                            let eval = script.command(Calling::Eval, true, keys, args);
-                            connection.query(&eval).await
-                        }
-                        other => other,
-                    };
-                    match result {
+                    match self.call_script(connection, script, keys, args).await {
                         Ok(value) => Ok(Ok(value)),
                         Err(err) if slot_moving(script, &err) => Ok(Err(err)),
                         Err(err) => Err(err),
@@ -354,6 +342,37 @@ impl Upstream {
                     )
                     .await
                 }
+            }
+        }
+    }
+
+    /// One call of `script` on `connection`, as the [`Calling`] in use
+    /// says, and again where the node's answer calls for it: by EVALSHA
+    /// when FCALL was refused with NOPERM (an ACL took it away; from then
+    /// on every call goes by EVALSHA, [`Upstream::fcall_refused`]), with
+    /// EVAL and the body when the node lacks the script or the function.
+    /// Neither refusal ran anything.
+    async fn call_script(
+        &self,
+        connection: &mut super::connect::Connection,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, RedisError> {
+        let mut calling = self.calling();
+        loop {
+            let call = script.command(calling, false, keys, args);
+            match connection.query(&call).await {
+                Err(err) if calling == Calling::Function && is_refused(&err) => {
+                    self.fcall_refused(&err);
+                    calling = Calling::Eval;
+                }
+                Err(err) if self.is_lost(&err) => {
+                    tracing::debug!(script = script.name, %err, "sending the body with EVAL");
+                    let eval = script.command(Calling::Eval, true, keys, args);
+                    return connection.query(&eval).await;
+                }
+                other => return other,
             }
         }
     }
@@ -397,30 +416,35 @@ impl Upstream {
             return Ok(reply);
         }
         let wait_ms = durability.timeout.as_millis() as u64;
+        // As `call_script`, each call with its WAIT: again by EVALSHA when
+        // FCALL is refused, with the body when the node lacks the script.
         let call = async |connection: &mut super::connect::Connection| {
-            let pipeline = |with_body: bool| {
+            let mut calling = self.calling();
+            let mut with_body = false;
+            loop {
                 let mut pipe = redis::pipe();
-                pipe.add_command(script.command(self.calling(), with_body, keys, args))
+                pipe.add_command(script.command(calling, with_body, keys, args))
                     .cmd("WAIT")
                     .arg(durability.replicas)
                     .arg(wait_ms);
-                pipe
-            };
-            let mut replies = connection.packed(&pipeline(false), 2).await?;
-            let lost = match replies.first() {
-                Some(Value::ServerError(e)) => {
-                    e.kind() == Some(ServerErrorKind::NoScript)
-                        || crate::script::is_function_lost(e.code(), e.details().unwrap_or(""))
+                let replies = connection.packed(&pipe, 2).await?;
+                let Some(Value::ServerError(e)) = replies.first().filter(|_| !with_body) else {
+                    return Ok::<_, RedisError>(replies);
+                };
+                match ErrorCode::of_server_error(e) {
+                    ErrorCode::NoPerm if calling == Calling::Function => {
+                        self.fcall_refused(e);
+                        calling = Calling::Eval;
+                    }
+                    ErrorCode::NoScript | ErrorCode::FunctionNotFound => {
+                        if calling == Calling::Function {
+                            self.function_lost();
+                        }
+                        with_body = true;
+                    }
+                    _ => return Ok(replies),
                 }
-                _ => false,
-            };
-            if lost {
-                if self.calling() == Calling::Function {
-                    self.function_lost();
-                }
-                replies = connection.packed(&pipeline(true), 2).await?;
             }
-            Ok::<_, RedisError>(replies)
         };
         // What is left of the request's deadline, not a fresh --timeout: a
         // fallback after a node pipe's attempt must not take twice as long.
@@ -435,7 +459,12 @@ impl Upstream {
         let reply = reply.extract_error().map_err(|e| {
             if slot_moving(script, &e) {
                 // As a TRYAGAIN here: the caller may retry once it moved.
-                UpstreamError::new(FaultKind::ClusterDown, format!("a slot is moving: {e}"))
+                let fault =
+                    UpstreamError::new(FaultKind::ClusterDown, format!("a slot is moving: {e}"));
+                match ErrorReply::of_redis(&e) {
+                    Some(reply) => fault.with_reply(reply),
+                    None => fault,
+                }
             } else {
                 UpstreamError::from_redis(&e)
             }
@@ -459,16 +488,20 @@ impl Upstream {
     /// called: the call did not run, and EVAL with the body both answers
     /// it and caches the script there.
     fn is_lost(&self, err: &RedisError) -> bool {
-        if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
-            return true;
+        match ErrorCode::of_redis(err) {
+            Some(ErrorCode::NoScript) => true,
+            Some(ErrorCode::FunctionNotFound) => {
+                self.function_lost();
+                true
+            }
+            _ => false,
         }
-        let lost =
-            crate::script::is_function_lost(err.code().unwrap_or(""), err.detail().unwrap_or(""));
-        if lost {
-            self.function_lost();
-        }
-        lost
     }
+}
+
+/// Whether an ACL refused the call (NOPERM): it did not run.
+fn is_refused(err: &RedisError) -> bool {
+    ErrorCode::of_redis(err) == Some(ErrorCode::NoPerm)
 }
 
 /// Between the fallback's attempts while a slot moves.
@@ -479,12 +512,11 @@ const SLOT_MOVE_PAUSE: Duration = Duration::from_millis(20);
 /// retries), or the script, of one slot, was refused a key of it that had
 /// moved away already ([`UpstreamError::is_non_local_key`]).
 fn slot_moving(script: &LuaScript, err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
-        )
-    ) || (!script.crosses_slots() && crate::error::non_local_key(&err.to_string()))
+    match ErrorCode::of_redis(err) {
+        Some(ErrorCode::Ask | ErrorCode::Moved | ErrorCode::TryAgain) => true,
+        Some(ErrorCode::NonLocalKey) => !script.crosses_slots(),
+        _ => false,
+    }
 }
 
 /// How a write came to lack its replicas.

@@ -40,9 +40,9 @@
 use super::connect::Connection;
 use super::{Mode, Node, Upstream};
 use crate::config::ScriptCalls;
-use crate::error::{FaultKind, UpstreamError};
+use crate::error::{ErrorCode, FaultKind, UpstreamError};
 use crate::metrics::Activity;
-use crate::script::{Calling, Library};
+use crate::script::{Calling, FunctionCommand, Library};
 use redis::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -85,6 +85,39 @@ pub enum Eviction {
     Safe(String),
     /// The policy that can evict.
     Risky(String),
+}
+
+/// Why scripts are called by EVALSHA rather than FCALL of the library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ByEval {
+    /// `--scripts eval`.
+    Asked,
+    /// A primary refused `command`; `text` says which primary (when known)
+    /// and what it answered.
+    Refused {
+        command: FunctionCommand,
+        text: String,
+    },
+}
+
+impl ByEval {
+    /// The command refused, if any: the log says a refusal once per
+    /// command, not again for every check that meets it.
+    fn refused(why: Option<&ByEval>) -> Option<FunctionCommand> {
+        match why {
+            Some(ByEval::Refused { command, .. }) => Some(*command),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ByEval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ByEval::Asked => f.write_str("--scripts eval"),
+            ByEval::Refused { text, .. } => f.write_str(text),
+        }
+    }
 }
 
 /// What the loop remembers between ticks.
@@ -145,6 +178,12 @@ impl Upstream {
     /// One look at the signals, and the one piece of work they call for.
     async fn tick(&self, schedule: &mut Schedule) {
         if self.replace_given_up(schedule).await {
+            return;
+        }
+        if self.recheck.swap(false, Ordering::Relaxed) {
+            // A call was refused FCALL and went by EVALSHA: the check
+            // learns where, and says so (not ready, with --scripts function).
+            self.full_check(schedule, self.metrics.activity()).await;
             return;
         }
         if self.is_ready() && self.library_lost.swap(false, Ordering::Relaxed) {
@@ -466,19 +505,60 @@ impl Upstream {
         let Some(library) = &self.library else {
             return Ok(());
         };
-        let (before, why_before) = (self.calling(), self.calling_text());
+        let before = (self.calling(), self.refused());
         let loaded = self.settle_calling(library, &self.nodes()).await?;
         for node in loaded {
             tracing::info!(library = %library.name, %node, "function library loaded");
         }
-        let now = self.calling_text();
-        if self.calling() != before || now != why_before {
+        // Said and counted once: a refusal is met again at every check,
+        // and the same refusal met on another primary, or by a call
+        // first, is no news.
+        let after = (self.calling(), self.refused());
+        if after != before {
+            if let (Calling::Eval, Some(command)) = after {
+                self.metrics.record_function_refusal(command);
+            }
+            let now = self.calling_text();
             match self.calling() {
                 Calling::Function => tracing::info!(scripts = %now, "calling scripts with FCALL"),
                 Calling::Eval => tracing::warn!(scripts = %now, "calling scripts with EVALSHA"),
             }
         }
         Ok(())
+    }
+
+    /// The command a primary refused, when that is why scripts are called
+    /// by EVALSHA.
+    fn refused(&self) -> Option<FunctionCommand> {
+        ByEval::refused(
+            self.calling_why
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref(),
+        )
+    }
+
+    /// A call by FCALL was refused with NOPERM (an ACL that took FCALL
+    /// away while stockgate served): calls go by EVALSHA from now on, the
+    /// refused one first, and the health loop runs its check within a
+    /// [`TICK`], which finds the primary and keeps EVALSHA until FCALL is
+    /// allowed again.
+    pub(super) fn fcall_refused(&self, answer: &dyn std::fmt::Display) {
+        let mut why = self.calling_why.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.calling.set(Calling::Eval) {
+            return;
+        }
+        *why = Some(ByEval::Refused {
+            command: FunctionCommand::Call,
+            text: format!("a primary refuses FCALL: {answer}"),
+        });
+        drop(why);
+        self.metrics.record_function_refusal(FunctionCommand::Call);
+        tracing::warn!(
+            scripts = %self.calling_text(),
+            "a call was refused FCALL; calling scripts with EVALSHA"
+        );
+        self.recheck.store(true, Ordering::Relaxed);
     }
 
     /// [`Upstream::ensure_library`] of `library` on `nodes`, saying
@@ -493,8 +573,7 @@ impl Upstream {
         let mut loaded = Vec::new();
         if self.config.scripts == ScriptCalls::Eval {
             self.calling.set(Calling::Eval);
-            *self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some("--scripts eval".to_owned());
+            *self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) = Some(ByEval::Asked);
             return Ok(loaded);
         }
         // Any error reply means this server will not take the library or
@@ -502,6 +581,15 @@ impl Upstream {
         // it cannot compile): EVALSHA still works there. Only a node that
         // doesn't answer is a problem to try again.
         let mut refusal = None;
+        let refused =
+            |command: FunctionCommand, at: &str, err: &redis::RedisError| ByEval::Refused {
+                command,
+                text: format!("{at} refuses {}: {err}", command.name()),
+            };
+        // FCALL in use already: calls prove it is allowed, and one refused
+        // goes by EVALSHA at once (`Upstream::fcall_refused`), so the probe
+        // is spared.
+        let trusted = self.calling() == Calling::Function;
         for node in nodes {
             let at = format!("{}:{}", node.host, node.port);
             // Asked first, as the library is some 80 KB: a fleet's checks
@@ -512,7 +600,7 @@ impl Upstream {
                 Ok(Ok(Value::Array(libraries))) => !libraries.is_empty(),
                 Ok(Ok(_)) => false,
                 Ok(Err(err)) => {
-                    refusal = Some(format!("{at} refuses FUNCTION LIST: {err}"));
+                    refusal = Some(refused(FunctionCommand::List, &at, &err));
                     break;
                 }
                 Err(fault) => return Err(format!("FUNCTION LIST on {at}: {fault}")),
@@ -522,16 +610,18 @@ impl Upstream {
                 load.arg("LOAD").arg(&library.code);
                 match self.ask_node(&load, node).await {
                     Ok(Ok(_)) => loaded.push(at.clone()),
-                    // Another sidecar of this build loaded it meanwhile.
-                    Ok(Err(err)) if err.to_string().contains("already exists") => {}
-                    Ok(Err(err)) => {
-                        refusal = Some(format!("{at} refuses FUNCTION LOAD: {err}"));
-                        break;
-                    }
+                    Ok(Err(err)) => match ErrorCode::of_redis(&err) {
+                        // Another sidecar of this build loaded it meanwhile.
+                        Some(ErrorCode::LibraryExists) => {}
+                        _ => {
+                            refusal = Some(refused(FunctionCommand::Load, &at, &err));
+                            break;
+                        }
+                    },
                     Err(fault) => return Err(format!("FUNCTION LOAD on {at}: {fault}")),
                 }
             }
-            if self.calling() == Calling::Function {
+            if trusted {
                 continue;
             }
             // Loading may be allowed where calling is not.
@@ -540,7 +630,7 @@ impl Upstream {
             match self.ask_node(&probe, node).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(err)) => {
-                    refusal = Some(format!("{at} refuses FCALL: {err}"));
+                    refusal = Some(refused(FunctionCommand::Call, &at, &err));
                     break;
                 }
                 Err(fault) => return Err(format!("FCALL on {at}: {fault}")),
@@ -548,6 +638,9 @@ impl Upstream {
         }
         let mut why = self.calling_why.lock().unwrap_or_else(|e| e.into_inner());
         match refusal {
+            // A call was refused FCALL while this check ran without its
+            // probe: EVALSHA stays, and the next check probes.
+            None if trusted && self.calling() == Calling::Eval => Ok(loaded),
             None => {
                 *why = None;
                 self.calling.set(Calling::Function);

@@ -31,6 +31,7 @@ mod health;
 mod topology;
 
 pub use eval::Verdict;
+use health::ByEval;
 pub use health::Eviction;
 
 use crate::config::UpstreamConfig;
@@ -79,10 +80,14 @@ pub struct Upstream {
     calling: Arc<CallingNow>,
     /// Why the library is not in use, when `--scripts auto` fell back to
     /// EVALSHA (for `stockgate check`, INFO and the log).
-    calling_why: Mutex<Option<String>>,
+    calling_why: Mutex<Option<ByEval>>,
     /// A node answered `Function not found`: the health loop loads the
     /// library again within a tick.
     library_lost: AtomicBool,
+    /// A call was refused FCALL and went by EVALSHA: the health loop runs
+    /// its full check within a tick, to learn where and to say so (and,
+    /// with `--scripts function`, to turn not ready).
+    recheck: AtomicBool,
     /// Set by the first successful connect; replaced when a call timed out
     /// on it, or when it keeps failing while a fresh one works.
     connection: RwLock<Option<Current>>,
@@ -141,6 +146,7 @@ impl Upstream {
             calling: Arc::default(),
             calling_why: Mutex::new(None),
             library_lost: AtomicBool::new(false),
+            recheck: AtomicBool::new(false),
             connection: RwLock::new(None),
             generations: AtomicU64::new(0),
             dead: AtomicU64::new(0),
@@ -176,12 +182,7 @@ impl Upstream {
     pub fn calling_text(&self) -> String {
         match (self.calling(), &self.library) {
             (Calling::Function, Some(library)) => format!("FCALL (library {})", library.name),
-            _ => match self
-                .calling_why
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_deref()
-            {
+            _ => match &*self.calling_why.lock().unwrap_or_else(|e| e.into_inner()) {
                 Some(why) => format!("EVALSHA ({why})"),
                 None => "EVALSHA".to_owned(),
             },

@@ -245,7 +245,11 @@ impl SlotMap {
     }
 }
 
-/// `cmd` on `node` alone.
+/// `cmd` on `node` alone, its error reply an `Err` in either mode: the
+/// cluster client's `route_command` hands one back as a value
+/// (`Value::ServerError`), where `query_async` makes it the error, so
+/// read as it is an ACL's NOPERM to FUNCTION LOAD or FCALL looked like an
+/// answer.
 async fn on_node(connection: &mut Connection, cmd: &Cmd, node: &Node) -> redis::RedisResult<Value> {
     match connection {
         Connection::Cluster(c) => {
@@ -253,7 +257,9 @@ async fn on_node(connection: &mut Connection, cmd: &Cmd, node: &Node) -> redis::
                 host: node.host.clone(),
                 port: node.port,
             });
-            c.route_command(cmd.clone(), route).await
+            c.route_command(cmd.clone(), route)
+                .await
+                .and_then(Value::extract_error)
         }
         Connection::Standalone(c) => cmd.query_async(c).await,
     }

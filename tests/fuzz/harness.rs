@@ -145,7 +145,7 @@ pub fn check(case: &Case<'_>) -> Outcome {
             match decoder.decode(&mut input) {
                 Ok(Some(request)) => {
                     let after = fed - input.len();
-                    check_request(&request, &case.stream[before..after]);
+                    check_request(&request, &case.stream[before..after], case.max_request);
                     assert!(
                         outcome.requests < whole.len() && whole[outcome.requests] == request,
                         "request {} differs from decoding the stream whole: {request:?}",
@@ -209,10 +209,10 @@ pub fn check(case: &Case<'_>) -> Outcome {
 }
 
 /// A request's shape, against the bytes consumed to frame it.
-fn check_request(request: &Request, consumed: &[u8]) {
+fn check_request(request: &Request, consumed: &[u8], max_request: usize) {
     assert!(!request.args.is_empty(), "a request without a name");
     assert!(
-        request.args.len() <= stockgate::frame::MAX_ARGS,
+        request.args.len() <= stockgate::frame::max_args(max_request),
         "{} arguments",
         request.args.len()
     );
