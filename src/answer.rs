@@ -106,6 +106,108 @@ fn integer(text: &[u8]) -> Option<i64> {
     Some(if negative { -value } else { value })
 }
 
+/// A flat array reply read element by element in one pass: what a
+/// script's reply is (integers and strings). Each read expects a kind of
+/// element and says `None` for anything else, leaving the caller to read
+/// the reply the slow way (for the exact error). No slice is made but of
+/// the strings asked for.
+pub struct Flat<'a> {
+    frame: &'a [u8],
+    at: usize,
+    /// Elements not read yet.
+    pub left: usize,
+}
+
+/// `frame` as a [`Flat`] array, or `None` when it is not an array.
+pub fn flat(frame: &[u8]) -> Option<Flat<'_>> {
+    if frame.first() != Some(&b'*') {
+        return None;
+    }
+    let mut flat = Flat {
+        frame,
+        at: 1,
+        left: 0,
+    };
+    let count = flat.digits()?;
+    flat.left = usize::try_from(count).ok()?;
+    Some(flat)
+}
+
+impl Flat<'_> {
+    /// A non-negative decimal ended by CRLF, at `at` (moved past it).
+    #[inline(always)]
+    fn digits(&mut self) -> Option<i64> {
+        let mut value: i64 = 0;
+        let mut at = self.at;
+        let mut negative = false;
+        if self.frame.get(at) == Some(&b'-') {
+            negative = true;
+            at += 1;
+        }
+        let start = at;
+        while let Some(&d) = self.frame.get(at) {
+            if d == b'\r' {
+                break;
+            }
+            if !d.is_ascii_digit() || at - start >= 18 {
+                return None;
+            }
+            value = value * 10 + i64::from(d - b'0');
+            at += 1;
+        }
+        if at == start || self.frame.get(at + 1) != Some(&b'\n') {
+            return None;
+        }
+        self.at = at + 2;
+        Some(if negative { -value } else { value })
+    }
+
+    /// The next element, an integer.
+    #[inline]
+    pub fn int(&mut self) -> Option<i64> {
+        if self.left == 0 || self.frame.get(self.at) != Some(&b':') {
+            return None;
+        }
+        self.at += 1;
+        self.left -= 1;
+        self.digits()
+    }
+
+    /// The next element, a bulk or simple string: where it lies in the
+    /// frame.
+    #[inline]
+    pub fn text(&mut self) -> Option<std::ops::Range<usize>> {
+        if self.left == 0 {
+            return None;
+        }
+        match self.frame.get(self.at) {
+            Some(b'$') => {
+                self.at += 1;
+                let len = usize::try_from(self.digits()?).ok()?;
+                let start = self.at;
+                let end = start.checked_add(len)?;
+                if self.frame.get(end..end + 2) != Some(b"\r\n") {
+                    return None;
+                }
+                self.at = end + 2;
+                self.left -= 1;
+                Some(start..end)
+            }
+            Some(b'+') => {
+                let start = self.at + 1;
+                let cr = start + self.frame.get(start..)?.iter().position(|&b| b == b'\r')?;
+                if self.frame.get(cr + 1) != Some(&b'\n') {
+                    return None;
+                }
+                self.at = cr + 2;
+                self.left -= 1;
+                Some(start..cr)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// One element of a reply, as [`Items`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {

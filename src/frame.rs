@@ -153,6 +153,18 @@ impl Decoder for RequestDecoder {
             if src.is_empty() || src.len() < self.need {
                 return Ok(None);
             }
+            if src[0] == b'*'
+                && matches!(self.progress, Progress::None)
+                && let Some(small) = scan_small(src, self.max_request)
+            {
+                self.scanned += small.len as u64;
+                let frame = src.split_to(small.len).freeze();
+                let args = small.args[..small.count]
+                    .iter()
+                    .map(|r| frame.slice(r.start as usize..r.end as usize))
+                    .collect();
+                return Ok(Some(Request { args }));
+            }
             let scan = if src[0] == b'*' {
                 scan_multibulk(src, self.max_request, &mut self.progress, &mut self.scanned)
             } else {
@@ -190,6 +202,69 @@ impl Decoder for RequestDecoder {
             }
         }
     }
+}
+
+/// A small request (at most [`SMALL_ARGS`] arguments of short lengths)
+/// that is all in the buffer.
+struct Small {
+    len: usize,
+    count: usize,
+    args: [std::ops::Range<u32>; SMALL_ARGS],
+}
+
+/// The most arguments a request framed by [`scan_small`] has: every stock
+/// command but an order fits.
+const SMALL_ARGS: usize = 8;
+
+/// Frames a complete request of a few short arguments in one pass: what
+/// nearly every request is. `None` for anything else (an incomplete or
+/// larger request, a malformed one), which [`scan_multibulk`] then frames
+/// or refuses with the reason; so this accepts only what that accepts,
+/// and frames it alike.
+fn scan_small(buf: &[u8], max_request: usize) -> Option<Small> {
+    // `*N\r\n`, N one digit.
+    let count = usize::from(buf.get(1)?.wrapping_sub(b'0'));
+    if !(1..=SMALL_ARGS).contains(&count) || buf.get(2..4)? != b"\r\n" {
+        return None;
+    }
+    let mut small = Small {
+        len: 0,
+        count,
+        args: std::array::from_fn(|_| 0..0),
+    };
+    let mut at = 4;
+    for arg in &mut small.args[..count] {
+        if *buf.get(at)? != b'$' {
+            return None;
+        }
+        // `$len\r\n`, len at most four digits.
+        let mut len = 0usize;
+        let mut end = at + 1;
+        loop {
+            let d = *buf.get(end)?;
+            if d == b'\r' {
+                break;
+            }
+            if !d.is_ascii_digit() || end - at > 4 {
+                return None;
+            }
+            len = len * 10 + usize::from(d - b'0');
+            end += 1;
+        }
+        if end == at + 1 || *buf.get(end + 1)? != b'\n' {
+            return None;
+        }
+        let start = end + 2;
+        let stop = start + len;
+        if buf.get(stop..stop + 2)? != b"\r\n" {
+            return None;
+        }
+        *arg = start as u32..stop as u32;
+        at = stop + 2;
+    }
+    (at <= max_request).then_some(())?;
+    small.len = at;
+    Some(small)
 }
 
 /// Reads a header line (`*3\r\n`, `$5\r\n`) at `at`: its integer and the
@@ -503,6 +578,46 @@ fn printable(b: u8) -> char {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A request the one-pass framing takes is framed exactly as the
+        /// careful framing frames it, whatever the bytes (well-formed
+        /// requests, then the same with one byte changed or cut short).
+        #[test]
+        fn the_small_framing_agrees_with_the_careful_one(
+            args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..20), 1..10),
+            flip in any::<Option<(usize, u8)>>(),
+            cut in any::<Option<usize>>(),
+            max_request in prop_oneof![Just(64usize), Just(65536)],
+        ) {
+            let mut buf = format!("*{}\r\n", args.len()).into_bytes();
+            for arg in &args {
+                buf.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                buf.extend_from_slice(arg);
+                buf.extend_from_slice(b"\r\n");
+            }
+            if let Some((at, byte)) = flip {
+                let at = at % buf.len();
+                buf[at] = byte;
+            }
+            if let Some(cut) = cut {
+                buf.truncate(cut % (buf.len() + 1));
+            }
+            if let Some(small) = scan_small(&buf, max_request) {
+                let careful = scan_multibulk(&buf, max_request, &mut Progress::None, &mut 0);
+                let Ok(Scan::Complete(len, ranges)) = careful else {
+                    return Err(TestCaseError::fail(format!("careful framing refused {buf:?}")));
+                };
+                prop_assert_eq!(len, small.len);
+                let small_ranges: Vec<Range<usize>> = small.args[..small.count]
+                    .iter()
+                    .map(|r| r.start as usize..r.end as usize)
+                    .collect();
+                prop_assert_eq!(ranges, small_ranges);
+            }
+        }
+    }
 
     fn decode_all(input: &[u8]) -> Result<Vec<Vec<String>>, ProtocolError> {
         let mut decoder = RequestDecoder::new(64 * 1024);

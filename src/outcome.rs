@@ -185,6 +185,9 @@ impl StockReply {
     /// Maps a script's reply as the node pipes read it: its raw bytes, as
     /// Redis sent them (the order_no is a slice of them, not a copy).
     pub fn from_raw(frame: &bytes::Bytes) -> Result<StockReply, UpstreamError> {
+        if let Some(reply) = StockReply::from_flat(frame) {
+            return Ok(reply);
+        }
         let shown = || String::from_utf8_lossy(frame).into_owned();
         if !matches!(answer::shape(frame), Shape::Array(_)) {
             return Err(bad_reply("is not an array", shown));
@@ -195,6 +198,60 @@ impl StockReply {
             Item::Other => Field::Other,
         });
         StockReply::from_fields(fields, shown)
+    }
+
+    /// [`StockReply::from_raw`] in one pass over the bytes, for a reply of
+    /// the expected shape; `None` for anything else, which the element by
+    /// element reading then refuses with the exact reason.
+    fn from_flat(frame: &bytes::Bytes) -> Option<StockReply> {
+        let mut flat = answer::flat(frame)?;
+        if flat.left < 4 {
+            return None;
+        }
+        let code = Code::from_wire(flat.int()?)?;
+        let remain = flat.int()?;
+        let order_no = flat.text()?;
+        let version = flat.int().filter(|v| *v >= 1)?;
+        let reason = match flat.left {
+            0 => None,
+            _ => Some(flat.text()?).filter(|r| !r.is_empty()),
+        };
+        let mut number = || match flat.left {
+            0 => Some(None),
+            _ => flat.int().filter(|n| *n >= 0).map(Some),
+        };
+        let expires_at = number()?;
+        let released = number()?.unwrap_or(0);
+        let held_ms = number()?.unwrap_or(0);
+        let event = match flat.left {
+            0 => None,
+            _ => {
+                let word = flat.text()?;
+                if word.is_empty() {
+                    None
+                } else {
+                    Some(HoldEvent::from_script(&frame[word])?)
+                }
+            }
+        };
+        let held = match flat.left {
+            0 => 0,
+            _ => flat.int().filter(|n| *n >= 0)?,
+        };
+        Some(StockReply {
+            code,
+            remain,
+            order_no: frame.slice(order_no),
+            version,
+            expires_at,
+            reason: reason.map(|r| frame.slice(r)),
+            effects: Effects {
+                released: u32::try_from(released).unwrap_or(u32::MAX),
+                held_ms: held_ms as u64,
+                event,
+                held: held > 0,
+            },
+        })
     }
 
     /// Checks the shape: `{code, remain, order_no, version}`, then (from
@@ -296,6 +353,93 @@ fn bad_reply(why: &str, shown: impl Fn() -> String) -> UpstreamError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A script reply in RESP2 from its elements: `i:` an integer, `s:` a
+    /// bulk string, `nil`.
+    fn reply(elements: &[&str]) -> bytes::Bytes {
+        let mut out = format!("*{}\r\n", elements.len());
+        for e in elements {
+            if let Some(i) = e.strip_prefix("i:") {
+                out += &format!(":{i}\r\n");
+            } else if let Some(t) = e.strip_prefix("s:") {
+                out += &format!("${}\r\n{t}\r\n", t.len());
+            } else {
+                out += "$-1\r\n";
+            }
+        }
+        bytes::Bytes::from(out)
+    }
+
+    use proptest::prelude::*;
+
+    fn element() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (-3i64..20).prop_map(|i| format!("i:{i}")),
+            prop_oneof![Just(""), Just("ORD-1"), Just("placed"), Just("x y")]
+                .prop_map(|t| format!("s:{t}")),
+            Just("nil".to_string()),
+        ]
+    }
+
+    proptest! {
+        /// The one-pass reading answers exactly what the element by
+        /// element reading does, whenever it answers at all.
+        #[test]
+        fn the_fast_reading_agrees_with_the_careful_one(
+            head in prop::collection::vec(element(), 4),
+            codes in (0i64..7, -2i64..5, 0i64..6),
+            tail in prop::collection::vec(element(), 0..9),
+            typed in any::<bool>(),
+        ) {
+            // Mostly a well-typed head, so that the fast reading answers.
+            let mut elements = head;
+            if typed {
+                elements[0] = format!("i:{}", codes.0);
+                elements[1] = format!("i:{}", codes.1);
+                elements[2] = "s:ORD-1".into();
+                elements[3] = format!("i:{}", codes.2);
+            }
+            elements.extend(tail);
+            let elements: Vec<&str> = elements.iter().map(String::as_str).collect();
+            let frame = reply(&elements);
+            let careful = StockReply::from_fields(
+                answer::items(&frame).map(|item| match item {
+                    Item::Integer(i) => Field::Int(i),
+                    Item::Text(b) => Field::Text(b),
+                    Item::Other => Field::Other,
+                }),
+                || String::new(),
+            );
+            if let Some(fast) = StockReply::from_flat(&frame) {
+                prop_assert_eq!(Ok(fast), careful.map_err(|e| e.to_string()));
+            }
+        }
+    }
+
+    #[test]
+    fn the_usual_replies_are_read_in_one_pass() {
+        for elements in [
+            &["i:0", "i:98", "s:ORD-1001", "i:4"][..],
+            &["i:3", "i:-1", "s:", "i:4", "s:qty must be an integer"],
+            &[
+                "i:0",
+                "i:7",
+                "s:",
+                "i:4",
+                "s:",
+                "i:1700000000000",
+                "i:2",
+                "i:0",
+                "s:placed",
+                "i:3",
+            ],
+        ] {
+            assert!(
+                StockReply::from_flat(&reply(elements)).is_some(),
+                "{elements:?}"
+            );
+        }
+    }
 
     #[test]
     fn wire_values_are_the_published_ones() {
