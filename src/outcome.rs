@@ -408,7 +408,7 @@ mod tests {
                     Item::Text(b) => Field::Text(b),
                     Item::Other => Field::Other,
                 }),
-                || String::new(),
+                String::new,
             );
             if let Some(fast) = StockReply::from_flat(&frame) {
                 prop_assert_eq!(Ok(fast), careful.map_err(|e| e.to_string()));
