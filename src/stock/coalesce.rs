@@ -29,7 +29,7 @@ use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::params::{RequestId, Sku};
 use crate::pipeline::{Gathered, Join};
-use crate::reply;
+use crate::reply::{self, Spare};
 use crate::script::{CallingNow, LuaScript};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -135,11 +135,22 @@ impl Join for DeductJoin {
 /// What the first DEDUCT of a call writes for all of them: the SKU's stock
 /// key, then its two hold keys.
 pub(super) fn write_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
-    reply::bulk_parts(&mut gathered.shared, &keys.stock_key_parts(sku));
-    gathered.marks.push(gathered.shared.len());
-    for parts in keys.hold_key_parts(sku) {
-        reply::bulk_parts(&mut gathered.shared, &parts);
-    }
+    let stock = keys.stock_key_parts(sku);
+    let [holds, held] = keys.hold_key_parts(sku);
+    let shared = &mut gathered.shared;
+    let base = shared.len();
+    let mut out = Spare::new(
+        shared,
+        Spare::bulk_parts_most(&stock)
+            + Spare::bulk_parts_most(&holds)
+            + Spare::bulk_parts_most(&held),
+    );
+    out.bulk_parts(&stock);
+    let stock_end = out.written();
+    out.bulk_parts(&holds);
+    out.bulk_parts(&held);
+    out.done();
+    gathered.marks.push(base + stock_end);
 }
 
 /// What each DEDUCT of a call writes of its own: its record key, its qty
@@ -150,18 +161,32 @@ pub(super) fn write_member(
     nonce: &[u8],
     gathered: &mut Gathered,
 ) {
+    let record = keys.record_key_parts(&deduct.sku, &deduct.request_id);
+    let args = deduct.script_args();
+    let args = args.as_slice();
     let parts = &mut gathered.parts;
-    reply::bulk_parts(
+    let base = parts.len();
+    let mut out = Spare::new(
         parts,
-        &keys.record_key_parts(&deduct.sku, &deduct.request_id),
+        Spare::bulk_parts_most(&record)
+            + args
+                .iter()
+                .map(|a| Spare::bulk_parts_most(&[a]))
+                .sum::<usize>()
+            + Spare::bulk_parts_most(&[nonce]),
     );
-    gathered.marks.push(parts.len());
-    for arg in deduct.script_args().as_slice() {
-        reply::bulk_of(parts, arg);
+    out.bulk_parts(&record);
+    let record_end = out.written();
+    for arg in args {
+        out.bulk(arg);
     }
-    gathered.marks.push(parts.len());
-    reply::bulk_of(parts, nonce);
-    gathered.marks.push(parts.len());
+    let args_end = out.written();
+    out.bulk(nonce);
+    let nonce_end = out.written();
+    out.done();
+    gathered
+        .marks
+        .extend([base + record_end, base + args_end, base + nonce_end]);
 }
 
 /// Writes a SKU's gathered sold-out reads as one `MGET`.

@@ -12,7 +12,10 @@
 
 use crate::keys::KeyLayout;
 use crate::params::{RequestId, Sku};
-use crate::reply;
+use crate::reply::{self, Spare};
+
+/// What a bulk string's header and CRLF take at most, besides its bytes.
+const LINE_MOST_BULK: usize = 1 + 20 + 2 + 2;
 use crate::script::{Calling, LuaScript};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -95,18 +98,33 @@ impl Wire {
         buf: &mut BytesMut,
     ) {
         debug_assert_eq!(caller.len(), self.caller_args);
-        buf.extend_from_slice(self.head(calling));
-        reply::bulk_parts(buf, &keys.stock_key_parts(sku));
-        reply::bulk_parts(buf, &keys.record_key_parts(sku, request_id));
-        for parts in keys.hold_key_parts(sku) {
-            reply::bulk_parts(buf, &parts);
-        }
+        let head = self.head(calling);
+        let stock = keys.stock_key_parts(sku);
+        let record = keys.record_key_parts(sku, request_id);
+        let [holds, held] = keys.hold_key_parts(sku);
+        let most = head.len()
+            + Spare::bulk_parts_most(&stock)
+            + Spare::bulk_parts_most(&record)
+            + Spare::bulk_parts_most(&holds)
+            + Spare::bulk_parts_most(&held)
+            + Spare::bulk_parts_most(caller)
+            + caller.len() * LINE_MOST_BULK
+            + self.fixed.len()
+            + Spare::bulk_parts_most(&[nonce])
+            + self.tail.len();
+        let mut out = Spare::new(buf, most);
+        out.put(head);
+        out.bulk_parts(&stock);
+        out.bulk_parts(&record);
+        out.bulk_parts(&holds);
+        out.bulk_parts(&held);
         for arg in caller {
-            reply::bulk_of(buf, arg);
+            out.bulk(arg);
         }
-        buf.extend_from_slice(&self.fixed);
-        reply::bulk_of(buf, nonce);
-        buf.extend_from_slice(&self.tail);
+        out.put(&self.fixed);
+        out.bulk(nonce);
+        out.put(&self.tail);
+        out.done();
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings
@@ -119,14 +137,22 @@ impl Wire {
         [stock, record, hold_keys, caller, nonce]: [&[u8]; 5],
         buf: &mut BytesMut,
     ) {
-        buf.extend_from_slice(self.head(calling));
-        buf.extend_from_slice(stock);
-        buf.extend_from_slice(record);
-        buf.extend_from_slice(hold_keys);
-        buf.extend_from_slice(caller);
-        buf.extend_from_slice(&self.fixed);
-        buf.extend_from_slice(nonce);
-        buf.extend_from_slice(&self.tail);
+        let head = self.head(calling);
+        let pieces = [
+            head,
+            stock,
+            record,
+            hold_keys,
+            caller,
+            &self.fixed,
+            nonce,
+            &self.tail,
+        ];
+        let mut out = Spare::new(buf, pieces.iter().map(|p| p.len()).sum());
+        for piece in pieces {
+            out.put(piece);
+        }
+        out.done();
     }
 
     /// The arguments stockgate supplies alike for every call, encoded, then
