@@ -98,7 +98,9 @@ pub async fn discard_input(stream: &TcpStream, within: std::time::Duration) {
 /// nothing is read until the wait is over.
 pub async fn read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
-        stream.readable().await?;
+        // The stream's own reader slot: one task reads each stream, and
+        // `readable()`'s waiter list costs a lock every time round.
+        std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
         match try_read(stream, buf) {
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
             other => return other,

@@ -479,9 +479,10 @@ async fn serve(mut stream: TcpStream, pipe: &PipeInner, settings: &PipeSettings)
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
     let result = loop {
+        let now = Instant::now();
         let (next_deadline, retired) = {
             let mut queue = lock(&pipe.queue);
-            talk.take_batch(&mut queue, Instant::now());
+            talk.take_batch(&mut queue, now);
             let retired = queue.retired && queue.waiting.is_empty();
             (talk.next_deadline(&queue), retired)
         };
@@ -491,7 +492,6 @@ async fn serve(mut stream: TcpStream, pipe: &PipeInner, settings: &PipeSettings)
         if let Some(deadline) = next_deadline {
             // Due already (a busy pipe whose read is always ready would
             // otherwise never reach the timer's branch below).
-            let now = Instant::now();
             if deadline <= now {
                 if talk.expire(&mut lock(&pipe.queue), now) {
                     given_up = true;
@@ -499,7 +499,11 @@ async fn serve(mut stream: TcpStream, pipe: &PipeInner, settings: &PipeSettings)
                 }
                 continue;
             }
-            if armed != Some(deadline) {
+            // Moved only to an earlier deadline: a timer that fires before
+            // the earliest deadline only has the pipe look, and re-armed
+            // per batch it cost a timer-wheel update per request at depth 1
+            // (the earliest deadline moves with every answer).
+            if armed.is_none_or(|at| deadline < at) {
                 timer.as_mut().reset(deadline);
                 armed = Some(deadline);
             }
@@ -550,7 +554,7 @@ async fn serve(mut stream: TcpStream, pipe: &PipeInner, settings: &PipeSettings)
                     break Err(err);
                 }
             }
-            () = &mut timer, if next_deadline.is_some() => {
+            () = &mut timer, if armed.is_some() => {
                 armed = None;
                 // A request timed out with its bytes on this connection:
                 // the flow may be stuck for good (a dropped conntrack or
