@@ -294,8 +294,8 @@ impl Metrics {
                         Label::new("command", name),
                         Label::new("result", result.as_str()),
                     ];
-                    let total = recorder
-                        .register_counter(&Key::from_parts(REQUESTS_TOTAL, labels), &meta);
+                    let total =
+                        recorder.register_counter(&Key::from_parts(REQUESTS_TOTAL, labels), &meta);
                     total.increment(0);
                     RequestSeries {
                         count: AtomicU64::new(0),

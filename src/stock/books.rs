@@ -8,7 +8,7 @@ use crate::keys::KeyLayout;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::outcome::{Code, HoldEvent, StockReply};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where every answered request is recorded.
 pub(super) struct Books {
@@ -62,9 +62,8 @@ impl Books {
         &self,
         entry: AccessEntry<'_>,
         result: Result<Code, &UpstreamError>,
-        arrived: Instant,
+        elapsed: Duration,
     ) {
-        let elapsed = arrived.elapsed();
         let label = match result {
             Ok(code) => ResultLabel::Code(code),
             Err(fault) => {

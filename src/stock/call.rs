@@ -170,7 +170,7 @@ impl StockService {
                     request_id: field(Field::RequestId).map(|a| &a[..]),
                     qty: field(Field::Qty).map(|a| &a[..]),
                 };
-                self.books.record(entry, Ok(reply.code), arrived);
+                self.books.record(entry, Ok(reply.code), arrived.elapsed());
                 Prepared::Answered(Ok(reply))
             }
         })
@@ -458,9 +458,10 @@ impl StockService {
             OnBehalf::Caller => request.command,
             OnBehalf::Line { .. } => StockCommand::Order,
         };
-        self.books
-            .metrics
-            .record_upstream(metered, call.sent.elapsed());
+        // One clock read for both latencies.
+        let now = Instant::now();
+        let upstream = now.saturating_duration_since(call.sent.into_std());
+        self.books.metrics.record_upstream(metered, upstream);
         if let Ok(reply) = &result {
             let caller = call.on_behalf == OnBehalf::Caller;
             self.books.record_holds(reply, single.ends_hold && caller);
@@ -488,13 +489,16 @@ impl StockService {
         }
         let code = result.as_ref().map(|reply| reply.code);
         match call.on_behalf {
-            OnBehalf::Caller => self.books.record(call.entry(), code, call.arrived),
+            OnBehalf::Caller => {
+                let elapsed = now.saturating_duration_since(call.arrived);
+                self.books.record(call.entry(), code, elapsed)
+            }
             // A line's own access-log line names the single command it is
             // on the line's id, key and qty; the order's line names only
             // its request_id, and its metrics are the order's.
             OnBehalf::Line { .. } => {
-                self.books
-                    .log_access(call.entry(), code, call.arrived.elapsed())
+                let elapsed = now.saturating_duration_since(call.arrived);
+                self.books.log_access(call.entry(), code, elapsed)
             }
         }
         result

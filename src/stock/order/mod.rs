@@ -209,7 +209,7 @@ pub async fn order_call(
             qty: None,
         },
         result.as_ref().map(|reply| reply.code),
-        arrived,
+        arrived.elapsed(),
     );
     result
 }
