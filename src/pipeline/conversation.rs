@@ -203,7 +203,10 @@ impl Conversation<'_> {
             && !queue.open.full()
             && self.joins_in_flight.contains(&queue.open.hash);
         queue.holding = hold;
-        if !hold {
+        if hold {
+            // Its bytes stay queued; the output before them goes.
+            queue.gather_lone();
+        } else {
             queue.close_open();
         }
         let take = if hold {

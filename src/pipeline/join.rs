@@ -21,6 +21,10 @@ pub struct Gathered {
     pub members: usize,
 }
 
+/// Where the pieces of a call written alone lie in its bytes, as its
+/// writer marked them ([`Join::gather_lone`] reads them).
+pub type LoneMarks = [usize; 8];
+
 /// How requests that may share one call are written into a batch.
 pub trait Join: Send + Sync {
     /// Most members one call may have.
@@ -35,6 +39,16 @@ pub trait Join: Send + Sync {
     /// default the reply is an array of the members' replies.
     fn split(&self, frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
         Some(answer::elements(frame, members)?.collect())
+    }
+
+    /// Moves the first member of a call, written alone as its own call
+    /// (`call`, its pieces at `marks`: [`Joinable`]'s lone writer), into
+    /// `gathered`, as its shared and member writers would have written
+    /// it: a second member is joining. Only a join whose requests are
+    /// written alone first is asked.
+    fn gather_lone(&self, call: &[u8], marks: &LoneMarks, gathered: &mut Gathered) {
+        let _ = (call, marks, gathered);
+        unreachable!("this join's requests are never written alone first")
     }
 }
 
@@ -64,6 +78,11 @@ pub(super) struct Open {
     pub(super) hash: u64,
     pub(super) first: usize,
     pub(super) gathered: Gathered,
+    /// Its one member, written alone into the queue's output from this
+    /// offset, pieces marked: as its own call already, so that a call no
+    /// other request joins (nearly every one, but in a flash sale) is
+    /// written once. A second member gathers it first.
+    pub(super) lone: Option<(usize, LoneMarks)>,
 }
 
 impl Open {
@@ -86,6 +105,7 @@ impl Open {
 
     pub(super) fn clear(&mut self) {
         self.join = None;
+        self.lone = None;
         self.key.clear();
         self.gathered.shared.clear();
         self.gathered.parts.clear();
@@ -103,10 +123,19 @@ pub(super) fn join_hash(key: &[u8]) -> u64 {
     })
 }
 
-/// A request's claim to share a call ([`Pipelines::submit_joinable`]).
-pub struct Joinable<'a> {
+/// A request's claim to share a call ([`Pipelines::submit_joinable`]),
+/// and how it is written.
+pub struct Joinable<'a, L, S, M> {
     /// Requests join only with the same key (a DEDUCT's: its stock key)...
     pub key: &'a [u8],
     /// ...and the same writer.
     pub join: &'a Arc<dyn Join>,
+    /// Writes the request as its own call, its pieces marked, when it opens
+    /// a call ([`Join::gather_lone`] gathers it if another joins); `None`:
+    /// it is written gathered from the start.
+    pub lone: Option<L>,
+    /// Writes what the members of a call share.
+    pub shared: S,
+    /// Writes the request's own parts of a gathered call.
+    pub member: M,
 }

@@ -71,7 +71,7 @@ mod queue;
 mod routes;
 
 pub use completion::{Answer, Completion, Mailbox};
-pub use join::{Gathered, Join, Joinable};
+pub use join::{Gathered, Join, Joinable, LoneMarks};
 pub use routes::Pipelines;
 
 use std::sync::{Mutex, MutexGuard};

@@ -6,7 +6,7 @@
 
 use super::completion::{Completion, Signal};
 use super::conversation::run;
-use super::join::{Gathered, Joinable, Open, Part, join_hash};
+use super::join::{Gathered, Joinable, LoneMarks, Open, Part, join_hash};
 use super::queue::{PipeInner, PipeSettings, Queue, Waiter, admit};
 use super::{PipeError, lock};
 use bytes::BytesMut;
@@ -83,32 +83,55 @@ impl NodePipe {
 
     /// Queues one request that may share a call: it joins the open gathered
     /// call when that has the same `key` and `join` and room left, or opens
-    /// one (`shared` writes what its members share). `member` writes its own
-    /// parts either way.
+    /// one. Opening one, `lone` (when given) writes the request as its own
+    /// call, its pieces marked; otherwise (and when a second member joins,
+    /// [`Join::gather_lone`](super::Join::gather_lone)) `shared` writes what
+    /// the members share and `member` each one's own parts.
     pub(super) fn submit_joinable(
         &self,
         deadline: Instant,
         completion: Completion,
-        joinable: Joinable<'_>,
-        shared: impl FnOnce(&mut Gathered),
-        member: impl FnOnce(&mut Gathered),
+        joinable: Joinable<
+            '_,
+            impl FnOnce(&mut BytesMut) -> LoneMarks,
+            impl FnOnce(&mut Gathered),
+            impl FnOnce(&mut Gathered),
+        >,
     ) -> Result<(), (PipeError, Completion)> {
+        let Joinable {
+            key,
+            join,
+            lone,
+            shared,
+            member,
+        } = joinable;
         let mut queue = lock(&self.inner.queue);
         if let Err(refused) = admit(&mut queue) {
             return Err((refused, completion));
         }
-        let joins = queue.open.takes(joinable.join, joinable.key);
-        if !joins {
+        let joins = queue.open.takes(join, key);
+        if joins {
+            queue.gather_lone();
+            member(&mut queue.open.gathered);
+        } else {
             queue.close_open();
             let first = queue.waiting.len();
-            let open = &mut queue.open;
-            open.join = Some(joinable.join.clone());
-            open.key.extend_from_slice(joinable.key);
-            open.hash = join_hash(joinable.key);
+            let Queue { open, output, .. } = &mut *queue;
+            open.join = Some(join.clone());
+            open.key.extend_from_slice(key);
+            open.hash = join_hash(key);
             open.first = first;
-            shared(&mut open.gathered);
+            match lone {
+                Some(lone) => {
+                    let start = output.len();
+                    open.lone = Some((start, lone(output)));
+                }
+                None => {
+                    shared(&mut open.gathered);
+                    member(&mut open.gathered);
+                }
+            }
         }
-        member(&mut queue.open.gathered);
         queue.open.gathered.members += 1;
         queue.waiting.push_back(Waiter {
             completion: Some(completion),

@@ -54,7 +54,10 @@ impl Queue {
         let Some(join) = self.open.join.take() else {
             return;
         };
-        join.write(&self.open.gathered, &mut self.output);
+        // A lone member's call is in the output already.
+        if self.open.lone.take().is_none() {
+            join.write(&self.open.gathered, &mut self.output);
+        }
         let end = self.output.len();
         let members = self.open.gathered.members;
         let first = self.open.first;
@@ -73,6 +76,21 @@ impl Queue {
             };
         }
         self.open.clear();
+    }
+}
+
+impl Queue {
+    /// The open call's lone member ([`Open::lone`]) taken out of the
+    /// output into its gathered form: a second member joins it, or the
+    /// call stays queued while its output goes.
+    pub(super) fn gather_lone(&mut self) {
+        let Some((start, marks)) = self.open.lone.take() else {
+            return;
+        };
+        if let Some(join) = &self.open.join {
+            join.gather_lone(&self.output[start..], &marks, &mut self.open.gathered);
+        }
+        self.output.truncate(start);
     }
 }
 

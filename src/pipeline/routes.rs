@@ -2,7 +2,7 @@
 //! 16384 slots, read without a lock and rebuilt from CLUSTER SLOTS.
 
 use super::completion::{Answer, Completion};
-use super::join::{Gathered, Joinable};
+use super::join::{Gathered, Joinable, LoneMarks};
 use super::node::NodePipe;
 use super::queue::PipeSettings;
 use super::{Login, PipeError};
@@ -127,14 +127,18 @@ impl Pipelines {
         slot: u16,
         deadline: Instant,
         completion: Completion,
-        joinable: Joinable<'_>,
-        shared: impl FnOnce(&mut Gathered),
-        member: impl FnOnce(&mut Gathered),
+        joinable: Joinable<
+            '_,
+            impl FnOnce(&mut BytesMut) -> LoneMarks,
+            impl FnOnce(&mut Gathered),
+            impl FnOnce(&mut Gathered),
+        >,
     ) -> Result<(), (PipeError, Completion)> {
         let routes = self.routes.load();
         match routes.owners.get(slot as usize) {
-            Some(&index) if index != u16::MAX => routes.pipes[index as usize]
-                .submit_joinable(deadline, completion, joinable, shared, member),
+            Some(&index) if index != u16::MAX => {
+                routes.pipes[index as usize].submit_joinable(deadline, completion, joinable)
+            }
             _ => Err((PipeError::Lost, completion)),
         }
     }

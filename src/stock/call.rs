@@ -25,7 +25,7 @@ use super::{StockCommand, StockService, coalesce, sold_out, wire};
 use crate::error::UpstreamError;
 use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
-use crate::pipeline::{Answer, Completion, Joinable, PipeError};
+use crate::pipeline::{Answer, Completion, Gathered, Joinable, LoneMarks, PipeError};
 use crate::upstream::Verdict;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -225,9 +225,14 @@ impl StockService {
                     Joinable {
                         key: sku.as_bytes(),
                         join,
+                        lone: None::<fn(&mut bytes::BytesMut) -> LoneMarks>,
+                        shared: |gathered: &mut Gathered| {
+                            coalesce::write_read_shared(keys, sku, gathered)
+                        },
+                        member: |gathered: &mut Gathered| {
+                            coalesce::write_read_member(keys, sku, request_id, gathered)
+                        },
                     },
-                    |gathered| coalesce::write_read_shared(keys, sku, gathered),
-                    |gathered| coalesce::write_read_member(keys, sku, request_id, gathered),
                 );
             }
             return self
@@ -254,9 +259,24 @@ impl StockService {
                 Joinable {
                     key: sku.as_bytes(),
                     join,
+                    // Written as its own call at once: a call no other
+                    // DEDUCT joins (nearly every one) is written once.
+                    lone: Some(|buf: &mut bytes::BytesMut| {
+                        self.wire(call).encode(
+                            self.upstream.calling(),
+                            keys,
+                            sku,
+                            request_id,
+                            request.script_args().as_slice(),
+                            &call.nonce,
+                            buf,
+                        )
+                    }),
+                    shared: |gathered: &mut Gathered| coalesce::write_shared(keys, sku, gathered),
+                    member: |gathered: &mut Gathered| {
+                        coalesce::write_member(keys, request, &call.nonce, gathered)
+                    },
                 },
-                |gathered| coalesce::write_shared(keys, sku, gathered),
-                |gathered| coalesce::write_member(keys, request, &call.nonce, gathered),
             );
         }
         let wire = self.wire(call);
@@ -270,7 +290,7 @@ impl StockService {
                     request.script_args().as_slice(),
                     &call.nonce,
                     buf,
-                )
+                );
             })
     }
 
@@ -730,6 +750,45 @@ mod tests {
                 &argv,
             );
             assert_eq!(gather(&calls), one, "durable {durable}");
+
+            // The first written alone as its own call, then gathered when
+            // the second joins: the same one call of all.
+            let first = &calls[0];
+            let mut lone = bytes::BytesMut::new();
+            let marks = service.wire(first).encode(
+                shared.upstream.calling(),
+                &service.keys,
+                &first.request.sku,
+                &first.request.request_id,
+                first.request.script_args().as_slice(),
+                &first.nonce,
+                &mut lone,
+            );
+            let mut own_first = bytes::BytesMut::new();
+            join.write(
+                &{
+                    let mut g = crate::pipeline::Gathered::default();
+                    coalesce::write_shared(&service.keys, &first.request.sku, &mut g);
+                    coalesce::write_member(&service.keys, &first.request, &first.nonce, &mut g);
+                    g.members = 1;
+                    g
+                },
+                &mut own_first,
+            );
+            assert_eq!(
+                lone, own_first,
+                "alone, the call is its own, durable {durable}"
+            );
+            let mut gathered = crate::pipeline::Gathered::default();
+            join.gather_lone(&lone, &marks, &mut gathered);
+            gathered.members = 1;
+            for call in &calls[1..] {
+                coalesce::write_member(&service.keys, &call.request, &call.nonce, &mut gathered);
+                gathered.members += 1;
+            }
+            let mut out = bytes::BytesMut::new();
+            join.write(&gathered, &mut out);
+            assert_eq!(out, one, "gathered from a lone call, durable {durable}");
         }
     }
 

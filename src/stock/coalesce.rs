@@ -28,7 +28,7 @@ use super::single::OneRequest;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::params::{RequestId, Sku};
-use crate::pipeline::{Gathered, Join};
+use crate::pipeline::{Gathered, Join, LoneMarks};
 use crate::reply::{self, Spare};
 use crate::script::{CallingNow, LuaScript};
 use bytes::{Bytes, BytesMut};
@@ -90,6 +90,24 @@ fn member_at(gathered: &Gathered, i: usize) -> [usize; 4] {
 impl Join for DeductJoin {
     fn most(&self) -> usize {
         self.most
+    }
+
+    fn gather_lone(&self, call: &[u8], marks: &LoneMarks, gathered: &mut Gathered) {
+        // The pieces `Wire::encode` marked: the head, the stock key, the
+        // record key, the two hold keys, the caller's arguments, what
+        // stockgate supplies, the nonce, the flags.
+        let [head, stock, record, holds, caller, fixed, nonce, _] = *marks;
+        let shared = &mut gathered.shared;
+        shared.extend_from_slice(&call[head..stock]);
+        gathered.marks.push(shared.len());
+        shared.extend_from_slice(&call[record..holds]);
+        let parts = &mut gathered.parts;
+        parts.extend_from_slice(&call[stock..record]);
+        gathered.marks.push(parts.len());
+        parts.extend_from_slice(&call[holds..caller]);
+        gathered.marks.push(parts.len());
+        parts.extend_from_slice(&call[fixed..nonce]);
+        gathered.marks.push(parts.len());
     }
 
     fn write(&self, gathered: &Gathered, out: &mut BytesMut) {

@@ -12,6 +12,7 @@
 
 use crate::keys::KeyLayout;
 use crate::params::{RequestId, Sku};
+use crate::pipeline::LoneMarks;
 use crate::reply::{self, Spare};
 
 /// What a bulk string's header and CRLF take at most, besides its bytes.
@@ -96,7 +97,7 @@ impl Wire {
         caller: &[&[u8]],
         nonce: &[u8],
         buf: &mut BytesMut,
-    ) {
+    ) -> LoneMarks {
         debug_assert_eq!(caller.len(), self.caller_args);
         let head = self.head(calling);
         let stock = keys.stock_key_parts(sku);
@@ -113,18 +114,28 @@ impl Wire {
             + Spare::bulk_parts_most(&[nonce])
             + self.tail.len();
         let mut out = Spare::new(buf, most);
+        let mut marks = LoneMarks::default();
         out.put(head);
+        marks[0] = out.written();
         out.bulk_parts(&stock);
+        marks[1] = out.written();
         out.bulk_parts(&record);
+        marks[2] = out.written();
         out.bulk_parts(&holds);
         out.bulk_parts(&held);
+        marks[3] = out.written();
         for arg in caller {
             out.bulk(arg);
         }
+        marks[4] = out.written();
         out.put(&self.fixed);
+        marks[5] = out.written();
         out.bulk(nonce);
+        marks[6] = out.written();
         out.put(&self.tail);
+        marks[7] = out.written();
         out.done();
+        marks
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings

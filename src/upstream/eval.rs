@@ -10,7 +10,7 @@ use super::Upstream;
 use crate::config::Durability;
 use crate::error::{ErrorCode, ErrorReply, FaultKind, UpstreamError};
 use crate::outcome::StockReply;
-use crate::pipeline::{Answer, Completion, Gathered, Joinable, PipeError};
+use crate::pipeline::{Answer, Completion, Gathered, Joinable, LoneMarks, PipeError};
 use crate::script::{Calling, LuaScript};
 use bytes::BytesMut;
 use redis::{RedisError, Value};
@@ -52,14 +52,15 @@ impl Upstream {
         slot: u16,
         deadline: tokio::time::Instant,
         completion: Completion,
-        joinable: Joinable<'_>,
-        shared: impl FnOnce(&mut Gathered),
-        member: impl FnOnce(&mut Gathered),
+        joinable: Joinable<
+            '_,
+            impl FnOnce(&mut BytesMut) -> LoneMarks,
+            impl FnOnce(&mut Gathered),
+            impl FnOnce(&mut Gathered),
+        >,
     ) -> Result<(), (PipeError, Completion)> {
         match &self.pipelines {
-            Some(pipelines) => {
-                pipelines.submit_joinable(slot, deadline, completion, joinable, shared, member)
-            }
+            Some(pipelines) => pipelines.submit_joinable(slot, deadline, completion, joinable),
             None => Err((PipeError::Lost, completion)),
         }
     }
