@@ -26,6 +26,97 @@ const MAX_ELEMENTS: i64 = 1 << 20;
 /// The length of the first complete reply in `buf`, or `None` when it is not
 /// all there yet.
 pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, Malformed> {
+    match flat_len(buf) {
+        FlatLen::Whole(len) => Ok(Some(len)),
+        FlatLen::Partial => Ok(None),
+        FlatLen::Unusual => frame_len_careful(buf),
+    }
+}
+
+/// What [`flat_len`] found.
+enum FlatLen {
+    Whole(usize),
+    Partial,
+    /// Not a flat array of well-formed integers and strings: the careful
+    /// reading says what it is.
+    Unusual,
+}
+
+/// The length of a complete flat array reply (integers, bulk and simple
+/// strings, nil) at the start of `buf`: what nearly every reply is, read
+/// in one pass.
+fn flat_len(buf: &[u8]) -> FlatLen {
+    let mut at = 1;
+    // A decimal ended by CRLF, at `at` (moved past it): `None` when it is
+    // not all in `buf` yet, `Some(None)` when it is no such number.
+    let number = |at: &mut usize| -> Option<Option<i64>> {
+        let mut value: i64 = 0;
+        let negative = buf.get(*at) == Some(&b'-');
+        let start = *at + usize::from(negative);
+        let mut i = start;
+        loop {
+            let &d = buf.get(i)?;
+            if d == b'\r' {
+                break;
+            }
+            if !d.is_ascii_digit() || i - start >= 18 {
+                return Some(None);
+            }
+            value = value * 10 + i64::from(d - b'0');
+            i += 1;
+        }
+        if i == start {
+            return Some(None);
+        }
+        match buf.get(i + 1) {
+            None => None,
+            Some(b'\n') => {
+                *at = i + 2;
+                Some(Some(if negative { -value } else { value }))
+            }
+            Some(_) => Some(None),
+        }
+    };
+    if buf.first() != Some(&b'*') {
+        return FlatLen::Unusual;
+    }
+    let count = match number(&mut at) {
+        None => return FlatLen::Partial,
+        Some(Some(count)) if (0..=64).contains(&count) => count,
+        Some(_) => return FlatLen::Unusual,
+    };
+    for _ in 0..count {
+        let Some(&kind) = buf.get(at) else {
+            return FlatLen::Partial;
+        };
+        at += 1;
+        match kind {
+            b':' => match number(&mut at) {
+                None => return FlatLen::Partial,
+                Some(None) => return FlatLen::Unusual,
+                Some(Some(_)) => {}
+            },
+            b'$' => match number(&mut at) {
+                None => return FlatLen::Partial,
+                Some(Some(-1)) => {}
+                Some(Some(len)) if len >= 0 => {
+                    let end = at + len as usize;
+                    match buf.get(end..end + 2) {
+                        None => return FlatLen::Partial,
+                        Some(b"\r\n") => at = end + 2,
+                        Some(_) => return FlatLen::Unusual,
+                    }
+                }
+                Some(_) => return FlatLen::Unusual,
+            },
+            _ => return FlatLen::Unusual,
+        }
+    }
+    FlatLen::Whole(at)
+}
+
+/// [`frame_len`] of any reply, element by element.
+fn frame_len_careful(buf: &[u8]) -> Result<Option<usize>, Malformed> {
     let mut at = 0;
     // Elements still to read: nested arrays add theirs, so nesting needs
     // no recursion.
@@ -404,6 +495,52 @@ pub fn value(frame: &Bytes) -> Option<redis::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn element() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            any::<i64>().prop_map(|i| format!(":{i}\r\n").into_bytes()),
+            prop::collection::vec(any::<u8>(), 0..12).prop_map(|b| {
+                let mut e = format!("${}\r\n", b.len()).into_bytes();
+                e.extend(b);
+                e.extend(b"\r\n");
+                e
+            }),
+            Just(b"$-1\r\n".to_vec()),
+            Just(b"+OK\r\n".to_vec()),
+            Just(b"*2\r\n:1\r\n:2\r\n".to_vec()),
+        ]
+    }
+
+    proptest! {
+        /// The one-pass length of a reply is the careful one whenever it
+        /// answers, whatever the bytes (replies, then with a byte changed
+        /// or cut short).
+        #[test]
+        fn the_flat_length_agrees_with_the_careful_one(
+            elements in prop::collection::vec(element(), 0..12),
+            flip in any::<Option<(usize, u8)>>(),
+            cut in any::<Option<usize>>(),
+        ) {
+            let mut buf = format!("*{}\r\n", elements.len()).into_bytes();
+            for e in &elements {
+                buf.extend(e);
+            }
+            buf.extend(b":7\r\n");
+            if let Some((at, byte)) = flip {
+                let at = at % buf.len();
+                buf[at] = byte;
+            }
+            if let Some(cut) = cut {
+                buf.truncate(cut % (buf.len() + 1));
+            }
+            match flat_len(&buf) {
+                FlatLen::Whole(len) => prop_assert_eq!(frame_len_careful(&buf), Ok(Some(len))),
+                FlatLen::Partial => prop_assert_eq!(frame_len_careful(&buf), Ok(None)),
+                FlatLen::Unusual => {}
+            }
+        }
+    }
 
     #[test]
     fn an_error_reply_is_read_into_its_code() {
@@ -453,7 +590,6 @@ mod tests {
             assert_eq!(value(&Bytes::copy_from_slice(frame)), None);
         }
     }
-    use proptest::prelude::*;
 
     #[test]
     fn elements_split_an_array_into_whole_replies() {

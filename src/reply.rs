@@ -202,10 +202,23 @@ impl<'a> Spare<'a> {
     /// A type byte, `n` in decimal, CRLF.
     #[inline(always)]
     pub fn line(&mut self, kind: u8, n: i64) {
-        let mut digits = itoa::Buffer::new();
-        self.put(&[kind]);
-        self.put(digits.format(n).as_bytes());
-        self.put(b"\r\n");
+        // Most are a length or a code under 100: one store each.
+        match n {
+            0..=9 => self.put(&[kind, b'0' + n as u8, b'\r', b'\n']),
+            10..=99 => self.put(&[
+                kind,
+                b'0' + (n / 10) as u8,
+                b'0' + (n % 10) as u8,
+                b'\r',
+                b'\n',
+            ]),
+            _ => {
+                let mut digits = itoa::Buffer::new();
+                self.put(&[kind]);
+                self.put(digits.format(n).as_bytes());
+                self.put(b"\r\n");
+            }
+        }
     }
 
     /// A bulk string of `data`.
@@ -360,6 +373,35 @@ pub fn encode_command(args: &[&[u8]]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_line_is_its_number_in_decimal() {
+        for n in [
+            -1_000_000_007i64,
+            -100,
+            -99,
+            -10,
+            -9,
+            -1,
+            0,
+            1,
+            9,
+            10,
+            42,
+            99,
+            100,
+            101,
+            9_999,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            let mut dst = BytesMut::new();
+            let mut out = Spare::new(&mut dst, LINE_MOST);
+            out.line(b':', n);
+            out.done();
+            assert_eq!(dst, format!(":{n}\r\n").as_bytes(), "{n}");
+        }
+    }
 
     #[test]
     fn every_length_is_written_as_it_is() {

@@ -370,7 +370,7 @@ fn release_held<'a>(
                 let started = start(service, mailbox, ticket, request);
                 carry_on(service, replies, running, ticket, started);
             }
-            Released::Fallback(call) => fall_back(service, replies, running, ticket, *call),
+            Released::Fallback(call) => fall_back(service, replies, running, ticket, call),
         }
     }
 }

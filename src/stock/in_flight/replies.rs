@@ -150,7 +150,7 @@ impl Counted {
 /// What [`Replies::take_releasable`] hands back to be sent.
 pub(super) enum Released {
     Request(Request),
-    Fallback(Box<StockCall>),
+    Fallback(StockCall),
 }
 
 impl Slot {
@@ -447,7 +447,7 @@ impl Replies {
             }
             let released = match self.take_state(index, SlotState::Pending) {
                 SlotState::Held(request) => Released::Request(request),
-                SlotState::HeldFallback(call) => Released::Fallback(Box::new(call)),
+                SlotState::HeldFallback(call) => Released::Fallback(call),
                 _ => unreachable!("found held just above"),
             };
             return Some((ticket, released));
