@@ -2,7 +2,7 @@
 //!
 //! One SKU of the standalone Redis (one primary: the hot primary) starts
 //! with [`UNITS`] units; every other sku keeps the usual
-//! [`crate::fleet::START_STOCK`]. `BENCH_FLASH_CONNECTIONS` (200)
+//! [`crate::db::START_STOCK`]. `BENCH_FLASH_CONNECTIONS` (200)
 //! connections each keep one request in flight: a DEDUCT of qty 1 with a
 //! fresh request_id, or, one time in ten, a retry of an id that already
 //! got code 0 in this run (same id, qty and order_no). Direct targets send
@@ -35,9 +35,11 @@
 //! applied id answered 1 (the tail's count is printed), every fresh id of
 //! the tail answered 2, no error replies. Anything else stops the run.
 
-use crate::fleet::{Db, Stockgate, connect, cpu_seconds};
+use crate::Knobs;
+use crate::db::{Db, connect};
+use crate::fleet::{Fleet, Stockgate, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
-use crate::{Fleet, Knobs, MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
+use crate::target::{MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
 use bytes::{Buf, BytesMut};
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
@@ -821,7 +823,7 @@ fn commandstats(admin: &mut redis::Connection) -> Stats {
 }
 
 fn stock_key(db: &Db, sku: &str) -> Vec<u8> {
-    crate::fleet::stock_key(db.layout(), sku)
+    crate::db::stock_key(db.layout(), sku)
 }
 
 /// One line per row, on stderr.

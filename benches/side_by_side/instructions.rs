@@ -21,8 +21,10 @@
 //! the load runs (stockgate's health checks, a timer) is counted too; at
 //! these loads it is well under 1% of the total.
 
-use crate::fleet::{Stockgate, Twemproxy};
-use crate::{Fleet, Knobs, Shape, Target, TargetId, measure, plan};
+use crate::Knobs;
+use crate::fleet::{Fleet, Stockgate, Twemproxy};
+use crate::target::{Shape, Target, TargetId, plan};
+use crate::throughput::{measure, measure_with};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -210,16 +212,15 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             // (zero the counters) and once every reply is in (dump them).
             let mut counted = None;
             let mut calls = 0;
-            let (run, _) =
-                crate::measure_with(runtime, &target, fleet.db(id), conns, depth, || {
-                    calls += 1;
-                    if calls == 1 {
-                        control(&["--zero"], pid);
-                    } else {
-                        counted = Some(dump_total(&dir, &name, pid));
-                    }
-                })
-                .checked();
+            let (run, _) = measure_with(runtime, &target, fleet.db(id), conns, depth, || {
+                calls += 1;
+                if calls == 1 {
+                    control(&["--zero"], pid);
+                } else {
+                    counted = Some(dump_total(&dir, &name, pid));
+                }
+            })
+            .checked();
             let instructions = counted.expect("the probe dumped the counters");
             // BENCH_CALLGRIND_KEEP=<dir>: keep each dump, for
             // `callgrind_annotate <dir>/<file>` (where the instructions go).

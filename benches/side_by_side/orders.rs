@@ -36,9 +36,12 @@
 //! orders per row; `BENCH_CONNECTIONS`, `BENCH_DEPTHS`, `BENCH_REPEATS`
 //! and `BENCH_SKUS` as for the throughput rows.
 
-use crate::fleet::{Db, Stockgate};
+use crate::Knobs;
+use crate::db::Db;
+use crate::fleet::{Fleet, Stockgate};
 use crate::loadgen::{self, Conn, Encoded};
-use crate::{Fleet, Knobs, Rng, probe};
+use crate::target::Rng;
+use crate::throughput::probe;
 use std::fmt::Write;
 
 /// The shapes of one order.

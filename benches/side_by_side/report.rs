@@ -2,7 +2,9 @@
 //! the ratios and the instruction counts (the open-loop tables are
 //! `latency.rs`'s own).
 
-use crate::{Knobs, Run, TargetId};
+use crate::Knobs;
+use crate::target::TargetId;
+use crate::throughput::Run;
 use std::fmt::Write;
 use std::process::Command;
 
@@ -200,7 +202,7 @@ pub fn instructions(counts: &[crate::instructions::Count]) -> String {
     for count in counts {
         let baseline = counts
             .iter()
-            .find(|c| c.target == crate::TargetId::TwemproxyStandalone && c.depth == count.depth);
+            .find(|c| c.target == TargetId::TwemproxyStandalone && c.depth == count.depth);
         let ratio = baseline
             .filter(|b| b.target != count.target)
             .map_or("-".to_owned(), |b| {
