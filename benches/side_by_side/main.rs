@@ -8,7 +8,7 @@
 //! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
 //! cargo bench --bench side_by_side -- orders        # 3-line ORDERs against 3 DEDUCTs each
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
-//! cargo bench --bench side_by_side -- instructions  # instructions per request, under callgrind
+//! cargo bench --bench side_by_side -- instructions  # instructions per request and per ORDER, under callgrind
 //! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
 //! cargo bench --bench side_by_side -- script-cost   # instructions per deduction in Redis, under callgrind
 //! cargo bench --bench side_by_side -- sink          # the journal's sink against a flash sale (needs PostgreSQL)
@@ -125,7 +125,7 @@
 //! | `BENCH_MANY_ROUNDS` | 3 | memory: times the concurrent clients come and go |
 //! | `BENCH_STOCKGATE_BIN` | this build's | |
 //! | `BENCH_STOCKGATE_ARGS` | none | extra `stockgate serve` flags, split at whitespace |
-//! | `BENCH_CALLGRIND_REQUESTS` | 20000 | instructions: requests per counted load |
+//! | `BENCH_CALLGRIND_REQUESTS` | 20000 | instructions: requests per counted load (the ORDER rows: a third as many orders) |
 //! | `BENCH_FLASH_CONNECTIONS` | 200 | flash: connections, one request in flight each (`flash.rs`) |
 //! | `BENCH_FLASH_TAIL_SECONDS` | 20 | flash: how long the sold-out tail runs after the stock reaches 0 |
 //! | `BENCH_SINK_UNITS` | 50000 | sink: units sold in each sale (`sink.rs`) |
