@@ -2,7 +2,7 @@
 //!
 //! One SKU of the standalone Redis (one primary: the hot primary) starts
 //! with [`UNITS`] units; every other sku keeps the usual
-//! [`crate::fleet::START_STOCK`]. `BENCH_FLASH_CONNECTIONS` (200)
+//! [`crate::db::START_STOCK`]. `BENCH_FLASH_CONNECTIONS` (200)
 //! connections each keep one request in flight: a DEDUCT of qty 1 with a
 //! fresh request_id, or, one time in ten, a retry of an id that already
 //! got code 0 in this run (same id, qty and order_no). Direct targets send
@@ -15,8 +15,8 @@
 //! storm that follows, for `BENCH_FLASH_TAIL_SECONDS` (20). A reply counts
 //! in the phase it arrived in. Per phase: req/s, Redis CPU per request
 //! (`INFO cpu`), stockgate CPU per request (`/proc/<pid>/stat`), p50/p99,
-//! and Redis's own `usec_per_call` of EVALSHA and MGET from `INFO
-//! commandstats` (`CONFIG RESETSTAT` at each phase's start), the figure
+//! and Redis's own `usec_per_call` of the script calls (EVALSHA direct,
+//! FCALL through stockgate) and MGET from `INFO commandstats` (`CONFIG RESETSTAT` at each phase's start), the figure
 //! that no other process on the box disturbs.
 //!
 //! Rows: `direct-standalone`, `stockgate-standalone`, and
@@ -35,9 +35,11 @@
 //! applied id answered 1 (the tail's count is printed), every fresh id of
 //! the tail answered 2, no error replies. Anything else stops the run.
 
-use crate::fleet::{Db, Stockgate, connect, cpu_seconds};
+use crate::Knobs;
+use crate::db::{Db, connect};
+use crate::fleet::{Fleet, Stockgate, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
-use crate::{Fleet, Knobs, MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
+use crate::target::{MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
 use bytes::{Buf, BytesMut};
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
@@ -132,8 +134,9 @@ pub struct Phase {
     pub p99_us: f64,
     pub redis_cpu_us: f64,
     pub proxy_cpu_us: Option<f64>,
-    /// `usec_per_call` and calls of EVALSHA and MGET (`INFO commandstats`).
-    pub evalsha: Option<(f64, u64)>,
+    /// `usec_per_call` and calls of the script calls (EVALSHA and FCALL
+    /// together) and of MGET (`INFO commandstats`).
+    pub script: Option<(f64, u64)>,
     pub mget: Option<(f64, u64)>,
     /// `stockgate_sold_out_reads_total` answered and script, over the phase.
     pub sold_out_reads: Option<(u64, u64)>,
@@ -507,7 +510,7 @@ fn drive_row(
             p99_us: tally.latency.value_at_quantile(0.99) as f64 / 1e3,
             redis_cpu_us: per(to.redis - from.redis),
             proxy_cpu_us: from.proxy.zip(to.proxy).map(|(b, a)| per(a - b)),
-            evalsha: stats.evalsha,
+            script: stats.script,
             mget: stats.mget,
             sold_out_reads: from
                 .sold_out_reads
@@ -784,7 +787,7 @@ async fn drive(
 /// Redis's own figures of one phase.
 #[derive(Default)]
 struct Stats {
-    evalsha: Option<(f64, u64)>,
+    script: Option<(f64, u64)>,
     mget: Option<(f64, u64)>,
 }
 
@@ -795,13 +798,15 @@ fn reset_stats(admin: &mut redis::Connection) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// `usec_per_call` and `calls` of EVALSHA and MGET since the last reset.
+/// `usec_per_call` and `calls` of the script calls and of MGET since the
+/// last reset. A script call is an EVALSHA or, through a stockgate that
+/// calls its function library, an FCALL: both together, weighted by calls.
 fn commandstats(admin: &mut redis::Connection) -> Stats {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(admin)
         .expect("INFO commandstats");
-    let of = |command: &str| {
+    let of = |command: &str| -> Option<(f64, u64)> {
         let line = info
             .lines()
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))?;
@@ -814,14 +819,22 @@ fn commandstats(admin: &mut redis::Connection) -> Stats {
             field("calls")?.parse().ok()?,
         ))
     };
+    let script = match (of("evalsha"), of("fcall")) {
+        (Some((evalsha_us, evalshas)), Some((fcall_us, fcalls))) => Some((
+            (evalsha_us * evalshas as f64 + fcall_us * fcalls as f64)
+                / (evalshas + fcalls).max(1) as f64,
+            evalshas + fcalls,
+        )),
+        (evalsha, fcall) => evalsha.or(fcall),
+    };
     Stats {
-        evalsha: of("evalsha"),
+        script,
         mget: of("mget"),
     }
 }
 
 fn stock_key(db: &Db, sku: &str) -> Vec<u8> {
-    crate::fleet::stock_key(db.layout(), sku)
+    crate::db::stock_key(db.layout(), sku)
 }
 
 /// One line per row, on stderr.
@@ -854,7 +867,7 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
         flash.runs
     );
     out.push_str(
-        "| target | phase | seconds | requests | req/s | p50 µs | p99 µs | Redis CPU µs/req | stockgate CPU µs/req | EVALSHA µs/call (calls) | MGET µs/call (calls) | sold-out reads answered / script | coalesced calls (DEDUCTs) |\n\
+        "| target | phase | seconds | requests | req/s | p50 µs | p99 µs | Redis CPU µs/req | stockgate CPU µs/req | script µs/call (calls) | MGET µs/call (calls) | sold-out reads answered / script | coalesced calls (DEDUCTs) |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let stat =
@@ -872,7 +885,7 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
                 p.p99_us,
                 p.redis_cpu_us,
                 p.proxy_cpu_us.map_or("-".into(), |v| format!("{v:.1}")),
-                stat(p.evalsha),
+                stat(p.script),
                 stat(p.mget),
                 p.sold_out_reads
                     .map_or("-".into(), |(a, s)| format!("{a} / {s}")),
@@ -885,8 +898,8 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
     out.push_str(
         "\nseconds: the sale's is the time to sell out (first request to the last code 0). \
          Redis CPU: `INFO cpu` over the phase / requests; stockgate CPU: `/proc/<pid>/stat` (10 ms ticks); \
-         EVALSHA and MGET: `INFO commandstats` usec_per_call (`CONFIG RESETSTAT` at the phase's start); \
-         the script's own MGET (one per call) counts among the MGETs, so the sold-out reads are the MGET calls beyond the EVALSHA calls.\n\n",
+         script (EVALSHA direct, FCALL through stockgate) and MGET: `INFO commandstats` usec_per_call (`CONFIG RESETSTAT` at the phase's start); \
+         the script's own MGET (one per call) counts among the MGETs, so the sold-out reads are the MGET calls beyond the script calls.\n\n",
     );
     let _ = writeln!(
         out,

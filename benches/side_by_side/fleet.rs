@@ -1,20 +1,211 @@
-//! Everything the benchmark runs besides the load: the proxies as separate
-//! processes, the Redis data each row starts from and is audited against,
-//! and what `/proc` says about a process's CPU and memory.
+//! Everything the benchmark starts besides the load: the Redis servers
+//! ([`Fleet`]), the proxies as separate processes ([`Proxies`], for the
+//! throughput and latency rows), and what `/proc` says about a process's
+//! CPU and memory.
 
+use crate::Knobs;
+use crate::db::{self, Db};
+use crate::target::{Shape, Target, TargetId};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use stockgate::keys::{self, KeyLayout};
-use stockgate::params::Sku;
-use stockgate::script::{LuaScript, Scripts};
+use stockgate::dev::{LocalCluster, LocalRedis, RedisOptions};
 
-/// Stock every sku starts each row with: far more than any row deducts,
-/// so every reply is code 0, and within Lua's exact integer range.
-pub const START_STOCK: i64 = 1_000_000_000_000;
+// ---------------------------------------------------------------- the fleet
+
+/// Everything the benchmark starts, stopped when dropped.
+pub struct Fleet {
+    pub cluster: LocalCluster,
+    pub standalone: LocalRedis,
+    pub cluster_db: Db,
+    pub standalone_db: Db,
+    pub dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    pub fn start(knobs: &Knobs) -> Fleet {
+        // Clients come from many loopback addresses (see
+        // `loadgen::connect_all`), which protected mode would refuse; the
+        // servers still listen on 127.0.0.1 only. Room for the memory
+        // scenarios' clients, plus the harness's own.
+        let options = RedisOptions {
+            extra_args: vec![
+                "--protected-mode".into(),
+                "no".into(),
+                "--maxclients".into(),
+                (knobs.many_clients.max(knobs.idle_clients) + 1000).to_string(),
+            ],
+            ..RedisOptions::default()
+        };
+        let cluster = LocalCluster::start(3, 0, &options)
+            .unwrap_or_else(|e| panic!("cannot start the Redis Cluster: {e}"));
+        let standalone = LocalRedis::start(&options)
+            .unwrap_or_else(|e| panic!("cannot start the standalone Redis: {e}"));
+        let primaries: Vec<u16> = cluster.nodes[..cluster.masters]
+            .iter()
+            .map(|n| n.port)
+            .collect();
+        let cluster_db = Db::new(&primaries, knobs.skus, db::slot_owner(&primaries));
+        let standalone_db = Db::new(&[standalone.node.port], knobs.skus, |_| 0);
+        let dir = tempfile::Builder::new()
+            .prefix("stockgate-bench-")
+            .tempdir()
+            .expect("a temp dir");
+        Fleet {
+            cluster,
+            standalone,
+            cluster_db,
+            standalone_db,
+            dir,
+        }
+    }
+
+    pub fn db(&mut self, id: TargetId) -> &mut Db {
+        if id.on_cluster() {
+            &mut self.cluster_db
+        } else {
+            &mut self.standalone_db
+        }
+    }
+
+    pub fn start_stockgate(&self, knobs: &Knobs, name: &str, on_cluster: bool) -> Stockgate {
+        let (seeds, mode) = if on_cluster {
+            (self.cluster.seeds(), "cluster")
+        } else {
+            (vec![self.standalone.url()], "standalone")
+        };
+        Stockgate::start(&knobs.stockgate_bin, name, &seeds, mode, self.dir.path())
+    }
+
+    pub fn start_twemproxy(&self, knobs: &Knobs, name: &str) -> Twemproxy {
+        Twemproxy::start(
+            &knobs.nutcracker_bin,
+            name,
+            self.standalone.node.port,
+            self.dir.path(),
+        )
+    }
+
+    /// Where a target's connections go: one proxy address, or (direct to
+    /// the cluster) one route per primary with the skus it owns.
+    pub fn routes(&self, id: TargetId, proxy: Option<SocketAddr>) -> Vec<(SocketAddr, Vec<usize>)> {
+        let db = if id.on_cluster() {
+            &self.cluster_db
+        } else {
+            &self.standalone_db
+        };
+        let all: Vec<usize> = (0..db.skus.len()).collect();
+        match (id, proxy) {
+            (_, Some(addr)) => vec![(addr, all)],
+            (TargetId::DirectCluster, None) => db
+                .ports()
+                .into_iter()
+                .enumerate()
+                .map(|(node, port)| {
+                    let owned = all
+                        .iter()
+                        .copied()
+                        .filter(|&s| db.skus[s].1 == node)
+                        .collect();
+                    (SocketAddr::from(([127, 0, 0, 1], port)), owned)
+                })
+                .collect(),
+            (_, None) => vec![(SocketAddr::from(([127, 0, 0, 1], db.ports()[0])), all)],
+        }
+    }
+}
+
+/// The proxies of the wanted targets, as the throughput and latency rows
+/// go through them; stopped when dropped.
+pub struct Proxies {
+    stockgate_cluster: Option<Stockgate>,
+    stockgate_standalone: Option<Stockgate>,
+    twemproxy: Option<Twemproxy>,
+}
+
+impl Proxies {
+    pub fn start(knobs: &Knobs, fleet: &Fleet) -> Proxies {
+        let wanted = |id: TargetId| knobs.targets.contains(&id);
+        Proxies {
+            stockgate_cluster: wanted(TargetId::StockgateCluster)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-cluster", true)),
+            stockgate_standalone: wanted(TargetId::StockgateStandalone)
+                .then(|| fleet.start_stockgate(knobs, "stockgate-standalone", false)),
+            twemproxy: wanted(TargetId::TwemproxyStandalone)
+                .then(|| fleet.start_twemproxy(knobs, "twemproxy-standalone")),
+        }
+    }
+
+    /// Where a proxied target's clients connect, and the proxy's pid.
+    fn proxy_of(&self, id: TargetId) -> Option<(SocketAddr, u32)> {
+        match id {
+            TargetId::StockgateCluster => self
+                .stockgate_cluster
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::StockgateStandalone => self
+                .stockgate_standalone
+                .as_ref()
+                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::TwemproxyStandalone => self.twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
+            _ => None,
+        }
+    }
+
+    /// The wanted targets, in the order of `BENCH_TARGETS`.
+    pub fn targets(&self, knobs: &Knobs, fleet: &Fleet) -> Vec<Target> {
+        knobs
+            .targets
+            .iter()
+            .map(|&id| {
+                let proxy = self.proxy_of(id);
+                Target {
+                    id,
+                    shape: match id {
+                        TargetId::StockgateCluster | TargetId::StockgateStandalone => Shape::Deduct,
+                        TargetId::DirectStandaloneV3 => Shape::EvalshaV3,
+                        _ => Shape::Evalsha,
+                    },
+                    routes: fleet.routes(id, proxy.map(|p| p.0)),
+                    proxy: proxy.map(|p| p.1),
+                }
+            })
+            .collect()
+    }
+
+    fn procs(&mut self) -> impl Iterator<Item = &mut Proc> {
+        [
+            self.stockgate_cluster.as_mut().map(|s| &mut s.proc),
+            self.stockgate_standalone.as_mut().map(|s| &mut s.proc),
+            self.twemproxy.as_mut().map(|t| &mut t.proc),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Fails loudly if a proxy has died.
+    pub fn check_alive(&mut self) {
+        self.procs().for_each(Proc::check_alive);
+    }
+
+    /// What the proxies logged (warnings and errors), as a markdown
+    /// paragraph, or nothing when they logged nothing.
+    pub fn logs(&mut self) -> String {
+        let logs: Vec<String> = self
+            .procs()
+            .filter_map(|proc| proc.log_summary())
+            .map(|line| format!("- {line}"))
+            .collect();
+        if logs.is_empty() {
+            String::new()
+        } else {
+            format!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"))
+        }
+    }
+}
 
 // ---------------------------------------------------------------- /proc
 
@@ -393,236 +584,4 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     Ok((status, body))
-}
-
-// ---------------------------------------------------------------- Redis data
-
-/// The Redis servers one target writes to (a cluster's primaries, or one
-/// standalone), the skus seeded on each, and the audit after a row.
-pub struct Db {
-    nodes: Vec<Node>,
-    /// Every sku's name and the index of the node that owns its slot.
-    pub skus: Vec<(String, usize)>,
-    layout: KeyLayout,
-    script: std::sync::Arc<LuaScript>,
-    /// The DEDUCT script of script version 3, for `direct-standalone-v3`.
-    v3: LuaScript,
-}
-
-struct Node {
-    port: u16,
-    conn: redis::Connection,
-}
-
-/// What a row actually changed in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Applied {
-    /// Idempotency records created (keys beyond the seeded stock keys).
-    pub records: u64,
-    /// Total stock decrease over every sku.
-    pub stock_decrease: u64,
-}
-
-impl Db {
-    /// `ports` are the primaries (one for a standalone Redis); a sku goes to
-    /// the primary `owner(slot)` names.
-    pub fn new(ports: &[u16], sku_count: usize, owner: impl Fn(u16) -> usize) -> Db {
-        let layout = KeyLayout::new("stock").expect("stockgate's default prefix");
-        let nodes = ports
-            .iter()
-            .map(|&port| Node {
-                port,
-                conn: connect(port),
-            })
-            .collect();
-        let skus = (0..sku_count)
-            .map(|i| {
-                let sku = format!("sku-{i:05}");
-                let slot = keys::slot(&layout.stock_key(&Sku::parse(sku.clone().into()).unwrap()));
-                (sku, owner(slot))
-            })
-            .collect();
-        Db {
-            nodes,
-            skus,
-            layout,
-            script: Scripts::new().deduct,
-            v3: {
-                let body = include_str!("../../tests/compat/v3/deduct.lua").replacen(
-                    "--@common\n",
-                    include_str!("../../tests/compat/v3/common.lua"),
-                    1,
-                );
-                LuaScript::from_body("deduct-v3", body, true)
-            },
-        }
-    }
-
-    pub fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.port).collect()
-    }
-
-    pub fn layout(&self) -> &KeyLayout {
-        &self.layout
-    }
-
-    pub fn sha(&self) -> &str {
-        &self.script.sha
-    }
-
-    pub fn v3_sha(&self) -> &str {
-        &self.v3.sha
-    }
-
-    /// Empties every node, loads the script, and seeds every sku with
-    /// [`START_STOCK`]: each row starts from the same state.
-    pub fn reset(&mut self) {
-        for (index, node) in self.nodes.iter_mut().enumerate() {
-            redis::cmd("FLUSHALL")
-                .arg("SYNC")
-                .query::<()>(&mut node.conn)
-                .unwrap_or_else(|e| panic!("FLUSHALL on {}: {e}", node.port));
-            let sha: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&self.script.body)
-                .query(&mut node.conn)
-                .unwrap_or_else(|e| panic!("SCRIPT LOAD on {}: {e}", node.port));
-            assert_eq!(sha, self.script.sha, "the script's SHA1");
-            let v3: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&self.v3.body)
-                .query(&mut node.conn)
-                .unwrap_or_else(|e| panic!("SCRIPT LOAD on {}: {e}", node.port));
-            assert_eq!(v3, self.v3.sha, "the version 3 script's SHA1");
-            let mut pipe = redis::pipe();
-            for (sku, _) in self.skus.iter().filter(|(_, n)| *n == index) {
-                pipe.set(stock_key(&self.layout, sku), START_STOCK).ignore();
-            }
-            pipe.query::<()>(&mut node.conn)
-                .unwrap_or_else(|e| panic!("seeding on {}: {e}", node.port));
-        }
-    }
-
-    /// Counts what the row changed, from Redis itself.
-    pub fn audit(&mut self) -> Applied {
-        let mut applied = Applied {
-            records: 0,
-            stock_decrease: 0,
-        };
-        for (index, node) in self.nodes.iter_mut().enumerate() {
-            let skus: Vec<&String> = self
-                .skus
-                .iter()
-                .filter(|(_, n)| *n == index)
-                .map(|(s, _)| s)
-                .collect();
-            let keys: u64 = redis::cmd("DBSIZE")
-                .query(&mut node.conn)
-                .unwrap_or_else(|e| panic!("DBSIZE on {}: {e}", node.port));
-            // The sweep leader's lease and active list (a stockgate in front
-            // of this node writes them even when no hold is placed) are not
-            // records. A primary that doesn't own their slot answers MOVED:
-            // they are not there.
-            let sweeper: u64 = match redis::cmd("EXISTS")
-                .arg(self.layout.sweep_lease())
-                .arg(self.layout.sweep_active())
-                .query(&mut node.conn)
-            {
-                Ok(n) => n,
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => 0,
-                Err(e) => panic!("EXISTS on {}: {e}", node.port),
-            };
-            applied.records += keys - sweeper - skus.len() as u64;
-            let mut pipe = redis::pipe();
-            for sku in &skus {
-                pipe.get(stock_key(&self.layout, sku));
-            }
-            let stocks: Vec<i64> = pipe
-                .query(&mut node.conn)
-                .unwrap_or_else(|e| panic!("reading stock on {}: {e}", node.port));
-            applied.stock_decrease += stocks.iter().map(|s| (START_STOCK - s) as u64).sum::<u64>();
-        }
-        applied
-    }
-
-    /// CPU seconds every node has used (`INFO cpu`: the whole process,
-    /// microsecond resolution).
-    pub fn cpu_seconds(&mut self) -> f64 {
-        self.nodes
-            .iter_mut()
-            .map(|node| {
-                let info: String = redis::cmd("INFO")
-                    .arg("cpu")
-                    .query(&mut node.conn)
-                    .unwrap_or_else(|e| panic!("INFO cpu on {}: {e}", node.port));
-                ["used_cpu_sys:", "used_cpu_user:"]
-                    .iter()
-                    .map(|field| {
-                        info.lines()
-                            .find_map(|l| l.strip_prefix(field))
-                            .and_then(|v| v.trim().parse::<f64>().ok())
-                            .unwrap_or(0.0)
-                    })
-                    .sum::<f64>()
-            })
-            .sum()
-    }
-}
-
-pub fn stock_key(layout: &KeyLayout, sku: &str) -> Vec<u8> {
-    layout.stock_key(&Sku::parse(sku.to_owned().into()).expect("valid sku"))
-}
-
-/// A plain connection to one Redis on loopback, with a generous read
-/// timeout.
-pub fn connect(port: u16) -> redis::Connection {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a valid URL");
-    let conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("cannot connect to redis on {port}: {e}"));
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("set a timeout");
-    conn
-}
-
-/// The cluster's slot ranges and the primary (by index into `ports`) that
-/// serves each, from `CLUSTER SLOTS`.
-pub fn slot_owner(ports: &[u16]) -> impl Fn(u16) -> usize + use<> {
-    let mut conn = connect(ports[0]);
-    let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query(&mut conn)
-        .expect("CLUSTER SLOTS");
-    let int = |v: &redis::Value| match v {
-        redis::Value::Int(i) => *i,
-        other => panic!("CLUSTER SLOTS: expected an integer, got {other:?}"),
-    };
-    // Each range: [first, last, [ip, port, id, ...] (the primary), replicas...].
-    let ranges: Vec<(u16, u16, u16)> = slots
-        .iter()
-        .map(|range| {
-            let redis::Value::Array(items) = range else {
-                panic!("CLUSTER SLOTS: a range is not an array: {range:?}");
-            };
-            let redis::Value::Array(primary) = &items[2] else {
-                panic!("CLUSTER SLOTS: no primary in {range:?}");
-            };
-            (
-                int(&items[0]) as u16,
-                int(&items[1]) as u16,
-                int(&primary[1]) as u16,
-            )
-        })
-        .collect();
-    let ports = ports.to_vec();
-    move |slot| {
-        let (_, _, port) = ranges
-            .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-            .unwrap_or_else(|| panic!("slot {slot} is not served"));
-        ports
-            .iter()
-            .position(|p| p == port)
-            .unwrap_or_else(|| panic!("slot {slot} is served by unknown port {port}"))
-    }
 }

@@ -8,6 +8,7 @@
 //! BENCH_CALLGRIND_REQUESTS=20000 BENCH_DEPTHS=1,16 cargo bench --bench side_by_side -- instructions
 //! BENCH_TARGETS=stockgate-standalone BENCH_DEPTHS=1 BENCH_CALLGRIND_KEEP=/tmp/cg \
 //!     cargo bench --bench side_by_side -- instructions   # then callgrind_annotate /tmp/cg/<dump>
+//! BENCH_TARGETS=stockgate-cluster cargo bench --bench side_by_side -- instructions   # with the ORDER rows
 //! ```
 //!
 //! Each proxy (stockgate in front of the standalone Redis and in front of
@@ -20,13 +21,34 @@
 //! divided by the requests. What the process does besides requests while
 //! the load runs (stockgate's health checks, a timer) is counted too; at
 //! these loads it is well under 1% of the total.
+//!
+//! The ORDER rows, on the same stockgate-cluster after its DEDUCT rows:
+//! per depth, `BENCH_CALLGRIND_REQUESTS / 3` 3-line ORDERs (qty 1 on one
+//! sku of each primary, a fresh id each, as the `orders` mode builds
+//! them), counted the same way; then the same orders' lines as three
+//! DEDUCTs written at once (the same skus, fresh ids), counted the same
+//! way; each load audited as the `orders` mode audits it. `depth` is
+//! orders in flight per connection. The ratio of the two counts is how
+//! much more of stockgate an ORDER costs than the three DEDUCTs it
+//! replaces.
 
-use crate::fleet::{Stockgate, Twemproxy};
-use crate::{Fleet, Knobs, Shape, Target, TargetId, measure, plan};
+use crate::Knobs;
+use crate::fleet::{Fleet, Stockgate, Twemproxy};
+use crate::orders;
+use crate::target::{Shape, Target, TargetId, plan};
+use crate::throughput::{measure, measure_with};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// One counted load.
+/// What the mode counted, for the report.
+pub struct Counts {
+    /// Per target and depth: a DEDUCT (twemproxy: its EVALSHA).
+    pub requests: Vec<Count>,
+    /// Per depth, through stockgate-cluster: an ORDER against three DEDUCTs.
+    pub orders: Vec<OrderCount>,
+}
+
+/// One counted load of single requests.
 pub struct Count {
     pub target: TargetId,
     pub depth: usize,
@@ -37,6 +59,32 @@ pub struct Count {
 impl Count {
     pub fn per_request(&self) -> f64 {
         self.instructions as f64 / self.requests as f64
+    }
+}
+
+/// Two counted loads of the same orders at one depth: each a 3-line ORDER,
+/// then each as three DEDUCTs written at once.
+pub struct OrderCount {
+    pub depth: usize,
+    pub orders: u64,
+    /// Counted over the ORDERs.
+    pub order: u64,
+    /// Counted over the DEDUCTs, three per order.
+    pub deducts: u64,
+}
+
+impl OrderCount {
+    pub fn per_order(&self) -> f64 {
+        self.order as f64 / self.orders as f64
+    }
+
+    pub fn per_three_deducts(&self) -> f64 {
+        self.deducts as f64 / self.orders as f64
+    }
+
+    /// stockgate's instructions per ORDER over three DEDUCTs'.
+    pub fn ratio(&self) -> f64 {
+        self.order as f64 / self.deducts as f64
     }
 }
 
@@ -122,8 +170,45 @@ fn total_of(text: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Runs `load` with the counters of `pid` zeroed at its first call of the
+/// hook it is given (the connections open) and dumped at its second (every
+/// reply in): what `load` returned, and the instructions counted between.
+fn counted<T>(
+    dir: &Path,
+    name: &str,
+    pid: u32,
+    load: impl FnOnce(&mut dyn FnMut()) -> T,
+) -> (T, u64) {
+    let mut counted = None;
+    let mut calls = 0;
+    let out = load(&mut || {
+        calls += 1;
+        if calls == 1 {
+            control(&["--zero"], pid);
+        } else {
+            counted = Some(dump_total(dir, name, pid));
+        }
+    });
+    (out, counted.expect("the probe dumped the counters"))
+}
+
+/// `BENCH_CALLGRIND_KEEP=<dir>`: keeps each dump of `name` so far, prefixed
+/// `label-`, for `callgrind_annotate <dir>/<file>` (where the instructions
+/// go).
+fn keep_dumps(dir: &Path, name: &str, label: &str) {
+    if let Some(keep) = std::env::var_os("BENCH_CALLGRIND_KEEP") {
+        let keep = PathBuf::from(keep);
+        std::fs::create_dir_all(&keep).expect("BENCH_CALLGRIND_KEEP is a directory");
+        for dump in dumps(dir, name) {
+            let file = dump.file_name().expect("a file name");
+            let kept = keep.join(format!("{label}-{}", file.to_string_lossy()));
+            let _ = std::fs::copy(&dump, kept);
+        }
+    }
+}
+
 /// Runs the counted loads and returns them, for the report.
-pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) -> Vec<Count> {
+pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) -> Counts {
     let requests: usize = std::env::var("BENCH_CALLGRIND_REQUESTS")
         .ok()
         .map(|v| {
@@ -138,11 +223,14 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
         TargetId::StockgateCluster,
         TargetId::TwemproxyStandalone,
     ];
-    let mut counts = Vec::new();
+    let mut counts = Counts {
+        requests: Vec::new(),
+        orders: Vec::new(),
+    };
     for id in wanted.into_iter().filter(|id| knobs.targets.contains(id)) {
         let name = format!("{}-callgrind", id.name());
         let wrap = callgrind(&dir, &name);
-        let (addr, pid, keep): (_, _, Box<dyn std::any::Any>) = match id {
+        let (addr, pid, stockgate, twemproxy) = match id {
             TargetId::TwemproxyStandalone => {
                 let t = Twemproxy::start_wrapped(
                     &wrap,
@@ -151,7 +239,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                     fleet.standalone.node.port,
                     &dir,
                 );
-                (t.addr, t.proc.pid, Box::new(t))
+                (t.addr, t.proc.pid, None, Some(t))
             }
             _ => {
                 let on_cluster = id == TargetId::StockgateCluster;
@@ -168,7 +256,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                     mode,
                     &dir,
                 );
-                (s.addr, s.proc.pid, Box::new(s))
+                (s.addr, s.proc.pid, Some(s), None)
             }
         };
         let target = Target {
@@ -208,30 +296,10 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             let total: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
             // The load generator's probe runs once the connections are open
             // (zero the counters) and once every reply is in (dump them).
-            let mut counted = None;
-            let mut calls = 0;
-            let (run, _) =
-                crate::measure_with(runtime, &target, fleet.db(id), conns, depth, || {
-                    calls += 1;
-                    if calls == 1 {
-                        control(&["--zero"], pid);
-                    } else {
-                        counted = Some(dump_total(&dir, &name, pid));
-                    }
-                })
-                .checked();
-            let instructions = counted.expect("the probe dumped the counters");
-            // BENCH_CALLGRIND_KEEP=<dir>: keep each dump, for
-            // `callgrind_annotate <dir>/<file>` (where the instructions go).
-            if let Some(keep) = std::env::var_os("BENCH_CALLGRIND_KEEP") {
-                let keep = PathBuf::from(keep);
-                std::fs::create_dir_all(&keep).expect("BENCH_CALLGRIND_KEEP is a directory");
-                for dump in dumps(&dir, &name) {
-                    let file = dump.file_name().expect("a file name");
-                    let kept = keep.join(format!("depth{depth}-{}", file.to_string_lossy()));
-                    let _ = std::fs::copy(&dump, kept);
-                }
-            }
+            let ((run, _), instructions) = counted(&dir, &name, pid, |hook| {
+                measure_with(runtime, &target, fleet.db(id), conns, depth, hook).checked()
+            });
+            keep_dumps(&dir, &name, &format!("depth{depth}"));
             let count = Count {
                 target: id,
                 depth,
@@ -246,9 +314,93 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 count.per_request(),
                 run.seconds
             );
-            counts.push(count);
+            counts.requests.push(count);
         }
-        drop(keep);
+        drop((stockgate, twemproxy));
+    }
+    if knobs.targets.contains(&TargetId::StockgateCluster) {
+        counts.orders = count_orders(runtime, knobs, fleet, requests / 3);
+    }
+    counts
+}
+
+/// The ORDER rows: per depth, `orders` 3-line ORDERs (one sku of each
+/// primary, as the orders mode builds them), then the same orders as
+/// three DEDUCTs each, written at once (the same skus, fresh ids), each
+/// load counted as the DEDUCT rows are and audited as the orders mode
+/// audits it.
+///
+/// They run on a stockgate-cluster of their own under callgrind, with
+/// `--timeout 60s`: under callgrind, 16 ORDERs in flight on each
+/// connection take longer than the default second to come to rest, and an
+/// order past its deadline is answered UPSTREAM and left to recovery.
+fn count_orders(
+    runtime: &tokio::runtime::Runtime,
+    knobs: &Knobs,
+    fleet: &mut Fleet,
+    orders: usize,
+) -> Vec<OrderCount> {
+    let name = "stockgate-cluster-orders-callgrind";
+    let dir = fleet.dir.path().to_path_buf();
+    let stockgate = Stockgate::start_with(
+        &callgrind(&dir, name),
+        &knobs.stockgate_bin,
+        name,
+        &fleet.cluster.seeds(),
+        "cluster",
+        &dir,
+        &["--timeout", "60s"],
+    );
+    let stockgate = &stockgate;
+    let pid = stockgate.proc.pid;
+    let db = &mut fleet.cluster_db;
+    let by_node = orders::skus_by_node(db);
+    let per_conn = orders.max(1).div_ceil(knobs.connections);
+    // Warm up both shapes: the intent calls and the order's paths are cold.
+    for (row, shape) in [(9000, orders::Shape::Order), (9001, orders::Shape::Deducts)] {
+        let conns = orders::plan(stockgate, db, &by_node, shape, knobs.connections, 10, row);
+        orders::measure_with(runtime, stockgate, db, conns, shape, 16, || {});
+    }
+    let mut counts = Vec::new();
+    for &depth in &knobs.depths {
+        // One row number for both shapes: the same skus for each order.
+        let row = 9100 + depth as u64;
+        let mut load = |shape: orders::Shape| {
+            let conns = orders::plan(
+                stockgate,
+                db,
+                &by_node,
+                shape,
+                knobs.connections,
+                per_conn,
+                row,
+            );
+            let (run, instructions) = counted(&dir, name, pid, |hook| {
+                orders::measure_with(runtime, stockgate, db, conns, shape, depth, hook)
+            });
+            keep_dumps(&dir, name, &format!("{}-depth{depth}", shape.label()));
+            (run, instructions)
+        };
+        let (order_run, order) = load(orders::Shape::Order);
+        let (deducts_run, deducts) = load(orders::Shape::Deducts);
+        let count = OrderCount {
+            depth,
+            orders: order_run.orders,
+            order,
+            deducts,
+        };
+        assert_eq!(order_run.orders, deducts_run.orders, "the same orders");
+        eprintln!(
+            "stockgate-cluster      depth {:>2}: {} orders, {:.0} instructions per ORDER, {:.0} per 3 DEDUCTs, {:.2}x ({:.1} s and {:.1} s under callgrind)",
+            depth,
+            count.orders,
+            count.per_order(),
+            count.per_three_deducts(),
+            count.ratio(),
+            order_run.seconds,
+            deducts_run.seconds,
+        );
+        counts.push(count);
     }
     counts
 }

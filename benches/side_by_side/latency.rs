@@ -48,8 +48,11 @@
 //! each whatever its code does; twemproxy's row is the reference for what
 //! a proxy hop costs on the machine.
 
+use crate::Knobs;
+use crate::fleet::{Fleet, Proxies};
 use crate::loadgen;
-use crate::{Fleet, Knobs, Proxies, TargetId, audit, measure, plan, probe};
+use crate::target::{TargetId, plan};
+use crate::throughput::{audit, measure, probe};
 use hdrhistogram::Histogram;
 use std::fmt::Write;
 

@@ -34,10 +34,11 @@
 //! the soft limit in the process at start, or in the entrypoint with
 //! `ulimit -n`.
 
-use crate::Measured;
-use crate::fleet::{self, Memory};
+use crate::Knobs;
+use crate::fleet::{self, Fleet, Memory};
 use crate::loadgen::{self, Conn};
-use crate::{Fleet, Knobs, Target, TargetId, measure, plan};
+use crate::target::{Target, TargetId, plan};
+use crate::throughput::{Measured, measure};
 use futures_util::future::try_join_all;
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -176,8 +177,8 @@ fn scenarios(
     let target = Target {
         id: subject.id,
         shape: match subject.id {
-            TargetId::TwemproxyStandalone => crate::Shape::Evalsha,
-            _ => crate::Shape::Deduct,
+            TargetId::TwemproxyStandalone => crate::target::Shape::Evalsha,
+            _ => crate::target::Shape::Deduct,
         },
         routes: fleet.routes(subject.id, Some(subject.addr)),
         proxy: Some(subject.pid),
@@ -279,7 +280,7 @@ fn direct_bursts(runtime: &tokio::runtime::Runtime, fleet: &mut Fleet, many: usi
     for id in [TargetId::DirectCluster, TargetId::DirectStandalone] {
         let target = Target {
             id,
-            shape: crate::Shape::Evalsha,
+            shape: crate::target::Shape::Evalsha,
             routes: fleet.routes(id, None),
             proxy: None,
         };

@@ -36,9 +36,12 @@
 //! orders per row; `BENCH_CONNECTIONS`, `BENCH_DEPTHS`, `BENCH_REPEATS`
 //! and `BENCH_SKUS` as for the throughput rows.
 
-use crate::fleet::{Db, Stockgate};
+use crate::Knobs;
+use crate::db::Db;
+use crate::fleet::{Fleet, Stockgate};
 use crate::loadgen::{self, Conn, Encoded};
-use crate::{Fleet, Knobs, Rng, probe};
+use crate::target::Rng;
+use crate::throughput::probe;
 use std::fmt::Write;
 
 /// The shapes of one order.
@@ -59,6 +62,15 @@ impl Shape {
             Shape::Order => "ORDER (3 lines)",
             Shape::HoldConfirm => "ORDER.HOLD + ORDER.CONFIRM",
             Shape::Deducts => "3 × DEDUCT, pipelined",
+        }
+    }
+
+    /// The shape in a file name.
+    pub fn label(self) -> &'static str {
+        match self {
+            Shape::Order => "order",
+            Shape::HoldConfirm => "hold-confirm",
+            Shape::Deducts => "3-deducts",
         }
     }
 
@@ -118,17 +130,7 @@ fn orders_per_row(knobs: &Knobs) -> usize {
 pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
     let mut stockgate = fleet.start_stockgate(knobs, "stockgate-orders", true);
     let db = &mut fleet.cluster_db;
-    let by_node: Vec<Vec<usize>> = (0..3)
-        .map(|node| {
-            (0..db.skus.len())
-                .filter(|&s| db.skus[s].1 == node)
-                .collect()
-        })
-        .collect();
-    assert!(
-        by_node.iter().all(|skus| !skus.is_empty()),
-        "orders: every primary needs skus (raise BENCH_SKUS)"
-    );
+    let by_node = skus_by_node(db);
     let per_conn = orders_per_row(knobs).div_ceil(knobs.connections);
     let mut row = 0u64;
     // An unreported warm-up of each shape.
@@ -185,9 +187,28 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     }
 }
 
+/// The skus of each of the cluster's three primaries (indices into the
+/// db's skus): an order takes one of each.
+pub fn skus_by_node(db: &Db) -> Vec<Vec<usize>> {
+    let by_node: Vec<Vec<usize>> = (0..3)
+        .map(|node| {
+            (0..db.skus.len())
+                .filter(|&s| db.skus[s].1 == node)
+                .collect()
+        })
+        .collect();
+    assert!(
+        by_node.iter().all(|skus| !skus.is_empty()),
+        "orders: every primary needs skus (raise BENCH_SKUS)"
+    );
+    by_node
+}
+
 /// The orders of one row: `per_conn` on each of `conns` connections, ids
-/// `o<row>-<connection>-<n>` (DEDUCT `k` of one: `...-<n>-<k>`).
-fn plan(
+/// `o<row>-<connection>-<n>` (DEDUCT `k` of one: `...-<n>-<k>`). The
+/// choice of skus follows from `row` alone, so every shape of one `row`
+/// takes the same skus.
+pub fn plan(
     stockgate: &Stockgate,
     db: &Db,
     by_node: &[Vec<usize>],
@@ -268,12 +289,27 @@ fn measure(
     shape: Shape,
     depth: usize,
 ) -> OrdersRun {
+    measure_with(runtime, stockgate, db, conns, shape, depth, || {})
+}
+
+/// [`measure`], calling `at_probe` right before the load starts (with the
+/// connections open) and right after its last reply.
+pub fn measure_with(
+    runtime: &tokio::runtime::Runtime,
+    stockgate: &Stockgate,
+    db: &mut Db,
+    conns: Vec<Conn>,
+    shape: Shape,
+    depth: usize,
+    mut at_probe: impl FnMut(),
+) -> OrdersRun {
     let orders: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
     let replies = orders * shape.group() as u64;
     let pid = stockgate.proc.pid;
     db.reset();
     let (outcome, before, after) = runtime
         .block_on(loadgen::run_grouped(conns, depth, shape.group(), || {
+            at_probe();
             probe(Some(pid), db)
         }))
         .unwrap_or_else(|e| panic!("orders, {}: the load generator failed: {e}", shape.name()));

@@ -32,9 +32,9 @@
 //! `BENCH_SINK_UNITS` `deduct` entries of the hot SKU, once each; anything
 //! else stops the run.
 
-use crate::Fleet;
 use crate::Knobs;
-use crate::fleet::{Stockgate, connect, free_addr};
+use crate::db::connect;
+use crate::fleet::{Fleet, Stockgate, free_addr};
 use crate::postgres::Postgres;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
