@@ -72,7 +72,7 @@ mod routes;
 
 pub use completion::{Answer, Completion, Mailbox};
 pub use join::{Gathered, Join, Joinable, LoneMarks};
-pub use routes::Pipelines;
+pub use routes::{Pipelines, wait};
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -82,6 +82,19 @@ pub struct Login {
     pub username: Option<String>,
     pub password: Option<String>,
     pub db: i64,
+}
+
+/// Who bounds a caller's wait for its answer. The pipe answers every
+/// request by its deadline (or as lost when its connection fails); a
+/// timer of the caller's own guards only against a pipe whose task
+/// stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// A timer at the deadline, for this wait.
+    Timer,
+    /// The caller's own bound over many waits (an order's saga is bounded
+    /// as a whole): no timer per wait.
+    Caller,
 }
 
 /// Why a call through a pipe got no reply.

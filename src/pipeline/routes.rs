@@ -5,7 +5,7 @@ use super::completion::{Answer, Completion};
 use super::join::{Gathered, Joinable, LoneMarks};
 use super::node::NodePipe;
 use super::queue::PipeSettings;
-use super::{Login, PipeError};
+use super::{Bound, Login, PipeError};
 use crate::config::Durability;
 use crate::keys::SLOTS;
 use crate::reply::encode_command;
@@ -150,15 +150,28 @@ impl Pipelines {
         &self,
         slot: u16,
         deadline: Instant,
+        bound: Bound,
         encode: impl FnOnce(&mut BytesMut),
     ) -> Result<Answer, PipeError> {
         let (reply, answer) = oneshot::channel();
         if let Err((refused, _)) = self.submit(slot, deadline, Completion::Oneshot(reply), encode) {
             return Err(refused);
         }
-        match tokio::time::timeout_at(deadline, answer).await {
+        wait(answer, deadline, bound).await
+    }
+}
+
+/// The answer `answer` brings, within `deadline` as `bound` says.
+pub async fn wait(
+    answer: oneshot::Receiver<Result<Answer, PipeError>>,
+    deadline: Instant,
+    bound: Bound,
+) -> Result<Answer, PipeError> {
+    match bound {
+        Bound::Caller => answer.await.unwrap_or(Err(PipeError::Lost)),
+        Bound::Timer => match tokio::time::timeout_at(deadline, answer).await {
             Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
             Err(_) => Err(PipeError::Timeout),
-        }
+        },
     }
 }

@@ -25,7 +25,7 @@ use super::{StockCommand, StockService, coalesce, sold_out, wire};
 use crate::error::UpstreamError;
 use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
-use crate::pipeline::{Answer, Completion, Gathered, Joinable, LoneMarks, PipeError};
+use crate::pipeline::{Answer, Bound, Completion, Gathered, Joinable, LoneMarks, PipeError};
 use crate::upstream::Verdict;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -151,7 +151,7 @@ impl StockService {
         arrived: Instant,
     ) -> StockResult {
         match self.prepare(command, args, arrived) {
-            Some(prepared) => self.run(prepared).await,
+            Some(prepared) => self.run(prepared, Bound::Timer).await,
             None => unreachable!("{command:?} is not a call on one request"),
         }
     }
@@ -460,13 +460,14 @@ impl StockService {
     }
 
     /// A prepared call from start to end, awaited: the node pipe's answer
-    /// through a oneshot, the fallback when it calls for one.
-    pub(super) async fn run(&self, prepared: Prepared) -> StockResult {
+    /// through a oneshot, its wait bounded as `bound` says, the fallback
+    /// when it calls for one.
+    pub(super) async fn run(&self, prepared: Prepared, bound: Bound) -> StockResult {
         let call = match prepared {
             Prepared::Answered(result) => return result,
             Prepared::Call(call) => call,
         };
-        let answer = self.await_answer(&call).await;
+        let answer = self.await_answer(&call, bound).await;
         match self.conclude(call, answer) {
             Concluded::Answered(result) => result,
             Concluded::Fallback(call) => self.fallback(call).await,
@@ -475,13 +476,10 @@ impl StockService {
 
     /// Submits `call` and awaits its node pipe's answer, within its
     /// deadline.
-    async fn await_answer(&self, call: &StockCall) -> Result<Answer, PipeError> {
+    async fn await_answer(&self, call: &StockCall, bound: Bound) -> Result<Answer, PipeError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         match self.submit(call, Completion::Oneshot(reply)) {
-            Ok(()) => match tokio::time::timeout_at(call.deadline, answer).await {
-                Ok(answer) => answer.unwrap_or(Err(PipeError::Lost)),
-                Err(_) => Err(PipeError::Timeout),
-            },
+            Ok(()) => crate::pipeline::wait(answer, call.deadline, bound).await,
             Err((refused, _)) => Err(refused),
         }
     }

@@ -10,7 +10,7 @@ use super::Upstream;
 use crate::config::Durability;
 use crate::error::{ErrorCode, ErrorReply, FaultKind, UpstreamError};
 use crate::outcome::StockReply;
-use crate::pipeline::{Answer, Completion, Gathered, Joinable, LoneMarks, PipeError};
+use crate::pipeline::{Answer, Bound, Completion, Gathered, Joinable, LoneMarks, PipeError};
 use crate::script::{Calling, LuaScript};
 use bytes::BytesMut;
 use redis::{RedisError, Value};
@@ -25,6 +25,14 @@ pub enum Verdict {
     /// left of the deadline. Safe: a resend of the same call answers as the
     /// first send did.
     Fallback,
+}
+
+/// What a piped script call answered ([`Upstream::eval_piped_frame`]).
+pub enum Piped {
+    /// The reply's bytes, as the node pipe read them.
+    Frame(bytes::Bytes),
+    /// The redis crate's reading of it (the call took the slow path).
+    Value(Value),
 }
 
 impl Upstream {
@@ -169,27 +177,64 @@ impl Upstream {
         args: &[&[u8]],
         deadline: tokio::time::Instant,
     ) -> Result<Value, UpstreamError> {
+        match self
+            .eval_piped_frame(script, keys, args, deadline, Bound::Timer)
+            .await?
+        {
+            Piped::Value(value) => Ok(value),
+            Piped::Frame(frame) => self.value_of(script, &frame),
+        }
+    }
+
+    /// [`Upstream::eval_piped`], its answer as the node pipe read it (its
+    /// raw bytes) when the pipe answered, for a caller that reads them
+    /// itself; the redis crate's reading otherwise.
+    pub async fn eval_piped_frame(
+        &self,
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        deadline: tokio::time::Instant,
+        bound: Bound,
+    ) -> Result<Piped, UpstreamError> {
         let deadline = deadline.min(tokio::time::Instant::now() + self.config.timeout);
-        let answer = self.piped(script, keys, args, deadline).await;
+        let answer = self.piped(script, keys, args, deadline, bound).await;
         let answer = match self.answered(answer, script.crosses_slots()) {
-            None => return self.eval_by(script, keys, args, deadline).await,
+            None => {
+                return self
+                    .eval_by(script, keys, args, deadline)
+                    .await
+                    .map(Piped::Value);
+            }
             Some(answer) => answer?,
         };
-        let value = match crate::answer::value(&answer.frame) {
+        if script.needs_replicas {
+            match crate::answer::flat(&answer.frame).and_then(|mut reply| reply.int()) {
+                Some(code) => self.check_replicated(code, answer.replicas)?,
+                // Not the usual shape: read the whole reply, as before.
+                None => {
+                    self.value_of(script, &answer.frame)?;
+                }
+            }
+        }
+        Ok(Piped::Frame(answer.frame))
+    }
+
+    /// A reply's raw bytes as the redis crate's [`Value`].
+    pub fn value_of(
+        &self,
+        script: &LuaScript,
+        frame: &bytes::Bytes,
+    ) -> Result<Value, UpstreamError> {
+        let value = match crate::answer::value(frame) {
             Some(value) => value,
-            None => redis::parse_redis_value(&answer.frame).map_err(|err| {
+            None => redis::parse_redis_value(frame).map_err(|err| {
                 UpstreamError::new(
                     FaultKind::BadReply,
                     format!("{} answered what stockgate can't read: {err}", script.name),
                 )
             })?,
         };
-        if script.needs_replicas
-            && let Value::Array(items) = &value
-            && let Some(Value::Int(code)) = items.first()
-        {
-            self.check_replicated(*code, answer.replicas)?;
-        }
         Ok(value)
     }
 
@@ -201,11 +246,12 @@ impl Upstream {
         keys: &[&[u8]],
         args: &[&[u8]],
         deadline: tokio::time::Instant,
+        bound: Bound,
     ) -> Result<Answer, PipeError> {
         match &self.pipelines {
             Some(pipelines) => {
                 pipelines
-                    .call(crate::keys::slot(keys[0]), deadline, |buf| {
+                    .call(crate::keys::slot(keys[0]), deadline, bound, |buf| {
                         script.write_call(self.calling(), buf, keys, args)
                     })
                     .await
@@ -258,7 +304,13 @@ impl Upstream {
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
         let answer = self
-            .piped(script, &keys, args, started + self.config.timeout)
+            .piped(
+                script,
+                &keys,
+                args,
+                started + self.config.timeout,
+                Bound::Timer,
+            )
             .await;
         match self.verdict(answer) {
             Verdict::Settled(result) => result,

@@ -30,7 +30,7 @@ mod eval;
 mod health;
 mod topology;
 
-pub use eval::Verdict;
+pub use eval::{Piped, Verdict};
 use health::ByEval;
 pub use health::Eviction;
 

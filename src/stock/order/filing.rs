@@ -18,6 +18,26 @@ const SAGA_TIMEOUTS: u32 = 4;
 /// How much longer than a saga's budget an order waits to be recovered.
 const MARGIN: Duration = Duration::from_secs(5);
 /// How long an order's saga may run ([`SAGA_TIMEOUTS`]).
+/// How long an order's saga may take at most, as one bound over all its
+/// waits: its budget, and one `--timeout` for the step that started last.
+/// Its calls wait for their answers without a timer each: the node pipes
+/// answer every call by its deadline, and this guards only against a pipe
+/// that stopped.
+pub(super) fn saga_bound(service: &StockService) -> Duration {
+    saga_budget(service) + service.upstream.timeout()
+}
+
+/// What a saga that ran past [`saga_bound`] answers.
+pub(super) fn saga_overrun(bound: Duration) -> UpstreamError {
+    UpstreamError::new(
+        crate::error::FaultKind::Timeout,
+        format!(
+            "the order's saga did not come to rest within {} ms; stockgate's recovery ends the order",
+            bound.as_millis()
+        ),
+    )
+}
+
 pub(super) fn saga_budget(service: &StockService) -> Duration {
     service.upstream.timeout() * SAGA_TIMEOUTS
 }

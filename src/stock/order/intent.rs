@@ -4,6 +4,8 @@
 use super::{Filing, Saga, filing};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
+use crate::pipeline::Bound;
+use crate::upstream::Piped;
 use bytes::Bytes;
 use redis::Value;
 
@@ -119,6 +121,38 @@ impl Intent {
         })
     }
 
+    /// The intent as the node pipe read it, in one pass over its bytes:
+    /// `{changed, phase, kind, lines, expires_at, code, short, now,
+    /// version, filing}`; `None` for any other shape (the careful reading
+    /// then says what is wrong).
+    pub(super) fn from_frame(frame: &Bytes) -> Option<Intent> {
+        let mut reply = crate::answer::flat(frame)?;
+        if reply.left < 10 {
+            return None;
+        }
+        let changed = reply.int()? == 1;
+        let phase = Phase::from_script(&frame[reply.text()?])?;
+        let kind = frame.slice(reply.text()?);
+        let lines = frame.slice(reply.text()?);
+        let expires_at = reply.int()?;
+        let code = reply.int()?;
+        let short = frame.slice(reply.text()?);
+        let now = reply.int()?;
+        let _version = reply.int()?;
+        let filing = reply.int()?;
+        Some(Intent {
+            changed,
+            phase,
+            kind,
+            lines,
+            expires_at,
+            code,
+            short,
+            now,
+            filing,
+        })
+    }
+
     pub(super) fn is_hold(&self) -> bool {
         &self.kind[..] == b"H"
     }
@@ -148,11 +182,11 @@ pub(super) enum IntentOp<'a> {
         line_ttl: u64,
     },
     /// Move the order from one phase to the next, a compare-and-set; an
-    /// abort says why and names the SKUs at fault.
+    /// abort says why and names the SKUs at fault (space-separated).
     Advance {
         from: Phase,
         to: Phase,
-        abort: Option<(Code, &'a [Bytes])>,
+        abort: Option<(Code, &'a [u8])>,
     },
     /// ORDER.CONFIRM's move.
     Confirm,
@@ -171,37 +205,34 @@ impl IntentOp<'_> {
         }
     }
 
-    /// Its own arguments, after the op, the window and the nonce.
-    fn args(&self) -> Vec<Vec<u8>> {
-        match *self {
-            IntentOp::Read | IntentOp::Confirm | IntentOp::Revert => Vec::new(),
+    /// Its own arguments, after the op, the window and the nonce, into
+    /// `args` (the numbers spelled in `digits`): at most four.
+    fn args<'a>(&'a self, digits: &'a mut [itoa::Buffer; 3], args: &mut Vec<&'a [u8]>) {
+        match self {
+            IntentOp::Read | IntentOp::Confirm | IntentOp::Revert => {}
             IntentOp::Begin {
                 lines,
                 hold,
                 line_ttl,
-            } => vec![
-                if hold.is_some() {
-                    b"H".to_vec()
-                } else {
-                    b"T".to_vec()
-                },
-                lines.to_vec(),
-                hold.unwrap_or(0).to_string().into_bytes(),
-                line_ttl.to_string().into_bytes(),
-            ],
+            } => {
+                let [hold_digits, line_digits, _] = digits;
+                args.extend_from_slice(&[
+                    if hold.is_some() { b"H" } else { b"T" },
+                    lines,
+                    hold_digits.format(hold.unwrap_or(0)).as_bytes(),
+                    line_digits.format(*line_ttl).as_bytes(),
+                ]);
+            }
             IntentOp::Advance { from, to, abort } => {
-                let (code, short) = match abort {
+                args.extend_from_slice(&[from.as_str().as_bytes(), to.as_str().as_bytes()]);
+                match abort {
                     Some((code, short)) => {
-                        ((code as i64).to_string().into_bytes(), short.join(&b' '))
+                        let [code_digits, ..] = digits;
+                        args.push(code_digits.format(*code as i64).as_bytes());
+                        args.push(short);
                     }
-                    None => (Vec::new(), Vec::new()),
-                };
-                vec![
-                    from.as_str().as_bytes().to_vec(),
-                    to.as_str().as_bytes().to_vec(),
-                    code,
-                    short,
-                ]
+                    None => args.extend_from_slice(&[b"", b""]),
+                }
             }
         }
     }
@@ -271,32 +302,36 @@ impl Saga<'_> {
         let service = self.service;
         let keys = &service.keys;
         let key = keys.order_key(&self.id.id);
-        let own = op.args();
-        let mut args: Vec<&[u8]> = vec![
+        let mut digits: [itoa::Buffer; 3] = Default::default();
+        let mut filing_digits = itoa::Buffer::new();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(10);
+        args.extend_from_slice(&[
             op.word(),
             service.settings.retry_window_arg.as_bytes(),
             &self.nonce,
-        ];
-        args.extend(own.iter().map(Vec::as_slice));
-        let shard;
-        let number;
+        ]);
+        op.args(&mut digits, &mut args);
         if let Some(ride) = ride {
-            shard = &keys.sweep_shards()[keys.order_shard_index(&self.id.id)];
+            let shard = &keys.sweep_shards()[keys.order_shard_index(&self.id.id)];
             args.resize(7, b"");
-            number = match ride {
-                Ride::File => filing::recover_after(service).as_millis().to_string(),
-                Ride::Unfile(score) => score.to_string(),
+            let (word, number): (&[u8], i64) = match ride {
+                Ride::File => (b"file", filing::recover_after(service).as_millis() as i64),
+                Ride::Unfile(score) => (b"unfile", score),
             };
-            let word: &[u8] = match ride {
-                Ride::File => b"file",
-                Ride::Unfile(_) => b"unfile",
-            };
-            args.extend_from_slice(&[word, &shard.orders, number.as_bytes()]);
+            args.extend_from_slice(&[word, &shard.orders, filing_digits.format(number).as_bytes()]);
         }
-        let value = service
+        let script = &service.scripts.order;
+        match service
             .upstream
-            .eval_piped(&service.scripts.order, &[&key], &args, self.deadline)
-            .await?;
-        Intent::from_script(value)
+            // The saga is bounded as a whole ([`super::order_call`]).
+            .eval_piped_frame(script, &[&key], &args, self.deadline, Bound::Caller)
+            .await?
+        {
+            Piped::Frame(frame) => match Intent::from_frame(&frame) {
+                Some(intent) => Ok(intent),
+                None => Intent::from_script(service.upstream.value_of(script, &frame)?),
+            },
+            Piped::Value(value) => Intent::from_script(value),
+        }
     }
 }

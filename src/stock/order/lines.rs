@@ -5,6 +5,7 @@ use super::{Saga, Step};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
 use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, Sku};
+use crate::pipeline::Bound;
 use crate::stock::StockCommand;
 use crate::stock::call::{OnBehalf, Prepared, StockResult};
 use crate::stock::single::{Field, OneRequest};
@@ -204,7 +205,8 @@ impl Saga<'_> {
             return Err(UpstreamError::timeout(service.upstream.timeout()));
         }
         call.limit_deadline(self.deadline);
-        service.run(Prepared::Call(call)).await
+        // The saga is bounded as a whole ([`super::order_call`]).
+        service.run(Prepared::Call(call), Bound::Caller).await
     }
 }
 

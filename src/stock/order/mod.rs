@@ -183,7 +183,12 @@ pub async fn order_call(
     let saga = {
         let service = service.clone();
         let args = args.to_vec();
-        tokio::spawn(async move { order_result(&service, want, &args).await })
+        tokio::spawn(async move {
+            let bound = filing::saga_bound(&service);
+            tokio::time::timeout(bound, order_result(&service, want, &args))
+                .await
+                .unwrap_or_else(|_| Err(filing::saga_overrun(bound)))
+        })
     };
     let result = match tokio::time::timeout_at(deadline, saga).await {
         Ok(Ok(result)) => result,
@@ -278,11 +283,11 @@ impl<'a> Saga<'a> {
             }
             Want::Confirm => {
                 let intent = self.intent(IntentOp::Confirm).await?;
-                self.settle(want, intent).await
+                self.settle(want, intent, None).await
             }
             Want::Revert => {
                 let intent = self.intent(IntentOp::Revert).await?;
-                self.settle(want, intent).await
+                self.settle(want, intent, None).await
             }
             Want::Recover => unreachable!("the recovery drives an order from its intent"),
         }
@@ -326,7 +331,7 @@ impl<'a> Saga<'a> {
                 ));
             }
         }
-        self.settle(want, intent).await
+        self.settle(want, intent, Some((&text, lines))).await
     }
 
     /// How long the line holds of an order last: an ORDER's
@@ -340,11 +345,14 @@ impl<'a> Saga<'a> {
         }
     }
 
-    /// Drives the order from `intent` until it rests, and answers.
+    /// Drives the order from `intent` until it rests, and answers. `known`:
+    /// the lines this command parsed, and their canonical text, which the
+    /// intent's lines need not be read back from while they are the same.
     async fn settle(
         &mut self,
         want: Want,
         mut intent: Intent,
+        known: Option<(&[u8], &[Line])>,
     ) -> Result<OrderReply, UpstreamError> {
         if want == Want::Confirm && intent.phase != Phase::Revoked && !intent.is_hold() {
             return Ok(OrderReply::invalid(
@@ -354,7 +362,14 @@ impl<'a> Saga<'a> {
         // Each pass moves the order on by at least one phase, or stops;
         // the bound only guards against a bug looping for ever.
         for _ in 0..16 {
-            let lines = lines_of(&intent.lines).unwrap_or_default();
+            let read;
+            let lines: &[Line] = match known {
+                Some((text, lines)) if text == &intent.lines[..] => lines,
+                _ => {
+                    read = lines_of(&intent.lines).unwrap_or_default();
+                    &read
+                }
+            };
             let (from, step) = match intent.phase {
                 Phase::Holding => {
                     // A resumed ORDER.HOLD holds its lines for what is left
@@ -366,26 +381,27 @@ impl<'a> Saga<'a> {
                     } else {
                         LineCall::Hold(intent.is_hold())
                     };
-                    (Phase::Holding, self.lines(&lines, call, line_ttl).await)
+                    (Phase::Holding, self.lines(lines, call, line_ttl).await)
                 }
                 Phase::Confirming => (
                     Phase::Confirming,
-                    self.lines(&lines, LineCall::Confirm, 0).await,
+                    self.lines(lines, LineCall::Confirm, 0).await,
                 ),
                 Phase::Aborting => (
                     Phase::Aborting,
-                    self.lines(&lines, LineCall::Revert, 0).await,
+                    self.lines(lines, LineCall::Revert, 0).await,
                 ),
                 Phase::Reverting => (
                     Phase::Reverting,
-                    self.lines(&lines, LineCall::Revert, 0).await,
+                    self.lines(lines, LineCall::Revert, 0).await,
                 ),
                 Phase::Held if want == Want::Confirm => {
                     intent = self.intent(IntentOp::Confirm).await?;
                     continue;
                 }
-                _ => return Ok(self.answer(want, &intent, &lines)),
+                _ => return Ok(self.answer(want, &intent, lines)),
             };
+            let short;
             let (to, abort) = match (&step, from) {
                 (Step::Fault(fault), _) => return Err(fault.clone()),
                 (Step::Done, Phase::Holding) if intent.is_hold() => (Phase::Held, None),
@@ -394,7 +410,10 @@ impl<'a> Saga<'a> {
                 (Step::Done, Phase::Confirming) => (Phase::Done, None),
                 (Step::Done, Phase::Aborting) => (Phase::Aborted, None),
                 (Step::Done, _) => (Phase::Reverted, None),
-                (Step::Abort(code, short), _) => (Phase::Aborting, Some((*code, &short[..]))),
+                (Step::Abort(code, skus), _) => {
+                    short = skus.join(&b' ');
+                    (Phase::Aborting, Some((*code, &short[..])))
+                }
             };
             intent = self.intent(IntentOp::Advance { from, to, abort }).await?;
         }

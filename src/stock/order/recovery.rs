@@ -104,7 +104,10 @@ async fn recover_order(service: &StockService, id: &[u8]) -> Result<(), Upstream
     let Ok(id) = parse_id(&Bytes::copy_from_slice(id)) else {
         return Ok(());
     };
-    drive_left_behind(service, &id).await
+    let bound = super::filing::saga_bound(service);
+    tokio::time::timeout(bound, drive_left_behind(service, &id))
+        .await
+        .unwrap_or_else(|_| Err(super::filing::saga_overrun(bound)))
 }
 
 async fn drive_left_behind(service: &StockService, id: &OrderId) -> Result<(), UpstreamError> {
@@ -123,7 +126,7 @@ async fn drive_left_behind(service: &StockService, id: &OrderId) -> Result<(), U
     match intent.phase {
         Phase::Confirming | Phase::Aborting | Phase::Reverting => {
             tracing::info!(order = %String::from_utf8_lossy(id.id.as_bytes()), phase = intent.phase.as_str(), "finishing an order left behind");
-            saga.settle(Want::Recover, intent).await.map(drop)
+            saga.settle(Want::Recover, intent, None).await.map(drop)
         }
         _ => Ok(()),
     }
