@@ -39,6 +39,42 @@ pub(super) enum Touch {
     All,
 }
 
+/// What an unfinished request touches, borrowed from its slot: what a
+/// look at every earlier request reads, with nothing copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TouchRef<'a> {
+    Nothing,
+    Sku(&'a [u8]),
+    Lines { id: &'a [u8], skus: &'a [Bytes] },
+    All,
+}
+
+impl Touch {
+    pub(super) fn as_ref(&self) -> TouchRef<'_> {
+        match self {
+            Touch::Nothing => TouchRef::Nothing,
+            Touch::Sku(sku) => TouchRef::Sku(sku),
+            Touch::Lines { id, skus } => TouchRef::Lines { id, skus },
+            Touch::All => TouchRef::All,
+        }
+    }
+}
+
+impl TouchRef<'_> {
+    /// As the index keeps it.
+    pub(super) fn to_owned(self) -> Touch {
+        match self {
+            TouchRef::Nothing => Touch::Nothing,
+            TouchRef::Sku(sku) => Touch::Sku(Bytes::copy_from_slice(sku)),
+            TouchRef::Lines { id, skus } => Touch::Lines {
+                id: Bytes::copy_from_slice(id),
+                skus: skus.to_vec(),
+            },
+            TouchRef::All => Touch::All,
+        }
+    }
+}
+
 /// How an unfinished request stands with its node pipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -64,6 +100,25 @@ pub(super) enum Sending {
     Alone,
 }
 
+/// What a look at every earlier request reads of one: [`Entry`],
+/// borrowed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EntryRef<'a> {
+    pub(super) touch: TouchRef<'a>,
+    pub(super) mode: Mode,
+    pub(super) held: bool,
+}
+
+impl EntryRef<'_> {
+    fn standing(&self) -> Mode {
+        match self.touch {
+            TouchRef::Lines { .. } => Mode::Other,
+            _ if self.held => Mode::Other,
+            _ => self.mode,
+        }
+    }
+}
+
 /// What an index keeps of one unfinished request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
@@ -74,6 +129,15 @@ pub(super) struct Entry {
 }
 
 impl Entry {
+    #[cfg(test)]
+    pub(super) fn as_ref(&self) -> EntryRef<'_> {
+        EntryRef {
+            touch: self.touch.as_ref(),
+            mode: self.mode,
+            held: self.held,
+        }
+    }
+
     /// How it stands on its keys: a held request is with no pipe, and an
     /// order's saga is a path of its own on each of its keys.
     fn standing(&self) -> Mode {
@@ -259,30 +323,34 @@ impl Index {
 /// The rule itself, by a look at every earlier request: what [`Index`]
 /// answers in O(log n), kept as the test of it (debug builds check every
 /// answer of the index against it).
-pub(super) fn waits_by_scan<'a>(
-    earlier: impl Iterator<Item = &'a Entry>,
-    touch: &Touch,
+pub(super) fn waits_by_scan<'a2>(
+    earlier: impl Iterator<Item = EntryRef<'a2>>,
+    touch: TouchRef<'a2>,
     how: Sending,
 ) -> bool {
-    let skus = |t: &Touch| -> Vec<Bytes> {
-        match t {
-            Touch::Sku(sku) => vec![sku.clone()],
-            Touch::Lines { skus, .. } => skus.clone(),
-            Touch::Nothing | Touch::All => Vec::new(),
+    // A request's SKUs: a single one's, or an order's lines'.
+    let skus = |t: &TouchRef<'a2>| -> (Option<&'a2 [u8]>, &'a2 [Bytes]) {
+        match *t {
+            TouchRef::Sku(sku) => (Some(sku), &[]),
+            TouchRef::Lines { skus, .. } => (None, skus),
+            TouchRef::Nothing | TouchRef::All => (None, &[]),
         }
     };
-    earlier.into_iter().any(|e| match (&e.touch, touch) {
-        (_, Touch::Nothing) => false,
+    // Whether two requests share a SKU.
+    let share = |a: &TouchRef<'a2>, b: &TouchRef<'a2>| -> bool {
+        let ((a_one, a_many), (b_one, b_many)) = (skus(a), skus(b));
+        let has = |sku: &[u8]| b_one == Some(sku) || b_many.iter().any(|s| &s[..] == sku);
+        a_one.is_some_and(has) || a_many.iter().any(|s| has(s))
+    };
+    earlier.into_iter().any(|e| match (e.touch, touch) {
+        (_, TouchRef::Nothing) => false,
         // Even a request whose SKU is not known at this moment (being
         // settled) is before an `All`.
-        (Touch::All, _) | (_, Touch::All) => true,
-        (Touch::Nothing, _) => false,
-        (Touch::Lines { id: a, .. }, Touch::Lines { id: b, .. }) if a == b => true,
-        (Touch::Lines { .. }, _) | (_, Touch::Lines { .. }) => {
-            let theirs = skus(&e.touch);
-            skus(touch).iter().any(|s| theirs.contains(s))
-        }
-        (Touch::Sku(a), Touch::Sku(b)) => {
+        (TouchRef::All, _) | (_, TouchRef::All) => true,
+        (TouchRef::Nothing, _) => false,
+        (TouchRef::Lines { id: a, .. }, TouchRef::Lines { id: b, .. }) if a == b => true,
+        (TouchRef::Lines { .. }, _) | (_, TouchRef::Lines { .. }) => share(&e.touch, &touch),
+        (TouchRef::Sku(a), TouchRef::Sku(b)) => {
             a == b
                 && !matches!(
                     (e.standing(), how),
@@ -427,7 +495,7 @@ mod tests {
                 let blocked_before: Vec<u64> = open
                     .iter()
                     .filter(|(t, e)| e.held && waits_by_scan(
-                        open.iter().filter(|(u, _)| u < t).map(|(_, e)| e), &e.touch, Sending::Alone))
+                        open.iter().filter(|(u, _)| u < t).map(|(_, e)| e.as_ref()), e.touch.as_ref(), Sending::Alone))
                     .map(|(t, _)| *t)
                     .collect();
                 match step {
@@ -452,19 +520,19 @@ mod tests {
                 }
                 for how in [Sending::Script, Sending::ReadFirst, Sending::Alone] {
                     for touch in [sku("a"), sku("b"), Touch::All] {
-                        let by_scan = waits_by_scan(open.iter().map(|(_, e)| e), &touch, how);
+                        let by_scan = waits_by_scan(open.iter().map(|(_, e)| e.as_ref()), touch.as_ref(), how);
                         prop_assert_eq!(index.waits(next + 1, &touch, how), by_scan);
                     }
                     for (ticket, e) in &open {
-                        let earlier = open.iter().filter(|(t, _)| t < ticket).map(|(_, e)| e);
-                        prop_assert_eq!(index.waits(*ticket, &e.touch, how), waits_by_scan(earlier, &e.touch, how));
+                        let earlier = open.iter().filter(|(t, _)| t < ticket).map(|(_, e)| e.as_ref());
+                        prop_assert_eq!(index.waits(*ticket, &e.touch, how), waits_by_scan(earlier, e.touch.as_ref(), how));
                     }
                 }
                 // A held request that had to wait and no longer has to was
                 // named by the change (unless it changed itself).
                 for (ticket, e) in &open {
-                    let earlier = open.iter().filter(|(t, _)| t < ticket).map(|(_, e)| e);
-                    let free = !waits_by_scan(earlier, &e.touch, Sending::Alone);
+                    let earlier = open.iter().filter(|(t, _)| t < ticket).map(|(_, e)| e.as_ref());
+                    let free = !waits_by_scan(earlier, e.touch.as_ref(), Sending::Alone);
                     let was_blocked = blocked_before.contains(ticket);
                     if e.held && free && was_blocked {
                         prop_assert!(candidates.contains(ticket), "{ticket} freed but not named: {candidates:?}");

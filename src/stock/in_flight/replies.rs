@@ -2,7 +2,7 @@
 //! request behind each.
 
 use super::Request;
-use super::precedence::{Entry, Index, Mode, Sending, Touch};
+use super::precedence::{Entry, EntryRef, Index, Mode, Sending, TouchRef, waits_by_scan};
 use crate::reply::{Protocol, Reply};
 use crate::stock::{StockCall, Touches};
 use bytes::{Bytes, BytesMut};
@@ -42,6 +42,12 @@ pub(super) struct Replies {
     /// Held requests that a change may have let go, to look at.
     candidates: BTreeSet<u64>,
 }
+
+/// Up to this many requests in flight, none held, whether one must wait is
+/// a look at each earlier one; past it, or once one is held, the index
+/// answers ([`super::precedence`]). An order or a fallback in a short
+/// pipeline keeps no index.
+const SCAN_MOST: usize = 64;
 
 /// What a slot's request touches ([`Touches`], without the SKU's name:
 /// that is the request's own).
@@ -212,20 +218,18 @@ impl Replies {
 
     /// What the index keeps of the slot at `index`: what it touches and
     /// how it stands, while it is unfinished.
-    fn entry_of(&self, index: usize) -> Option<Entry> {
+    fn entry_of(&self, index: usize) -> Option<EntryRef<'_>> {
         let slot = &self.slots[index];
         if !slot.is_open() {
             return None;
         }
         let touch = match (&slot.kind, &slot.lines) {
-            (Kind::All, _) => Touch::All,
-            (_, Some(lines)) => Touch::Lines {
-                id: lines.id.clone(),
-                skus: lines.skus.clone(),
+            (Kind::All, _) => TouchRef::All,
+            (_, Some(lines)) => TouchRef::Lines {
+                id: &lines.id,
+                skus: &lines.skus,
             },
-            _ => slot.sku().map_or(Touch::Nothing, |sku| {
-                Touch::Sku(Bytes::copy_from_slice(sku))
-            }),
+            _ => slot.sku().map_or(TouchRef::Nothing, TouchRef::Sku),
         };
         let (mode, held) = match &slot.state {
             SlotState::Sent(call) if call.reads_first() => (Mode::Read, false),
@@ -233,7 +237,7 @@ impl Replies {
             SlotState::Held(_) | SlotState::HeldFallback(_) => (Mode::Other, true),
             SlotState::Pending | SlotState::Ready(_) => (Mode::Other, false),
         };
-        Some(Entry { touch, mode, held })
+        Some(EntryRef { touch, mode, held })
     }
 
     /// Brings the index up to date with the slot at `index` after any
@@ -247,12 +251,18 @@ impl Replies {
 
     #[inline(never)]
     fn sync_slow(&mut self, index: usize) {
-        let entry = self.entry_of(index);
+        let entry = self.entry_of(index).map(|e| Entry {
+            touch: e.touch.to_owned(),
+            mode: e.mode,
+            held: e.held,
+        });
         let ticket = self.first + index as u64;
         if let Some(precedence) = &mut self.index {
             precedence.set(ticket, entry, &mut self.candidates);
         }
-        if self.open == 0 {
+        // Few requests again, none held: a look at each is cheaper than
+        // keeping the index.
+        if self.held == 0 && self.slots.len() <= SCAN_MOST / 2 {
             self.index = None;
             self.candidates.clear();
         }
@@ -333,6 +343,8 @@ impl Replies {
     /// A stock request held back until what it must follow is done.
     pub(super) fn push_held(&mut self, protocol: Protocol, kind: Kind, request: Request) {
         self.push_slot(protocol, kind, SlotState::Held(request));
+        // A held request is let go by the changes the index names.
+        self.precedence();
     }
 
     /// Whether a request at `index` of `kind` on `sku` (an order's
@@ -356,24 +368,27 @@ impl Replies {
         }
         let how = how();
         let touch = match (kind, lines) {
-            (Kind::All, _) => Touch::All,
-            (_, Some(lines)) => Touch::Lines {
-                id: lines.id.clone(),
-                skus: lines.skus.clone(),
+            (Kind::All, _) => TouchRef::All,
+            (_, Some(lines)) => TouchRef::Lines {
+                id: &lines.id,
+                skus: &lines.skus,
             },
-            (Kind::Local, None) => Touch::Nothing,
-            (_, None) => Touch::Sku(Bytes::copy_from_slice(sku)),
+            (Kind::Local, None) => TouchRef::Nothing,
+            (_, None) => TouchRef::Sku(sku),
         };
+        let by_scan = || waits_by_scan((0..index).filter_map(|i| self.entry_of(i)), touch, how);
+        // A few requests, none held: a look at each, no index to keep.
+        if self.index.is_none() && self.held == 0 && self.slots.len() <= SCAN_MOST {
+            return by_scan();
+        }
+        let touch = touch.to_owned();
         let ticket = self.first + index as u64;
         let waits = self.precedence().waits(ticket, &touch, how);
         debug_assert_eq!(
             waits,
-            super::precedence::waits_by_scan(
-                (0..index)
-                    .filter_map(|i| self.entry_of(i))
-                    .collect::<Vec<_>>()
-                    .iter(),
-                &touch,
+            waits_by_scan(
+                (0..index).filter_map(|i| self.entry_of(i)),
+                touch.as_ref(),
                 how
             ),
             "the index and a look at every earlier request disagree"
@@ -388,6 +403,11 @@ impl Replies {
             let mut none = BTreeSet::new();
             for i in 0..self.slots.len() {
                 if let Some(entry) = self.entry_of(i) {
+                    let entry = Entry {
+                        touch: entry.touch.to_owned(),
+                        mode: entry.mode,
+                        held: entry.held,
+                    };
                     index.set(self.first + i as u64, Some(entry), &mut none);
                 }
             }
@@ -412,6 +432,8 @@ impl Replies {
     pub(super) fn hold_fallback(&mut self, ticket: u64, call: StockCall) {
         if let Some(index) = self.index(ticket) {
             self.set_state(index, SlotState::HeldFallback(call));
+            // A held request is let go by the changes the index names.
+            self.precedence();
         }
     }
 
