@@ -125,8 +125,7 @@ impl<'a> InFlight<'a> {
             _ => Sending::Alone,
         };
         if replies.must_wait(replies.len(), kind, sku, lines.as_deref(), how) {
-            replies.push_held(protocol, kind, request);
-            replies.set_lines(lines);
+            replies.push_held(protocol, kind, request, lines);
         } else {
             let ticket = replies.next_ticket();
             // Its slot is made in the state the start leaves it in: a call
@@ -135,8 +134,7 @@ impl<'a> InFlight<'a> {
                 Started::Answered(reply) => replies.push(reply, protocol),
                 Started::Piped(call) => replies.push_sent(protocol, kind, call),
                 started => {
-                    replies.push_stock(protocol, kind);
-                    replies.set_lines(lines);
+                    replies.push_stock(protocol, kind, lines);
                     carry_on(service, replies, &mut self.running, ticket, started);
                 }
             }

@@ -268,24 +268,22 @@ impl Replies {
         }
     }
 
-    fn push_slot(&mut self, protocol: Protocol, kind: Kind, state: SlotState) {
+    fn push_slot(
+        &mut self,
+        protocol: Protocol,
+        kind: Kind,
+        state: SlotState,
+        lines: Option<Box<Lines>>,
+    ) {
         self.tally(Counted::of(kind, &state), 1);
         self.slots.push_back(Slot {
             protocol,
             state,
             kind,
             running_sku: None,
-            lines: None,
+            lines,
         });
         self.sync(self.slots.len() - 1);
-    }
-
-    /// The footprint of the order just pushed.
-    pub(super) fn set_lines(&mut self, lines: Option<Box<Lines>>) {
-        if let Some(slot) = self.slots.back_mut() {
-            slot.lines = lines;
-            self.sync(self.slots.len() - 1);
-        }
     }
 
     /// Sets the state of the slot at `index`, in place: a state is large
@@ -314,13 +312,14 @@ impl Replies {
     }
 
     pub(super) fn push(&mut self, reply: Reply, protocol: Protocol) {
-        self.push_slot(protocol, Kind::Local, SlotState::Ready(reply));
+        self.push_slot(protocol, Kind::Local, SlotState::Ready(reply), None);
     }
 
     /// A stock request about to be sent ([`Replies::sent`],
     /// [`Replies::running`] or [`Replies::answer`] follows).
-    pub(super) fn push_stock(&mut self, protocol: Protocol, kind: Kind) {
-        self.push_slot(protocol, kind, SlotState::Pending);
+    /// `lines`: an order's footprint, kept while it is unfinished.
+    pub(super) fn push_stock(&mut self, protocol: Protocol, kind: Kind, lines: Option<Box<Lines>>) {
+        self.push_slot(protocol, kind, SlotState::Pending, lines);
     }
 
     /// A stock request with its node pipe from the start.
@@ -341,8 +340,14 @@ impl Replies {
     }
 
     /// A stock request held back until what it must follow is done.
-    pub(super) fn push_held(&mut self, protocol: Protocol, kind: Kind, request: Request) {
-        self.push_slot(protocol, kind, SlotState::Held(request));
+    pub(super) fn push_held(
+        &mut self,
+        protocol: Protocol,
+        kind: Kind,
+        request: Request,
+        lines: Option<Box<Lines>>,
+    ) {
+        self.push_slot(protocol, kind, SlotState::Held(request), lines);
         // A held request is let go by the changes the index names.
         self.precedence();
     }
