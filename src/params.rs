@@ -100,6 +100,11 @@ const TOKEN_BYTE: [bool; 256] = {
 pub struct Sku(Bytes);
 
 impl Sku {
+    /// The sku's bytes, shared (no copy).
+    pub fn to_bytes(&self) -> Bytes {
+        self.0.clone()
+    }
+
     pub fn parse(value: Bytes) -> Result<Sku, InvalidParam> {
         if is_token(&value) {
             Ok(Sku(value))

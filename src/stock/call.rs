@@ -470,7 +470,9 @@ impl StockService {
         let answer = self.await_answer(&call, bound).await;
         match self.conclude(call, answer) {
             Concluded::Answered(result) => result,
-            Concluded::Fallback(call) => self.fallback(call).await,
+            // Boxed: the redis crate's path is a large future, which every
+            // call's own future would otherwise carry (and move) in full.
+            Concluded::Fallback(call) => Box::pin(self.fallback(call)).await,
         }
     }
 

@@ -201,8 +201,9 @@ impl Upstream {
         let answer = self.piped(script, keys, args, deadline, bound).await;
         let answer = match self.answered(answer, script.crosses_slots()) {
             None => {
-                return self
-                    .eval_by(script, keys, args, deadline)
+                // Boxed: the redis crate's path is a large future, which
+                // every piped call's own would otherwise carry in full.
+                return Box::pin(self.eval_by(script, keys, args, deadline))
                     .await
                     .map(Piped::Value);
             }

@@ -57,7 +57,11 @@ pub fn parse_lines(
 
 /// The canonical text of a line set: `sku qty sku qty ...`, by sku.
 pub fn canonical(lines: &[Line]) -> Vec<u8> {
-    let mut out = Vec::new();
+    let len = lines
+        .iter()
+        .map(|l| l.sku.as_bytes().len() + l.qty.as_bytes().len() + 2)
+        .sum();
+    let mut out = Vec::with_capacity(len);
     for line in lines {
         if !out.is_empty() {
             out.push(b' ');
@@ -143,11 +147,11 @@ impl Saga<'_> {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut fault = None;
         for (line, result) in lines.iter().zip(results) {
-            let sku = Bytes::copy_from_slice(line.sku.as_bytes());
+            let sku = line.sku.to_bytes();
             match result {
                 Ok(reply) => {
                     if reply.remain >= 0 {
-                        self.remains.insert(sku.clone(), reply.remain);
+                        self.saw(&line.sku, reply.remain);
                     }
                     match (call, reply.code) {
                         (_, Code::Ok | Code::Duplicate) => {}

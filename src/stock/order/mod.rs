@@ -70,12 +70,11 @@ use super::{StockCommand, StockService};
 use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
-use crate::params::{HoldTtl, InvalidParam, RequestId};
+use crate::params::{HoldTtl, InvalidParam, RequestId, Sku};
 use crate::reply::Reply;
 use bytes::Bytes;
 use intent::{Intent, IntentOp};
 use lines::{LineCall, lines_of};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -141,7 +140,9 @@ struct Saga<'a> {
     id: &'a OrderId,
     nonce: [u8; 16],
     made: Vec<Phase>,
-    remains: HashMap<Bytes, i64>,
+    /// The stock each line's SKU was seen at by this attempt's last call
+    /// on it (a handful: a list, not a map).
+    remains: Vec<(Sku, i64)>,
     filing: Filing,
     deadline: tokio::time::Instant,
 }
@@ -183,12 +184,14 @@ pub async fn order_call(
     let saga = {
         let service = service.clone();
         let args = args.to_vec();
-        tokio::spawn(async move {
+        // Boxed: the saga's future is large, and spawning moved it whole
+        // several times.
+        tokio::spawn(Box::pin(async move {
             let bound = filing::saga_bound(&service);
             tokio::time::timeout(bound, order_result(&service, want, &args))
                 .await
                 .unwrap_or_else(|_| Err(filing::saga_overrun(bound)))
-        })
+        }))
     };
     let result = match tokio::time::timeout_at(deadline, saga).await {
         Ok(Ok(result)) => result,
@@ -249,9 +252,17 @@ impl<'a> Saga<'a> {
             id,
             nonce: service.nonces.next(),
             made: Vec::new(),
-            remains: HashMap::new(),
+            remains: Vec::new(),
             filing,
             deadline: tokio::time::Instant::now() + filing::saga_budget(service),
+        }
+    }
+
+    /// A line's SKU was seen at `remain` by this attempt.
+    fn saw(&mut self, sku: &Sku, remain: i64) {
+        match self.remains.iter_mut().find(|(seen, _)| seen == sku) {
+            Some((_, seen)) => *seen = remain,
+            None => self.remains.push((sku.clone(), remain)),
         }
     }
 
@@ -476,9 +487,12 @@ impl<'a> Saga<'a> {
             lines: lines
                 .iter()
                 .map(|line| {
-                    let sku = Bytes::copy_from_slice(line.sku.as_bytes());
-                    let remain = self.remains.get(&sku).copied().unwrap_or(-1);
-                    (sku, remain)
+                    let remain = self
+                        .remains
+                        .iter()
+                        .find(|(sku, _)| *sku == line.sku)
+                        .map_or(-1, |(_, remain)| *remain);
+                    (line.sku.to_bytes(), remain)
                 })
                 .collect(),
             short: if shown_short { short } else { Vec::new() },
