@@ -640,7 +640,7 @@ async fn node_timeout(upstream: &Upstream, node: &Node, timeout: Duration, repor
 /// before `check` warns (the sink's own alert waits 5 minutes too).
 const JOURNAL_BEHIND: Duration = Duration::from_secs(300);
 
-/// The journals' backlog (issue 26): how many entries wait in Redis for
+/// The journals' backlog: how many entries wait in Redis for
 /// the sink, and how old the oldest is. Nothing trims a journal but the
 /// sink, so a sink that is down or behind shows here as well as in its own
 /// lag metrics. Read as the sink reads them ([`crate::journal::stream`]):

@@ -13,7 +13,7 @@ use stockgate::metrics::Metrics;
 use stockgate::server::{self, Server};
 use stockgate::upstream::Upstream;
 
-// The books' commands (issue 26), apart so their imports merge cleanly.
+// The books' commands, apart so their imports stay together.
 use stockgate::config::{JournalAction, ReconcileArgs, SinkArgs};
 
 fn main() -> ExitCode {

@@ -8,7 +8,7 @@
 //! comes from a floating-point `log10` and is one too high near powers of
 //! ten (999999999999998 counts 16 digits). A buffer grown by that estimate
 //! kept a NUL byte after the reply, and every later reply on the connection
-//! was misread (issue 11). `tests/reply_props.rs` parses every kind of reply
+//! was misread. `tests/reply_props.rs` parses every kind of reply
 //! back with the redis crate's parser and checks no byte is left over.
 
 use crate::outcome::StockReply;
@@ -499,7 +499,7 @@ mod tests {
     #[test]
     fn integers_near_powers_of_ten_are_spelled_exactly() {
         // The integers whose digits redis-protocol's log10 estimate
-        // miscounts: the NUL byte of issue 11 followed the first one.
+        // miscounts: a NUL byte followed the first one.
         for n in [
             999_999_999_999_998_i64,
             999_999_999_999_999,

@@ -51,7 +51,7 @@ pub struct LuaScript {
     /// later call or pass redoes from Redis time, so a failover that loses
     /// it loses nothing a caller was told. A WAIT after them would confirm
     /// nothing anyone needs, and it blocks the connection it is sent on for
-    /// up to `--wait-timeout` (issue 23, 4).
+    /// up to `--wait-timeout`.
     pub needs_replicas: bool,
 }
 
@@ -502,7 +502,7 @@ mod tests {
 
     /// With `--wait-replicas`, a WAIT follows exactly the scripts whose
     /// answers acknowledge writes: a read that waited blocked the shared
-    /// connection for nothing (issue 23, 4), and a write that didn't could
+    /// connection for nothing, and a write that didn't could
     /// be acknowledged and then lost in a failover.
     #[test]
     fn only_the_scripts_that_acknowledge_writes_wait_for_replicas() {

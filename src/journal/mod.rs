@@ -1,5 +1,5 @@
 //! The books: every change of a SKU's stock or records, as its journal
-//! keeps it (issue 26).
+//! keeps it.
 //!
 //! With `--journal`, the script that makes a change appends one entry to
 //! the SKU's journal in the same atomic call (`lua/common.lua`, `journal`):
