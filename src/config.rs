@@ -60,11 +60,12 @@ pub enum JournalAction {
     Sink(SinkArgs),
 }
 
-/// Where the books are: a PostgreSQL URL. stockgate connects without TLS
-/// (`sslmode=disable` and `prefer` are accepted; `require` fails).
+/// Where the books are: a PostgreSQL URL, its TLS settings as libpq reads
+/// them (docs/books.md, "TLS to the database").
 #[derive(Debug, Args, Clone)]
 pub struct DatabaseArgs {
-    /// postgres://user[:password]@host:port/dbname[?sslmode=disable]
+    /// postgres://user[:password]@host[:port]/dbname[?sslmode=verify-full&sslrootcert=<ca.pem>|system&sslcert=<file>&sslkey=<file>].
+    /// A host other than loopback must name its sslmode (disable to mean plaintext).
     #[arg(long, env = "STOCKGATE_DATABASE")]
     pub database: String,
 }

@@ -355,12 +355,15 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
             humantime::format_duration(timeout)
         ));
     }
+    let database = stockgate::journal::database::Target::parse(&args.database.database)
+        .map_err(|e| format!("--database {e}"))?;
+    tracing::info!(database = database.shown(), tls = %database.tls().describe(), "the books' database");
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
     let metrics = std::sync::Arc::new(stockgate::metrics::JournalMetrics::new());
     let stop = tokio_util::sync::CancellationToken::new();
     let mut sink = stockgate::journal::sink::Sink::new(
         stockgate::journal::sink::SinkConfig {
-            database: args.database.database,
+            database,
             batch: args.batch,
             poll: args.poll,
             durability,
@@ -396,10 +399,12 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
 
 /// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.
 async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
+    let database = stockgate::journal::database::Target::parse(&args.database.database)
+        .map_err(|e| format!("--database {e}"))?;
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
-    let books = stockgate::journal::database::Books::connect(&args.database.database)
+    let books = stockgate::journal::database::Books::connect(&database)
         .await
-        .map_err(|e| format!("cannot reach the database: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let report = stockgate::journal::reconcile::run(&upstream, &keys, &books, &args.skus)
         .await
         .map_err(|e| format!("cannot list the skus: {e}"))?;

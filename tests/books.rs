@@ -1152,4 +1152,171 @@ async fn a_drain_moves_what_is_there_and_stops() {
     );
     let (code, out) = reconcile(&cluster, &pg.url(), &["drain-1"]);
     assert_eq!(code, 0, "{out}");
+    // A URL that asks for TLS never falls back to plaintext: this
+    // server has none.
+    let require = pg.url().replace("sslmode=disable", "sslmode=require");
+    let (code, out) = reconcile(&cluster, &require, &["drain-1"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("server does not support TLS"), "{out}");
+}
+
+/// What a URL gets: the TLS version the server sees the session run
+/// over (None in plaintext), or the error that stopped it.
+async fn tls_of(url: &str) -> Result<Option<String>, String> {
+    let target = stockgate::journal::database::Target::parse(url)?;
+    let books = stockgate::journal::database::Books::connect(&target)
+        .await
+        .map_err(|e| e.to_string())?;
+    books.tls_in_use().await.map_err(|e| e.to_string())
+}
+
+/// PostgreSQL over TLS with libpq's meanings, against a server with
+/// `ssl=on` and certificates made here (the server's for `localhost`
+/// only): verify-full checks the name (127.0.0.1 is another one) and the
+/// CA, verify-ca the CA alone, require and the default on loopback
+/// encrypt without checking, a client certificate is presented when the
+/// server asks for one, a password never shows in an error; and the sink
+/// and reconcile work through verify-full with a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_books_go_to_postgresql_over_verified_tls() {
+    let certs = support::certs::Certs::make();
+    let pg = Postgres::start_with_tls(certs.dir(), support::certs::CLIENT_USER);
+    let admin = pg.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {user} LOGIN; GRANT ALL ON SCHEMA public TO {user}",
+            user = support::certs::CLIENT_USER
+        ))
+        .await
+        .unwrap();
+    let (ca, other_ca) = (certs.param("ca.crt"), certs.param("other-ca.crt"));
+    let client = format!(
+        "sslcert={}&sslkey={}",
+        certs.param("client.crt"),
+        certs.param("client.key")
+    );
+    let user = support::certs::CLIENT_USER;
+    let encrypted = |got: Result<Option<String>, String>, what: &str| match got {
+        Ok(Some(version)) => assert!(version.starts_with("TLS"), "{what}: {version}"),
+        other => panic!("{what}: encrypted expected, got {other:?}"),
+    };
+    let refused = |got: Result<Option<String>, String>, what: &str, says: &str| match got {
+        Err(err) => assert!(err.contains(says), "{what}: {err:?} should say {says:?}"),
+        Ok(tls) => panic!("{what}: refused expected, got a session ({tls:?})"),
+    };
+
+    assert_eq!(
+        tls_of(&pg.url_with("stockgate", "127.0.0.1", "sslmode=disable")).await,
+        Ok(None)
+    );
+    encrypted(
+        tls_of(&format!(
+            "postgres://stockgate@127.0.0.1:{}/postgres",
+            pg.port
+        ))
+        .await,
+        "no sslmode, on loopback: prefer",
+    );
+    encrypted(
+        tls_of(&pg.url_with("stockgate", "127.0.0.1", "sslmode=require")).await,
+        "require",
+    );
+    encrypted(
+        tls_of(&pg.url_with(
+            "stockgate",
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ))
+        .await,
+        "verify-full of the name on the certificate",
+    );
+    refused(
+        tls_of(&pg.url_with(
+            "stockgate",
+            "127.0.0.1",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ))
+        .await,
+        "verify-full of a name the certificate lacks",
+        "certificate not valid for name \"127.0.0.1\"",
+    );
+    encrypted(
+        tls_of(&pg.url_with(
+            "stockgate",
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={ca}"),
+        ))
+        .await,
+        "verify-ca: the chain, whatever the name",
+    );
+    for mode in ["verify-ca", "verify-full"] {
+        refused(
+            tls_of(&pg.url_with(
+                "stockgate",
+                "localhost",
+                &format!("sslmode={mode}&sslrootcert={other_ca}"),
+            ))
+            .await,
+            &format!("{mode} against another CA"),
+            "invalid peer certificate: UnknownIssuer",
+        );
+    }
+    encrypted(
+        tls_of(&pg.url_with(
+            user,
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={ca}&{client}"),
+        ))
+        .await,
+        "a client certificate the server asks for",
+    );
+    refused(
+        tls_of(&pg.url_with(
+            user,
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ))
+        .await,
+        "no client certificate where the server asks for one",
+        "certificate",
+    );
+    let secret = format!(
+        "postgres://stockgate:hunter2@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={ca}",
+        pg.port
+    );
+    let err = tls_of(&secret).await.unwrap_err();
+    assert!(
+        !err.contains("hunter2") && err.contains("stockgate:***@"),
+        "{err}"
+    );
+
+    // The sink and reconcile, through verify-full and a client certificate.
+    let cluster = support::cluster();
+    let mut journals = Journals::new(&cluster);
+    for sku in skus("tls", 3) {
+        journals.day(&sku, 6);
+    }
+    let url = pg.url_with(
+        user,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}&{client}"),
+    );
+    let out = Command::new(support::stockgate_bin())
+        .args(["journal", "sink", "--drain", "--database", &url])
+        .args(["--upstream", &cluster.seeds().join(",")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "moved {} entries; nothing left to move\n",
+            journals.written.len()
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(books(&admin).await, expected_books(&journals));
+    let (code, text) = reconcile(&cluster, &url, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("3 skus: 3 agree"), "{text}");
 }

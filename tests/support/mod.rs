@@ -13,6 +13,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 #![allow(unused_imports, unused_macros)] // likewise for `matrix!`
 
+pub mod certs;
 pub mod history;
 pub mod postgres;
 

@@ -19,12 +19,63 @@ pub struct Postgres {
     pub port: u16,
     /// (uid, gid) to run as when the tests run as root.
     user: Option<(u32, u32)>,
+    /// Server settings beyond the defaults (`-c name=value ...`).
+    settings: String,
 }
 
 impl Postgres {
     /// initdb (trust authentication on loopback, user `stockgate`), then
     /// start and wait until it accepts connections.
     pub fn start() -> Postgres {
+        let postgres = Postgres::init();
+        postgres.start_server();
+        postgres
+    }
+
+    /// As [`Postgres::start`], with TLS on (`ssl=on`): the server's
+    /// certificate and key and the CA that signs client certificates are
+    /// `server.crt`, `server.key` and `ca.crt` of `certs` (copied into its
+    /// own dir, as PostgreSQL wants its key file private to it). Every
+    /// user may connect with or without TLS, but `cert_user` only over TLS
+    /// with a client certificate (`cert` authentication: its CN names the
+    /// user).
+    pub fn start_with_tls(certs: &std::path::Path, cert_user: &str) -> Postgres {
+        let mut postgres = Postgres::init();
+        let own = |file: &str| {
+            let to = postgres.dir.path().join(file);
+            std::fs::copy(certs.join(file), &to).expect("copy a certificate");
+            let path = std::ffi::CString::new(to.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: chmod and chown of a path we made, by its C string.
+            unsafe {
+                assert_eq!(libc::chmod(path.as_ptr(), 0o600), 0);
+                if let Some((uid, gid)) = postgres.user {
+                    assert_eq!(libc::chown(path.as_ptr(), uid, gid), 0);
+                }
+            }
+            to.display().to_string()
+        };
+        postgres.settings = format!(
+            "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c ssl_ca_file={}",
+            own("server.crt"),
+            own("server.key"),
+            own("ca.crt")
+        );
+        let hba = std::path::Path::new(&postgres.data()).join("pg_hba.conf");
+        let trusted = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        // The first line that matches decides.
+        std::fs::write(
+            &hba,
+            format!(
+                "hostssl all {user} 127.0.0.1/32 cert\nhost all {user} 127.0.0.1/32 reject\n{trusted}",
+                user = cert_user
+            ),
+        )
+        .expect("write pg_hba.conf");
+        postgres.start_server();
+        postgres
+    }
+
+    fn init() -> Postgres {
         let bin = find_bin();
         let dir = tempfile::Builder::new()
             .prefix("stockgate-pg-")
@@ -42,6 +93,7 @@ impl Postgres {
             dir,
             bin,
             user,
+            settings: String::new(),
         };
         postgres.pg(
             "initdb",
@@ -56,7 +108,6 @@ impl Postgres {
                 "--no-sync",
             ],
         );
-        postgres.start_server();
         postgres
     }
 
@@ -72,14 +123,20 @@ impl Postgres {
         )
     }
 
+    /// `postgres://<user>@<host>:<port>/postgres?<params>`
+    pub fn url_with(&self, user: &str, host: &str, params: &str) -> String {
+        format!("postgres://{user}@{host}:{}/postgres?{params}", self.port)
+    }
+
     fn start_server(&self) {
         // client_connection_check_interval: a backend waiting on a lock
         // notices its client died (a SIGKILLed sink) instead of waiting on.
         let options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off \
-             -c client_connection_check_interval=100ms",
+             -c client_connection_check_interval=100ms {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.settings
         );
         let log = self.dir.path().join("server.log").display().to_string();
         self.pg(

@@ -1,20 +1,25 @@
-//! The books' side in PostgreSQL: the schema (`migrations/`), the moves of
-//! a batch in one transaction, and each SKU's account as the database
-//! keeps it.
+//! The books' side in PostgreSQL: where it is ([`target`], with its TLS in
+//! [`tls`]), the schema (`migrations/`), the moves of a batch in one
+//! transaction, and each SKU's account as the database keeps it.
 //!
 //! One connection does everything, so the shard locks (session advisory
 //! locks, [`Books::claim`]) and the writes they guard live and die
 //! together: when PostgreSQL restarts or the connection breaks, the sink
 //! loses both at once, reconnects and claims again.
 
+pub mod target;
+pub mod tls;
+
 use super::fault::JournalFault;
 use super::{Entry, Event};
 use crate::metrics::JournalSource;
+pub use target::{PgTarget, Target};
+use tls::TlsMode;
 use tokio_postgres::{Client, NoTls};
 
 /// The schema, in order; each applied once, recorded in
 /// `stockgate_migrations`.
-const MIGRATIONS: [(i32, &str); 1] = [(1, include_str!("../../migrations/0001_journal.sql"))];
+const MIGRATIONS: [(i32, &str); 1] = [(1, include_str!("../../../migrations/0001_journal.sql"))];
 
 /// `pg_advisory_xact_lock` key held while migrating: sinks starting
 /// together apply the schema one after another.
@@ -67,18 +72,40 @@ fn database(err: tokio_postgres::Error) -> JournalFault {
 }
 
 impl Books {
-    /// Connects without TLS. The connection's task ends when it breaks;
-    /// every call after that fails, and the caller connects again.
-    pub async fn connect(url: &str) -> Result<Books, JournalFault> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
+    /// Connects as the target says (TLS by its mode, through rustls). The
+    /// connection's task ends when it breaks; every call after that
+    /// fails, and the caller connects again.
+    pub async fn connect(target: &Target) -> Result<Books, JournalFault> {
+        let Target::Postgres(pg) = target;
+        let failed = |err: JournalFault| {
+            JournalFault::new(
+                err.origin,
+                err.retry_safe,
+                format!(
+                    "cannot connect to {} ({}): {}",
+                    target.shown(),
+                    target.tls().describe(),
+                    err.detail
+                ),
+            )
+        };
+        let client = connect_postgres(pg).await.map_err(failed)?;
+        Ok(Books { client })
+    }
+
+    /// The TLS version the session runs over, as the server sees it (None
+    /// in plaintext): the sink logs it, so an operator sees what the URL
+    /// got.
+    pub async fn tls_in_use(&self) -> Result<Option<String>, JournalFault> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+                &[],
+            )
             .await
             .map_err(database)?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "database connection ended");
-            }
-        });
-        Ok(Books { client })
+        Ok(row.map(|row| row.get(0)))
     }
 
     /// True once the connection broke.
@@ -347,6 +374,41 @@ impl Books {
             .map_err(database)?;
         Ok(rows.iter().filter_map(|row| entry_of(row, 1)).collect())
     }
+}
+
+/// A PostgreSQL session with `pg`'s TLS: tokio-postgres's `prefer` and
+/// `require` negotiate it (`require` and the verify modes refuse a server
+/// without TLS), and the rustls configuration checks what the mode asks.
+async fn connect_postgres(pg: &PgTarget) -> Result<Client, JournalFault> {
+    use tokio_postgres::config::SslMode;
+    let mut config = pg.config.clone();
+    let tls_fault = |e: String| JournalFault::new(JournalSource::Database, true, e);
+    fn spawn<T>(connection: tokio_postgres::Connection<tokio_postgres::Socket, T>)
+    where
+        T: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "database connection ended");
+            }
+        });
+    }
+    if pg.tls.mode == TlsMode::Disable {
+        config.ssl_mode(SslMode::Disable);
+        let (client, connection) = config.connect(NoTls).await.map_err(database)?;
+        spawn(connection);
+        return Ok(client);
+    }
+    config.ssl_mode(if pg.tls.mode == TlsMode::Prefer {
+        SslMode::Prefer
+    } else {
+        SslMode::Require
+    });
+    let tls =
+        tokio_postgres_rustls::MakeRustlsConnect::new(pg.tls.client_config().map_err(tls_fault)?);
+    let (client, connection) = config.connect(tls).await.map_err(database)?;
+    spawn(connection);
+    Ok(client)
 }
 
 /// An entry from a row whose columns from `first` are entry_ms, entry_seq,
