@@ -402,10 +402,10 @@ async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
     let database = stockgate::journal::database::Target::parse(&args.database.database)
         .map_err(|e| format!("--database {e}"))?;
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
-    let books = stockgate::journal::database::Books::connect(&database)
+    let mut books = stockgate::journal::database::Books::connect(&database)
         .await
         .map_err(|e| e.to_string())?;
-    let report = stockgate::journal::reconcile::run(&upstream, &keys, &books, &args.skus)
+    let report = stockgate::journal::reconcile::run(&upstream, &keys, &mut books, &args.skus)
         .await
         .map_err(|e| format!("cannot list the skus: {e}"))?;
     print!("{}", stockgate::journal::reconcile::render(&report));

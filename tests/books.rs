@@ -1164,7 +1164,7 @@ async fn a_drain_moves_what_is_there_and_stops() {
 /// over (None in plaintext), or the error that stopped it.
 async fn tls_of(url: &str) -> Result<Option<String>, String> {
     let target = stockgate::journal::database::Target::parse(url)?;
-    let books = stockgate::journal::database::Books::connect(&target)
+    let mut books = stockgate::journal::database::Books::connect(&target)
         .await
         .map_err(|e| e.to_string())?;
     books.tls_in_use().await.map_err(|e| e.to_string())

@@ -222,7 +222,7 @@ impl Sink {
         self.books().await?;
         let mut owned = std::mem::take(&mut self.owned);
         let before = owned.clone();
-        let books = self.books.as_ref().expect("connected above");
+        let books = self.books.as_mut().expect("connected above");
         let sinks = books.sinks().await?;
         let share = shards.div_ceil(sinks);
         while owned.len() > share {

@@ -174,7 +174,7 @@ impl Books {
             .expect("read the journal table");
         let mut entries: HashMap<String, Vec<Entry>> = HashMap::new();
         for row in rows {
-            let entry = stockgate::journal::database::entry_of(&row, 1)
+            let entry = stockgate::journal::database::postgres::entry_of(&row, 1)
                 .unwrap_or_else(|| panic!("an event stockgate knows: {row:?}"));
             entries.entry(row.get(0)).or_default().push(entry);
         }
