@@ -38,6 +38,12 @@ impl JournalFault {
         JournalFault::new(JournalSource::Database, true, detail)
     }
 
+    /// A MySQL or MariaDB fault: retried as PostgreSQL's are (a lost
+    /// connection, a deadlock, a key taken by another sink meanwhile).
+    pub fn mysql(err: mysql_async::Error) -> Self {
+        JournalFault::new(JournalSource::Database, true, with_causes(&err))
+    }
+
     pub fn redis(err: UpstreamError) -> Self {
         JournalFault::new(JournalSource::Redis, true, err.to_string())
     }

@@ -111,6 +111,64 @@ impl Postgres {
         postgres
     }
 
+    /// One server for every test of a binary that asks (each in a
+    /// database of its own, [`Postgres::database`]), stopped when the
+    /// binary exits.
+    pub fn shared() -> &'static Postgres {
+        static SHARED: std::sync::OnceLock<Postgres> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            let postgres = Postgres::start();
+            // SAFETY: registers a plain function, run once at exit.
+            unsafe {
+                libc::atexit(stop_shared);
+            }
+            postgres
+        })
+    }
+
+    /// A new database of its own on this server, for one test.
+    pub fn database(&self) -> String {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = format!(
+            "books_{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut command = Command::new(self.bin.join("psql"));
+        command
+            .args(["-h", &self.dir.path().display().to_string()])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "stockgate",
+                "-d",
+                "postgres",
+            ])
+            .args([
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                &format!("CREATE DATABASE {name}"),
+            ]);
+        let out = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run psql ({e}): {INSTALL_HINT}"));
+        assert!(
+            out.status.success(),
+            "CREATE DATABASE {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        name
+    }
+
+    /// `postgres://stockgate@127.0.0.1:<port>/<database>?sslmode=disable`
+    pub fn url_of(&self, database: &str) -> String {
+        format!(
+            "postgres://stockgate@127.0.0.1:{}/{database}?sslmode=disable",
+            self.port
+        )
+    }
+
     fn data(&self) -> String {
         self.dir.path().join("data").display().to_string()
     }
@@ -202,14 +260,27 @@ impl Postgres {
     }
 }
 
-impl Drop for Postgres {
-    fn drop(&mut self) {
+extern "C" fn stop_shared() {
+    // Statics are not dropped at exit: the shared server is stopped here.
+    let shared = Postgres::shared();
+    shared.stop_now();
+    let _ = std::fs::remove_dir_all(shared.dir.path());
+}
+
+impl Postgres {
+    fn stop_now(&self) {
         let mut command = Command::new(self.bin.join("pg_ctl"));
         command.args(["-D", &self.data(), "-m", "immediate", "-w", "stop"]);
         if let Some((uid, gid)) = self.user {
             command.uid(uid).gid(gid);
         }
         let _ = command.output();
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop_now();
     }
 }
 

@@ -1,6 +1,6 @@
 //! The books' database: where it is ([`target`], with its TLS in
 //! [`tls`]), and what the sink and reconcile ask of it, whichever it is:
-//! PostgreSQL ([`postgres`]).
+//! PostgreSQL ([`postgres`]), or MySQL and MariaDB ([`mysql`]).
 //!
 //! Each engine keeps the same promises in its own SQL: the schema applied
 //! once however many sinks start together, a batch in one transaction
@@ -9,13 +9,14 @@
 //! shard locks held by the connection that writes, and each SKU's
 //! account as of an entry.
 
+pub mod mysql;
 pub mod postgres;
 pub mod target;
 pub mod tls;
 
 use super::Entry;
 use super::fault::JournalFault;
-pub use target::{PgTarget, Target};
+pub use target::{MysqlTarget, PgTarget, Target};
 
 /// A SKU's account as the database keeps it (the `stockgate_account` view).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +51,7 @@ pub struct SkuEntry {
 /// A connection to the books' database.
 pub enum Books {
     Postgres(postgres::PgBooks),
+    Mysql(mysql::MysqlBooks),
 }
 
 impl Books {
@@ -59,6 +61,7 @@ impl Books {
     pub async fn connect(target: &Target) -> Result<Books, JournalFault> {
         let connected = match target {
             Target::Postgres(pg) => postgres::PgBooks::connect(pg).await.map(Books::Postgres),
+            Target::Mysql(my) => mysql::MysqlBooks::connect(my).await.map(Books::Mysql),
         };
         connected.map_err(|err| {
             JournalFault::new(
@@ -78,6 +81,9 @@ impl Books {
     pub fn is_closed(&self) -> bool {
         match self {
             Books::Postgres(db) => db.is_closed(),
+            // mysql_async cannot tell before a statement fails; the
+            // caller drops the connection after any fault.
+            Books::Mysql(_) => false,
         }
     }
 
@@ -87,6 +93,7 @@ impl Books {
     pub async fn tls_in_use(&mut self) -> Result<Option<String>, JournalFault> {
         match self {
             Books::Postgres(db) => db.tls_in_use().await,
+            Books::Mysql(db) => db.tls_in_use().await,
         }
     }
 
@@ -95,6 +102,7 @@ impl Books {
     pub async fn migrate(&mut self) -> Result<(), JournalFault> {
         match self {
             Books::Postgres(db) => db.migrate().await,
+            Books::Mysql(db) => db.migrate().await,
         }
     }
 
@@ -103,6 +111,7 @@ impl Books {
     pub async fn join_sinks(&mut self) -> Result<(), JournalFault> {
         match self {
             Books::Postgres(db) => db.join_sinks().await,
+            Books::Mysql(db) => db.join_sinks().await,
         }
     }
 
@@ -110,6 +119,7 @@ impl Books {
     pub async fn sinks(&mut self) -> Result<usize, JournalFault> {
         match self {
             Books::Postgres(db) => db.sinks().await,
+            Books::Mysql(db) => db.sinks().await,
         }
     }
 
@@ -117,6 +127,7 @@ impl Books {
     pub async fn claim(&mut self, shard: usize) -> Result<bool, JournalFault> {
         match self {
             Books::Postgres(db) => db.claim(shard).await,
+            Books::Mysql(db) => db.claim(shard).await,
         }
     }
 
@@ -124,6 +135,7 @@ impl Books {
     pub async fn release(&mut self, shard: usize) -> Result<(), JournalFault> {
         match self {
             Books::Postgres(db) => db.release(shard).await,
+            Books::Mysql(db) => db.release(shard).await,
         }
     }
 
@@ -133,6 +145,7 @@ impl Books {
     pub async fn commit(&mut self, batch: &[SkuEntry]) -> Result<Committed, JournalFault> {
         match self {
             Books::Postgres(db) => db.commit(batch).await,
+            Books::Mysql(db) => db.commit(batch).await,
         }
     }
 
@@ -140,6 +153,7 @@ impl Books {
     pub async fn skus(&mut self) -> Result<Vec<String>, JournalFault> {
         match self {
             Books::Postgres(db) => db.skus().await,
+            Books::Mysql(db) => db.skus().await,
         }
     }
 
@@ -151,6 +165,7 @@ impl Books {
     ) -> Result<std::collections::HashMap<String, Account>, JournalFault> {
         match self {
             Books::Postgres(db) => db.accounts(wanted).await,
+            Books::Mysql(db) => db.accounts(wanted).await,
         }
     }
 
@@ -160,6 +175,7 @@ impl Books {
     pub async fn breaks(&mut self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
         match self {
             Books::Postgres(db) => db.breaks(sku, limit).await,
+            Books::Mysql(db) => db.breaks(sku, limit).await,
         }
     }
 }

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 pub enum Target {
     Postgres(PgTarget),
+    Mysql(MysqlTarget),
 }
 
 /// A PostgreSQL URL: tokio-postgres's configuration without the TLS
@@ -29,13 +30,16 @@ pub struct PgTarget {
 }
 
 impl Target {
-    /// Reads `url`: `postgres://` or `postgresql://`.
+    /// Reads `url`: `postgres://` or `postgresql://`; `mysql://` or
+    /// `mariadb://` (the same protocol).
     pub fn parse(url: &str) -> Result<Target, String> {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("postgres" | "postgresql") => PgTarget::parse(url).map(Target::Postgres),
+            Some("mysql" | "mariadb") => MysqlTarget::parse(url).map(Target::Mysql),
             _ => Err(format!(
-                "{} is not a database URL stockgate reads: postgres://user[:password]@host[:port]/dbname[?sslmode=...]",
+                "{} is not a database URL stockgate reads: postgres://user[:password]@host[:port]/dbname[?sslmode=...] \
+                 or mysql://user[:password]@host[:port]/dbname[?ssl-mode=...] (mariadb:// alike)",
                 shown(url)
             )),
         }
@@ -45,14 +49,165 @@ impl Target {
     pub fn shown(&self) -> &str {
         match self {
             Target::Postgres(pg) => &pg.shown,
+            Target::Mysql(my) => &my.shown,
         }
     }
 
     pub fn tls(&self) -> &TlsSettings {
         match self {
             Target::Postgres(pg) => &pg.tls,
+            Target::Mysql(my) => &my.tls,
         }
     }
+}
+
+/// A MySQL or MariaDB URL: `mysql://user[:password]@host[:port]/database`
+/// with the MySQL client's TLS options as parameters (`ssl-mode`,
+/// `ssl-ca`, `ssl-cert`, `ssl-key`), and nothing else.
+#[derive(Debug, Clone)]
+pub struct MysqlTarget {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub tls: TlsSettings,
+    shown: String,
+}
+
+impl MysqlTarget {
+    fn parse(text: &str) -> Result<MysqlTarget, String> {
+        let shown = shown(text);
+        let url = url::Url::parse(text).map_err(|e| format!("{shown}: {e}"))?;
+        let decode = |part: &str| {
+            url::form_urlencoded::parse(format!("x={part}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        let host = url
+            .host_str()
+            .filter(|host| !host.is_empty())
+            .ok_or_else(|| format!("{shown}: no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let database = decode(url.path().trim_start_matches('/'));
+        if database.is_empty() || database.contains('/') {
+            return Err(format!(
+                "{shown}: name the database after the host (mysql://user@host:3306/orders)"
+            ));
+        }
+        if database.len() > super::mysql::MOST_DATABASE_NAME {
+            return Err(format!(
+                "{shown}: the database name is longer than {} bytes, which the sinks' lock names \
+                 (GET_LOCK's, 64 at most) cannot hold",
+                super::mysql::MOST_DATABASE_NAME
+            ));
+        }
+        let mut ssl = std::collections::HashMap::new();
+        for (key, value) in url.query_pairs() {
+            match &*key {
+                "ssl-mode" | "ssl-ca" | "ssl-cert" | "ssl-key" => {
+                    if ssl
+                        .insert(key.clone().into_owned(), value.into_owned())
+                        .is_some()
+                    {
+                        return Err(format!("{shown}: {key} is given twice"));
+                    }
+                }
+                other => {
+                    return Err(format!(
+                        "{shown}: {other} is not a parameter stockgate reads (ssl-mode, ssl-ca, \
+                         ssl-cert, ssl-key)"
+                    ));
+                }
+            }
+        }
+        let tls = mysql_tls(&ssl, is_loopback(&host)).map_err(|e| format!("{shown}: {e}"))?;
+        if tls.mode != TlsMode::Disable {
+            tls.client_config().map_err(|e| format!("{shown}: {e}"))?;
+        }
+        Ok(MysqlTarget {
+            port: url.port().unwrap_or(3306),
+            user: decode(url.username()),
+            password: url.password().map(decode),
+            host,
+            database,
+            tls,
+            shown,
+        })
+    }
+}
+
+/// The MySQL client's TLS options, with its meanings: `ssl-mode` is
+/// `DISABLED`, `PREFERRED`, `REQUIRED` (encrypted, no certificate
+/// checked), `VERIFY_CA` or `VERIFY_IDENTITY`; `ssl-ca` is a file (or
+/// `system`, as libpq's `sslrootcert=system`), needed by the two verify
+/// modes and refused by the others, where it would check nothing.
+fn mysql_tls(
+    ssl: &std::collections::HashMap<String, String>,
+    local: bool,
+) -> Result<TlsSettings, String> {
+    let mode = match ssl
+        .get("ssl-mode")
+        .map(|m| m.to_ascii_uppercase())
+        .as_deref()
+    {
+        Some("DISABLED") => TlsMode::Disable,
+        Some("PREFERRED") => TlsMode::Prefer,
+        Some("REQUIRED") => TlsMode::Require,
+        Some("VERIFY_CA") => TlsMode::VerifyCa,
+        Some("VERIFY_IDENTITY") => TlsMode::VerifyFull,
+        Some(_) => {
+            return Err(format!(
+                "ssl-mode={} is none of DISABLED, PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY",
+                ssl["ssl-mode"]
+            ));
+        }
+        None if local => TlsMode::Prefer,
+        None => {
+            return Err(
+                "no ssl-mode, and the host is not on this machine: add ssl-mode=VERIFY_IDENTITY \
+                 (with ssl-ca=<the server's CA file>, or ssl-ca=system for a publicly signed \
+                 server) to encrypt and check the server, or ssl-mode=DISABLED to send the \
+                 books in plaintext on purpose"
+                    .into(),
+            );
+        }
+    };
+    let client = match (ssl.get("ssl-cert"), ssl.get("ssl-key")) {
+        (Some(cert), Some(key)) if mode != TlsMode::Disable => Some(ClientCert {
+            cert: cert.into(),
+            key: key.into(),
+        }),
+        (None, None) => None,
+        (Some(_), Some(_)) => return Err("ssl-cert and ssl-key need TLS, not DISABLED".into()),
+        _ => return Err("ssl-cert and ssl-key go together".into()),
+    };
+    let roots = ssl.get("ssl-ca").map(|ca| match ca.as_str() {
+        "system" => Roots::System,
+        file => Roots::File(PathBuf::from(file)),
+    });
+    let roots = match mode {
+        TlsMode::VerifyCa | TlsMode::VerifyFull => Some(roots.ok_or(
+            "VERIFY_CA and VERIFY_IDENTITY need the CA to check the server against: \
+             ssl-ca=<file> or ssl-ca=system",
+        )?),
+        _ if roots.is_some() => {
+            return Err(
+                "ssl-ca is used only by VERIFY_CA and VERIFY_IDENTITY: REQUIRED and PREFERRED \
+                 check no certificate, so say which check you mean"
+                    .into(),
+            );
+        }
+        _ => None,
+    };
+    Ok(TlsSettings {
+        mode,
+        roots,
+        client,
+    })
 }
 
 impl PgTarget {
@@ -251,12 +406,68 @@ mod tests {
     }
 
     #[test]
+    fn ssl_mode_keeps_the_mysql_clients_meanings() {
+        let my = |url: &str| match Target::parse(url) {
+            Ok(Target::Mysql(my)) => Ok(my),
+            Ok(other) => panic!("{url}: {other:?}"),
+            Err(err) => Err(err),
+        };
+        let local = my("mysql://stockgate:p%40ss@127.0.0.1:3307/orders").unwrap();
+        assert_eq!(
+            (
+                local.host.as_str(),
+                local.port,
+                local.user.as_str(),
+                local.password.as_deref(),
+                local.database.as_str(),
+                local.tls.mode
+            ),
+            (
+                "127.0.0.1",
+                3307,
+                "stockgate",
+                Some("p@ss"),
+                "orders",
+                TlsMode::Prefer
+            )
+        );
+        let maria = my("mariadb://u@db.internal/orders?ssl-mode=disabled").unwrap();
+        assert_eq!((maria.port, maria.tls.mode), (3306, TlsMode::Disable));
+        let required = my("mysql://u@db.internal/orders?ssl-mode=REQUIRED").unwrap();
+        assert_eq!(
+            (required.tls.mode, required.tls.roots),
+            (TlsMode::Require, None)
+        );
+        let err = my("mysql://u:pw@db.internal/orders").unwrap_err();
+        assert!(
+            err.contains("ssl-mode=VERIFY_IDENTITY") && !err.contains("pw@"),
+            "{err}"
+        );
+        for bad in [
+            "mysql://u@h/orders?ssl-mode=VERIFY_CA",
+            "mysql://u@h/orders?ssl-mode=REQUIRED&ssl-ca=/ca.pem",
+            "mysql://u@h/orders?ssl-mode=VERIFY_FULL&ssl-ca=/ca.pem",
+            "mysql://u@h/orders?ssl-mode=VERIFY_IDENTITY&ssl-ca=/no/such/ca.pem",
+            "mysql://u@h/orders?ssl-mode=DISABLED&ssl-cert=/c&ssl-key=/k",
+            "mysql://u@h/orders?ssl-mode=REQUIRED&ssl-cert=/c",
+            "mysql://u@h/orders?ssl-mode=DISABLED&sslmode=require",
+            "mysql://u@h/?ssl-mode=DISABLED",
+            "mysql://u@h?ssl-mode=DISABLED",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn passwords_never_show() {
         for url in [
             "postgres://stockgate:hunter2@db:5432/orders?sslmode=disable",
             "postgres://stockgate@db:5432/orders?password=hunter2&sslmode=disable",
             "postgres://stockgate:hunter2@db:5432/orders?sslmode=nonsense",
             "postgres://stockgate:hunter2@db:5432/orders?bogus=1&sslmode=disable",
+            "mysql://stockgate:hunter2@db:3306/orders?ssl-mode=nonsense",
+            "mysql://stockgate:hunter2@db:3306/orders?bogus=1",
+            "mariadb://stockgate:hunter2@db:3306/orders",
         ] {
             assert!(!shown(url).contains("hunter2"), "{}", shown(url));
             match Target::parse(url) {

@@ -159,21 +159,26 @@ impl TlsSettings {
     }
 }
 
-/// The CA certificates of `roots`.
+/// The CA certificates of `roots`, as a store.
 pub fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();
+    let (added, _) = store.add_parsable_certificates(root_certs(roots)?);
+    if added == 0 {
+        return Err(match roots {
+            Roots::File(path) => format!("{}: no usable CA certificate in it", path.display()),
+            Roots::System => "no usable CA certificate in the system's trust store".into(),
+        });
+    }
+    Ok(store)
+}
+
+/// The CA certificates of `roots`.
+pub fn root_certs(roots: &Roots) -> Result<Vec<CertificateDer<'static>>, String> {
     match roots {
-        Roots::File(path) => {
-            for cert in read_certs(path)? {
-                store
-                    .add(cert)
-                    .map_err(|e| format!("root certificate in {}: {e}", path.display()))?;
-            }
-        }
+        Roots::File(path) => read_certs(path),
         Roots::System => {
             let found = rustls_native_certs::load_native_certs();
-            let (added, _) = store.add_parsable_certificates(found.certs);
-            if added == 0 {
+            if found.certs.is_empty() {
                 return Err(format!(
                     "no root certificates in the system's trust store ({}); install the \
                      ca-certificates package, or name the server's CA file",
@@ -183,9 +188,9 @@ pub fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
                         .map_or("none found".to_owned(), |e| e.to_string())
                 ));
             }
+            Ok(found.certs)
         }
     }
-    Ok(store)
 }
 
 /// Every certificate of a PEM file, at least one.
