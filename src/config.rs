@@ -68,6 +68,13 @@ pub struct DatabaseArgs {
     /// A host other than loopback must name its sslmode (disable to mean plaintext).
     #[arg(long, env = "STOCKGATE_DATABASE")]
     pub database: String,
+
+    /// Keep the books in this schema (created if missing; in MySQL and
+    /// MariaDB a schema is a database): its tables, its migrations record
+    /// and its sinks' locks, apart from another deployment's sharing the
+    /// database. Default: where the URL's session puts them, as before.
+    #[arg(long, env = "STOCKGATE_DATABASE_SCHEMA")]
+    pub database_schema: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -356,8 +356,14 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
         ));
     }
     let database = stockgate::journal::database::Target::parse(&args.database.database)
-        .map_err(|e| format!("--database {e}"))?;
-    tracing::info!(database = database.shown(), tls = %database.tls().describe(), "the books' database");
+        .map_err(|e| format!("--database {e}"))?
+        .in_schema(args.database.database_schema)?;
+    tracing::info!(
+        database = database.shown(),
+        schema = database.schema().unwrap_or("(the session's)"),
+        tls = %database.tls().describe(),
+        "the books' database"
+    );
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
     let metrics = std::sync::Arc::new(stockgate::metrics::JournalMetrics::new());
     let stop = tokio_util::sync::CancellationToken::new();
@@ -400,7 +406,8 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
 /// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.
 async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
     let database = stockgate::journal::database::Target::parse(&args.database.database)
-        .map_err(|e| format!("--database {e}"))?;
+        .map_err(|e| format!("--database {e}"))?
+        .in_schema(args.database.database_schema)?;
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
     let mut books = stockgate::journal::database::Books::connect(&database)
         .await

@@ -333,9 +333,19 @@ fn skus(tag: &str, n: usize) -> Vec<String> {
 
 /// What the database holds: (sku, stream id, event, stock change), sorted.
 async fn books(db: &BooksDb) -> Vec<(String, String, String, i64)> {
-    db.rows(
-        "SELECT sku, CONCAT(entry_ms, '-', entry_seq), event, stock_change FROM stockgate_journal",
-    )
+    books_in(db, None).await
+}
+
+/// What the database holds in `schema` (where the URL's session puts
+/// tables when None).
+async fn books_in(db: &BooksDb, schema: Option<&str>) -> Vec<(String, String, String, i64)> {
+    let table = match schema {
+        Some(schema) => format!("{schema}.stockgate_journal"),
+        None => "stockgate_journal".to_owned(),
+    };
+    db.rows(&format!(
+        "SELECT sku, CONCAT(entry_ms, '-', entry_seq), event, stock_change FROM {table}"
+    ))
     .await
     .into_iter()
     .map(|row| {
@@ -359,9 +369,14 @@ fn expected_books(journals: &Journals) -> Vec<(String, String, String, i64)> {
 
 /// `stockgate reconcile`: its exit code and what it printed.
 fn reconcile(cluster: &Stage, database: &str, skus: &[&str]) -> (i32, String) {
+    reconcile_with(cluster, database, skus, &[])
+}
+
+fn reconcile_with(cluster: &Stage, database: &str, skus: &[&str], extra: &[&str]) -> (i32, String) {
     let mut command = Command::new(support::stockgate_bin());
     command
         .args(["reconcile", "--database", database])
+        .args(extra)
         .args(["--upstream", &cluster.seeds().join(",")])
         .args(cluster.prefix_args());
     for sku in skus {
@@ -796,6 +811,62 @@ fn promtool_accepts_the_journal_rules_and_their_unit_tests() {
         assert!(
             out.status.success() && text.contains("SUCCESS"),
             "{args:?}: {text}"
+        );
+    }
+}
+
+both! { async fn two_deployments_keep_apart_in_one_database }
+/// Two deployments (two key prefixes, the same SKU names) keep their books
+/// in one database, each in a schema of its own (`--database-schema`):
+/// each sink takes all 16 of its own deployment's shards (their locks
+/// apart), each schema holds its deployment's entries and no other's, and
+/// each reconciles clean, again and again, while the other writes.
+async fn two_deployments_keep_apart_in_one_database(engine: Engine) {
+    let db = BooksDb::start(engine);
+    let deployments = [("east", Stage::shared()), ("west", Stage::shared())];
+    let sinks: Vec<SinkProcess> = deployments
+        .iter()
+        .map(|(schema, stage)| SinkProcess::start(stage, &db, &["--database-schema", schema]))
+        .collect();
+    for sink in &sinks {
+        sink.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    }
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writers: Vec<_> = deployments
+        .iter()
+        .map(|(_, stage)| {
+            let mut journals = Journals::new(stage);
+            let writing = writing.clone();
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while writing.load(std::sync::atomic::Ordering::Relaxed) || round < 2 {
+                    for sku in skus("dep", 6) {
+                        journals.day(&sku, 3);
+                    }
+                    round += 1;
+                }
+                journals
+            })
+        })
+        .collect();
+    for _ in 0..3 {
+        for (schema, stage) in &deployments {
+            let (code, text) =
+                reconcile_with(stage, &db.url(), &[], &["--database-schema", schema]);
+            assert_eq!(code, 0, "{schema}: {text}");
+            assert!(text.contains("6 skus: 6 agree"), "{schema}: {text}");
+        }
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    for (((schema, _), sink), writer) in deployments.iter().zip(&sinks).zip(writers) {
+        let mut journals = writer.join().unwrap();
+        let total = journals.written.len() as f64;
+        sink.wait_metric("stockgate_journal_entries_moved_total", |v| v == total);
+        wait(|| (journals.pending() == 0).then_some(()));
+        assert_eq!(
+            books_in(&db, Some(schema)).await,
+            expected_books(&journals),
+            "{schema}"
         );
     }
 }

@@ -80,6 +80,11 @@ impl LockNames {
 pub struct MysqlBooks {
     conn: Conn,
     locks: LockNames,
+    /// `--database-schema`, and whether the session is in it (`USE`): a
+    /// schema no sink has made yet is made by the first sink's
+    /// migration, and until then nothing else reads it.
+    schema: Option<String>,
+    in_schema: bool,
 }
 
 fn database(err: mysql_async::Error) -> JournalFault {
@@ -114,10 +119,36 @@ impl MysqlBooks {
             _ => Conn::new(base.ssl_opts(ssl_opts(&target.tls)?)).await,
         }
         .map_err(database)?;
-        Ok(MysqlBooks {
+        let mut books = MysqlBooks {
             conn,
-            locks: LockNames::of(&target.database),
-        })
+            locks: LockNames::of(target.schema.as_deref().unwrap_or(&target.database)),
+            schema: target.schema.clone(),
+            in_schema: target.schema.is_none(),
+        };
+        if let Some(schema) = &target.schema {
+            match books.conn.query_drop(format!("USE `{schema}`")).await {
+                Ok(()) => books.in_schema = true,
+                // ER_BAD_DB_ERROR: the first sink's migration makes it.
+                Err(mysql_async::Error::Server(err)) if err.code == 1049 => {}
+                Err(err) => return Err(database(err)),
+            }
+        }
+        Ok(books)
+    }
+
+    /// Fails unless the session is in the books' schema.
+    fn require_schema(&self) -> Result<(), JournalFault> {
+        match &self.schema {
+            Some(schema) if !self.in_schema => Err(JournalFault::new(
+                JournalSource::Database,
+                true,
+                format!(
+                    "schema {schema} does not exist yet: the sink makes it when it starts \
+                     (or check --database-schema)"
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub async fn tls_in_use(&mut self) -> Result<Option<String>, JournalFault> {
@@ -157,6 +188,20 @@ impl MysqlBooks {
     }
 
     async fn apply_migrations(&mut self) -> Result<(), JournalFault> {
+        if let (Some(schema), false) = (&self.schema, self.in_schema) {
+            self.conn
+                .query_drop(format!(
+                    "CREATE SCHEMA IF NOT EXISTS `{schema}` \
+                     DEFAULT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                ))
+                .await
+                .map_err(database)?;
+            self.conn
+                .query_drop(format!("USE `{schema}`"))
+                .await
+                .map_err(database)?;
+            self.in_schema = true;
+        }
         self.conn
             .query_drop(
                 "CREATE TABLE IF NOT EXISTS stockgate_migrations (
@@ -244,6 +289,7 @@ impl MysqlBooks {
     /// One transaction: which of the batch's ids the table holds, the
     /// rest inserted, those held with other content kept as conflicts.
     pub async fn commit(&mut self, batch: &[SkuEntry]) -> Result<Committed, JournalFault> {
+        self.require_schema()?;
         for item in batch {
             check_fits(item)?;
         }
@@ -372,6 +418,7 @@ impl MysqlBooks {
     }
 
     pub async fn skus(&mut self) -> Result<Vec<String>, JournalFault> {
+        self.require_schema()?;
         self.conn
             .query("SELECT DISTINCT sku FROM stockgate_journal ORDER BY sku")
             .await
@@ -384,6 +431,7 @@ impl MysqlBooks {
         &mut self,
         wanted: &[(String, Option<(u64, u64)>)],
     ) -> Result<HashMap<String, Account>, JournalFault> {
+        self.require_schema()?;
         if wanted.is_empty() {
             return Ok(HashMap::new());
         }
@@ -451,6 +499,7 @@ impl MysqlBooks {
     }
 
     pub async fn breaks(&mut self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
+        self.require_schema()?;
         let rows: Vec<Row> = self
             .conn
             .exec(

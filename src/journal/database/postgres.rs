@@ -19,10 +19,16 @@ use tokio_postgres::{Client, NoTls};
 
 /// The schema, in order; each applied once, recorded in
 /// `stockgate_migrations`.
-const MIGRATIONS: [(i32, &str); 1] = [(
-    1,
-    include_str!("../../../migrations/postgres/0001_journal.sql"),
-)];
+const MIGRATIONS: [(i32, &str); 2] = [
+    (
+        1,
+        include_str!("../../../migrations/postgres/0001_journal.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/postgres/0002_account_search_path.sql"),
+    ),
+];
 
 /// `pg_advisory_xact_lock` key held while migrating: sinks starting
 /// together apply the schema one after another.
@@ -36,8 +42,40 @@ pub const SHARD_LOCKS: i32 = 0x534B_4A31; // "SKJ1"
 /// the others in `pg_locks` and take no more than its share of shards.
 pub const SINK_MEMBERS: i32 = 0x534B_4A32; // "SKJ2"
 
+/// The advisory lock keys of one deployment. Advisory locks are the
+/// database's, whatever the schema: a deployment in a schema of its own
+/// (`--database-schema`) takes keys derived from the schema's name, so
+/// two deployments sharing a database never share a lock. Without one,
+/// the constants above, as every sink before schemas took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgLocks {
+    pub migrate: i64,
+    pub shards: i32,
+    pub members: i32,
+}
+
+impl PgLocks {
+    pub fn of(schema: Option<&str>) -> PgLocks {
+        let Some(schema) = schema else {
+            return PgLocks {
+                migrate: MIGRATION_LOCK,
+                shards: SHARD_LOCKS,
+                members: SINK_MEMBERS,
+            };
+        };
+        let key = |what: &str| crc32fast::hash(format!("stockgate {what} {schema}").as_bytes());
+        PgLocks {
+            migrate: (i64::from(key("migrate")) << 32) | i64::from(key("migrate, again")),
+            shards: key("shards") as i32,
+            members: key("sinks") as i32,
+        }
+    }
+}
+
 pub struct PgBooks {
     client: Client,
+    locks: PgLocks,
+    schema: Option<String>,
 }
 
 fn database(err: tokio_postgres::Error) -> JournalFault {
@@ -51,6 +89,8 @@ impl PgBooks {
     pub async fn connect(target: &PgTarget) -> Result<PgBooks, JournalFault> {
         Ok(PgBooks {
             client: connect_postgres(target).await?,
+            locks: PgLocks::of(target.schema.as_deref()),
+            schema: target.schema.clone(),
         })
     }
 
@@ -78,9 +118,16 @@ impl PgBooks {
     /// an advisory lock: idempotent, and safe with sinks starting at once.
     pub async fn migrate(&mut self) -> Result<(), JournalFault> {
         let tx = self.client.transaction().await.map_err(database)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&self.locks.migrate])
             .await
             .map_err(database)?;
+        if let Some(schema) = &self.schema {
+            // The session's search_path names it (connect_postgres): the
+            // tables below are made in it.
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+                .await
+                .map_err(database)?;
+        }
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS stockgate_migrations (
                  version integer PRIMARY KEY,
@@ -115,7 +162,10 @@ impl PgBooks {
     /// connection lives.
     pub async fn join_sinks(&self) -> Result<(), JournalFault> {
         self.client
-            .execute("SELECT pg_advisory_lock_shared($1, 0)", &[&SINK_MEMBERS])
+            .execute(
+                "SELECT pg_advisory_lock_shared($1, 0)",
+                &[&self.locks.members],
+            )
             .await
             .map_err(database)?;
         Ok(())
@@ -129,7 +179,7 @@ impl PgBooks {
                 "SELECT count(*) FROM pg_locks
                   WHERE locktype = 'advisory' AND granted
                     AND classid = $1::int4::oid AND objid = 0 AND objsubid = 2",
-                &[&SINK_MEMBERS],
+                &[&self.locks.members],
             )
             .await
             .map_err(database)?;
@@ -142,7 +192,7 @@ impl PgBooks {
             .client
             .query_one(
                 "SELECT pg_try_advisory_lock($1, $2)",
-                &[&SHARD_LOCKS, &(shard as i32)],
+                &[&self.locks.shards, &(shard as i32)],
             )
             .await
             .map_err(database)?;
@@ -154,7 +204,7 @@ impl PgBooks {
         self.client
             .execute(
                 "SELECT pg_advisory_unlock($1, $2)",
-                &[&SHARD_LOCKS, &(shard as i32)],
+                &[&self.locks.shards, &(shard as i32)],
             )
             .await
             .map_err(database)?;
@@ -349,6 +399,16 @@ impl PgBooks {
 async fn connect_postgres(pg: &PgTarget) -> Result<Client, JournalFault> {
     use tokio_postgres::config::SslMode;
     let mut config = pg.config.clone();
+    if let Some(schema) = &pg.schema {
+        // Every statement of the session reads and writes the schema's
+        // tables: the SQL stays the same, and a reader (reconcile) needs
+        // nothing more. The name is a checked plain identifier.
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c search_path={schema}"),
+            None => format!("-c search_path={schema}"),
+        };
+        config.options(&options);
+    }
     let tls_fault = |e: String| JournalFault::new(JournalSource::Database, true, e);
     fn spawn<T>(connection: tokio_postgres::Connection<tokio_postgres::Socket, T>)
     where

@@ -26,6 +26,8 @@ pub enum Target {
 pub struct PgTarget {
     pub config: tokio_postgres::Config,
     pub tls: TlsSettings,
+    /// `--database-schema`: the tables' schema, and the lock keys'.
+    pub schema: Option<String>,
     shown: String,
 }
 
@@ -59,7 +61,46 @@ impl Target {
             Target::Mysql(my) => &my.tls,
         }
     }
+
+    /// The books in `schema` (`--database-schema`) instead of where the
+    /// URL's session puts them: a schema of their own, so deployments
+    /// sharing one database keep apart their tables, their migrations
+    /// record and their sinks' locks. MySQL's schema is a database, and
+    /// `CREATE SCHEMA` makes one there too.
+    pub fn in_schema(mut self, schema: Option<String>) -> Result<Target, String> {
+        let Some(schema) = schema else {
+            return Ok(self);
+        };
+        let valid = schema.len() <= MOST_SCHEMA_NAME
+            && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            return Err(format!(
+                "--database-schema {schema:?}: 1 to {MOST_SCHEMA_NAME} lowercase letters, digits \
+                 or underscores, not starting with a digit"
+            ));
+        }
+        match &mut self {
+            Target::Postgres(pg) => pg.schema = Some(schema),
+            Target::Mysql(my) => my.schema = Some(schema),
+        }
+        Ok(self)
+    }
+
+    /// The schema the books are in, when named.
+    pub fn schema(&self) -> Option<&str> {
+        match self {
+            Target::Postgres(pg) => pg.schema.as_deref(),
+            Target::Mysql(my) => my.schema.as_deref(),
+        }
+    }
 }
+
+/// The longest `--database-schema`: a plain identifier in both SQLs, and
+/// room in GET_LOCK's 64-character names.
+pub const MOST_SCHEMA_NAME: usize = 40;
 
 /// A MySQL or MariaDB URL: `mysql://user[:password]@host[:port]/database`
 /// with the MySQL client's TLS options as parameters (`ssl-mode`,
@@ -70,7 +111,11 @@ pub struct MysqlTarget {
     pub port: u16,
     pub user: String,
     pub password: Option<String>,
+    /// The database the URL names, connected to.
     pub database: String,
+    /// `--database-schema`: where the tables are (MySQL's schema is a
+    /// database); the URL's database when None.
+    pub schema: Option<String>,
     pub tls: TlsSettings,
     shown: String,
 }
@@ -134,6 +179,7 @@ impl MysqlTarget {
             password: url.password().map(decode),
             host,
             database,
+            schema: None,
             tls,
             shown,
         })
@@ -253,7 +299,12 @@ impl PgTarget {
             // file is the operator's to see at start.
             tls.client_config().map_err(|e| format!("{shown}: {e}"))?;
         }
-        Ok(PgTarget { config, tls, shown })
+        Ok(PgTarget {
+            config,
+            tls,
+            schema: None,
+            shown,
+        })
     }
 }
 
@@ -455,6 +506,22 @@ mod tests {
             "mysql://u@h?ssl-mode=DISABLED",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_schema_is_a_plain_name() {
+        let pg = Target::parse("postgres://u@127.0.0.1/db").unwrap();
+        assert_eq!(
+            pg.clone()
+                .in_schema(Some("shop_eu2".into()))
+                .unwrap()
+                .schema(),
+            Some("shop_eu2")
+        );
+        assert_eq!(pg.clone().in_schema(None).unwrap().schema(), None);
+        for bad in ["", "Shop", "2shop", "shop-eu", "a\"b", &"s".repeat(41)] {
+            assert!(pg.clone().in_schema(Some(bad.into())).is_err(), "{bad}");
         }
     }
 
