@@ -43,8 +43,8 @@ const MEMBER_SLOTS: usize = 16;
 /// Set on every session: strict, so a value that does not fit fails its
 /// batch instead of being cut to fit (the same entry must read back the
 /// same), and UTC, so `sunk_at` reads alike from any client.
-const SESSION: &str = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION', \
-     time_zone = '+00:00'";
+const SESSION: &str =
+    "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', time_zone = '+00:00'";
 
 /// The names of the sinks' locks in one database. GET_LOCK's names are
 /// the server's (at most 64 characters), so each starts with the
