@@ -80,6 +80,10 @@ fn template(mariadbd: &Path, install_db: &Path) -> PathBuf {
         .to_owned();
     let root = super::in_repo("target/mariadb-template");
     let done = root.join(&version);
+    // One maker at a time in this process (its tests start servers in
+    // parallel); another process's maker may race, and either's is whole.
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     if done.join("data/mysql").is_dir() {
         return done;
     }

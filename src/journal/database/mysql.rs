@@ -21,7 +21,7 @@ use super::target::MysqlTarget;
 use super::tls::{Roots, TlsMode, TlsSettings};
 use super::{Account, Committed, SkuEntry};
 use crate::metrics::JournalSource;
-use mysql_async::prelude::Queryable;
+use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{ClientIdentity, Conn, OptsBuilder, Params, Row, SslOpts, Value};
 use std::collections::{HashMap, HashSet};
 
@@ -151,13 +151,34 @@ impl MysqlBooks {
         }
     }
 
+    /// The first column of the first row of `sql`'s answer, an integer
+    /// (None for no row or NULL).
+    async fn number(
+        &mut self,
+        sql: impl AsRef<str>,
+        params: impl Into<Params> + Send,
+    ) -> Result<Option<i64>, JournalFault> {
+        let row: Option<Row> = self
+            .conn
+            .exec_first(sql.as_ref(), params)
+            .await
+            .map_err(database)?;
+        match row {
+            Some(row) => column::<Option<i64>>(&row, 0),
+            None => Ok(None),
+        }
+    }
+
     pub async fn tls_in_use(&mut self) -> Result<Option<String>, JournalFault> {
-        let row: Option<(String, String)> = self
+        let row: Option<Row> = self
             .conn
             .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
             .await
             .map_err(database)?;
-        Ok(row.map(|(_, version)| version).filter(|v| !v.is_empty()))
+        Ok(match row {
+            Some(row) => Some(column::<String>(&row, 1)?).filter(|v| !v.is_empty()),
+            None => None,
+        })
     }
 
     /// Applies the migrations not applied yet, one statement at a time,
@@ -166,11 +187,9 @@ impl MysqlBooks {
     /// applying one twice at once, and every statement can run again.
     pub async fn migrate(&mut self) -> Result<(), JournalFault> {
         let lock = self.locks.migrate();
-        let got: Option<i64> = self
-            .conn
-            .exec_first("SELECT GET_LOCK(?, 60)", (lock.as_str(),))
-            .await
-            .map_err(database)?;
+        let got = self
+            .number("SELECT GET_LOCK(?, 60)", (lock.as_str(),))
+            .await?;
         if got != Some(1) {
             return Err(JournalFault::new(
                 JournalSource::Database,
@@ -212,14 +231,12 @@ impl MysqlBooks {
             .await
             .map_err(database)?;
         for (version, sql) in MIGRATIONS {
-            let applied: Option<i64> = self
-                .conn
-                .exec_first(
+            let applied = self
+                .number(
                     "SELECT 1 FROM stockgate_migrations WHERE version = ?",
                     (version,),
                 )
-                .await
-                .map_err(database)?;
+                .await?;
             if applied.is_some() {
                 continue;
             }
@@ -241,12 +258,8 @@ impl MysqlBooks {
     /// Takes the first free member lock: each sink counts itself so.
     pub async fn join_sinks(&mut self) -> Result<(), JournalFault> {
         for slot in 0..MEMBER_SLOTS {
-            let got: Option<i64> = self
-                .conn
-                .exec_first("SELECT GET_LOCK(?, 0)", (self.locks.member(slot),))
-                .await
-                .map_err(database)?;
-            if got == Some(1) {
+            let name = self.locks.member(slot);
+            if self.number("SELECT GET_LOCK(?, 0)", (name,)).await? == Some(1) {
                 return Ok(());
             }
         }
@@ -262,21 +275,13 @@ impl MysqlBooks {
             "SELECT {}",
             vec!["(IS_USED_LOCK(?) IS NOT NULL)"; MEMBER_SLOTS].join(" + ")
         );
-        let count: Option<i64> = self
-            .conn
-            .exec_first(sql, Params::Positional(slots))
-            .await
-            .map_err(database)?;
+        let count = self.number(sql, Params::Positional(slots)).await?;
         Ok(count.unwrap_or(0).max(1) as usize)
     }
 
     pub async fn claim(&mut self, shard: usize) -> Result<bool, JournalFault> {
-        let got: Option<Option<i64>> = self
-            .conn
-            .exec_first("SELECT GET_LOCK(?, 0)", (self.locks.shard(shard),))
-            .await
-            .map_err(database)?;
-        Ok(got.flatten() == Some(1))
+        let name = self.locks.shard(shard);
+        Ok(self.number("SELECT GET_LOCK(?, 0)", (name,)).await? == Some(1))
     }
 
     pub async fn release(&mut self, shard: usize) -> Result<(), JournalFault> {
@@ -331,10 +336,10 @@ impl MysqlBooks {
                 .await
                 .map_err(database)?;
             for row in rows {
-                let sku: String = row.get(0).unwrap_or_default();
-                let entry = entry_of(&row, 1);
-                let at = entry.as_ref().map_or((0, 0), |e| e.at);
-                stored.insert((sku, at.0 as i64, at.1 as i64), entry);
+                // The key from its own columns: a row whose event this
+                // stockgate doesn't know has no entry, and still its id.
+                let key = (column(&row, 0)?, column(&row, 1)?, column(&row, 2)?);
+                stored.insert(key, entry_of(&row, 1));
             }
         }
         let mut committed = Committed::default();
@@ -419,10 +424,12 @@ impl MysqlBooks {
 
     pub async fn skus(&mut self) -> Result<Vec<String>, JournalFault> {
         self.require_schema()?;
-        self.conn
+        let rows: Vec<Row> = self
+            .conn
             .query("SELECT DISTINCT sku FROM stockgate_journal ORDER BY sku")
             .await
-            .map_err(database)
+            .map_err(database)?;
+        rows.iter().map(|row| column(row, 0)).collect()
     }
 
     /// The accounts of `wanted`, each as of its entry, in one query: the
@@ -476,26 +483,25 @@ impl MysqlBooks {
                 [Value::from(sku.as_str()), Value::from(ms), Value::from(seq)]
             })
             .collect();
-        let rows: Vec<(String, bool, i64, i64, i64, i64, i64)> = self
+        let rows: Vec<Row> = self
             .conn
             .exec(sql, Params::Positional(params))
             .await
             .map_err(database)?;
-        Ok(rows
-            .into_iter()
-            .map(|(sku, from_baseline, stock, held, entries, ms, seq)| {
-                (
-                    sku,
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    column(row, 0)?,
                     Account {
-                        from_baseline,
-                        stock,
-                        held,
-                        entries,
-                        last: (ms as u64, seq as u64),
+                        from_baseline: column(row, 1)?,
+                        stock: column(row, 2)?,
+                        held: column(row, 3)?,
+                        entries: column(row, 4)?,
+                        last: (column::<i64>(row, 5)? as u64, column::<i64>(row, 6)? as u64),
                     },
-                )
+                ))
             })
-            .collect())
+            .collect()
     }
 
     pub async fn breaks(&mut self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
@@ -588,6 +594,24 @@ fn statements(sql: &str) -> Vec<String> {
     statements
 }
 
+/// Column `index` of `row`, converted, or why not: mysql_async's own
+/// conversions (`Row::get`, typed rows) panic on a value of another type.
+fn column<T: FromValue>(row: &Row, index: usize) -> Result<T, JournalFault> {
+    match row.get_opt::<T, usize>(index) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(err)) => Err(JournalFault::new(
+            JournalSource::Database,
+            true,
+            format!("column {index} of a row: {err}"),
+        )),
+        None => Err(JournalFault::new(
+            JournalSource::Database,
+            true,
+            format!("no column {index} in a row"),
+        )),
+    }
+}
+
 fn key(item: &SkuEntry) -> (String, i64, i64) {
     (
         item.sku.clone(),
@@ -621,8 +645,8 @@ fn check_fits(item: &SkuEntry) -> Result<(), JournalFault> {
 /// held_change, stock_after, held_after. None for an event this
 /// stockgate doesn't know (the table's CHECK allows none).
 pub fn entry_of(row: &Row, first: usize) -> Option<Entry> {
-    let int = |i: usize| row.get::<i64, usize>(first + i);
-    let text = |i: usize| row.get::<String, usize>(first + i);
+    let int = |i: usize| column::<i64>(row, first + i).ok();
+    let text = |i: usize| column::<String>(row, first + i).ok();
     let ms = int(0)? as u64;
     Some(Entry {
         at: (ms, int(1)? as u64),
