@@ -317,11 +317,21 @@ impl MysqlBooks {
     async fn write(&mut self, batch: &[SkuEntry]) -> Result<Committed, JournalFault> {
         let mut stored: HashMap<(String, i64, i64), Option<Entry>> = HashMap::new();
         for chunk in batch.chunks(ROWS_PER_STATEMENT) {
+            // The batch's ids as a derived table joined on the key: one
+            // primary-key lookup each. A `(sku, entry_ms, entry_seq) IN
+            // (...)` of as many rows took MariaDB 0.7-1.7 s a batch to plan
+            // (its range optimizer), against 0.04 s for this.
             let sql = format!(
-                "SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                        stock_change, held_change, stock_after, held_after
-                   FROM stockgate_journal WHERE (sku, entry_ms, entry_seq) IN ({})",
-                vec!["(?, ?, ?)"; chunk.len()].join(", ")
+                "SELECT j.sku, j.entry_ms, j.entry_seq, j.format, j.event, j.request_id,
+                        j.order_no, j.stock_change, j.held_change, j.stock_after, j.held_after
+                   FROM ({}) w
+                   JOIN stockgate_journal j
+                     ON j.sku = w.sku COLLATE utf8mb4_bin
+                    AND j.entry_ms = w.entry_ms AND j.entry_seq = w.entry_seq",
+                std::iter::once("SELECT ? AS sku, ? AS entry_ms, ? AS entry_seq")
+                    .chain(std::iter::repeat_n("SELECT ?, ?, ?", chunk.len() - 1))
+                    .collect::<Vec<_>>()
+                    .join(" UNION ALL ")
             );
             let keys: Vec<Value> = chunk
                 .iter()
