@@ -5,6 +5,8 @@
 #   deploy/install-deps.sh dev    what `deploy/dev.sh` needs: Redis only
 #   deploy/install-deps.sh dev-postgres   that, and PostgreSQL
 #                                 (`deploy/dev.sh --postgres`)
+#   deploy/install-deps.sh dev-mysql      that, and MariaDB
+#                                 (`deploy/dev.sh --mysql`)
 #   deploy/install-deps.sh test   (the default) that, and the test tools
 #
 # dev:
@@ -34,6 +36,14 @@
 #   dir (as the `postgres` user when run as root) and stops it; the
 #   package's own cluster and service are not used. Only installed when no
 #   initdb is there. `deploy/dev.sh --postgres` needs it too (dev-postgres).
+# - mariadb-server: MariaDB 10.11 (Debian 12's), the books' other
+#   database. tests/books.rs makes a data directory once with
+#   `mariadb-install-db` (kept under target/mariadb-template/) and runs
+#   `mariadbd` on copies of it, on free loopback ports with their own
+#   sockets, and stops them; the package's own service is not used (and,
+#   where an init system runs, is disabled and stopped after install, as
+#   for Valkey). Only installed when no mariadbd is there.
+#   `deploy/dev.sh --mysql` needs it too (dev-mysql).
 # - openjdk-17-jdk-headless and maven: tests/clients.rs builds the Java
 #   clients' drivers (Jedis, Lettuce, Redisson) and examples/java with one
 #   `mvn compile`, fetching the jars from Maven Central. Only installed when
@@ -70,9 +80,9 @@ set -euo pipefail
 
 what="${1:-test}"
 case "$what" in
-    dev | dev-postgres | test) ;;
+    dev | dev-postgres | dev-mysql | test) ;;
     *)
-        echo "usage: $0 [dev|dev-postgres|test]" >&2
+        echo "usage: $0 [dev|dev-postgres|dev-mysql|test]" >&2
         exit 2
         ;;
 esac
@@ -91,8 +101,15 @@ if ! command -v redis-cli >/dev/null || ! [ "$(redis_major || echo 0)" -ge 7 ] 2
     packages+=(redis-server redis-tools)
 fi
 # initdb and pg_ctl live off PATH, in /usr/lib/postgresql/<version>/bin.
-if [ "$what" != dev ] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+if { [ "$what" = dev-postgres ] || [ "$what" = test ]; } \
+    && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
     packages+=(postgresql)
+fi
+need_mariadb=false
+if { [ "$what" = dev-mysql ] || [ "$what" = test ]; } \
+    && { ! [ -x /usr/sbin/mariadbd ] || ! command -v mariadb-install-db >/dev/null; }; then
+    packages+=(mariadb-server)
+    need_mariadb=true
 fi
 need_valkey=false
 if [ "$what" = test ]; then
@@ -133,6 +150,12 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 if [ "${#packages[@]}" -gt 0 ]; then
     $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+# As for Valkey below: the tests start their own servers, so the packaged
+# service (on 3306) is only in the way.
+if [ "$need_mariadb" = true ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    $sudo systemctl disable --now mariadb >/dev/null 2>&1 || true
 fi
 
 major="$(redis_major || echo 0)"

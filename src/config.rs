@@ -44,29 +44,41 @@ pub enum Command {
     /// Load or dump stock in bulk (CSV `sku,qty`).
     #[command(subcommand)]
     Stock(StockAction),
-    /// The books: each SKU's journal of changes, moved into PostgreSQL.
+    /// The books: each SKU's journal of changes, moved into PostgreSQL,
+    /// MySQL or MariaDB.
     #[command(subcommand)]
     Journal(JournalAction),
     /// Compare every SKU's stock and held units in Redis with its account
-    /// in PostgreSQL plus the entries not moved yet. Exits 0 when all
-    /// agree, 1 on drift, 2 when it could not check.
+    /// in the books' database plus the entries not moved yet. Exits 0 when
+    /// all agree, 1 on drift, 2 when it could not check.
     Reconcile(ReconcileArgs),
 }
 
 #[derive(Debug, Subcommand)]
 pub enum JournalAction {
-    /// Move journal entries into PostgreSQL, exactly once, and trim what
-    /// the database holds; runs until SIGTERM or SIGINT.
+    /// Move journal entries into the books' database, exactly once, and
+    /// trim what the database holds; runs until SIGTERM or SIGINT.
     Sink(SinkArgs),
 }
 
-/// Where the books are: a PostgreSQL URL. stockgate connects without TLS
-/// (`sslmode=disable` and `prefer` are accepted; `require` fails).
+/// Where the books are: a PostgreSQL URL with its TLS settings as libpq
+/// reads them, or a MySQL/MariaDB URL with the MySQL client's
+/// (docs/books.md, "TLS to the database").
 #[derive(Debug, Args, Clone)]
 pub struct DatabaseArgs {
-    /// postgres://user[:password]@host:port/dbname[?sslmode=disable]
+    /// postgres://user[:password]@host[:port]/dbname[?sslmode=verify-full&sslrootcert=<ca.pem>|system&sslcert=<file>&sslkey=<file>],
+    /// or mysql://user[:password]@host[:port]/database[?ssl-mode=VERIFY_IDENTITY&ssl-ca=<ca.pem>|system&ssl-cert=<file>&ssl-key=<file>]
+    /// (mariadb:// alike). A host other than loopback must name its TLS mode
+    /// (sslmode=disable or ssl-mode=DISABLED to mean plaintext).
     #[arg(long, env = "STOCKGATE_DATABASE")]
     pub database: String,
+
+    /// Keep the books in this schema (created if missing; in MySQL and
+    /// MariaDB a schema is a database): its tables, its migrations record
+    /// and its sinks' locks, apart from another deployment's sharing the
+    /// database. Default: where the URL's session puts them, as before.
+    #[arg(long, env = "STOCKGATE_DATABASE_SCHEMA")]
+    pub database_schema: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -288,6 +300,12 @@ pub struct DevArgs {
     /// The redis-server binary to run.
     #[arg(long, env = "STOCKGATE_REDIS_SERVER", default_value = "redis-server")]
     pub redis_server: PathBuf,
+
+    /// The books' database URL, to print with the commands that move the
+    /// journal there and reconcile (`deploy/dev.sh --postgres` and
+    /// `--mysql` pass the one they start). Connects to nothing itself.
+    #[arg(long, value_name = "URL")]
+    pub books: Option<String>,
 
     #[command(flatten)]
     pub proxy: ProxyArgs,

@@ -56,7 +56,7 @@
 //!   matrix they run (Redis 7.0 and 8.2, Valkey 8.0 and 9.1).
 //! - [`bulk`]: `stockgate stock import|export`.
 //! - [`journal`]: the books: each SKU's journal of changes, its entry
-//!   shape, and how it reaches PostgreSQL.
+//!   shape, and how it reaches PostgreSQL, MySQL or MariaDB.
 //! - [`check`]: `stockgate check`, the doctor.
 
 pub mod admin;

@@ -49,7 +49,9 @@ fn main() -> ExitCode {
                 let config = args.proxy.validate(args.upstream)?;
                 serve(config).await
             }
-            Command::Dev(args) => dev(args.proxy, args.masters, args.redis_server).await,
+            Command::Dev(args) => {
+                dev(args.proxy, args.masters, args.redis_server, args.books).await
+            }
             Command::Check(args) => {
                 let _logs = init_logging(LogFormat::Text);
                 check(args).await
@@ -164,6 +166,7 @@ async fn dev(
     proxy: ProxyArgs,
     masters: usize,
     redis_server: std::path::PathBuf,
+    books: Option<String>,
 ) -> Result<(), String> {
     let _logs = init_logging(proxy.log_format);
     let options = RedisOptions {
@@ -192,7 +195,10 @@ async fn dev(
     if !server.wait_ready(Duration::from_secs(10)).await {
         return Err("the proxy did not become ready within 10s".into());
     }
-    println!("{}", dev_banner(&server, &cluster.seeds()));
+    println!(
+        "{}",
+        dev_banner(&server, &cluster.seeds(), books.as_deref())
+    );
     let signal = wait_for_signal().await;
     stop(server, signal, grace).await;
     drop(cluster);
@@ -206,7 +212,7 @@ async fn dev(
 /// README walkthrough's own (order-1001 to order-1003); other examples use
 /// others, so everything the README and the docs/ pages show works on one
 /// dev cluster.
-fn dev_banner(server: &Server, seeds: &[String]) -> String {
+fn dev_banner(server: &Server, seeds: &[String], books: Option<&str>) -> String {
     let port = server.addr.port();
     let mut text = format!(
         "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n",
@@ -227,11 +233,21 @@ fn dev_banner(server: &Server, seeds: &[String]) -> String {
            redis-cli -p {port} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n  \
            redis-cli -p {port} REVERT demo-1 order-1001              # 0: given back, remain 100\n\n\
          For `stockgate check` and `stockgate stock import|export` in another terminal:\n  \
-           export STOCKGATE_UPSTREAM={upstream}\n\n\
-         Ctrl-C stops stockgate and the cluster.",
+           export STOCKGATE_UPSTREAM={upstream}\n\n",
         admin = server.admin_addr,
         upstream = seeds.join(","),
     ));
+    if let Some(url) = books {
+        // Here, not before cargo's output, where it scrolled away.
+        text.push_str(&format!(
+            "The journal is on; the books' database is {url}\n\
+             To move the journal there and compare, in that terminal (docs/books.md):\n  \
+               export STOCKGATE_DATABASE='{url}'\n  \
+               stockgate journal sink --drain    # move what is journaled, then stop\n  \
+               stockgate reconcile               # 0: Redis and the books agree\n\n"
+        ));
+    }
+    text.push_str("Ctrl-C stops stockgate and the cluster.");
     text
 }
 
@@ -363,12 +379,21 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
             humantime::format_duration(timeout)
         ));
     }
+    let database = stockgate::journal::database::Target::parse(&args.database.database)
+        .map_err(|e| format!("--database {e}"))?
+        .in_schema(args.database.database_schema)?;
+    tracing::info!(
+        database = database.shown(),
+        schema = database.schema().unwrap_or("(the session's)"),
+        tls = %database.tls().describe(),
+        "the books' database"
+    );
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
     let metrics = std::sync::Arc::new(stockgate::metrics::JournalMetrics::new());
     let stop = tokio_util::sync::CancellationToken::new();
     let mut sink = stockgate::journal::sink::Sink::new(
         stockgate::journal::sink::SinkConfig {
-            database: args.database.database,
+            database,
             batch: args.batch,
             poll: args.poll,
             durability,
@@ -404,11 +429,14 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
 
 /// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.
 async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
+    let database = stockgate::journal::database::Target::parse(&args.database.database)
+        .map_err(|e| format!("--database {e}"))?
+        .in_schema(args.database.database_schema)?;
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
-    let books = stockgate::journal::database::Books::connect(&args.database.database)
+    let mut books = stockgate::journal::database::Books::connect(&database)
         .await
-        .map_err(|e| format!("cannot reach the database: {e}"))?;
-    let report = stockgate::journal::reconcile::run(&upstream, &keys, &books, &args.skus)
+        .map_err(|e| e.to_string())?;
+    let report = stockgate::journal::reconcile::run(&upstream, &keys, &mut books, &args.skus)
         .await
         .map_err(|e| format!("cannot list the skus: {e}"))?;
     print!("{}", stockgate::journal::reconcile::render(&report));

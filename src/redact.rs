@@ -7,10 +7,11 @@ pub fn redact(url: &str) -> String {
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
+        // A user without a password shows as it is.
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
         None => url.to_owned(),
     }
 }
@@ -28,5 +29,6 @@ mod tests {
         );
         assert_eq!(redact("rediss://:p@ss@h:1"), "rediss://:***@h:1");
         assert!(!redact("redis://u:hunter2@h:1").contains("hunter2"));
+        assert_eq!(redact("postgres://u@h:1/db"), "postgres://u@h:1/db");
     }
 }

@@ -31,7 +31,9 @@
 //!   `stockgate stock ...` need no `--upstream`.
 //! - The dev cluster runs with the journal on, and `STOCKGATE_DATABASE`
 //!   points at a throwaway PostgreSQL this test starts (and stops), as
-//!   `deploy/dev.sh --postgres` sets them up (docs/books.md).
+//!   `deploy/dev.sh --postgres` sets them up (docs/books.md). A throwaway
+//!   MariaDB with the database `books` stands for `deploy/dev.sh
+//!   --mysql`'s: its port, `3307` in the pages, is one this test picks.
 //! - `stockgate` is the binary this build made; `redis-cli` and `curl`
 //!   are the system's. redis-cli runs with `--no-raw`, so its output reads
 //!   as on a terminal (`1) (integer) 0`) although it goes to a pipe here.
@@ -94,6 +96,8 @@ const DEV_WATCHDOG: Duration = Duration::from_secs(90);
 const RESP_PORT: u16 = 6390;
 const HTTP_PORT: u16 = 8390;
 const ADMIN_PORT: u16 = 9390;
+/// `deploy/dev.sh --mysql`'s MariaDB.
+const MARIADB_PORT: u16 = 3307;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -615,7 +619,7 @@ fn markdown_pages() -> Vec<String> {
 
 #[test]
 fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
-    for tool in ["redis-cli", "curl", "bash", "timeout", "psql"] {
+    for tool in ["redis-cli", "curl", "bash", "timeout", "psql", "mariadb"] {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
@@ -649,7 +653,10 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
 
     let dev_step = &dev_block.steps[0];
     let postgres = support::postgres::Postgres::start();
-    let (ports, dev, printed) = start_dev_on_free_ports(dev_step);
+    let mariadb = support::mariadb::MariaDb::start();
+    mariadb.root_sql("CREATE DATABASE books");
+    let (mut ports, dev, printed) = start_dev_on_free_ports(dev_step);
+    ports.0.push((MARIADB_PORT, mariadb.port));
     let mut failures = Vec::new();
     let expected: Vec<String> = dev_step.expected.iter().map(|l| ports.apply(l)).collect();
     let printed = normalize(printed.iter().map(String::as_str));

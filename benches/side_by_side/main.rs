@@ -146,10 +146,19 @@ mod script_cost;
 mod sink;
 mod target;
 mod throughput;
-// The tests' throwaway PostgreSQL (initdb and pg_ctl in a temp dir), for
-// the `sink` mode.
-#[path = "../../tests/support/postgres.rs"]
+// The tests' throwaway PostgreSQL and MariaDB (in temp dirs), and their
+// view of the books' tables, for the `sink` mode.
+#[path = "../../tests/support/books_db.rs"]
 #[allow(dead_code)] // restarts and the like are the tests'
+mod books_db;
+#[path = "../../tests/support/certs.rs"]
+#[allow(dead_code)]
+mod certs;
+#[path = "../../tests/support/mariadb.rs"]
+#[allow(dead_code)]
+mod mariadb;
+#[path = "../../tests/support/postgres.rs"]
+#[allow(dead_code)]
 mod postgres;
 
 use fleet::Fleet;
@@ -265,9 +274,14 @@ impl Knobs {
     }
 }
 
-/// A free loopback port, for [`postgres`].
+/// A free loopback port, for [`postgres`] and [`mariadb`].
 fn free_port() -> u16 {
     fleet::free_addr().port()
+}
+
+/// A path in this repository, for [`mariadb`]'s template.
+fn in_repo(relative: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
 fn main() {

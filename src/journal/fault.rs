@@ -33,9 +33,15 @@ impl JournalFault {
     pub fn database(err: tokio_postgres::Error) -> Self {
         let detail = match err.as_db_error() {
             Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => err.to_string(),
+            None => with_causes(&err),
         };
         JournalFault::new(JournalSource::Database, true, detail)
+    }
+
+    /// A MySQL or MariaDB fault: retried as PostgreSQL's are (a lost
+    /// connection, a deadlock, a key taken by another sink meanwhile).
+    pub fn mysql(err: mysql_async::Error) -> Self {
+        JournalFault::new(JournalSource::Database, true, with_causes(&err))
     }
 
     pub fn redis(err: UpstreamError) -> Self {
@@ -45,6 +51,23 @@ impl JournalFault {
     pub fn bad_reply(detail: impl Into<String>) -> Self {
         JournalFault::new(JournalSource::Redis, true, detail)
     }
+}
+
+/// An error's text followed by its causes': tokio-postgres says "error
+/// performing TLS handshake" and keeps why (the certificate's name, an
+/// unknown CA) in its source.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl From<super::BadEntry> for JournalFault {

@@ -2,7 +2,8 @@
 //!
 //! For each SKU, one atomic read of its stock, held units and journal
 //! ([`stream::snapshot`]), so a change running meanwhile is all in it or
-//! not at all; then its account in the database (`stockgate_account`).
+//! not at all; then its account in the database as of the last id that
+//! read saw (many SKUs' accounts in one query).
 //! The entries of the journal after the newest one the database holds are
 //! the ones not moved yet: applied to the account in order, they must
 //! give exactly Redis's stock and held units. Entries the database already
@@ -124,7 +125,7 @@ impl Report {
 pub async fn run(
     upstream: &Upstream,
     keys: &KeyLayout,
-    books: &Books,
+    books: &mut Books,
     only: &[String],
 ) -> Result<Report, JournalFault> {
     let skus = if only.is_empty() {
@@ -136,46 +137,88 @@ pub async fn run(
     } else {
         only.to_vec()
     };
-    // Each SKU's check is its own two reads in order (Redis, then the
-    // database as of what Redis had given); the SKUs' checks go
-    // CHECKS_IN_FLIGHT at once, on the one multiplexed Redis connection
-    // and the one PostgreSQL connection, which pipelines them. One at a
-    // time, 20,000 SKUs took 18.7 s (docs/performance.md).
-    use futures_util::stream::{self as futures_stream, StreamExt};
-    let skus = futures_stream::iter(skus)
-        .map(|name| async move {
-            let verdict = match check(upstream, keys, books, &name).await {
-                Ok(verdict) => verdict,
-                Err(fault) => Verdict::Unchecked(fault),
-            };
-            (name, verdict)
-        })
-        .buffered(CHECKS_IN_FLIGHT)
-        .collect()
-        .await;
-    Ok(Report { skus })
+    let mut report = Report::default();
+    for chunk in skus.chunks(CHECKED_AT_ONCE) {
+        report
+            .skus
+            .extend(check(upstream, keys, books, chunk).await);
+    }
+    Ok(report)
 }
 
-/// SKUs checked at once.
-const CHECKS_IN_FLIGHT: usize = 64;
+/// SKUs checked at once: their Redis reads in flight together on the
+/// one multiplexed connection, then their accounts in one query. One at
+/// a time, 20,000 SKUs took 18.7 s (docs/performance.md).
+const CHECKED_AT_ONCE: usize = 64;
 
+/// Checks `names`: Redis first, then the database as of the last id
+/// Redis had given, for each. An entry moved between the two reads is
+/// counted once (by its id), and one written after the snapshot, and
+/// moved at once, not at all.
 async fn check(
     upstream: &Upstream,
     keys: &KeyLayout,
-    books: &Books,
+    books: &mut Books,
+    names: &[String],
+) -> Vec<(String, Verdict)> {
+    use futures_util::stream::{self as futures_stream, StreamExt};
+    let snapshots: Vec<(String, Result<Snapshot, JournalFault>)> =
+        futures_stream::iter(names.iter().cloned())
+            .map(|name| async move {
+                let snapshot = match stream::sku(&name) {
+                    Ok(sku) => stream::snapshot(upstream, keys, &sku).await,
+                    Err(fault) => Err(fault),
+                };
+                (name, snapshot)
+            })
+            .buffered(CHECKED_AT_ONCE)
+            .collect()
+            .await;
+    let wanted: Vec<(String, Option<(u64, u64)>)> = snapshots
+        .iter()
+        .filter_map(|(name, snapshot)| Some((name.clone(), snapshot.as_ref().ok()?.last_given)))
+        .collect();
+    let mut accounts = match books.accounts(&wanted).await {
+        Ok(accounts) => accounts,
+        Err(fault) => {
+            return snapshots
+                .into_iter()
+                .map(|(name, snapshot)| {
+                    let fault = snapshot.err().unwrap_or_else(|| fault.clone());
+                    (name, Verdict::Unchecked(fault))
+                })
+                .collect();
+        }
+    };
+    let mut verdicts = Vec::with_capacity(snapshots.len());
+    for (name, snapshot) in snapshots {
+        let verdict = match snapshot {
+            Ok(snapshot) => {
+                let account = accounts.remove(&name);
+                verdict(books, &name, snapshot, account)
+                    .await
+                    .unwrap_or_else(Verdict::Unchecked)
+            }
+            Err(fault) => Verdict::Unchecked(fault),
+        };
+        verdicts.push((name, verdict));
+    }
+    verdicts
+}
+
+/// One SKU's verdict from its Redis snapshot and its account as of it.
+async fn verdict(
+    books: &mut Books,
     name: &str,
+    snapshot: Snapshot,
+    account: Option<Account>,
 ) -> Result<Verdict, JournalFault> {
-    let sku = stream::sku(name)?;
-    // Redis first, then the database as of the last id Redis had given:
-    // an entry moved between the two reads is counted once (by its id),
-    // and one written after the snapshot, and moved at once, not at all.
     let Snapshot {
         stock,
         held,
         journal,
-        last_given,
-    } = stream::snapshot(upstream, keys, &sku).await?;
-    let account = books.account(name, last_given).await?;
+        last_given: _,
+    } = snapshot;
     let Some(expected) = expected(account.as_ref(), &journal) else {
         return Ok(Verdict::Unjournaled);
     };

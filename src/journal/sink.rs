@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 /// What the sink needs, checked.
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
-    pub database: String,
+    pub database: super::database::Target,
     pub batch: usize,
     pub poll: Duration,
     pub durability: Option<Durability>,
@@ -203,6 +203,12 @@ impl Sink {
         if self.books.as_ref().is_none_or(Books::is_closed) {
             self.owned.clear();
             let mut books = Books::connect(&self.config.database).await?;
+            let tls = books.tls_in_use().await?;
+            tracing::info!(
+                database = self.config.database.shown(),
+                tls = tls.as_deref().unwrap_or("none"),
+                "connected to the books' database"
+            );
             books.migrate().await?;
             books.join_sinks().await?;
             self.books = Some(books);
@@ -216,7 +222,7 @@ impl Sink {
         self.books().await?;
         let mut owned = std::mem::take(&mut self.owned);
         let before = owned.clone();
-        let books = self.books.as_ref().expect("connected above");
+        let books = self.books.as_mut().expect("connected above");
         let sinks = books.sinks().await?;
         let share = shards.div_ceil(sinks);
         while owned.len() > share {

@@ -26,7 +26,7 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
     load.seed(&cluster);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     // The database as the third book, kept by a sink through the load.
-    let mut books = crate::books::Books::start(&cluster, &name);
+    let mut books = crate::books::Books::start(&cluster, &name, kind);
     let running = load.start(server.addr).await;
     // Long enough for short holds (1–3 s) to run out, and for CONFIRMs
     // sent around their expiry to come back 5.
@@ -255,26 +255,22 @@ async fn a_quiet_load_audits_green_and_planted_violations_are_caught(kind: Serve
         .map(|(sku, entries)| (sku.clone(), entries[1].clone()))
         .min_by(|a, b| a.0.cmp(&b.0))
         .expect("a sku with three entries in the database");
-    let client = books.client().await;
-    let deleted = client
-        .execute(
-            "DELETE FROM stockgate_journal WHERE sku = $1 AND entry_ms = $2 AND entry_seq = $3",
-            &[&lost_sku, &(lost.at.0 as i64), &(lost.at.1 as i64)],
-        )
-        .await
-        .expect("DELETE an entry");
+    let db = books.db();
+    let deleted = db
+        .execute(&format!(
+            "DELETE FROM stockgate_journal WHERE sku = '{lost_sku}' AND entry_ms = {} AND entry_seq = {}",
+            lost.at.0, lost.at.1
+        ))
+        .await;
     assert_eq!(deleted, 1, "{lost_sku} {lost:?} was in the database");
-    client
-        .execute(
-            "INSERT INTO stockgate_journal_conflicts (sku, entry_ms, entry_seq, format, event, \
-             request_id, order_no, stock_change, held_change, stock_after, held_after) \
-             SELECT sku, entry_ms, entry_seq, format, event, request_id || '-other', order_no, \
-             stock_change, held_change, stock_after, held_after FROM stockgate_journal \
-             ORDER BY entry_ms LIMIT 1",
-            &[],
-        )
-        .await
-        .expect("INSERT a conflict");
+    db.execute(
+        "INSERT INTO stockgate_journal_conflicts (sku, entry_ms, entry_seq, format, event, \
+         request_id, order_no, stock_change, held_change, stock_after, held_after) \
+         SELECT sku, entry_ms, entry_seq, format, event, CONCAT(request_id, '-other'), order_no, \
+         stock_change, held_change, stock_after, held_after FROM stockgate_journal \
+         ORDER BY entry_ms LIMIT 1",
+    )
+    .await;
     let database = books.read().await;
 
     let audit = history.audit_with_database(&cluster, Policy::default(), &database);

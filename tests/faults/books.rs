@@ -1,13 +1,15 @@
 //! The database as the third book (issue 26), under the faults of the
 //! tests that carry it.
 //!
-//! A [`Books`] is a throwaway PostgreSQL and a `stockgate journal sink`
+//! A [`Books`] is a throwaway database and a `stockgate journal sink`
 //! (the real binary, `--wait-replicas 1`) moving the journals of the
-//! fault's cluster while the load runs. [`Books::upset`] kills the sink
-//! with SIGKILL (whatever batch it was in) and starts another, then
-//! restarts PostgreSQL (`pg_ctl -m fast`: the transaction in flight rolls
-//! back); the test around it adds its own fault (a primary killed, slots
-//! moved). After the load, [`Books::drain`] stops the live sink, runs
+//! fault's cluster while the load runs: MariaDB 10.11 in the Valkey 8.0
+//! cell of each test that carries the books, PostgreSQL 15 in the others
+//! ([`engine_for`]). [`Books::upset`] kills the sink with SIGKILL
+//! (whatever batch it was in) and starts another, then restarts the
+//! database (PostgreSQL `pg_ctl -m fast`, MariaDB SIGKILL: the transaction
+//! in flight rolls back); the test around it adds its own fault (a primary
+//! killed, slots moved). After the load, [`Books::drain`] stops the live sink, runs
 //! `journal sink --drain` until it finds nothing left, and reads every
 //! entry the database holds; the audit ([`crate::checker`]) then checks
 //! each SKU's account in the database, followed by whatever Redis still
@@ -20,7 +22,8 @@
 //! can be lost without it: the conflicts table, which must stay empty
 //! here).
 
-use crate::support::postgres::Postgres;
+use crate::support::ServerKind;
+use crate::support::books_db::{BooksDb, Engine};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,19 +38,29 @@ pub struct Database {
     pub conflicts: i64,
 }
 
-/// A PostgreSQL and the sink moving the cluster's journals into it.
+/// Which database keeps the books under `kind`: MariaDB in one cell of
+/// each test (Valkey 8.0's, in CI), PostgreSQL in the rest, so both
+/// databases meet every fault that carries the books at no extra run.
+pub fn engine_for(kind: ServerKind) -> Engine {
+    match kind {
+        ServerKind::Valkey8 => Engine::Mariadb,
+        _ => Engine::Postgres,
+    }
+}
+
+/// A database and the sink moving the cluster's journals into it.
 pub struct Books {
-    pg: Postgres,
+    db: BooksDb,
     seeds: Vec<String>,
     sink: Option<Child>,
     name: String,
 }
 
 impl Books {
-    /// Starts PostgreSQL and a sink.
-    pub fn start(cluster: &LocalCluster, name: &str) -> Books {
+    /// Starts the database of `kind`'s cell ([`engine_for`]) and a sink.
+    pub fn start(cluster: &LocalCluster, name: &str, kind: ServerKind) -> Books {
         let mut books = Books {
-            pg: Postgres::start(),
+            db: BooksDb::start_own(engine_for(kind)),
             seeds: cluster.seeds(),
             sink: None,
             name: name.to_owned(),
@@ -67,7 +80,7 @@ impl Books {
             });
         }
         command
-            .args(["journal", "sink", "--database", &self.pg.url()])
+            .args(["journal", "sink", "--database", &self.db.url()])
             .args(["--upstream", &self.seeds.join(",")])
             .args(["--wait-replicas", "1", "--batch", "50", "--poll", "20ms"])
             .args([
@@ -90,7 +103,7 @@ impl Books {
     }
 
     /// Mid-load: the sink killed (SIGKILL) and another started, then,
-    /// `pause` later, PostgreSQL restarted under it.
+    /// `pause` later, the database restarted under it.
     pub async fn upset(&mut self, pause: Duration) {
         let moved_before = self.moved().await;
         if let Some(mut sink) = self.sink.take() {
@@ -100,22 +113,27 @@ impl Books {
         self.sink = Some(self.spawn(false));
         tokio::time::sleep(pause).await;
         let restarted = Instant::now();
-        tokio::task::block_in_place(|| self.pg.restart());
+        tokio::task::block_in_place(|| self.db.restart());
         eprintln!(
-            "[{}] books: the sink killed with {moved_before} entries moved, another started; PostgreSQL restarted in {:.0?}",
+            "[{}] books: the sink killed with {moved_before} entries moved, another started; {} restarted in {:.0?}",
             self.name,
+            self.db.engine,
             restarted.elapsed()
         );
     }
 
     /// Entries in the database so far (0 before the sink made its table).
     async fn moved(&self) -> i64 {
-        let client = self.pg.client().await;
-        match client
-            .query_one("SELECT count(*) FROM stockgate_journal", &[])
+        let mut session = self.db.session().await;
+        match session
+            .try_execute("SELECT 1 FROM stockgate_journal LIMIT 1")
             .await
         {
-            Ok(row) => row.get(0),
+            Ok(()) => {
+                session
+                    .count("SELECT count(*) FROM stockgate_journal")
+                    .await
+            }
             Err(_) => 0,
         }
     }
@@ -162,33 +180,20 @@ impl Books {
 impl Books {
     /// Every entry the database holds, and its conflicts.
     pub async fn read(&self) -> Database {
-        let client = self.pg.client().await;
-        let rows = client
-            .query(
-                "SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no, \
-                 stock_change, held_change, stock_after, held_after \
-                 FROM stockgate_journal ORDER BY sku, entry_ms, entry_seq",
-                &[],
-            )
-            .await
-            .expect("read the journal table");
         let mut entries: HashMap<String, Vec<Entry>> = HashMap::new();
-        for row in rows {
-            let entry = stockgate::journal::database::entry_of(&row, 1)
-                .unwrap_or_else(|| panic!("an event stockgate knows: {row:?}"));
-            entries.entry(row.get(0)).or_default().push(entry);
+        for (sku, entry) in self.db.entries().await {
+            entries.entry(sku).or_default().push(entry);
         }
-        let conflicts: i64 = client
-            .query_one("SELECT count(*) FROM stockgate_journal_conflicts", &[])
-            .await
-            .expect("count the conflicts")
-            .get(0);
+        let conflicts = self
+            .db
+            .count("SELECT count(*) FROM stockgate_journal_conflicts")
+            .await;
         Database { entries, conflicts }
     }
 
-    /// A client of the database, to plant what the audit must find.
-    pub async fn client(&self) -> tokio_postgres::Client {
-        self.pg.client().await
+    /// The database, to plant what the audit must find.
+    pub fn db(&self) -> &BooksDb {
+        &self.db
     }
 }
 

@@ -100,8 +100,8 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     (fault.order_pct, fault.unretried_pct) = (30, 60);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     // The database as the third book: a sink moving the journals, killed
-    // and restarted, and PostgreSQL restarted, before the primary dies.
-    let mut books = crate::books::Books::start(&cluster, &name);
+    // and restarted, and the database restarted, before the primary dies.
+    let mut books = crate::books::Books::start(&cluster, &name, kind);
     // The linearizability lane, on skus of the victim, with
     // --wait-replicas 1: without it an acknowledged write may be lost in
     // the failover (asynchronous replication, as the audit counts), and no

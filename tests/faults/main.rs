@@ -45,7 +45,7 @@
 //! | [`limits`] | 7: out of memory; 8: BUSY |
 //! | [`clients`] | 9: clients leaving mid-request, 1,000-client churn (stockgate as a process) |
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
-//! | [`books`] | not a fault: the database as the third book, a sink killed and PostgreSQL restarted mid-load, carried by the baseline, the killed primary and live resharding |
+//! | [`books`] | not a fault: the database as the third book (PostgreSQL, or MariaDB in the Valkey 8.0 cells), a sink killed and the database restarted mid-load, carried by the baseline, the killed primary and live resharding |
 //! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
 //! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
@@ -69,8 +69,9 @@
 //! the audit replays each SKU's journal from its initial stock to what
 //! Redis holds. The baseline, the killed primary and live resharding, on
 //! all four servers, also run a `stockgate journal sink --wait-replicas 1`
-//! into a throwaway PostgreSQL through the load, kill it (SIGKILL) and
-//! start another, restart PostgreSQL, then drain it, and the audit reads
+//! into a throwaway database through the load (MariaDB 10.11 in each
+//! test's Valkey 8.0 cell, PostgreSQL 15 in the others), kill it (SIGKILL)
+//! and start another, restart the database, then drain it, and the audit reads
 //! each SKU's account from the database (what Redis journaled after the
 //! drain appended) instead: exact, with no conflicts ([`books`]). The
 //! baseline plants an entry lost from the database and a conflict, and

@@ -24,8 +24,8 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     // The database as the third book: a sink moving the journals through
     // the moves (its reads meet ASK and MOVED too), killed and restarted,
-    // and PostgreSQL restarted, before the first slot moves.
-    let mut books = crate::books::Books::start(&cluster, &name);
+    // and the database restarted, before the first slot moves.
+    let mut books = crate::books::Books::start(&cluster, &name, kind);
     let (rounds, batch, pace) = if long_faults() {
         (fault.skus.len(), 10, Duration::from_millis(50))
     } else {

@@ -13,7 +13,10 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 #![allow(unused_imports, unused_macros)] // likewise for `matrix!`
 
+pub mod books_db;
+pub mod certs;
 pub mod history;
+pub mod mariadb;
 pub mod postgres;
 
 use redis::Value;
@@ -42,6 +45,43 @@ pub fn cluster_of(kind: ServerKind) -> LocalCluster {
         .unwrap_or_else(|e| panic!("cannot start a test {kind} cluster: {e}"));
     assert_runs(&cluster.nodes[0], kind);
     cluster
+}
+
+/// One 3-primary cluster (Redis 7.0, no replicas) for every test of a
+/// binary that asks, kept until the binary exits: for tests that keep
+/// apart by key prefix (`--key-prefix`), where forming a cluster of their
+/// own (about two seconds) would be most of their time.
+pub fn shared_cluster() -> &'static LocalCluster {
+    static SHARED: std::sync::OnceLock<&'static LocalCluster> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        // Its servers die with the thread that started them
+        // (PR_SET_PDEATHSIG), so a thread that lives as long as the
+        // binary starts them.
+        let (started, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let shared: &'static LocalCluster = Box::leak(Box::new(cluster()));
+            started.send(shared).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        let shared = ready
+            .recv()
+            .expect("the shared cluster starts (its panic is above)");
+        // SAFETY: registers a plain function, run once at exit.
+        unsafe {
+            libc::atexit(stop_shared_cluster);
+        }
+        shared
+    })
+}
+
+extern "C" fn stop_shared_cluster() {
+    let shared = shared_cluster() as *const LocalCluster as *mut LocalCluster;
+    // SAFETY: at exit every test has ended, so nothing holds the shared
+    // cluster any more; dropping it stops its servers and removes its
+    // temp dir, which nothing else would.
+    unsafe { std::ptr::drop_in_place(shared) };
 }
 
 /// One non-cluster Redis.

@@ -19,12 +19,63 @@ pub struct Postgres {
     pub port: u16,
     /// (uid, gid) to run as when the tests run as root.
     user: Option<(u32, u32)>,
+    /// Server settings beyond the defaults (`-c name=value ...`).
+    settings: String,
 }
 
 impl Postgres {
     /// initdb (trust authentication on loopback, user `stockgate`), then
     /// start and wait until it accepts connections.
     pub fn start() -> Postgres {
+        let postgres = Postgres::init();
+        postgres.start_server();
+        postgres
+    }
+
+    /// As [`Postgres::start`], with TLS on (`ssl=on`): the server's
+    /// certificate and key and the CA that signs client certificates are
+    /// `server.crt`, `server.key` and `ca.crt` of `certs` (copied into its
+    /// own dir, as PostgreSQL wants its key file private to it). Every
+    /// user may connect with or without TLS, but `cert_user` only over TLS
+    /// with a client certificate (`cert` authentication: its CN names the
+    /// user).
+    pub fn start_with_tls(certs: &std::path::Path, cert_user: &str) -> Postgres {
+        let mut postgres = Postgres::init();
+        let own = |file: &str| {
+            let to = postgres.dir.path().join(file);
+            std::fs::copy(certs.join(file), &to).expect("copy a certificate");
+            let path = std::ffi::CString::new(to.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: chmod and chown of a path we made, by its C string.
+            unsafe {
+                assert_eq!(libc::chmod(path.as_ptr(), 0o600), 0);
+                if let Some((uid, gid)) = postgres.user {
+                    assert_eq!(libc::chown(path.as_ptr(), uid, gid), 0);
+                }
+            }
+            to.display().to_string()
+        };
+        postgres.settings = format!(
+            "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c ssl_ca_file={}",
+            own("server.crt"),
+            own("server.key"),
+            own("ca.crt")
+        );
+        let hba = std::path::Path::new(&postgres.data()).join("pg_hba.conf");
+        let trusted = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        // The first line that matches decides.
+        std::fs::write(
+            &hba,
+            format!(
+                "hostssl all {user} 127.0.0.1/32 cert\nhost all {user} 127.0.0.1/32 reject\n{trusted}",
+                user = cert_user
+            ),
+        )
+        .expect("write pg_hba.conf");
+        postgres.start_server();
+        postgres
+    }
+
+    fn init() -> Postgres {
         let bin = find_bin();
         let dir = tempfile::Builder::new()
             .prefix("stockgate-pg-")
@@ -42,6 +93,7 @@ impl Postgres {
             dir,
             bin,
             user,
+            settings: String::new(),
         };
         postgres.pg(
             "initdb",
@@ -56,8 +108,65 @@ impl Postgres {
                 "--no-sync",
             ],
         );
-        postgres.start_server();
         postgres
+    }
+
+    /// One server for every test of a binary that asks (each in a
+    /// database of its own, [`Postgres::database`]), stopped when the
+    /// binary exits.
+    pub fn shared() -> &'static Postgres {
+        static SHARED: std::sync::OnceLock<Postgres> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            let postgres = Postgres::start();
+            // SAFETY: registers a plain function, run once at exit.
+            unsafe {
+                libc::atexit(stop_shared);
+            }
+            postgres
+        })
+    }
+
+    /// A new database of its own on this server, for one test.
+    pub fn database(&self) -> String {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = format!(
+            "books_{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut command = Command::new(self.bin.join("psql"));
+        command
+            .args(["-h", &self.dir.path().display().to_string()])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "stockgate",
+                "-d",
+                "postgres",
+            ])
+            .args([
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                &format!("CREATE DATABASE {name}"),
+            ]);
+        let out = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run psql ({e}): {INSTALL_HINT}"));
+        assert!(
+            out.status.success(),
+            "CREATE DATABASE {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        name
+    }
+
+    /// `postgres://stockgate@127.0.0.1:<port>/<database>?sslmode=disable`
+    pub fn url_of(&self, database: &str) -> String {
+        format!(
+            "postgres://stockgate@127.0.0.1:{}/{database}?sslmode=disable",
+            self.port
+        )
     }
 
     fn data(&self) -> String {
@@ -72,14 +181,20 @@ impl Postgres {
         )
     }
 
+    /// `postgres://<user>@<host>:<port>/postgres?<params>`
+    pub fn url_with(&self, user: &str, host: &str, params: &str) -> String {
+        format!("postgres://{user}@{host}:{}/postgres?{params}", self.port)
+    }
+
     fn start_server(&self) {
         // client_connection_check_interval: a backend waiting on a lock
         // notices its client died (a SIGKILLed sink) instead of waiting on.
         let options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off \
-             -c client_connection_check_interval=100ms",
+             -c client_connection_check_interval=100ms {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.settings
         );
         let log = self.dir.path().join("server.log").display().to_string();
         self.pg(
@@ -145,14 +260,27 @@ impl Postgres {
     }
 }
 
-impl Drop for Postgres {
-    fn drop(&mut self) {
+extern "C" fn stop_shared() {
+    // Statics are not dropped at exit: the shared server is stopped here.
+    let shared = Postgres::shared();
+    shared.stop_now();
+    let _ = std::fs::remove_dir_all(shared.dir.path());
+}
+
+impl Postgres {
+    fn stop_now(&self) {
         let mut command = Command::new(self.bin.join("pg_ctl"));
         command.args(["-D", &self.data(), "-m", "immediate", "-w", "stop"]);
         if let Some((uid, gid)) = self.user {
             command.uid(uid).gid(gid);
         }
         let _ = command.output();
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop_now();
     }
 }
 

@@ -1,20 +1,34 @@
-//! The books' side in PostgreSQL: the schema (`migrations/`), the moves of
-//! a batch in one transaction, and each SKU's account as the database
-//! keeps it.
+//! The books in PostgreSQL: the schema (`migrations/postgres/`), a batch
+//! in one transaction (the rows as arrays, `UNNEST`ed), the shard locks as
+//! session advisory locks, and each SKU's account as
+//! `stockgate_account_at` keeps it.
 //!
-//! One connection does everything, so the shard locks (session advisory
-//! locks, [`Books::claim`]) and the writes they guard live and die
-//! together: when PostgreSQL restarts or the connection breaks, the sink
-//! loses both at once, reconnects and claims again.
+//! One connection does everything, so the shard locks and the writes they
+//! guard live and die together: when PostgreSQL restarts or the
+//! connection breaks, the sink loses both at once, reconnects and claims
+//! again.
 
-use super::fault::JournalFault;
-use super::{Entry, Event};
+use super::super::fault::JournalFault;
+use super::super::{Entry, Event};
+use super::target::PgTarget;
+use super::tls::TlsMode;
+use super::{Account, Committed, SkuEntry};
 use crate::metrics::JournalSource;
+use std::collections::HashMap;
 use tokio_postgres::{Client, NoTls};
 
 /// The schema, in order; each applied once, recorded in
 /// `stockgate_migrations`.
-const MIGRATIONS: [(i32, &str); 1] = [(1, include_str!("../../migrations/0001_journal.sql"))];
+const MIGRATIONS: [(i32, &str); 2] = [
+    (
+        1,
+        include_str!("../../../migrations/postgres/0001_journal.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/postgres/0002_account_search_path.sql"),
+    ),
+];
 
 /// `pg_advisory_xact_lock` key held while migrating: sinks starting
 /// together apply the schema one after another.
@@ -28,57 +42,71 @@ pub const SHARD_LOCKS: i32 = 0x534B_4A31; // "SKJ1"
 /// the others in `pg_locks` and take no more than its share of shards.
 pub const SINK_MEMBERS: i32 = 0x534B_4A32; // "SKJ2"
 
-/// A SKU's account as the database keeps it (the `stockgate_account` view).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
-    /// Whether it opens at a baseline (`set`) rather than its first entry.
-    pub from_baseline: bool,
-    pub stock: i64,
-    pub held: i64,
-    pub entries: i64,
-    /// The newest entry the database holds.
-    pub last: (u64, u64),
+/// The advisory lock keys of one deployment. Advisory locks are the
+/// database's, whatever the schema: a deployment in a schema of its own
+/// (`--database-schema`) takes keys derived from the schema's name, so
+/// two deployments sharing a database never share a lock. Without one,
+/// the constants above, as every sink before schemas took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgLocks {
+    pub migrate: i64,
+    pub shards: i32,
+    pub members: i32,
 }
 
-/// What a committed batch did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Committed {
-    /// Entries that were not in the database before.
-    pub moved: u64,
-    /// Entries already there with the same content (re-deliveries).
-    pub already: u64,
-    /// Entries already there with other content, now in the conflicts table.
-    pub conflicts: u64,
+impl PgLocks {
+    pub fn of(schema: Option<&str>) -> PgLocks {
+        let Some(schema) = schema else {
+            return PgLocks {
+                migrate: MIGRATION_LOCK,
+                shards: SHARD_LOCKS,
+                members: SINK_MEMBERS,
+            };
+        };
+        let key = |what: &str| crc32fast::hash(format!("stockgate {what} {schema}").as_bytes());
+        PgLocks {
+            migrate: (i64::from(key("migrate")) << 32) | i64::from(key("migrate, again")),
+            shards: key("shards") as i32,
+            members: key("sinks") as i32,
+        }
+    }
 }
 
-/// An entry of one SKU, as a batch carries it.
-#[derive(Debug, Clone)]
-pub struct SkuEntry {
-    pub sku: String,
-    pub entry: Entry,
-}
-
-pub struct Books {
+pub struct PgBooks {
     client: Client,
+    locks: PgLocks,
+    schema: Option<String>,
 }
 
 fn database(err: tokio_postgres::Error) -> JournalFault {
     JournalFault::database(err)
 }
 
-impl Books {
-    /// Connects without TLS. The connection's task ends when it breaks;
-    /// every call after that fails, and the caller connects again.
-    pub async fn connect(url: &str) -> Result<Books, JournalFault> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
+impl PgBooks {
+    /// Connects as the target says (TLS by its mode, through rustls). The
+    /// connection's task ends when it breaks; every call after that
+    /// fails, and the caller connects again.
+    pub async fn connect(target: &PgTarget) -> Result<PgBooks, JournalFault> {
+        Ok(PgBooks {
+            client: connect_postgres(target).await?,
+            locks: PgLocks::of(target.schema.as_deref()),
+            schema: target.schema.clone(),
+        })
+    }
+
+    /// The TLS version the session runs over, as the server sees it (None
+    /// in plaintext): the sink logs it, so an operator sees what the URL
+    /// got.
+    pub async fn tls_in_use(&self) -> Result<Option<String>, JournalFault> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+                &[],
+            )
             .await
             .map_err(database)?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "database connection ended");
-            }
-        });
-        Ok(Books { client })
+        Ok(row.map(|row| row.get(0)))
     }
 
     /// True once the connection broke.
@@ -90,9 +118,16 @@ impl Books {
     /// an advisory lock: idempotent, and safe with sinks starting at once.
     pub async fn migrate(&mut self) -> Result<(), JournalFault> {
         let tx = self.client.transaction().await.map_err(database)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&self.locks.migrate])
             .await
             .map_err(database)?;
+        if let Some(schema) = &self.schema {
+            // The session's search_path names it (connect_postgres): the
+            // tables below are made in it.
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+                .await
+                .map_err(database)?;
+        }
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS stockgate_migrations (
                  version integer PRIMARY KEY,
@@ -127,7 +162,10 @@ impl Books {
     /// connection lives.
     pub async fn join_sinks(&self) -> Result<(), JournalFault> {
         self.client
-            .execute("SELECT pg_advisory_lock_shared($1, 0)", &[&SINK_MEMBERS])
+            .execute(
+                "SELECT pg_advisory_lock_shared($1, 0)",
+                &[&self.locks.members],
+            )
             .await
             .map_err(database)?;
         Ok(())
@@ -141,7 +179,7 @@ impl Books {
                 "SELECT count(*) FROM pg_locks
                   WHERE locktype = 'advisory' AND granted
                     AND classid = $1::int4::oid AND objid = 0 AND objsubid = 2",
-                &[&SINK_MEMBERS],
+                &[&self.locks.members],
             )
             .await
             .map_err(database)?;
@@ -154,7 +192,7 @@ impl Books {
             .client
             .query_one(
                 "SELECT pg_try_advisory_lock($1, $2)",
-                &[&SHARD_LOCKS, &(shard as i32)],
+                &[&self.locks.shards, &(shard as i32)],
             )
             .await
             .map_err(database)?;
@@ -166,7 +204,7 @@ impl Books {
         self.client
             .execute(
                 "SELECT pg_advisory_unlock($1, $2)",
-                &[&SHARD_LOCKS, &(shard as i32)],
+                &[&self.locks.shards, &(shard as i32)],
             )
             .await
             .map_err(database)?;
@@ -292,35 +330,41 @@ impl Books {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    /// `sku`'s account as of the entry `up_to` (all of it when None), if
-    /// the database has any entry of it up to there.
-    pub async fn account(
+    /// The accounts of `wanted`, each as of its entry, in one query.
+    pub async fn accounts(
         &self,
-        sku: &str,
-        up_to: Option<(u64, u64)>,
-    ) -> Result<Option<Account>, JournalFault> {
-        let (ms, seq) = up_to.map_or((i64::MAX, i64::MAX), |(ms, seq)| {
-            (
-                i64::try_from(ms).unwrap_or(i64::MAX),
-                i64::try_from(seq).unwrap_or(i64::MAX),
-            )
-        });
-        let row = self
+        wanted: &[(String, Option<(u64, u64)>)],
+    ) -> Result<HashMap<String, Account>, JournalFault> {
+        let skus: Vec<&str> = wanted.iter().map(|(sku, _)| sku.as_str()).collect();
+        let (ms, seq): (Vec<i64>, Vec<i64>) = wanted
+            .iter()
+            .map(|(_, up_to)| super::up_to_columns(*up_to))
+            .unzip();
+        let rows = self
             .client
-            .query_opt(
-                "SELECT from_baseline, stock, held, entries, last_ms, last_seq
-                   FROM stockgate_account_at($1, $2, $3)",
-                &[&sku, &ms, &seq],
+            .query(
+                "SELECT a.sku, a.from_baseline, a.stock, a.held, a.entries, a.last_ms, a.last_seq
+                   FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS w(sku, up_ms, up_seq),
+                        LATERAL stockgate_account_at(w.sku, w.up_ms, w.up_seq) a",
+                &[&skus, &ms, &seq],
             )
             .await
             .map_err(database)?;
-        Ok(row.map(|row| Account {
-            from_baseline: row.get(0),
-            stock: row.get(1),
-            held: row.get(2),
-            entries: row.get(3),
-            last: (row.get::<_, i64>(4) as u64, row.get::<_, i64>(5) as u64),
-        }))
+        Ok(rows
+            .iter()
+            .map(|row| {
+                (
+                    row.get(0),
+                    Account {
+                        from_baseline: row.get(1),
+                        stock: row.get(2),
+                        held: row.get(3),
+                        entries: row.get(4),
+                        last: (row.get::<_, i64>(5) as u64, row.get::<_, i64>(6) as u64),
+                    },
+                )
+            })
+            .collect())
     }
 
     /// `sku`'s entries that don't follow from the one before them (their
@@ -347,6 +391,51 @@ impl Books {
             .map_err(database)?;
         Ok(rows.iter().filter_map(|row| entry_of(row, 1)).collect())
     }
+}
+
+/// A PostgreSQL session with `pg`'s TLS: tokio-postgres's `prefer` and
+/// `require` negotiate it (`require` and the verify modes refuse a server
+/// without TLS), and the rustls configuration checks what the mode asks.
+async fn connect_postgres(pg: &PgTarget) -> Result<Client, JournalFault> {
+    use tokio_postgres::config::SslMode;
+    let mut config = pg.config.clone();
+    if let Some(schema) = &pg.schema {
+        // Every statement of the session reads and writes the schema's
+        // tables: the SQL stays the same, and a reader (reconcile) needs
+        // nothing more. The name is a checked plain identifier.
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c search_path={schema}"),
+            None => format!("-c search_path={schema}"),
+        };
+        config.options(&options);
+    }
+    let tls_fault = |e: String| JournalFault::new(JournalSource::Database, true, e);
+    fn spawn<T>(connection: tokio_postgres::Connection<tokio_postgres::Socket, T>)
+    where
+        T: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "database connection ended");
+            }
+        });
+    }
+    if pg.tls.mode == TlsMode::Disable {
+        config.ssl_mode(SslMode::Disable);
+        let (client, connection) = config.connect(NoTls).await.map_err(database)?;
+        spawn(connection);
+        return Ok(client);
+    }
+    config.ssl_mode(if pg.tls.mode == TlsMode::Prefer {
+        SslMode::Prefer
+    } else {
+        SslMode::Require
+    });
+    let tls =
+        tokio_postgres_rustls::MakeRustlsConnect::new(pg.tls.client_config().map_err(tls_fault)?);
+    let (client, connection) = config.connect(tls).await.map_err(database)?;
+    spawn(connection);
+    Ok(client)
 }
 
 /// An entry from a row whose columns from `first` are entry_ms, entry_seq,

@@ -1,0 +1,119 @@
+//! Certificates for the books' TLS tests, made with the `openssl` command
+//! in a temp dir: a CA, a second CA nobody trusts, a server certificate
+//! signed by the first for `localhost` only (so `127.0.0.1` is "another
+//! host name"), and a client certificate for the user `certuser`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The user whose client certificate this makes (its CN).
+pub const CLIENT_USER: &str = "certuser";
+
+pub struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    pub fn make() -> Certs {
+        let dir = tempfile::Builder::new()
+            .prefix("stockgate-certs-")
+            .tempdir()
+            .expect("a temp dir");
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "openssl is needed ({e}): deploy/install-deps.sh test (Debian: apt-get install -y openssl)"
+                    )
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.crt"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=stockgate test {ca}"),
+            ]);
+        }
+        // v3 extensions on both: rustls refuses X.509 v1 certificates.
+        std::fs::write(
+            dir.path().join("server.cnf"),
+            "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("client.cnf"),
+            "extendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        for (name, cn) in [("server", "localhost"), ("client", CLIENT_USER)] {
+            openssl(&[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ]);
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.cnf"),
+            ]);
+        }
+        Certs { dir }
+    }
+
+    /// A file of it: `ca.crt`, `other-ca.crt`, `server.crt`, `server.key`,
+    /// `client.crt`, `client.key`.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A file's path as a URL parameter's value.
+    pub fn param(&self, file: &str) -> String {
+        self.path(file).display().to_string()
+    }
+}
