@@ -46,7 +46,7 @@ slowest=(tests/clients.rs tests/holds.rs tests/orders.rs tests/revert.rs)
 build() {
     local list="$1"
     shift
-    "$@" 2>&1 | tee "$list.txt" | { grep -v '^ *Executable' || true; }
+    "$@" 2>&1 | tee "$list.txt" | { grep --line-buffered -v '^ *Executable' || true; }
     sed -n 's/^ *Executable \(.*\) (\(.*\))$/\1|\2/p' "$list.txt" >"$list"
 }
 
