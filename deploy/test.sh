@@ -11,11 +11,12 @@
 # - the fault suite (tests/faults/), which measures recovery times and is
 #   the longest by far, is built first and runs in a lane of its own as
 #   soon as it is built;
-# - meanwhile the rest is built and clippy runs, at the lowest CPU
-#   priority (nice 19), so they only take the time the fault suite leaves
-#   idle;
-# - then the other test executables run, STOCKGATE_TEST_LANES (2) at a
-#   time, the slowest first.
+# - meanwhile the rest is built, then its test executables run,
+#   STOCKGATE_TEST_LANES (2) at a time, the slowest first;
+# - the rest's build and clippy run at the lowest CPU priority (nice 19),
+#   in the time the tests leave idle. (tests/examples.rs builds its
+#   examples with cargo, which waits for clippy's lock on target/ if it
+#   must: they are built already, so that is all it costs.)
 #
 # Each executable's output goes to target/test-logs/<name>.log; a line per
 # executable says how it ended, the output of each that failed is printed
@@ -103,25 +104,33 @@ trap 'exit 130' INT TERM
 echo "building the fault suite..."
 build "$logs/faults" cargo test --locked --no-run --test faults
 [ -s "$logs/faults" ] || { echo "cargo listed no fault suite executable" >&2; exit 1; }
-echo "running the fault suite in a lane of its own; building the rest and running clippy meanwhile (nice 19)"
+echo "running the fault suite in a lane of its own; building the rest meanwhile (nice 19)"
 IFS='|' read -r target path <"$logs/faults"
 run_one "$target" "$path" &
 faults_lane=$!
 
-checks_failed=()
 build "$logs/all" nice -n 19 cargo test --locked --no-run --all-targets
-nice -n 19 cargo clippy --all-targets --locked -- -D warnings || checks_failed+=("cargo clippy")
-
 grep -v '^tests/faults/main.rs|' "$logs/all" | while IFS='|' read -r target path; do
     rank=99
     for i in "${!slowest[@]}"; do
         [ "$target" = "${slowest[$i]}" ] && rank="$i"
     done
     echo "$rank|$target|$path"
-done | sort -s -n -t'|' -k1,1 | cut -d'|' -f2- | run_lanes
-wait "$faults_lane" || true
+done | sort -s -n -t'|' -k1,1 | cut -d'|' -f2- >"$logs/rest"
+echo "running the other tests, $lanes at a time; clippy meanwhile (nice 19)"
+run_lanes <"$logs/rest" &
+other_lanes=$!
+
+checks_failed=()
+nice -n 19 cargo clippy --all-targets --locked -- -D warnings || checks_failed+=("cargo clippy")
+wait "$other_lanes" "$faults_lane" || true
 
 failed=()
+ran="$(find "$logs" -name '*.status' | wc -l)"
+listed="$(($(wc -l <"$logs/rest") + 1))"
+if [ "$ran" -ne "$listed" ]; then
+    failed+=("(only $ran of the $listed test executables ran to an end)")
+fi
 for status in "$logs"/*.status; do
     read -r code _ target <"$status"
     if [ "$code" -ne 0 ]; then
