@@ -218,7 +218,13 @@ impl RedisNode {
             .arg("--logfile")
             .arg("redis.log")
             .arg("--daemonize")
-            .arg("no");
+            .arg("no")
+            // The default waits 5 s before a diskless full sync, to gather
+            // the syncs of several replicas into one transfer; a primary
+            // here has one replica at most, so a replica (a new one, or a
+            // restarted primary rejoining) syncs at once.
+            .arg("--repl-diskless-sync-delay")
+            .arg("0");
         if self.cluster {
             cmd.arg("--cluster-enabled")
                 .arg("yes")
