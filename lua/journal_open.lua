@@ -28,34 +28,41 @@ holds entries and stays. Errors: BADCALL for anything else.
 
 --@common
 
-local key, op = KEYS[1], ARGV[1]
-if op == 'list' or op == 'unlist' then
-  if type(ARGV[2]) ~= 'string' or ARGV[2] == '' or not string.match(key, ':{[^}]+}:journals$') then
-    return badcall(op .. ' takes the shard set and a sku')
+local function journal_open(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  redis.call(op == 'list' and 'SADD' or 'SREM', key, ARGV[2])
-  return {0}
+  local key, op = KEYS[1], ARGV[1]
+  if op == 'list' or op == 'unlist' then
+    if not ARGV[2] or ARGV[2] == '' or not find(key, ':{[^}]+}:journals$') then
+      return badcall(op .. ' takes the shard set and a sku')
+    end
+    call(op == 'list' and 'SADD' or 'SREM', key, ARGV[2])
+    return {0}
+  end
+  if op == 'retire' then
+    if not find(key, '}:journal$') then
+      return badcall('retire takes a journal key')
+    end
+    local entries = call('EXISTS', key) == 1 and call('XLEN', key) or 0
+    if entries > 0 then
+      return {1, entries}
+    end
+    call('DEL', key)
+    return {0}
+  end
+  if op == 'make' then
+    if not find(key, '}:journal$') then
+      return badcall('make takes a journal key')
+    end
+    if call('EXISTS', key) == 0 then
+      -- An empty stream: one entry added and trimmed away at once. Its last
+      -- id stays, so later ids never go below it.
+      call('XADD', key, 'MAXLEN', '0', '*', 'v', '1')
+    end
+    return {0}
+  end
+  return badcall('unknown op')
 end
-if op == 'retire' then
-  if not string.match(key, '}:journal$') then
-    return badcall('retire takes a journal key')
-  end
-  local entries = redis.call('EXISTS', key) == 1 and redis.call('XLEN', key) or 0
-  if entries > 0 then
-    return {1, entries}
-  end
-  redis.call('DEL', key)
-  return {0}
-end
-if op == 'make' then
-  if not string.match(key, '}:journal$') then
-    return badcall('make takes a journal key')
-  end
-  if redis.call('EXISTS', key) == 0 then
-    -- An empty stream: one entry added and trimmed away at once. Its last
-    -- id stays, so later ids never go below it.
-    redis.call('XADD', key, 'MAXLEN', '0', '*', 'v', '1')
-  end
-  return {0}
-end
-return badcall('unknown op')
+
+return journal_open(KEYS, ARGV)

@@ -37,7 +37,7 @@
 
 use crate::fleet::{Db, Stockgate, connect, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
-use crate::{Fleet, Knobs, MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
+use crate::{Fleet, Knobs, Rng, SETTINGS, TargetId};
 use bytes::{Buf, BytesMut};
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
@@ -668,16 +668,12 @@ impl Spelling {
                 out.push(&[
                     b"EVALSHA",
                     self.sha.as_bytes(),
-                    b"4",
+                    b"2",
                     &keys.stock,
                     &keys.record,
-                    &keys.holds,
-                    &keys.held,
                     b"1",
                     order_no.as_bytes(),
-                    RETRY_WINDOW_MS,
-                    MAX_QTY,
-                    MISSING_STOCK,
+                    SETTINGS,
                     nonce.as_bytes(),
                 ]);
             }

@@ -2,13 +2,15 @@
 //! (DEDUCT, REVERT, HOLD, CONFIRM), as the node pipes send it and as the
 //! redis-rs fallback sends it.
 //!
-//! Every such script takes the request's four keys (stock, record, holds,
-//! held: [`crate::keys::RequestKeys`]) and its ARGV in one order: the
-//! caller's arguments, then what stockgate supplies alike for every call
-//! (window, limits, missing-stock mode), then the call's nonce, then the
-//! replicate and journal flags. What every call has alike is encoded once at startup;
-//! the hot path copies it in and writes only the keys from their parts,
-//! the caller's arguments and the nonce.
+//! Every such script takes the request's two keys (stock and record:
+//! [`crate::keys::RequestKeys`]) and its ARGV in one order: the caller's
+//! arguments, then its settings, then the call's nonce. The settings are
+//! one argument: what stockgate supplies alike for every call (window,
+//! limits, missing-stock mode) and the flags `<replicate><journal>` ("0" or
+//! "1" each), separated by spaces (`lua/common.lua`, `settle`, which a
+//! function library runs once per text). What every call has alike is
+//! encoded once at startup; the hot path copies it in and writes only the
+//! keys from their parts, the caller's arguments and the nonce.
 
 use crate::keys::KeyLayout;
 use crate::params::{RequestId, Sku};
@@ -21,23 +23,25 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `*<n>`, FCALL, the function, `4`; and `*<n>`, EVALSHA, the SHA, `4`.
+    /// `*<n>`, FCALL, the function, `2`; and `*<n>`, EVALSHA, the SHA, `2`.
     heads: [Bytes; 2],
-    /// The arguments stockgate supplies before the nonce, encoded...
-    fixed: Bytes,
-    /// ... and as they are, for the fallback.
+    /// The settings, the argument before the nonce, encoded...
+    settings: Bytes,
+    /// ... and as it is, for the fallback.
+    settings_arg: Vec<u8>,
+    /// The settings one by one, as they are (for `lua/deduct_many.lua`,
+    /// which takes them so: a coalesced call's shared arguments cost once
+    /// for all its members)...
     fixed_args: Vec<Vec<u8>>,
-    /// The flags after the nonce (replicate, journal), encoded and as they
-    /// are.
-    tail: Bytes,
-    flags: Vec<Vec<u8>>,
+    /// ... and encoded, with the two flags after them.
+    split: Bytes,
     caller_args: usize,
 }
 
 impl Wire {
     /// The call of `script`, which takes `caller_args` of the caller's
     /// arguments, then `fixed`, the nonce and the `flags` (replicate,
-    /// journal).
+    /// journal: `"0"` or `"1"` each), as one argument.
     pub(super) fn new(
         script: &Arc<LuaScript>,
         caller_args: usize,
@@ -46,29 +50,29 @@ impl Wire {
     ) -> Wire {
         let heads = [Calling::Function, Calling::Eval].map(|calling| {
             let mut head = BytesMut::new();
-            script.write_head(
-                calling,
-                &mut head,
-                4,
-                caller_args + fixed.len() + 1 + flags.len(),
-            );
+            script.write_head(calling, &mut head, 2, caller_args + 2);
             head.freeze()
         });
-        let mut encoded = BytesMut::new();
-        for arg in fixed {
-            reply::bulk_of(&mut encoded, arg);
-        }
-        let mut tail = BytesMut::new();
-        for flag in flags {
-            reply::bulk_of(&mut tail, flag);
+        let joined_flags = flags.concat();
+        let settings_arg = fixed
+            .iter()
+            .copied()
+            .chain([joined_flags.as_slice()])
+            .collect::<Vec<&[u8]>>()
+            .join(&b' ');
+        let mut settings = BytesMut::new();
+        reply::bulk_of(&mut settings, &settings_arg);
+        let mut split = BytesMut::new();
+        for arg in fixed.iter().chain(&flags) {
+            reply::bulk_of(&mut split, arg);
         }
         Wire {
             script: script.clone(),
             heads,
-            fixed: encoded.freeze(),
+            settings: settings.freeze(),
+            settings_arg,
             fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
-            tail: tail.freeze(),
-            flags: flags.iter().map(|f| f.to_vec()).collect(),
+            split: split.freeze(),
             caller_args,
         }
     }
@@ -98,56 +102,48 @@ impl Wire {
         buf.extend_from_slice(self.head(calling));
         reply::bulk_parts(buf, &keys.stock_key_parts(sku));
         reply::bulk_parts(buf, &keys.record_key_parts(sku, request_id));
-        for parts in keys.hold_key_parts(sku) {
-            reply::bulk_parts(buf, &parts);
-        }
         for arg in caller {
             reply::bulk_of(buf, arg);
         }
-        buf.extend_from_slice(&self.fixed);
+        buf.extend_from_slice(&self.settings);
         reply::bulk_of(buf, nonce);
-        buf.extend_from_slice(&self.tail);
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings
-    /// already: the stock key, the record key, the two hold keys, the
-    /// caller's arguments and the nonce (a coalesced DEDUCT alone in its
-    /// call, [`super::coalesce`]).
+    /// already: the stock key, the record key, the caller's arguments and
+    /// the nonce (a coalesced DEDUCT alone in its call, [`super::coalesce`]).
     pub(super) fn encode_bulks(
         &self,
         calling: Calling,
-        [stock, record, hold_keys, caller, nonce]: [&[u8]; 5],
+        [stock, record, caller, nonce]: [&[u8]; 4],
         buf: &mut BytesMut,
     ) {
         buf.extend_from_slice(self.head(calling));
         buf.extend_from_slice(stock);
         buf.extend_from_slice(record);
-        buf.extend_from_slice(hold_keys);
         buf.extend_from_slice(caller);
-        buf.extend_from_slice(&self.fixed);
+        buf.extend_from_slice(&self.settings);
         buf.extend_from_slice(nonce);
-        buf.extend_from_slice(&self.tail);
     }
 
-    /// The arguments stockgate supplies alike for every call, encoded, then
-    /// the flags: what a coalesced call's members share.
-    pub(super) fn shared_args(&self) -> [&[u8]; 2] {
-        [&self.fixed, &self.tail]
+    /// The settings and the two flags, one argument each, encoded, as
+    /// `lua/deduct_many.lua` takes them: what a coalesced call's members
+    /// share.
+    pub(super) fn shared_args(&self) -> &[u8] {
+        &self.split
     }
 
-    /// The arguments stockgate supplies before the nonce, as they are.
+    /// The settings one by one, as they are.
     pub(super) fn fixed_argv<const N: usize>(&self) -> [&[u8]; N] {
         std::array::from_fn(|i| self.fixed_args[i].as_slice())
     }
 
     /// The script's ARGV, for the fallback.
     pub(super) fn argv<'a>(&'a self, caller: &[&'a [u8]], nonce: &'a [u8]) -> Vec<&'a [u8]> {
-        let mut argv =
-            Vec::with_capacity(self.caller_args + self.fixed_args.len() + 1 + self.flags.len());
+        let mut argv = Vec::with_capacity(self.caller_args + 2);
         argv.extend_from_slice(caller);
-        argv.extend(self.fixed_args.iter().map(Vec::as_slice));
+        argv.push(&self.settings_arg);
         argv.push(nonce);
-        argv.extend(self.flags.iter().map(Vec::as_slice));
         argv
     }
 }
