@@ -74,6 +74,16 @@ local function window_ms(s)
   return window
 end
 
+-- The retry window `ms` as text, for a write's PX: as stockgate sent it
+-- (window_ms kept it), so that Redis reads it without Lua formatting a
+-- number (about 2k instructions a number, whatever redis.call is given).
+local function window_text(ms)
+  if ms == known_window_ms then
+    return known_window
+  end
+  return format('%d', ms)
+end
+
 -- The max qty setting as a number, or nil when it is not a positive
 -- integer. Hot callers compare with known_max first.
 local function max_qty_of(s)
@@ -89,9 +99,10 @@ end
 
 -- The keys of the SKU whose stock key the last call named (one hash tag,
 -- one slot): what a record key must start with, the holds set, the units
--- held, the journal. Made once per SKU in a row, which a hot SKU's calls
--- are.
-local known_stock, req_prefix, holds_name, held_name, journal_name = false, nil, nil, nil, nil
+-- held, the journal and its marker (journal_of). Made once per SKU in a
+-- row, which a hot SKU's calls are.
+local known_stock, req_prefix, holds_name, held_name = false, nil, nil, nil
+local journal_name, marker_name = nil, nil
 
 local function sku_keys(stock_key)
   if stock_key ~= known_stock then
@@ -99,6 +110,7 @@ local function sku_keys(stock_key)
     req_prefix = stock_key .. ':req:'
     holds_name, held_name = stock_key .. ':holds', stock_key .. ':held'
     journal_name = stock_key .. ':journal'
+    marker_name = stock_key .. ':journal:on'
   end
 end
 
@@ -410,10 +422,22 @@ end
 -- are never made outside the journal (docs/books.md).
 local NOJOURNAL = 'NOJOURNAL the sku has no journal yet; nothing was changed'
 
+-- Whether a SKU has a journal: its stream, and beside it a marker,
+-- <stock key>:journal:on ("1"), which lua/journal_open.lua makes in the
+-- same call as the stream and `stockgate journal retire` deletes with it.
+-- The calls on one request (DEDUCT, HOLD, CONFIRM, REVERT, and coalesced
+-- DEDUCTs) read the marker in the MGET they make anyway, where an EXISTS
+-- of the stream would cost each one more call (about 2.6k instructions).
+-- A journal opened by a release before the marker has none until a call
+-- with the journal on, refused with NOJOURNAL, opens it again, or the
+-- sink marks it (docs/books.md); a journal entry is appended with
+-- NOMKSTREAM, so a stale marker never makes a stream nobody listed.
+--
 -- The key this call journals to: the SKU's journal when it has one, false
 -- when it has none and `journal_on` (--journal) is not true; nil and the
 -- NOJOURNAL error to return when it has none and `journal_on` is. Asked
--- before the call's first write. Call sku_keys(stock_key) first.
+-- before the call's first write, by the scripts that do not read the
+-- marker anyway, of the stream itself. Call sku_keys(stock_key) first.
 local function journal_of(journal_on)
   if call('EXISTS', journal_name) == 1 then
     return journal_name
@@ -445,12 +469,13 @@ end
 -- journal key, so that a call with the journal off builds none of its
 -- arguments.
 local function journal(key, ev, id, ds, dh, st, hd, ono)
-  call('XADD', key, '*', 'e', journal_entry(ev, id, ds, dh, st, hd, ono))
+  call('XADD', key, 'NOMKSTREAM', '*', 'e', journal_entry(ev, id, ds, dh, st, hd, ono))
 end
 
 -- How many expired holds one call releases at most: a SKU with a backlog
--- is cleaned over several calls, and no call blocks Redis for long.
-local RELEASE_BOUND = 32
+-- is cleaned over several calls, and no call blocks Redis for long. As
+-- text, as redis.call takes it best.
+local RELEASE_BOUND = '32'
 
 -- The units on hold go down by qty; the counter goes when it reaches 0.
 -- Returns the units held after it.
@@ -465,12 +490,13 @@ end
 
 -- A record's TTL when its state changes: never shorter than it was, and
 -- at least a retry window from now. A HELD record has none (hold.lua), so
--- the record that ends a hold gets exactly the window.
-local function set_lasting(record_key, text, window)
-  if call('PTTL', record_key) > window then
+-- the record that ends a hold (`held`: the record was HELD) gets exactly
+-- the window, with no need to ask.
+local function set_lasting(record_key, text, window, held)
+  if not held and call('PTTL', record_key) > window then
     call('SET', record_key, text, 'KEEPTTL')
   else
-    call('SET', record_key, text, 'PX', window)
+    call('SET', record_key, text, 'PX', window_text(window))
   end
 end
 
@@ -487,7 +513,7 @@ local function release_one(stock_key, holds_key, held_key, record_key, record, w
   end
   call('ZREM', holds_key, id)
   set_lasting(record_key,
-    record_text('X', record.qty, record.nonce, record.aux, record.order_no), window)
+    record_text('X', record.qty, record.nonce, record.aux, record.order_no), window, true)
 end
 
 -- Releases the SKU's holds that expired by `now`, at most RELEASE_BOUND of
@@ -504,7 +530,7 @@ end
 -- units are not known any more; README "Upgrading"); one whose record
 -- this version can't read stays, for the newer script that wrote it.
 local function release_expired(stock_key, holds_key, held_key, now, window, journal_key)
-  local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', 0, RELEASE_BOUND)
+  local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', '0', RELEASE_BOUND)
   local released, units = 0, 0
   for i = 1, #due do
     local id = due[i]
@@ -549,18 +575,21 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
 end
 
 -- What every call on one request (HOLD, CONFIRM, REVERT) does first, once
--- own_args has set sku_keys: one
--- read of the stock, the record and the units held (read_request), a
--- stock value or a record this version can't read refused (an error;
--- nothing was changed), then the SKU's expired holds given back
--- (release_due, which gives nothing back where the stock key is missing:
--- a script's UNKNOWNSKU may come after it). Returns the error reply; or
--- nil, then the stock after the release, the record's raw text and the
--- record (nil when none), the units still held, the holds released and
--- now (0 when Redis time was not needed).
-local function open_request(stock_key, record_key, window, journal_key)
+-- request_fault has set sku_keys: one read of the stock, the record, the
+-- units held and the journal's marker, a stock value or a record this
+-- version can't read refused (an error; nothing was changed), the journal
+-- decided (journal_of's rule, by the marker), then the SKU's expired
+-- holds given back (release_due, which gives nothing back where the stock
+-- key is missing: a script's UNKNOWNSKU may come after it). Returns the
+-- error reply; or nil, then the stock after the release, the record's
+-- raw text and the record (nil when none), the units still held, the
+-- holds released, now (0 when Redis time was not needed) and the journal
+-- key (false when none).
+local function open_request(stock_key, record_key, window, journal_on)
   local holds_key, held_key = holds_name, held_name
-  local stock, raw, held = read_request(stock_key, record_key, held_key)
+  local got = call('MGET', stock_key, record_key, held_key, marker_name)
+  local stock, raw, held = parse_stock(got[1]), got[2], got[3]
+  held = held and to_number(held) or 0
   if stock == false then
     return error_reply(BADSTOCK)
   end
@@ -568,14 +597,22 @@ local function open_request(stock_key, record_key, window, journal_key)
   if raw and not record then
     return error_reply(BADRECORD)
   end
-  local before = stock
-  local released, now
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
-    journal_key)
-  if released > 0 then
-    held = held - (stock - before)
+  local journal_key = false
+  if got[4] then
+    journal_key = journal_name
+  elseif journal_on then
+    return error_reply(NOJOURNAL)
   end
-  return nil, stock, raw, record, held, released, now
+  local released, now = 0, 0
+  if held > 0 then
+    local before = stock
+    stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+      journal_key)
+    if released > 0 then
+      held = held - (stock - before)
+    end
+  end
+  return nil, stock, raw, record, held, released, now, journal_key
 end
 
 -- The request's own hold, when it ran out by `now` but the bounded release
@@ -601,7 +638,7 @@ end
 
 -- The earliest expiry among the SKU's holds, or 0 when it has none.
 local function earliest_hold(holds_key)
-  local first = call('ZRANGE', holds_key, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', holds_key, '0', '0', 'WITHSCORES')
   if first[2] then
     return to_number(first[2])
   end

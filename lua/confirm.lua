@@ -54,6 +54,11 @@ local function held_for(record, now)
   return ms > 0 and ms or 0
 end
 
+-- The reply of a hold confirmed (answer's shape: nothing after
+-- "confirmed" to leave off), one table made once (for a library), set by
+-- each call. Redis reads a function's reply before the next call runs.
+local CONFIRMED = {0, 0, '', VERSION, '', 0, 0, 0, 'confirmed'}
+
 local function confirm(KEYS, ARGV)
   if not call then
     bind()
@@ -75,14 +80,11 @@ local function confirm(KEYS, ARGV)
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local missing_zero = settings.missing_zero
   local holds_key, held_key = holds_name, held_name
-  local journal_key, refused = journal_of(journal_on)
-  if refused then
-    return refused
-  end
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, _, released, now = open_request(stock_key, record_key, window, journal_key)
+  local failed, stock, _, record, _, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
   if failed then
     return failed
   end
@@ -93,7 +95,7 @@ local function confirm(KEYS, ARGV)
   if not record then
     -- Nothing was held under this id: revoke it, so a HOLD that arrives
     -- after its CONFIRM holds nothing nobody would confirm.
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
     return answer(4, stock, '', '', 0, released)
   end
 
@@ -139,9 +141,11 @@ local function confirm(KEYS, ARGV)
       record.order_no)
   end
   call('ZREM', holds_key, id)
-  set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window)
-  return answer(0, stock, record.order_no, '', record.expires, released, held_for(record, now),
-    'confirmed')
+  set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window,
+    true)
+  CONFIRMED[2], CONFIRMED[3], CONFIRMED[6], CONFIRMED[7], CONFIRMED[8] =
+    stock or -1, record.order_no, record.expires, released, held_for(record, now)
+  return CONFIRMED
 end
 
 return confirm(KEYS, ARGV)

@@ -127,7 +127,7 @@ local function deduct(KEYS, ARGV)
 
   -- The read and the stored data's checks (lua/common.lua's open_request,
   -- written out: most DEDUCTs find no holds to give back).
-  local got = call('MGET', stock_key, record_key, held_name)
+  local got = call('MGET', stock_key, record_key, held_name, marker_name)
   local stock, raw, held = parse_stock(got[1]), got[2], got[3]
   if stock == false then
     return error_reply(BADSTOCK)
@@ -138,24 +138,17 @@ local function deduct(KEYS, ARGV)
     return error_reply(BADRECORD)
   end
 
-  -- The journal's existence is asked where it matters: before a release
-  -- of expired holds, which journals, and before the deduction's own
-  -- entry. With --journal that entry is the first write, an XADD ...
-  -- NOMKSTREAM, which finds out by itself (nil: refused, nothing
-  -- changed); without, an EXISTS says whether the SKU has a journal all
-  -- the same (lua/common.lua, journal_of). A DEDUCT that changes nothing
-  -- needs no journal.
-  local journal_key = journal_name
-  local journal_known = false
+  -- The journal, by its marker (lua/common.lua, journal_of), matters
+  -- where the call would change the SKU: before a release of expired
+  -- holds, which journals, and at the deduction's own entry. A DEDUCT
+  -- that changes nothing needs no journal, and with --journal is not
+  -- refused for want of one.
+  local journal_key = got[4] and journal_name
   local released = 0
   if held > 0 then
-    if call('EXISTS', journal_key) == 0 then
-      if journal_on then
-        return error_reply(NOJOURNAL)
-      end
-      journal_key = false
+    if journal_on and not journal_key then
+      return error_reply(NOJOURNAL)
     end
-    journal_known = true
     local before = stock
     stock, released = release_due(stock_key, holds_name, held_name, stock, held, window,
       journal_key)
@@ -199,12 +192,11 @@ local function deduct(KEYS, ARGV)
   -- Writes: only after every check above has passed. The arguments go to
   -- Redis as the strings they came as (checked canonical above): a Lua
   -- number passed to redis.call is formatted with snprintf, about 2.7k
-  -- instructions each. The entry goes first, so that a SKU without a
-  -- journal is refused having changed nothing; it states the stock after
+  -- instructions each. The entry goes first, so that a SKU whose journal
+  -- is gone is refused having changed nothing; it states the stock after
   -- the DECRBY that follows, computed here (exact: within +-(2^53 - 1)).
-  if journal_key and not journal_on and not journal_known
-      and call('EXISTS', journal_key) == 0 then
-    journal_key = false
+  if journal_on and not journal_key then
+    return error_reply(NOJOURNAL)
   end
   if journal_key and not call('XADD', journal_key, 'NOMKSTREAM', '*', 'e',
       journal_entry('deduct', sub(record_key, #req_prefix + 1), '-' .. qty_arg, '0',

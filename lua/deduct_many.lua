@@ -139,15 +139,15 @@ local function deduct_many(KEYS, ARGV)
     -- lost it (EVAL of the body).
     return {}
   end
-  -- Once for the call (lua/common.lua, journal_of): with the journal on,
-  -- its absence refuses the whole call, before anything is read.
-  local journal_key, refused = journal_of(ARGV[5] == '1')
-  if refused then
-    return refused
+  -- One read for the whole group: the stock, the held units, the
+  -- journal's marker (lua/common.lua, journal_of), every record.
+  local read = call('MGET', stock_key, held_key, marker_name, unpack_all(KEYS, 4))
+  local journal_key = read[3] and journal_name
+  if ARGV[5] == '1' and not journal_key then
+    -- Once for the call: with the journal on, its absence refuses the
+    -- whole call, before anything is written.
+    return error_reply(NOJOURNAL)
   end
-
-  -- One read for the whole group: the stock, the held units, every record.
-  local read = call('MGET', stock_key, held_key, unpack_all(KEYS, 4))
   local stock = parse_stock(read[1])
   local held = read[2]
   held = held and to_number(held) or 0
@@ -198,7 +198,7 @@ local function deduct_many(KEYS, ARGV)
     elseif stock == false then
       reply = error_reply(BADSTOCK)
     else
-      local raw = written and written[record_key] or read[2 + i]
+      local raw = written and written[record_key] or read[3 + i]
       local record = raw and parse_record(raw)
       if raw and not record then
         reply = error_reply(BADRECORD)

@@ -59,6 +59,11 @@ as for DEDUCT.
 local SETTINGS = {'max_hold', 'window', 'max_qty', 'missing'}
 local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+) (%S+)$'
 
+-- The reply of a hold placed (answer's shape: nothing after "placed" to
+-- leave off), one table made once (for a library), set by each call.
+-- Redis reads a function's reply before the next call runs.
+local PLACED = {0, 0, '', VERSION, '', 0, 0, 0, 'placed'}
+
 local function hold(KEYS, ARGV)
   if not call then
     bind()
@@ -80,10 +85,6 @@ local function hold(KEYS, ARGV)
   end
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local holds_key, held_key = holds_name, held_name
-  local journal_key, refused = journal_of(journal_on)
-  if refused then
-    return refused
-  end
   local max_hold, max_hold_arg = settings.max_hold, settings.max_hold_arg
 
   local qty = positive_int(qty_arg)
@@ -100,7 +101,8 @@ local function hold(KEYS, ARGV)
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, _, released, now = open_request(stock_key, record_key, window, journal_key)
+  local failed, stock, _, record, _, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
   if failed then
     return failed
   end
@@ -160,14 +162,16 @@ local function hold(KEYS, ARGV)
   if journal_key then
     journal(journal_key, 'hold', id, '-' .. qty_arg, qty_arg, remain, held, order_no)
   end
-  call('ZADD', holds_key, expires, id)
+  local expires_text = int_text(expires)
+  call('ZADD', holds_key, expires_text, id)
   -- No TTL: the units held are known from this record alone, so it must
   -- outlive the hold however long nothing touches the SKU. Whatever ends the
   -- hold (CONFIRM, REVERT, the release at its expiry) gives the record its
   -- retry window then.
   call('SET', record_key,
-    record_text('H', qty_arg, nonce, int_text(expires) .. '.' .. int_text(now), order_no))
-  return answer(0, remain, order_no, '', expires, released, 0, 'placed')
+    record_text('H', qty_arg, nonce, expires_text .. '.' .. int_text(now), order_no))
+  PLACED[2], PLACED[3], PLACED[6], PLACED[7] = remain, order_no, expires, released
+  return PLACED
 end
 
 return hold(KEYS, ARGV)

@@ -16,7 +16,11 @@ sidecar's --journal; once the stream is gone, sidecars with the journal
 off write none (docs/books.md, Turning the journal off).
 
 KEYS[1]  list, unlist:  the shard's set   <prefix>:{<shard tag>}:journals
-         make, retire:  the SKU's journal <prefix>:{<sku>}:journal
+         make, retire:  the SKU's journal <prefix>:{<sku>}:journal, with its
+                        marker <prefix>:{<sku>}:journal:on beside it
+                        (lua/common.lua, journal_of): make makes both (the
+                        marker also beside a journal an older release
+                        made), retire deletes both
 ARGV[1]  op      list | make | retire | unlist
 ARGV[2]  list, unlist: the sku
 
@@ -48,7 +52,7 @@ local function journal_open(KEYS, ARGV)
     if entries > 0 then
       return {1, entries}
     end
-    call('DEL', key)
+    call('DEL', key, key .. ':on')
     return {0}
   end
   if op == 'make' then
@@ -60,6 +64,9 @@ local function journal_open(KEYS, ARGV)
       -- id stays, so later ids never go below it.
       call('XADD', key, 'MAXLEN', '0', '*', 'v', '1')
     end
+    -- The marker the calls on a request read (lua/common.lua, journal_of):
+    -- made with the stream, or beside one an older release made.
+    call('SET', key .. ':on', '1')
     return {0}
   end
   return badcall('unknown op')

@@ -55,9 +55,11 @@ read); ARGV[8] `unfile`, ARGV[9] the orders key, ARGV[10] the score it
 was filed at takes it out as order_due's `done` does, after the op, and
 only when the order then rests (DONE, HELD, ABORTED, REVERTED, REVOKED).
 The orders key is of another slot: the script is flagged
-allow-cross-slot-keys and reads it before any write, so when it lives
-on another node (or is migrating away) the call fails with "non local
-key" having changed nothing, and stockgate files with order_due instead.
+allow-cross-slot-keys and touches it before any other write (a filing's
+ZADD is the call's first write; taking out reads its ZSCORE first), so
+when it lives on another node (or is migrating away) the call fails with
+"non local key" having changed nothing, and stockgate files with
+order_due instead.
 Unused ARGV before ARGV[8] are "".
 
 Reply: {changed, p, k, l, e, c, s, now, VERSION, filing}; changed is 1
@@ -94,15 +96,39 @@ local function reply(changed)
     filing = 1
   end
   REPLY[1], REPLY[2], REPLY[3], REPLY[4] = changed, p or '', k or '', l or ''
-  REPLY[5], REPLY[6], REPLY[7] = to_number(e or '0'), to_number(c or '0'), s or ''
-  REPLY[8], REPLY[10] = now, filing
+  -- Most orders have no expiry and no code: "0" read as 0 without
+  -- tonumber.
+  REPLY[5] = (e == '0' or not e) and 0 or to_number(e)
+  REPLY[6] = (c == '0' or not c) and 0 or to_number(c)
+  REPLY[7], REPLY[8], REPLY[10] = s or '', now, filing
   return REPLY
+end
+
+-- The orders keys a filing named that had the shape of one: a shard's
+-- sixteen, checked once each (for a library); a handful more are let go.
+local ORDERS_KEYS, orders_keys = {}, 0
+
+-- TTLs as text, for PEXPIRE: a number given to redis.call costs Lua a
+-- formatting (about 2k instructions), and these are the same on every
+-- call of one stockgate (for a library).
+local TTL_TEXTS, ttl_texts = {}, 0
+
+local function ttl_text(ms)
+  local text = TTL_TEXTS[ms]
+  if not text then
+    if ttl_texts >= 16 then
+      TTL_TEXTS, ttl_texts = {}, 0
+    end
+    text = int_text(ms)
+    TTL_TEXTS[ms], ttl_texts = text, ttl_texts + 1
+  end
+  return text
 end
 
 -- At least `ms` from now; never shorter than it was.
 local function last(ms)
   if call('PTTL', key) < ms then
-    call('PEXPIRE', key, ms)
+    call('PEXPIRE', key, ttl_text(ms))
   end
 end
 
@@ -120,7 +146,7 @@ end
 local function revoke()
   p, k, l, e, c, s, w = 'REVOKED', '', '', '0', '4', '', nonce
   call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
-  call('PEXPIRE', key, 2 * window)
+  call('PEXPIRE', key, ttl_text(2 * window))
 end
 
 local function order(KEYS, ARGV)
@@ -136,27 +162,47 @@ local function order(KEYS, ARGV)
   if not nonce_ok(nonce) then
     return badcall('the call nonce must be 1 to 32 hex digits')
   end
-  if KEYS[2] or not find(key, ':{order:[!-z|~]+}:intent$') then
+  -- "<...>:{order:<id>}:intent", the id printable and without braces:
+  -- found plainly, then matched from where it starts (a pattern left to
+  -- find its own start tries every position of the key).
+  local at = find(key, ':{order:', 1, true)
+  if KEYS[2] or not at or not find(key, '^[!-z|~]+}:intent$', at + 8) then
     return badcall('keys do not follow the stockgate key layout')
   end
 
-  -- The filing that rides along, read first: a key of another node fails
-  -- the call here, before anything is written.
+  -- The filing that rides along. Taking it out reads the orders key
+  -- first, and filing writes it first: a key of another node fails the
+  -- call there, before anything is written.
   filing_op, orders, filing_arg = ARGV[8], ARGV[9], ARGV[10]
   id, filed, filing = nil, nil, 0
   if filing_op == 'file' or filing_op == 'unfile' then
-    id = match(key, '{order:([^}]+)}:intent$')
-    if op == 'read' or not orders or not find(orders, ':{[^}]+}:orders$')
-        or not positive_int(filing_arg) then
+    id = sub(key, at + 8, -9)
+    if op == 'read' or not orders or not positive_int(filing_arg) then
       return badcall('a filing needs the orders key and a number')
     end
-    filed = to_number(call('ZSCORE', orders, id) or '0')
+    if not ORDERS_KEYS[orders] then
+      if not find(orders, ':{[^}]+}:orders$') then
+        return badcall('a filing needs the orders key and a number')
+      end
+      if orders_keys >= 64 then
+        ORDERS_KEYS, orders_keys = {}, 0
+      end
+      ORDERS_KEYS[orders], orders_keys = true, orders_keys + 1
+    end
+    if filing_op == 'unfile' then
+      filed = to_number(call('ZSCORE', orders, id) or '0')
+    end
   elseif filing_op and filing_op ~= '' then
     return badcall('unknown filing op')
   end
 
-  local fields = call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
-  p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+  -- A begin asks only whether the record is there (most often it is not,
+  -- and the begin writes every field); any other op reads them all.
+  p, k, l, e, c, s, w = nil, nil, nil, nil, nil, nil, nil
+  if op ~= 'begin' or call('HEXISTS', key, 'p') == 1 then
+    local fields = call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
+    p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+  end
   -- Redis time decides the filing's due time and an ORDER.HOLD's expiry;
   -- an ORDER (kind T) has no expiry, and its other calls need none.
   now = 0
@@ -164,12 +210,14 @@ local function order(KEYS, ARGV)
     now = now_ms()
   end
   if filing_op == 'file' then
-    -- As order_due's mark: after any filing before it.
+    -- As order_due's mark: after any filing before it. GT: an earlier
+    -- filing at or after this one's time is left (CH: 0), and this one
+    -- goes right after it.
     filing = now + to_number(filing_arg)
-    if filed + 1 > filing then
-      filing = filed + 1
+    if call('ZADD', orders, 'GT', 'CH', filing, id) == 0 then
+      filing = to_number(call('ZSCORE', orders, id)) + 1
+      call('ZADD', orders, filing, id)
     end
-    call('ZADD', orders, filing, id)
   end
 
   if op == 'read' then
@@ -191,7 +239,7 @@ local function order(KEYS, ARGV)
       e = int_text(now + ttl)
     end
     call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
-    call('PEXPIRE', key, line_ttl + 2 * window)
+    call('PEXPIRE', key, ttl_text(line_ttl + 2 * window))
     return reply(1)
   end
 

@@ -83,6 +83,12 @@ Error replies (nothing changed):
 local SETTINGS = {'window', 'missing'}
 local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+)$'
 
+-- The reply of a deduction given back with nothing released (answer's
+-- shape): one table, made once (for a library), its remain and order_no
+-- set by each call. Redis reads a function's reply before the next call
+-- runs.
+local REVERTED = {0, 0, '', VERSION}
+
 local function revert(KEYS, ARGV)
   if not call then
     bind()
@@ -104,14 +110,11 @@ local function revert(KEYS, ARGV)
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local missing_zero = settings.missing_zero
   local holds_key, held_key = holds_name, held_name
-  local journal_key, refused = journal_of(journal_on)
-  if refused then
-    return refused
-  end
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, held, released, now = open_request(stock_key, record_key, window, journal_key)
+  local failed, stock, _, record, held, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
   if failed then
     return failed
   end
@@ -125,7 +128,7 @@ local function revert(KEYS, ARGV)
     -- Empty rollback: nothing to give back, but remember the id so a late
     -- DEDUCT or HOLD of it is refused instead of taking stock after its
     -- cancel.
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
     return answer(4, stock, '', '', 0, released)
   end
 
@@ -176,7 +179,12 @@ local function revert(KEYS, ARGV)
     journal(journal_key, 'revert', id, record.qty, '0', remain, held > 0 and held or 0,
       record.order_no)
   end
-  set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window)
+  set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window,
+    state == 'H')
+  if released == 0 and event == '' then
+    REVERTED[2], REVERTED[3] = remain, record.order_no
+    return REVERTED
+  end
   return answer(0, remain, record.order_no, '', 0, released, 0, event)
 end
 

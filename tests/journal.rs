@@ -580,4 +580,26 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
             (Event::Deduct, "r7".to_owned(), -2, 2),
         ]
     );
+
+    // A journal an older release opened: its stream, without the marker
+    // the calls read (lua/common.lua, journal_of). With the journal on, a
+    // deduction is refused until the journal is opened again, which marks
+    // it; then a call with the journal off appends to it too.
+    let marker = [journal.as_slice(), b":on"].concat();
+    redis::cmd("DEL")
+        .arg(&marker)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let refused = deduct("r8", "1", "1", &mut direct).unwrap_err();
+    assert_eq!(refused.code(), Some("NOJOURNAL"), "{refused:?}");
+    redis::cmd("EVAL")
+        .arg(&scripts.journal_open.body)
+        .arg(1)
+        .arg(&journal)
+        .arg("make")
+        .query::<Value>(&mut direct)
+        .unwrap();
+    assert_eq!(parse(deduct("r8", "1", "0", &mut direct).unwrap()).code, 0);
+    let length: i64 = redis::cmd("XLEN").arg(&journal).query(&mut direct).unwrap();
+    assert_eq!(length, 6, "r8's entry");
 }
