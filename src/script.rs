@@ -92,7 +92,7 @@ impl LuaScript {
             .find_map(|word| word.strip_prefix("flags="))
             .map(|flags| flags.split(',').filter(|f| !f.is_empty()).collect())
             .unwrap_or_default();
-        let body = source.replacen(MARKER, &helpers_for(source), 1);
+        let body = body_of(COMMON, source);
         let sha = redis::Script::new(&body).get_hash().to_owned();
         LuaScript {
             name,
@@ -314,7 +314,15 @@ fn library_name<'a>(shas: impl Iterator<Item = &'a str>) -> Option<String> {
     ))
 }
 
-/// `lua/common.lua` as `script` needs it: its opening comment, then only
+/// A script's body as an EVALSHA runs it: `source` with the helpers of
+/// `common` it names spliced in where it says `--@common`. Every embedded
+/// script's is `lua/common.lua`'s; the benchmark builds an earlier
+/// release's scripts with their own.
+pub fn body_of(common: &str, source: &str) -> String {
+    source.replacen(MARKER, &helpers_for(common, source), 1)
+}
+
+/// `common` as `script` needs it: its opening comment, then only
 /// the helpers the script names, and those they name in turn, in the
 /// file's order.
 ///
@@ -324,8 +332,8 @@ fn library_name<'a>(shas: impl Iterator<Item = &'a str>) -> Option<String> {
 /// unused helpers cost 1.6 µs per call, a fifth of the script. A DEDUCT
 /// now defines what it may call, and the helpers of holds cost a SKU
 /// without holds nothing but their definitions.
-fn helpers_for(script: &str) -> String {
-    let (opening, helpers) = split_helpers(COMMON);
+fn helpers_for(common: &str, script: &str) -> String {
+    let (opening, helpers) = split_helpers(common);
     let mut wanted: std::collections::HashSet<&str> = names_in(script).collect();
     let mut taken = vec![false; helpers.len()];
     loop {
