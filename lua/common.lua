@@ -1,6 +1,15 @@
--- stockgate's shared script helpers. stockgate inserts this file into each
--- script where the script says --@common, so every script applies the same
--- rules; the text Redis runs (and its SHA) includes it.
+-- stockgate's shared script helpers. Each script is a function of (KEYS,
+-- ARGV) with its own file; this file holds what they share, so every
+-- script applies the same rules.
+--
+-- Loaded as a function library (FUNCTION LOAD, called by FCALL), this file
+-- is the library's top level, run once at load: its helpers, constants and
+-- reply tables exist once, and each script's own top level (its private
+-- helpers, its function) once too (src/script.rs, Library). Called by
+-- EVALSHA, stockgate inserts the helpers a script names where it says
+-- --@common, and the whole chunk runs on every call; the text Redis runs
+-- (and its SHA) includes them. Written for the first: a call creates no
+-- closure, reaches no global, and builds no table it can reuse.
 
 -- The version of the script set: the fourth element of every reply.
 -- 3: records carry the call's nonce; stockgate's own arguments, when
@@ -10,21 +19,99 @@ local VERSION = 4
 -- Lua numbers are doubles: integers beyond 2^53 - 1 lose precision.
 local EXACT = 9007199254740991
 
+-- Redis's API and the library functions the scripts use, as upvalues. A
+-- function of a library reaches a global through its sandbox's lookup
+-- (about 0.5k instructions in Redis each time), and the library's top
+-- level runs at FUNCTION LOAD, where neither `redis.call` nor `string`
+-- exists yet: so each script's function binds them at its first call
+-- (`if not call then bind() end`, its first line), and the library keeps
+-- them. An EVALSHA binds them on every call, as it looked them up before.
+local call, rpcall, error_reply, find, match, sub, format, to_number, unpack_all, type_of
+
+local function bind()
+  call, rpcall, error_reply = redis.call, redis.pcall, redis.error_reply
+  find, match, sub, format = string.find, string.match, string.sub, string.format
+  to_number, unpack_all, type_of = tonumber, unpack, type
+end
+
 -- A canonical positive decimal integer ("1", never "01" or "+1"), or nil.
 local function positive_int(s)
-  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^[1-9]%d*$') then
+  if not s or #s > 16 or not find(s, '^[1-9]%d*$') then
     return nil
   end
-  return tonumber(s)
+  return to_number(s)
 end
+
+-- The last qty a call gave, and its number: most calls of a shop, and all
+-- of a flash sale, take 1, which is then checked and parsed once.
+local known_qty, known_qty_n = false, nil
+
+-- positive_int, remembered (known_qty). Hot callers compare with known_qty
+-- first.
+local function qty_of(s)
+  local qty = positive_int(s)
+  if qty then
+    known_qty, known_qty_n = s, qty
+  end
+  return qty
+end
+
+-- stockgate's settings as the last call that passed them gave them: the
+-- same text (every call of one stockgate) is the same interned string, so
+-- a library checks each setting with one comparison, and parses it once.
+local known_window, known_window_ms, known_max, known_max_qty = false, nil, false, nil
 
 -- The retry window in milliseconds, or nil when under a minute.
 local function window_ms(s)
+  if s == known_window then
+    return known_window_ms
+  end
   local window = positive_int(s)
   if not window or window < 60000 then
     return nil
   end
+  known_window, known_window_ms = s, window
   return window
+end
+
+-- The retry window `ms` as text, for a write's PX: as stockgate sent it
+-- (window_ms kept it), so that Redis reads it without Lua formatting a
+-- number (about 2k instructions a number, whatever redis.call is given).
+local function window_text(ms)
+  if ms == known_window_ms then
+    return known_window
+  end
+  return format('%d', ms)
+end
+
+-- The max qty setting as a number, or nil when it is not a positive
+-- integer. Hot callers compare with known_max first.
+local function max_qty_of(s)
+  if s == known_max then
+    return known_max_qty
+  end
+  local max = positive_int(s)
+  if max then
+    known_max, known_max_qty = s, max
+  end
+  return max
+end
+
+-- The keys of the SKU whose stock key the last call named (one hash tag,
+-- one slot): what a record key must start with, the holds set, the units
+-- held, the journal and its marker (journal_of). Made once per SKU in a
+-- row, which a hot SKU's calls are.
+local known_stock, req_prefix, holds_name, held_name = false, nil, nil, nil
+local journal_name, marker_name = nil, nil
+
+local function sku_keys(stock_key)
+  if stock_key ~= known_stock then
+    known_stock = stock_key
+    req_prefix = stock_key .. ':req:'
+    holds_name, held_name = stock_key .. ':holds', stock_key .. ':held'
+    journal_name = stock_key .. ':journal'
+    marker_name = stock_key .. ':journal:on'
+  end
 end
 
 -- The record key must be the stock key plus ":req:<request_id>", so the
@@ -33,78 +120,42 @@ end
 -- That is all a script checks of it: the request_id's own rules (length,
 -- printable, no braces) protect no stored data, since the key is the
 -- caller's to name and the record under it reads the same whatever the
--- id, and stockgate has checked them before it built the key. (They cost
--- about 10k instructions per call: issue 16, README "Flash sale".)
+-- id, and stockgate has checked them before it built the key.
+-- `prefix` is req_prefix (sku_keys) or another stock key's.
 local function record_key_under(prefix, record_key)
-  return #record_key > #prefix and string.sub(record_key, 1, #prefix) == prefix
+  return #record_key > #prefix and find(record_key, prefix, 1, true) == 1
 end
 
--- Returns true when the record key follows the layout (above).
-local function keys_follow_layout(stock_key, record_key)
-  return record_key_under(stock_key .. ':req:', record_key)
+-- Returns true when the record key follows the layout (above). Call
+-- sku_keys(stock_key) first.
+local function keys_follow_layout(record_key)
+  return record_key_under(req_prefix, record_key)
+end
+
+-- A SKU's holds live beside its stock key: a sorted set of the request_ids
+-- holding units, by expiry (milliseconds of Redis time), and the units held
+-- now. Returns true when the keys are those of the stock key sku_keys was
+-- called with.
+local function hold_keys_follow(holds_key, held_key)
+  return holds_key == holds_name and held_key == held_name
 end
 
 -- An operator's op record key must be the stock key plus ":op:<op_id>".
 local function op_key_follows_layout(stock_key, op_key)
   local prefix = stock_key .. ':op:'
-  local op_id = string.sub(op_key, #prefix + 1)
-  return string.find(stock_key, '{', 1, true) ~= nil
-    and string.sub(op_key, 1, #prefix) == prefix
+  local op_id = sub(op_key, #prefix + 1)
+  return find(stock_key, '{', 1, true) ~= nil
+    and sub(op_key, 1, #prefix) == prefix
     and #op_id >= 1 and #op_id <= 128
-    and not string.find(op_id, '[^!-~]')
-    and not string.find(op_id, '[{}]')
-end
-
--- A SKU's holds live beside its stock key: a sorted set of the request_ids
--- holding units, by expiry (milliseconds of Redis time), and the units held
--- now. Returns true when the keys are those of `stock_key`.
-local function hold_keys_follow(stock_key, holds_key, held_key)
-  return holds_key == stock_key .. ':holds' and held_key == stock_key .. ':held'
+    and not find(op_id, '[^!-~]')
+    and not find(op_id, '[{}]')
 end
 
 -- An error for an argument stockgate itself supplies (not the caller): a
 -- version mismatch between stockgate and its scripts, or a bug. Never a
 -- business code: the caller must not take it for "invalid parameters".
 local function badcall(what)
-  return redis.error_reply('BADCALL ' .. what .. ' (stockgate supplies it: a version mismatch or a bug); nothing was changed')
-end
-
--- The checks every script on one request (DEDUCT, REVERT, HOLD, CONFIRM)
--- makes of what stockgate supplies: the window, the missing-stock mode,
--- the key layout (KEYS: stock, record, holds, held) and the call's nonce.
--- Returns the window, or nil and the BADCALL error to return.
-local function own_args(keys, window_arg, missing, nonce)
-  local stock_key, record_key = keys[1], keys[2]
-  local window = window_ms(window_arg)
-  if not window then
-    return nil, badcall('retry window must be at least 60000 ms')
-  end
-  if missing ~= 'error' and missing ~= 'zero' then
-    return nil, badcall('missing-stock mode must be "error" or "zero"')
-  end
-  if not keys_follow_layout(stock_key, record_key)
-    or not hold_keys_follow(stock_key, keys[3], keys[4]) or keys[5] then
-    return nil, badcall('keys do not follow the stockgate key layout')
-  end
-  if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
-    return nil, badcall('the call nonce must be 1 to 32 hex digits')
-  end
-  return window
-end
-
--- The checks STOCK.SET and STOCK.ADD make of what stockgate supplies.
-local function own_op_args(stock_key, op_key, window_arg, nonce)
-  local window = window_ms(window_arg)
-  if not window then
-    return nil, badcall('retry window must be at least 60000 ms')
-  end
-  if not op_key_follows_layout(stock_key, op_key) then
-    return nil, badcall('keys do not follow the stockgate key layout')
-  end
-  if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
-    return nil, badcall('the call nonce must be 1 to 32 hex digits')
-  end
-  return window
+  return error_reply('BADCALL ' .. what .. ' (stockgate supplies it: a version mismatch or a bug); nothing was changed')
 end
 
 -- ARGV "replicate": "1" with --wait-replicas, else "0" (absent reads as
@@ -116,7 +167,115 @@ local function bad_replicate(flag)
   return badcall('the replicate flag must be "0" or "1"')
 end
 
--- With --wait-replicas, stockgate sends WAIT after the script on the same
+-- A call nonce: 1 to 32 hex digits.
+local function nonce_ok(nonce)
+  return nonce and #nonce <= 32 and find(nonce, '^%x+$')
+end
+
+-- What stockgate supplies alike for every call on one request (DEDUCT,
+-- REVERT, HOLD, CONFIRM) is one argument, the call's settings: its
+-- settings' values, in the order the script's file lists them, then the
+-- call's flags "<replicate><journal>", separated by single spaces, e.g.
+-- "86400000 1000000 error 00" (DEDUCT: window, max qty, missing-stock mode,
+-- flags). Each flag is "1" (on) or "0": replicate with --wait-replicas
+-- (replicate_again), journal with --journal (journal_of). One argument,
+-- not five: every argument of a call costs Redis about 0.7k instructions,
+-- and a library checks and parses a settings text once (SETTLED), where
+-- every call of one stockgate sends the same.
+
+-- Settings texts already checked, and what they say: {window (ms),
+-- window_arg (its text), max_qty, max_arg, max_hold, max_hold_arg,
+-- missing_zero, replicate, journal}. Kept to a handful: a stockgate sends
+-- two or three texts (an order's lines take missing stock as zero), and a
+-- text nobody sends again must not grow Redis's memory.
+local SETTLED, settled_count = {}, 0
+
+-- Checks `text`, the settings of a script whose words are `names` (each
+-- "window", "max_qty", "max_hold" or "missing"; the flags come last) and
+-- match `shape` (one capture per word). Returns what it says (SETTLED's
+-- shape), or nil and the BADCALL error to return, for the first word in
+-- order that is wrong.
+local function settle(text, names, shape)
+  local words = {match(text or '', shape)}
+  if not words[1] then
+    return nil, badcall('the call\'s settings must be ' .. #names + 1 .. ' words')
+  end
+  local settled = {}
+  for i = 1, #names do
+    local name, word = names[i], words[i]
+    if name == 'window' then
+      settled.window = window_ms(word)
+      settled.window_arg = word
+      if not settled.window then
+        return nil, badcall('retry window must be at least 60000 ms')
+      end
+    elseif name == 'max_qty' then
+      settled.max_qty = positive_int(word)
+      settled.max_arg = word
+      if not settled.max_qty then
+        return nil, badcall('max qty must be a positive integer')
+      end
+    elseif name == 'max_hold' then
+      settled.max_hold = positive_int(word)
+      settled.max_hold_arg = word
+      if not settled.max_hold or settled.max_hold < 1000 then
+        return nil, badcall('max hold must be a positive integer, at least 1000')
+      end
+    elseif word == 'error' or word == 'zero' then
+      settled.missing_zero = word == 'zero'
+    else
+      return nil, badcall('missing-stock mode must be "error" or "zero"')
+    end
+  end
+  local flags = words[#names + 1]
+  if flags ~= '00' and flags ~= '01' and flags ~= '10' and flags ~= '11' then
+    return nil, badcall('the call flags must be "00", "01", "10" or "11" (replicate, journal)')
+  end
+  settled.replicate, settled.journal = sub(flags, 1, 1) == '1', sub(flags, 2, 2) == '1'
+  if settled_count >= 8 then
+    SETTLED, settled_count = {}, 0
+  end
+  SETTLED[text], settled_count = settled, settled_count + 1
+  return settled
+end
+
+-- The checks every call on one request makes of its keys (KEYS: the stock
+-- key and the record key, which must lie under it; the SKU's other keys
+-- are made from the stock key, sku_keys) and of its nonce, once its
+-- settings passed. Returns the BADCALL error to return, or nil. Leaves
+-- sku_keys set for KEYS[1]. Its helpers are written out, as every such
+-- call makes it.
+local function request_fault(keys, nonce)
+  local stock_key, record_key = keys[1], keys[2]
+  if stock_key ~= known_stock then
+    sku_keys(stock_key)
+  end
+  if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1 or keys[3] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  if not nonce or #nonce > 32 or not find(nonce, '^%x+$') then
+    return badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  return nil
+end
+
+-- The checks STOCK.SET and STOCK.ADD make of what stockgate supplies.
+local function own_op_args(stock_key, op_key, window_arg, nonce)
+  local window = window_ms(window_arg)
+  if not window then
+    return nil, badcall('retry window must be at least 60000 ms')
+  end
+  if not op_key_follows_layout(stock_key, op_key) then
+    return nil, badcall('keys do not follow the stockgate key layout')
+  end
+  if not nonce_ok(nonce) then
+    return nil, badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  return window
+end
+
+-- `replicate`: true with --wait-replicas. Then stockgate sends WAIT after
+-- the script on the same
 -- connection and acknowledges a reply that reports a record (codes 0, 1
 -- and 4) only once replicas confirm it. WAIT confirms what *this
 -- connection* wrote, and Valkey 8 (unlike Redis 7.0, which waits for the
@@ -132,24 +291,22 @@ end
 -- on a hold that ran out gives back the SKU's holds that ran out, its own
 -- among them, before it answers), and writing what it read then would
 -- undo that.
-local function replicate_again(flag, key)
-  if flag ~= '1' then
+local function replicate_again(replicate, key)
+  if not replicate then
     return
   end
-  local raw = redis.call('GET', key)
+  local raw = call('GET', key)
   if not raw then
     return
   end
-  local at = redis.call('PEXPIRETIME', key)
+  local at = call('PEXPIRETIME', key)
   if at > 0 then
-    redis.call('SET', key, raw, 'PXAT', at)
+    call('SET', key, raw, 'PXAT', at)
   else
-    redis.call('SET', key, raw, 'KEEPTTL')
+    call('SET', key, raw, 'KEEPTTL')
   end
 end
 
--- The stock: nil when the key is missing, false when it is not an exact
--- integer, otherwise the number.
 -- A stock value as read: nil when the key is missing, false when it is not
 -- an exact integer, otherwise the number.
 local function parse_stock(raw)
@@ -157,8 +314,8 @@ local function parse_stock(raw)
     return nil
   end
   local n = nil
-  if #raw <= 17 and string.match(raw, '^%-?%d+$') then
-    n = tonumber(raw)
+  if #raw <= 17 and find(raw, '^%-?%d+$') then
+    n = to_number(raw)
   end
   if not n or n > EXACT or n < -EXACT then
     return false
@@ -167,17 +324,18 @@ local function parse_stock(raw)
 end
 
 local function read_stock(stock_key)
-  return parse_stock(redis.call('GET', stock_key))
+  return parse_stock(call('GET', stock_key))
 end
 
 -- What a call on one request reads first, in one MGET (the keys share a
--- slot): the stock (as read_stock gives it), the record's raw text (nil
+-- slot): the stock (as read_stock gives it), the record's raw text (false
 -- when none) and the SKU's units on hold (0 when none). One call instead of
 -- three is what keeps a DEDUCT on a SKU without holds as cheap for Redis
 -- as it was before holds existed.
 local function read_request(stock_key, record_key, held_key)
-  local got = redis.call('MGET', stock_key, record_key, held_key)
-  return parse_stock(got[1]), got[2] or nil, tonumber(got[3]) or 0
+  local got = call('MGET', stock_key, record_key, held_key)
+  local held = got[3]
+  return parse_stock(got[1]), got[2], held and to_number(held) or 0
 end
 
 local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
@@ -207,23 +365,23 @@ local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was ch
 -- aux; expires and held_at are numbers for H, C and X, else 0.
 local function parse_record(raw)
   local state, qty, nonce, aux, order_no =
-    string.match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
+    match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
   if state then
     local expires, held_at = 0, 0
     if state == 'H' or state == 'C' or state == 'X' then
-      local e, h = string.match(aux, '^(%d+)%.(%d+)$')
+      local e, h = match(aux, '^(%d+)%.(%d+)$')
       if not e then
         return nil
       end
-      expires, held_at = tonumber(e), tonumber(h)
-    elseif not string.match(aux, '^%d*$') then
+      expires, held_at = to_number(e), to_number(h)
+    elseif aux ~= '' and not find(aux, '^%d*$') then
       -- Version 3 read (and ignored) digits here; so does this one.
       return nil
     end
     return {state = state, qty = qty, nonce = nonce, aux = aux, order_no = order_no,
             expires = expires, held_at = held_at}
   end
-  state, qty, order_no = string.match(raw, '^([DRV]):(%d+):(.*)$')
+  state, qty, order_no = match(raw, '^([DRV]):(%d+):(.*)$')
   if state then
     return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no,
             expires = 0, held_at = 0}
@@ -236,54 +394,73 @@ local function record_text(state, qty, nonce, aux, order_no)
 end
 
 -- Now, in milliseconds of Redis time: what decides every expiry. Sidecars on
--- many hosts may disagree about the time; Redis does not.
+-- many hosts may disagree about the time; Redis does not. Asked only where
+-- an expiry is decided or compared.
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = call('TIME')
+  local us = to_number(t[2])
+  return to_number(t[1]) * 1000 + (us - us % 1000) / 1000
 end
 
 -- Lua 5.1 spells integers past 10^14 as 1e+14: every integer put in a key
 -- or a record goes through this.
 local function int_text(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
--- The SKU's journal (issue 26; src/journal/mod.rs owns the entry's
--- shape): with --journal, every change of a SKU's stock or held units
--- appends one entry in the call that makes it. A script takes its journal
--- flag ("1": on) as its journal key, <stock key>:journal, or false:
---
---   local journal_key = ARGV[n] == '1' and stock_key .. ':journal'
---   if journal_key and redis.call('EXISTS', journal_key) == 0 then
---     return redis.error_reply(NOJOURNAL)
---   end
---
--- first, before anything is read or written. The journal must exist:
--- stockgate lists the SKU in its shard's set of journals, then makes the
--- stream (lua/journal_open.lua), before the SKU's first entry, so the sink
--- finds every journal without a scan; a call that finds no stream is
--- refused having changed nothing, and stockgate opens the journal and
--- sends it again. Written out in each script, not a helper: with the
--- journal off a call then pays for nothing but the flag's test (a helper
--- is a closure made on every call, about 1.5k instructions in Redis).
+-- The SKU's journal (src/journal/mod.rs owns the entry's shape): every
+-- change of a SKU's stock or held units appends one entry, in the call
+-- that makes it, to <stock key>:journal when the SKU has a journal,
+-- whatever the caller's journal flag. The flag ("1" with --journal) only
+-- says that a SKU without one must get one first: such a call is refused
+-- with NOJOURNAL having changed nothing, and stockgate lists the SKU in
+-- its shard's set of journals, then makes the stream
+-- (lua/journal_open.lua), and sends the call again, so the sink finds
+-- every journal without a scan. A sidecar with the journal off thus keeps
+-- the books of every SKU that has them, beside sidecars with it on (a
+-- mixed fleet, a rolling restart that turns the journal on): its changes
+-- are never made outside the journal (docs/books.md).
 local NOJOURNAL = 'NOJOURNAL the sku has no journal yet; nothing was changed'
+
+-- Whether a SKU has a journal: its stream, and beside it a marker,
+-- <stock key>:journal:on ("1"), which lua/journal_open.lua makes in the
+-- same call as the stream and `stockgate journal retire` deletes with it.
+-- The calls on one request (DEDUCT, HOLD, CONFIRM, REVERT, and coalesced
+-- DEDUCTs) read the marker in the MGET they make anyway, where an EXISTS
+-- of the stream would cost each one more call (about 2.6k instructions).
+-- A journal opened by a release before the marker has none until a call
+-- with the journal on, refused with NOJOURNAL, opens it again, or the
+-- sink marks it (docs/books.md); a journal entry is appended with
+-- NOMKSTREAM, so a stale marker never makes a stream nobody listed.
+--
+-- The key this call journals to: the SKU's journal when it has one, false
+-- when it has none and `journal_on` (--journal) is not true; nil and the
+-- NOJOURNAL error to return when it has none and `journal_on` is. Asked
+-- before the call's first write, by the scripts that do not read the
+-- marker anyway, of the stream itself. Call sku_keys(stock_key) first.
+local function journal_of(journal_on)
+  if call('EXISTS', journal_name) == 1 then
+    return journal_name
+  end
+  if journal_on then
+    return nil, error_reply(NOJOURNAL)
+  end
+  return false
+end
 
 -- One entry, as one field `e`: "1 <event> <id> <stock change> <held
 -- change> <stock after> <held after> <order_no>" (the format version
 -- first; the order_no last, as it may hold spaces; the entry's id,
 -- <ms>-<seq>, carries Redis time). One field, not nine: an XADD's cost
--- grows with its arguments, and this is on every change (issue 26's
--- budget, docs/performance.md). The changes come as strings, the stock
--- and held units after it as numbers. `string` is reached through the
--- format's own methods: a library function (FCALL) finds each global
--- through a sandbox's lookup, about 0.5k instructions; and "held after"
--- is most often 0, which needs no formatting (0.7k).
+-- grows with its arguments, and this is on every change. The changes come
+-- as strings, the stock and held units after it as numbers; "held after"
+-- is most often 0, which needs no formatting.
 local function journal_entry(ev, id, ds, dh, st, hd, ono)
   local after
   if hd == 0 then
-    after = ('%d 0 '):format(st)
+    after = format('%d 0 ', st)
   else
-    after = ('%d %d '):format(st, hd)
+    after = format('%d %d ', st, hd)
   end
   return '1 ' .. ev .. ' ' .. id .. ' ' .. ds .. ' ' .. dh .. ' ' .. after .. (ono or '')
 end
@@ -292,19 +469,20 @@ end
 -- journal key, so that a call with the journal off builds none of its
 -- arguments.
 local function journal(key, ev, id, ds, dh, st, hd, ono)
-  redis.call('XADD', key, '*', 'e', journal_entry(ev, id, ds, dh, st, hd, ono))
+  call('XADD', key, 'NOMKSTREAM', '*', 'e', journal_entry(ev, id, ds, dh, st, hd, ono))
 end
 
 -- How many expired holds one call releases at most: a SKU with a backlog
--- is cleaned over several calls, and no call blocks Redis for long.
-local RELEASE_BOUND = 32
+-- is cleaned over several calls, and no call blocks Redis for long. As
+-- text, as redis.call takes it best.
+local RELEASE_BOUND = '32'
 
 -- The units on hold go down by qty; the counter goes when it reaches 0.
 -- Returns the units held after it.
 local function unhold(held_key, qty)
-  local left = redis.call('DECRBY', held_key, qty)
+  local left = call('DECRBY', held_key, qty)
   if left <= 0 then
-    redis.call('DEL', held_key)
+    call('DEL', held_key)
     return 0
   end
   return left
@@ -312,12 +490,13 @@ end
 
 -- A record's TTL when its state changes: never shorter than it was, and
 -- at least a retry window from now. A HELD record has none (hold.lua), so
--- the record that ends a hold gets exactly the window.
-local function set_lasting(record_key, text, window)
-  if redis.call('PTTL', record_key) > window then
-    redis.call('SET', record_key, text, 'KEEPTTL')
+-- the record that ends a hold (`held`: the record was HELD) gets exactly
+-- the window, with no need to ask.
+local function set_lasting(record_key, text, window, held)
+  if not held and call('PTTL', record_key) > window then
+    call('SET', record_key, text, 'KEEPTTL')
   else
-    redis.call('SET', record_key, text, 'PX', window)
+    call('SET', record_key, text, 'PX', window_text(window))
   end
 end
 
@@ -325,16 +504,16 @@ end
 -- a retry window from now (set_lasting), and leaves the holds set.
 -- `record` is the parsed record of `record_key`, in state H.
 local function release_one(stock_key, holds_key, held_key, record_key, record, window, journal_key)
-  local stock = redis.call('INCRBY', stock_key, record.qty)
+  local stock = call('INCRBY', stock_key, record.qty)
   local held = unhold(held_key, record.qty)
-  local id = record_key:sub(#stock_key + 6)
+  local id = sub(record_key, #stock_key + 6)
   if journal_key then
     journal(journal_key, 'expire', id, record.qty, '-' .. record.qty, stock, held,
       record.order_no)
   end
-  redis.call('ZREM', holds_key, id)
+  call('ZREM', holds_key, id)
   set_lasting(record_key,
-    record_text('X', record.qty, record.nonce, record.aux, record.order_no), window)
+    record_text('X', record.qty, record.nonce, record.aux, record.order_no), window, true)
 end
 
 -- Releases the SKU's holds that expired by `now`, at most RELEASE_BOUND of
@@ -351,21 +530,22 @@ end
 -- units are not known any more; README "Upgrading"); one whose record
 -- this version can't read stays, for the newer script that wrote it.
 local function release_expired(stock_key, holds_key, held_key, now, window, journal_key)
-  local due = redis.call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', 0, RELEASE_BOUND)
+  local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', '0', RELEASE_BOUND)
   local released, units = 0, 0
-  for _, id in ipairs(due) do
+  for i = 1, #due do
+    local id = due[i]
     local record_key = stock_key .. ':req:' .. id
-    local raw = redis.call('GET', record_key)
+    local raw = call('GET', record_key)
     local record = raw and parse_record(raw)
     if record and record.state == 'H' and record.expires <= now then
       release_one(stock_key, holds_key, held_key, record_key, record, window, journal_key)
       released = released + 1
-      units = units + tonumber(record.qty)
+      units = units + to_number(record.qty)
     elseif record and record.state == 'H' then
       -- Not due after all: back at its own expiry.
-      redis.call('ZADD', holds_key, record.expires, id)
+      call('ZADD', holds_key, record.expires, id)
     elseif not raw or record then
-      redis.call('ZREM', holds_key, id)
+      call('ZREM', holds_key, id)
     end
   end
   return released, units
@@ -384,7 +564,7 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
     return stock, 0, 0
   end
   if held == nil then
-    held = redis.call('EXISTS', holds_key)
+    held = call('EXISTS', holds_key)
   end
   if held <= 0 then
     return stock, 0, 0
@@ -394,33 +574,45 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
   return stock + units, released, now
 end
 
--- What every call on one request (DEDUCT, HOLD, CONFIRM, REVERT) does
--- first: one read of the stock, the record and the units held
--- (read_request), a stock value or a record this version can't read
--- refused (an error; nothing was changed), then the SKU's expired holds
--- given back (release_due, which gives nothing back where the stock key is
--- missing: a script's UNKNOWNSKU may come after it). Returns the error
--- reply; or nil, then the stock after the release, the record's raw text
--- and the record (nil when none), the units still held, the holds
--- released and now (0 when Redis time was not needed).
-local function open_request(keys, window, journal_key)
-  local stock_key, record_key, holds_key, held_key = keys[1], keys[2], keys[3], keys[4]
-  local stock, raw, held = read_request(stock_key, record_key, held_key)
+-- What every call on one request (HOLD, CONFIRM, REVERT) does first, once
+-- request_fault has set sku_keys: one read of the stock, the record, the
+-- units held and the journal's marker, a stock value or a record this
+-- version can't read refused (an error; nothing was changed), the journal
+-- decided (journal_of's rule, by the marker), then the SKU's expired
+-- holds given back (release_due, which gives nothing back where the stock
+-- key is missing: a script's UNKNOWNSKU may come after it). Returns the
+-- error reply; or nil, then the stock after the release, the record's
+-- raw text and the record (nil when none), the units still held, the
+-- holds released, now (0 when Redis time was not needed) and the journal
+-- key (false when none).
+local function open_request(stock_key, record_key, window, journal_on)
+  local holds_key, held_key = holds_name, held_name
+  local got = call('MGET', stock_key, record_key, held_key, marker_name)
+  local stock, raw, held = parse_stock(got[1]), got[2], got[3]
+  held = held and to_number(held) or 0
   if stock == false then
-    return redis.error_reply(BADSTOCK)
+    return error_reply(BADSTOCK)
   end
   local record = raw and parse_record(raw)
   if raw and not record then
-    return redis.error_reply(BADRECORD)
+    return error_reply(BADRECORD)
   end
-  local before = stock
-  local released, now
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
-    journal_key)
-  if released > 0 then
-    held = held - (stock - before)
+  local journal_key = false
+  if got[4] then
+    journal_key = journal_name
+  elseif journal_on then
+    return error_reply(NOJOURNAL)
   end
-  return nil, stock, raw, record, held, released, now
+  local released, now = 0, 0
+  if held > 0 then
+    local before = stock
+    stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+      journal_key)
+    if released > 0 then
+      held = held - (stock - before)
+    end
+  end
+  return nil, stock, raw, record, held, released, now, journal_key
 end
 
 -- The request's own hold, when it ran out by `now` but the bounded release
@@ -434,7 +626,7 @@ local function release_own(stock_key, holds_key, held_key, record_key, record, n
   if not record or record.state ~= 'H' or record.expires > now then
     return record, 0
   end
-  local raw = redis.call('GET', record_key)
+  local raw = call('GET', record_key)
   local fresh = raw and parse_record(raw)
   if not fresh or fresh.state ~= 'H' then
     return fresh, 0
@@ -446,9 +638,9 @@ end
 
 -- The earliest expiry among the SKU's holds, or 0 when it has none.
 local function earliest_hold(holds_key)
-  local first = redis.call('ZRANGE', holds_key, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', holds_key, '0', '0', 'WITHSCORES')
   if first[2] then
-    return tonumber(first[2])
+    return to_number(first[2])
   end
   return 0
 end
@@ -469,7 +661,7 @@ local function answer(code, stock, order_no, reason, expires_at, released, held_
   if (reason or '') == '' and (expires_at or 0) == 0 and (released or 0) == 0
     and (held_ms or 0) == 0 and (event or '') == '' and (held or 0) == 0 then
     -- Most replies: the four elements there were before holds, built
-    -- without the trimming below (4k instructions less per call).
+    -- without the trimming below.
     return {code, stock or -1, order_no or '', VERSION}
   end
   local reply = {code, stock or -1, order_no or '', VERSION, reason or '', expires_at or 0,
@@ -484,21 +676,19 @@ local function answer(code, stock, order_no, reason, expires_at, released, held_
   return reply
 end
 
+
 -- An operator's change, recorded under its op_id (STOCK.SET, STOCK.ADD):
 -- "3:<kind>:<amount>:<nonce>:<after>:", kind A (added amount) or S (set to
 -- amount), after the stock it left. Returns {kind, amount, nonce, after}.
 local function parse_op(raw)
-  local kind, amount, nonce, after = string.match(raw, '^3:([AS]):(%-?%d+):(%x*):(%-?%d*):$')
+  local kind, amount, nonce, after = match(raw, '^3:([AS]):(%-?%d+):(%x*):(%-?%d*):$')
   if not kind then
     return nil
   end
   return {kind = kind, amount = amount, nonce = nonce, after = after}
 end
 
+-- `after` is text: a number goes through int_text first.
 local function op_text(kind, amount, nonce, after)
-  -- %d, not tostring: Lua 5.1 spells integers past 10^14 as 1e+14.
-  if type(after) == 'number' then
-    after = string.format('%d', after)
-  end
   return '3:' .. kind .. ':' .. amount .. ':' .. nonce .. ':' .. after .. ':'
 end

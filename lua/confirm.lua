@@ -23,13 +23,9 @@ lua/revert.lua):
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3]  holds               <prefix>:{<sku>}:holds
-KEYS[4]  held units          <prefix>:{<sku>}:held
-ARGV[1]  retry window        milliseconds, at least 60000
-ARGV[2]  missing stock       "error" or "zero"
-ARGV[3]  nonce               1 to 32 hex digits, new for every call
-ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent)
-ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
+         (the SKU's holds and held units are the stock key's: see lua/deduct.lua)
+ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua ARGV[3])
+ARGV[2]  nonce               1 to 32 hex digits, new for every call
 
 Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
 expires_at, released, held_ms, event}:
@@ -46,88 +42,110 @@ Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD.
 
 --@common
 
-local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
+-- The words of its settings, and their shape (ARGV[1], lua/common.lua: settle).
+local SETTINGS = {'window', 'missing'}
+local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+)$'
 
 -- How long a hold was held, never below 0: Redis time can step back (a
 -- failover to a primary whose clock is behind the old one's), and a hold
 -- then seems placed in the future.
 local function held_for(record, now)
-  return math.max(0, now - record.held_at)
+  local ms = now - record.held_at
+  return ms > 0 and ms or 0
 end
 
-local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(replicate)
-if bad then
-  return bad
-end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
+-- The reply of a hold confirmed (answer's shape: nothing after
+-- "confirmed" to leave off), one table made once (for a library), set by
+-- each call. Redis reads a function's reply before the next call runs.
+local CONFIRMED = {0, 0, '', VERSION, '', 0, 0, 0, 'confirmed'}
 
--- The read, the stored data's checks and the SKU's expired holds given
--- back, before anything is decided.
-local failed, stock, raw, record, _, released, now = open_request(KEYS, window, journal_key)
-if failed then
-  return failed
-end
-if stock == nil and missing ~= 'zero' then
-  return redis.error_reply(UNKNOWNSKU)
-end
+local function confirm(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local stock_key, record_key, nonce = KEYS[1], KEYS[2], ARGV[2]
 
-if not record then
-  -- Nothing was held under this id: revoke it, so a HOLD that arrives
-  -- after its CONFIRM holds nothing nobody would confirm.
-  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
-  return answer(4, stock, '', '', 0, released)
-end
+  local settings = SETTLED[ARGV[1]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[1], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return bad
+    end
+  end
+  local bad = request_fault(KEYS, nonce)
+  if bad then
+    return bad
+  end
+  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
+  local missing_zero = settings.missing_zero
+  local holds_key, held_key = holds_name, held_name
 
-if now == 0 then
-  now = now_ms()
-end
-local own
-record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-    journal_key)
-if own == 1 then
-  stock = (stock or 0) + tonumber(record.qty)
-  released = released + 1
-end
-local state = record.state
-if state == 'X' then
-  if own == 0 then
+  -- The read, the stored data's checks and the SKU's expired holds given
+  -- back, before anything is decided.
+  local failed, stock, _, record, _, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
+  if failed then
+    return failed
+  end
+  if stock == nil and not missing_zero then
+    return error_reply(UNKNOWNSKU)
+  end
+
+  if not record then
+    -- Nothing was held under this id: revoke it, so a HOLD that arrives
+    -- after its CONFIRM holds nothing nobody would confirm.
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
+    return answer(4, stock, '', '', 0, released)
+  end
+
+  if now == 0 then
+    now = now_ms()
+  end
+  local own
+  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+      journal_key)
+  if own == 1 then
+    stock = (stock or 0) + to_number(record.qty)
+    released = released + 1
+  end
+  local state = record.state
+  if state == 'X' then
+    if own == 0 then
+      replicate_again(replicate, record_key)
+    end
+    return answer(5, stock, record.order_no, '', record.expires, released)
+  end
+  if state == 'R' or state == 'V' then
     replicate_again(replicate, record_key)
+    return answer(4, stock, '', '', 0, released)
   end
-  return answer(5, stock, record.order_no, '', record.expires, released)
-end
-if state == 'R' or state == 'V' then
-  replicate_again(replicate, record_key)
-  return answer(4, stock, '', '', 0, released)
-end
-if state == 'D' then
-  return answer(3, stock, '', 'request_id was used by a DEDUCT, which needs no CONFIRM', 0, released)
-end
-if state == 'C' then
-  replicate_again(replicate, record_key)
-  if record.nonce == nonce then
-    -- This very call, sent again: it confirmed the first time.
-    return answer(0, stock, record.order_no, '', record.expires, released,
-      held_for(record, now), 'confirmed')
+  if state == 'D' then
+    return answer(3, stock, '', 'request_id was used by a DEDUCT, which needs no CONFIRM', 0, released)
   end
-  return answer(1, stock, record.order_no, '', record.expires, released)
+  if state == 'C' then
+    replicate_again(replicate, record_key)
+    if record.nonce == nonce then
+      -- This very call, sent again: it confirmed the first time.
+      return answer(0, stock, record.order_no, '', record.expires, released,
+        held_for(record, now), 'confirmed')
+    end
+    return answer(1, stock, record.order_no, '', record.expires, released)
+  end
+
+  -- HELD, in time. Writes: only after every check above has passed.
+  local held = unhold(held_key, record.qty)
+  local id = sub(record_key, #req_prefix + 1)
+  if journal_key then
+    journal(journal_key, 'confirm', id, '0', '-' .. record.qty, stock or 0, held,
+      record.order_no)
+  end
+  call('ZREM', holds_key, id)
+  set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window,
+    true)
+  CONFIRMED[2], CONFIRMED[3], CONFIRMED[6], CONFIRMED[7], CONFIRMED[8] =
+    stock or -1, record.order_no, record.expires, released, held_for(record, now)
+  return CONFIRMED
 end
 
--- HELD, in time. Writes: only after every check above has passed.
-local held = unhold(held_key, record.qty)
-local id = string.sub(record_key, #stock_key + 6)
-if journal_key then
-  journal(journal_key, 'confirm', id, '0', '-' .. record.qty, stock or 0, held,
-    record.order_no)
-end
-redis.call('ZREM', holds_key, id)
-set_lasting(record_key, record_text('C', record.qty, nonce, record.aux, record.order_no), window)
-return answer(0, stock, record.order_no, '', record.expires, released, held_for(record, now),
-  'confirmed')
+return confirm(KEYS, ARGV)

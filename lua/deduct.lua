@@ -15,26 +15,36 @@ write, and an out-of-memory server rejects it before it runs.
 
 KEYS[1]  stock key           <prefix>:{<sku>}                  integer string
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id> see lua/common.lua, always with a TTL
-KEYS[3]  holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
-KEYS[4]  held units          <prefix>:{<sku>}:held             integer string
-         (one hash tag, so all four live in one cluster slot)
+The SKU's other keys are the stock key's, with the same hash tag, so all
+live in one cluster slot; the script makes their names (lua/common.lua,
+sku_keys) rather than take them, as each key of a call costs Redis about
+1k instructions:
+         holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
+         held units          <prefix>:{<sku>}:held             integer string
+         journal             <prefix>:{<sku>}:journal          stream (lua/common.lua, journal_of)
 
-ARGV[1]  qty                 decimal integer from 1 to ARGV[4]
+ARGV[1]  qty                 decimal integer from 1 to max qty
 ARGV[2]  order_no            0 to 128 printable ASCII bytes ("" when none)
-ARGV[3]  retry window        milliseconds, at least 60000: the record's TTL
-ARGV[4]  max qty             decimal integer
-ARGV[5]  missing stock       "error" or "zero"
-ARGV[6]  nonce               1 to 32 hex digits, new for every call
-ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise:
-                             a reply stating an existing record (0 for a call
-                             sent again, 1, 4) then writes it again unchanged,
-                             so the WAIT after it confirms that record (see
-                             replicate_again in lua/common.lua)
-ARGV[8]  journal             "1" with --journal: the change is appended to the
-                             SKU's journal in this call (lua/common.lua,
-                             journal; NOJOURNAL when the call would change
-                             the SKU and it has no journal yet, nothing
-                             changed); "0" or absent: off
+ARGV[3]  settings            "<window> <max qty> <missing> <flags>", one word
+                             each, e.g. "86400000 1000000 error 00": what
+                             stockgate supplies alike for every call, one
+                             argument (lua/common.lua, settle):
+         window              retry window, milliseconds, at least 60000: the
+                             record's TTL
+         max qty             decimal integer
+         missing             missing stock: "error" or "zero"
+         flags               "<replicate><journal>", "0" or "1" each:
+         replicate           "1" with --wait-replicas: a reply stating an
+                             existing record (0 for a call sent again, 1, 4)
+                             then writes it again unchanged, so the WAIT
+                             after it confirms that record (replicate_again
+                             in lua/common.lua)
+         journal             "1" with --journal. A SKU that has a journal
+                             gets the change's entry in this call whatever
+                             the flag (lua/common.lua, journal_of); with
+                             "1", a call that would change a SKU without one
+                             is refused with NOJOURNAL, nothing changed
+ARGV[4]  nonce               1 to 32 hex digits, new for every call
 
 Replies (lua/common.lua's answer(): {code, stock, order_no, VERSION,
 reason, expires_at, released, held_ms}). The first four elements are fixed
@@ -55,121 +65,152 @@ for good; callers ignore any more. VERSION is the script set's version.
 this call gave back to stock first (lua/common.lua, release_due); a 2
 carries the SKU's units still on hold as its tenth element (absent: 0).
 Error replies (nothing changed):
-  BADCALL ...     an argument stockgate supplies is wrong (ARGV[3..7], the keys)
-  UNKNOWNSKU ...  the stock key does not exist and ARGV[5] is "error"
+  BADCALL ...     an argument stockgate supplies is wrong (ARGV[3], ARGV[4],
+                  the keys)
+  UNKNOWNSKU ...  the stock key does not exist and missing is "error"
   BADSTOCK ...    the stock value is not an integer within +-(2^53 - 1)
   BADRECORD ...   the idempotency record has a shape this version can't read
 
 A duplicate never refreshes the record's TTL: the retry window counts from
-the deduction, not from the latest retry (with ARGV[7] "1" it writes the
+the deduction, not from the latest retry (with replicate on it writes the
 record again with the same absolute expiry).
 ]]
 
 --@common
 
-local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local qty_arg, order_no, window_arg, max_arg, missing, nonce, replicate =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+-- The reply of the commonest answer of all, a 0 with nothing released: one
+-- table, made once (for a library), its remain and order_no set by each
+-- call. Redis reads a function's reply before the next call runs.
+local DEDUCTED = {0, 0, '', VERSION}
 
-local function invalid(reason, stock)
-  return answer(3, stock, '', reason)
-end
+-- The words of its settings, and their shape (ARGV[3], lua/common.lua: settle).
+local SETTINGS = {'window', 'max_qty', 'missing'}
+local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+)$'
 
--- stockgate's own arguments.
-local window, bad = own_args(KEYS, window_arg, missing, nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(replicate)
-if bad then
-  return bad
-end
--- The journal's existence is not asked here, as the other scripts do
--- (lua/common.lua, journal), but where it matters: before a release of
--- expired holds, which journals, and by the deduction's own entry, added
--- with NOMKSTREAM as the first write. A DEDUCT that changes nothing needs
--- no journal, and the one that does saves an EXISTS (3k instructions of
--- the entry's 22k, docs/performance.md).
-local journal_key = ARGV[8] == '1' and stock_key .. ':journal'
-local max_qty = positive_int(max_arg)
-if not max_qty then
-  return badcall('max qty must be a positive integer')
-end
+-- A DEDUCT, written out: the hot path calls no helper it does not need
+-- (a call on a SKU without holds reads once, writes twice, and answers
+-- with the one reply table lua/common.lua keeps for it).
+local function deduct(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local stock_key, record_key = KEYS[1], KEYS[2]
+  local qty_arg, order_no, nonce = ARGV[1], ARGV[2], ARGV[4]
 
--- The caller's (stockgate has already checked them too).
-local qty = positive_int(qty_arg)
-if not qty or qty > max_qty then
-  return invalid('qty must be an integer from 1 to ' .. tostring(max_arg))
-end
-if type(order_no) ~= 'string' or #order_no > 128 or string.find(order_no, '[^ -~]') then
-  return invalid('order_no must be at most 128 printable ASCII bytes')
-end
+  -- stockgate's own arguments (lua/common.lua: a library checks a
+  -- settings text once, not on every call).
+  local settings = SETTLED[ARGV[3]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[3], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return bad
+    end
+  end
+  local bad = request_fault(KEYS, nonce)
+  if bad then
+    return bad
+  end
+  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
 
--- The read, the stored data's checks and the SKU's expired holds given
--- back, before anything is decided: lua/common.lua's open_request, written
--- out here. DEDUCT is the hot path, and the helper's closure and call cost
--- it 3.6k instructions in Redis, 3% (`cargo bench --bench side_by_side --
--- script-cost`: 112k against 116k); HOLD, CONFIRM and REVERT call it.
-local stock, raw, held = read_request(stock_key, record_key, held_key)
-if stock == false then
-  return redis.error_reply(BADSTOCK)
-end
-local record = raw and parse_record(raw)
-if raw and not record then
-  return redis.error_reply(BADRECORD)
-end
-if journal_key and held > 0 and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local released
-local before = stock
-stock, released = release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
-if released > 0 then
-  -- What went back to stock is no longer held.
-  held = held - (stock - before)
-end
+  -- The caller's (stockgate has already checked them too).
+  local qty = known_qty_n
+  if qty_arg ~= known_qty then
+    qty = qty_of(qty_arg)
+  end
+  if not qty or qty > settings.max_qty then
+    return answer(3, nil, '', 'qty must be an integer from 1 to ' .. settings.max_arg)
+  end
+  if not order_no or #order_no > 128 or find(order_no, '[^ -~]') then
+    return answer(3, nil, '', 'order_no must be at most 128 printable ASCII bytes')
+  end
 
--- Idempotency: a known request_id never deducts again.
-if record then
-  if record.state == 'R' or record.state == 'V' then
+  -- The read and the stored data's checks (lua/common.lua's open_request,
+  -- written out: most DEDUCTs find no holds to give back).
+  local got = call('MGET', stock_key, record_key, held_name, marker_name)
+  local stock, raw, held = parse_stock(got[1]), got[2], got[3]
+  if stock == false then
+    return error_reply(BADSTOCK)
+  end
+  held = held and to_number(held) or 0
+  local record = raw and parse_record(raw)
+  if raw and not record then
+    return error_reply(BADRECORD)
+  end
+
+  -- The journal, by its marker (lua/common.lua, journal_of), matters
+  -- where the call would change the SKU: before a release of expired
+  -- holds, which journals, and at the deduction's own entry. A DEDUCT
+  -- that changes nothing needs no journal, and with --journal is not
+  -- refused for want of one.
+  local journal_key = got[4] and journal_name
+  local released = 0
+  if held > 0 then
+    if journal_on and not journal_key then
+      return error_reply(NOJOURNAL)
+    end
+    local before = stock
+    stock, released = release_due(stock_key, holds_name, held_name, stock, held, window,
+      journal_key)
+    if released > 0 then
+      -- What went back to stock is no longer held.
+      held = held - (stock - before)
+    end
+  end
+
+  -- Idempotency: a known request_id never deducts again.
+  if record then
+    local state = record.state
+    if state == 'R' or state == 'V' then
+      replicate_again(replicate, record_key)
+      return answer(4, stock, '', '', 0, released)
+    end
+    if state ~= 'D' then
+      return answer(3, stock, '', 'request_id holds units on this sku (HOLD); CONFIRM or REVERT it', 0, released)
+    end
+    if record.qty ~= qty_arg then
+      return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+    end
     replicate_again(replicate, record_key)
-    return answer(4, stock, '', '', 0, released)
+    if record.nonce == nonce then
+      -- This very call, sent again: it deducted the first time.
+      return answer(0, stock, record.order_no, '', 0, released)
+    end
+    return answer(1, stock, record.order_no, '', 0, released)
   end
-  if record.state ~= 'D' then
-    return answer(3, stock, '', 'request_id holds units on this sku (HOLD); CONFIRM or REVERT it', 0, released)
+
+  if stock == nil then
+    if settings.missing_zero then
+      return answer(2, 0)
+    end
+    return error_reply(UNKNOWNSKU)
   end
-  if record.qty ~= qty_arg then
-    return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+  if stock < qty then
+    return answer(2, stock, '', '', 0, released, 0, '', held > 0 and held or 0)
   end
-  replicate_again(replicate, record_key)
-  if record.nonce == nonce then
-    -- This very call, sent again: it deducted the first time.
-    return answer(0, stock, record.order_no, '', 0, released)
+
+  -- Writes: only after every check above has passed. The arguments go to
+  -- Redis as the strings they came as (checked canonical above): a Lua
+  -- number passed to redis.call is formatted with snprintf, about 2.7k
+  -- instructions each. The entry goes first, so that a SKU whose journal
+  -- is gone is refused having changed nothing; it states the stock after
+  -- the DECRBY that follows, computed here (exact: within +-(2^53 - 1)).
+  if journal_on and not journal_key then
+    return error_reply(NOJOURNAL)
   end
-  return answer(1, stock, record.order_no, '', 0, released)
+  if journal_key and not call('XADD', journal_key, 'NOMKSTREAM', '*', 'e',
+      journal_entry('deduct', sub(record_key, #req_prefix + 1), '-' .. qty_arg, '0',
+        stock - qty, held > 0 and held or 0, order_no)) and journal_on then
+    return error_reply(NOJOURNAL)
+  end
+  local remain = call('DECRBY', stock_key, qty_arg)
+  call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX',
+    settings.window_arg)
+  if released > 0 then
+    return answer(0, remain, order_no, '', 0, released)
+  end
+  DEDUCTED[2], DEDUCTED[3] = remain, order_no
+  return DEDUCTED
 end
 
-if stock == nil then
-  if missing == 'zero' then
-    return answer(2, 0)
-  end
-  return redis.error_reply(UNKNOWNSKU)
-end
-if stock < qty then
-  return answer(2, stock, '', '', 0, released, 0, '', math.max(held, 0))
-end
-
--- Writes: only after every check above has passed. The arguments go to
--- Redis as the strings they came as (checked canonical above): a Lua
--- number passed to redis.call is formatted with snprintf, about 2.7k
--- instructions each. The entry goes first, so that a SKU without a
--- journal is refused having changed nothing; it states the stock after
--- the DECRBY that follows, computed here (exact: within +-(2^53 - 1)).
-if journal_key and not redis.call('XADD', journal_key, 'NOMKSTREAM', '*', 'e',
-    journal_entry('deduct', record_key:sub(#stock_key + 6), '-' .. qty_arg, '0', stock - qty,
-      held > 0 and held or 0, order_no)) then
-  return redis.error_reply(NOJOURNAL)
-end
-local remain = redis.call('DECRBY', stock_key, qty_arg)
-redis.call('SET', record_key, record_text('D', qty_arg, nonce, '', order_no), 'PX', window_arg)
-return answer(0, remain, order_no, '', 0, released)
+return deduct(KEYS, ARGV)

@@ -30,14 +30,21 @@ Replies: the mark, in milliseconds of Redis time.
 
 --@common
 
-local due_key, marks_key, sku = KEYS[1], KEYS[2], ARGV[1]
-local now = now_ms()
-local at = tonumber(ARGV[2] or '')
-if not at then
-  at = now + (tonumber(ARGV[3] or '') or 0)
+local function due_mark(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local due_key, marks_key, sku = KEYS[1], KEYS[2], ARGV[1]
+  local now = now_ms()
+  local at = to_number(ARGV[2] or '')
+  if not at then
+    at = now + (to_number(ARGV[3] or '') or 0)
+  end
+  local before = to_number(call('HGET', marks_key, sku) or '0') or 0
+  local mark = before + 1 > now and before + 1 or now
+  call('ZADD', due_key, 'LT', at, sku)
+  call('HSET', marks_key, sku, int_text(mark))
+  return mark
 end
-local before = tonumber(redis.call('HGET', marks_key, sku) or '0') or 0
-local mark = math.max(now, before + 1)
-redis.call('ZADD', due_key, 'LT', at, sku)
-redis.call('HSET', marks_key, sku, int_text(mark))
-return mark
+
+return due_mark(KEYS, ARGV)

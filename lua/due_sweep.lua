@@ -26,28 +26,36 @@ its mark ("" when it has none).
 
 --@common
 
-local due_key, marks_key = KEYS[1], KEYS[2]
-local limit, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
-local now = now_ms()
-for i = 3, #ARGV - 2, 3 do
-  local sku, seen, next_at = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local mark = redis.call('HGET', marks_key, sku)
-  if (mark or '') == seen then
-    local marked = tonumber(mark or '0')
-    if next_at > 0 then
-      redis.call('ZADD', due_key, next_at, sku)
-    elseif now - marked >= grace then
-      redis.call('ZREM', due_key, sku)
-      redis.call('HDEL', marks_key, sku)
-    else
-      redis.call('ZADD', due_key, marked + grace, sku)
+local function due_sweep(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local due_key, marks_key = KEYS[1], KEYS[2]
+  local limit, grace = to_number(ARGV[1]), to_number(ARGV[2])
+  local now = now_ms()
+  for i = 3, #ARGV - 2, 3 do
+    local sku, seen, next_at = ARGV[i], ARGV[i + 1], to_number(ARGV[i + 2])
+    local mark = call('HGET', marks_key, sku)
+    if (mark or '') == seen then
+      local marked = to_number(mark or '0')
+      if next_at > 0 then
+        call('ZADD', due_key, next_at, sku)
+      elseif now - marked >= grace then
+        call('ZREM', due_key, sku)
+        call('HDEL', marks_key, sku)
+      else
+        call('ZADD', due_key, marked + grace, sku)
+      end
     end
   end
+  local listed = {now}
+  local due = call('ZRANGEBYSCORE', due_key, '-inf', now, 'LIMIT', 0, limit)
+  for i = 1, #due do
+    local sku = due[i]
+    listed[#listed + 1] = sku
+    listed[#listed + 1] = call('HGET', marks_key, sku) or ''
+  end
+  return listed
 end
-local listed = {now}
-local due = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'LIMIT', 0, limit)
-for _, sku in ipairs(due) do
-  listed[#listed + 1] = sku
-  listed[#listed + 1] = redis.call('HGET', marks_key, sku) or ''
-end
-return listed
+
+return due_sweep(KEYS, ARGV)

@@ -8,7 +8,7 @@ KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
-ARGV[2]  journal, as lua/deduct.lua ARGV[8] (a release journals `expire` entries)
+ARGV[2]  journal, "1" with --journal (lua/common.lua, journal_of: a release journals `expire` entries)
 
 Replies: {stock, held, next_expiry, released}
   stock        the available stock as stored, or false (nil) when missing
@@ -23,23 +23,30 @@ value that is not an integer is shown as stored, and nothing is released.
 
 --@common
 
-local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
-if string.find(stock_key, '{', 1, true) == nil
-  or not hold_keys_follow(stock_key, holds_key, held_key) then
-  return badcall('keys do not follow the stockgate key layout')
+local function get(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
+  sku_keys(stock_key)
+  if not find(stock_key, '{', 1, true) or not hold_keys_follow(holds_key, held_key) then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local window = window_ms(ARGV[1])
+  if not window then
+    return badcall('retry window must be at least 60000 ms')
+  end
+  local journal_key, refused = journal_of(ARGV[2] == '1')
+  if refused then
+    return refused
+  end
+  local released = 0
+  local stock = read_stock(stock_key)
+  if stock then
+    stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
+  end
+  local shown = call('GET', stock_key)
+  return {shown, to_number(call('GET', held_key) or '0'), earliest_hold(holds_key), released}
 end
-local window = window_ms(ARGV[1])
-if not window then
-  return badcall('retry window must be at least 60000 ms')
-end
-local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local released = 0
-local stock = read_stock(stock_key)
-if stock then
-  stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
-end
-local shown = redis.call('GET', stock_key)
-return {shown, tonumber(redis.call('GET', held_key) or '0'), earliest_hold(holds_key), released}
+
+return get(KEYS, ARGV)

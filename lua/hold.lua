@@ -25,20 +25,17 @@ lua/revert.lua):
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3]  holds               <prefix>:{<sku>}:holds   sorted set: request_id by expiry (ms)
-KEYS[4]  held units          <prefix>:{<sku>}:held    integer string
-ARGV[1]  qty                 decimal integer from 1 to ARGV[6]
+         (the SKU's holds and held units are the stock key's: see lua/deduct.lua)
+ARGV[1]  qty                 decimal integer from 1 to max qty
 ARGV[2]  order_no            0 to 128 printable ASCII bytes
-ARGV[3]  ttl_ms              decimal integer from 1000 to ARGV[4]
-ARGV[4]  max hold            milliseconds (--max-hold)
-ARGV[5]  retry window        milliseconds, at least 60000: how long the
-                             record lasts once the hold ends (a HELD record
-                             has no TTL: the hold's units are in it)
-ARGV[6]  max qty             decimal integer
-ARGV[7]  missing stock       "error" or "zero"
-ARGV[8]  nonce               1 to 32 hex digits, new for every call
-ARGV[9]  replicate           "1" with --wait-replicas, "0" (or absent)
-ARGV[10] journal             as lua/deduct.lua ARGV[8]
+ARGV[3]  ttl_ms              decimal integer from 1000 to max hold
+ARGV[4]  settings            "<max hold> <window> <max qty> <missing> <flags>"
+                             (lua/deduct.lua ARGV[3]): max hold in
+                             milliseconds (--max-hold, at least 1000); the
+                             retry window is how long the record lasts once
+                             the hold ends (a HELD record has no TTL: the
+                             hold's units are in it)
+ARGV[5]  nonce               1 to 32 hex digits, new for every call
 
 Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
 expires_at, released, held_ms, event}; expires_at is the hold's expiry in
@@ -58,107 +55,123 @@ as for DEDUCT.
 
 --@common
 
-local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local qty_arg, order_no, ttl_arg, max_hold_arg, window_arg, max_arg, missing, nonce, replicate =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+-- The words of its settings, and their shape (ARGV[4], lua/common.lua: settle).
+local SETTINGS = {'max_hold', 'window', 'max_qty', 'missing'}
+local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+) (%S+)$'
 
-local window, bad = own_args(KEYS, window_arg, missing, nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(replicate)
-if bad then
-  return bad
-end
-local journal_key = ARGV[10] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local max_qty = positive_int(max_arg)
-local max_hold = positive_int(max_hold_arg)
-if not max_qty or not max_hold or max_hold < 1000 then
-  return badcall('max qty and max hold must be positive integers, max hold at least 1000')
-end
+-- The reply of a hold placed (answer's shape: nothing after "placed" to
+-- leave off), one table made once (for a library), set by each call.
+-- Redis reads a function's reply before the next call runs.
+local PLACED = {0, 0, '', VERSION, '', 0, 0, 0, 'placed'}
 
-local qty = positive_int(qty_arg)
-if not qty or qty > max_qty then
-  return answer(3, -1, '', 'qty must be an integer from 1 to ' .. max_arg)
-end
-if type(order_no) ~= 'string' or #order_no > 128 or string.find(order_no, '[^ -~]') then
-  return answer(3, -1, '', 'order_no must be at most 128 printable ASCII bytes')
-end
-local ttl = positive_int(ttl_arg)
-if not ttl or ttl < 1000 or ttl > max_hold then
-  return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. max_hold_arg)
-end
-
--- The read, the stored data's checks and the SKU's expired holds given
--- back, before anything is decided.
-local failed, stock, raw, record, _, released, now = open_request(KEYS, window, journal_key)
-if failed then
-  return failed
-end
-if stock == nil and missing ~= 'zero' then
-  return redis.error_reply(UNKNOWNSKU)
-end
-if now == 0 then
-  now = now_ms()
-end
-
-if record then
-  local own
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-    journal_key)
-  if own == 1 then
-    stock = (stock or 0) + tonumber(record.qty)
-    released = released + 1
+local function hold(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  local state = record.state
-  if state == 'R' or state == 'V' then
-    replicate_again(replicate, record_key)
-    return answer(4, stock, '', '', 0, released)
-  end
-  if state == 'D' then
-    return answer(3, stock, '', 'request_id was used by a DEDUCT on this sku', 0, released)
-  end
-  if state == 'X' then
-    if own == 0 then
-      replicate_again(replicate, record_key)
+  local stock_key, record_key = KEYS[1], KEYS[2]
+  local qty_arg, order_no, ttl_arg, nonce = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+
+  local settings = SETTLED[ARGV[4]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[4], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return bad
     end
-    return answer(5, stock, record.order_no, '', record.expires, released)
   end
-  -- HELD or CONFIRMED.
-  if record.qty ~= qty_arg then
-    return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+  local bad = request_fault(KEYS, nonce)
+  if bad then
+    return bad
   end
-  replicate_again(replicate, record_key)
-  if record.nonce == nonce and state == 'H' then
-    -- This very call, sent again: it held the first time.
-    return answer(0, stock, record.order_no, '', record.expires, released, 0, 'placed')
+  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
+  local holds_key, held_key = holds_name, held_name
+  local max_hold, max_hold_arg = settings.max_hold, settings.max_hold_arg
+
+  local qty = positive_int(qty_arg)
+  if not qty or qty > settings.max_qty then
+    return answer(3, -1, '', 'qty must be an integer from 1 to ' .. settings.max_arg)
   end
-  return answer(1, stock, record.order_no, '', record.expires, released)
+  if not order_no or #order_no > 128 or find(order_no, '[^ -~]') then
+    return answer(3, -1, '', 'order_no must be at most 128 printable ASCII bytes')
+  end
+  local ttl = positive_int(ttl_arg)
+  if not ttl or ttl < 1000 or ttl > max_hold then
+    return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. max_hold_arg)
+  end
+
+  -- The read, the stored data's checks and the SKU's expired holds given
+  -- back, before anything is decided.
+  local failed, stock, _, record, _, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
+  if failed then
+    return failed
+  end
+  if stock == nil and not settings.missing_zero then
+    return error_reply(UNKNOWNSKU)
+  end
+  if now == 0 then
+    now = now_ms()
+  end
+
+  if record then
+    local own
+    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+      journal_key)
+    if own == 1 then
+      stock = (stock or 0) + to_number(record.qty)
+      released = released + 1
+    end
+    local state = record.state
+    if state == 'R' or state == 'V' then
+      replicate_again(replicate, record_key)
+      return answer(4, stock, '', '', 0, released)
+    end
+    if state == 'D' then
+      return answer(3, stock, '', 'request_id was used by a DEDUCT on this sku', 0, released)
+    end
+    if state == 'X' then
+      if own == 0 then
+        replicate_again(replicate, record_key)
+      end
+      return answer(5, stock, record.order_no, '', record.expires, released)
+    end
+    -- HELD or CONFIRMED.
+    if record.qty ~= qty_arg then
+      return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+    end
+    replicate_again(replicate, record_key)
+    if record.nonce == nonce and state == 'H' then
+      -- This very call, sent again: it held the first time.
+      return answer(0, stock, record.order_no, '', record.expires, released, 0, 'placed')
+    end
+    return answer(1, stock, record.order_no, '', record.expires, released)
+  end
+
+  if stock == nil then
+    return answer(2, 0, '', '', 0, released)
+  end
+  if stock < qty then
+    return answer(2, stock, '', '', 0, released)
+  end
+
+  -- Writes: only after every check above has passed.
+  local expires = now + ttl
+  local remain = call('DECRBY', stock_key, qty_arg)
+  local held = call('INCRBY', held_key, qty_arg)
+  local id = sub(record_key, #req_prefix + 1)
+  if journal_key then
+    journal(journal_key, 'hold', id, '-' .. qty_arg, qty_arg, remain, held, order_no)
+  end
+  local expires_text = int_text(expires)
+  call('ZADD', holds_key, expires_text, id)
+  -- No TTL: the units held are known from this record alone, so it must
+  -- outlive the hold however long nothing touches the SKU. Whatever ends the
+  -- hold (CONFIRM, REVERT, the release at its expiry) gives the record its
+  -- retry window then.
+  call('SET', record_key,
+    record_text('H', qty_arg, nonce, expires_text .. '.' .. int_text(now), order_no))
+  PLACED[2], PLACED[3], PLACED[6], PLACED[7] = remain, order_no, expires, released
+  return PLACED
 end
 
-if stock == nil then
-  return answer(2, 0, '', '', 0, released)
-end
-if stock < qty then
-  return answer(2, stock, '', '', 0, released)
-end
-
--- Writes: only after every check above has passed.
-local expires = now + ttl
-local remain = redis.call('DECRBY', stock_key, qty)
-local held = redis.call('INCRBY', held_key, qty)
-local id = string.sub(record_key, #stock_key + 6)
-if journal_key then
-  journal(journal_key, 'hold', id, '-' .. qty_arg, qty_arg, remain, held, order_no)
-end
-redis.call('ZADD', holds_key, expires, id)
--- No TTL: the units held are known from this record alone, so it must
--- outlive the hold however long nothing touches the SKU. Whatever ends the
--- hold (CONFIRM, REVERT, the release at its expiry) gives the record its
--- retry window then.
-redis.call('SET', record_key,
-  record_text('H', qty_arg, nonce, int_text(expires) .. '.' .. int_text(now), order_no))
-return answer(0, remain, order_no, '', expires, released, 0, 'placed')
+return hold(KEYS, ARGV)

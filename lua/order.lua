@@ -55,168 +55,248 @@ read); ARGV[8] `unfile`, ARGV[9] the orders key, ARGV[10] the score it
 was filed at takes it out as order_due's `done` does, after the op, and
 only when the order then rests (DONE, HELD, ABORTED, REVERTED, REVOKED).
 The orders key is of another slot: the script is flagged
-allow-cross-slot-keys and reads it before any write, so when it lives
-on another node (or is migrating away) the call fails with "non local
-key" having changed nothing, and stockgate files with order_due instead.
+allow-cross-slot-keys and touches it before any other write (a filing's
+ZADD is the call's first write; taking out reads its ZSCORE first), so
+when it lives on another node (or is migrating away) the call fails with
+"non local key" having changed nothing, and stockgate files with
+order_due instead.
 Unused ARGV before ARGV[8] are "".
 
 Reply: {changed, p, k, l, e, c, s, now, VERSION, filing}; changed is 1
 when this call (or this call sent again) made the change, p is "" when
-there is no record; filing is the score the order was filed at (file),
+there is no record; now is Redis time where the call decides an expiry
+(a begin, a filing, an ORDER.HOLD's or a HELD order's calls), else 0; filing is the score the order was filed at (file),
 1 when it was taken out (unfile), else 0. Errors: BADCALL for what
 stockgate supplies.
 ]]
 
 --@common
 
-local key = KEYS[1]
-local op, window_arg, nonce = ARGV[1], ARGV[2], ARGV[3]
-local window = window_ms(window_arg)
-if not window then
-  return badcall('retry window must be at least 60000 ms')
-end
-if type(nonce) ~= 'string' or not string.match(nonce, '^%x+$') or #nonce > 32 then
-  return badcall('the call nonce must be 1 to 32 hex digits')
-end
-if KEYS[2] or not string.match(key, ':{order:[!-z|~]+}:intent$') then
-  return badcall('keys do not follow the stockgate key layout')
-end
+-- The phases an order rests in: nothing moves it on but a command.
+local RESTS = {DONE = true, HELD = true, ABORTED = true, REVERTED = true, REVOKED = true}
 
-local now = now_ms()
+-- The call in hand: its intent key, nonce and window, the record's fields
+-- as read and then as written (p, k, l, e, c, s, w), Redis time (0 where
+-- no expiry is decided), and the filing that rides along. Set at the
+-- start of every call, before anything reads them: Redis runs one call at
+-- a time, and a table or closures per call would cost more.
+local key, nonce, window, now
+local p, k, l, e, c, s, w
+local filing_op, orders, filing_arg, id, filed, filing
 
--- The filing that rides along, read first: a key of another node fails
--- the call here, before anything is written.
-local filing_op, orders, filing_arg = ARGV[8], ARGV[9], ARGV[10]
-local id, filed, filing = nil, nil, 0
-if filing_op == 'file' or filing_op == 'unfile' then
-  id = string.match(key, '{order:([^}]+)}:intent$')
-  if op == 'read' or type(orders) ~= 'string' or not string.match(orders, ':{[^}]+}:orders$')
-      or not positive_int(filing_arg) then
-    return badcall('a filing needs the orders key and a number')
-  end
-  filed = tonumber(redis.call('ZSCORE', orders, id) or '0')
-elseif filing_op and filing_op ~= '' then
-  return badcall('unknown filing op')
-end
-if filing_op == 'file' then
-  -- As order_due's mark: after any filing before it.
-  filing = math.max(now + tonumber(filing_arg), filed + 1)
-  redis.call('ZADD', orders, filing, id)
-end
-
-local fields = redis.call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
-local p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
-
-local rests = {DONE = true, HELD = true, ABORTED = true, REVERTED = true, REVOKED = true}
+-- The reply, one table made once: {changed, p, k, l, e, c, s, now,
+-- VERSION, filing}.
+local REPLY = {0, '', '', '', 0, 0, '', 0, VERSION, 0}
 
 local function reply(changed)
   -- As order_due's done: only the filing this attempt made, and only
   -- once the order rests.
-  if filing_op == 'unfile' and rests[p] and filed == tonumber(filing_arg) then
-    redis.call('ZREM', orders, id)
+  if filing_op == 'unfile' and RESTS[p] and filed == to_number(filing_arg) then
+    call('ZREM', orders, id)
     filing = 1
   end
-  return {changed, p or '', k or '', l or '', tonumber(e or '0'), tonumber(c or '0'), s or '',
-          now, VERSION, filing}
+  REPLY[1], REPLY[2], REPLY[3], REPLY[4] = changed, p or '', k or '', l or ''
+  -- Most orders have no expiry and no code: "0" read as 0 without
+  -- tonumber.
+  REPLY[5] = (e == '0' or not e) and 0 or to_number(e)
+  REPLY[6] = (c == '0' or not c) and 0 or to_number(c)
+  REPLY[7], REPLY[8], REPLY[10] = s or '', now, filing
+  return REPLY
 end
 
--- At least two retry windows from now; never shorter than it was.
+-- The orders keys a filing named that had the shape of one: a shard's
+-- sixteen, checked once each (for a library); a handful more are let go.
+local ORDERS_KEYS, orders_keys = {}, 0
+
+-- TTLs as text, for PEXPIRE: a number given to redis.call costs Lua a
+-- formatting (about 2k instructions), and these are the same on every
+-- call of one stockgate (for a library).
+local TTL_TEXTS, ttl_texts = {}, 0
+
+local function ttl_text(ms)
+  local text = TTL_TEXTS[ms]
+  if not text then
+    if ttl_texts >= 16 then
+      TTL_TEXTS, ttl_texts = {}, 0
+    end
+    text = int_text(ms)
+    TTL_TEXTS[ms], ttl_texts = text, ttl_texts + 1
+  end
+  return text
+end
+
+-- At least `ms` from now; never shorter than it was.
 local function last(ms)
-  if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, ms)
+  if call('PTTL', key) < ms then
+    call('PEXPIRE', key, ttl_text(ms))
   end
 end
 
 local function write(phase, code, short)
   p, w = phase, nonce
-  redis.call('HSET', key, 'p', phase, 'w', nonce)
   if code then
     c, s = code, short or ''
-    redis.call('HSET', key, 'c', code, 's', s)
+    call('HSET', key, 'p', phase, 'w', nonce, 'c', c, 's', s)
+  else
+    call('HSET', key, 'p', phase, 'w', nonce)
   end
   last(2 * window)
 end
 
 local function revoke()
   p, k, l, e, c, s, w = 'REVOKED', '', '', '0', '4', '', nonce
-  redis.call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
-  redis.call('PEXPIRE', key, 2 * window)
+  call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
+  call('PEXPIRE', key, ttl_text(2 * window))
 end
 
-if op == 'read' then
-  return reply(0)
-end
-
-if op == 'begin' then
-  local kind, lines, ttl, line_ttl = ARGV[4], ARGV[5], positive_int(ARGV[6]) or 0, positive_int(ARGV[7])
-  if (kind ~= 'T' and kind ~= 'H' and kind ~= 'D') or type(lines) ~= 'string' or lines == '' or not line_ttl then
-    return badcall('begin needs a kind, lines and a line ttl')
+local function order(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  if p then
-    last(line_ttl + 2 * window)
+  local op = ARGV[1]
+  key, nonce = KEYS[1], ARGV[3]
+  window = window_ms(ARGV[2])
+  if not window then
+    return badcall('retry window must be at least 60000 ms')
+  end
+  if not nonce_ok(nonce) then
+    return badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  -- "<...>:{order:<id>}:intent", the id printable and without braces:
+  -- found plainly, then matched from where it starts (a pattern left to
+  -- find its own start tries every position of the key).
+  local at = find(key, ':{order:', 1, true)
+  if KEYS[2] or not at or not find(key, '^[!-z|~]+}:intent$', at + 8) then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+
+  -- The filing that rides along. Taking it out reads the orders key
+  -- first, and filing writes it first: a key of another node fails the
+  -- call there, before anything is written.
+  filing_op, orders, filing_arg = ARGV[8], ARGV[9], ARGV[10]
+  id, filed, filing = nil, nil, 0
+  if filing_op == 'file' or filing_op == 'unfile' then
+    id = sub(key, at + 8, -9)
+    if op == 'read' or not orders or not positive_int(filing_arg) then
+      return badcall('a filing needs the orders key and a number')
+    end
+    if not ORDERS_KEYS[orders] then
+      if not find(orders, ':{[^}]+}:orders$') then
+        return badcall('a filing needs the orders key and a number')
+      end
+      if orders_keys >= 64 then
+        ORDERS_KEYS, orders_keys = {}, 0
+      end
+      ORDERS_KEYS[orders], orders_keys = true, orders_keys + 1
+    end
+    if filing_op == 'unfile' then
+      filed = to_number(call('ZSCORE', orders, id) or '0')
+    end
+  elseif filing_op and filing_op ~= '' then
+    return badcall('unknown filing op')
+  end
+
+  -- A begin asks only whether the record is there (most often it is not,
+  -- and the begin writes every field); any other op reads them all.
+  p, k, l, e, c, s, w = nil, nil, nil, nil, nil, nil, nil
+  if op ~= 'begin' or call('HEXISTS', key, 'p') == 1 then
+    local fields = call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
+    p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+  end
+  -- Redis time decides the filing's due time and an ORDER.HOLD's expiry;
+  -- an ORDER (kind T) has no expiry, and its other calls need none.
+  now = 0
+  if op == 'begin' or filing_op == 'file' or (k and k ~= 'T') or p == 'HELD' then
+    now = now_ms()
+  end
+  if filing_op == 'file' then
+    -- As order_due's mark: after any filing before it. GT: an earlier
+    -- filing at or after this one's time is left (CH: 0), and this one
+    -- goes right after it.
+    filing = now + to_number(filing_arg)
+    if call('ZADD', orders, 'GT', 'CH', filing, id) == 0 then
+      filing = to_number(call('ZSCORE', orders, id)) + 1
+      call('ZADD', orders, filing, id)
+    end
+  end
+
+  if op == 'read' then
     return reply(0)
   end
-  p, k, l, c, s, w = 'HOLDING', kind, lines, '0', '', nonce
-  e = '0'
-  if kind == 'H' then
-    e = int_text(now + ttl)
-  end
-  redis.call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
-  redis.call('PEXPIRE', key, line_ttl + 2 * window)
-  return reply(1)
-end
 
-if op == 'advance' then
-  local from, to, code, short = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-  if not from or not to then
-    return badcall('advance needs from and to')
-  end
-  if p == from then
-    if to == 'HELD' and now >= tonumber(e or '0') then
-      write('ABORTING', '5', '')
-    elseif to == 'ABORTING' then
-      write(to, code or '0', short)
-    else
-      write(to)
+  if op == 'begin' then
+    local kind, lines, ttl, line_ttl = ARGV[4], ARGV[5], positive_int(ARGV[6]) or 0, positive_int(ARGV[7])
+    if (kind ~= 'T' and kind ~= 'H' and kind ~= 'D') or not lines or lines == '' or not line_ttl then
+      return badcall('begin needs a kind, lines and a line ttl')
     end
-    return reply(1)
-  end
-  if p == to and w == nonce then
-    return reply(1)
-  end
-  return reply(0)
-end
-
-if op == 'confirm' then
-  if not p then
-    revoke()
-    return reply(1)
-  end
-  if p == 'HELD' then
-    if now < tonumber(e) then
-      write('CONFIRMING')
-    else
-      write('ABORTING', '5', '')
+    if p then
+      last(line_ttl + 2 * window)
+      return reply(0)
     end
+    p, k, l, c, s, w = 'HOLDING', kind, lines, '0', '', nonce
+    e = '0'
+    if kind == 'H' then
+      e = int_text(now + ttl)
+    end
+    call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
+    call('PEXPIRE', key, ttl_text(line_ttl + 2 * window))
     return reply(1)
   end
-  return reply(w == nonce and 1 or 0)
-end
 
-if op == 'revert' then
-  if not p then
-    revoke()
-    return reply(1)
-  end
-  if p == 'HELD' and now >= tonumber(e) then
-    write('ABORTING', '5', '')
+  if op == 'advance' then
+    local from, to, code, short = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+    if not from or not to then
+      return badcall('advance needs from and to')
+    end
+    if p == from then
+      if to == 'HELD' and now >= to_number(e or '0') then
+        write('ABORTING', '5', '')
+      elseif to == 'ABORTING' then
+        write(to, code or '0', short)
+      else
+        write(to)
+      end
+      return reply(1)
+    end
+    if p == to and w == nonce then
+      return reply(1)
+    end
     return reply(0)
   end
-  if p == 'HOLDING' or p == 'HELD' or p == 'CONFIRMING' or p == 'DONE' then
-    write('REVERTING')
-    return reply(1)
+
+  if op == 'confirm' then
+    if not p then
+      revoke()
+      return reply(1)
+    end
+    if p == 'HELD' then
+      if now < to_number(e) then
+        write('CONFIRMING')
+      else
+        write('ABORTING', '5', '')
+      end
+      return reply(1)
+    end
+    return reply(w == nonce and 1 or 0)
   end
-  return reply(w == nonce and 1 or 0)
+
+  if op == 'revert' then
+    if not p then
+      revoke()
+      return reply(1)
+    end
+    if p == 'HELD' and now >= to_number(e) then
+      write('ABORTING', '5', '')
+      return reply(0)
+    end
+    if p == 'HOLDING' or p == 'HELD' or p == 'CONFIRMING' or p == 'DONE' then
+      write('REVERTING')
+      return reply(1)
+    end
+    return reply(w == nonce and 1 or 0)
+  end
+
+  return badcall('unknown op')
 end
 
-return badcall('unknown op')
+return order(KEYS, ARGV)

@@ -25,35 +25,45 @@ Error replies: BADCALL for anything else.
 
 --@common
 
-local key, op = KEYS[1], ARGV[1]
-if op == 'mark' then
-  -- After any filing before it, even within one millisecond: a `done` of
-  -- an earlier filing must not take this one out.
-  local before = tonumber(redis.call('ZSCORE', key, ARGV[2]) or '0')
-  local at = math.max(now_ms() + (positive_int(ARGV[3]) or 0), before + 1)
-  redis.call('ZADD', key, at, ARGV[2])
-  return at
-end
-if op == 'done' or op == 'later' then
-  local score = redis.call('ZSCORE', key, ARGV[2])
-  if not score or tonumber(score) ~= tonumber(ARGV[3]) then
-    return 0
+local function order_due(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  if op == 'done' then
-    redis.call('ZREM', key, ARGV[2])
-  else
-    redis.call('ZADD', key, now_ms() + (positive_int(ARGV[4]) or 0), ARGV[2])
+  local key, op = KEYS[1], ARGV[1]
+  if op == 'mark' then
+    -- After any filing before it, even within one millisecond: a `done` of
+    -- an earlier filing must not take this one out.
+    local before = to_number(call('ZSCORE', key, ARGV[2]) or '0')
+    local at = now_ms() + (positive_int(ARGV[3]) or 0)
+    if before + 1 > at then
+      at = before + 1
+    end
+    call('ZADD', key, at, ARGV[2])
+    return at
   end
-  return 1
-end
-if op == 'list' then
-  local now = now_ms()
-  local listed = {now}
-  local due = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-    positive_int(ARGV[2]) or 0)
-  for i = 1, #due do
-    listed[#listed + 1] = due[i]
+  if op == 'done' or op == 'later' then
+    local score = call('ZSCORE', key, ARGV[2])
+    if not score or to_number(score) ~= to_number(ARGV[3]) then
+      return 0
+    end
+    if op == 'done' then
+      call('ZREM', key, ARGV[2])
+    else
+      call('ZADD', key, now_ms() + (positive_int(ARGV[4]) or 0), ARGV[2])
+    end
+    return 1
   end
-  return listed
+  if op == 'list' then
+    local now = now_ms()
+    local listed = {now}
+    local due = call('ZRANGEBYSCORE', key, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+      positive_int(ARGV[2]) or 0)
+    for i = 1, #due do
+      listed[#listed + 1] = due[i]
+    end
+    return listed
+  end
+  return badcall('unknown op')
 end
-return badcall('unknown op')
+
+return order_due(KEYS, ARGV)

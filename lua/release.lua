@@ -8,7 +8,7 @@ KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
-ARGV[2]  journal, as lua/deduct.lua ARGV[8] (a release journals `expire` entries)
+ARGV[2]  journal, "1" with --journal (lua/common.lua, journal_of: a release journals `expire` entries)
 
 Replies: {released, next_at}
   released  holds released by this call
@@ -23,25 +23,32 @@ window is missing.
 
 --@common
 
-local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
-if string.find(stock_key, '{', 1, true) == nil
-  or not hold_keys_follow(stock_key, holds_key, held_key) then
-  return badcall('keys do not follow the stockgate key layout')
-end
-local window = window_ms(ARGV[1])
-if not window then
-  return badcall('retry window must be at least 60000 ms')
-end
-local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local stock = read_stock(stock_key)
-if not stock then
-  if redis.call('EXISTS', holds_key) == 0 then
-    return {0, 0}
+local function release(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  return {0, now_ms() + 60000}
+  local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
+  sku_keys(stock_key)
+  if not find(stock_key, '{', 1, true) or not hold_keys_follow(holds_key, held_key) then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local window = window_ms(ARGV[1])
+  if not window then
+    return badcall('retry window must be at least 60000 ms')
+  end
+  local journal_key, refused = journal_of(ARGV[2] == '1')
+  if refused then
+    return refused
+  end
+  local stock = read_stock(stock_key)
+  if not stock then
+    if call('EXISTS', holds_key) == 0 then
+      return {0, 0}
+    end
+    return {0, now_ms() + 60000}
+  end
+  local _, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
+  return {released, earliest_hold(holds_key)}
 end
-local _, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
-return {released, earliest_hold(holds_key)}
+
+return release(KEYS, ARGV)

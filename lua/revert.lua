@@ -48,16 +48,14 @@ SKU's expired holds back to stock (lua/common.lua, release_due).
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3]  holds               <prefix>:{<sku>}:holds
-KEYS[4]  held units          <prefix>:{<sku>}:held
-ARGV[1]  retry window        milliseconds, at least 60000
-ARGV[2]  missing stock       "error" or "zero"
-ARGV[3]  nonce               1 to 32 hex digits, new for every call
-ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent): a reply
-                             stating an existing record (0 and 4 for a call
-                             sent again, 1) writes it again unchanged, so the
-                             WAIT after it confirms it (lua/common.lua)
-ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
+         (the SKU's holds and held units are the stock key's: see lua/deduct.lua)
+ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua
+                             ARGV[3]): with replicate on, a reply stating an
+                             existing record (0 and 4 for a call sent again,
+                             1) writes it again unchanged, so the WAIT after
+                             it confirms it (lua/common.lua); journal: an
+                             entry per change
+ARGV[2]  nonce               1 to 32 hex digits, new for every call
 
 Replies, DEDUCT's shape (lua/common.lua, answer()):
   {0, remain, order_no, ...}   given back; remain is the stock after it,
@@ -71,7 +69,7 @@ Replies, DEDUCT's shape (lua/common.lua, answer()):
 (stock is -1 where it was not read or the stock key is missing.)
 Error replies (nothing changed):
   BADCALL ...     an argument stockgate supplies is wrong (ARGV, the keys)
-  UNKNOWNSKU ...  the stock key does not exist and ARGV[2] is "error": a
+  UNKNOWNSKU ...  the stock key does not exist and missing is "error": a
                   REVERT naming a sku with no stock is far likelier a wrong
                   sku than an empty rollback, and answering 4 ("nothing to
                   give back") would let the real deduction go unreturned
@@ -81,87 +79,113 @@ Error replies (nothing changed):
 
 --@common
 
-local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local missing, nonce, replicate = ARGV[2], ARGV[3], ARGV[4]
+-- The words of its settings, and their shape (ARGV[1], lua/common.lua: settle).
+local SETTINGS = {'window', 'missing'}
+local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+)$'
 
-local window, bad = own_args(KEYS, ARGV[1], missing, nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(replicate)
-if bad then
-  return bad
-end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
+-- The reply of a deduction given back with nothing released (answer's
+-- shape): one table, made once (for a library), its remain and order_no
+-- set by each call. Redis reads a function's reply before the next call
+-- runs.
+local REVERTED = {0, 0, '', VERSION}
 
--- The read, the stored data's checks and the SKU's expired holds given
--- back, before anything is decided.
-local failed, stock, raw, record, held, released, now = open_request(KEYS, window, journal_key)
-if failed then
-  return failed
-end
-if stock == nil and missing ~= 'zero' and (not record or record.state == 'D'
-    or record.state == 'H' or record.state == 'C') then
-  return redis.error_reply(UNKNOWNSKU)
-end
-local own = 0
-
-if not record then
-  -- Empty rollback: nothing to give back, but remember the id so a late
-  -- DEDUCT or HOLD of it is refused instead of taking stock after its
-  -- cancel.
-  redis.call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', window)
-  return answer(4, stock, '', '', 0, released)
-end
-
-if record.state == 'H' then
-  if now == 0 then
-    now = now_ms()
+local function revert(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-    journal_key)
-  if own == 1 then
-    stock = (stock or 0) + tonumber(record.qty)
-    released = released + 1
+  local stock_key, record_key, nonce = KEYS[1], KEYS[2], ARGV[2]
+
+  local settings = SETTLED[ARGV[1]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[1], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return bad
+    end
   end
-end
-if record.state == 'R' then
-  replicate_again(replicate, record_key)
-  local code = record.nonce == nonce and 0 or 1
-  return answer(code, stock, record.order_no, '', 0, released)
-end
-if record.state == 'V' then
-  replicate_again(replicate, record_key)
-  local code = record.nonce == nonce and 4 or 1
-  return answer(code, stock, '', '', 0, released)
-end
-if record.state == 'X' then
-  -- The hold ran out: its units went back to stock then.
-  if own == 0 then
+  local bad = request_fault(KEYS, nonce)
+  if bad then
+    return bad
+  end
+  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
+  local missing_zero = settings.missing_zero
+  local holds_key, held_key = holds_name, held_name
+
+  -- The read, the stored data's checks and the SKU's expired holds given
+  -- back, before anything is decided.
+  local failed, stock, _, record, held, released, now, journal_key =
+    open_request(stock_key, record_key, window, journal_on)
+  if failed then
+    return failed
+  end
+  if stock == nil and not missing_zero and (not record or record.state == 'D'
+      or record.state == 'H' or record.state == 'C') then
+    return error_reply(UNKNOWNSKU)
+  end
+  local own = 0
+
+  if not record then
+    -- Empty rollback: nothing to give back, but remember the id so a late
+    -- DEDUCT or HOLD of it is refused instead of taking stock after its
+    -- cancel.
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
+    return answer(4, stock, '', '', 0, released)
+  end
+
+  if record.state == 'H' then
+    if now == 0 then
+      now = now_ms()
+    end
+    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+      journal_key)
+    if own == 1 then
+      stock = (stock or 0) + to_number(record.qty)
+      released = released + 1
+    end
+  end
+  local state = record.state
+  if state == 'R' then
     replicate_again(replicate, record_key)
+    local code = record.nonce == nonce and 0 or 1
+    return answer(code, stock, record.order_no, '', 0, released)
   end
-  return answer(1, stock, record.order_no, '', record.expires, released)
-end
+  if state == 'V' then
+    replicate_again(replicate, record_key)
+    local code = record.nonce == nonce and 4 or 1
+    return answer(code, stock, '', '', 0, released)
+  end
+  if state == 'X' then
+    -- The hold ran out: its units went back to stock then.
+    if own == 0 then
+      replicate_again(replicate, record_key)
+    end
+    return answer(1, stock, record.order_no, '', record.expires, released)
+  end
 
--- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.
--- Writes: only after every check above has passed.
-local remain = redis.call('INCRBY', stock_key, record.qty)
-local id = string.sub(record_key, #stock_key + 6)
-local event = ''
-if record.state == 'H' then
-  held = unhold(held_key, record.qty)
-  redis.call('ZREM', holds_key, id)
-  event = 'cancelled'
-  if journal_key then
-    journal(journal_key, 'cancel', id, record.qty, '-' .. record.qty, remain, held,
+  -- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.
+  -- Writes: only after every check above has passed.
+  local remain = call('INCRBY', stock_key, record.qty)
+  local id = sub(record_key, #req_prefix + 1)
+  local event = ''
+  if state == 'H' then
+    held = unhold(held_key, record.qty)
+    call('ZREM', holds_key, id)
+    event = 'cancelled'
+    if journal_key then
+      journal(journal_key, 'cancel', id, record.qty, '-' .. record.qty, remain, held,
+        record.order_no)
+    end
+  elseif journal_key then
+    journal(journal_key, 'revert', id, record.qty, '0', remain, held > 0 and held or 0,
       record.order_no)
   end
-elseif journal_key then
-  journal(journal_key, 'revert', id, record.qty, '0', remain, math.max(held or 0, 0),
-    record.order_no)
+  set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window,
+    state == 'H')
+  if released == 0 and event == '' then
+    REVERTED[2], REVERTED[3] = remain, record.order_no
+    return REVERTED
+  end
+  return answer(0, remain, record.order_no, '', 0, released, 0, event)
 end
-set_lasting(record_key, record_text('R', record.qty, nonce, '', record.order_no), window)
-return answer(0, remain, record.order_no, '', 0, released, 0, event)
+
+return revert(KEYS, ARGV)

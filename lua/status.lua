@@ -7,10 +7,9 @@ out), so what it shows is what Redis time says, not what was swept.
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3]  holds               <prefix>:{<sku>}:holds
-KEYS[4]  held units          <prefix>:{<sku>}:held
+         (the SKU's holds and held units are the stock key's: see lua/deduct.lua)
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
-ARGV[2]  journal, as lua/deduct.lua ARGV[8] (a release journals `expire` entries)
+ARGV[2]  journal, "1" with --journal (lua/common.lua, journal_of: a release journals `expire` entries)
 
 Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, released}
   state        "none", "DEDUCTED", "REVERTED", "REVOKED", "HELD",
@@ -31,44 +30,54 @@ when the keys do not follow the layout or the window is missing.
 
 --@common
 
-local stock_key, record_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if not keys_follow_layout(stock_key, record_key)
-  or not hold_keys_follow(stock_key, holds_key, held_key) then
-  return badcall('keys do not follow the stockgate key layout')
-end
-local window = window_ms(ARGV[1])
-if not window then
-  return badcall('retry window must be at least 60000 ms')
-end
-local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
+local NAMES = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}
-local stock, raw, held = read_request(stock_key, record_key, held_key)
-local record = raw and parse_record(raw)
-if raw and not record then
-  return redis.error_reply(BADRECORD)
-end
-local released, now = 0, 0
-if stock then
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
-  if record and record.state == 'H' then
-    if now == 0 then
-      now = now_ms()
-    end
-    local own
-    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-      journal_key)
-    released = released + own
+
+local function status(KEYS, ARGV)
+  if not call then
+    bind()
   end
+  local stock_key, record_key = KEYS[1], KEYS[2]
+  sku_keys(stock_key)
+  if not keys_follow_layout(record_key) or KEYS[3] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local holds_key, held_key = holds_name, held_name
+  local window = window_ms(ARGV[1])
+  if not window then
+    return badcall('retry window must be at least 60000 ms')
+  end
+  local journal_key, refused = journal_of(ARGV[2] == '1')
+  if refused then
+    return refused
+  end
+  local stock, raw, held = read_request(stock_key, record_key, held_key)
+  local record = raw and parse_record(raw)
+  if raw and not record then
+    return error_reply(BADRECORD)
+  end
+  local released, now = 0, 0
+  if stock then
+    stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+      journal_key)
+    if record and record.state == 'H' then
+      if now == 0 then
+        now = now_ms()
+      end
+      local own
+      record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
+        journal_key)
+      released = released + own
+    end
+  end
+  local shown = call('GET', stock_key) or ''
+  held = to_number(call('GET', held_key) or '0')
+  local next_expiry = earliest_hold(holds_key)
+  if not record then
+    return {'none', 0, '', -2, shown, held, next_expiry, 0, released}
+  end
+  return {NAMES[record.state], to_number(record.qty), record.order_no,
+          call('PTTL', record_key), shown, held, next_expiry, record.expires, released}
 end
-local shown = redis.call('GET', stock_key) or ''
-local held = tonumber(redis.call('GET', held_key) or '0')
-local next_expiry = earliest_hold(holds_key)
-if not record then
-  return {'none', 0, '', -2, shown, held, next_expiry, 0, released}
-end
-return {names[record.state], tonumber(record.qty), record.order_no,
-        redis.call('PTTL', record_key), shown, held, next_expiry, record.expires, released}
+
+return status(KEYS, ARGV)

@@ -19,7 +19,7 @@ ARGV[3]  nonce       1 to 32 hex digits, new for every call
 ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
                      op_id already applied writes its record again unchanged,
                      so the WAIT after it confirms it (lua/common.lua)
-ARGV[5]  journal     "1" with --journal: an `add` entry; "0" or absent
+ARGV[5]  journal     "1" with --journal (lua/common.lua, journal_of): an `add` entry
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, after, "", VERSION}    added now; after is the stock after it (a call
@@ -35,59 +35,67 @@ an unknown shape).
 
 --@common
 
-local stock_key, op_key = KEYS[1], KEYS[2]
-local delta_arg, nonce = ARGV[1], ARGV[3]
-
-local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(ARGV[4])
-if bad then
-  return bad
-end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-
-local delta = nil
-if type(delta_arg) == 'string' and #delta_arg <= 17 and string.match(delta_arg, '^%-?%d+$') then
-  delta = tonumber(delta_arg)
-end
-if not delta or delta > EXACT or delta < -EXACT then
-  return {3, -1, '', VERSION, 'delta must be an integer within +-(2^53 - 1)'}
-end
-
-local stock = read_stock(stock_key)
-if stock == false then
-  return redis.error_reply(BADSTOCK)
-end
-
-local raw = redis.call('GET', op_key)
-if raw then
-  local op = parse_op(raw)
-  if not op then
-    return redis.error_reply(BADRECORD)
+local function stock_add(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  if op.kind ~= 'A' or op.amount ~= delta_arg then
-    return {3, stock or -1, '', VERSION, 'op_id was already used for another change on this sku'}
+  local stock_key, op_key = KEYS[1], KEYS[2]
+  local delta_arg, nonce = ARGV[1], ARGV[3]
+
+  local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
+  if not window then
+    return bad
   end
-  replicate_again(ARGV[4], op_key)
-  return {op.nonce == nonce and 0 or 1, stock or 0, '', VERSION}
+  bad = bad_replicate(ARGV[4])
+  if bad then
+    return bad
+  end
+  sku_keys(stock_key)
+  local journal_key, refused = journal_of(ARGV[5] == '1')
+  if refused then
+    return refused
+  end
+
+  local delta = nil
+  if delta_arg and #delta_arg <= 17 and find(delta_arg, '^%-?%d+$') then
+    delta = to_number(delta_arg)
+  end
+  if not delta or delta > EXACT or delta < -EXACT then
+    return {3, -1, '', VERSION, 'delta must be an integer within +-(2^53 - 1)'}
+  end
+
+  local stock = read_stock(stock_key)
+  if stock == false then
+    return error_reply(BADSTOCK)
+  end
+
+  local raw = call('GET', op_key)
+  if raw then
+    local op = parse_op(raw)
+    if not op then
+      return error_reply(BADRECORD)
+    end
+    if op.kind ~= 'A' or op.amount ~= delta_arg then
+      return {3, stock or -1, '', VERSION, 'op_id was already used for another change on this sku'}
+    end
+    replicate_again(ARGV[4] == '1', op_key)
+    return {op.nonce == nonce and 0 or 1, stock or 0, '', VERSION}
+  end
+
+  local after = (stock or 0) + delta
+  if after < 0 then
+    return {2, stock or 0, '', VERSION}
+  end
+  if after > EXACT then
+    return {3, stock or 0, '', VERSION, 'the stock would exceed 2^53 - 1'}
+  end
+  after = call('INCRBY', stock_key, delta_arg)
+  if journal_key then
+    journal(journal_key, 'add', sub(op_key, #stock_key + 5), delta_arg, '0', after,
+      to_number(call('GET', held_name) or '0'), '')
+  end
+  call('SET', op_key, op_text('A', delta_arg, nonce, int_text(after)), 'PX', window)
+  return {0, after, '', VERSION}
 end
 
-local after = (stock or 0) + delta
-if after < 0 then
-  return {2, stock or 0, '', VERSION}
-end
-if after > EXACT then
-  return {3, stock or 0, '', VERSION, 'the stock would exceed 2^53 - 1'}
-end
-after = redis.call('INCRBY', stock_key, delta_arg)
-if journal_key then
-  journal(journal_key, 'add', string.sub(op_key, #stock_key + 5), delta_arg, '0', after,
-    tonumber(redis.call('GET', stock_key .. ':held') or '0'), '')
-end
-redis.call('SET', op_key, op_text('A', delta_arg, nonce, after), 'PX', window)
-return {0, after, '', VERSION}
+return stock_add(KEYS, ARGV)

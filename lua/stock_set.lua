@@ -15,8 +15,8 @@ ARGV[3]  nonce       1 to 32 hex digits, new for every call
 ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
                      op_id already applied writes its record again unchanged,
                      so the WAIT after it confirms it (lua/common.lua)
-ARGV[5]  journal     "1" with --journal, "0" (or absent): a set journals a
-                     `set` entry, where the SKU's account starts again
+ARGV[5]  journal     "1" with --journal (lua/common.lua, journal_of); a set journals a `set` entry,
+                     where the SKU's account starts again
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, qty, "", VERSION}      set now (a call sent again that finds its own
@@ -29,49 +29,57 @@ Error replies (nothing changed): BADCALL, BADRECORD.
 
 --@common
 
-local stock_key, op_key = KEYS[1], KEYS[2]
-local qty_arg, nonce = ARGV[1], ARGV[3]
-
-local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
-if not window then
-  return bad
-end
-bad = bad_replicate(ARGV[4])
-if bad then
-  return bad
-end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
-end
-local qty = nil
-if type(qty_arg) == 'string' and (qty_arg == '0' or positive_int(qty_arg)) then
-  qty = tonumber(qty_arg)
-end
-if not qty or qty > EXACT then
-  return {3, -1, '', VERSION, 'stock must be an integer from 0 to 2^53 - 1'}
-end
-
-local current = redis.call('GET', stock_key)
-local shown = tonumber(current or '') or -1
-local raw = redis.call('GET', op_key)
-if raw then
-  local op = parse_op(raw)
-  if not op then
-    return redis.error_reply(BADRECORD)
+local function stock_set(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  if op.kind ~= 'S' or op.amount ~= qty_arg then
-    return {3, shown, '', VERSION, 'op_id was already used for another change on this sku'}
+  local stock_key, op_key = KEYS[1], KEYS[2]
+  local qty_arg, nonce = ARGV[1], ARGV[3]
+
+  local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
+  if not window then
+    return bad
   end
-  replicate_again(ARGV[4], op_key)
-  return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
+  bad = bad_replicate(ARGV[4])
+  if bad then
+    return bad
+  end
+  sku_keys(stock_key)
+  local journal_key, refused = journal_of(ARGV[5] == '1')
+  if refused then
+    return refused
+  end
+  local qty = nil
+  if qty_arg and (qty_arg == '0' or positive_int(qty_arg)) then
+    qty = to_number(qty_arg)
+  end
+  if not qty or qty > EXACT then
+    return {3, -1, '', VERSION, 'stock must be an integer from 0 to 2^53 - 1'}
+  end
+
+  local current = call('GET', stock_key)
+  local shown = to_number(current or '') or -1
+  local raw = call('GET', op_key)
+  if raw then
+    local op = parse_op(raw)
+    if not op then
+      return error_reply(BADRECORD)
+    end
+    if op.kind ~= 'S' or op.amount ~= qty_arg then
+      return {3, shown, '', VERSION, 'op_id was already used for another change on this sku'}
+    end
+    replicate_again(ARGV[4] == '1', op_key)
+    return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
+  end
+
+  call('SET', stock_key, qty_arg)
+  if journal_key then
+    local before = to_number(current or '0') or 0
+    journal(journal_key, 'set', sub(op_key, #stock_key + 5), int_text(qty - before), '0',
+      qty, to_number(call('GET', held_name) or '0'), '')
+  end
+  call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
+  return {0, qty, '', VERSION}
 end
 
-redis.call('SET', stock_key, qty_arg)
-if journal_key then
-  local before = tonumber(current or '0') or 0
-  journal(journal_key, 'set', string.sub(op_key, #stock_key + 5), int_text(qty - before), '0',
-    qty, tonumber(redis.call('GET', stock_key .. ':held') or '0'), '')
-end
-redis.call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
-return {0, qty, '', VERSION}
+return stock_set(KEYS, ARGV)

@@ -15,6 +15,13 @@ Replies: the time until which the shard is active, ms of Redis time.
 
 --@common
 
-local until_at = now_ms() + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'GT', until_at, ARGV[1])
-return tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+local function sweep_active(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  local until_at = now_ms() + to_number(ARGV[2])
+  call('ZADD', KEYS[1], 'GT', until_at, ARGV[1])
+  return to_number(call('ZSCORE', KEYS[1], ARGV[1]))
+end
+
+return sweep_active(KEYS, ARGV)

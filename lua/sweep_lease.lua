@@ -21,34 +21,41 @@ shards still active), else {0}.
 
 --@common
 
-local lease_key, active_key = KEYS[1], KEYS[2]
-local owner, ms = ARGV[1], tonumber(ARGV[2])
-local holder = redis.call('GET', lease_key)
-if ms == 0 then
-  if holder == owner then
-    redis.call('DEL', lease_key)
+local function sweep_lease(KEYS, ARGV)
+  if not call then
+    bind()
   end
-  return {0}
-end
-if holder and holder ~= owner then
-  return {0}
-end
-if holder then
-  redis.call('PEXPIRE', lease_key, ms)
-else
-  redis.call('SET', lease_key, owner, 'PX', ms)
-end
-local reply = {1}
-local active = redis.call('ZRANGE', active_key, 0, -1, 'WITHSCORES')
-if #active > 0 then
-  -- Only now is Redis's clock needed: to drop the shards gone quiet.
-  local now = now_ms()
-  for i = 1, #active, 2 do
-    if tonumber(active[i + 1]) < now then
-      redis.call('ZREM', active_key, active[i])
-    else
-      reply[#reply + 1] = active[i]
+  local lease_key, active_key = KEYS[1], KEYS[2]
+  local owner, ms = ARGV[1], to_number(ARGV[2])
+  local holder = call('GET', lease_key)
+  if ms == 0 then
+    if holder == owner then
+      call('DEL', lease_key)
+    end
+    return {0}
+  end
+  if holder and holder ~= owner then
+    return {0}
+  end
+  if holder then
+    call('PEXPIRE', lease_key, ms)
+  else
+    call('SET', lease_key, owner, 'PX', ms)
+  end
+  local reply = {1}
+  local active = call('ZRANGE', active_key, 0, -1, 'WITHSCORES')
+  if #active > 0 then
+    -- Only now is Redis's clock needed: to drop the shards gone quiet.
+    local now = now_ms()
+    for i = 1, #active, 2 do
+      if to_number(active[i + 1]) < now then
+        call('ZREM', active_key, active[i])
+      else
+        reply[#reply + 1] = active[i]
+      end
     end
   end
+  return reply
 end
-return reply
+
+return sweep_lease(KEYS, ARGV)

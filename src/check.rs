@@ -470,10 +470,10 @@ async fn scripts(
                 &[
                     b"1",
                     b"",
-                    b"86400000",
-                    b"1000000",
-                    MissingStock::Error.as_arg().as_bytes(),
-                    // The call's nonce (lua/deduct.lua ARGV[6]).
+                    // The settings (lua/deduct.lua ARGV[3]): window, max
+                    // qty, missing-stock mode, flags.
+                    format!("86400000 1000000 {} 00", MissingStock::Error.as_arg()).as_bytes(),
+                    // The call's nonce.
                     b"c4ec4",
                 ],
             )

@@ -57,19 +57,20 @@ pub struct DeductKeys {
     pub record: Vec<u8>,
 }
 
-/// The four keys a call on one request touches (DEDUCT, REVERT, HOLD,
-/// CONFIRM, STOCK.STATUS), in the order the scripts take them.
+/// The keys a call on one request names (DEDUCT, REVERT, HOLD, CONFIRM,
+/// STOCK.STATUS), in the order the scripts take them. The SKU's other
+/// keys (its holds, held units and journal) share the stock key's hash
+/// tag, and the scripts make their names from it: each key a call names
+/// costs Redis about 1k instructions (lua/common.lua, `sku_keys`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestKeys {
     pub stock: Vec<u8>,
     pub record: Vec<u8>,
-    pub holds: Vec<u8>,
-    pub held: Vec<u8>,
 }
 
 impl RequestKeys {
-    pub fn all(&self) -> [&[u8]; 4] {
-        [&self.stock, &self.record, &self.holds, &self.held]
+    pub fn all(&self) -> [&[u8]; 2] {
+        [&self.stock, &self.record]
     }
 }
 
@@ -103,6 +104,10 @@ pub struct SweepShard {
 
 /// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
 pub const ORDER_LINE_PREFIX: &str = "~ord:";
+
+/// What the stock key is followed by in its SKU's holds and held units.
+const HOLDS: &[u8] = b":holds";
+const HELD: &[u8] = b":held";
 
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
@@ -170,11 +175,15 @@ impl KeyLayout {
     }
 
     /// `<prefix>:{<sku>}:holds` and `<prefix>:{<sku>}:held`, as parts.
-    pub fn hold_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 4]; 2] {
-        [
-            [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:holds"],
-            [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:held"],
-        ]
+    pub fn hold_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 5]; 2] {
+        let stock = self.stock_key_parts(sku);
+        [HOLDS, HELD].map(|suffix| [stock[0], stock[1], stock[2], stock[3], suffix])
+    }
+
+    /// The same two keys of the SKU whose stock key is `stock_key`, as
+    /// parts: the stock key and a suffix.
+    pub fn hold_keys_after(stock_key: &[u8]) -> [[&[u8]; 2]; 2] {
+        [[stock_key, HOLDS], [stock_key, HELD]]
     }
 
     /// `<prefix>:{<sku>}`
@@ -182,14 +191,11 @@ impl KeyLayout {
         self.stock_key_parts(sku).concat()
     }
 
-    /// The four keys of one request.
+    /// The keys of one request.
     pub fn request_keys(&self, sku: &Sku, request_id: &RequestId) -> RequestKeys {
-        let [holds, held] = self.hold_key_parts(sku);
         RequestKeys {
             stock: self.stock_key(sku),
             record: self.record_key_parts(sku, request_id).concat(),
-            holds: holds.concat(),
-            held: held.concat(),
         }
     }
 
@@ -323,8 +329,9 @@ mod tests {
         );
         assert_eq!(keys.stock, b"stock:{10086}");
         assert_eq!(keys.record, b"stock:{10086}:req:order-1");
-        assert_eq!(keys.holds, b"stock:{10086}:holds");
-        assert_eq!(keys.held, b"stock:{10086}:held");
+        let sku = layout.sku_keys(&Sku::parse("10086".into()).unwrap());
+        assert_eq!(sku.holds, b"stock:{10086}:holds");
+        assert_eq!(sku.held, b"stock:{10086}:held");
         assert_eq!(layout.sweep_lease(), b"stock:{sweep}:lease");
         let order = RequestId::parse("cart-7".into()).unwrap();
         assert_eq!(layout.order_key(&order), b"stock:{order:cart-7}:intent");

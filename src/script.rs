@@ -40,8 +40,12 @@ pub struct LuaScript {
     /// registers its function with, so that a replica, a server out of
     /// memory or a cluster treat an FCALL as they treat the EVALSHA.
     flags: Vec<&'static str>,
-    /// The script's own code, after the helpers: the function's body.
+    /// The script's own code, after the helpers, without its last line:
+    /// its private helpers and its function, which the library registers.
     own: &'static str,
+    /// The name of that function: the script's last line is `return
+    /// <entry>(KEYS, ARGV)`, what an EVALSHA of the body runs.
+    entry: &'static str,
     /// Whether its answer acknowledges a write a caller relies on (a
     /// deduction, a hold, an order's step, an operator's change, an order
     /// filed for recovery): with `--wait-replicas` such an answer stands
@@ -67,9 +71,20 @@ impl LuaScript {
     }
 
     fn build(name: &'static str, source: &'static str, needs_replicas: bool) -> Self {
-        let (_, own) = source
+        let (_, after) = source
             .split_once(MARKER)
             .unwrap_or_else(|| panic!("lua/{name}.lua lacks its --@common line"));
+        let (own, last) = after
+            .trim_end()
+            .rsplit_once('\n')
+            .unwrap_or_else(|| panic!("lua/{name}.lua has no code"));
+        let entry = last
+            .strip_prefix("return ")
+            .and_then(|call| call.strip_suffix("(KEYS, ARGV)"))
+            .filter(|entry| entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or_else(|| {
+                panic!("lua/{name}.lua must end with `return <its function>(KEYS, ARGV)`: {last}")
+            });
         let shebang = source.lines().next().unwrap_or_default();
         assert!(shebang.starts_with("#!lua"), "lua/{name}.lua: {shebang}");
         let flags = shebang
@@ -77,7 +92,7 @@ impl LuaScript {
             .find_map(|word| word.strip_prefix("flags="))
             .map(|flags| flags.split(',').filter(|f| !f.is_empty()).collect())
             .unwrap_or_default();
-        let body = source.replacen(MARKER, &helpers_for(source), 1);
+        let body = body_of(COMMON, source);
         let sha = redis::Script::new(&body).get_hash().to_owned();
         LuaScript {
             name,
@@ -86,6 +101,7 @@ impl LuaScript {
             function: String::new(),
             flags,
             own,
+            entry,
             needs_replicas,
         }
     }
@@ -110,6 +126,7 @@ impl LuaScript {
             function: String::new(),
             flags: Vec::new(),
             own: "",
+            entry: "",
             needs_replicas,
         }
     }
@@ -257,11 +274,13 @@ impl FunctionCommand {
 
 /// Bumped when the way [`Library::of`] writes the library changes, so that
 /// the same scripts written another way get another name.
-const LIBRARY_FORMAT: u32 = 1;
+const LIBRARY_FORMAT: u32 = 2;
 
 /// Every script as one function library: `lua/common.lua` once at its top
-/// level (run once, at FUNCTION LOAD), then each script's own code as a
-/// function registered under [`LuaScript::function`].
+/// level, then each script's own code in a block of its own (its private
+/// helpers and its function, which is registered under
+/// [`LuaScript::function`]). All of it runs once, at FUNCTION LOAD: a call
+/// runs only the script's function, which makes no closure.
 ///
 /// Its name is `stockgate_v<VERSION>_<digest>`: the scripts' version and a
 /// digest of every body, so that two stockgate builds whose scripts differ
@@ -288,10 +307,10 @@ impl Library {
             debug_assert_eq!(script.function, format!("{name}_{}", script.name));
             let flags: Vec<String> = script.flags.iter().map(|f| format!("'{f}'")).collect();
             code.push_str(&format!(
-                "\nlocal function {name}(KEYS, ARGV)\n{own}\nend\n\
-                 redis.register_function{{function_name='{function}', callback={name}, flags={{{flags}}}}}\n",
-                name = format!("script_{}", script.name),
+                "\ndo\n{own}\nredis.register_function{{function_name='{function}', \
+                 callback={entry}, flags={{{flags}}}}}\nend\n",
                 own = script.own,
+                entry = script.entry,
                 function = script.function,
                 flags = flags.join(", "),
             ));
@@ -322,7 +341,15 @@ fn library_name<'a>(shas: impl Iterator<Item = &'a str>) -> Option<String> {
     ))
 }
 
-/// `lua/common.lua` as `script` needs it: its opening comment, then only
+/// A script's body as an EVALSHA runs it: `source` with the helpers of
+/// `common` it names spliced in where it says `--@common`. Every embedded
+/// script's is `lua/common.lua`'s; the benchmark builds an earlier
+/// release's scripts with their own.
+pub fn body_of(common: &str, source: &str) -> String {
+    source.replacen(MARKER, &helpers_for(common, source), 1)
+}
+
+/// `common` as `script` needs it: its opening comment, then only
 /// the helpers the script names, and those they name in turn, in the
 /// file's order.
 ///
@@ -332,8 +359,8 @@ fn library_name<'a>(shas: impl Iterator<Item = &'a str>) -> Option<String> {
 /// unused helpers cost 1.6 µs per call, a fifth of the script. A DEDUCT
 /// now defines what it may call, and the helpers of holds cost a SKU
 /// without holds nothing but their definitions.
-fn helpers_for(script: &str) -> String {
-    let (opening, helpers) = split_helpers(COMMON);
+fn helpers_for(common: &str, script: &str) -> String {
+    let (opening, helpers) = split_helpers(common);
     let mut wanted: std::collections::HashSet<&str> = names_in(script).collect();
     let mut taken = vec![false; helpers.len()];
     loop {
@@ -550,7 +577,7 @@ mod tests {
         let defined: Vec<&str> = helpers.iter().flat_map(|h| h.defines.clone()).collect();
         for name in [
             "VERSION",
-            "own_args",
+            "settle",
             "release_due",
             "answer",
             "parse_op",

@@ -173,6 +173,32 @@ fn error_of(err: &redis::RedisError) -> Answer {
     )
 }
 
+/// The members' replies in lua/deduct_many.lua's flat reply: for each, the
+/// count of its elements, then those elements; or 0, then its error; or
+/// -1 - remain, then the order_no, of a 0.
+fn members_of(flat: Vec<Value>) -> Vec<Value> {
+    let mut flat = flat.into_iter();
+    let mut members = Vec::new();
+    while let Some(count) = flat.next() {
+        match count {
+            Value::Int(0) => members.push(flat.next().expect("the member's error")),
+            Value::Int(code) if code < 0 => members.push(Value::Array(vec![
+                Value::Int(0),
+                Value::Int(-1 - code),
+                flat.next().expect("its order_no"),
+                Value::Int(stockgate::outcome::SCRIPT_VERSION),
+            ])),
+            Value::Int(count) => members.push(Value::Array(
+                (0..count)
+                    .map(|_| flat.next().expect("the member's elements"))
+                    .collect(),
+            )),
+            other => panic!("a member's count, not {other:?}"),
+        }
+    }
+    members
+}
+
 fn answer_of(value: Value) -> Answer {
     match value {
         Value::ServerError(err) => Answer::Error(
@@ -321,18 +347,14 @@ impl Rig {
         for m in &case.members {
             let result = redis::cmd("EVALSHA")
                 .arg(&self.scripts.deduct.sha)
-                .arg(4)
+                .arg(2)
                 .arg(&one)
                 .arg(format!("{one}:req:{}", IDS[m.id]))
-                .arg(format!("{one}:holds"))
-                .arg(format!("{one}:held"))
                 .arg(&m.qty)
                 .arg(&m.order_no)
-                .arg(WINDOW)
-                .arg(MAX_QTY)
-                .arg(missing)
+                // The settings; the flags: replicate, and the journal off.
+                .arg(format!("{WINDOW} {MAX_QTY} {missing} {replicate}0"))
                 .arg(&m.nonce)
-                .arg(replicate)
                 .query::<Value>(conn);
             alone.push(match result {
                 Ok(value) => answer_of(value),
@@ -361,7 +383,7 @@ impl Rig {
             args.extend([m.qty.clone(), m.order_no.clone(), m.nonce.clone()]);
         }
         let together: Vec<Answer> = match raw_call(&mut self.raw, &args) {
-            Value::Array(replies) => replies.into_iter().map(answer_of).collect(),
+            Value::Array(flat) => members_of(flat).into_iter().map(answer_of).collect(),
             Value::ServerError(err) => {
                 vec![answer_of(Value::ServerError(err)); case.members.len()]
             }

@@ -468,7 +468,7 @@ async fn remains_near_powers_of_ten_reach_the_client_byte_exact(kind: ServerKind
 #[tokio::test]
 async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_callers() {
     // A caller may send EVALSHA directly. What stockgate itself supplies
-    // (window, missing-stock mode, max qty, key layout, nonce) is never the
+    // (its settings, the key layout, the nonce) is never the
     // caller's fault, so it is a BADCALL error, not "invalid parameters",
     // which callers never retry.
     let redis = standalone();
@@ -481,53 +481,58 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     let scripts = stockgate::script::Scripts::new();
     let stock = stock_key("own");
     let record = record_key("own", "r1");
-    let good = ["2", "", "86400000", "100", "error", "00ff"];
-    // The two hold keys follow the stock key given, unless a test names
-    // them: `holds` replaces the holds set's name.
-    let call_with = |keys: [&[u8]; 2],
-                     holds: Option<&[u8]>,
-                     argv: [&str; 6],
-                     direct: &mut redis::Connection| {
-        let mut cmd = redis::cmd("EVAL");
-        let own_holds = [keys[0], b":holds"].concat();
-        cmd.arg(&scripts.deduct.body)
-            .arg(4)
-            .arg(keys[0])
-            .arg(keys[1])
-            .arg(holds.unwrap_or(&own_holds))
-            .arg([keys[0], b":held"].concat());
-        for a in argv {
-            cmd.arg(a);
-        }
-        cmd.query::<Value>(direct)
-    };
-    let call = |keys: [&[u8]; 2], argv: [&str; 6], direct: &mut redis::Connection| {
-        call_with(keys, None, argv, direct)
+    // qty, order_no, the settings (window, max qty, missing-stock mode,
+    // flags), the nonce.
+    let good = ["2", "", "86400000 100 error 00", "00ff"];
+    // The script takes the stock and record keys; `extra` names a third.
+    let call_with =
+        |keys: [&[u8]; 2], extra: Option<&[u8]>, argv: &[&str], direct: &mut redis::Connection| {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(&scripts.deduct.body)
+                .arg(2 + usize::from(extra.is_some()))
+                .arg(keys[0])
+                .arg(keys[1]);
+            if let Some(extra) = extra {
+                cmd.arg(extra);
+            }
+            for a in argv {
+                cmd.arg(*a);
+            }
+            cmd.query::<Value>(direct)
+        };
+    let call = |keys: [&[u8]; 2], argv: [&str; 4], direct: &mut redis::Connection| {
+        call_with(keys, None, &argv, direct)
     };
     let err = call_with(
         [&stock, &record],
-        Some(b"stock:{other}:holds"),
-        good,
+        Some(b"stock:{own}:holds"),
+        &good,
         &mut direct,
     )
     .unwrap_err();
-    assert_eq!(err.code(), Some("BADCALL"), "another sku's holds: {err:?}");
-    let own_faults: [([&[u8]; 2], [&str; 6]); 6] = [
+    assert_eq!(err.code(), Some("BADCALL"), "a key too many: {err:?}");
+    let own_faults: [([&[u8]; 2], [&str; 4]); 10] = [
+        ([&stock, &record], ["2", "", "59999 100 error 00", "00ff"]),
         (
             [&stock, &record],
-            ["2", "", "59999", "100", "error", "00ff"],
+            ["2", "", "86400000 100 maybe 00", "00ff"],
+        ),
+        ([&stock, &record], ["2", "", "86400000 0 error 00", "00ff"]),
+        // The flags: "<replicate><journal>".
+        ([&stock, &record], ["2", "", "86400000 100 error 2", "00ff"]),
+        (
+            [&stock, &record],
+            ["2", "", "86400000 100 error x1", "00ff"],
+        ),
+        // Words missing or too many.
+        ([&stock, &record], ["2", "", "86400000 100 error", "00ff"]),
+        (
+            [&stock, &record],
+            ["2", "", "86400000 100 error 00 0", "00ff"],
         ),
         (
             [&stock, &record],
-            ["2", "", "86400000", "100", "maybe", "00ff"],
-        ),
-        (
-            [&stock, &record],
-            ["2", "", "86400000", "0", "error", "00ff"],
-        ),
-        (
-            [&stock, &record],
-            ["2", "", "86400000", "100", "error", "not-hex"],
+            ["2", "", "86400000 100 error 00", "not-hex"],
         ),
         ([&stock, b"elsewhere:req:r1"], good),
         ([b"stock:own", &record], good),
@@ -545,9 +550,9 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     }
     // The caller's qty and order_no: code 3.
     for argv in [
-        ["0", "", "86400000", "100", "error", "00ff"],
-        ["101", "", "86400000", "100", "error", "00ff"],
-        ["2", "bad\norder", "86400000", "100", "error", "00ff"],
+        ["0", "", "86400000 100 error 00", "00ff"],
+        ["101", "", "86400000 100 error 00", "00ff"],
+        ["2", "bad\norder", "86400000 100 error 00", "00ff"],
     ] {
         let reply = parse(call([&stock, &record], argv, &mut direct).unwrap());
         assert_eq!(reply.code, 3, "{argv:?}");

@@ -722,13 +722,9 @@ async fn a_hold_nobody_releases_for_longer_than_the_retry_window_still_comes_bac
     );
     let placed: Value = redis::cmd("EVAL")
         .arg(&scripts.hold.body)
-        .arg(4)
+        .arg(2)
         .arg(&keys.all()[..])
-        .arg(
-            &[
-                "3", "", "1000", "86400000", "60000", "1000000", "error", "ab12", "0",
-            ][..],
-        )
+        .arg(&["3", "", "1000", "86400000 60000 1000000 error 00", "ab12"][..])
         .query(&mut direct_unindexed)
         .unwrap();
     // The script's own reply: code, remain, order_no, version, reason,
@@ -902,12 +898,8 @@ fn a_sweep_racing_a_hold_never_files_its_sku_past_the_hold() {
                     b"1",
                     b"",
                     ttl.as_bytes(),
-                    b"86400000",
-                    b"86400000",
-                    b"100",
-                    b"error",
+                    b"86400000 86400000 100 error 00",
                     b"ab12",
-                    b"0",
                 ],
             );
             match reply {

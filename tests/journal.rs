@@ -415,7 +415,8 @@ async fn check_tells_the_journals_backlog() {
 /// a DEDUCT that changes nothing answers its code without one, one that
 /// would deduct, or release an expired hold first, is refused with
 /// NOJOURNAL having changed nothing, and once the journal exists both
-/// changes are entries that add up.
+/// changes are entries that add up, as are those of calls with the
+/// journal off (plain and coalesced).
 #[test]
 fn a_deduct_needs_a_journal_only_to_change_the_sku() {
     let redis = standalone();
@@ -433,12 +434,16 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
         let nonce = format!("{:x}", nonces.get());
         redis::cmd("EVAL")
             .arg(&scripts.deduct.body)
-            .arg(4)
+            .arg(2)
             .arg(&stock)
             .arg(record_key(sku, id))
-            .arg(&holds)
-            .arg(&held_key)
-            .arg(&[qty, "o-1", "86400000", "100", "error", &nonce, "0", journal])
+            // The settings; the flags: replicate off, then the journal's.
+            .arg(&[
+                qty,
+                "o-1",
+                &format!("86400000 100 error 0{journal}"),
+                &nonce,
+            ])
             .query::<Value>(direct)
     };
     let get = |key: &[u8], direct: &mut redis::Connection| -> Option<String> {
@@ -535,4 +540,66 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
             (Event::Deduct, "r4", -1, 0, 6, 0),
         ]
     );
+
+    // A SKU with a journal is journaled whatever the caller's flag: a
+    // DEDUCT with the journal off, and a coalesced call of two.
+    assert_eq!(parse(deduct("r5", "1", "0", &mut direct).unwrap()).code, 0);
+    // A flat reply: -1 - remain, order_no for each member's 0.
+    let many: Vec<Value> = redis::cmd("EVAL")
+        .arg(&scripts.deduct_many.body)
+        .arg(5)
+        .arg(&stock)
+        .arg(&holds)
+        .arg(&held_key)
+        .arg(record_key(sku, "r6"))
+        .arg(record_key(sku, "r7"))
+        .arg(&["86400000", "100", "error", "0", "0"])
+        .arg(&["1", "", "aa", "2", "o-7", "ab"])
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(
+        (&many[0], &many[2]),
+        (&Value::Int(-5), &Value::Int(-3)),
+        "{many:?}"
+    );
+    let raw: Value = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query(&mut direct)
+        .unwrap();
+    let later: Vec<_> = stockgate::journal::stream::entries(raw).unwrap()[2..]
+        .iter()
+        .map(|e| (e.event, e.id.to_string(), e.stock_change, e.stock))
+        .collect();
+    assert_eq!(
+        later,
+        [
+            (Event::Deduct, "r5".to_owned(), -1, 5),
+            (Event::Deduct, "r6".to_owned(), -1, 4),
+            (Event::Deduct, "r7".to_owned(), -2, 2),
+        ]
+    );
+
+    // A journal an older release opened: its stream, without the marker
+    // the calls read (lua/common.lua, journal_of). With the journal on, a
+    // deduction is refused until the journal is opened again, which marks
+    // it; then a call with the journal off appends to it too.
+    let marker = [journal.as_slice(), b":on"].concat();
+    redis::cmd("DEL")
+        .arg(&marker)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let refused = deduct("r8", "1", "1", &mut direct).unwrap_err();
+    assert_eq!(refused.code(), Some("NOJOURNAL"), "{refused:?}");
+    redis::cmd("EVAL")
+        .arg(&scripts.journal_open.body)
+        .arg(1)
+        .arg(&journal)
+        .arg("make")
+        .query::<Value>(&mut direct)
+        .unwrap();
+    assert_eq!(parse(deduct("r8", "1", "0", &mut direct).unwrap()).code, 0);
+    let length: i64 = redis::cmd("XLEN").arg(&journal).query(&mut direct).unwrap();
+    assert_eq!(length, 6, "r8's entry");
 }

@@ -718,7 +718,9 @@ impl Saga {
         cmd.query(&mut self.conn).unwrap()
     }
 
-    fn line(&mut self, script: &str, sku: &str, order: &str, args: &[&str]) -> i64 {
+    /// A line's call: the caller's arguments, then the settings (the
+    /// words stockgate sends, the flags "00" last), then a nonce.
+    fn line(&mut self, script: &str, sku: &str, order: &str, args: &[&str], settings: &str) -> i64 {
         let body = match script {
             "deduct" => &self.scripts.deduct.body,
             "hold" => &self.scripts.hold.body,
@@ -726,14 +728,12 @@ impl Saga {
             _ => &self.scripts.revert.body,
         };
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(body).arg(4).arg(stock_key(sku));
+        cmd.arg(body).arg(2).arg(stock_key(sku));
         cmd.arg(record_key(sku, &line_id(order)));
-        cmd.arg([stock_key(sku), b":holds".to_vec()].concat());
-        cmd.arg([stock_key(sku), b":held".to_vec()].concat());
         for arg in args {
             cmd.arg(*arg);
         }
-        cmd.arg("def456").arg("0");
+        cmd.arg(format!("{settings} 00")).arg("def456");
         let reply: Value = cmd.query(&mut self.conn).unwrap();
         match reply {
             Value::Array(items) => match items[0] {
@@ -745,22 +745,22 @@ impl Saga {
     }
 
     fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
-        let args = [qty, "", ttl, "86400000", WINDOW, "1000000", "error"];
-        self.line("hold", sku, order, &args)
+        let settings = format!("86400000 {WINDOW} 1000000 error");
+        self.line("hold", sku, order, &[qty, "", ttl], &settings)
     }
 
     /// An ORDER's line (kind `T`): a DEDUCT of the line id.
     fn take(&mut self, sku: &str, order: &str, qty: &str) -> i64 {
-        let args = [qty, "", WINDOW, "1000000", "error"];
-        self.line("deduct", sku, order, &args)
+        let settings = format!("{WINDOW} 1000000 error");
+        self.line("deduct", sku, order, &[qty, ""], &settings)
     }
 
     fn confirm(&mut self, sku: &str, order: &str) -> i64 {
-        self.line("confirm", sku, order, &[WINDOW, "error"])
+        self.line("confirm", sku, order, &[], &format!("{WINDOW} error"))
     }
 
     fn revert(&mut self, sku: &str, order: &str) -> i64 {
-        self.line("revert", sku, order, &[WINDOW, "error"])
+        self.line("revert", sku, order, &[], &format!("{WINDOW} error"))
     }
 
     /// Files `order` among the orders in flight, due now, and marks its

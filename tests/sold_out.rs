@@ -112,6 +112,7 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             let sku = Sku::parse(format!("diff-{}", case.get()).into()).unwrap();
             let id = RequestId::parse("id".to_owned().into()).unwrap();
             let keys = layout.request_keys(&sku, &id);
+            let hold_keys = layout.sku_keys(&sku);
             let mut set = redis::pipe();
             if let Some(stock) = &state.stock {
                 set.set(&keys.stock, stock).ignore();
@@ -121,8 +122,8 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             }
             if let Some(held) = state.held {
                 // A hold that ran out long ago, of another request.
-                set.set(&keys.held, held).ignore();
-                set.zadd(&keys.holds, "other", 1000).ignore();
+                set.set(&hold_keys.held, held).ignore();
+                set.zadd(&hold_keys.holds, "other", 1000).ignore();
                 set.set(
                     [keys.stock.clone(), b":req:other".to_vec()].concat(),
                     format!("3:H:{held}:ab:1000.1:"),
@@ -135,7 +136,7 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             let read: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
                 .arg(&keys.stock)
                 .arg(&keys.record)
-                .arg(&keys.held)
+                .arg(&hold_keys.held)
                 .query(conn)
                 .unwrap();
             let bytes = |v: &Option<Vec<u8>>| v.clone().map(bytes::Bytes::from);
@@ -149,18 +150,16 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             let script = script_answer(
                 redis::cmd("EVALSHA")
                     .arg(&deduct.sha)
-                    .arg(4)
+                    .arg(2)
                     .arg(&keys.stock)
                     .arg(&keys.record)
-                    .arg(&keys.holds)
-                    .arg(&keys.held)
                     .arg(&qty)
                     .arg("")
-                    .arg(86_400_000)
-                    .arg(1_000_000)
-                    .arg(if state.missing_zero { "zero" } else { "error" })
+                    .arg(format!(
+                        "86400000 1000000 {} 00",
+                        if state.missing_zero { "zero" } else { "error" }
+                    ))
                     .arg("cafe")
-                    .arg("0")
                     .query(conn),
             );
             match decision {

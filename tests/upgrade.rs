@@ -1,6 +1,7 @@
 //! Rolling upgrades: sidecars of earlier releases (script versions 2 and
-//! 3, in `tests/compat/`) serve beside new ones for minutes, each running
-//! its own scripts on the same keys. A record an old script can't read
+//! 3, in `tests/compat/`; version 4 before its scripts became a library
+//! shaped for FCALL, in `benches/side_by_side/before/`) serve beside new
+//! ones for minutes, each running its own scripts on the same keys. A record an old script can't read
 //! must make it answer an error (BADRECORD), never a business code; and
 //! the new scripts must read every record the old ones wrote.
 
@@ -244,4 +245,85 @@ async fn version_3_scripts_refuse_hold_records_with_an_error() {
     assert_eq!((retry.code, retry.remain), (1, 10));
     let back = parse(revert(&mut conn, "up-hold", "v3-new").await.unwrap());
     assert_eq!((back.code, back.remain), (0, 15));
+}
+
+/// The scripts before the library was shaped for FCALL (issue 35; the
+/// benchmark keeps them, `benches/side_by_side/before/`) beside these, on
+/// the same keys: the record's shape did not change, so each reads what
+/// the other wrote, and a request is applied once whichever serves it.
+#[test]
+fn the_scripts_before_the_function_library_and_these_read_each_others_records() {
+    let redis = standalone();
+    let direct = std::cell::RefCell::new(redis.node.connection().unwrap());
+    let sku = "up-35";
+    let stock = stock_key(sku);
+    redis::cmd("SET")
+        .arg(&stock)
+        .arg(10)
+        .query::<()>(&mut *direct.borrow_mut())
+        .unwrap();
+    let dir = format!(
+        "{}/benches/side_by_side/before/",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let read = |name: &str| std::fs::read_to_string(format!("{dir}{name}.lua")).unwrap();
+    let common = read("common");
+    let old = |name: &str| stockgate::script::body_of(&common, &read(name));
+    let new = stockgate::script::Scripts::new();
+    let holds = [stock.as_slice(), b":holds"].concat();
+    let held = [stock.as_slice(), b":held"].concat();
+    let nonces = std::cell::Cell::new(0u32);
+    // A call of `body` on request `id`: the scripts before took four keys
+    // and their settings one by one, these two keys and one settings text.
+    let call = |body: &str, before: bool, id: &str, caller: &[&str], settings: &[&str]| {
+        nonces.set(nonces.get() + 1);
+        let nonce = format!("{:x}", nonces.get());
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(body);
+        if before {
+            cmd.arg(4)
+                .arg(&stock)
+                .arg(record_key(sku, id))
+                .arg(&holds)
+                .arg(&held);
+            cmd.arg(caller).arg(settings).arg(&nonce).arg("0").arg("0");
+        } else {
+            cmd.arg(2).arg(&stock).arg(record_key(sku, id));
+            cmd.arg(caller)
+                .arg(format!("{} 00", settings.join(" ")))
+                .arg(&nonce);
+        }
+        let reply = parse(cmd.query::<Value>(&mut *direct.borrow_mut()).unwrap());
+        (reply.code, reply.remain)
+    };
+    let deduct = ["86400000", "1000000", "error"];
+    let end = ["86400000", "error"];
+    let hold = ["600000", "86400000", "1000000", "error"];
+    let (old_deduct, old_hold, old_revert) = (old("deduct"), old("hold"), old("revert"));
+    // Deducted by one, retried through the other: a duplicate.
+    assert_eq!(
+        call(&new.deduct.body, false, "r1", &["2", ""], &deduct),
+        (0, 8)
+    );
+    assert_eq!(call(&old_deduct, true, "r1", &["2", ""], &deduct), (1, 8));
+    assert_eq!(call(&old_deduct, true, "r2", &["3", ""], &deduct), (0, 5));
+    assert_eq!(
+        call(&new.deduct.body, false, "r2", &["3", ""], &deduct),
+        (1, 5)
+    );
+    // A hold placed by one, confirmed by the other; deductions given back
+    // across too, and a second REVERT a duplicate.
+    assert_eq!(
+        call(&old_hold, true, "h1", &["1", "", "60000"], &hold),
+        (0, 4)
+    );
+    assert_eq!(call(&new.confirm.body, false, "h1", &[], &end), (0, 4));
+    assert_eq!(call(&old_revert, true, "r1", &[], &end), (0, 6));
+    assert_eq!(call(&new.revert.body, false, "r2", &[], &end), (0, 9));
+    assert_eq!(call(&old_revert, true, "r2", &[], &end), (1, 9));
+    let left: i64 = redis::cmd("GET")
+        .arg(&stock)
+        .query(&mut *direct.borrow_mut())
+        .unwrap();
+    assert_eq!(left, 9, "10, less the hold confirmed");
 }

@@ -39,7 +39,7 @@ use crate::Knobs;
 use crate::db::{Db, connect};
 use crate::fleet::{Fleet, Stockgate, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
-use crate::target::{MAX_QTY, MISSING_STOCK, RETRY_WINDOW_MS, Rng, TargetId};
+use crate::target::{Rng, SETTINGS, TargetId};
 use bytes::{Buf, BytesMut};
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
@@ -671,16 +671,12 @@ impl Spelling {
                 out.push(&[
                     b"EVALSHA",
                     self.sha.as_bytes(),
-                    b"4",
+                    b"2",
                     &keys.stock,
                     &keys.record,
-                    &keys.holds,
-                    &keys.held,
                     b"1",
                     order_no.as_bytes(),
-                    RETRY_WINDOW_MS,
-                    MAX_QTY,
-                    MISSING_STOCK,
+                    SETTINGS,
                     nonce.as_bytes(),
                 ]);
             }

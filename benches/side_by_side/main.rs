@@ -298,6 +298,11 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let wants = |mode: &str| modes.is_empty() || modes.contains(&mode);
+    if modes == ["script-cost"] {
+        // Redis alone, under callgrind: no fleet to start.
+        script_cost::run();
+        return;
+    }
     loadgen::self_check();
     let knobs = Knobs::from_env();
     let fd_limit = fleet::raise_fd_limit();

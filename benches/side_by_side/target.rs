@@ -12,6 +12,9 @@ use stockgate::params::{RequestId, Sku};
 pub const RETRY_WINDOW_MS: &[u8] = b"86400000";
 pub const MAX_QTY: &[u8] = b"1000000";
 pub const MISSING_STOCK: &[u8] = b"error";
+/// The same settings as `lua/deduct.lua` takes them (its ARGV[3]): window,
+/// max qty, missing-stock mode, the flags (replicate and journal off).
+pub const SETTINGS: &[u8] = b"86400000 1000000 error 00";
 
 /// The targets, in the order the table lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +58,7 @@ impl TargetId {
 /// What goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// `EVALSHA <sha> 4 <stock key> <record key> <holds> <held> <qty> <order_no> ...`
+    /// `EVALSHA <sha> 2 <stock key> <record key> <qty> <order_no> <settings> <nonce>`
     Evalsha,
     /// `DEDUCT <sku> <qty> <request_id> <order_no>`
     Deduct,
@@ -151,16 +154,12 @@ pub fn plan(
                         requests.push(&[
                             b"EVALSHA",
                             db.sha().as_bytes(),
-                            b"4",
+                            b"2",
                             &keys.stock,
                             &keys.record,
-                            &keys.holds,
-                            &keys.held,
                             qty,
                             order_no.as_bytes(),
-                            RETRY_WINDOW_MS,
-                            MAX_QTY,
-                            MISSING_STOCK,
+                            SETTINGS,
                             nonce.as_bytes(),
                         ]);
                     }

@@ -101,7 +101,10 @@ impl Sink {
     /// Connects and applies the schema: a failure here is the operator's
     /// to see at once (a wrong URL, no permission), not to retry forever.
     pub async fn start(&mut self) -> Result<(), JournalFault> {
-        self.books().await.map(|_| ())
+        self.books().await?;
+        let marked = stream::mark_listed(&self.upstream, &self.keys).await?;
+        tracing::debug!(marked, "every listed journal has its marker");
+        Ok(())
     }
 
     /// Rounds until one finds nothing left to move, then stops: `stockgate

@@ -85,6 +85,42 @@ pub async fn all_listed(
     Ok(all)
 }
 
+/// Calls in flight at once in [`mark_listed`].
+const MARKS_IN_FLIGHT: usize = 64;
+
+/// Marks every listed SKU's journal (`lua/journal_open.lua`'s `make`, which
+/// makes the marker beside the stream, and the stream if an opening was
+/// cut between its two steps): a journal an older release opened has no
+/// marker, and until it has one a sidecar with `--journal false` does not
+/// see it (`lua/common.lua`, `journal_of`). Idempotent. Returns how many.
+pub async fn mark_listed(upstream: &Upstream, keys: &KeyLayout) -> Result<usize, JournalFault> {
+    use futures_util::stream::{self, StreamExt, TryStreamExt};
+    let scripts = crate::script::Scripts::new();
+    let names = all_listed(upstream, keys).await?;
+    let count = names.len();
+    stream::iter(names)
+        .map(|name| {
+            let scripts = &scripts;
+            async move {
+                let sku = sku(&name)?;
+                let deadline = tokio::time::Instant::now() + upstream.timeout();
+                upstream
+                    .eval_piped(
+                        &scripts.journal_open,
+                        &[&keys.journal_key(&sku)],
+                        &[b"make"],
+                        deadline,
+                    )
+                    .await
+                    .map_err(JournalFault::redis)
+            }
+        })
+        .buffer_unordered(MARKS_IN_FLIGHT)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    Ok(count)
+}
+
 /// A read of a SKU's journal: how many entries it holds in all, and up to
 /// `count` of them after `after` (from the start when None).
 pub struct Read {

@@ -68,7 +68,7 @@ impl DeductJoin {
             single: single.clone(),
             many: many.clone(),
             calling,
-            shared_args: single.shared_args().concat().into(),
+            shared_args: Bytes::copy_from_slice(single.shared_args()),
             most,
             metrics,
         }
@@ -94,20 +94,29 @@ impl Join for DeductJoin {
 
     fn gather_lone(&self, call: &[u8], marks: &LoneMarks, gathered: &mut Gathered) {
         // The pieces `Wire::encode` marked: the head, the stock key, the
-        // record key, the two hold keys, the caller's arguments, what
-        // stockgate supplies, the nonce, the flags.
-        let [head, stock, record, holds, caller, fixed, nonce, _] = *marks;
+        // record key, the caller's arguments, the settings, the nonce. A
+        // call of many names the SKU's hold keys as well (after the stock
+        // key, in the shared part), which a lone call leaves to its script.
+        let [head, stock, record, caller, settings, nonce] = *marks;
         let shared = &mut gathered.shared;
-        shared.extend_from_slice(&call[head..stock]);
+        let stock_bulk = &call[head..stock];
+        shared.extend_from_slice(stock_bulk);
         gathered.marks.push(shared.len());
-        shared.extend_from_slice(&call[record..holds]);
+        let stock_key = bulk_content(stock_bulk);
+        for parts in KeyLayout::hold_keys_after(stock_key) {
+            reply::bulk_parts(shared, &parts);
+        }
         let parts = &mut gathered.parts;
         parts.extend_from_slice(&call[stock..record]);
         gathered.marks.push(parts.len());
-        parts.extend_from_slice(&call[holds..caller]);
+        parts.extend_from_slice(&call[record..caller]);
         gathered.marks.push(parts.len());
-        parts.extend_from_slice(&call[fixed..nonce]);
+        parts.extend_from_slice(&call[settings..nonce]);
         gathered.marks.push(parts.len());
+    }
+
+    fn split(&self, frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
+        split_flat(frame, members)
     }
 
     fn write(&self, gathered: &Gathered, out: &mut BytesMut) {
@@ -122,7 +131,6 @@ impl Join for DeductJoin {
                 [
                     stock,
                     &parts[start..record],
-                    hold_keys,
                     &parts[record..caller],
                     &parts[caller..nonce],
                 ],
@@ -148,6 +156,59 @@ impl Join for DeductJoin {
             out.extend_from_slice(&parts[record..nonce]);
         }
     }
+}
+
+/// What a bulk string `$<n>\r\n<bytes>\r\n` this process wrote holds.
+fn bulk_content(bulk: &[u8]) -> &[u8] {
+    let start = bulk.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    &bulk[start..bulk.len().saturating_sub(2)]
+}
+
+/// `lua/deduct_many.lua`'s flat reply, split: for each member, the count
+/// of its reply's elements, then those elements (its own call's reply is
+/// that array); or 0, then its error reply; or `-1 - remain` (below 0),
+/// then the order_no, of `{0, remain, order_no, VERSION}`, the commonest. Each member
+/// gets the bytes its own call would have got; `None` unless there are
+/// `members` of them.
+fn split_flat(frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
+    let crate::answer::Shape::Array(total) = crate::answer::shape(frame) else {
+        return None;
+    };
+    let mut elements = crate::answer::elements(frame, total)?;
+    let mut replies = Vec::with_capacity(members);
+    while let Some(count) = elements.next() {
+        match crate::answer::shape(&count) {
+            crate::answer::Shape::Integer(0) => replies.push(elements.next()?),
+            crate::answer::Shape::Integer(code) if code < 0 => {
+                let order_no = elements.next()?;
+                let mut own = BytesMut::with_capacity(32 + order_no.len());
+                own.extend_from_slice(b"*4\r\n:0\r\n:");
+                own.extend_from_slice(itoa::Buffer::new().format(-1 - code).as_bytes());
+                own.extend_from_slice(b"\r\n");
+                own.extend_from_slice(&order_no);
+                own.extend_from_slice(b":");
+                own.extend_from_slice(
+                    itoa::Buffer::new()
+                        .format(crate::outcome::SCRIPT_VERSION)
+                        .as_bytes(),
+                );
+                own.extend_from_slice(b"\r\n");
+                replies.push(own.freeze());
+            }
+            crate::answer::Shape::Integer(count) if count > 0 => {
+                let mut own = BytesMut::new();
+                own.extend_from_slice(b"*");
+                own.extend_from_slice(itoa::Buffer::new().format(count).as_bytes());
+                own.extend_from_slice(b"\r\n");
+                for _ in 0..count {
+                    own.extend_from_slice(&elements.next()?);
+                }
+                replies.push(own.freeze());
+            }
+            _ => return None,
+        }
+    }
+    (replies.len() == members).then_some(replies)
 }
 
 /// What the first DEDUCT of a call writes for all of them: the SKU's stock
@@ -290,6 +351,34 @@ mod tests {
             gathered.members += 1;
         }
         gathered
+    }
+
+    #[test]
+    fn a_flat_reply_splits_into_each_members_own_reply() {
+        let v = crate::outcome::SCRIPT_VERSION;
+        let frame = Bytes::from(format!(
+            "*15\r\n:4\r\n:1\r\n:97\r\n$3\r\nO-1\r\n:{v}\r\n\
+             :0\r\n-BADRECORD no\r\n\
+             :5\r\n:3\r\n:-1\r\n$0\r\n\r\n:{v}\r\n$3\r\nwhy\r\n\
+             :-97\r\n$3\r\nO-2\r\n"
+        ));
+        let members = split_flat(&frame, 4).unwrap();
+        let own = |text: String| Bytes::from(text);
+        assert_eq!(
+            members,
+            [
+                own(format!("*4\r\n:1\r\n:97\r\n$3\r\nO-1\r\n:{v}\r\n")),
+                own("-BADRECORD no\r\n".to_owned()),
+                own(format!(
+                    "*5\r\n:3\r\n:-1\r\n$0\r\n\r\n:{v}\r\n$3\r\nwhy\r\n"
+                )),
+                own(format!("*4\r\n:0\r\n:96\r\n$3\r\nO-2\r\n:{v}\r\n")),
+            ]
+        );
+        // Not as many members as the call had, or not this shape at all.
+        assert_eq!(split_flat(&frame, 3), None);
+        assert_eq!(split_flat(&Bytes::from_static(b"-BADCALL x\r\n"), 2), None);
+        assert_eq!(split_flat(&Bytes::from_static(b"*1\r\n:3\r\n"), 1), None);
     }
 
     #[test]

@@ -2,46 +2,50 @@
 //! (DEDUCT, REVERT, HOLD, CONFIRM), as the node pipes send it and as the
 //! redis-rs fallback sends it.
 //!
-//! Every such script takes the request's four keys (stock, record, holds,
-//! held: [`crate::keys::RequestKeys`]) and its ARGV in one order: the
-//! caller's arguments, then what stockgate supplies alike for every call
-//! (window, limits, missing-stock mode), then the call's nonce, then the
-//! replicate and journal flags. What every call has alike is encoded once at startup;
-//! the hot path copies it in and writes only the keys from their parts,
-//! the caller's arguments and the nonce.
+//! Every such script takes the request's two keys (stock and record:
+//! [`crate::keys::RequestKeys`]) and its ARGV in one order: the caller's
+//! arguments, then its settings, then the call's nonce. The settings are
+//! one argument: what stockgate supplies alike for every call (window,
+//! limits, missing-stock mode) and the flags `<replicate><journal>` ("0" or
+//! "1" each), separated by spaces (`lua/common.lua`, `settle`, which a
+//! function library runs once per text). What every call has alike is
+//! encoded once at startup; the hot path copies it in and writes only the
+//! keys from their parts, the caller's arguments and the nonce.
 
 use crate::keys::KeyLayout;
 use crate::params::{RequestId, Sku};
 use crate::pipeline::LoneMarks;
 use crate::reply::{self, Spare};
-
-/// What a bulk string's header and CRLF take at most, besides its bytes.
-const LINE_MOST_BULK: usize = 1 + 20 + 2 + 2;
 use crate::script::{Calling, LuaScript};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+
+/// What a bulk string's header and CRLF take at most, besides its bytes.
+const LINE_MOST_BULK: usize = 1 + 20 + 2 + 2;
 
 /// One script's call, pre-encoded.
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `*<n>`, FCALL, the function, `4`; and `*<n>`, EVALSHA, the SHA, `4`.
+    /// `*<n>`, FCALL, the function, `2`; and `*<n>`, EVALSHA, the SHA, `2`.
     heads: [Bytes; 2],
-    /// The arguments stockgate supplies before the nonce, encoded...
-    fixed: Bytes,
-    /// ... and as they are, for the fallback.
+    /// The settings, the argument before the nonce, encoded...
+    settings: Bytes,
+    /// ... and as it is, for the fallback.
+    settings_arg: Vec<u8>,
+    /// The settings one by one, as they are (for `lua/deduct_many.lua`,
+    /// which takes them so: a coalesced call's shared arguments cost once
+    /// for all its members)...
     fixed_args: Vec<Vec<u8>>,
-    /// The flags after the nonce (replicate, journal), encoded and as they
-    /// are.
-    tail: Bytes,
-    flags: Vec<Vec<u8>>,
+    /// ... and encoded, with the two flags after them.
+    split: Bytes,
     caller_args: usize,
 }
 
 impl Wire {
     /// The call of `script`, which takes `caller_args` of the caller's
     /// arguments, then `fixed`, the nonce and the `flags` (replicate,
-    /// journal).
+    /// journal: `"0"` or `"1"` each), as one argument.
     pub(super) fn new(
         script: &Arc<LuaScript>,
         caller_args: usize,
@@ -50,29 +54,29 @@ impl Wire {
     ) -> Wire {
         let heads = [Calling::Function, Calling::Eval].map(|calling| {
             let mut head = BytesMut::new();
-            script.write_head(
-                calling,
-                &mut head,
-                4,
-                caller_args + fixed.len() + 1 + flags.len(),
-            );
+            script.write_head(calling, &mut head, 2, caller_args + 2);
             head.freeze()
         });
-        let mut encoded = BytesMut::new();
-        for arg in fixed {
-            reply::bulk_of(&mut encoded, arg);
-        }
-        let mut tail = BytesMut::new();
-        for flag in flags {
-            reply::bulk_of(&mut tail, flag);
+        let joined_flags = flags.concat();
+        let settings_arg = fixed
+            .iter()
+            .copied()
+            .chain([joined_flags.as_slice()])
+            .collect::<Vec<&[u8]>>()
+            .join(&b' ');
+        let mut settings = BytesMut::new();
+        reply::bulk_of(&mut settings, &settings_arg);
+        let mut split = BytesMut::new();
+        for arg in fixed.iter().chain(&flags) {
+            reply::bulk_of(&mut split, arg);
         }
         Wire {
             script: script.clone(),
             heads,
-            fixed: encoded.freeze(),
+            settings: settings.freeze(),
+            settings_arg,
             fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
-            tail: tail.freeze(),
-            flags: flags.iter().map(|f| f.to_vec()).collect(),
+            split: split.freeze(),
             caller_args,
         }
     }
@@ -102,17 +106,13 @@ impl Wire {
         let head = self.head(calling);
         let stock = keys.stock_key_parts(sku);
         let record = keys.record_key_parts(sku, request_id);
-        let [holds, held] = keys.hold_key_parts(sku);
         let most = head.len()
             + Spare::bulk_parts_most(&stock)
             + Spare::bulk_parts_most(&record)
-            + Spare::bulk_parts_most(&holds)
-            + Spare::bulk_parts_most(&held)
             + Spare::bulk_parts_most(caller)
             + caller.len() * LINE_MOST_BULK
-            + self.fixed.len()
-            + Spare::bulk_parts_most(&[nonce])
-            + self.tail.len();
+            + self.settings.len()
+            + Spare::bulk_parts_most(&[nonce]);
         let mut out = Spare::new(buf, most);
         let mut marks = LoneMarks::default();
         out.put(head);
@@ -121,44 +121,29 @@ impl Wire {
         marks[1] = out.written();
         out.bulk_parts(&record);
         marks[2] = out.written();
-        out.bulk_parts(&holds);
-        out.bulk_parts(&held);
-        marks[3] = out.written();
         for arg in caller {
             out.bulk(arg);
         }
+        marks[3] = out.written();
+        out.put(&self.settings);
         marks[4] = out.written();
-        out.put(&self.fixed);
-        marks[5] = out.written();
         out.bulk(nonce);
-        marks[6] = out.written();
-        out.put(&self.tail);
-        marks[7] = out.written();
+        marks[5] = out.written();
         out.done();
         marks
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings
-    /// already: the stock key, the record key, the two hold keys, the
-    /// caller's arguments and the nonce (a coalesced DEDUCT alone in its
-    /// call, [`super::coalesce`]).
+    /// already: the stock key, the record key, the caller's arguments and
+    /// the nonce (a coalesced DEDUCT alone in its call, [`super::coalesce`]).
     pub(super) fn encode_bulks(
         &self,
         calling: Calling,
-        [stock, record, hold_keys, caller, nonce]: [&[u8]; 5],
+        [stock, record, caller, nonce]: [&[u8]; 4],
         buf: &mut BytesMut,
     ) {
         let head = self.head(calling);
-        let pieces = [
-            head,
-            stock,
-            record,
-            hold_keys,
-            caller,
-            &self.fixed,
-            nonce,
-            &self.tail,
-        ];
+        let pieces = [head, stock, record, caller, &self.settings, nonce];
         let mut out = Spare::new(buf, pieces.iter().map(|p| p.len()).sum());
         for piece in pieces {
             out.put(piece);
@@ -166,25 +151,24 @@ impl Wire {
         out.done();
     }
 
-    /// The arguments stockgate supplies alike for every call, encoded, then
-    /// the flags: what a coalesced call's members share.
-    pub(super) fn shared_args(&self) -> [&[u8]; 2] {
-        [&self.fixed, &self.tail]
+    /// The settings and the two flags, one argument each, encoded, as
+    /// `lua/deduct_many.lua` takes them: what a coalesced call's members
+    /// share.
+    pub(super) fn shared_args(&self) -> &[u8] {
+        &self.split
     }
 
-    /// The arguments stockgate supplies before the nonce, as they are.
+    /// The settings one by one, as they are.
     pub(super) fn fixed_argv<const N: usize>(&self) -> [&[u8]; N] {
         std::array::from_fn(|i| self.fixed_args[i].as_slice())
     }
 
     /// The script's ARGV, for the fallback.
     pub(super) fn argv<'a>(&'a self, caller: &[&'a [u8]], nonce: &'a [u8]) -> Vec<&'a [u8]> {
-        let mut argv =
-            Vec::with_capacity(self.caller_args + self.fixed_args.len() + 1 + self.flags.len());
+        let mut argv = Vec::with_capacity(self.caller_args + 2);
         argv.extend_from_slice(caller);
-        argv.extend(self.fixed_args.iter().map(Vec::as_slice));
+        argv.push(&self.settings_arg);
         argv.push(nonce);
-        argv.extend(self.flags.iter().map(Vec::as_slice));
         argv
     }
 }
