@@ -792,6 +792,29 @@ async fn two_sinks_share_the_shards_and_write_each_entry_once(engine: Engine) {
 }
 
 /// promtool accepts the journal's alert rules and their unit tests.
+both! { async fn the_sinks_of_two_databases_on_one_server_each_move_every_shard }
+/// Two deployments, each with its books in a database of its own on one
+/// database server: each sink is its deployment's only one and moves all
+/// 16 shards. (A PostgreSQL sink once counted the other database's sink
+/// as one of its own, from `pg_locks`, which lists every database's
+/// locks: each took 8 shards and left 8 unmoved.)
+async fn the_sinks_of_two_databases_on_one_server_each_move_every_shard(engine: Engine) {
+    let (a, b) = (Stage::shared(), Stage::shared());
+    let (db_a, db_b) = (BooksDb::start(engine), BooksDb::start(engine));
+    assert_ne!(db_a.url(), db_b.url(), "two databases");
+    let first = SinkProcess::start(&a, &db_a, &[]);
+    first.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let second = SinkProcess::start(&b, &db_b, &[]);
+    second.wait_metric("stockgate_journal_shards_owned", |v| v == 16.0);
+    let mut journals = Journals::new(&a);
+    for sku in skus("solo", 16) {
+        journals.day(&sku, 3);
+    }
+    wait(|| (journals.pending() == 0).then_some(()));
+    assert_eq!(books(&db_a).await, expected_books(&journals));
+    assert_eq!(first.metric("stockgate_journal_shards_owned"), Some(16.0));
+}
+
 #[test]
 fn promtool_accepts_the_journal_rules_and_their_unit_tests() {
     for args in [

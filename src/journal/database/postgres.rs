@@ -171,13 +171,19 @@ impl PgBooks {
         Ok(())
     }
 
-    /// How many sinks are connected now (this one included).
+    /// How many sinks are connected now (this one included). `pg_locks`
+    /// lists the locks of every database on the server, and an advisory
+    /// lock is its database's own: counted without the database, the
+    /// sinks of two databases on one server would each take half the
+    /// shards, and leave the other half unmoved.
     pub async fn sinks(&self) -> Result<usize, JournalFault> {
         let row = self
             .client
             .query_one(
                 "SELECT count(*) FROM pg_locks
                   WHERE locktype = 'advisory' AND granted
+                    AND database = (SELECT oid FROM pg_database
+                                     WHERE datname = current_database())
                     AND classid = $1::int4::oid AND objid = 0 AND objsubid = 2",
                 &[&self.locks.members],
             )
