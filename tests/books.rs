@@ -791,7 +791,6 @@ async fn two_sinks_share_the_shards_and_write_each_entry_once(engine: Engine) {
     }
 }
 
-/// promtool accepts the journal's alert rules and their unit tests.
 both! { async fn the_sinks_of_two_databases_on_one_server_each_move_every_shard }
 /// Two deployments, each with its books in a database of its own on one
 /// database server: each sink is its deployment's only one and moves all
@@ -815,6 +814,7 @@ async fn the_sinks_of_two_databases_on_one_server_each_move_every_shard(engine: 
     assert_eq!(first.metric("stockgate_journal_shards_owned"), Some(16.0));
 }
 
+/// promtool accepts the journal's alert rules and their unit tests.
 #[test]
 fn promtool_accepts_the_journal_rules_and_their_unit_tests() {
     for args in [

@@ -7,12 +7,8 @@
 //! bounds.
 //!
 //! The contract (all or none, retries, revert, order holds and their
-//! status, invalid orders, a saga finished by a retry) runs against each
-//! server of the upstream matrix. The races and the faults (`, ci:
-//! redis7`) run against Redis 7.0 in CI and against the other three on
-//! request (`cargo test --test orders -- --ignored`): each starts its own
-//! cluster and takes seconds, and what they test is stockgate's saga, the
-//! same on every server once the contract holds there.
+//! status, invalid orders, a saga finished by a retry), the races and the
+//! faults run against each server of the upstream matrix.
 
 mod support;
 
@@ -507,7 +503,7 @@ async fn an_order_hold_is_confirmed_whole_or_reverted_whole(kind: ServerKind) {
     assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "d-1"]).await.code, 3);
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_holds_expiring_while_confirm_races_them, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_holds_expiring_while_confirm_races_them }
 /// Order holds of 1000 ms, each raced by an ORDER.CONFIRM sent around its
 /// expiry: each answers 0 (every line confirmed) or 5 (every line given
 /// back), and the books say the same.
@@ -576,7 +572,7 @@ async fn order_holds_expiring_while_confirm_races_them(kind: ServerKind) {
     eprintln!("{confirmed} of {ORDERS} confirmed in time");
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units }
 /// Orders competing for the last units of one SKU, each sent through two
 /// stockgates at once: exactly as many win as there are units, each pair
 /// of answers agrees, and each winner has every line applied.
@@ -633,7 +629,7 @@ async fn concurrent_orders_through_two_stockgates_win_exactly_the_last_units(kin
     }
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_revert_racing_an_order_in_flight_leaves_no_line_deducted }
 /// ORDER.REVERT sent while the ORDER is in flight (through another
 /// stockgate): whichever wins, every line ends given back or revoked,
 /// never deducted, and the stock is whole again.
@@ -943,7 +939,7 @@ async fn a_saga_cut_short_after_k_of_n_lines_is_finished_by_a_retry(kind: Server
     }
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries }
 /// A stockgate SIGKILLed under a load of orders: with nobody retrying,
 /// every order it left in flight comes to rest by itself (the survivor's
 /// recovery); then every order is retried through the survivor, and each
@@ -1069,7 +1065,7 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries(k
     }
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_left_behind_in_every_phase_end_without_a_retry, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_left_behind_in_every_phase_end_without_a_retry }
 /// Orders left behind in every phase, with nobody to retry them (issue
 /// 22, 2): as a stockgate that died mid-saga leaves them, filed among the
 /// orders in flight. A stockgate's recovery ends each one, the way its
@@ -1197,7 +1193,7 @@ async fn orders_left_behind_in_every_phase_end_without_a_retry(kind: ServerKind)
     assert_eq!(must(&mut conn, &args).await.code, 5);
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry, ci: redis7 }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn an_order_confirm_cut_by_a_stalled_primary_ends_whole_without_a_retry }
 /// The reproduced strand (issue 22, 2): an ORDER.CONFIRM whose line meets
 /// a primary that stops (SIGSTOP) gets an error, and its caller never
 /// retries. Once the primary goes on, stockgate ends the order by itself:

@@ -209,7 +209,7 @@ async fn killed_primary_replica_promoted_stockgate_recovers(kind: ServerKind) {
     );
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books }
 /// A flash sale's shape under a crash: every client on one SKU, so its
 /// DEDUCTs run coalesced (lua/deduct_many.lua), some of them in the call
 /// that is in Redis when its primary is killed. Each member was sent again
@@ -260,7 +260,7 @@ async fn a_hot_sku_killed_mid_coalesced_calls_keeps_exact_books(kind: ServerKind
     );
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn manual_failover_old_primary_redirects_and_nothing_is_lost }
 /// Fault 2: `CLUSTER FAILOVER` on a replica under load. The old primary
 /// becomes a replica, and stockgate's next DEDUCT for that shard still goes
 /// to it: the script's `#!lua` flags make the replica answer MOVED (not
@@ -356,7 +356,7 @@ async fn manual_failover_old_primary_redirects_and_nothing_is_lost(kind: ServerK
     lane.assert_linearizable(&lane.history, asked, demoted, (0, ""));
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn lost_scripts_are_reloaded_without_client_errors }
 /// Fault 4: NOSCRIPT, with stockgate calling by EVALSHA (`--scripts
 /// eval`, as where FUNCTION is refused; the library's own faults are
 /// [`crate::functions`]'s). First `SCRIPT FLUSH` on a primary under load:
@@ -497,7 +497,7 @@ fn held_on(node: &stockgate::dev::RedisNode, skus: &[String]) -> Option<(i64, i6
     }))
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn primary_fails_over_mid_sweep_and_every_hold_comes_back_once }
 /// A primary killed while the sweeper releases its expired holds. Short
 /// holds (1–2.5 s) are placed on skus of one primary, whose sweep index
 /// shard lives there too, and nothing else touches them: only the sweeper

@@ -14,7 +14,7 @@ use crate::harness::*;
 use std::time::{Duration, Instant};
 use stockgate::script::Calling;
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_flushed_library_and_a_new_primary_cost_no_client_an_error, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_flushed_library_and_a_new_primary_cost_no_client_an_error }
 /// Under load: `FUNCTION FLUSH` on two primaries; then a new, empty
 /// primary joins the cluster and two busy skus' slots move to it. The
 /// flushes cost no client an error; the move costs what any slot move

@@ -9,16 +9,14 @@
 //! latency, acknowledged writes lost).
 //!
 //! ```sh
-//! cargo test --test faults -- --nocapture     # the CI variants, about 9 minutes on 2 cores
+//! cargo test --test faults -- --nocapture     # what CI runs, about 10 minutes on 2 cores
 //! STOCKGATE_LONG_FAULTS=1 cargo test --test faults -- --nocapture
 //!                                              # longer phases, more slots moved, more rounds
 //! STOCKGATE_FAULT_WAIT=1 cargo test --test faults
 //!                                              # every fault with --wait-replicas 1
 //! STOCKGATE_FAULT_SEED=123 cargo test --test faults
 //!                                              # replay one load's random choices
-//! cargo test --test faults -- --ignored        # the Redis 8.2 and Valkey 9.1 cells of the slow faults (below)
-//! cargo test --test faults valkey -- --include-ignored
-//!                                              # the whole Valkey half of the upstream matrix
+//! cargo test --test faults valkey             # the Valkey half of the upstream matrix
 //! ```
 //!
 //! The upstream matrix: the checker's own test ([`baseline`]), the failover
@@ -26,14 +24,7 @@
 //! function library's ([`functions`]) run against Redis 7.0, Redis 8.2,
 //! Valkey 8.0 and Valkey 9.1, as `<test>::redis7`, `::redis8`, `::valkey8`
 //! and `::valkey9` (`support::matrix!`); the other faults run against
-//! Redis 7.0 only. To keep CI within its budget, the Redis 8.2 and Valkey
-//! 9.1 cells of seven slower ones are `#[ignore]`d (`ci: debian`) and run
-//! on request: the manual failover, the lost scripts, the failover
-//! mid-sweep, the short slot move, the slot migrating mid-order, the hot
-//! sku killed mid-coalesced-calls and the library's flush and new primary
-//! (178 s together). CI runs the baseline, the killed primary (with holds
-//! and orders, some of them never retried by their callers) and live
-//! resharding on all four (docs/testing.md says why).
+//! Redis 7.0 only. CI runs every cell.
 //!
 //! | module | faults |
 //! |---|---|

@@ -149,7 +149,7 @@ async fn live_resharding_of_busy_slots(kind: ServerKind) {
     lane.assert_linearizable(&lane.history, first_move, moved, (0, ""));
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_move_shorter_than_the_deadline_surfaces_no_error }
 /// A slot move shorter than `--timeout` must cost latency, not errors: the
 /// deadline, "redirects and retries included", decides when to give up,
 /// not the count of ASK and TRYAGAIN hops on the way.
@@ -298,7 +298,7 @@ async fn sixty_one_retries_leave_the_cluster_connection_working() {
     server.stop_now();
 }
 
-matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_migrating_mid_order, ci: debian }
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_slot_migrating_mid_order }
 /// One line's slot migrates while a load of orders runs, each over 2–3
 /// skus, one per primary, most of them naming the moving one. The line
 /// calls and the intent's compare-and-sets meet ASK and TRYAGAIN mid-saga;

@@ -137,18 +137,13 @@ pub fn assert_runs(node: &RedisNode, kind: ServerKind) {
 /// ```
 ///
 /// The attribute (`#[test]`, `#[tokio::test(...)]`) goes on every test.
-/// A slow test (a fault, a race) can't run four times within CI's budget;
-/// a tail says which cells are `#[ignore]`d and run on request (`cargo
-/// test --test <file> -- --ignored`), see docs/testing.md for which and
-/// why:
-/// - `, ci: debian`: Redis 7.0 and Valkey 8.0 in CI, the newer two on request;
-/// - `, ci: redis7`: Redis 7.0 in CI, the other three on request.
+/// Every cell runs in CI.
 macro_rules! matrix {
-    (#[$test:meta] async fn $name:ident $(, ci: $ci:ident)?) => {
-        $crate::support::matrix!(@cells [async] [.await] #[$test] $name $($ci)?);
+    (#[$test:meta] async fn $name:ident) => {
+        $crate::support::matrix!(@cells [async] [.await] #[$test] $name);
     };
-    (#[$test:meta] fn $name:ident $(, ci: $ci:ident)?) => {
-        $crate::support::matrix!(@cells [] [] #[$test] $name $($ci)?);
+    (#[$test:meta] fn $name:ident) => {
+        $crate::support::matrix!(@cells [] [] #[$test] $name);
     };
     (@cells $a:tt $w:tt #[$test:meta] $name:ident) => {
         mod $name {
@@ -158,31 +153,8 @@ macro_rules! matrix {
             $crate::support::matrix!(@cell $a $w #[$test] $name valkey9 Valkey9);
         }
     };
-    (@cells $a:tt $w:tt #[$test:meta] $name:ident debian) => {
-        mod $name {
-            $crate::support::matrix!(@cell $a $w #[$test] $name redis7 Redis7);
-            $crate::support::matrix!(@cell $a $w #[$test] $name redis8 Redis8 ignored);
-            $crate::support::matrix!(@cell $a $w #[$test] $name valkey8 Valkey8);
-            $crate::support::matrix!(@cell $a $w #[$test] $name valkey9 Valkey9 ignored);
-        }
-    };
-    (@cells $a:tt $w:tt #[$test:meta] $name:ident redis7) => {
-        mod $name {
-            $crate::support::matrix!(@cell $a $w #[$test] $name redis7 Redis7);
-            $crate::support::matrix!(@cell $a $w #[$test] $name redis8 Redis8 ignored);
-            $crate::support::matrix!(@cell $a $w #[$test] $name valkey8 Valkey8 ignored);
-            $crate::support::matrix!(@cell $a $w #[$test] $name valkey9 Valkey9 ignored);
-        }
-    };
     (@cell [$($async:tt)*] [$($await:tt)*] #[$test:meta] $name:ident $cell:ident $kind:ident) => {
         #[$test]
-        $($async)* fn $cell() {
-            super::$name($crate::support::ServerKind::$kind) $($await)*
-        }
-    };
-    (@cell [$($async:tt)*] [$($await:tt)*] #[$test:meta] $name:ident $cell:ident $kind:ident ignored) => {
-        #[$test]
-        #[ignore = "a slow test's cell outside CI's budget (docs/testing.md): cargo test --test <its file> -- --ignored"]
         $($async)* fn $cell() {
             super::$name($crate::support::ServerKind::$kind) $($await)*
         }
