@@ -239,10 +239,17 @@ local function settle(text, names, shape)
   return settled
 end
 
--- The checks every call on one request makes of its keys (KEYS: the stock
--- key and the record key, which must lie under it; the SKU's other keys
--- are made from the stock key, sku_keys) and of its nonce, once its
--- settings passed. Returns the BADCALL error to return, or nil. Leaves
+-- The checks every call on one request makes of its keys and of its
+-- nonce, once its settings passed. KEYS: the stock key, the record key
+-- (which must lie under it), then the SKU's holds, held units and journal
+-- marker, which must be the names sku_keys makes. The scripts use the
+-- names sku_keys makes; the keys are declared all the same because in a
+-- cluster only a declared key is checked before the call runs: while its
+-- slot migrates, a key the script touched undeclared, absent from this
+-- node, fails the command that touches it, maybe after a write, where a
+-- declared one makes Redis answer TRYAGAIN or ASK before anything ran.
+-- (The journal stays undeclared: every script reads its marker or the
+-- stream before its first write, so an absent journal fails a read.) Returns the BADCALL error to return, or nil. Leaves
 -- sku_keys set for KEYS[1]. Its helpers are written out, as every such
 -- call makes it.
 local function request_fault(keys, nonce)
@@ -250,7 +257,8 @@ local function request_fault(keys, nonce)
   if stock_key ~= known_stock then
     sku_keys(stock_key)
   end
-  if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1 or keys[3] then
+  if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1
+      or keys[3] ~= holds_name or keys[4] ~= held_name or keys[5] ~= marker_name or keys[6] then
     return badcall('keys do not follow the stockgate key layout')
   end
   if not nonce or #nonce > 32 or not find(nonce, '^%x+$') then

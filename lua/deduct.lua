@@ -15,13 +15,13 @@ write, and an out-of-memory server rejects it before it runs.
 
 KEYS[1]  stock key           <prefix>:{<sku>}                  integer string
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id> see lua/common.lua, always with a TTL
-The SKU's other keys are the stock key's, with the same hash tag, so all
-live in one cluster slot; the script makes their names (lua/common.lua,
-sku_keys) rather than take them, as each key of a call costs Redis about
-1k instructions:
-         holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
-         held units          <prefix>:{<sku>}:held             integer string
-         journal             <prefix>:{<sku>}:journal          stream (lua/common.lua, journal_of)
+KEYS[3]  holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
+KEYS[4]  held units          <prefix>:{<sku>}:held             integer string
+KEYS[5]  journal marker      <prefix>:{<sku>}:journal:on       "1" while the SKU has a journal
+The script uses the names it makes from the stock key (lua/common.lua,
+sku_keys) and checks these against them; they are declared so that a
+cluster checks them before the call runs (lua/common.lua, request_fault).
+         journal             <prefix>:{<sku>}:journal          stream (lua/common.lua, journal_of), undeclared
 
 ARGV[1]  qty                 decimal integer from 1 to max qty
 ARGV[2]  order_no            0 to 128 printable ASCII bytes ("" when none)

@@ -89,10 +89,11 @@ local function stock_add(KEYS, ARGV)
   if after > EXACT then
     return {3, stock or 0, '', VERSION, 'the stock would exceed 2^53 - 1'}
   end
+  -- Read before the first write, as in lua/stock_set.lua.
+  local held = journal_key and to_number(call('GET', held_name) or '0')
   after = call('INCRBY', stock_key, delta_arg)
   if journal_key then
-    journal(journal_key, 'add', sub(op_key, #stock_key + 5), delta_arg, '0', after,
-      to_number(call('GET', held_name) or '0'), '')
+    journal(journal_key, 'add', sub(op_key, #stock_key + 5), delta_arg, '0', after, held, '')
   end
   call('SET', op_key, op_text('A', delta_arg, nonce, int_text(after)), 'PX', window)
   return {0, after, '', VERSION}

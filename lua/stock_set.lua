@@ -72,11 +72,15 @@ local function stock_set(KEYS, ARGV)
     return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
   end
 
+  -- The held units, read before the first write: the key is not declared,
+  -- and in a migrating slot a read of it can fail, which must find
+  -- nothing changed (lua/common.lua, request_fault).
+  local held = journal_key and to_number(call('GET', held_name) or '0')
   call('SET', stock_key, qty_arg)
   if journal_key then
     local before = to_number(current or '0') or 0
     journal(journal_key, 'set', sub(op_key, #stock_key + 5), int_text(qty - before), '0',
-      qty, to_number(call('GET', held_name) or '0'), '')
+      qty, held, '')
   end
   call('SET', op_key, op_text('S', qty_arg, nonce, qty_arg), 'PX', window)
   return {0, qty, '', VERSION}

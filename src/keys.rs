@@ -6,6 +6,9 @@
 //! operator's change   <prefix>:{<sku>}:op:<op_id>        (STOCK.SET, STOCK.ADD)
 //! holds               <prefix>:{<sku>}:holds             sorted set: request_id by expiry
 //! units held          <prefix>:{<sku>}:held              integer
+//! journal             <prefix>:{<sku>}:journal           stream (crate::journal)
+//! journal marker      <prefix>:{<sku>}:journal:on        "1" while the journal exists
+//! sink's last read    <prefix>:{<sku>}:journal:sunk      stream id (--wait-replicas)
 //!
 //! sweep index         <prefix>:{<shard tag>}:due         sorted set: sku by when to look
 //! sweep marks         <prefix>:{<shard tag>}:marks       hash: sku -> when it was marked
@@ -58,19 +61,28 @@ pub struct DeductKeys {
 }
 
 /// The keys a call on one request names (DEDUCT, REVERT, HOLD, CONFIRM,
-/// STOCK.STATUS), in the order the scripts take them. The SKU's other
-/// keys (its holds, held units and journal) share the stock key's hash
-/// tag, and the scripts make their names from it: each key a call names
-/// costs Redis about 1k instructions (lua/common.lua, `sku_keys`).
+/// STOCK.STATUS), in the order the scripts take them: the stock key, the
+/// record key, then the SKU's keys the call may touch besides (its holds,
+/// its held units, its journal's marker), declared so that a cluster
+/// checks them before the call runs (lua/common.lua, `request_fault`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestKeys {
     pub stock: Vec<u8>,
     pub record: Vec<u8>,
+    pub holds: Vec<u8>,
+    pub held: Vec<u8>,
+    pub marker: Vec<u8>,
 }
 
 impl RequestKeys {
-    pub fn all(&self) -> [&[u8]; 2] {
-        [&self.stock, &self.record]
+    pub fn all(&self) -> [&[u8]; 5] {
+        [
+            &self.stock,
+            &self.record,
+            &self.holds,
+            &self.held,
+            &self.marker,
+        ]
     }
 }
 
@@ -81,6 +93,8 @@ pub struct SkuKeys {
     pub stock: Vec<u8>,
     pub holds: Vec<u8>,
     pub held: Vec<u8>,
+    /// The journal's marker (not among [`SkuKeys::all`]).
+    pub marker: Vec<u8>,
 }
 
 impl SkuKeys {
@@ -105,9 +119,11 @@ pub struct SweepShard {
 /// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
 pub const ORDER_LINE_PREFIX: &str = "~ord:";
 
-/// What the stock key is followed by in its SKU's holds and held units.
+/// What the stock key is followed by in its SKU's holds, held units and
+/// journal marker.
 const HOLDS: &[u8] = b":holds";
 const HELD: &[u8] = b":held";
+const MARKER: &[u8] = b":journal:on";
 
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
@@ -174,16 +190,12 @@ impl KeyLayout {
         ]
     }
 
-    /// `<prefix>:{<sku>}:holds` and `<prefix>:{<sku>}:held`, as parts.
-    pub fn hold_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 5]; 2] {
+    /// `<prefix>:{<sku>}:holds`, `:held` and `:journal:on`: the keys a
+    /// call on one of the SKU's requests names after its stock and record
+    /// keys ([`RequestKeys`]), as parts.
+    pub fn side_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 5]; 3] {
         let stock = self.stock_key_parts(sku);
-        [HOLDS, HELD].map(|suffix| [stock[0], stock[1], stock[2], stock[3], suffix])
-    }
-
-    /// The same two keys of the SKU whose stock key is `stock_key`, as
-    /// parts: the stock key and a suffix.
-    pub fn hold_keys_after(stock_key: &[u8]) -> [[&[u8]; 2]; 2] {
-        [[stock_key, HOLDS], [stock_key, HELD]]
+        [HOLDS, HELD, MARKER].map(|suffix| [stock[0], stock[1], stock[2], stock[3], suffix])
     }
 
     /// `<prefix>:{<sku>}`
@@ -193,19 +205,24 @@ impl KeyLayout {
 
     /// The keys of one request.
     pub fn request_keys(&self, sku: &Sku, request_id: &RequestId) -> RequestKeys {
+        let [holds, held, marker] = self.side_key_parts(sku);
         RequestKeys {
             stock: self.stock_key(sku),
             record: self.record_key_parts(sku, request_id).concat(),
+            holds: holds.concat(),
+            held: held.concat(),
+            marker: marker.concat(),
         }
     }
 
     /// The keys of a SKU itself: its stock and its holds.
     pub fn sku_keys(&self, sku: &Sku) -> SkuKeys {
-        let [holds, held] = self.hold_key_parts(sku);
+        let [holds, held, marker] = self.side_key_parts(sku);
         SkuKeys {
             stock: self.stock_key(sku),
             holds: holds.concat(),
             held: held.concat(),
+            marker: marker.concat(),
         }
     }
 

@@ -347,9 +347,12 @@ impl Rig {
         for m in &case.members {
             let result = redis::cmd("EVALSHA")
                 .arg(&self.scripts.deduct.sha)
-                .arg(2)
+                .arg(5)
                 .arg(&one)
                 .arg(format!("{one}:req:{}", IDS[m.id]))
+                .arg(format!("{one}:holds"))
+                .arg(format!("{one}:held"))
+                .arg(format!("{one}:journal:on"))
                 .arg(&m.qty)
                 .arg(&m.order_no)
                 // The settings; the flags: replicate, and the journal off.
@@ -363,7 +366,7 @@ impl Rig {
         }
 
         let many = format!("many:{{{sku}}}");
-        let count = (3 + case.members.len()).to_string();
+        let count = (4 + case.members.len()).to_string();
         let mut args: Vec<String> = vec![
             "EVALSHA".into(),
             self.scripts.deduct_many.sha.clone(),
@@ -371,6 +374,7 @@ impl Rig {
             many.clone(),
             format!("{many}:holds"),
             format!("{many}:held"),
+            format!("{many}:journal:on"),
         ];
         args.extend(
             case.members

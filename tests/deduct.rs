@@ -484,14 +484,41 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     // qty, order_no, the settings (window, max qty, missing-stock mode,
     // flags), the nonce.
     let good = ["2", "", "86400000 100 error 00", "00ff"];
-    // The script takes the stock and record keys; `extra` names a third.
+    // The script takes the stock and record keys, then the SKU's holds,
+    // held units and journal marker (`side`, own's unless a case says);
+    // `extra` names a sixth.
+    let own_side: [&[u8]; 3] = [
+        b"stock:{own}:holds",
+        b"stock:{own}:held",
+        b"stock:{own}:journal:on",
+    ];
+    let call_full = |keys: [&[u8]; 2],
+                     side: [&[u8]; 3],
+                     extra: Option<&[u8]>,
+                     argv: &[&str],
+                     direct: &mut redis::Connection| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&scripts.deduct.body)
+            .arg(5 + usize::from(extra.is_some()))
+            .arg(keys[0])
+            .arg(keys[1])
+            .arg(&side[..]);
+        if let Some(extra) = extra {
+            cmd.arg(extra);
+        }
+        for a in argv {
+            cmd.arg(*a);
+        }
+        cmd.query::<Value>(direct)
+    };
     let call_with =
         |keys: [&[u8]; 2], extra: Option<&[u8]>, argv: &[&str], direct: &mut redis::Connection| {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(&scripts.deduct.body)
-                .arg(2 + usize::from(extra.is_some()))
+                .arg(5 + usize::from(extra.is_some()))
                 .arg(keys[0])
-                .arg(keys[1]);
+                .arg(keys[1])
+                .arg(&own_side[..]);
             if let Some(extra) = extra {
                 cmd.arg(extra);
             }
@@ -511,6 +538,15 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     )
     .unwrap_err();
     assert_eq!(err.code(), Some("BADCALL"), "a key too many: {err:?}");
+    // Each of the SKU's other keys must be its own, in its place.
+    for side in [
+        [own_side[1], own_side[0], own_side[2]],
+        [b"stock:{other}:holds", own_side[1], own_side[2]],
+        [own_side[0], own_side[1], b"stock:{own}:journal"],
+    ] {
+        let err = call_full([&stock, &record], side, None, &good, &mut direct).unwrap_err();
+        assert_eq!(err.code(), Some("BADCALL"), "{side:?}: {err:?}");
+    }
     let own_faults: [([&[u8]; 2], [&str; 4]); 10] = [
         ([&stock, &record], ["2", "", "59999 100 error 00", "00ff"]),
         (

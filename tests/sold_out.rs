@@ -150,9 +150,8 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             let script = script_answer(
                 redis::cmd("EVALSHA")
                     .arg(&deduct.sha)
-                    .arg(2)
-                    .arg(&keys.stock)
-                    .arg(&keys.record)
+                    .arg(5)
+                    .arg(&keys.all()[..])
                     .arg(&qty)
                     .arg("")
                     .arg(format!(

@@ -25,16 +25,21 @@ use support::*;
 /// NOSCRIPT) for `sku`, with a request_id never used: keys and arguments
 /// as the proxy builds them.
 fn eval_deduct(conn: &mut redis::Connection, sku: &str) -> redis::RedisResult<Value> {
+    let keys = layout().request_keys(
+        &stockgate::params::Sku::parse(sku.to_owned().into()).unwrap(),
+        &stockgate::params::RequestId::parse("pinned-1".into()).unwrap(),
+    );
     redis::cmd("EVAL")
         .arg(&Scripts::new().deduct.body)
-        .arg(2)
-        .arg(stock_key(sku))
-        .arg(record_key(sku, "pinned-1"))
+        .arg(5)
+        .arg(&keys.all()[..])
         .arg(1)
         .arg("")
-        .arg(86_400_000)
-        .arg(1_000_000)
-        .arg(MissingStock::Error.as_arg())
+        .arg(format!(
+            "86400000 1000000 {} 00",
+            MissingStock::Error.as_arg()
+        ))
+        .arg("c0ffee")
         .query(conn)
 }
 

@@ -671,9 +671,12 @@ impl Spelling {
                 out.push(&[
                     b"EVALSHA",
                     self.sha.as_bytes(),
-                    b"2",
+                    b"5",
                     &keys.stock,
                     &keys.record,
+                    &keys.holds,
+                    &keys.held,
+                    &keys.marker,
                     b"1",
                     order_no.as_bytes(),
                     SETTINGS,

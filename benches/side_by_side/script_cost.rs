@@ -156,7 +156,13 @@ impl Set {
                 self.call(name, calling, &keys, &args)
             }
             Era::Now => {
-                let keys = [stock.to_owned(), record.to_owned()];
+                let keys = [
+                    stock.to_owned(),
+                    record.to_owned(),
+                    format!("{stock}:holds"),
+                    format!("{stock}:held"),
+                    format!("{stock}:journal:on"),
+                ];
                 args.push(format!("{} 0{journal}", settings.join(" ")));
                 args.push(nonce.to_owned());
                 self.call(name, calling, &keys, &args)
@@ -587,6 +593,9 @@ fn measure(kind: ServerKind, out: &mut String) {
                     format!("{stock}:holds"),
                     format!("{stock}:held"),
                 ];
+                if set.era == Era::Now {
+                    keys.push(format!("{stock}:journal:on"));
+                }
                 let mut args: Vec<String> = [
                     WINDOW,
                     MAX_QTY,

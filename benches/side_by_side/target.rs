@@ -58,7 +58,7 @@ impl TargetId {
 /// What goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// `EVALSHA <sha> 2 <stock key> <record key> <qty> <order_no> <settings> <nonce>`
+    /// `EVALSHA <sha> 5 <stock key> <record key> <holds> <held> <marker> <qty> <order_no> <settings> <nonce>`
     Evalsha,
     /// `DEDUCT <sku> <qty> <request_id> <order_no>`
     Deduct,
@@ -154,9 +154,12 @@ pub fn plan(
                         requests.push(&[
                             b"EVALSHA",
                             db.sha().as_bytes(),
-                            b"2",
+                            b"5",
                             &keys.stock,
                             &keys.record,
+                            &keys.holds,
+                            &keys.held,
+                            &keys.marker,
                             qty,
                             order_no.as_bytes(),
                             SETTINGS,

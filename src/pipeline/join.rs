@@ -23,7 +23,7 @@ pub struct Gathered {
 
 /// Where the pieces of a call written alone lie in its bytes, as its
 /// writer marked them ([`Join::gather_lone`] reads them).
-pub type LoneMarks = [usize; 6];
+pub type LoneMarks = [usize; 7];
 
 /// How requests that may share one call are written into a batch.
 pub trait Join: Send + Sync {

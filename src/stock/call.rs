@@ -258,7 +258,7 @@ impl StockService {
             return self
                 .upstream
                 .submit_script(slot, call.deadline, completion, |buf| {
-                    let [_, held] = keys.hold_key_parts(sku);
+                    let [_, held, _] = keys.side_key_parts(sku);
                     sold_out::encode_read(
                         [
                             &keys.stock_key_parts(sku),
@@ -365,7 +365,8 @@ impl StockService {
         let reloading = reloading.clone();
         tokio::spawn(async move {
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-            if let Err(fault) = upstream.eval(&script, &keys.all(), &args).await {
+            let named = [&keys.stock[..], &keys.holds, &keys.held, &keys.marker];
+            if let Err(fault) = upstream.eval(&script, &named, &args).await {
                 tracing::debug!(%fault, "could not load the coalesced DEDUCT script again");
             }
             reloading.store(false, Ordering::Release);

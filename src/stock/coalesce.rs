@@ -94,22 +94,17 @@ impl Join for DeductJoin {
 
     fn gather_lone(&self, call: &[u8], marks: &LoneMarks, gathered: &mut Gathered) {
         // The pieces `Wire::encode` marked: the head, the stock key, the
-        // record key, the caller's arguments, the settings, the nonce. A
-        // call of many names the SKU's hold keys as well (after the stock
-        // key, in the shared part), which a lone call leaves to its script.
-        let [head, stock, record, caller, settings, nonce] = *marks;
+        // record key, the SKU's three other keys, the caller's arguments,
+        // the settings, the nonce.
+        let [head, stock, record, side, caller, settings, nonce] = *marks;
         let shared = &mut gathered.shared;
-        let stock_bulk = &call[head..stock];
-        shared.extend_from_slice(stock_bulk);
+        shared.extend_from_slice(&call[head..stock]);
         gathered.marks.push(shared.len());
-        let stock_key = bulk_content(stock_bulk);
-        for parts in KeyLayout::hold_keys_after(stock_key) {
-            reply::bulk_parts(shared, &parts);
-        }
+        shared.extend_from_slice(&call[record..side]);
         let parts = &mut gathered.parts;
         parts.extend_from_slice(&call[stock..record]);
         gathered.marks.push(parts.len());
-        parts.extend_from_slice(&call[record..caller]);
+        parts.extend_from_slice(&call[side..caller]);
         gathered.marks.push(parts.len());
         parts.extend_from_slice(&call[settings..nonce]);
         gathered.marks.push(parts.len());
@@ -121,7 +116,7 @@ impl Join for DeductJoin {
 
     fn write(&self, gathered: &Gathered, out: &mut BytesMut) {
         let members = gathered.members;
-        let (stock, hold_keys) = gathered.shared.split_at(gathered.marks[0]);
+        let (stock, side) = gathered.shared.split_at(gathered.marks[0]);
         let parts = &gathered.parts[..];
         let calling = self.calling.get();
         if members == 1 {
@@ -131,6 +126,7 @@ impl Join for DeductJoin {
                 [
                     stock,
                     &parts[start..record],
+                    side,
                     &parts[record..caller],
                     &parts[caller..nonce],
                 ],
@@ -139,13 +135,13 @@ impl Join for DeductJoin {
             return;
         }
         self.metrics.record_coalesced(members);
-        // KEYS: stock, holds, held, then each member's record; ARGV: the
+        // KEYS: stock, holds, held, marker, then each member's record; ARGV: the
         // shared five (window, max qty, missing-stock mode, the replicate
         // and journal flags), then each member's qty, order_no and nonce.
         self.many
-            .write_head(calling, out, 3 + members, 5 + 3 * members);
+            .write_head(calling, out, 4 + members, 5 + 3 * members);
         out.extend_from_slice(stock);
-        out.extend_from_slice(hold_keys);
+        out.extend_from_slice(side);
         for i in 0..members {
             let [start, record, ..] = member_at(gathered, i);
             out.extend_from_slice(&parts[start..record]);
@@ -156,12 +152,6 @@ impl Join for DeductJoin {
             out.extend_from_slice(&parts[record..nonce]);
         }
     }
-}
-
-/// What a bulk string `$<n>\r\n<bytes>\r\n` this process wrote holds.
-fn bulk_content(bulk: &[u8]) -> &[u8] {
-    let start = bulk.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
-    &bulk[start..bulk.len().saturating_sub(2)]
 }
 
 /// `lua/deduct_many.lua`'s flat reply, split: for each member, the count
@@ -212,22 +202,26 @@ fn split_flat(frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
 }
 
 /// What the first DEDUCT of a call writes for all of them: the SKU's stock
-/// key, then its two hold keys.
+/// key, then its three other keys (holds, held units, journal marker), as
+/// both a member alone and a call of many name them.
 pub(super) fn write_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
     let stock = keys.stock_key_parts(sku);
-    let [holds, held] = keys.hold_key_parts(sku);
+    let side = keys.side_key_parts(sku);
     let shared = &mut gathered.shared;
     let base = shared.len();
     let mut out = Spare::new(
         shared,
         Spare::bulk_parts_most(&stock)
-            + Spare::bulk_parts_most(&holds)
-            + Spare::bulk_parts_most(&held),
+            + side
+                .iter()
+                .map(|k| Spare::bulk_parts_most(k))
+                .sum::<usize>(),
     );
     out.bulk_parts(&stock);
     let stock_end = out.written();
-    out.bulk_parts(&holds);
-    out.bulk_parts(&held);
+    for key in &side {
+        out.bulk_parts(key);
+    }
     out.done();
     gathered.marks.push(base + stock_end);
 }
@@ -323,7 +317,7 @@ impl Join for ReadJoin {
 pub(super) fn write_read_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
     reply::bulk_parts(&mut gathered.shared, &keys.stock_key_parts(sku));
     gathered.marks.push(gathered.shared.len());
-    let [_, held] = keys.hold_key_parts(sku);
+    let [_, held, _] = keys.side_key_parts(sku);
     reply::bulk_parts(&mut gathered.shared, &held);
 }
 
@@ -390,7 +384,7 @@ mod tests {
         let mut alone = BytesMut::new();
         join.write(&gather(&keys, &sku, &["a"]), &mut alone);
         let id = RequestId::parse(Bytes::from_static(b"a")).unwrap();
-        let [_, held] = keys.hold_key_parts(&sku);
+        let [_, held, _] = keys.side_key_parts(&sku);
         let mut own = BytesMut::new();
         encode_read(
             [

@@ -2,7 +2,8 @@
 //! (DEDUCT, REVERT, HOLD, CONFIRM), as the node pipes send it and as the
 //! redis-rs fallback sends it.
 //!
-//! Every such script takes the request's two keys (stock and record:
+//! Every such script takes the request's five keys (stock, record, and
+//! the SKU's holds, held units and journal marker:
 //! [`crate::keys::RequestKeys`]) and its ARGV in one order: the caller's
 //! arguments, then its settings, then the call's nonce. The settings are
 //! one argument: what stockgate supplies alike for every call (window,
@@ -27,7 +28,7 @@ const LINE_MOST_BULK: usize = 1 + 20 + 2 + 2;
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `*<n>`, FCALL, the function, `2`; and `*<n>`, EVALSHA, the SHA, `2`.
+    /// `*<n>`, FCALL, the function, `5`; and `*<n>`, EVALSHA, the SHA, `5`.
     heads: [Bytes; 2],
     /// The settings, the argument before the nonce, encoded...
     settings: Bytes,
@@ -54,7 +55,7 @@ impl Wire {
     ) -> Wire {
         let heads = [Calling::Function, Calling::Eval].map(|calling| {
             let mut head = BytesMut::new();
-            script.write_head(calling, &mut head, 2, caller_args + 2);
+            script.write_head(calling, &mut head, 5, caller_args + 2);
             head.freeze()
         });
         let joined_flags = flags.concat();
@@ -106,9 +107,14 @@ impl Wire {
         let head = self.head(calling);
         let stock = keys.stock_key_parts(sku);
         let record = keys.record_key_parts(sku, request_id);
+        let side = keys.side_key_parts(sku);
         let most = head.len()
             + Spare::bulk_parts_most(&stock)
             + Spare::bulk_parts_most(&record)
+            + side
+                .iter()
+                .map(|k| Spare::bulk_parts_most(k))
+                .sum::<usize>()
             + Spare::bulk_parts_most(caller)
             + caller.len() * LINE_MOST_BULK
             + self.settings.len()
@@ -121,29 +127,34 @@ impl Wire {
         marks[1] = out.written();
         out.bulk_parts(&record);
         marks[2] = out.written();
+        for key in &side {
+            out.bulk_parts(key);
+        }
+        marks[3] = out.written();
         for arg in caller {
             out.bulk(arg);
         }
-        marks[3] = out.written();
-        out.put(&self.settings);
         marks[4] = out.written();
-        out.bulk(nonce);
+        out.put(&self.settings);
         marks[5] = out.written();
+        out.bulk(nonce);
+        marks[6] = out.written();
         out.done();
         marks
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings
-    /// already: the stock key, the record key, the caller's arguments and
-    /// the nonce (a coalesced DEDUCT alone in its call, [`super::coalesce`]).
+    /// already: the stock key, the record key, the SKU's three other keys,
+    /// the caller's arguments and the nonce (a coalesced DEDUCT alone in
+    /// its call, [`super::coalesce`]).
     pub(super) fn encode_bulks(
         &self,
         calling: Calling,
-        [stock, record, caller, nonce]: [&[u8]; 4],
+        [stock, record, side, caller, nonce]: [&[u8]; 5],
         buf: &mut BytesMut,
     ) {
         let head = self.head(calling);
-        let pieces = [head, stock, record, caller, &self.settings, nonce];
+        let pieces = [head, stock, record, side, caller, &self.settings, nonce];
         let mut out = Spare::new(buf, pieces.iter().map(|p| p.len()).sum());
         for piece in pieces {
             out.put(piece);

@@ -73,6 +73,9 @@ enum KeyKind {
     Journal,
     /// The sink's mark of the last id it read (`--wait-replicas`).
     Sunk,
+    /// The journal's marker, which the calls read to learn the SKU has a
+    /// journal (`lua/journal_open.lua`).
+    JournalMarker,
 }
 
 /// A journal's XRANGE, its entries read as the sink reads them.
@@ -256,6 +259,7 @@ impl FinalState {
                     ":held" => (KeyKind::Held, ""),
                     ":journal" => (KeyKind::Journal, ""),
                     ":journal:sunk" => (KeyKind::Sunk, ""),
+                    ":journal:on" => (KeyKind::JournalMarker, ""),
                     _ => (KeyKind::Record, tail.strip_prefix(":req:")?),
                 };
                 Some((sku, kind, id))
@@ -265,6 +269,14 @@ impl FinalState {
             return;
         };
         match kind {
+            KeyKind::JournalMarker => {
+                if text() != "1" || pttl != -1 {
+                    self.violations.push(format!(
+                        "{key} is not a lasting \"1\": {:?}, PTTL {pttl}",
+                        text()
+                    ));
+                }
+            }
             KeyKind::Sunk => {
                 let id = text();
                 let parsed = id.split_once('-').and_then(|(ms, seq)| {
