@@ -750,6 +750,7 @@ mod tests {
                 .map(|c| service.keys.request_keys(sku, &c.request.request_id).record)
                 .collect();
             let mut keys: Vec<&[u8]> = sku_keys.all().to_vec();
+            keys.push(&sku_keys.marker);
             keys.extend(records.iter().map(Vec::as_slice));
             let [window, max_qty, missing] = wire.fixed_argv();
             let mut argv: Vec<&[u8]> = vec![
