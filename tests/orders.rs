@@ -724,8 +724,12 @@ impl Saga {
             _ => &self.scripts.revert.body,
         };
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(body).arg(2).arg(stock_key(sku));
+        let stock = stock_key(sku);
+        cmd.arg(body).arg(5).arg(&stock);
         cmd.arg(record_key(sku, &line_id(order)));
+        for side in [&b":holds"[..], b":held", b":journal:on"] {
+            cmd.arg([stock.as_slice(), side].concat());
+        }
         for arg in args {
             cmd.arg(*arg);
         }
