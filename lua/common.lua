@@ -248,25 +248,34 @@ local function int_text(n)
   return string.format('%d', n)
 end
 
--- The SKU's journal (issue 26; src/journal/mod.rs owns the entry's
--- shape): with --journal, every change of a SKU's stock or held units
--- appends one entry in the call that makes it. A script takes its journal
--- flag ("1": on) as its journal key, <stock key>:journal, or false:
---
---   local journal_key = ARGV[n] == '1' and stock_key .. ':journal'
---   if journal_key and redis.call('EXISTS', journal_key) == 0 then
---     return redis.error_reply(NOJOURNAL)
---   end
---
--- first, before anything is read or written. The journal must exist:
--- stockgate lists the SKU in its shard's set of journals, then makes the
--- stream (lua/journal_open.lua), before the SKU's first entry, so the sink
--- finds every journal without a scan; a call that finds no stream is
--- refused having changed nothing, and stockgate opens the journal and
--- sends it again. Written out in each script, not a helper: with the
--- journal off a call then pays for nothing but the flag's test (a helper
--- is a closure made on every call, about 1.5k instructions in Redis).
+-- The SKU's journal (src/journal/mod.rs owns the entry's shape): every
+-- change of a SKU's stock or held units appends one entry, in the call
+-- that makes it, to <stock key>:journal when the SKU has a journal,
+-- whatever the caller's journal flag. The flag ("1" with --journal) only
+-- says that a SKU without one must get one first: such a call is refused
+-- with NOJOURNAL having changed nothing, and stockgate lists the SKU in
+-- its shard's set of journals, then makes the stream
+-- (lua/journal_open.lua), and sends the call again, so the sink finds
+-- every journal without a scan. A sidecar with the journal off thus keeps
+-- the books of every SKU that has them, beside sidecars with it on (a
+-- mixed fleet, a rolling restart that turns the journal on): its changes
+-- are never made outside the journal (docs/books.md).
 local NOJOURNAL = 'NOJOURNAL the sku has no journal yet; nothing was changed'
+
+-- The key this call journals to: the SKU's journal when it has one, false
+-- when it has none and `flag` is not "1"; nil and the NOJOURNAL error to
+-- return when it has none and `flag` is "1". Asked first, before anything
+-- is read or written.
+local function journal_of(stock_key, flag)
+  local key = stock_key .. ':journal'
+  if redis.call('EXISTS', key) == 1 then
+    return key
+  end
+  if flag == '1' then
+    return nil, redis.error_reply(NOJOURNAL)
+  end
+  return false
+end
 
 -- One entry, as one field `e`: "1 <event> <id> <stock change> <held
 -- change> <stock after> <held after> <order_no>" (the format version

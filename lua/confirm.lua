@@ -29,7 +29,7 @@ ARGV[1]  retry window        milliseconds, at least 60000
 ARGV[2]  missing stock       "error" or "zero"
 ARGV[3]  nonce               1 to 32 hex digits, new for every call
 ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent)
-ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
+ARGV[5]  journal             as lua/deduct.lua ARGV[8] (an entry per change)
 
 Replies (lua/common.lua, answer()): {code, stock, order_no, VERSION, reason,
 expires_at, released, held_ms, event}:
@@ -64,9 +64,9 @@ bad = bad_replicate(replicate)
 if bad then
   return bad
 end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+local journal_key, refused = journal_of(stock_key, ARGV[5])
+if refused then
+  return refused
 end
 
 -- The read, the stored data's checks and the SKU's expired holds given

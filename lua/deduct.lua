@@ -30,11 +30,12 @@ ARGV[7]  replicate           "1" with --wait-replicas, "0" (or absent) otherwise
                              sent again, 1, 4) then writes it again unchanged,
                              so the WAIT after it confirms that record (see
                              replicate_again in lua/common.lua)
-ARGV[8]  journal             "1" with --journal: the change is appended to the
-                             SKU's journal in this call (lua/common.lua,
-                             journal; NOJOURNAL when the call would change
-                             the SKU and it has no journal yet, nothing
-                             changed); "0" or absent: off
+ARGV[8]  journal             "1" with --journal, "0" or absent otherwise. A
+                             SKU that has a journal gets the change's entry
+                             in this call whatever the flag (lua/common.lua,
+                             journal_of); with "1", a call that would change
+                             a SKU without one is refused with NOJOURNAL,
+                             nothing changed
 
 Replies (lua/common.lua's answer(): {code, stock, order_no, VERSION,
 reason, expires_at, released, held_ms}). The first four elements are fixed
@@ -85,12 +86,13 @@ if bad then
   return bad
 end
 -- The journal's existence is not asked here, as the other scripts do
--- (lua/common.lua, journal), but where it matters: before a release of
+-- (lua/common.lua, journal_of), but where it matters: before a release of
 -- expired holds, which journals, and by the deduction's own entry, added
 -- with NOMKSTREAM as the first write. A DEDUCT that changes nothing needs
 -- no journal, and the one that does saves an EXISTS (3k instructions of
 -- the entry's 22k, docs/performance.md).
-local journal_key = ARGV[8] == '1' and stock_key .. ':journal'
+local journal_on = ARGV[8] == '1'
+local journal_key = stock_key .. ':journal'
 local max_qty = positive_int(max_arg)
 if not max_qty then
   return badcall('max qty must be a positive integer')
@@ -118,8 +120,11 @@ local record = raw and parse_record(raw)
 if raw and not record then
   return redis.error_reply(BADRECORD)
 end
-if journal_key and held > 0 and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+if held > 0 and redis.call('EXISTS', journal_key) == 0 then
+  if journal_on then
+    return redis.error_reply(NOJOURNAL)
+  end
+  journal_key = false
 end
 local released
 local before = stock
@@ -165,9 +170,10 @@ end
 -- instructions each. The entry goes first, so that a SKU without a
 -- journal is refused having changed nothing; it states the stock after
 -- the DECRBY that follows, computed here (exact: within +-(2^53 - 1)).
+-- With the journal off, the entry goes to the SKU's journal if it has one.
 if journal_key and not redis.call('XADD', journal_key, 'NOMKSTREAM', '*', 'e',
     journal_entry('deduct', record_key:sub(#stock_key + 6), '-' .. qty_arg, '0', stock - qty,
-      held > 0 and held or 0, order_no)) then
+      held > 0 and held or 0, order_no)) and journal_on then
   return redis.error_reply(NOJOURNAL)
 end
 local remain = redis.call('DECRBY', stock_key, qty_arg)

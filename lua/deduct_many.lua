@@ -84,11 +84,14 @@ end
 if not hold_keys_follow(stock_key, holds_key, held_key) then
   return badcall('keys do not follow the stockgate key layout')
 end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
+local journal_key = false
 if n > 0 then
-  -- The journal's absence refuses the whole call, before anything is read.
-  if journal_key and redis.call('EXISTS', journal_key) == 0 then
-    return redis.error_reply(NOJOURNAL)
+  -- Once for the call (lua/common.lua, journal_of): with the journal on,
+  -- its absence refuses the whole call, before anything is read.
+  local refused
+  journal_key, refused = journal_of(stock_key, ARGV[5])
+  if refused then
+    return refused
   end
 end
 -- These two come after each member's key and nonce checks in

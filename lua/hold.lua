@@ -70,9 +70,9 @@ bad = bad_replicate(replicate)
 if bad then
   return bad
 end
-local journal_key = ARGV[10] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+local journal_key, refused = journal_of(stock_key, ARGV[10])
+if refused then
+  return refused
 end
 local max_qty = positive_int(max_arg)
 local max_hold = positive_int(max_hold_arg)

@@ -57,7 +57,7 @@ ARGV[4]  replicate           "1" with --wait-replicas, "0" (or absent): a reply
                              stating an existing record (0 and 4 for a call
                              sent again, 1) writes it again unchanged, so the
                              WAIT after it confirms it (lua/common.lua)
-ARGV[5]  journal             "1" with --journal (an entry per change, lua/common.lua), "0" or absent
+ARGV[5]  journal             as lua/deduct.lua ARGV[8] (an entry per change)
 
 Replies, DEDUCT's shape (lua/common.lua, answer()):
   {0, remain, order_no, ...}   given back; remain is the stock after it,
@@ -92,9 +92,9 @@ bad = bad_replicate(replicate)
 if bad then
   return bad
 end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+local journal_key, refused = journal_of(stock_key, ARGV[5])
+if refused then
+  return refused
 end
 
 -- The read, the stored data's checks and the SKU's expired holds given

@@ -40,9 +40,9 @@ local window = window_ms(ARGV[1])
 if not window then
   return badcall('retry window must be at least 60000 ms')
 end
-local journal_key = ARGV[2] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+local journal_key, refused = journal_of(stock_key, ARGV[2])
+if refused then
+  return refused
 end
 local names = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
                C = 'CONFIRMED', X = 'EXPIRED'}

@@ -19,7 +19,7 @@ ARGV[3]  nonce       1 to 32 hex digits, new for every call
 ARGV[4]  replicate   "1" with --wait-replicas, "0" (or absent): a reply for an
                      op_id already applied writes its record again unchanged,
                      so the WAIT after it confirms it (lua/common.lua)
-ARGV[5]  journal     "1" with --journal: an `add` entry; "0" or absent
+ARGV[5]  journal     as lua/deduct.lua ARGV[8]: an `add` entry
 
 Replies, the shape of DEDUCT's: {code, stock, "", VERSION[, reason]}
   {0, after, "", VERSION}    added now; after is the stock after it (a call
@@ -46,9 +46,9 @@ bad = bad_replicate(ARGV[4])
 if bad then
   return bad
 end
-local journal_key = ARGV[5] == '1' and stock_key .. ':journal'
-if journal_key and redis.call('EXISTS', journal_key) == 0 then
-  return redis.error_reply(NOJOURNAL)
+local journal_key, refused = journal_of(stock_key, ARGV[5])
+if refused then
+  return refused
 end
 
 local delta = nil

@@ -59,6 +59,25 @@ pub enum JournalAction {
     /// Move journal entries into the books' database, exactly once, and
     /// trim what the database holds; runs until SIGTERM or SIGINT.
     Sink(SinkArgs),
+    /// Delete the journals that hold no entry and unlist their SKUs, once
+    /// no sidecar has the journal on (docs/books.md, Turning the journal
+    /// off). Exits 0 when every journal is gone, 1 when some still hold
+    /// entries the sink has not moved.
+    Retire(RetireArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RetireArgs {
+    /// Only these SKUs (repeat the flag); every SKU with a journal when
+    /// absent.
+    #[arg(long = "sku")]
+    pub skus: Vec<String>,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
 }
 
 /// Where the books are: a PostgreSQL URL with its TLS settings as libpq

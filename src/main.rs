@@ -14,7 +14,7 @@ use stockgate::server::{self, Server};
 use stockgate::upstream::Upstream;
 
 // The books' commands, apart so their imports stay together.
-use stockgate::config::{JournalAction, ReconcileArgs, SinkArgs};
+use stockgate::config::{JournalAction, ReconcileArgs, RetireArgs, SinkArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -67,6 +67,10 @@ fn main() -> ExitCode {
             Command::Journal(JournalAction::Sink(args)) => {
                 let _logs = init_logging(args.log_format);
                 sink(args).await
+            }
+            Command::Journal(JournalAction::Retire(args)) => {
+                let _logs = init_logging(LogFormat::Text);
+                return retire(args).await;
             }
             Command::Reconcile(args) => {
                 let _logs = init_logging(LogFormat::Text);
@@ -425,6 +429,21 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
     stop.cancel();
     let _ = running.await;
     Ok(())
+}
+
+/// `stockgate journal retire`: 0 every journal gone, 1 some still hold
+/// entries.
+async fn retire(args: RetireArgs) -> Result<ExitCode, String> {
+    let (upstream, keys) = connect(args.upstream, args.redis).await?;
+    let done = stockgate::journal::retire::run(&upstream, &keys, &args.skus)
+        .await
+        .map_err(|e| format!("cannot retire the journals: {e}"))?;
+    print!("{}", done.render());
+    Ok(if done.holding.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.

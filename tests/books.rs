@@ -1159,6 +1159,166 @@ async fn changes_through_stockgate_reach_the_books_and_reconcile(engine: Engine)
     let (code, text) = reconcile(&cluster, &db.url(), &[]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("2 skus: 2 agree"), "{text}");
+    drop(sink);
+    a_rolling_restart_turns_the_journal_on(&cluster, &pg).await;
+}
+
+/// docs/books.md's rolling restart that turns the journal on, run as
+/// written on the cluster and database of the test above: a fleet of two
+/// sidecars with the journal off; one restarted with it on, which opens
+/// a SKU's journal at its first change; the other, still off, then makes
+/// every kind of change on that SKU (a DEDUCT, an ORDER's line, a HOLD and
+/// its CONFIRM, a hold that runs out, a REVERT, STOCK.ADD), and each is an
+/// entry; then it too restarts with the journal on. Once the sink has
+/// moved the entries, reconcile agrees on both SKUs. (Before a SKU with
+/// a journal was journaled by every call, the sidecar still off made its
+/// changes outside the journal, and reconcile said so: exit 1, for good.)
+async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Postgres) {
+    let sidecar = |journal: bool| {
+        support::proxy(cluster.seeds(), move |c| {
+            c.journal = journal;
+            c.admin_commands = true;
+            c.sweeper = false;
+        })
+    };
+    async fn call(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> i64 {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let reply: redis::Value = cmd.query_async(conn).await.unwrap();
+        match &reply {
+            redis::Value::Array(items) => match items[0] {
+                redis::Value::Int(code) => code,
+                _ => panic!("{args:?}: {reply:?}"),
+            },
+            _ => panic!("{args:?}: {reply:?}"),
+        }
+    }
+    let (sku, other) = ("roll-1", "roll-2");
+
+    // 1. The fleet as it was: every sidecar with the journal off.
+    let a = sidecar(false).await;
+    let b = sidecar(false).await;
+    let mut to_a = support::client(&a, false).await;
+    let mut to_b = support::client(&b, false).await;
+    for (s, op) in [(sku, "roll-op-1"), (other, "roll-op-2")] {
+        assert_eq!(call(&mut to_a, &["STOCK.SET", s, "100", op]).await, 0);
+    }
+    assert_eq!(call(&mut to_b, &["DEDUCT", sku, "1", "roll-d0"]).await, 0);
+
+    // 2. b restarts with the journal on; its first change opens the SKU's
+    // journal. a, still off, journals every change of that SKU from then on.
+    b.stop_now();
+    let b = sidecar(true).await;
+    let mut to_b = support::client(&b, false).await;
+    assert_eq!(call(&mut to_b, &["DEDUCT", sku, "2", "roll-d1"]).await, 0);
+    let changes: &[&[&str]] = &[
+        &["DEDUCT", sku, "3", "roll-d2", "ORD-R2"],
+        &["ORDER", "roll-o1", sku, "1", other, "1"],
+        &["HOLD", sku, "4", "roll-h1", "60000"],
+        &["CONFIRM", sku, "roll-h1"],
+        &["HOLD", sku, "5", "roll-h2", "1000"],
+        &["REVERT", sku, "roll-d2"],
+        &["STOCK.ADD", sku, "7", "roll-op-add"],
+    ];
+    for args in changes {
+        assert_eq!(call(&mut to_a, args).await, 0, "{args:?}");
+    }
+    // roll-h2 runs out (Redis time); a's next DEDUCT gives it back first.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(call(&mut to_a, &["DEDUCT", sku, "1", "roll-d3"]).await, 0);
+
+    // 3. a restarts with the journal on: the other SKU gets its journal at
+    // its next change.
+    a.stop_now();
+    let a = sidecar(true).await;
+    let mut to_a = support::client(&a, false).await;
+    assert_eq!(
+        call(&mut to_a, &["ORDER", "roll-o2", sku, "1", other, "1"]).await,
+        0
+    );
+
+    // 4. The sink moves them; the books agree.
+    let expected = [
+        "deduct roll-d1",
+        "deduct roll-d2",
+        "deduct ~ord:roll-o1",
+        "hold roll-h1",
+        "confirm roll-h1",
+        "hold roll-h2",
+        "revert roll-d2",
+        "add roll-op-add",
+        "expire roll-h2",
+        "deduct roll-d3",
+        "deduct ~ord:roll-o2",
+    ];
+    let mut sink = SinkProcess::start(cluster, pg, &["--drain"]);
+    let drained = wait(|| sink.child.try_wait().unwrap());
+    assert!(drained.success(), "the sink's drain: {drained:?}");
+    let db = pg.client().await;
+    let events = |sku: &'static str| {
+        let db = &db;
+        async move {
+            db.query(
+                "SELECT event || ' ' || request_id FROM stockgate_journal
+                  WHERE sku = $1 ORDER BY entry_ms, entry_seq",
+                &[&sku],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(events(sku).await, expected);
+    assert_eq!(events(other).await, ["deduct ~ord:roll-o2"]);
+    let (code, text) = reconcile(cluster, &pg.url(), &[sku, other]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("2 skus: 2 agree"), "{text}");
+
+    // Turning it off (docs/books.md): every sidecar off, yet a change of a
+    // SKU with a journal is an entry; a retire leaves that journal and
+    // says so, and after a drain takes both away. From then on the
+    // sidecars journal nothing there.
+    a.stop_now();
+    b.stop_now();
+    let a = sidecar(false).await;
+    let mut to_a = support::client(&a, false).await;
+    assert_eq!(call(&mut to_a, &["DEDUCT", sku, "1", "roll-d5"]).await, 0);
+    let retire = || {
+        let mut command = Command::new(support::stockgate_bin());
+        command
+            .args(["journal", "retire", "--sku", sku, "--sku", other])
+            .args(["--upstream", &cluster.seeds().join(",")]);
+        let out = command.output().expect("run retire");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code().expect("an exit code"), text)
+    };
+    let (code, text) = retire();
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("1 journals retired; 1 still hold") && text.contains("roll-1: 1 entries"),
+        "{text}"
+    );
+    let mut sink = SinkProcess::start(cluster, pg, &["--drain"]);
+    assert!(wait(|| sink.child.try_wait().unwrap()).success());
+    // roll-2's, retired already, is retired again: nothing to do.
+    assert_eq!(retire(), (0, "2 journals retired; none left\n".to_owned()));
+    assert_eq!(call(&mut to_a, &["DEDUCT", sku, "1", "roll-d6"]).await, 0);
+    let mut plain = cluster.cluster_connection().unwrap();
+    for name in [sku, other] {
+        let parsed = Sku::parse(name.to_owned().into()).unwrap();
+        let exists: i64 = plain
+            .exists(support::layout().journal_key(&parsed))
+            .unwrap();
+        let layout = support::layout();
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
+        let listed: bool = plain.sismember(&shard.journals, name).unwrap();
+        assert_eq!((exists, listed), (0, false), "{name}");
+    }
+    a.stop_now();
 }
 
 /// KEYS stock, held, journal; ARGV event, ds (a set's: the new stock),

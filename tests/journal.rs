@@ -415,7 +415,8 @@ async fn check_tells_the_journals_backlog() {
 /// a DEDUCT that changes nothing answers its code without one, one that
 /// would deduct, or release an expired hold first, is refused with
 /// NOJOURNAL having changed nothing, and once the journal exists both
-/// changes are entries that add up.
+/// changes are entries that add up, as are those of calls with the
+/// journal off (plain and coalesced).
 #[test]
 fn a_deduct_needs_a_journal_only_to_change_the_sku() {
     let redis = standalone();
@@ -533,6 +534,41 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
         [
             (Event::Expire, "h1", 4, -4, 7, 0),
             (Event::Deduct, "r4", -1, 0, 6, 0),
+        ]
+    );
+
+    // A SKU with a journal is journaled whatever the caller's flag: a
+    // DEDUCT with the journal off, and a coalesced call of two.
+    assert_eq!(parse(deduct("r5", "1", "0", &mut direct).unwrap()).code, 0);
+    let many: Vec<Value> = redis::cmd("EVAL")
+        .arg(&scripts.deduct_many.body)
+        .arg(5)
+        .arg(&stock)
+        .arg(&holds)
+        .arg(&held_key)
+        .arg(record_key(sku, "r6"))
+        .arg(record_key(sku, "r7"))
+        .arg(&["86400000", "100", "error", "0", "0"])
+        .arg(&["1", "", "aa", "2", "o-7", "ab"])
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(many.len(), 2);
+    let raw: Value = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query(&mut direct)
+        .unwrap();
+    let later: Vec<_> = stockgate::journal::stream::entries(raw).unwrap()[2..]
+        .iter()
+        .map(|e| (e.event, e.id.to_string(), e.stock_change, e.stock))
+        .collect();
+    assert_eq!(
+        later,
+        [
+            (Event::Deduct, "r5".to_owned(), -1, 5),
+            (Event::Deduct, "r6".to_owned(), -1, 4),
+            (Event::Deduct, "r7".to_owned(), -2, 2),
         ]
     );
 }

@@ -1,8 +1,9 @@
 //! The books: every change of a SKU's stock or records, as its journal
 //! keeps it.
 //!
-//! With `--journal`, the script that makes a change appends one entry to
-//! the SKU's journal in the same atomic call (`lua/common.lua`, `journal`):
+//! The script that makes a change appends one entry to the SKU's journal
+//! in the same atomic call, whenever the SKU has one, and with `--journal`
+//! gives it one first (`lua/common.lua`, `journal_of`):
 //! a Redis stream under the SKU's hash tag
 //! ([`crate::keys::KeyLayout::journal_key`]), so entries of one SKU are
 //! totally ordered, and their ids (Redis's `<ms>-<seq>`, from the
@@ -55,6 +56,7 @@
 pub mod database;
 pub mod fault;
 pub mod reconcile;
+pub mod retire;
 pub mod sink;
 pub mod stream;
 

@@ -1,11 +1,12 @@
 //! The journal's side of the stock service: what a call does when its SKU
 //! has no journal yet.
 //!
-//! With `--journal`, every script that changes a SKU's stock appends an
-//! entry to the SKU's journal in the same call ([`crate::journal`] owns the
-//! entry's shape), and refuses with NOJOURNAL, having changed nothing, when
-//! the journal does not exist (DEDUCT, the hot path, only when it would
-//! change the SKU: see lua/deduct.lua). The sink finds journals through
+//! Every script that changes a SKU's stock appends an entry to the SKU's
+//! journal in the same call when the SKU has one, whatever `--journal`
+//! ([`crate::journal`] owns the entry's shape). With `--journal` it
+//! refuses with NOJOURNAL, having changed nothing, when the journal does
+//! not exist (DEDUCT, the hot path, only when it would change the SKU: see
+//! lua/deduct.lua). The sink finds journals through
 //! each sweep shard's set of the SKUs that have one, so a journal must be listed
 //! before its stream exists: [`open`] lists the SKU, then makes the
 //! stream, each a call of its own (the set lives in another slot), and the
