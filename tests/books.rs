@@ -1160,7 +1160,7 @@ async fn changes_through_stockgate_reach_the_books_and_reconcile(engine: Engine)
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("2 skus: 2 agree"), "{text}");
     drop(sink);
-    a_rolling_restart_turns_the_journal_on(&cluster, &pg).await;
+    a_rolling_restart_turns_the_journal_on(&cluster, &db).await;
 }
 
 /// docs/books.md's rolling restart that turns the journal on, run as
@@ -1173,9 +1173,10 @@ async fn changes_through_stockgate_reach_the_books_and_reconcile(engine: Engine)
 /// moved the entries, reconcile agrees on both SKUs. (Before a SKU with
 /// a journal was journaled by every call, the sidecar still off made its
 /// changes outside the journal, and reconcile said so: exit 1, for good.)
-async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Postgres) {
+async fn a_rolling_restart_turns_the_journal_on(cluster: &Stage, db: &BooksDb) {
     let sidecar = |journal: bool| {
         support::proxy(cluster.seeds(), move |c| {
+            c.keys = cluster.keys.clone();
             c.journal = journal;
             c.admin_commands = true;
             c.sweeper = false;
@@ -1253,28 +1254,22 @@ async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Pos
         "deduct roll-d3",
         "deduct ~ord:roll-o2",
     ];
-    let mut sink = SinkProcess::start(cluster, pg, &["--drain"]);
+    let mut sink = SinkProcess::start(cluster, db, &["--drain"]);
     let drained = wait(|| sink.child.try_wait().unwrap());
     assert!(drained.success(), "the sink's drain: {drained:?}");
-    let db = pg.client().await;
-    let events = |sku: &'static str| {
-        let db = &db;
-        async move {
-            db.query(
-                "SELECT event || ' ' || request_id FROM stockgate_journal
-                  WHERE sku = $1 ORDER BY entry_ms, entry_seq",
-                &[&sku],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get::<_, String>(0))
-            .collect::<Vec<_>>()
-        }
+    let events = |sku: &'static str| async move {
+        db.rows(&format!(
+            "SELECT CONCAT_WS(' ', event, request_id) FROM stockgate_journal
+              WHERE sku = '{sku}' ORDER BY entry_ms, entry_seq"
+        ))
+        .await
+        .into_iter()
+        .map(|row| row[0].clone().expect("an event"))
+        .collect::<Vec<_>>()
     };
     assert_eq!(events(sku).await, expected);
     assert_eq!(events(other).await, ["deduct ~ord:roll-o2"]);
-    let (code, text) = reconcile(cluster, &pg.url(), &[sku, other]);
+    let (code, text) = reconcile(cluster, &db.url(), &[sku, other]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("2 skus: 2 agree"), "{text}");
 
@@ -1291,7 +1286,8 @@ async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Pos
         let mut command = Command::new(support::stockgate_bin());
         command
             .args(["journal", "retire", "--sku", sku, "--sku", other])
-            .args(["--upstream", &cluster.seeds().join(",")]);
+            .args(["--upstream", &cluster.seeds().join(",")])
+            .args(cluster.prefix_args());
         let out = command.output().expect("run retire");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (out.status.code().expect("an exit code"), text)
@@ -1302,7 +1298,7 @@ async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Pos
         text.contains("1 journals retired; 1 still hold") && text.contains("roll-1: 1 entries"),
         "{text}"
     );
-    let mut sink = SinkProcess::start(cluster, pg, &["--drain"]);
+    let mut sink = SinkProcess::start(cluster, db, &["--drain"]);
     assert!(wait(|| sink.child.try_wait().unwrap()).success());
     // roll-2's, retired already, is retired again: nothing to do.
     assert_eq!(retire(), (0, "2 journals retired; none left\n".to_owned()));
@@ -1310,10 +1306,8 @@ async fn a_rolling_restart_turns_the_journal_on(cluster: &LocalCluster, pg: &Pos
     let mut plain = cluster.cluster_connection().unwrap();
     for name in [sku, other] {
         let parsed = Sku::parse(name.to_owned().into()).unwrap();
-        let exists: i64 = plain
-            .exists(support::layout().journal_key(&parsed))
-            .unwrap();
-        let layout = support::layout();
+        let layout = &cluster.keys;
+        let exists: i64 = plain.exists(layout.journal_key(&parsed)).unwrap();
         let shard = &layout.sweep_shards()[layout.sweep_shard_index(&parsed)];
         let listed: bool = plain.sismember(&shard.journals, name).unwrap();
         assert_eq!((exists, listed), (0, false), "{name}");
