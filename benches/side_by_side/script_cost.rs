@@ -371,7 +371,7 @@ fn order_profile(
     let _ = writeln!(
         out,
         "| **the ORDER** | {} | | **{order:.0}** | |\n| three DEDUCTs | 3 | {deduct:.0} | {:.0} | |\n\n\
-         ORDER / three DEDUCTs in Redis: **{:.2}×** (issue 25's target: at most 1.5×).",
+         ORDER / three DEDUCTs in Redis: **{:.2}×** (the target: at most 1.5×).",
         ORDER_STEPS.iter().map(|s| s.1).sum::<usize>(),
         3.0 * deduct,
         order / (3.0 * deduct)
@@ -523,7 +523,7 @@ fn journal_rows(
     let _ = writeln!(
         out,
         "\n**With the journal** (`--journal`: each deduction also appends its entry to the \
-         SKU's stream; issue 26's target: at most +20% per DEDUCT):\n\n\
+         SKU's stream; the target: at most +20% per DEDUCT):\n\n\
          | script | called by | deductions per call | calls | instructions / deduction | vs journal off |\n\
          |---|---|---:|---:|---:|---:|"
     );
