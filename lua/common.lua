@@ -400,7 +400,7 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
   end
   local now = now_ms()
   local released, units = release_expired(stock_key, holds_key, held_key, now, window, journal_key)
-  return stock + units, released, now
+  return stock + units, released, now, units
 end
 
 -- What every call on one request (DEDUCT, HOLD, CONFIRM, REVERT) does
@@ -422,12 +422,13 @@ local function open_request(keys, window, journal_key)
   if raw and not record then
     return redis.error_reply(BADRECORD)
   end
-  local before = stock
-  local released, now
-  stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+  local released, now, units
+  stock, released, now, units = release_due(stock_key, holds_key, held_key, stock, held, window,
     journal_key)
   if released > 0 then
-    held = held - (stock - before)
+    -- What went back to stock is no longer held: the units the release
+    -- counted, not the stock's difference, which a double rounds past 2^53.
+    held = held - units
   end
   return nil, stock, raw, record, held, released, now
 end

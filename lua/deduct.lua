@@ -131,12 +131,13 @@ if held > 0 then
   end
   journal_known = true
 end
-local released
-local before = stock
-stock, released = release_due(stock_key, holds_key, held_key, stock, held, window, journal_key)
+local released, _, units
+stock, released, _, units = release_due(stock_key, holds_key, held_key, stock, held, window,
+  journal_key)
 if released > 0 then
-  -- What went back to stock is no longer held.
-  held = held - (stock - before)
+  -- What went back to stock is no longer held (the units counted: the
+  -- stock's difference is a double's, rounded past 2^53).
+  held = held - units
 end
 
 -- Idempotency: a known request_id never deducts again.
