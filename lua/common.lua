@@ -579,7 +579,7 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
   end
   local now = now_ms()
   local released, units = release_expired(stock_key, holds_key, held_key, now, window, journal_key)
-  return stock + units, released, now
+  return stock + units, released, now, units
 end
 
 -- What every call on one request (HOLD, CONFIRM, REVERT) does first, once
@@ -613,11 +613,13 @@ local function open_request(stock_key, record_key, window, journal_on)
   end
   local released, now = 0, 0
   if held > 0 then
-    local before = stock
-    stock, released, now = release_due(stock_key, holds_key, held_key, stock, held, window,
+    local units
+    stock, released, now, units = release_due(stock_key, holds_key, held_key, stock, held, window,
       journal_key)
     if released > 0 then
-      held = held - (stock - before)
+      -- What went back to stock is no longer held: the units the release
+      -- counted, not the stock's difference, which a double rounds past 2^53.
+      held = held - units
     end
   end
   return nil, stock, raw, record, held, released, now, journal_key

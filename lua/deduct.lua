@@ -149,12 +149,13 @@ local function deduct(KEYS, ARGV)
     if journal_on and not journal_key then
       return error_reply(NOJOURNAL)
     end
-    local before = stock
-    stock, released = release_due(stock_key, holds_name, held_name, stock, held, window,
+    local _, units
+    stock, released, _, units = release_due(stock_key, holds_name, held_name, stock, held, window,
       journal_key)
     if released > 0 then
-      -- What went back to stock is no longer held.
-      held = held - (stock - before)
+      -- What went back to stock is no longer held (the units counted: the
+      -- stock's difference is a double's, rounded past 2^53).
+      held = held - units
     end
   end
 

@@ -220,17 +220,20 @@ local function deduct_many(KEYS, ARGV)
               call('DECRBY', stock_key, owed)
               owed = 0
             end
-            local before = stock
-            stock, released, released_at = release_due(stock_key, holds_key, held_key, stock, held,
-              window, journal_key)
+            local units
+            stock, released, released_at, units = release_due(stock_key, holds_key, held_key,
+              stock, held, window, journal_key)
             -- The held units went down by what went back to stock (the
             -- counter is deleted at 0 or below, so "above 0" is what the
             -- next member's own call reads there; the holds set may still
-            -- hold entries then, so it is not asked).
-            held = held - (stock - before)
+            -- hold entries then, so it is not asked). The units the release
+            -- counted, not the stock's difference: past 2^53 a double
+            -- rounds it, and a member would release again where its own
+            -- call would not.
+            held = held - units
             the_held = held > 0 and held or 0
             releasing = held > 0
-            if stock ~= before then
+            if units > 0 then
               -- This member deducts with a DECRBY of its own, as the first
               -- deduction does: its remain is Redis's, exact even where the
               -- release took the stock past 2^53.

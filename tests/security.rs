@@ -6,7 +6,6 @@ mod support;
 use redis::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use stockgate::auth::Password;
@@ -232,92 +231,15 @@ async fn max_clients_refuses_the_one_too_many_and_idle_clients_time_out() {
     assert_eq!(String::from_utf8_lossy(&got), "+PONG\r\n");
 }
 
-/// A CA, a server certificate for 127.0.0.1 and a client certificate,
-/// made with openssl for this test.
-fn certificates(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap_or_else(|e| panic!("openssl is needed ({e}): apt-get install -y openssl"));
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    for ca in ["ca", "other-ca"] {
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.crt"),
-            "-days",
-            "1",
-            "-subj",
-            &format!("/CN={ca}"),
-        ]);
-    }
-    // Both get v3 extensions: rustls refuses X.509 v1 certificates.
-    std::fs::write(dir.join("server.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for name in ["server", "client"] {
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        let mut args = vec![
-            "x509",
-            "-req",
-            "-in",
-            "",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "",
-            "-days",
-            "1",
-        ];
-        let (csr, crt, cnf) = (
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.cnf"),
-        );
-        args[3] = &csr;
-        args[10] = &crt;
-        args.extend_from_slice(&["-extfile", &cnf]);
-        openssl(&args);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_redis_with_a_ca_and_client_certificates() {
-    let dir = tempfile::tempdir().unwrap();
-    certificates(dir.path());
+    let certs = support::certs::Certs::for_server("IP:127.0.0.1");
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_owned();
+    let path = |f: &str| certs.param(f);
     let redis = LocalRedis::start(&RedisOptions {
         extra_args: vec![
             "--tls-port".into(),

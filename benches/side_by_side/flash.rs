@@ -916,7 +916,7 @@ fn table(flash: &FlashKnobs, runs: &[FlashRun]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    out.push_str("| target (issue 16) | measured | |\n|---|---|---|\n");
+    out.push_str("| target | measured | |\n|---|---|---|\n");
     let mark = |v: f64, limit: f64| if v <= limit { "met" } else { "not met" };
     let direct = runs.iter().find(|r| r.name == "direct-standalone");
     let vs = |f: &dyn Fn(&FlashRun) -> f64| {

@@ -404,3 +404,54 @@ fn count_orders(
     }
     counts
 }
+
+/// The instruction counts, and each stockgate's against twemproxy's at the
+/// same depth (the baseline of the same run); then the ORDER rows, an
+/// ORDER's against three DEDUCTs'.
+pub fn render(counts: &Counts) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "Instructions per request (valgrind --tool=callgrind; the whole proxy process, zeroed with the connections open):\n\n\
+         | target | depth | requests | instructions / request | vs twemproxy |\n|---|---:|---:|---:|---:|\n",
+    );
+    for count in &counts.requests {
+        let baseline = counts
+            .requests
+            .iter()
+            .find(|c| c.target == TargetId::TwemproxyStandalone && c.depth == count.depth);
+        let ratio = baseline
+            .filter(|b| b.target != count.target)
+            .map_or("-".to_owned(), |b| {
+                format!("{:.2}x", count.per_request() / b.per_request())
+            });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {} |",
+            count.target.name(),
+            count.depth,
+            count.requests,
+            count.per_request(),
+            ratio
+        );
+    }
+    if !counts.orders.is_empty() {
+        out.push_str(
+            "\nInstructions per ORDER (stockgate-cluster under callgrind, as above): a 3-line ORDER \
+             (one sku of each primary) against the same lines as three DEDUCTs written at once:\n\n\
+             | depth | orders | instructions / ORDER | instructions / 3 DEDUCTs | ORDER / 3 DEDUCTs |\n\
+             |---:|---:|---:|---:|---:|\n",
+        );
+        for count in &counts.orders {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {:.2}x |",
+                count.depth,
+                count.orders,
+                count.per_order(),
+                count.per_three_deducts(),
+                count.ratio()
+            );
+        }
+    }
+    out
+}

@@ -328,7 +328,7 @@ fn main() {
     }
     if wants("instructions") {
         let counts = instructions::run(&runtime, &knobs, &mut fleet);
-        println!("{}", report::instructions(&counts));
+        println!("{}", instructions::render(&counts));
     }
     if wants("flash") {
         flash::run(&runtime, &knobs, &mut fleet);

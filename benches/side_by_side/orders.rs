@@ -409,7 +409,7 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n### Orders against issue 25's targets (ratios to 3 × DEDUCT, this run)\n\n\
+        "\n### Orders against their targets (ratios to 3 × DEDUCT, this run)\n\n\
          | depth | shape | target | bound | ratio | met |\n|---:|---|---|---:|---:|---|"
     );
     for (depth, shape, r) in &ratio_rows {

@@ -4,9 +4,30 @@
 
 use crate::Knobs;
 use crate::target::TargetId;
-use crate::throughput::Run;
 use std::fmt::Write;
 use std::process::Command;
+
+/// One measured run of one target at one depth.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub target: TargetId,
+    pub depth: usize,
+    pub requests: u64,
+    pub seconds: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub proxy_cpu_us: Option<f64>,
+    pub proxy_peak_mib: Option<f64>,
+    pub redis_cpu_us: f64,
+    pub loadgen_cpu_us: f64,
+}
+
+impl Run {
+    pub fn throughput(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+}
 
 /// One line on the machine and one on the load, so a table is never read
 /// without knowing where it came from.
@@ -186,57 +207,6 @@ pub fn table(knobs: &Knobs, runs: &[Run]) -> String {
                     x.redis_cpu / y.redis_cpu,
                 );
             }
-        }
-    }
-    out
-}
-
-/// The instruction counts, and each stockgate's against twemproxy's at the
-/// same depth (the baseline of the same run); then the ORDER rows, an
-/// ORDER's against three DEDUCTs'.
-pub fn instructions(counts: &crate::instructions::Counts) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::from(
-        "Instructions per request (valgrind --tool=callgrind; the whole proxy process, zeroed with the connections open):\n\n\
-         | target | depth | requests | instructions / request | vs twemproxy |\n|---|---:|---:|---:|---:|\n",
-    );
-    for count in &counts.requests {
-        let baseline = counts
-            .requests
-            .iter()
-            .find(|c| c.target == TargetId::TwemproxyStandalone && c.depth == count.depth);
-        let ratio = baseline
-            .filter(|b| b.target != count.target)
-            .map_or("-".to_owned(), |b| {
-                format!("{:.2}x", count.per_request() / b.per_request())
-            });
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {:.0} | {} |",
-            count.target.name(),
-            count.depth,
-            count.requests,
-            count.per_request(),
-            ratio
-        );
-    }
-    if !counts.orders.is_empty() {
-        out.push_str(
-            "\nInstructions per ORDER (stockgate-cluster under callgrind, as above): a 3-line ORDER \
-             (one sku of each primary) against the same lines as three DEDUCTs written at once:\n\n\
-             | depth | orders | instructions / ORDER | instructions / 3 DEDUCTs | ORDER / 3 DEDUCTs |\n\
-             |---:|---:|---:|---:|---:|\n",
-        );
-        for count in &counts.orders {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {:.0} | {:.0} | {:.2}x |",
-                count.depth,
-                count.orders,
-                count.per_order(),
-                count.per_three_deducts(),
-                count.ratio()
-            );
         }
     }
     out

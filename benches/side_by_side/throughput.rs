@@ -11,11 +11,12 @@
 //! the memory and instructions modes measure with too; the latency mode
 //! audits its open loop with [`audit`].
 
+use crate::Knobs;
 use crate::db::Db;
 use crate::fleet::{self, Fleet, Proxies};
 use crate::loadgen::{self, Conn};
-use crate::target::{Target, TargetId, plan};
-use crate::{Knobs, report};
+use crate::report::{self, Run};
+use crate::target::{Target, plan};
 
 /// CPU counters at one instant.
 pub struct Probe {
@@ -29,28 +30,6 @@ pub fn probe(proxy: Option<u32>, db: &mut Db) -> Probe {
         proxy: proxy.map(fleet::cpu_seconds),
         redis: db.cpu_seconds(),
         loadgen: fleet::cpu_seconds(std::process::id()),
-    }
-}
-
-/// One measured run of one target at one depth.
-#[derive(Debug, Clone)]
-pub struct Run {
-    pub target: TargetId,
-    pub depth: usize,
-    pub requests: u64,
-    pub seconds: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
-    pub proxy_cpu_us: Option<f64>,
-    pub proxy_peak_mib: Option<f64>,
-    pub redis_cpu_us: f64,
-    pub loadgen_cpu_us: f64,
-}
-
-impl Run {
-    pub fn throughput(&self) -> f64 {
-        self.requests as f64 / self.seconds
     }
 }
 

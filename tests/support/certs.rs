@@ -1,7 +1,8 @@
-//! Certificates for the books' TLS tests, made with the `openssl` command
-//! in a temp dir: a CA, a second CA nobody trusts, a server certificate
-//! signed by the first for `localhost` only (so `127.0.0.1` is "another
-//! host name"), and a client certificate for the user `certuser`.
+//! Certificates for the TLS tests, made with the `openssl` command in a
+//! temp dir: a CA, a second CA nobody trusts, a server certificate signed
+//! by the first (for `localhost` only by default, so that `127.0.0.1` is
+//! "another host name" to the books' tests), and a client certificate for
+//! the user `certuser`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,6 +16,12 @@ pub struct Certs {
 
 impl Certs {
     pub fn make() -> Certs {
+        Certs::for_server("DNS:localhost")
+    }
+
+    /// The same, the server certificate for `name` (a subjectAltName:
+    /// `DNS:<host>` or `IP:<address>`).
+    pub fn for_server(name: &str) -> Certs {
         let dir = tempfile::Builder::new()
             .prefix("stockgate-certs-")
             .tempdir()
@@ -58,7 +65,7 @@ impl Certs {
         // v3 extensions on both: rustls refuses X.509 v1 certificates.
         std::fs::write(
             dir.path().join("server.cnf"),
-            "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            format!("subjectAltName={name}\nextendedKeyUsage=serverAuth\n"),
         )
         .unwrap();
         std::fs::write(

@@ -54,9 +54,6 @@ pub struct LockNames {
     prefix: String,
 }
 
-/// The longest database name the lock names have room for.
-pub const MOST_DATABASE_NAME: usize = 46;
-
 impl LockNames {
     pub fn of(database: &str) -> LockNames {
         LockNames {
@@ -685,13 +682,13 @@ mod tests {
         );
         assert_eq!(statements(MIGRATIONS[0].1).len(), 3);
         assert!(
-            LockNames::of(&"d".repeat(MOST_DATABASE_NAME))
+            LockNames::of(&"d".repeat(super::super::target::MOST_DATABASE_NAME))
                 .migrate()
                 .len()
                 <= 64
         );
         assert!(
-            LockNames::of(&"d".repeat(MOST_DATABASE_NAME))
+            LockNames::of(&"d".repeat(super::super::target::MOST_DATABASE_NAME))
                 .member(15)
                 .len()
                 <= 64

@@ -12,6 +12,10 @@ use super::tls::{ClientCert, Roots, TlsMode, TlsSettings};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+/// The longest MySQL database name the sinks' lock names (GET_LOCK's, 64
+/// bytes at most: `journal::database::mysql`) have room for.
+pub const MOST_DATABASE_NAME: usize = 46;
+
 /// A `--database` URL, checked.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -143,11 +147,11 @@ impl MysqlTarget {
                 "{shown}: name the database after the host (mysql://user@host:3306/orders)"
             ));
         }
-        if database.len() > super::mysql::MOST_DATABASE_NAME {
+        if database.len() > MOST_DATABASE_NAME {
             return Err(format!(
                 "{shown}: the database name is longer than {} bytes, which the sinks' lock names \
                  (GET_LOCK's, 64 at most) cannot hold",
-                super::mysql::MOST_DATABASE_NAME
+                MOST_DATABASE_NAME
             ));
         }
         let mut ssl = std::collections::HashMap::new();

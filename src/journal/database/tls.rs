@@ -18,7 +18,7 @@
 //! certificate a public CA ever signed, whatever name it bears.
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
@@ -132,11 +132,13 @@ impl TlsSettings {
             .map_err(|e| e.to_string())?;
         let algorithms = provider.signature_verification_algorithms;
         let verifier: Arc<dyn ServerCertVerifier> = match self.check()? {
-            Check::Nothing => Arc::new(Unverified { algorithms }),
-            Check::Chain(roots) => Arc::new(ChainOnly {
-                roots,
+            Check::Nothing => Arc::new(Lenient {
+                chain: None,
                 algorithms,
-                provider: provider.clone(),
+            }),
+            Check::Chain(roots) => Arc::new(Lenient {
+                chain: Some(roots),
+                algorithms,
             }),
             Check::ChainAndName(roots) => {
                 rustls::client::WebPkiServerVerifier::builder_with_provider(
@@ -204,60 +206,19 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
-/// `prefer` and `require` without roots: encrypted against a passive
-/// listener, not an active one. The handshake's signatures are still
+/// The modes that check less than rustls's own verifier, which always
+/// matches the name. Without roots (`prefer`, `require` without a root
+/// certificate): encrypted against a passive listener, not an active one.
+/// With roots (verify-ca): the chain to the roots, validity dates
+/// included, and no name. Either way the handshake's signatures are
 /// checked (the server holds the key of the certificate it sent).
 #[derive(Debug)]
-struct Unverified {
+struct Lenient {
+    chain: Option<RootCertStore>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// verify-ca: the chain to the roots, validity dates included, and no
-/// name. rustls's own verifier always matches the name; this one asks
-/// only its chain check.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: RootCertStore,
-    algorithms: WebPkiSupportedAlgorithms,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -266,14 +227,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        if let Some(roots) = &self.chain {
+            let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
