@@ -132,12 +132,16 @@ local function keys_follow_layout(record_key)
   return record_key_under(req_prefix, record_key)
 end
 
--- A SKU's holds live beside its stock key: a sorted set of the request_ids
--- holding units, by expiry (milliseconds of Redis time), and the units held
--- now. Returns true when the keys are those of the stock key sku_keys was
+-- A SKU's keys beside its stock key: its holds (a sorted set of the
+-- request_ids holding units, by expiry in milliseconds of Redis time), the
+-- units held now, its journal's marker and its journal. A call declares
+-- them all, for request_fault's reason, from `keys[first]` on, and nothing
+-- after. Returns true when they are those of the stock key sku_keys was
 -- called with.
-local function hold_keys_follow(holds_key, held_key)
-  return holds_key == holds_name and held_key == held_name
+local function side_keys_follow(keys, first)
+  return keys[first] == holds_name and keys[first + 1] == held_name
+    and keys[first + 2] == marker_name and keys[first + 3] == journal_name
+    and not keys[first + 4]
 end
 
 -- An operator's op record key must be the stock key plus ":op:<op_id>".
@@ -241,15 +245,18 @@ end
 
 -- The checks every call on one request makes of its keys and of its
 -- nonce, once its settings passed. KEYS: the stock key, the record key
--- (which must lie under it), then the SKU's holds, held units and journal
--- marker, which must be the names sku_keys makes. The scripts use the
--- names sku_keys makes; the keys are declared all the same because in a
--- cluster only a declared key is checked before the call runs: while its
--- slot migrates, a key the script touched undeclared, absent from this
--- node, fails the command that touches it, maybe after a write, where a
--- declared one makes Redis answer TRYAGAIN or ASK before anything ran.
--- (The journal stays undeclared: every script reads its marker or the
--- stream before its first write, so an absent journal fails a read.) Returns the BADCALL error to return, or nil. Leaves
+-- (which must lie under it), then the SKU's holds, held units, journal
+-- marker and journal, which must be the names sku_keys makes. The scripts
+-- use the names sku_keys makes; the keys are declared all the same because
+-- in a cluster only a declared key is checked before the call runs: while
+-- its slot migrates, a key the script touched undeclared, absent from this
+-- node, fails the command that touches it, maybe after a write (a release
+-- whose units went back before its journal entry was refused would give
+-- them back again), or, on the node the slot moves to, reads as missing;
+-- a declared one makes Redis answer TRYAGAIN or ASK before anything ran.
+-- The marker says whether the journal exists; it does not say the journal
+-- is on this node, so the journal is declared too. Returns the BADCALL
+-- error to return, or nil. Leaves
 -- sku_keys set for KEYS[1]. Its helpers are written out, as every such
 -- call makes it.
 local function request_fault(keys, nonce)
@@ -258,7 +265,7 @@ local function request_fault(keys, nonce)
     sku_keys(stock_key)
   end
   if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1
-      or keys[3] ~= holds_name or keys[4] ~= held_name or keys[5] ~= marker_name or keys[6] then
+      or not side_keys_follow(keys, 3) then
     return badcall('keys do not follow the stockgate key layout')
   end
   if not nonce or #nonce > 32 or not find(nonce, '^%x+$') then
@@ -268,12 +275,16 @@ local function request_fault(keys, nonce)
 end
 
 -- The checks STOCK.SET and STOCK.ADD make of what stockgate supplies.
-local function own_op_args(stock_key, op_key, window_arg, nonce)
+-- KEYS: the stock key, the op record, then the SKU's side keys. Leaves
+-- sku_keys set for the stock key.
+local function own_op_args(keys, window_arg, nonce)
+  local stock_key, op_key = keys[1], keys[2]
   local window = window_ms(window_arg)
   if not window then
     return nil, badcall('retry window must be at least 60000 ms')
   end
-  if not op_key_follows_layout(stock_key, op_key) then
+  sku_keys(stock_key)
+  if not op_key_follows_layout(stock_key, op_key) or not side_keys_follow(keys, 3) then
     return nil, badcall('keys do not follow the stockgate key layout')
   end
   if not nonce_ok(nonce) then

@@ -23,7 +23,7 @@ lua/revert.lua):
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3..5]          the SKU's holds, held units, journal marker (see lua/deduct.lua)
+KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua ARGV[3])
 ARGV[2]  nonce               1 to 32 hex digits, new for every call
 

@@ -18,6 +18,7 @@ KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id> see lua/common.lu
 KEYS[3]  holds               <prefix>:{<sku>}:holds            sorted set: request_id by expiry
 KEYS[4]  held units          <prefix>:{<sku>}:held             integer string
 KEYS[5]  journal marker      <prefix>:{<sku>}:journal:on       "1" while the SKU has a journal
+KEYS[6]  journal             <prefix>:{<sku>}:journal          stream (lua/common.lua, journal)
 The script uses the names it makes from the stock key (lua/common.lua,
 sku_keys) and checks these against them; they are declared so that a
 cluster checks them before the call runs (lua/common.lua, request_fault).

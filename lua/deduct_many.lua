@@ -43,7 +43,8 @@ KEYS[1]    stock key         <prefix>:{<sku>}
 KEYS[2]    holds             <prefix>:{<sku>}:holds
 KEYS[3]    held units        <prefix>:{<sku>}:held
 KEYS[4]    journal marker    <prefix>:{<sku>}:journal:on  (declared: lua/common.lua, request_fault)
-KEYS[4+i]  member i's record <prefix>:{<sku>}:req:<request_id>   (i = 1..n)
+KEYS[5]    journal           <prefix>:{<sku>}:journal     (declared likewise)
+KEYS[5+i]  member i's record <prefix>:{<sku>}:req:<request_id>   (i = 1..n)
            (one hash tag: every key lives in the SKU's slot)
 
 ARGV[1]    retry window      the words of lua/deduct.lua's settings, one
@@ -97,15 +98,16 @@ local function deduct_many(KEYS, ARGV)
   if not call then
     bind()
   end
-  local stock_key, holds_key, held_key, marker_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local stock_key, holds_key, held_key, marker_key, journal_key_named =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
   local window_arg, max_arg, missing, replicate = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-  local n = #KEYS - 4
+  local n = #KEYS - 5
 
   -- What the members share, checked once, as lua/deduct.lua checks its
   -- settings: before anything of a member's own, so a fault in any is
   -- every member's answer.
   if n < 0 or #ARGV ~= 5 + 3 * n then
-    return badcall('a coalesced DEDUCT takes 4 + n keys and 5 + 3n arguments')
+    return badcall('a coalesced DEDUCT takes 5 + n keys and 5 + 3n arguments')
   end
   local window = known_window_ms
   if window_arg ~= known_window then
@@ -132,7 +134,8 @@ local function deduct_many(KEYS, ARGV)
   if stock_key ~= known_stock then
     sku_keys(stock_key)
   end
-  if holds_key ~= holds_name or held_key ~= held_name or marker_key ~= marker_name then
+  if holds_key ~= holds_name or held_key ~= held_name or marker_key ~= marker_name
+      or journal_key_named ~= journal_name then
     return badcall('keys do not follow the stockgate key layout')
   end
   if n == 0 then
@@ -142,7 +145,7 @@ local function deduct_many(KEYS, ARGV)
   end
   -- One read for the whole group: the stock, the held units, the
   -- journal's marker (lua/common.lua, journal_of), every record.
-  local read = call('MGET', stock_key, held_key, marker_name, unpack_all(KEYS, 5))
+  local read = call('MGET', stock_key, held_key, marker_name, unpack_all(KEYS, 6))
   local journal_key = read[3] and journal_name
   if ARGV[5] == '1' and not journal_key then
     -- Once for the call: with the journal on, its absence refuses the
@@ -180,7 +183,7 @@ local function deduct_many(KEYS, ARGV)
   local the_held = held > 0 and held or 0
 
   for i = 1, n do
-    local record_key = KEYS[4 + i]
+    local record_key = KEYS[5 + i]
     local base = 3 + 3 * i
     local qty_arg, order_no, nonce = ARGV[base], ARGV[base + 1], ARGV[base + 2]
     local reply = nil

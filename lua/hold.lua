@@ -25,7 +25,7 @@ lua/revert.lua):
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3..5]          the SKU's holds, held units, journal marker (see lua/deduct.lua)
+KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  qty                 decimal integer from 1 to max qty
 ARGV[2]  order_no            0 to 128 printable ASCII bytes
 ARGV[3]  ttl_ms              decimal integer from 1000 to max hold

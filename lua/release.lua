@@ -7,6 +7,7 @@ would. Releasing is idempotent: many sidecars may send it at once.
 KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  holds       <prefix>:{<sku>}:holds
 KEYS[3]  held units  <prefix>:{<sku>}:held
+KEYS[4]  journal marker, KEYS[5] journal (declared: lua/common.lua, request_fault)
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
 ARGV[2]  journal, "1" with --journal (lua/common.lua, journal_of: a release journals `expire` entries)
 
@@ -29,7 +30,7 @@ local function release(KEYS, ARGV)
   end
   local stock_key, holds_key, held_key = KEYS[1], KEYS[2], KEYS[3]
   sku_keys(stock_key)
-  if not find(stock_key, '{', 1, true) or not hold_keys_follow(holds_key, held_key) then
+  if not find(stock_key, '{', 1, true) or not side_keys_follow(KEYS, 2) then
     return badcall('keys do not follow the stockgate key layout')
   end
   local window = window_ms(ARGV[1])

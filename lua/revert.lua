@@ -48,7 +48,7 @@ SKU's expired holds back to stock (lua/common.lua, release_due).
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3..5]          the SKU's holds, held units, journal marker (see lua/deduct.lua)
+KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua
                              ARGV[3]): with replicate on, a reply stating an
                              existing record (0 and 4 for a call sent again,

@@ -7,7 +7,7 @@ out), so what it shows is what Redis time says, not what was swept.
 
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
-KEYS[3..5]          the SKU's holds, held units, journal marker (see lua/deduct.lua)
+KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  retry window, milliseconds, at least 60000 (a released record's TTL)
 ARGV[2]  journal, "1" with --journal (lua/common.lua, journal_of: a release journals `expire` entries)
 
@@ -39,8 +39,7 @@ local function status(KEYS, ARGV)
   end
   local stock_key, record_key = KEYS[1], KEYS[2]
   sku_keys(stock_key)
-  if not keys_follow_layout(record_key) or KEYS[3] ~= holds_name or KEYS[4] ~= held_name
-      or KEYS[5] ~= marker_name or KEYS[6] then
+  if not keys_follow_layout(record_key) or not side_keys_follow(KEYS, 3) then
     return badcall('keys do not follow the stockgate key layout')
   end
   local holds_key, held_key = holds_name, held_name

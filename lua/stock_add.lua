@@ -13,6 +13,7 @@ once per op_id within the retry window.
 
 KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  op record   <prefix>:{<sku>}:op:<op_id>   "3:A:<delta>:<nonce>:<after>:"
+KEYS[3..6]  the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  delta       signed decimal integer, |delta| <= 2^53 - 1
 ARGV[2]  retry window   milliseconds, at least 60000: the op record's TTL
 ARGV[3]  nonce       1 to 32 hex digits, new for every call
@@ -42,7 +43,7 @@ local function stock_add(KEYS, ARGV)
   local stock_key, op_key = KEYS[1], KEYS[2]
   local delta_arg, nonce = ARGV[1], ARGV[3]
 
-  local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
+  local window, bad = own_op_args(KEYS, ARGV[2], nonce)
   if not window then
     return bad
   end
@@ -50,7 +51,6 @@ local function stock_add(KEYS, ARGV)
   if bad then
     return bad
   end
-  sku_keys(stock_key)
   local journal_key, refused = journal_of(ARGV[5] == '1')
   if refused then
     return refused

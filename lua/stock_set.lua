@@ -9,6 +9,7 @@ applied at most once per op_id within the retry window.
 
 KEYS[1]  stock key   <prefix>:{<sku>}
 KEYS[2]  op record   <prefix>:{<sku>}:op:<op_id>   "3:S:<qty>:<nonce>:<qty>:"
+KEYS[3..6]  the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
 ARGV[1]  qty         decimal integer from 0 to 2^53 - 1
 ARGV[2]  retry window   milliseconds, at least 60000: the op record's TTL
 ARGV[3]  nonce       1 to 32 hex digits, new for every call
@@ -36,7 +37,7 @@ local function stock_set(KEYS, ARGV)
   local stock_key, op_key = KEYS[1], KEYS[2]
   local qty_arg, nonce = ARGV[1], ARGV[3]
 
-  local window, bad = own_op_args(stock_key, op_key, ARGV[2], nonce)
+  local window, bad = own_op_args(KEYS, ARGV[2], nonce)
   if not window then
     return bad
   end
@@ -44,7 +45,6 @@ local function stock_set(KEYS, ARGV)
   if bad then
     return bad
   end
-  sku_keys(stock_key)
   local journal_key, refused = journal_of(ARGV[5] == '1')
   if refused then
     return refused
@@ -72,9 +72,7 @@ local function stock_set(KEYS, ARGV)
     return {op.nonce == nonce and 0 or 1, shown, '', VERSION}
   end
 
-  -- The held units, read before the first write: the key is not declared,
-  -- and in a migrating slot a read of it can fail, which must find
-  -- nothing changed (lua/common.lua, request_fault).
+  -- The held units, for the journal's entry.
   local held = journal_key and to_number(call('GET', held_name) or '0')
   call('SET', stock_key, qty_arg)
   if journal_key then

@@ -452,7 +452,7 @@ impl Writer<'_> {
         for attempt in 0..ATTEMPTS {
             let call = self
                 .upstream
-                .eval(&self.scripts.stock_set, &[&keys.stock, &keys.record], &args)
+                .eval(&self.scripts.stock_set, &keys.all(), &args)
                 .await
                 .and_then(StockReply::from_script);
             match call {

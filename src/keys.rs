@@ -53,18 +53,13 @@ pub fn sku_slot(sku: &Sku) -> u16 {
 pub const SWEEP_SHARDS: usize = 16;
 pub const SWEEP_SHARD_SLOTS: u16 = SLOTS / SWEEP_SHARDS as u16;
 
-/// The two keys an operator's change touches (STOCK.SET, STOCK.ADD).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeductKeys {
-    pub stock: Vec<u8>,
-    pub record: Vec<u8>,
-}
-
 /// The keys a call on one request names (DEDUCT, REVERT, HOLD, CONFIRM,
-/// STOCK.STATUS), in the order the scripts take them: the stock key, the
-/// record key, then the SKU's keys the call may touch besides (its holds,
-/// its held units, its journal's marker), declared so that a cluster
-/// checks them before the call runs (lua/common.lua, `request_fault`).
+/// STOCK.STATUS; STOCK.SET and STOCK.ADD with their op record as the
+/// record), in the order the scripts take them: the stock key, the record
+/// key, then the SKU's keys the call may touch besides (its holds, its
+/// held units, its journal's marker, its journal), declared so that a
+/// cluster checks them before the call runs (lua/common.lua,
+/// `request_fault`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestKeys {
     pub stock: Vec<u8>,
@@ -72,34 +67,43 @@ pub struct RequestKeys {
     pub holds: Vec<u8>,
     pub held: Vec<u8>,
     pub marker: Vec<u8>,
+    pub journal: Vec<u8>,
 }
 
 impl RequestKeys {
-    pub fn all(&self) -> [&[u8]; 5] {
+    pub fn all(&self) -> [&[u8]; 6] {
         [
             &self.stock,
             &self.record,
             &self.holds,
             &self.held,
             &self.marker,
+            &self.journal,
         ]
     }
 }
 
-/// The three keys of a SKU that a call on the SKU alone touches
-/// (STOCK.GET, the sweeper's release).
+/// The keys of a SKU that a call on the SKU alone declares (STOCK.GET, the
+/// sweeper's release, a coalesced DEDUCT before its records): its stock,
+/// holds, held units, journal's marker and journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkuKeys {
     pub stock: Vec<u8>,
     pub holds: Vec<u8>,
     pub held: Vec<u8>,
-    /// The journal's marker (not among [`SkuKeys::all`]).
     pub marker: Vec<u8>,
+    pub journal: Vec<u8>,
 }
 
 impl SkuKeys {
-    pub fn all(&self) -> [&[u8]; 3] {
-        [&self.stock, &self.holds, &self.held]
+    pub fn all(&self) -> [&[u8]; 5] {
+        [
+            &self.stock,
+            &self.holds,
+            &self.held,
+            &self.marker,
+            &self.journal,
+        ]
     }
 }
 
@@ -119,11 +123,12 @@ pub struct SweepShard {
 /// What every order line's request_id starts with ([`KeyLayout::order_line_id`]).
 pub const ORDER_LINE_PREFIX: &str = "~ord:";
 
-/// What the stock key is followed by in its SKU's holds, held units and
-/// journal marker.
+/// What the stock key is followed by in its SKU's holds, held units,
+/// journal marker and journal.
 const HOLDS: &[u8] = b":holds";
 const HELD: &[u8] = b":held";
 const MARKER: &[u8] = b":journal:on";
+const JOURNAL: &[u8] = b":journal";
 
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
@@ -190,12 +195,13 @@ impl KeyLayout {
         ]
     }
 
-    /// `<prefix>:{<sku>}:holds`, `:held` and `:journal:on`: the keys a
-    /// call on one of the SKU's requests names after its stock and record
-    /// keys ([`RequestKeys`]), as parts.
-    pub fn side_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 5]; 3] {
+    /// `<prefix>:{<sku>}:holds`, `:held`, `:journal:on` and `:journal`:
+    /// the keys a call on one of the SKU's requests names after its stock
+    /// and record keys ([`RequestKeys`]), as parts.
+    pub fn side_key_parts<'a>(&'a self, sku: &'a Sku) -> [[&'a [u8]; 5]; 4] {
         let stock = self.stock_key_parts(sku);
-        [HOLDS, HELD, MARKER].map(|suffix| [stock[0], stock[1], stock[2], stock[3], suffix])
+        [HOLDS, HELD, MARKER, JOURNAL]
+            .map(|suffix| [stock[0], stock[1], stock[2], stock[3], suffix])
     }
 
     /// `<prefix>:{<sku>}`
@@ -205,24 +211,36 @@ impl KeyLayout {
 
     /// The keys of one request.
     pub fn request_keys(&self, sku: &Sku, request_id: &RequestId) -> RequestKeys {
-        let [holds, held, marker] = self.side_key_parts(sku);
+        self.keys_with_record(sku, self.record_key_parts(sku, request_id).concat())
+    }
+
+    fn keys_with_record(&self, sku: &Sku, record: Vec<u8>) -> RequestKeys {
+        let SkuKeys {
+            stock,
+            holds,
+            held,
+            marker,
+            journal,
+        } = self.sku_keys(sku);
         RequestKeys {
-            stock: self.stock_key(sku),
-            record: self.record_key_parts(sku, request_id).concat(),
-            holds: holds.concat(),
-            held: held.concat(),
-            marker: marker.concat(),
+            stock,
+            record,
+            holds,
+            held,
+            marker,
+            journal,
         }
     }
 
     /// The keys of a SKU itself: its stock and its holds.
     pub fn sku_keys(&self, sku: &Sku) -> SkuKeys {
-        let [holds, held, marker] = self.side_key_parts(sku);
+        let [holds, held, marker, journal] = self.side_key_parts(sku);
         SkuKeys {
             stock: self.stock_key(sku),
             holds: holds.concat(),
             held: held.concat(),
             marker: marker.concat(),
+            journal: journal.concat(),
         }
     }
 
@@ -246,7 +264,8 @@ impl KeyLayout {
     /// change of its stock or records ([`crate::journal`]), in the SKU's
     /// slot so that the script that makes a change appends its entry.
     pub fn journal_key(&self, sku: &Sku) -> Vec<u8> {
-        [self.prefix.as_bytes(), b":{", sku.as_bytes(), b"}:journal"].concat()
+        let [prefix, open, sku, close] = self.stock_key_parts(sku);
+        [prefix, open, sku, close, JOURNAL].concat()
     }
 
     /// `<prefix>:{<sku>}:journal:sunk`: the last journal id a sink with
@@ -291,11 +310,11 @@ impl KeyLayout {
         RequestId::parse(id.into()).ok()
     }
 
-    /// The stock key and the record of one operator's change.
-    pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> DeductKeys {
-        let stock = self.stock_key(sku);
-        let record = [&stock[..], b":op:", op_id.as_bytes()].concat();
-        DeductKeys { stock, record }
+    /// The keys of one operator's change: a request's, with its op record
+    /// in the record's place.
+    pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> RequestKeys {
+        let record = [&self.stock_key(sku)[..], b":op:", op_id.as_bytes()].concat();
+        self.keys_with_record(sku, record)
     }
 
     /// Checks, with CRC16, that the two key shapes map to one slot. It holds

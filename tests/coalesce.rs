@@ -347,12 +347,13 @@ impl Rig {
         for m in &case.members {
             let result = redis::cmd("EVALSHA")
                 .arg(&self.scripts.deduct.sha)
-                .arg(5)
+                .arg(6)
                 .arg(&one)
                 .arg(format!("{one}:req:{}", IDS[m.id]))
                 .arg(format!("{one}:holds"))
                 .arg(format!("{one}:held"))
                 .arg(format!("{one}:journal:on"))
+                .arg(format!("{one}:journal"))
                 .arg(&m.qty)
                 .arg(&m.order_no)
                 // The settings; the flags: replicate, and the journal off.
@@ -366,7 +367,7 @@ impl Rig {
         }
 
         let many = format!("many:{{{sku}}}");
-        let count = (4 + case.members.len()).to_string();
+        let count = (5 + case.members.len()).to_string();
         let mut args: Vec<String> = vec![
             "EVALSHA".into(),
             self.scripts.deduct_many.sha.clone(),
@@ -375,6 +376,7 @@ impl Rig {
             format!("{many}:holds"),
             format!("{many}:held"),
             format!("{many}:journal:on"),
+            format!("{many}:journal"),
         ];
         args.extend(
             case.members

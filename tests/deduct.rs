@@ -485,21 +485,22 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     // flags), the nonce.
     let good = ["2", "", "86400000 100 error 00", "00ff"];
     // The script takes the stock and record keys, then the SKU's holds,
-    // held units and journal marker (`side`, own's unless a case says);
-    // `extra` names a sixth.
-    let own_side: [&[u8]; 3] = [
+    // held units, journal marker and journal (`side`, own's unless a case
+    // says); `extra` names a seventh.
+    let own_side: [&[u8]; 4] = [
         b"stock:{own}:holds",
         b"stock:{own}:held",
         b"stock:{own}:journal:on",
+        b"stock:{own}:journal",
     ];
     let call_full = |keys: [&[u8]; 2],
-                     side: [&[u8]; 3],
+                     side: [&[u8]; 4],
                      extra: Option<&[u8]>,
                      argv: &[&str],
                      direct: &mut redis::Connection| {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(&scripts.deduct.body)
-            .arg(5 + usize::from(extra.is_some()))
+            .arg(6 + usize::from(extra.is_some()))
             .arg(keys[0])
             .arg(keys[1])
             .arg(&side[..]);
@@ -515,7 +516,7 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
         |keys: [&[u8]; 2], extra: Option<&[u8]>, argv: &[&str], direct: &mut redis::Connection| {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(&scripts.deduct.body)
-                .arg(5 + usize::from(extra.is_some()))
+                .arg(6 + usize::from(extra.is_some()))
                 .arg(keys[0])
                 .arg(keys[1])
                 .arg(&own_side[..]);
@@ -540,9 +541,25 @@ async fn the_script_answers_an_error_for_stockgates_own_arguments_and_3_for_the_
     assert_eq!(err.code(), Some("BADCALL"), "a key too many: {err:?}");
     // Each of the SKU's other keys must be its own, in its place.
     for side in [
-        [own_side[1], own_side[0], own_side[2]],
-        [b"stock:{other}:holds", own_side[1], own_side[2]],
-        [own_side[0], own_side[1], b"stock:{own}:journal"],
+        [own_side[1], own_side[0], own_side[2], own_side[3]],
+        [
+            b"stock:{other}:holds",
+            own_side[1],
+            own_side[2],
+            own_side[3],
+        ],
+        [
+            own_side[0],
+            own_side[1],
+            b"stock:{own}:journal",
+            own_side[3],
+        ],
+        [
+            own_side[0],
+            own_side[1],
+            own_side[2],
+            b"stock:{other}:journal",
+        ],
     ] {
         let err = call_full([&stock, &record], side, None, &good, &mut direct).unwrap_err();
         assert_eq!(err.code(), Some("BADCALL"), "{side:?}: {err:?}");

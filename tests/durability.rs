@@ -493,7 +493,7 @@ async fn writes_without_a_replica(cluster: bool) {
             upstream
                 .eval_fallback(
                     &script,
-                    &[&keys.stock, &keys.record],
+                    &keys.all(),
                     &[b"1", b"60000", nonce.as_bytes(), b"1"],
                     deadline,
                 )

@@ -729,7 +729,7 @@ async fn a_hold_nobody_releases_for_longer_than_the_retry_window_still_comes_bac
     );
     let placed: Value = redis::cmd("EVAL")
         .arg(&scripts.hold.body)
-        .arg(5)
+        .arg(keys.all().len())
         .arg(&keys.all()[..])
         .arg(&["3", "", "1000", "86400000 60000 1000000 error 00", "ab12"][..])
         .query(&mut direct_unindexed)

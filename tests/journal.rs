@@ -434,12 +434,13 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
         let nonce = format!("{:x}", nonces.get());
         redis::cmd("EVAL")
             .arg(&scripts.deduct.body)
-            .arg(5)
+            .arg(6)
             .arg(&stock)
             .arg(record_key(sku, id))
             .arg(&holds)
             .arg(&held_key)
             .arg([stock.as_slice(), b":journal:on"].concat())
+            .arg([stock.as_slice(), b":journal"].concat())
             // The settings; the flags: replicate off, then the journal's.
             .arg(&[
                 qty,
@@ -550,11 +551,12 @@ fn a_deduct_needs_a_journal_only_to_change_the_sku() {
     // A flat reply: -1 - remain, order_no for each member's 0.
     let many: Vec<Value> = redis::cmd("EVAL")
         .arg(&scripts.deduct_many.body)
-        .arg(6)
+        .arg(7)
         .arg(&stock)
         .arg(&holds)
         .arg(&held_key)
         .arg([stock.as_slice(), b":journal:on"].concat())
+        .arg(&journal)
         .arg(record_key(sku, "r6"))
         .arg(record_key(sku, "r7"))
         .arg(&["86400000", "100", "error", "0", "0"])

@@ -725,9 +725,9 @@ impl Saga {
         };
         let mut cmd = redis::cmd("EVAL");
         let stock = stock_key(sku);
-        cmd.arg(body).arg(5).arg(&stock);
+        cmd.arg(body).arg(6).arg(&stock);
         cmd.arg(record_key(sku, &line_id(order)));
-        for side in [&b":holds"[..], b":held", b":journal:on"] {
+        for side in [&b":holds"[..], b":held", b":journal:on", b":journal"] {
             cmd.arg([stock.as_slice(), side].concat());
         }
         for arg in args {

@@ -150,7 +150,7 @@ fn the_read_answers_exactly_what_the_script_would(kind: ServerKind) {
             let script = script_answer(
                 redis::cmd("EVALSHA")
                     .arg(&deduct.sha)
-                    .arg(5)
+                    .arg(keys.all().len())
                     .arg(&keys.all()[..])
                     .arg(&qty)
                     .arg("")

@@ -288,12 +288,13 @@ fn the_scripts_before_the_function_library_and_these_read_each_others_records() 
                 .arg(&held);
             cmd.arg(caller).arg(settings).arg(&nonce).arg("0").arg("0");
         } else {
-            cmd.arg(5)
+            cmd.arg(6)
                 .arg(&stock)
                 .arg(record_key(sku, id))
                 .arg(&holds)
                 .arg(&held)
-                .arg([stock.as_slice(), b":journal:on"].concat());
+                .arg([stock.as_slice(), b":journal:on"].concat())
+                .arg([stock.as_slice(), b":journal"].concat());
             cmd.arg(caller)
                 .arg(format!("{} 00", settings.join(" ")))
                 .arg(&nonce);

@@ -31,7 +31,7 @@ fn eval_deduct(conn: &mut redis::Connection, sku: &str) -> redis::RedisResult<Va
     );
     redis::cmd("EVAL")
         .arg(&Scripts::new().deduct.body)
-        .arg(5)
+        .arg(keys.all().len())
         .arg(&keys.all()[..])
         .arg(1)
         .arg("")

@@ -162,6 +162,7 @@ impl Set {
                     format!("{stock}:holds"),
                     format!("{stock}:held"),
                     format!("{stock}:journal:on"),
+                    format!("{stock}:journal"),
                 ];
                 args.push(format!("{} 0{journal}", settings.join(" ")));
                 args.push(nonce.to_owned());
@@ -595,6 +596,7 @@ fn measure(kind: ServerKind, out: &mut String) {
                 ];
                 if set.era == Era::Now {
                     keys.push(format!("{stock}:journal:on"));
+                    keys.push(format!("{stock}:journal"));
                 }
                 let mut args: Vec<String> = [
                     WINDOW,

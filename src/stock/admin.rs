@@ -194,7 +194,7 @@ async fn change(
         .with_journal(&sku, service.deadline(), || {
             service
                 .upstream
-                .eval_stock(script, [&keys.stock, &keys.record], &script_args)
+                .eval_stock(script, keys.all(), &script_args)
         })
         .await;
     match result {

@@ -258,7 +258,7 @@ impl StockService {
             return self
                 .upstream
                 .submit_script(slot, call.deadline, completion, |buf| {
-                    let [_, held, _] = keys.side_key_parts(sku);
+                    let [_, held, ..] = keys.side_key_parts(sku);
                     sold_out::encode_read(
                         [
                             &keys.stock_key_parts(sku),
@@ -365,7 +365,7 @@ impl StockService {
         let reloading = reloading.clone();
         tokio::spawn(async move {
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-            let named = [&keys.stock[..], &keys.holds, &keys.held, &keys.marker];
+            let named = keys.all();
             if let Err(fault) = upstream.eval(&script, &named, &args).await {
                 tracing::debug!(%fault, "could not load the coalesced DEDUCT script again");
             }
@@ -750,7 +750,6 @@ mod tests {
                 .map(|c| service.keys.request_keys(sku, &c.request.request_id).record)
                 .collect();
             let mut keys: Vec<&[u8]> = sku_keys.all().to_vec();
-            keys.push(&sku_keys.marker);
             keys.extend(records.iter().map(Vec::as_slice));
             let [window, max_qty, missing] = wire.fixed_argv();
             let mut argv: Vec<&[u8]> = vec![

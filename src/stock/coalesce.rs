@@ -94,7 +94,7 @@ impl Join for DeductJoin {
 
     fn gather_lone(&self, call: &[u8], marks: &LoneMarks, gathered: &mut Gathered) {
         // The pieces `Wire::encode` marked: the head, the stock key, the
-        // record key, the SKU's three other keys, the caller's arguments,
+        // record key, the SKU's four other keys, the caller's arguments,
         // the settings, the nonce.
         let [head, stock, record, side, caller, settings, nonce] = *marks;
         let shared = &mut gathered.shared;
@@ -135,11 +135,11 @@ impl Join for DeductJoin {
             return;
         }
         self.metrics.record_coalesced(members);
-        // KEYS: stock, holds, held, marker, then each member's record; ARGV: the
+        // KEYS: stock, holds, held, marker, journal, then each member's record; ARGV: the
         // shared five (window, max qty, missing-stock mode, the replicate
         // and journal flags), then each member's qty, order_no and nonce.
         self.many
-            .write_head(calling, out, 4 + members, 5 + 3 * members);
+            .write_head(calling, out, 5 + members, 5 + 3 * members);
         out.extend_from_slice(stock);
         out.extend_from_slice(side);
         for i in 0..members {
@@ -202,7 +202,8 @@ fn split_flat(frame: &Bytes, members: usize) -> Option<Vec<Bytes>> {
 }
 
 /// What the first DEDUCT of a call writes for all of them: the SKU's stock
-/// key, then its three other keys (holds, held units, journal marker), as
+/// key, then its four other keys (holds, held units, journal marker,
+/// journal), as
 /// both a member alone and a call of many name them.
 pub(super) fn write_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
     let stock = keys.stock_key_parts(sku);
@@ -317,7 +318,7 @@ impl Join for ReadJoin {
 pub(super) fn write_read_shared(keys: &KeyLayout, sku: &Sku, gathered: &mut Gathered) {
     reply::bulk_parts(&mut gathered.shared, &keys.stock_key_parts(sku));
     gathered.marks.push(gathered.shared.len());
-    let [_, held, _] = keys.side_key_parts(sku);
+    let [_, held, ..] = keys.side_key_parts(sku);
     reply::bulk_parts(&mut gathered.shared, &held);
 }
 
@@ -384,7 +385,7 @@ mod tests {
         let mut alone = BytesMut::new();
         join.write(&gather(&keys, &sku, &["a"]), &mut alone);
         let id = RequestId::parse(Bytes::from_static(b"a")).unwrap();
-        let [_, held, _] = keys.side_key_parts(&sku);
+        let [_, held, ..] = keys.side_key_parts(&sku);
         let mut own = BytesMut::new();
         encode_read(
             [

@@ -2,8 +2,8 @@
 //! (DEDUCT, REVERT, HOLD, CONFIRM), as the node pipes send it and as the
 //! redis-rs fallback sends it.
 //!
-//! Every such script takes the request's five keys (stock, record, and
-//! the SKU's holds, held units and journal marker:
+//! Every such script takes the request's six keys (stock, record, and
+//! the SKU's holds, held units, journal marker and journal:
 //! [`crate::keys::RequestKeys`]) and its ARGV in one order: the caller's
 //! arguments, then its settings, then the call's nonce. The settings are
 //! one argument: what stockgate supplies alike for every call (window,
@@ -28,7 +28,7 @@ const LINE_MOST_BULK: usize = 1 + 20 + 2 + 2;
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `*<n>`, FCALL, the function, `5`; and `*<n>`, EVALSHA, the SHA, `5`.
+    /// `*<n>`, FCALL, the function, `6`; and `*<n>`, EVALSHA, the SHA, `6`.
     heads: [Bytes; 2],
     /// The settings, the argument before the nonce, encoded...
     settings: Bytes,
@@ -55,7 +55,7 @@ impl Wire {
     ) -> Wire {
         let heads = [Calling::Function, Calling::Eval].map(|calling| {
             let mut head = BytesMut::new();
-            script.write_head(calling, &mut head, 5, caller_args + 2);
+            script.write_head(calling, &mut head, 6, caller_args + 2);
             head.freeze()
         });
         let joined_flags = flags.concat();
@@ -144,7 +144,7 @@ impl Wire {
     }
 
     /// [`Wire::encode`] from keys and arguments written as bulk strings
-    /// already: the stock key, the record key, the SKU's three other keys,
+    /// already: the stock key, the record key, the SKU's four other keys,
     /// the caller's arguments and the nonce (a coalesced DEDUCT alone in
     /// its call, [`super::coalesce`]).
     pub(super) fn encode_bulks(

@@ -300,7 +300,7 @@ impl Upstream {
     pub async fn eval_stock(
         &self,
         script: &LuaScript,
-        keys: [&[u8]; 2],
+        keys: [&[u8]; 6],
         args: &[&[u8]],
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();

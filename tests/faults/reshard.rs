@@ -409,12 +409,12 @@ async fn a_slot_migrating_mid_order(kind: ServerKind) {
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_confirm_meeting_its_moved_journal_waits_for_the_move }
-/// A slot in migration whose SKU's journal moved first. A CONFIRM finds the
-/// four keys it declares (stock, record, holds, held) still on the source,
-/// so Redis lets it run, and refuses its access to the journal, a key it
-/// does not declare, as "non local key". That only means the slot is
-/// moving: stockgate asks again, as for TRYAGAIN, and the CONFIRM is
-/// answered by the target once the move ends. It used to come back as
+/// A slot in migration whose SKU's journal moved first. A CONFIRM declares
+/// the journal with the SKU's other keys, so the source answers TRYAGAIN
+/// before anything runs (some of its keys here, some not), and stockgate
+/// asks again until the target answers once the move ends. When the
+/// journal was not declared, Redis let the script run and refused its
+/// access to the journal as "non local key", which came back as
 /// `-BADREPLY` (the slot migrating mid-order met it on Redis 8.2).
 async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
@@ -453,14 +453,15 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
         .query::<()>(&mut src)
         .expect("MIGRATE the journal");
 
-    let refused_before = error_stat(src_node, "ERR");
+    let refusals = || error_stat(src_node, "ERR") + error_stat(src_node, "TRYAGAIN");
+    let refused_before = refusals();
     let confirming = {
         let (mut client, sku) = (client.clone(), sku.clone());
         tokio::spawn(async move { crate::support::confirm(&mut client, &sku, "h1").await })
     };
-    // Until the source has refused the CONFIRM's script at least once.
+    // Until the source has refused the CONFIRM at least once.
     let waited = Instant::now();
-    while error_stat(src_node, "ERR") == refused_before {
+    while refusals() == refused_before {
         assert!(
             waited.elapsed() < Duration::from_secs(8) && !confirming.is_finished(),
             "the CONFIRM's script was never refused its moved journal"
@@ -499,6 +500,142 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
             .collect::<Vec<_>>(),
         [(stockgate::journal::Event::Confirm, "h1")],
         "{sku}: the journal's last entry"
+    );
+    server.stop_now();
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_release_meeting_its_moved_journal_gives_the_units_back_once }
+/// A slot in migration whose SKU's journal moved first, and a hold that
+/// expires meanwhile. Whoever releases it (the sweeper, or the CONFIRM of
+/// another hold, which releases the SKU's expired holds first) must either
+/// run whole or not at all: a release whose units went back to stock before
+/// its journal entry was refused would stay in the holds set and give its
+/// units back a second time once the move ends (the stock up by 3 more than
+/// was ever held).
+async fn a_release_meeting_its_moved_journal_gives_the_units_back_once(kind: ServerKind) {
+    let _serial = SERIAL.lock().await;
+    let name = format!("releasemove-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
+    let (source, target) = (0, 1);
+    let sku = skus_on_every_primary(&cluster, &name, 1)
+        .into_iter()
+        .find(|s| owner(&cluster, sku_slot(s)) == source)
+        .expect("a sku on the source");
+    let slot = sku_slot(&sku);
+    let stock_key = crate::support::stock_key(&sku);
+    let mut direct = cluster.cluster_connection().expect("cluster connection");
+    redis::cmd("SET")
+        .arg(&stock_key)
+        .arg(100)
+        .query::<()>(&mut direct)
+        .expect("seed the stock");
+    let server = stockgate(cluster.seeds(), Duration::from_secs(10)).await;
+    let mut client = crate::support::client(&server, false).await;
+    for (id, qty, ttl_ms) in [("h1", "3", "1000"), ("h2", "5", "600000")] {
+        let held = crate::support::hold(&mut client, &sku, qty, id, ttl_ms, None)
+            .await
+            .expect("HOLD");
+        assert_eq!(crate::support::parse_hold(held).code, 0, "{id} held");
+    }
+
+    // The slot starts moving, the journal first, before h1 expires.
+    let (src_node, dst_node) = (&cluster.nodes[source], &cluster.nodes[target]);
+    let (mut src, mut dst) = begin_migration(&cluster, slot, source, target);
+    let journal = crate::support::layout()
+        .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(dst_node.port)
+        .arg(&journal)
+        .arg(0)
+        .arg(5000)
+        .query::<()>(&mut src)
+        .expect("MIGRATE the journal");
+    // Until h1 is due by the source's clock.
+    let holds = [stock_key.as_slice(), b":holds"].concat();
+    let due: f64 = redis::cmd("ZSCORE")
+        .arg(&holds)
+        .arg("h1")
+        .query(&mut src)
+        .expect("h1's expiry");
+    loop {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut src).expect("TIME");
+        if (secs * 1000 + micros / 1000) as f64 > due {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let refusals = || error_stat(src_node, "ERR") + error_stat(src_node, "TRYAGAIN");
+    let refused_before = refusals();
+    let confirming = {
+        let (mut client, sku) = (client.clone(), sku.clone());
+        tokio::spawn(async move { crate::support::confirm(&mut client, &sku, "h2").await })
+    };
+    let waited = Instant::now();
+    while refusals() == refused_before {
+        assert!(
+            waited.elapsed() < Duration::from_secs(8) && !confirming.is_finished(),
+            "the CONFIRM was never refused while its journal was away"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Let the sweeper meet the moved journal too, then end the move.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    migrate_slot(
+        &cluster,
+        slot,
+        source,
+        target,
+        100,
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    let confirmed = confirming
+        .await
+        .expect("the CONFIRM's task")
+        .expect("CONFIRM answered, not a fault");
+    assert_eq!(
+        crate::support::parse_hold(confirmed).code,
+        0,
+        "h2 confirmed"
+    );
+    assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
+
+    // 100 - 3 (h1, given back) - 5 (h2, confirmed): h1's units came back once.
+    let (stock, held): (i64, Option<i64>) = redis::pipe()
+        .cmd("GET")
+        .arg(&stock_key)
+        .cmd("GET")
+        .arg([stock_key.as_slice(), b":held"].concat())
+        .query(&mut dst)
+        .expect("the stock on the target");
+    assert_eq!(
+        (stock, held.unwrap_or(0)),
+        (95, 0),
+        "{sku}: stock and held units"
+    );
+    let raw: redis::Value = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query(&mut dst)
+        .expect("XRANGE on the target");
+    let events: Vec<_> = stockgate::journal::stream::entries(raw)
+        .expect("entries")
+        .iter()
+        .map(|e| (e.event, e.id.clone()))
+        .collect();
+    use stockgate::journal::Event;
+    assert_eq!(
+        events,
+        [
+            (Event::Hold, "h1".to_owned()),
+            (Event::Hold, "h2".to_owned()),
+            (Event::Expire, "h1".to_owned()),
+            (Event::Confirm, "h2".to_owned()),
+        ],
+        "{sku}: the journal"
     );
     server.stop_now();
 }
