@@ -543,15 +543,21 @@ end
 -- A hold's units are in its record alone, so a HELD record has no TTL
 -- (hold.lua): it lasts until the hold ends, however long nothing touches
 -- the SKU, and every entry here finds its units. An entry whose record is
--- a hold no more (confirmed, given back) just leaves the set, as does one
--- with no record at all, which only a hold placed by a version before 4.1
--- can leave (its record had a TTL, and nothing released it in time: its
--- units are not known any more; README "Upgrading"); one whose record
--- this version can't read stays, for the newer script that wrote it.
+-- a hold no more (confirmed, given back) just leaves the set. One whose
+-- record this version can't read stays, for the newer script that wrote
+-- it. One with no record at all stays too while it expired less than a
+-- retry window ago: its record may not be on this node yet (its slot is
+-- moving here, and a record of another request is a key no call
+-- declares, which reads as missing on the node the slot moves to), and a
+-- later call finds it there. Past that it leaves: only a hold placed by a
+-- version before 4.1 leaves an entry without a record (its record had a
+-- TTL, and nothing released it in time: its units are not known any
+-- more; README "Upgrading").
 local function release_expired(stock_key, holds_key, held_key, now, window, journal_key)
-  local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'LIMIT', '0', RELEASE_BOUND)
+  local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
+    RELEASE_BOUND)
   local released, units = 0, 0
-  for i = 1, #due do
+  for i = 1, #due, 2 do
     local id = due[i]
     local record_key = stock_key .. ':req:' .. id
     local raw = call('GET', record_key)
@@ -563,7 +569,7 @@ local function release_expired(stock_key, holds_key, held_key, now, window, jour
     elseif record and record.state == 'H' then
       -- Not due after all: back at its own expiry.
       call('ZADD', holds_key, record.expires, id)
-    elseif not raw or record then
+    elseif record or (not raw and to_number(due[i + 1]) + window < now) then
       call('ZREM', holds_key, id)
     end
   end
