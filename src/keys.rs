@@ -4,6 +4,7 @@
 //! stock key           <prefix>:{<sku>}
 //! idempotency record  <prefix>:{<sku>}:req:<request_id>
 //! operator's change   <prefix>:{<sku>}:op:<op_id>        (STOCK.SET, STOCK.ADD)
+//! change of a hold    <prefix>:{<sku>}:chg:<change_id>   (HOLD.EXTEND, HOLD.SHRINK)
 //! holds               <prefix>:{<sku>}:holds             sorted set: request_id by expiry
 //! units held          <prefix>:{<sku>}:held              integer
 //!
@@ -29,7 +30,7 @@
 //! ([`crate::stock::order::recovery`]) are indexed in the same shards, by
 //! the slot of each order's intent record.
 
-use crate::params::{OpId, RequestId, Sku};
+use crate::params::{ChangeId, OpId, RequestId, Sku};
 
 /// Slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -273,6 +274,26 @@ impl KeyLayout {
         let stock = self.stock_key(sku);
         let record = [&stock[..], b":op:", op_id.as_bytes()].concat();
         DeductKeys { stock, record }
+    }
+
+    /// The keys of one change of a hold (HOLD.EXTEND, HOLD.SHRINK): the
+    /// hold's request's four, then the change's own record,
+    /// `<prefix>:{<sku>}:chg:<change_id>`, in the order
+    /// `lua/hold_change.lua` takes them.
+    pub fn hold_change_keys(
+        &self,
+        sku: &Sku,
+        request_id: &RequestId,
+        change_id: &ChangeId,
+    ) -> [Vec<u8>; 5] {
+        let RequestKeys {
+            stock,
+            record,
+            holds,
+            held,
+        } = self.request_keys(sku, request_id);
+        let change = [&stock[..], b":chg:", change_id.as_bytes()].concat();
+        [stock, record, holds, held, change]
     }
 
     /// Checks, with CRC16, that the two key shapes map to one slot. It holds

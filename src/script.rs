@@ -470,6 +470,8 @@ scripts! {
     revert: new;
     hold: new;
     confirm: new;
+    /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/hold_change.rs`).
+    hold_change: new;
     /// An order's intent record (ORDER, ORDER.HOLD, ORDER.CONFIRM, ORDER.REVERT).
     order: new;
     stock_add: new;
@@ -521,6 +523,7 @@ mod tests {
                 "revert",
                 "hold",
                 "confirm",
+                "hold_change",
                 "order",
                 "stock_add",
                 "stock_set",

@@ -190,11 +190,10 @@ async fn change(
         settings.replicate_arg.as_bytes(),
         settings.journal_arg.as_bytes(),
     ];
+    let op_keys: [&[u8]; 2] = [&keys.stock, &keys.record];
     let result: StockResult = service
         .with_journal(&sku, service.deadline(), || {
-            service
-                .upstream
-                .eval_stock(script, [&keys.stock, &keys.record], &script_args)
+            service.upstream.eval_stock(script, &op_keys, &script_args)
         })
         .await;
     match result {
