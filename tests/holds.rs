@@ -1286,3 +1286,262 @@ async fn the_sweeper_honours_an_extension() {
     );
     assert_eq!(record_state(&mut direct, "swept", "w-1"), 'X');
 }
+
+/// A step of [`holds_extensions_and_shrinks_follow_a_plain_model`], with
+/// request_ids and change_ids by number, so that they meet.
+#[derive(Debug, Clone)]
+enum Step {
+    Deduct {
+        id: usize,
+        qty: u64,
+    },
+    Hold {
+        id: usize,
+        qty: u64,
+    },
+    Confirm {
+        id: usize,
+    },
+    Revert {
+        id: usize,
+    },
+    /// To level `level`: ttl_ms 600 s plus a minute a level, so that one
+    /// level above another is later whenever it is sent within a minute.
+    Extend {
+        id: usize,
+        change: usize,
+        level: u64,
+    },
+    Shrink {
+        id: usize,
+        change: usize,
+        qty: u64,
+    },
+}
+
+/// Where a request stands, in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Modelled {
+    None,
+    Deducted {
+        qty: u64,
+    },
+    Held {
+        qty: u64,
+        asked: u64,
+        level: u64,
+        expires: i64,
+    },
+    Confirmed {
+        qty: u64,
+        asked: u64,
+        expires: i64,
+    },
+    Gone,
+}
+
+fn model_step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let id = 0..3usize;
+    let change = 0..4usize;
+    prop_oneof![
+        1 => (id.clone(), 1u64..4).prop_map(|(id, qty)| Step::Deduct { id, qty }),
+        3 => (id.clone(), 1u64..6).prop_map(|(id, qty)| Step::Hold { id, qty }),
+        1 => id.clone().prop_map(|id| Step::Confirm { id }),
+        1 => id.clone().prop_map(|id| Step::Revert { id }),
+        3 => (id.clone(), change.clone(), 0u64..4)
+            .prop_map(|(id, change, level)| Step::Extend { id, change, level }),
+        3 => (id, change, 1u64..5).prop_map(|(id, change, qty)| Step::Shrink { id, change, qty }),
+    ]
+}
+
+/// Random sequences of DEDUCT, HOLD, CONFIRM, REVERT, HOLD.EXTEND and
+/// HOLD.SHRINK on one SKU, against a plain model of the state machine:
+/// every code, every expiry a change answers (a retry's is the one the
+/// change set; an extension's is later than the hold's), and after every
+/// step the stock and the units held as the model has them, with stock +
+/// held + sold always the stock it started with (conservation). No hold
+/// runs out within a case (they last at least 600 s).
+#[test]
+fn holds_extensions_and_shrinks_follow_a_plain_model() {
+    use proptest::prelude::*;
+    const STOCK: u64 = 12;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = standalone();
+    let server = runtime.block_on(proxy(vec![redis.url()], |c| c.sweeper = false));
+    let conn = runtime.block_on(client(&server, false));
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 48,
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(steps in prop::collection::vec(model_step(), 1..40))| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sku = format!("model-{n}");
+        let mut direct = redis.node.connection().unwrap();
+        set(&mut direct, &stock_key(&sku), STOCK as i64);
+        let mut conn = conn.clone();
+        let (mut stock, mut held, mut sold) = (STOCK, 0u64, 0u64);
+        let mut requests = [Modelled::None; 3];
+        // change_id -> (kind, amount, request, expiry it set)
+        let mut changes: std::collections::HashMap<usize, (&str, u64, usize, i64)> =
+            Default::default();
+        for (i, step) in steps.iter().enumerate() {
+            let at = format!("step {i} {step:?} of {steps:?}");
+            let rid = |id: usize| format!("r{id}");
+            match *step {
+                Step::Deduct { id, qty } => {
+                    let got = parse(runtime.block_on(
+                        deduct(&mut conn, &sku, &qty.to_string(), &rid(id), None)).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None if stock >= qty => {
+                            stock -= qty;
+                            sold += qty;
+                            requests[id] = Modelled::Deducted { qty };
+                            0
+                        }
+                        Modelled::None => 2,
+                        Modelled::Deducted { qty: q } => if q == qty { 1 } else { 3 },
+                        Modelled::Held { .. } | Modelled::Confirmed { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Hold { id, qty } => {
+                    let got = parse_hold(runtime.block_on(
+                        hold(&mut conn, &sku, &qty.to_string(), &rid(id), "600000", None)).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None if stock >= qty => {
+                            stock -= qty;
+                            held += qty;
+                            requests[id] = Modelled::Held {
+                                qty, asked: qty, level: 0, expires: got.expires_at,
+                            };
+                            0
+                        }
+                        Modelled::None => 2,
+                        Modelled::Held { asked, expires, .. }
+                        | Modelled::Confirmed { asked, expires, .. } => {
+                            if asked == qty {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        Modelled::Deducted { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Confirm { id } => {
+                    let got = parse_hold(runtime.block_on(confirm(&mut conn, &sku, &rid(id))).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None => {
+                            requests[id] = Modelled::Gone;
+                            4
+                        }
+                        Modelled::Held { qty, asked, expires, .. } => {
+                            held -= qty;
+                            sold += qty;
+                            requests[id] = Modelled::Confirmed { qty, asked, expires };
+                            0
+                        }
+                        Modelled::Confirmed { .. } => 1,
+                        Modelled::Deducted { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Revert { id } => {
+                    let got = parse(runtime.block_on(revert(&mut conn, &sku, &rid(id))).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None => 4,
+                        Modelled::Deducted { qty } | Modelled::Confirmed { qty, .. } => {
+                            stock += qty;
+                            sold -= qty;
+                            0
+                        }
+                        Modelled::Held { qty, .. } => {
+                            stock += qty;
+                            held -= qty;
+                            0
+                        }
+                        Modelled::Gone => 1,
+                    };
+                    requests[id] = Modelled::Gone;
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Extend { id, change: c, level } => {
+                    let ttl = 600_000 + 60_000 * level;
+                    let got = runtime.block_on(change(
+                        &mut conn, "HOLD.EXTEND", &sku, &rid(id), &format!("c{c}"), &ttl.to_string()));
+                    let want = match (changes.get(&c), requests[id]) {
+                        (Some(&(kind, amount, of, expires)), _) => {
+                            if (kind, amount, of) == ("extend", level, id) {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Held { qty, asked, level: now, expires }) => {
+                            // The same level again is later only when a
+                            // millisecond passed since: either answer.
+                            let later = level > now || (level == now && got.code == 0);
+                            if later {
+                                prop_assert!(got.expires_at > expires, "{}", at);
+                                requests[id] = Modelled::Held {
+                                    qty, asked, level, expires: got.expires_at,
+                                };
+                                changes.insert(c, ("extend", level, id, got.expires_at));
+                                0
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Confirmed { expires, .. }) => {
+                            prop_assert_eq!(got.expires_at, expires, "{}", at);
+                            1
+                        }
+                        (None, Modelled::None | Modelled::Deducted { .. }) => 3,
+                        (None, Modelled::Gone) => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Shrink { id, change: c, qty: back } => {
+                    let got = runtime.block_on(change(
+                        &mut conn, "HOLD.SHRINK", &sku, &rid(id), &format!("c{c}"), &back.to_string()));
+                    let want = match (changes.get(&c), requests[id]) {
+                        (Some(&(kind, amount, of, expires)), _) => {
+                            if (kind, amount, of) == ("shrink", back, id) {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Held { qty, asked, level, expires }) if back < qty => {
+                            stock += back;
+                            held -= back;
+                            requests[id] = Modelled::Held { qty: qty - back, asked, level, expires };
+                            changes.insert(c, ("shrink", back, id, expires));
+                            prop_assert_eq!(got.expires_at, expires, "{}", at);
+                            0
+                        }
+                        (None, Modelled::Gone) => 4,
+                        (None, _) => 3,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+            }
+            let in_redis = (
+                get_int(&mut direct, &stock_key(&sku)),
+                get_int(&mut direct, &held_key(&sku)).unwrap_or(0),
+            );
+            prop_assert_eq!(in_redis, (Some(stock as i64), held as i64), "after {}", at);
+            prop_assert_eq!(stock + held + sold, STOCK, "conservation after {}", at);
+        }
+    });
+}
