@@ -217,7 +217,7 @@ local function parse_record(raw)
     if state == 'H' or state == 'C' or state == 'X' then
       local e, h = string.match(aux, '^(%d+)%.(%d+)$')
       if not e then
-        -- A hold that gave some of its units back (lua/hold_change.lua)
+        -- A hold that gave some of its units back (lua/change_hold.lua)
         -- keeps the qty its HOLD asked for third.
         e, h, asked = string.match(aux, '^(%d+)%.(%d+)%.(%d+)$')
         if not e then

@@ -279,7 +279,7 @@ impl KeyLayout {
     /// The keys of one change of a hold (HOLD.EXTEND, HOLD.SHRINK): the
     /// hold's request's four, then the change's own record,
     /// `<prefix>:{<sku>}:chg:<change_id>`, in the order
-    /// `lua/hold_change.lua` takes them.
+    /// `lua/change_hold.lua` takes them.
     pub fn hold_change_keys(
         &self,
         sku: &Sku,

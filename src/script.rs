@@ -471,7 +471,7 @@ scripts! {
     hold: new;
     confirm: new;
     /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/hold_change.rs`).
-    hold_change: new;
+    change_hold: new;
     /// An order's intent record (ORDER, ORDER.HOLD, ORDER.CONFIRM, ORDER.REVERT).
     order: new;
     stock_add: new;
@@ -523,7 +523,7 @@ mod tests {
                 "revert",
                 "hold",
                 "confirm",
-                "hold_change",
+                "change_hold",
                 "order",
                 "stock_add",
                 "stock_set",

@@ -14,7 +14,7 @@
 //! answers 1 with the expiry it set. Replies like HOLD, `[code, remain,
 //! order_no, version, expires_at_ms]`: 0 extended, 1 this change_id was
 //! applied (or the hold is confirmed), 3 invalid, 4 reverted or revoked,
-//! 5 the hold ran out. `lua/hold_change.lua` has the script;
+//! 5 the hold ran out. `lua/change_hold.lua` has the script;
 //! [`super::hold_change`] the call.
 
 use super::command::{Command, Footprint, Serve, codes};

@@ -1,6 +1,6 @@
 //! A change of a live hold (HOLD.EXTEND, HOLD.SHRINK: [`super::extend`],
 //! [`super::shrink`] describe them), from the request to its reply: check
-//! the arguments, run `lua/hold_change.lua` on the hold's SKU, record what
+//! the arguments, run `lua/change_hold.lua` on the hold's SKU, record what
 //! it came to, and file an extended hold in the sweep index again.
 //!
 //! A change is rare beside DEDUCT and HOLD (one per slow payment, or per
@@ -38,7 +38,7 @@ impl HoldChange {
         }
     }
 
-    /// Its word in `lua/hold_change.lua`'s ARGV.
+    /// Its word in `lua/change_hold.lua`'s ARGV.
     fn word(self) -> &'static [u8] {
         match self {
             HoldChange::Extend => b"extend",
@@ -115,7 +115,7 @@ impl StockService {
         let result = self
             .with_journal(&checked.sku, self.deadline(), || {
                 self.upstream
-                    .eval_stock(&self.scripts.hold_change, &keys, &script_args)
+                    .eval_stock(&self.scripts.change_hold, &keys, &script_args)
             })
             .await
             .map(|reply| reply.with_expiry(true));
