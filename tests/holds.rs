@@ -1545,3 +1545,60 @@ fn holds_extensions_and_shrinks_follow_a_plain_model() {
         }
     });
 }
+
+/// With the journal on, a shrink's units given back are one `cancel`
+/// entry (the event a REVERT of a hold writes), and an extension writes
+/// none: the journal's account still adds up to what Redis holds.
+#[tokio::test]
+async fn a_shrink_is_journaled_as_a_hold_given_back_and_an_extension_is_not() {
+    use stockgate::journal::Event;
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("jr"), 9);
+    let server = proxy(vec![redis.url()], |c| {
+        c.sweeper = false;
+        c.journal = true;
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let held = parse_hold(
+        hold(&mut conn, "jr", "4", "j-1", "600000", Some("ORD J"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(held.code, 0);
+    let longer = change(&mut conn, "HOLD.EXTEND", "jr", "j-1", "e-1", "700000").await;
+    assert_eq!(longer.code, 0);
+    let smaller = change(&mut conn, "HOLD.SHRINK", "jr", "j-1", "s-1", "3").await;
+    assert_eq!((smaller.code, smaller.remain), (0, 8));
+    let sku = stockgate::params::Sku::parse("jr".into()).unwrap();
+    let raw: Value = redis::cmd("XRANGE")
+        .arg(layout().journal_key(&sku))
+        .arg("-")
+        .arg("+")
+        .query(&mut direct)
+        .unwrap();
+    let entries = stockgate::journal::stream::entries(raw).unwrap();
+    let seen: Vec<(Event, &str, i64, i64, i64, i64, &str)> = entries
+        .iter()
+        .map(|e| {
+            let (event, id, order_no) = (e.event, e.id.as_str(), e.order_no.as_str());
+            (
+                event,
+                id,
+                e.stock_change,
+                e.held_change,
+                e.stock,
+                e.held,
+                order_no,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Event::Hold, "j-1", -4, 4, 5, 4, "ORD J"),
+            (Event::Cancel, "j-1", 3, -3, 8, 1, "ORD J"),
+        ]
+    );
+}
