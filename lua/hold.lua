@@ -136,8 +136,10 @@ local function hold(KEYS, ARGV)
       return answer(5, stock, record.order_no, '', record.expires, released)
     end
     -- HELD or CONFIRMED.
-    if record.qty ~= qty_arg then
-      return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+    -- The qty the HOLD asked for, which a shrunk hold keeps apart.
+    local asked = record.asked or record.qty
+    if asked ~= qty_arg then
+      return answer(3, stock, '', 'request_id was already used with qty ' .. asked .. ' on this sku', 0, released)
     end
     replicate_again(replicate, record_key)
     if record.nonce == nonce and state == 'H' then

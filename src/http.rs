@@ -6,6 +6,8 @@
 //! POST /v1/revert   {"sku": "...", "request_id": "..."}
 //! POST /v1/hold     {"sku": "...", "qty": 1, "request_id": "...", "ttl_ms": 900000, "order_no": "..."}
 //! POST /v1/confirm  {"sku": "...", "request_id": "..."}
+//! POST /v1/hold/extend  {"sku": "...", "request_id": "...", "change_id": "...", "ttl_ms": 600000}
+//! POST /v1/hold/shrink  {"sku": "...", "request_id": "...", "change_id": "...", "qty": 1}
 //! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
 //! POST /v1/orders/{request_id}/confirm
 //! POST /v1/orders/{request_id}/revert
@@ -27,7 +29,8 @@
 //! |---|---|
 //! | code 0, 1 (`"duplicate": true`) | 200 |
 //! | DEDUCT and HOLD code 2, 4 (`"revoked": true`); CONFIRM code 4 | 409 |
-//! | HOLD and CONFIRM code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
+//! | HOLD, CONFIRM, HOLD.EXTEND and HOLD.SHRINK code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
+//! | HOLD.EXTEND and HOLD.SHRINK code 4 (`"revoked": true`) | 409: nothing changed |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
 //! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
@@ -41,6 +44,7 @@ use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
 use crate::stock::StockCommand;
+use crate::stock::hold_change::HoldChange;
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
 use axum::Router;
@@ -85,6 +89,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/revert", post(revert))
         .route("/v1/hold", post(hold))
         .route("/v1/confirm", post(confirm))
+        .route("/v1/hold/extend", post(hold_extend))
+        .route("/v1/hold/shrink", post(hold_shrink))
         .route("/v1/orders", post(order))
         .route("/v1/orders/{request_id}/confirm", post(order_confirm))
         .route("/v1/orders/{request_id}/revert", post(order_revert))
@@ -126,6 +132,19 @@ struct HoldBody {
     ttl_ms: Box<RawValue>,
     #[serde(default, deserialize_with = "present")]
     order_no: Option<String>,
+}
+
+/// The body of `/v1/hold/extend` (`ttl_ms`) and `/v1/hold/shrink`
+/// (`qty`): the change's amount raw, as HOLD's numbers.
+#[derive(Deserialize)]
+struct HoldChangeBody {
+    sku: String,
+    request_id: String,
+    change_id: String,
+    #[serde(default, deserialize_with = "present")]
+    ttl_ms: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    qty: Option<Box<RawValue>>,
 }
 
 /// The body of `/v1/orders`.
@@ -314,6 +333,52 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
             .service
             .call(StockCommand::Hold, &args, arrived)
             .await,
+    )
+}
+
+async fn hold_extend(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_hold_change(shared, request, HoldChange::Extend).await
+}
+
+async fn hold_shrink(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_hold_change(shared, request, HoldChange::Shrink).await
+}
+
+/// HOLD.EXTEND (`ttl_ms`) and HOLD.SHRINK (`qty`): the body's fields become
+/// the RESP arguments; the other command's amount is a malformed body.
+async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChange) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let body: HoldChangeBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let (field, amount, other) = match change {
+        HoldChange::Extend => ("ttl_ms", body.ttl_ms, body.qty.map(|_| "qty")),
+        HoldChange::Shrink => ("qty", body.qty, body.ttl_ms.map(|_| "ttl_ms")),
+    };
+    let amount = match (amount, other) {
+        (_, Some(other)) => Err(format!(
+            "invalid request body: unknown field `{other}`, expected `{field}`"
+        )),
+        (None, None) => Err(format!("invalid request body: missing field `{field}`")),
+        (Some(raw), None) => integer_text(&raw, field),
+    };
+    let amount = match amount {
+        Ok(amount) => amount,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let args = [
+        Bytes::from(body.sku),
+        Bytes::from(body.request_id),
+        Bytes::from(body.change_id),
+        amount,
+    ];
+    respond(
+        change.command(),
+        shared.service.change_hold(change, &args, arrived).await,
     )
 }
 
@@ -649,6 +714,8 @@ mod tests {
             StockCommand::Revert,
             StockCommand::Hold,
             StockCommand::Confirm,
+            StockCommand::HoldExtend,
+            StockCommand::HoldShrink,
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
@@ -683,6 +750,8 @@ mod tests {
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
+            StockCommand::HoldExtend,
+            StockCommand::HoldShrink,
         ] {
             assert_eq!(status_for(command, Code::Revoked), StatusCode::CONFLICT);
             assert_eq!(status_for(command, Code::Expired), StatusCode::CONFLICT);

@@ -478,6 +478,87 @@ async fn holds_map_to_their_statuses_and_conform_to_the_openapi_document() {
         (409, &json!(5), &json!(true))
     );
     seen.push(e);
+    let extend = |id: &str, change: &str, ttl: Json| json!({"sku": "web-h", "request_id": id, "change_id": change, "ttl_ms": ttl});
+    let shrink = |id: &str, change: &str, qty: Json| json!({"sku": "web-h", "request_id": id, "change_id": change, "qty": qty});
+    let e = post_json(http, "/v1/hold/extend", extend("short", "c0", json!(60000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 5, "remain": 3, "order_no": "ORD-H", "expired": true, "version": V, "expires_at": short_expiry})
+        ),
+    );
+    seen.push(e);
+
+    // A hold changed while it is held: extended, shrunk, each retried.
+    let e = post_json(http, "/v1/hold", hold(3, "h4", json!(600000)));
+    assert_eq!((e.status, &e.body["remain"]), (200, &json!(0)));
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c1", json!(900000)));
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    let extended = e.body["expires_at"].as_i64().unwrap();
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c1", json!(900000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 1, "remain": 0, "order_no": "ORD-H", "duplicate": true, "version": V, "expires_at": extended})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c2", json!(1000)));
+    assert_eq!((e.status, &e.body["code"]), (400, &json!(3)), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c3", json!(2)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 0, "remain": 2, "order_no": "ORD-H", "version": V, "expires_at": extended})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c3", json!(2)));
+    assert_eq!((e.status, &e.body["duplicate"]), (200, &json!(true)));
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c4", json!(1)));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (400, &json!(3), &json!(2)),
+        "the last unit goes back by a REVERT: {e:?}"
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c5", json!(0)));
+    assert_eq!(
+        (e.status, &e.body["reason"]),
+        (400, &json!("qty must be an integer from 1 to 1000000"))
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c5", json!("1")));
+    assert_eq!(e.status, 400);
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", extend("h4", "c5", json!(1000)));
+    assert_eq!(e.status, 400, "a shrink without its qty: {e:?}");
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("never", "c6", json!(60000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 4, "remain": 2, "order_no": "", "revoked": true, "version": V, "expires_at": 0})
+        ),
+        "never was revoked by its CONFIRM above"
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/confirm", confirm("h4"));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (200, &json!(0), &json!(2))
+    );
+    seen.push(e);
     assert_conform(&seen);
 }
 

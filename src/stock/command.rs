@@ -112,4 +112,6 @@ pub mod codes {
     pub const HOLDS: &[Code] = &[Ok, Duplicate, Insufficient, Invalid, Revoked, Expired];
     /// A call that ends a hold.
     pub const ENDS_HOLD: &[Code] = &[Ok, Duplicate, Invalid, Revoked, Expired];
+    /// A change of a live hold (HOLD.EXTEND, HOLD.SHRINK).
+    pub const CHANGES_HOLD: &[Code] = &[Ok, Duplicate, Invalid, Revoked, Expired];
 }
