@@ -23,6 +23,16 @@ answers 1 with the expiry it set (0 for this very call sent again) and
 changes nothing; with anything else it answers 3. A refusal writes no
 record, so a change refused (3, 4, 5) is decided afresh when sent again.
 
+An order's line (request_id `~ord:<order id>`, which only stockgate's
+ORDER.EXTEND saga sends: src/stock/order/extend.rs) is extended with the
+six keys of its request and no change record: the order's intent records
+the change (lua/order.lua), and a line's extension needs none, for it is
+"at least until now + ttl_ms": past the line's bound it ends at the bound
+(its ORDER.HOLD's line holds stop at --max-hold likewise), and one not
+later than the line lasts already answers 1 with the expiry it has and
+changes nothing. Sent twice, it is as sent once a little later. A shrink
+of an order's line is 3: an order's lines change by ORDER commands only.
+
 This script's column, by the hold's state (the rest of the table is in
 lua/revert.lua):
   none       3: no hold under this request_id (nothing written: a HOLD
@@ -39,7 +49,8 @@ lua/revert.lua):
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  the hold's record   <prefix>:{<sku>}:req:<request_id>
 KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
-KEYS[7]  change record       <prefix>:{<sku>}:chg:<change_id>
+KEYS[7]  change record       <prefix>:{<sku>}:chg:<change_id> (none for an
+                             order's line)
          "3:<kind>:<amount>:<nonce>:<expires_at>:<request_id>", kind E
          (extend) or S (shrink), expires_at the hold's expiry after it
 ARGV[1]  kind                "extend" or "shrink"
@@ -72,6 +83,10 @@ local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+) (%S+)$'
 -- The letter of each kind in a change record.
 local LETTERS = {extend = 'E', shrink = 'S'}
 
+-- The request_id prefix of an order's lines (src/keys.rs,
+-- ORDER_LINE_PREFIX).
+local ORDER_LINE = '~ord:'
+
 -- A request's six keys, for request_fault, which takes a request's keys
 -- and nothing after them: one table made once (for a library), set by
 -- each call.
@@ -99,12 +114,20 @@ local function change_hold(KEYS, ARGV)
   if bad then
     return bad
   end
-  if not change_key or KEYS[8] or not record_key_under(stock_key .. ':chg:', change_key) then
-    return badcall('keys do not follow the stockgate key layout')
-  end
   local letter = LETTERS[kind]
   if not letter then
     return badcall('kind must be extend or shrink')
+  end
+  local order_line = sub(record_key, #req_prefix + 1, #req_prefix + #ORDER_LINE) == ORDER_LINE
+  if order_line then
+    if change_key then
+      return badcall('keys do not follow the stockgate key layout')
+    end
+    if letter ~= 'E' then
+      return answer(3, -1, '', "an order's lines change by ORDER commands only")
+    end
+  elseif not change_key or KEYS[8] or not record_key_under(stock_key .. ':chg:', change_key) then
+    return badcall('keys do not follow the stockgate key layout')
   end
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local holds_key, held_key = holds_name, held_name
@@ -131,7 +154,7 @@ local function change_hold(KEYS, ARGV)
   local id = sub(record_key, #req_prefix + 1)
 
   -- This change_id already applied: its answer again, nothing changed.
-  local done = call('GET', change_key)
+  local done = not order_line and call('GET', change_key)
   if done then
     local was, was_amount, was_nonce, was_expires, was_id =
       match(done, '^3:([ES]):(%d+):(%x*):(%d+):(.*)$')
@@ -199,10 +222,16 @@ local function change_hold(KEYS, ARGV)
     local bound = record.held_at + max_hold
     expires = now + amount
     if expires > bound then
-      return answer(3, stock, '', 'the hold may last until ' .. int_text(bound)
-        .. ' at most (max hold ' .. max_hold_arg .. ' ms from its start)', 0, released)
+      if not order_line then
+        return answer(3, stock, '', 'the hold may last until ' .. int_text(bound)
+          .. ' at most (max hold ' .. max_hold_arg .. ' ms from its start)', 0, released)
+      end
+      expires = bound
     end
     if expires <= record.expires then
+      if order_line then
+        return answer(1, stock, record.order_no, '', record.expires, released)
+      end
       return answer(3, stock, '', 'the hold already lasts until ' .. int_text(record.expires)
         .. ': an extension only moves it later', 0, released)
     end
@@ -234,9 +263,11 @@ local function change_hold(KEYS, ARGV)
   -- The hold's record keeps its HOLD's nonce (a HOLD sent again still finds
   -- it) and its lack of a TTL.
   call('SET', record_key, record_text('H', qty, record.nonce, aux, record.order_no), 'KEEPTTL')
-  call('SET', change_key,
-    '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,
-    'PX', settings.window_arg)
+  if not order_line then
+    call('SET', change_key,
+      '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,
+      'PX', settings.window_arg)
+  end
   return answer(0, stock, record.order_no, '', expires, released, 0, event)
 end
 

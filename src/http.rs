@@ -11,11 +11,13 @@
 //! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
 //! POST /v1/orders/{request_id}/confirm
 //! POST /v1/orders/{request_id}/revert
+//! POST /v1/orders/{request_id}/extend  {"change_id": "...", "ttl_ms": 600000}
 //! GET  /v1/orders/{request_id}
 //! ```
 //!
 //! `/v1/orders` is ORDER, or ORDER.HOLD when `ttl_ms` is given; confirm and
-//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read); the GET is
+//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read), extend is
+//! ORDER.EXTEND; the GET is
 //! ORDER.STATUS (200 with the intent record, `"phase": "none"` when there
 //! is none; an invalid request_id is a 400 `{"error"}`).
 //!
@@ -32,7 +34,7 @@
 //! | HOLD, CONFIRM, HOLD.EXTEND and HOLD.SHRINK code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
 //! | HOLD.EXTEND and HOLD.SHRINK code 4 (`"revoked": true`) | 409: nothing changed |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
-//! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
+//! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT, ORDER.EXTEND as HOLD.EXTEND) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB (orders: over [`order_body_limit`]) | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
@@ -94,6 +96,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/orders", post(order))
         .route("/v1/orders/{request_id}/confirm", post(order_confirm))
         .route("/v1/orders/{request_id}/revert", post(order_revert))
+        .route("/v1/orders/{request_id}/extend", post(order_extend))
         .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app)
@@ -156,6 +159,13 @@ struct OrderBody {
     /// not an absent field.
     #[serde(default, deserialize_with = "present")]
     ttl_ms: Option<Box<RawValue>>,
+}
+
+/// The body of `/v1/orders/{request_id}/extend`: ttl_ms raw, as HOLD's.
+#[derive(Deserialize)]
+struct OrderExtendBody {
+    change_id: String,
+    ttl_ms: Box<RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -459,6 +469,43 @@ async fn order_revert(
     order_by_id(&shared, id, request, StockCommand::OrderRevert).await
 }
 
+/// `POST /v1/orders/{request_id}/extend`: ORDER.EXTEND, the change_id
+/// and ttl_ms from the body.
+async fn order_extend(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request_id in the path: {}", rejection.body_text()),
+                None,
+            );
+        }
+    };
+    let body: OrderExtendBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let ttl = match integer_text(&body.ttl_ms, "ttl_ms") {
+        Ok(ttl) => ttl,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let args = [Bytes::from(id), Bytes::from(body.change_id), ttl];
+    let command = StockCommand::OrderExtend;
+    respond_order(
+        command,
+        order_call(&shared.service, command, &args, arrived).await,
+    )
+}
+
 /// ORDER.CONFIRM or ORDER.REVERT of the (percent-decoded) request_id in
 /// the path. A path that does not decode to UTF-8 is a malformed request.
 async fn order_by_id(
@@ -720,6 +767,7 @@ mod tests {
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
             StockCommand::OrderRevert,
+            StockCommand::OrderExtend,
         ] {
             for code in Code::ALL {
                 let status = status_for(command, code);
@@ -752,6 +800,7 @@ mod tests {
             StockCommand::OrderConfirm,
             StockCommand::HoldExtend,
             StockCommand::HoldShrink,
+            StockCommand::OrderExtend,
         ] {
             assert_eq!(status_for(command, Code::Revoked), StatusCode::CONFLICT);
             assert_eq!(status_for(command, Code::Expired), StatusCode::CONFLICT);

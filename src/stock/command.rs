@@ -73,6 +73,8 @@ pub enum Want {
     Confirm,
     /// ORDER.REVERT: give every line back.
     Revert,
+    /// ORDER.EXTEND: a held order lasts longer, every line with it.
+    Extend,
     /// Nobody asks: an order left behind, driven to an end
     /// ([`super::order::recovery`]).
     Recover,

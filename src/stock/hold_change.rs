@@ -8,6 +8,10 @@
 //! crate's path awaited ([`crate::upstream::Upstream::eval_stock`]), not
 //! through the node pipes' pre-encoded calls: it has a seventh key, the
 //! change's own record, that the calls on one request don't.
+//!
+//! An ORDER.EXTEND extends its order's lines by the same script
+//! ([`StockService::extend_order_line`]), with the six keys of the line's
+//! request and no change record: the order's intent records the change.
 
 use super::books::AccessEntry;
 use super::call::not_an_order_line;
@@ -89,32 +93,74 @@ impl StockService {
         let keys =
             self.keys
                 .hold_change_keys(&checked.sku, &checked.request_id, &checked.change_id);
-        let keys = keys.all();
-        let settings = &self.settings;
+        let result = self
+            .run_change(
+                change,
+                &checked.sku,
+                &keys.all(),
+                &checked.amount,
+                checked.ttl,
+            )
+            .await;
+        match &result {
+            Ok(reply) => self
+                .books
+                .record(entry(), Ok(reply.code), arrived.elapsed()),
+            Err(fault) => self.books.record(entry(), Err(fault), arrived.elapsed()),
+        }
+        result
+    }
+
+    /// An ORDER.EXTEND's call on one line of its order: the line's hold
+    /// (`line_id`, `~ord:<order id>`) lasts at least `ttl` from now, at
+    /// most to its bound, never less than it lasts (`lua/change_hold.lua`
+    /// has the rule). Code 1 when it lasts that long already.
+    pub(crate) async fn extend_order_line(
+        &self,
+        sku: &Sku,
+        line_id: &RequestId,
+        ttl: &HoldTtl,
+    ) -> StockResult {
+        let keys = self.keys.request_keys(sku, line_id);
+        self.run_change(
+            HoldChange::Extend,
+            sku,
+            &keys.all(),
+            ttl.as_bytes(),
+            Some(Duration::from_millis(ttl.get())),
+        )
+        .await
+    }
+
+    /// The script's call, its holds metrics, and an extended hold filed in
+    /// the sweep index again.
+    async fn run_change(
+        &self,
+        change: HoldChange,
+        sku: &Sku,
+        keys: &[&[u8]],
+        amount: &[u8],
+        ttl: Option<Duration>,
+    ) -> StockResult {
         let nonce = self.nonces.next();
         // HOLD's settings: the script takes the same words (its header).
         let hold_settings = self.wires.of(StockCommand::Hold, false).settings_arg();
-        let script_args: [&[u8]; 4] = [change.word(), &checked.amount, hold_settings, &nonce];
+        let script_args: [&[u8]; 4] = [change.word(), amount, hold_settings, &nonce];
         let result = self
-            .with_journal(&checked.sku, self.deadline(), || {
+            .with_journal(sku, self.deadline(), || {
                 self.upstream
-                    .eval_stock(&self.scripts.change_hold, &keys, &script_args)
+                    .eval_stock(&self.scripts.change_hold, keys, &script_args)
             })
             .await
             .map(|reply| reply.with_expiry(true));
-        match &result {
-            Ok(reply) => {
-                self.books.record_holds(reply, false);
-                if let Some(ttl) = checked.ttl
-                    && matches!(reply.code, Code::Ok | Code::Duplicate)
-                    && settings.sweep_holds
-                {
-                    self.refile(&checked.sku, ttl, reply.expires_at.unwrap_or(0));
-                }
-                self.books
-                    .record(entry(), Ok(reply.code), arrived.elapsed());
+        if let Ok(reply) = &result {
+            self.books.record_holds(reply, false);
+            if let Some(ttl) = ttl
+                && matches!(reply.code, Code::Ok | Code::Duplicate)
+                && self.settings.sweep_holds
+            {
+                self.refile(sku, ttl, reply.expires_at.unwrap_or(0));
             }
-            Err(fault) => self.books.record(entry(), Err(fault), arrived.elapsed()),
         }
         result
     }

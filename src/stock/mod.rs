@@ -104,6 +104,7 @@ stock_commands! {
     OrderHold => order::hold::COMMAND;
     OrderConfirm => order::confirm::COMMAND;
     OrderRevert => order::revert::COMMAND;
+    OrderExtend => order::extend::COMMAND;
     OrderStatus => order::status::COMMAND;
     Get => admin::GET;
     Set => admin::SET;
