@@ -852,6 +852,73 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
     seen.borrow_mut().push(e);
     assert_eq!(stock(&cluster), [9, 9, 1]);
 
+    // ORDER.EXTEND 0, 1 (sent again), 3 (not later; a malformed body is
+    // a 400 error), 4 (reverted): every line held until it is reverted.
+    const EXTEND: &str = "/v1/orders/{request_id}/extend";
+    let extend = |id: &str| format!("/v1/orders/{id}/extend");
+    let e = post_json(
+        http,
+        ORDERS,
+        json!({"request_id": "h6", "lines": lines(1, 1, 1), "ttl_ms": 600000}),
+    );
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    let first_expiry = e.body["expires_at"].as_i64().unwrap();
+    seen.borrow_mut().push(e);
+    let longer = json!({"change_id": "c1", "ttl_ms": 700000}).to_string();
+    let e = post_to(http, &extend("h6"), EXTEND, longer.as_bytes());
+    let extended = e.body["expires_at"].as_i64().unwrap();
+    assert!(extended > first_expiry, "{e:?}");
+    check(
+        e,
+        200,
+        json!({"code": 0, "version": V, "expires_at": extended, "lines": remains(8, 8, 0)}),
+    );
+    check(
+        post_to(http, &extend("h6"), EXTEND, longer.as_bytes()),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": extended, "lines": remains(-1, -1, -1)}),
+    );
+    let e = post_to(
+        http,
+        &extend("h6"),
+        EXTEND,
+        json!({"change_id": "c2", "ttl_ms": 1000})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!((e.status, &e.body["code"]), (400, &json!(3)), "{e:?}");
+    seen.borrow_mut().push(e);
+    let e = post_to(
+        http,
+        &extend("h6"),
+        EXTEND,
+        br#"{"change_id": "c3", "ttl_ms": "1000"}"#,
+    );
+    assert_eq!(e.status, 400, "{e:?}");
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.borrow_mut().push(e);
+    let e = post_to(http, &revert("h6"), REVERT, b"");
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    seen.borrow_mut().push(e);
+    check(
+        post_to(http, &extend("h6"), EXTEND, longer.as_bytes()),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": extended, "lines": remains(-1, -1, -1)}),
+    );
+    check(
+        post_to(
+            http,
+            &extend("h6"),
+            EXTEND,
+            json!({"change_id": "c4", "ttl_ms": 800000})
+                .to_string()
+                .as_bytes(),
+        ),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": remains(-1, -1, -1)}),
+    );
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+
     // GET: the intent record of each, changing nothing.
     const STATUS: &str = "/v1/orders/{request_id}";
     let status = |id: &str| format!("/v1/orders/{id}");
