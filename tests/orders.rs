@@ -721,6 +721,7 @@ impl Saga {
             "deduct" => &self.scripts.deduct.body,
             "hold" => &self.scripts.hold.body,
             "confirm" => &self.scripts.confirm.body,
+            "change_hold" => &self.scripts.change_hold.body,
             _ => &self.scripts.revert.body,
         };
         let mut cmd = redis::cmd("EVAL");
@@ -747,6 +748,12 @@ impl Saga {
     fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
         let settings = format!("86400000 {WINDOW} 1000000 error");
         self.line("hold", sku, order, &[qty, "", ttl], &settings)
+    }
+
+    /// An ORDER.EXTEND's line call: the line holds at least `ttl` from now.
+    fn extend(&mut self, sku: &str, order: &str, ttl: &str) -> i64 {
+        let settings = format!("86400000 {WINDOW} 1000000 error");
+        self.line("change_hold", sku, order, &["extend", ttl], &settings)
     }
 
     /// An ORDER's line (kind `T`): a DEDUCT of the line id.
@@ -1646,4 +1653,88 @@ async fn an_order_extension_moves_the_order_and_its_lines_once_per_change_id(kin
         ),
         2
     );
+}
+
+/// An ORDER.EXTEND cut short between its lines and its intent (its lines
+/// extended by hand with stockgate's script, the intent never moved):
+/// the order runs out at its own expiry, and every unit comes back once,
+/// whether ORDER.CONFIRM gives the lines back or they run out by
+/// themselves at their later expiry (then a late ORDER.CONFIRM gives
+/// nothing back again). Nothing is filed for recovery: the order rests.
+#[tokio::test]
+async fn an_extension_cut_short_leaves_lines_held_past_the_order_and_every_unit_back_once() {
+    let cluster = cluster();
+    let [a, b, _] = spread("cut-ext");
+    for sku in [&a, &b] {
+        set_stock(&cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |config| config.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let mut saga = Saga::new(&cluster);
+    let mut orders = Vec::new();
+    for order in ["cut-1", "cut-2"] {
+        let held = must(&mut conn, &["ORDER.HOLD", order, "1000", &a, "1", &b, "2"]).await;
+        assert_eq!(held.code, 0, "{held:?}");
+        for sku in [&a, &b] {
+            assert_eq!(saga.extend(sku, order, "3000"), 0, "{order} {sku}");
+            // Sent again, shorter: it lasts that long already.
+            assert_eq!(saga.extend(sku, order, "1000"), 1, "{order} {sku}");
+        }
+        orders.push(held.expires_at);
+    }
+    assert_eq!(
+        (get_stock(&cluster, &a), get_stock(&cluster, &b)),
+        (Some(8), Some(6))
+    );
+    let line_expiry = [&a, &b]
+        .iter()
+        .map(|sku| line_hold(&cluster, sku, "cut-2").0 as i64)
+        .max()
+        .unwrap();
+    assert!(
+        line_expiry > orders[1] + 1000,
+        "the lines outlast the order"
+    );
+
+    // The order ran out by its intent; its lines still hold.
+    wait_redis_past(&cluster, orders[0].max(orders[1]));
+    for (order, expiry) in ["cut-1", "cut-2"].iter().zip(&orders) {
+        assert_eq!(
+            intent_expiry(&cluster, order),
+            *expiry,
+            "the intent never moved"
+        );
+        assert_eq!(intent_phase(&cluster, order).as_deref(), Some("HELD"));
+        for sku in [&a, &b] {
+            assert_eq!(line_state(&cluster, sku, order), 'H', "{order} {sku}");
+        }
+    }
+    // ORDER.CONFIRM: 5, every line given back now.
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "cut-1"]).await.code, 5);
+    for sku in [&a, &b] {
+        assert_eq!(line_state(&cluster, sku, "cut-1"), 'R', "{sku}");
+    }
+    assert_eq!(
+        (get_stock(&cluster, &a), get_stock(&cluster, &b)),
+        (Some(9), Some(8))
+    );
+    // Nobody confirms the other: its lines run out at their own expiry,
+    // released by any call on their SKU, and once only.
+    wait_redis_past(&cluster, line_expiry);
+    for sku in [&a, &b] {
+        let _: Value = redis::cmd("STOCK.GET")
+            .arg(sku.as_str())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(line_state(&cluster, sku, "cut-2"), 'X', "{sku}");
+    }
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "cut-2"]).await.code, 5);
+    for sku in [&a, &b] {
+        assert_eq!(
+            (get_stock(&cluster, sku), held(&cluster, sku)),
+            (Some(10), 0),
+            "{sku}"
+        );
+    }
 }
