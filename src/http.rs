@@ -480,15 +480,9 @@ async fn order_extend(
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let id = match id {
-        Ok(Path(id)) => id,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request_id in the path: {}", rejection.body_text()),
-                None,
-            );
-        }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
     let body: OrderExtendBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
@@ -518,20 +512,21 @@ async fn order_by_id(
     if let Some(refused) = authorize(shared, &request) {
         return refused;
     }
-    let id = match id {
-        Ok(Path(id)) => id,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request_id in the path: {}", rejection.body_text()),
-                None,
-            );
-        }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
     respond_order(
         command,
         order_call(&shared.service, command, &[Bytes::from(id)], arrived).await,
     )
+}
+
+/// The (percent-decoded) request_id in an order's path, or why a path
+/// that does not decode to UTF-8 is a malformed request.
+fn path_id(id: Result<Path<String>, PathRejection>) -> Result<String, String> {
+    id.map(|Path(id)| id)
+        .map_err(|rejection| format!("invalid request_id in the path: {}", rejection.body_text()))
 }
 
 /// `GET /v1/orders/{request_id}`: ORDER.STATUS, changing nothing.
@@ -543,15 +538,9 @@ async fn order_status(
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let id = match id {
-        Ok(Path(id)) => id,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request_id in the path: {}", rejection.body_text()),
-                None,
-            );
-        }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
     let state = match order_state(&shared.service, &Bytes::from(id)).await {
         Ok(Ok(state)) => state,
