@@ -22,7 +22,6 @@ KEYS[6]  journal             <prefix>:{<sku>}:journal          stream (lua/commo
 The script uses the names it makes from the stock key (lua/common.lua,
 sku_keys) and checks these against them; they are declared so that a
 cluster checks them before the call runs (lua/common.lua, request_fault).
-         journal             <prefix>:{<sku>}:journal          stream (lua/common.lua, journal_of), undeclared
 
 ARGV[1]  qty                 decimal integer from 1 to max qty
 ARGV[2]  order_no            0 to 128 printable ASCII bytes ("" when none)

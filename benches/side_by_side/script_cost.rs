@@ -1,7 +1,7 @@
 //! The `script-cost` mode: what each script call costs Redis itself, in
 //! instructions counted by callgrind on `redis-server`, by EVALSHA and by
-//! FCALL of stockgate's function library, before issue 35 and now, beside
-//! the design note's bare script.
+//! FCALL of stockgate's function library, before the scripts were
+//! reshaped for FCALL and now, beside the design note's bare script.
 //!
 //! ```sh
 //! cargo bench --bench side_by_side -- script-cost
@@ -84,7 +84,7 @@ redis.call('SET', record_key, ARGV[2], 'PX', ARGV[3])
 return {0, remain, ARGV[2]}
 ";
 
-/// Which scripts a row calls: those before issue 35 or those now.
+/// Which scripts a row calls: those before the reshaping or those now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Era {
     Before,
@@ -922,7 +922,7 @@ fn measure(kind: ServerKind, out: &mut String) {
     let f = 1;
     let _ = writeln!(
         out,
-        "\nIssue 35's targets, by FCALL:\n\n| target | now | |\n|---|---:|---|\n\
+        "\nThe targets, by FCALL:\n\n| target | now | |\n|---|---:|---|\n\
          | DEDUCT ≤ 65,000 | {:.0} | {} |\n\
          | DEDUCT with the journal ≤ +20% | {} | {} |\n\
          | a coalesced deduction (32) ≤ 25,000 | {:.0} | {} |\n\
