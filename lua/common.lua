@@ -655,22 +655,23 @@ end
 -- The request's own hold, when it ran out by `now` but the bounded release
 -- above did not reach it: released here, so the call answers by the hold's
 -- expiry, not by whether anything released it yet. Returns the record as
--- it is now, and 1 when it was released here (0 otherwise). A missing
--- stock key is created by the release (the caller has refused the call
--- already unless --missing-stock is "zero").
+-- it is now, 1 when it was released here (0 otherwise), and the caller's
+-- `stock` and `released` (its count of holds released) after it. A
+-- missing stock key is created by the release (the caller has refused the
+-- call already unless --missing-stock is "zero").
 local function release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-    journal_key)
+    journal_key, stock, released)
   if not record or record.state ~= 'H' or record.expires > now then
-    return record, 0
+    return record, 0, stock, released
   end
   local raw = call('GET', record_key)
   local fresh = raw and parse_record(raw)
   if not fresh or fresh.state ~= 'H' then
-    return fresh, 0
+    return fresh, 0, stock, released
   end
   release_one(stock_key, holds_key, held_key, record_key, fresh, window, journal_key)
   fresh.state = 'X'
-  return fresh, 1
+  return fresh, 1, (stock or 0) + to_number(fresh.qty), released + 1
 end
 
 -- The earliest expiry among the SKU's holds, or 0 when it has none.
