@@ -372,25 +372,35 @@ local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was ch
 --
 -- Written as "3:<state>:<qty>:<nonce>:<aux>:<order_no>"; aux is empty for
 -- D, R and V, and "<expires_at>.<held_at>" (milliseconds of Redis time) for
--- H, C and X, which keep it. The nonce names the call that wrote it: a call sent again
+-- H, C and X, which keep it. A hold that gave some units back
+-- (HOLD.SHRINK) holds qty units now and keeps the qty its HOLD asked for as
+-- a third part, "<expires_at>.<held_at>.<asked>", so a HOLD sent again
+-- still matches. The nonce names the call that wrote it: a call sent again
 -- after its connection was lost finds its own nonce and answers what it
 -- answered the first time, not "duplicate". Scripts of version 2 and older
 -- read only "<state>:<qty>:<order_no>", which stockgate no longer writes;
 -- they answer BADRECORD for a version-3 record (an error, never a code)
 -- because "3" is no state they know.
 --
--- Returns {state, qty (string), nonce, aux, order_no, expires, held_at},
--- or nil for any other shape. Older records read with an empty nonce and
--- aux; expires and held_at are numbers for H, C and X, else 0.
+-- Returns {state, qty (string), nonce, aux, order_no, expires, held_at,
+-- asked}, or nil for any other shape. Older records read with an empty
+-- nonce and aux; expires and held_at are numbers for H, C and X, else 0;
+-- asked (a string) is nil but for a hold that gave units back.
 local function parse_record(raw)
   local state, qty, nonce, aux, order_no =
     match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
   if state then
     local expires, held_at = 0, 0
+    local asked
     if state == 'H' or state == 'C' or state == 'X' then
       local e, h = match(aux, '^(%d+)%.(%d+)$')
       if not e then
-        return nil
+        -- A hold that gave some of its units back (lua/change_hold.lua)
+        -- keeps the qty its HOLD asked for third.
+        e, h, asked = match(aux, '^(%d+)%.(%d+)%.(%d+)$')
+        if not e then
+          return nil
+        end
       end
       expires, held_at = to_number(e), to_number(h)
     elseif aux ~= '' and not find(aux, '^%d*$') then
@@ -398,7 +408,7 @@ local function parse_record(raw)
       return nil
     end
     return {state = state, qty = qty, nonce = nonce, aux = aux, order_no = order_no,
-            expires = expires, held_at = held_at}
+            expires = expires, held_at = held_at, asked = asked}
   end
   state, qty, order_no = match(raw, '^([DRV]):(%d+):(.*)$')
   if state then
@@ -645,22 +655,23 @@ end
 -- The request's own hold, when it ran out by `now` but the bounded release
 -- above did not reach it: released here, so the call answers by the hold's
 -- expiry, not by whether anything released it yet. Returns the record as
--- it is now, and 1 when it was released here (0 otherwise). A missing
--- stock key is created by the release (the caller has refused the call
--- already unless --missing-stock is "zero").
+-- it is now, 1 when it was released here (0 otherwise), and the caller's
+-- `stock` and `released` (its count of holds released) after it. A
+-- missing stock key is created by the release (the caller has refused the
+-- call already unless --missing-stock is "zero").
 local function release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-    journal_key)
+    journal_key, stock, released)
   if not record or record.state ~= 'H' or record.expires > now then
-    return record, 0
+    return record, 0, stock, released
   end
   local raw = call('GET', record_key)
   local fresh = raw and parse_record(raw)
   if not fresh or fresh.state ~= 'H' then
-    return fresh, 0
+    return fresh, 0, stock, released
   end
   release_one(stock_key, holds_key, held_key, record_key, fresh, window, journal_key)
   fresh.state = 'X'
-  return fresh, 1
+  return fresh, 1, (stock or 0) + to_number(fresh.qty), released + 1
 end
 
 -- The earliest expiry among the SKU's holds, or 0 when it has none.

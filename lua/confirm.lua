@@ -103,12 +103,8 @@ local function confirm(KEYS, ARGV)
     now = now_ms()
   end
   local own
-  record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-      journal_key)
-  if own == 1 then
-    stock = (stock or 0) + to_number(record.qty)
-    released = released + 1
-  end
+  record, own, stock, released = release_own(stock_key, holds_key, held_key,
+    record_key, record, now, window, journal_key, stock, released)
   local state = record.state
   if state == 'X' then
     if own == 0 then

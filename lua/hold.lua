@@ -115,12 +115,8 @@ local function hold(KEYS, ARGV)
 
   if record then
     local own
-    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-      journal_key)
-    if own == 1 then
-      stock = (stock or 0) + to_number(record.qty)
-      released = released + 1
-    end
+    record, own, stock, released = release_own(stock_key, holds_key, held_key,
+      record_key, record, now, window, journal_key, stock, released)
     local state = record.state
     if state == 'R' or state == 'V' then
       replicate_again(replicate, record_key)
@@ -136,8 +132,10 @@ local function hold(KEYS, ARGV)
       return answer(5, stock, record.order_no, '', record.expires, released)
     end
     -- HELD or CONFIRMED.
-    if record.qty ~= qty_arg then
-      return answer(3, stock, '', 'request_id was already used with qty ' .. record.qty .. ' on this sku', 0, released)
+    -- The qty the HOLD asked for, which a shrunk hold keeps apart.
+    local asked = record.asked or record.qty
+    if asked ~= qty_arg then
+      return answer(3, stock, '', 'request_id was already used with qty ' .. asked .. ' on this sku', 0, released)
     end
     replicate_again(replicate, record_key)
     if record.nonce == nonce and state == 'H' then

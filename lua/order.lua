@@ -27,15 +27,20 @@ Phases (the record's field p):
 The record is a hash with a TTL: p phase, k kind (T for ORDER, whose
 lines are DEDUCTs; H for ORDER.HOLD; D for an ORDER begun by an older
 stockgate, whose lines are held, then confirmed), l the canonical line set ("sku qty sku qty ...", sorted by
-sku), e the order hold's expiry (ms of Redis time; 0 for ORDER), c and s,
-and w the nonce of the call that wrote it last (a call sent again finds
-its own nonce and is told it made the change). Its TTL is never
+sku), e the order hold's expiry (ms of Redis time; 0 for ORDER), b when
+an ORDER.HOLD began (Redis time; absent from intents an older stockgate
+began), c and s, w the nonce of the call that wrote it last (a call sent
+again finds its own nonce and is told it made the change), and one
+field x:<change_id> per ORDER.EXTEND applied, "<ttl_ms> <expiry it set>
+<nonce>". Its TTL is never
 shortened, and always outlasts the line records it speaks for: the line
 holds' ttl plus two retry windows at begin (renewed by each attempt), at
-least two retry windows from any change.
+least two retry windows from any change; an extension renews it to the
+lines' new expiry plus two retry windows.
 
 KEYS[1]  intent  <prefix>:{order:<request_id>}:intent
-ARGV[1]  op      begin | advance | confirm | revert | read
+ARGV[1]  op      begin | advance | confirm | revert | read | try_extend |
+                 extend
 ARGV[2]  retry window, milliseconds, at least 60000
 ARGV[3]  nonce   1 to 32 hex digits, new for every attempt
 begin:   ARGV[4] kind (T, H or D), ARGV[5] lines, ARGV[6] ttl_ms (H; else 0),
@@ -46,6 +51,23 @@ confirm: HELD before e -> CONFIRMING, at or after e -> ABORTING (5); no
          record -> REVOKED
 revert:  no record -> REVOKED; HOLDING, HELD (before e), CONFIRMING, DONE
          -> REVERTING; HELD at or after e -> ABORTING (5)
+try_extend: ARGV[4] change_id, ARGV[5] ttl_ms, ARGV[6] how long an order
+         may hold from b (ms); changes nothing, answers what an extend
+         would (the outcome below), its new expiry now + ttl_ms
+extend:  ARGV[4] change_id, ARGV[5] ttl_ms, ARGV[6] the new expiry
+         try_extend answered, ARGV[7] how much longer the lines hold (ms):
+         the compare-and-set of an ORDER.EXTEND, once its lines hold that
+         long. HELD before e and the new expiry later than e: e moves to
+         it, x:<change_id> is recorded. Either op, by what it finds:
+           x:<change_id> recorded  1 and its expiry (0 when it is this call
+                                   sent again; 3 with another ttl_ms)
+           none                    3    k not H          3
+           HOLDING                 3 (not held yet)
+           HELD, before e          0 (3: past b + ARGV[6], no b, or not
+                                   later than e)
+           HELD, at or after e     5    CONFIRMING, DONE 1
+           ABORTING, ABORTED       5 when c is 5, else 4
+           REVERTING, REVERTED, REVOKED  4
 
 The order's filing among the orders in flight (lua/order_due.lua) may
 ride along, so that an order costs no call of its own for it: ARGV[8]
@@ -62,7 +84,10 @@ when it lives on another node (or is migrating away) the call fails with
 order_due instead.
 Unused ARGV before ARGV[8] are "".
 
-Reply: {changed, p, k, l, e, c, s, now, VERSION, filing}; changed is 1
+Reply: {changed, p, k, l, e, c, s, now, VERSION, filing} and, for
+try_extend and extend only, {outcome, expiry, reason}: the code the
+extension answers, the order's expiry it answers with (the new one for
+0 and a recorded change's 1), why for a 3. changed is 1
 when this call (or this call sent again) made the change, p is "" when
 there is no record; now is Redis time where the call decides an expiry
 (a begin, a filing, an ORDER.HOLD's or a HELD order's calls), else 0; filing is the score the order was filed at (file),
@@ -81,7 +106,7 @@ local RESTS = {DONE = true, HELD = true, ABORTED = true, REVERTED = true, REVOKE
 -- start of every call, before anything reads them: Redis runs one call at
 -- a time, and a table or closures per call would cost more.
 local key, nonce, window, now
-local p, k, l, e, c, s, w
+local p, k, l, e, c, s, w, b
 local filing_op, orders, filing_arg, id, filed, filing
 
 -- The reply, one table made once: {changed, p, k, l, e, c, s, now,
@@ -149,6 +174,88 @@ local function revoke()
   call('PEXPIRE', key, ttl_text(2 * window))
 end
 
+-- An extension's reply: the intent's, then its outcome.
+local function extended(changed, outcome, expiry, reason)
+  REPLY[11], REPLY[12], REPLY[13] = outcome, expiry, reason or ''
+  return reply(changed)
+end
+
+-- try_extend (dry) and extend: see the header.
+local function extend(dry, change_id, ttl_arg, arg6, arg7)
+  local ttl, number = positive_int(ttl_arg), positive_int(arg6)
+  if not change_id or change_id == '' or not ttl or not number
+      or (not dry and not positive_int(arg7)) then
+    return badcall('an extension needs a change_id, a ttl and a number')
+  end
+  local field = 'x:' .. change_id
+  local done = p and call('HGET', key, field)
+  if done then
+    local was_ttl, was_expiry, was_nonce = match(done, '^(%d+) (%d+) (%x+)$')
+    if not was_ttl then
+      return badcall('the intent holds an extension stockgate did not write')
+    end
+    if was_ttl ~= ttl_arg then
+      return extended(0, 3, 0, 'change_id was already used for another change of this order')
+    end
+    if was_nonce == nonce and not dry then
+      return extended(1, 0, to_number(was_expiry))
+    end
+    return extended(0, 1, to_number(was_expiry))
+  end
+  if not p then
+    return extended(0, 3, 0, 'no order under this request_id')
+  end
+  -- A revoked order has no kind: nothing was ever held.
+  if p == 'REVOKED' then
+    return extended(0, 4, 0)
+  end
+  if k ~= 'H' then
+    return extended(0, 3, 0, k == 'T' and "request_id is an ORDER's, which holds no time"
+      or "request_id is an ORDER an older stockgate began, which holds no time of its own")
+  end
+  if p == 'CONFIRMING' or p == 'DONE' then
+    return extended(0, 1, to_number(e))
+  end
+  if p == 'ABORTING' or p == 'ABORTED' then
+    return extended(0, c == '5' and 5 or 4, c == '5' and to_number(e) or 0)
+  end
+  if p ~= 'HELD' and p ~= 'HOLDING' then
+    return extended(0, 4, 0)
+  end
+  if p == 'HOLDING' then
+    return extended(0, 3, 0,
+      'the order is not held yet: its ORDER.HOLD has not finished (send that again first)')
+  end
+  local expiry = to_number(e)
+  if now >= expiry then
+    return extended(0, 5, expiry)
+  end
+  if not b then
+    return extended(0, 3, 0, 'the order was held by an older stockgate, which kept no start '
+      .. 'time to bound an extension by: it lasts until its expiry')
+  end
+  local target = number
+  if dry then
+    target = now + ttl
+    local bound = to_number(b) + number
+    if target > bound then
+      return extended(0, 3, 0, 'the order may last until ' .. int_text(bound) .. ' at most ('
+        .. arg6 .. ' ms from its start)')
+    end
+  end
+  if target <= expiry then
+    return extended(0, 3, 0, 'the order already lasts until ' .. e
+      .. ': an extension only moves it later')
+  end
+  if dry then
+    return extended(0, 0, target)
+  end
+  e = int_text(target)
+  call('HSET', key, 'e', e, field, ttl_arg .. ' ' .. e .. ' ' .. nonce)
+  last(target - now + to_number(arg7) + 2 * window)
+  return extended(1, 0, target)
+end
+
 local function order(KEYS, ARGV)
   if not call then
     bind()
@@ -198,10 +305,12 @@ local function order(KEYS, ARGV)
 
   -- A begin asks only whether the record is there (most often it is not,
   -- and the begin writes every field); any other op reads them all.
-  p, k, l, e, c, s, w = nil, nil, nil, nil, nil, nil, nil
+  p, k, l, e, c, s, w, b = nil, nil, nil, nil, nil, nil, nil, nil
+  REPLY[11], REPLY[12], REPLY[13] = nil, nil, nil
   if op ~= 'begin' or call('HEXISTS', key, 'p') == 1 then
-    local fields = call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w')
+    local fields = call('HMGET', key, 'p', 'k', 'l', 'e', 'c', 's', 'w', 'b')
     p, k, l, e, c, s, w = fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+    b = fields[8]
   end
   -- Redis time decides the filing's due time and an ORDER.HOLD's expiry;
   -- an ORDER (kind T) has no expiry, and its other calls need none.
@@ -236,9 +345,11 @@ local function order(KEYS, ARGV)
     p, k, l, c, s, w = 'HOLDING', kind, lines, '0', '', nonce
     e = '0'
     if kind == 'H' then
-      e = int_text(now + ttl)
+      e, b = int_text(now + ttl), int_text(now)
+      call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w, 'b', b)
+    else
+      call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
     end
-    call('HSET', key, 'p', p, 'k', k, 'l', l, 'e', e, 'c', c, 's', s, 'w', w)
     call('PEXPIRE', key, ttl_text(line_ttl + 2 * window))
     return reply(1)
   end
@@ -294,6 +405,10 @@ local function order(KEYS, ARGV)
       return reply(1)
     end
     return reply(w == nonce and 1 or 0)
+  end
+
+  if op == 'try_extend' or op == 'extend' then
+    return extend(op == 'try_extend', ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   end
 
   return badcall('unknown op')

@@ -136,12 +136,8 @@ local function revert(KEYS, ARGV)
     if now == 0 then
       now = now_ms()
     end
-    record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-      journal_key)
-    if own == 1 then
-      stock = (stock or 0) + to_number(record.qty)
-      released = released + 1
-    end
+    record, own, stock, released = release_own(stock_key, holds_key, held_key,
+      record_key, record, now, window, journal_key, stock, released)
   end
   local state = record.state
   if state == 'R' then

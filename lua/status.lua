@@ -64,10 +64,9 @@ local function status(KEYS, ARGV)
       if now == 0 then
         now = now_ms()
       end
-      local own
-      record, own = release_own(stock_key, holds_key, held_key, record_key, record, now, window,
-        journal_key)
-      released = released + own
+      local _
+      record, _, _, released = release_own(stock_key, holds_key, held_key, record_key, record,
+        now, window, journal_key, nil, released)
     end
   end
   local shown = call('GET', stock_key) or ''

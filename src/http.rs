@@ -6,14 +6,18 @@
 //! POST /v1/revert   {"sku": "...", "request_id": "..."}
 //! POST /v1/hold     {"sku": "...", "qty": 1, "request_id": "...", "ttl_ms": 900000, "order_no": "..."}
 //! POST /v1/confirm  {"sku": "...", "request_id": "..."}
+//! POST /v1/hold/extend  {"sku": "...", "request_id": "...", "change_id": "...", "ttl_ms": 600000}
+//! POST /v1/hold/shrink  {"sku": "...", "request_id": "...", "change_id": "...", "qty": 1}
 //! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
 //! POST /v1/orders/{request_id}/confirm
 //! POST /v1/orders/{request_id}/revert
+//! POST /v1/orders/{request_id}/extend  {"change_id": "...", "ttl_ms": 600000}
 //! GET  /v1/orders/{request_id}
 //! ```
 //!
 //! `/v1/orders` is ORDER, or ORDER.HOLD when `ttl_ms` is given; confirm and
-//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read); the GET is
+//! revert are ORDER.CONFIRM and ORDER.REVERT (no body is read), extend is
+//! ORDER.EXTEND; the GET is
 //! ORDER.STATUS (200 with the intent record, `"phase": "none"` when there
 //! is none; an invalid request_id is a 400 `{"error"}`).
 //!
@@ -27,9 +31,10 @@
 //! |---|---|
 //! | code 0, 1 (`"duplicate": true`) | 200 |
 //! | DEDUCT and HOLD code 2, 4 (`"revoked": true`); CONFIRM code 4 | 409 |
-//! | HOLD and CONFIRM code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
+//! | HOLD, CONFIRM, HOLD.EXTEND and HOLD.SHRINK code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
+//! | HOLD.EXTEND and HOLD.SHRINK code 4 (`"revoked": true`) | 409: nothing changed |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
-//! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
+//! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT, ORDER.EXTEND as HOLD.EXTEND) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB (orders: over [`order_body_limit`]) | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
@@ -41,6 +46,7 @@ use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
 use crate::stock::StockCommand;
+use crate::stock::hold_change::HoldChange;
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
 use axum::Router;
@@ -85,9 +91,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/revert", post(revert))
         .route("/v1/hold", post(hold))
         .route("/v1/confirm", post(confirm))
+        .route("/v1/hold/extend", post(hold_extend))
+        .route("/v1/hold/shrink", post(hold_shrink))
         .route("/v1/orders", post(order))
         .route("/v1/orders/{request_id}/confirm", post(order_confirm))
         .route("/v1/orders/{request_id}/revert", post(order_revert))
+        .route("/v1/orders/{request_id}/extend", post(order_extend))
         .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app)
@@ -128,6 +137,19 @@ struct HoldBody {
     order_no: Option<String>,
 }
 
+/// The body of `/v1/hold/extend` (`ttl_ms`) and `/v1/hold/shrink`
+/// (`qty`): the change's amount raw, as HOLD's numbers.
+#[derive(Deserialize)]
+struct HoldChangeBody {
+    sku: String,
+    request_id: String,
+    change_id: String,
+    #[serde(default, deserialize_with = "present")]
+    ttl_ms: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    qty: Option<Box<RawValue>>,
+}
+
 /// The body of `/v1/orders`.
 #[derive(Deserialize)]
 struct OrderBody {
@@ -137,6 +159,13 @@ struct OrderBody {
     /// not an absent field.
     #[serde(default, deserialize_with = "present")]
     ttl_ms: Option<Box<RawValue>>,
+}
+
+/// The body of `/v1/orders/{request_id}/extend`: ttl_ms raw, as HOLD's.
+#[derive(Deserialize)]
+struct OrderExtendBody {
+    change_id: String,
+    ttl_ms: Box<RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -317,6 +346,52 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     )
 }
 
+async fn hold_extend(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_hold_change(shared, request, HoldChange::Extend).await
+}
+
+async fn hold_shrink(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_hold_change(shared, request, HoldChange::Shrink).await
+}
+
+/// HOLD.EXTEND (`ttl_ms`) and HOLD.SHRINK (`qty`): the body's fields become
+/// the RESP arguments; the other command's amount is a malformed body.
+async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChange) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let body: HoldChangeBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let (field, amount, other) = match change {
+        HoldChange::Extend => ("ttl_ms", body.ttl_ms, body.qty.map(|_| "qty")),
+        HoldChange::Shrink => ("qty", body.qty, body.ttl_ms.map(|_| "ttl_ms")),
+    };
+    let amount = match (amount, other) {
+        (_, Some(other)) => Err(format!(
+            "invalid request body: unknown field `{other}`, expected `{field}`"
+        )),
+        (None, None) => Err(format!("invalid request body: missing field `{field}`")),
+        (Some(raw), None) => integer_text(&raw, field),
+    };
+    let amount = match amount {
+        Ok(amount) => amount,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let args = [
+        Bytes::from(body.sku),
+        Bytes::from(body.request_id),
+        Bytes::from(body.change_id),
+        amount,
+    ];
+    respond(
+        change.command(),
+        shared.service.change_hold(change, &args, arrived).await,
+    )
+}
+
 async fn confirm(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     on_request(shared, request, StockCommand::Confirm).await
 }
@@ -394,6 +469,37 @@ async fn order_revert(
     order_by_id(&shared, id, request, StockCommand::OrderRevert).await
 }
 
+/// `POST /v1/orders/{request_id}/extend`: ORDER.EXTEND, the change_id
+/// and ttl_ms from the body.
+async fn order_extend(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    let arrived = Instant::now();
+    if let Some(refused) = authorize(&shared, &request) {
+        return refused;
+    }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let body: OrderExtendBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let ttl = match integer_text(&body.ttl_ms, "ttl_ms") {
+        Ok(ttl) => ttl,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let args = [Bytes::from(id), Bytes::from(body.change_id), ttl];
+    let command = StockCommand::OrderExtend;
+    respond_order(
+        command,
+        order_call(&shared.service, command, &args, arrived).await,
+    )
+}
+
 /// ORDER.CONFIRM or ORDER.REVERT of the (percent-decoded) request_id in
 /// the path. A path that does not decode to UTF-8 is a malformed request.
 async fn order_by_id(
@@ -406,20 +512,21 @@ async fn order_by_id(
     if let Some(refused) = authorize(shared, &request) {
         return refused;
     }
-    let id = match id {
-        Ok(Path(id)) => id,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request_id in the path: {}", rejection.body_text()),
-                None,
-            );
-        }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
     respond_order(
         command,
         order_call(&shared.service, command, &[Bytes::from(id)], arrived).await,
     )
+}
+
+/// The (percent-decoded) request_id in an order's path, or why a path
+/// that does not decode to UTF-8 is a malformed request.
+fn path_id(id: Result<Path<String>, PathRejection>) -> Result<String, String> {
+    id.map(|Path(id)| id)
+        .map_err(|rejection| format!("invalid request_id in the path: {}", rejection.body_text()))
 }
 
 /// `GET /v1/orders/{request_id}`: ORDER.STATUS, changing nothing.
@@ -431,15 +538,9 @@ async fn order_status(
     if let Some(refused) = authorize(&shared, &request) {
         return refused;
     }
-    let id = match id {
-        Ok(Path(id)) => id,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request_id in the path: {}", rejection.body_text()),
-                None,
-            );
-        }
+    let id = match path_id(id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
     let state = match order_state(&shared.service, &Bytes::from(id)).await {
         Ok(Ok(state)) => state,
@@ -649,10 +750,13 @@ mod tests {
             StockCommand::Revert,
             StockCommand::Hold,
             StockCommand::Confirm,
+            StockCommand::HoldExtend,
+            StockCommand::HoldShrink,
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
             StockCommand::OrderRevert,
+            StockCommand::OrderExtend,
         ] {
             for code in Code::ALL {
                 let status = status_for(command, code);
@@ -683,6 +787,9 @@ mod tests {
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
+            StockCommand::HoldExtend,
+            StockCommand::HoldShrink,
+            StockCommand::OrderExtend,
         ] {
             assert_eq!(status_for(command, Code::Revoked), StatusCode::CONFLICT);
             assert_eq!(status_for(command, Code::Expired), StatusCode::CONFLICT);

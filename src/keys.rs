@@ -4,6 +4,7 @@
 //! stock key           <prefix>:{<sku>}
 //! idempotency record  <prefix>:{<sku>}:req:<request_id>
 //! operator's change   <prefix>:{<sku>}:op:<op_id>        (STOCK.SET, STOCK.ADD)
+//! change of a hold    <prefix>:{<sku>}:chg:<change_id>   (HOLD.EXTEND, HOLD.SHRINK)
 //! holds               <prefix>:{<sku>}:holds             sorted set: request_id by expiry
 //! units held          <prefix>:{<sku>}:held              integer
 //! journal             <prefix>:{<sku>}:journal           stream (crate::journal)
@@ -32,7 +33,7 @@
 //! ([`crate::stock::order::recovery`]) are indexed in the same shards, by
 //! the slot of each order's intent record.
 
-use crate::params::{OpId, RequestId, Sku};
+use crate::params::{ChangeId, OpId, RequestId, Sku};
 
 /// Slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -80,6 +81,23 @@ impl RequestKeys {
             &self.marker,
             &self.journal,
         ]
+    }
+}
+
+/// The keys a change of a hold names (HOLD.EXTEND, HOLD.SHRINK): the
+/// hold's request's six ([`RequestKeys`], in their order), then the
+/// change's own record, `<prefix>:{<sku>}:chg:<change_id>`, as
+/// `lua/change_hold.lua` takes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldChangeKeys {
+    pub request: RequestKeys,
+    pub change: Vec<u8>,
+}
+
+impl HoldChangeKeys {
+    pub fn all(&self) -> [&[u8]; 7] {
+        let [stock, record, holds, held, marker, journal] = self.request.all();
+        [stock, record, holds, held, marker, journal, &self.change]
     }
 }
 
@@ -315,6 +333,18 @@ impl KeyLayout {
     pub fn op_keys(&self, sku: &Sku, op_id: &OpId) -> RequestKeys {
         let record = [&self.stock_key(sku)[..], b":op:", op_id.as_bytes()].concat();
         self.keys_with_record(sku, record)
+    }
+
+    /// The keys of one change of a hold (HOLD.EXTEND, HOLD.SHRINK).
+    pub fn hold_change_keys(
+        &self,
+        sku: &Sku,
+        request_id: &RequestId,
+        change_id: &ChangeId,
+    ) -> HoldChangeKeys {
+        let request = self.request_keys(sku, request_id);
+        let change = [&request.stock[..], b":chg:", change_id.as_bytes()].concat();
+        HoldChangeKeys { request, change }
     }
 
     /// Checks, with CRC16, that the two key shapes map to one slot. It holds

@@ -373,7 +373,7 @@ impl Metrics {
         recorder.describe_counter(
             HOLDS_TOTAL.into(),
             None,
-            "Holds by what happened to them: placed (HOLD), confirmed (CONFIRM), cancelled (REVERT), expired (released by Redis time, by any call or the sweeper).".into(),
+            "Holds by what happened to them: placed (HOLD), confirmed (CONFIRM), cancelled (REVERT), expired (released by Redis time, by any call or the sweeper), extended (HOLD.EXTEND), shrunk (HOLD.SHRINK gave some units back).".into(),
         );
         let holds = HoldEvent::ALL
             .into_iter()

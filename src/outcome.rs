@@ -115,14 +115,20 @@ pub enum HoldEvent {
     Confirmed,
     Cancelled,
     Expired,
+    /// HOLD.EXTEND moved a live hold's expiry later.
+    Extended,
+    /// HOLD.SHRINK gave some of a live hold's units back.
+    Shrunk,
 }
 
 impl HoldEvent {
-    pub const ALL: [HoldEvent; 4] = [
+    pub const ALL: [HoldEvent; 6] = [
         HoldEvent::Placed,
         HoldEvent::Confirmed,
         HoldEvent::Cancelled,
         HoldEvent::Expired,
+        HoldEvent::Extended,
+        HoldEvent::Shrunk,
     ];
 
     /// The `event` label, and the script's word for it.
@@ -132,6 +138,8 @@ impl HoldEvent {
             HoldEvent::Confirmed => "confirmed",
             HoldEvent::Cancelled => "cancelled",
             HoldEvent::Expired => "expired",
+            HoldEvent::Extended => "extended",
+            HoldEvent::Shrunk => "shrunk",
         }
     }
 

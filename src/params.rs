@@ -212,6 +212,28 @@ impl OpId {
     }
 }
 
+/// A change of a hold's own id (HOLD.EXTEND, HOLD.SHRINK): the same rules
+/// as a request_id, so a change is applied once however often it is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeId(Bytes);
+
+impl ChangeId {
+    pub fn parse(value: Bytes) -> Result<ChangeId, InvalidParam> {
+        if is_token(&value) {
+            Ok(ChangeId(value))
+        } else {
+            Err(InvalidParam(
+                "change_id must be 1 to 128 printable ASCII bytes without whitespace, '{' or '}'"
+                    .into(),
+            ))
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// A stock level to set: a canonical decimal integer from 0 to
 /// [`MAX_STOCK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! aux is empty, but for the states of a hold (H, C, X, from version 4):
-//! `<expires_at>.<held_at>`, milliseconds of Redis time.
+//! `<expires_at>.<held_at>`, milliseconds of Redis time; a hold that gave
+//! some of its units back (HOLD.SHRINK) holds `qty` units now and keeps the
+//! qty its HOLD asked for third, `<expires_at>.<held_at>.<asked>`.
 
 /// Where a request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +73,8 @@ pub struct RecordView<'a> {
     pub nonce: &'a [u8],
     /// A hold's expiry and start as text (hold states only).
     pub hold: Option<(&'a [u8], &'a [u8])>,
+    /// The qty a shrunk hold's HOLD asked for (`qty` is what it holds now).
+    pub asked: Option<&'a [u8]>,
     pub order_no: &'a [u8],
 }
 
@@ -84,7 +88,8 @@ impl<'a> RecordView<'a> {
         };
         if let Some(rest) = raw.strip_prefix(b"3:") {
             // '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$', then for H, C and
-            // X an aux of '^(%d+)%.(%d+)$', for the others '^%d*$'.
+            // X an aux of '^(%d+)%.(%d+)$' or '^(%d+)%.(%d+)%.(%d+)$', for
+            // the others '^%d*$'.
             let mut fields = rest.splitn(5, |b| *b == b':');
             let (state, qty, nonce, aux, order_no) = (
                 fields.next()?,
@@ -97,25 +102,27 @@ impl<'a> RecordView<'a> {
             if !digits(qty) || !nonce.iter().all(u8::is_ascii_hexdigit) {
                 return None;
             }
-            let hold = if state.is_hold() {
-                let dot = aux.iter().position(|b| *b == b'.')?;
-                let (expires, held) = (&aux[..dot], &aux[dot + 1..]);
-                if !digits(expires) || !digits(held) {
+            let (hold, asked) = if state.is_hold() {
+                let mut parts = aux.splitn(3, |b| *b == b'.');
+                let (expires, held) = (parts.next()?, parts.next()?);
+                let asked = parts.next();
+                if !digits(expires) || !digits(held) || asked.is_some_and(|a| !digits(a)) {
                     return None;
                 }
-                Some((expires, held))
+                (Some((expires, held)), asked)
             } else {
                 // Version 3 read (and ignored) digits here; so does this one.
                 if !aux.iter().all(u8::is_ascii_digit) {
                     return None;
                 }
-                None
+                (None, None)
             };
             return Some(RecordView {
                 state,
                 qty,
                 nonce,
                 hold,
+                asked,
                 order_no,
             });
         }
@@ -131,6 +138,7 @@ impl<'a> RecordView<'a> {
             qty,
             nonce: b"",
             hold: None,
+            asked: None,
             order_no,
         })
     }
@@ -145,6 +153,8 @@ pub struct Record {
     pub nonce: String,
     /// A hold's expiry and start, ms of Redis time (hold states only).
     pub hold: Option<(u64, u64)>,
+    /// The qty a shrunk hold's HOLD asked for.
+    pub asked: Option<u64>,
     pub order_no: String,
 }
 
@@ -158,11 +168,16 @@ impl Record {
             Some((expires, held)) => Some((number(expires)?, number(held)?)),
             None => None,
         };
+        let asked = match view.asked {
+            Some(asked) => Some(number(asked)?),
+            None => None,
+        };
         Some(Record {
             state: view.state,
             qty: number(view.qty)?,
             nonce: String::from_utf8_lossy(view.nonce).into_owned(),
             hold,
+            asked,
             order_no: String::from_utf8_lossy(view.order_no).into_owned(),
         })
     }
@@ -195,6 +210,10 @@ mod tests {
         assert_eq!(held.state, State::Held);
         assert_eq!(held.hold, Some((1_790_000_000_000, 1_789_999_000_000)));
         assert_eq!(held.summary(), "H:4:O");
+        assert_eq!(held.asked, None);
+        let shrunk = Record::parse("3:H:1:ab:1790000000000.1789999000000.4:O").unwrap();
+        assert_eq!((shrunk.qty, shrunk.asked), (1, Some(4)));
+        assert_eq!(shrunk.hold, Some((1_790_000_000_000, 1_789_999_000_000)));
         for bad in [
             "",
             "X:1:",
@@ -203,6 +222,9 @@ mod tests {
             "3:D:1:ab:5.6:",
             "3:R:1:ab:x:",
             "3:C:1:ab:5:",
+            "3:H:1:ab:5.6.:",
+            "3:H:1:ab:5.6.7.8:",
+            "3:X:1:ab:5..7:",
             "D::",
             "D:x:",
             "3:D:1:zz::",

@@ -497,6 +497,8 @@ scripts! {
     revert: new;
     hold: new;
     confirm: new;
+    /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/hold_change.rs`).
+    change_hold: new;
     /// An order's intent record (ORDER, ORDER.HOLD, ORDER.CONFIRM, ORDER.REVERT).
     order: new;
     stock_add: new;
@@ -548,6 +550,7 @@ mod tests {
                 "revert",
                 "hold",
                 "confirm",
+                "change_hold",
                 "order",
                 "stock_add",
                 "stock_set",

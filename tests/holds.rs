@@ -999,3 +999,598 @@ fn a_sweep_racing_a_hold_never_files_its_sku_past_the_hold() {
         );
     }
 }
+
+/// HOLD.EXTEND or HOLD.SHRINK through `conn`, parsed as a HOLD reply.
+async fn change(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    sku: &str,
+    request_id: &str,
+    change_id: &str,
+    amount: &str,
+) -> HoldReply {
+    parse_hold(
+        redis::cmd(command)
+            .arg(sku)
+            .arg(request_id)
+            .arg(change_id)
+            .arg(amount)
+            .query_async(conn)
+            .await
+            .unwrap(),
+    )
+}
+
+/// The hold's record, parsed.
+fn record_of(
+    conn: &mut impl redis::ConnectionLike,
+    sku: &str,
+    id: &str,
+) -> stockgate::record::Record {
+    let raw: String = redis::cmd("GET")
+        .arg(record_key(sku, id))
+        .query(conn)
+        .unwrap();
+    stockgate::record::Record::parse(&raw).unwrap()
+}
+
+matrix! { #[tokio::test] async fn extend_and_shrink_change_a_live_hold_once_per_change_id }
+/// HOLD.EXTEND and HOLD.SHRINK in every state of the hold, over the wire:
+/// the code, the record and the stock after, and a retry of each change
+/// answered exactly (1, the same expiry, nothing changed again).
+async fn extend_and_shrink_change_a_live_hold_once_per_change_id(kind: ServerKind) {
+    let redis = standalone_of(kind);
+    let mut direct = redis.node.connection().unwrap();
+    let server = proxy(vec![redis.url()], |c| {
+        c.sweeper = false;
+        c.max_hold = Duration::from_secs(3600);
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let sku = "chg";
+    set(&mut direct, &stock_key(sku), 10);
+    let held = parse_hold(
+        hold(&mut conn, sku, "5", "h-1", "60000", Some("ORD-C"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held.code, held.remain), (0, 5));
+    let (_, held_at) = record_of(&mut direct, sku, "h-1").hold.unwrap();
+
+    // Extend: a new expiry by Redis time, the holds set moved with it.
+    let before = redis_now_ms(&mut direct);
+    let longer = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-1", "120000").await;
+    let after = redis_now_ms(&mut direct);
+    assert_eq!(
+        (longer.code, longer.remain, longer.order_no.as_str()),
+        (0, 5, "ORD-C")
+    );
+    assert!(
+        (before + 120_000..=after + 120_000).contains(&longer.expires_at),
+        "Redis time plus ttl_ms: {longer:?}, Redis said {before}..{after}"
+    );
+    let score: i64 = redis::cmd("ZSCORE")
+        .arg(holds_key(sku))
+        .arg("h-1")
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(score, longer.expires_at);
+    let record = record_of(&mut direct, sku, "h-1");
+    assert_eq!(record.hold, Some((longer.expires_at as u64, held_at)));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(record_key(sku, "h-1"))
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(ttl, -1, "still a HELD record without a TTL");
+    let again = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-1", "120000").await;
+    assert_eq!(
+        (again.code, again.remain, again.expires_at),
+        (1, 5, longer.expires_at)
+    );
+    let reused = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-1", "130000").await;
+    assert_eq!(reused.code, 3, "{reused:?}");
+    let earlier = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-2", "60000").await;
+    assert_eq!(earlier.code, 3, "an extension never shortens: {earlier:?}");
+    // The bound: --max-hold from the hold's start, which now has passed.
+    wait_redis_past(&mut direct, held_at as i64);
+    let past = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-3", "3600000").await;
+    assert_eq!(past.code, 3, "{past:?}");
+    assert!(past.reason.unwrap().contains("at most"));
+    let over = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-4", "3600001").await;
+    assert_eq!(over.code, 3, "ttl_ms past --max-hold");
+    assert_eq!(
+        record_of(&mut direct, sku, "h-1").hold.unwrap().0,
+        longer.expires_at as u64,
+        "no refusal changed the hold"
+    );
+
+    // Shrink: units back at once, the rest held with its expiry.
+    let smaller = change(&mut conn, "HOLD.SHRINK", sku, "h-1", "s-1", "2").await;
+    assert_eq!(
+        (smaller.code, smaller.remain, smaller.expires_at),
+        (0, 7, longer.expires_at)
+    );
+    assert_eq!(get_int(&mut direct, &held_key(sku)), Some(3));
+    let record = record_of(&mut direct, sku, "h-1");
+    assert_eq!((record.qty, record.asked), (3, Some(5)));
+    let again = change(&mut conn, "HOLD.SHRINK", sku, "h-1", "s-1", "2").await;
+    assert_eq!(
+        (again.code, again.remain),
+        (1, 7),
+        "nothing given back twice"
+    );
+    // Every unit or more (the script says so, with the stock), none or
+    // below none (stockgate says so before Redis: remain -1).
+    for (id, qty, remain) in [
+        ("s-2", "3", 7),
+        ("s-3", "4", 7),
+        ("s-4", "0", -1),
+        ("s-5", "-1", -1),
+    ] {
+        let bad = change(&mut conn, "HOLD.SHRINK", sku, "h-1", id, qty).await;
+        assert_eq!((bad.code, bad.remain), (3, remain), "{qty}: {bad:?}");
+    }
+    assert_eq!(get_int(&mut direct, &stock_key(sku)), Some(7));
+    assert_eq!(get_int(&mut direct, &held_key(sku)), Some(3));
+    // The HOLD sent again still matches what it asked for.
+    let hold_again = parse_hold(
+        hold(&mut conn, sku, "5", "h-1", "60000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (hold_again.code, hold_again.expires_at),
+        (1, longer.expires_at)
+    );
+    let other = parse_hold(
+        hold(&mut conn, sku, "3", "h-1", "60000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(other.code, 3);
+
+    // CONFIRM takes what is left.
+    let done = parse_hold(confirm(&mut conn, sku, "h-1").await.unwrap());
+    assert_eq!((done.code, done.remain), (0, 7));
+    assert_eq!(get_int(&mut direct, &held_key(sku)), None);
+    let confirmed = change(&mut conn, "HOLD.EXTEND", sku, "h-1", "e-5", "120000").await;
+    assert_eq!(
+        (confirmed.code, confirmed.expires_at),
+        (1, longer.expires_at)
+    );
+    let confirmed = change(&mut conn, "HOLD.SHRINK", sku, "h-1", "s-6", "1").await;
+    assert_eq!(confirmed.code, 3, "a confirmed hold's units are sold");
+    assert_eq!(record_state(&mut direct, sku, "h-1"), 'C');
+    // Conservation: 7 available, 0 held, 3 sold of 10.
+    assert_eq!(get_int(&mut direct, &stock_key(sku)), Some(7));
+
+    // No hold, a deduction, a revoked id, an order's line: nothing changes.
+    let none = change(&mut conn, "HOLD.EXTEND", sku, "h-none", "e-6", "120000").await;
+    assert_eq!(none.code, 3);
+    assert_eq!(record_state(&mut direct, sku, "h-none"), '-');
+    assert_eq!(
+        code_of(&deduct(&mut conn, sku, "1", "d-1", None).await.unwrap()),
+        0
+    );
+    let deducted = change(&mut conn, "HOLD.SHRINK", sku, "d-1", "s-7", "1").await;
+    assert_eq!(deducted.code, 3);
+    assert_eq!(
+        code_of(&revert(&mut conn, sku, "v-1").await.unwrap()),
+        4,
+        "revoked"
+    );
+    for command in ["HOLD.EXTEND", "HOLD.SHRINK"] {
+        let revoked = change(&mut conn, command, sku, "v-1", "x-1", "1000").await;
+        assert_eq!(revoked.code, 4, "{command}");
+    }
+    let line = change(&mut conn, "HOLD.EXTEND", sku, "~ord:o-1", "e-7", "120000").await;
+    assert_eq!(line.code, 3);
+
+    // Ran out: 5, and the units are back.
+    let short = parse_hold(
+        hold(&mut conn, sku, "2", "h-2", "1000", None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((short.code, short.remain), (0, 4));
+    wait_redis_past(&mut direct, short.expires_at);
+    let late = change(&mut conn, "HOLD.EXTEND", sku, "h-2", "e-8", "120000").await;
+    assert_eq!(
+        (late.code, late.remain, late.expires_at),
+        (5, 6, short.expires_at)
+    );
+    let late = change(&mut conn, "HOLD.SHRINK", sku, "h-2", "s-8", "1").await;
+    assert_eq!((late.code, late.remain), (5, 6));
+    assert_eq!(record_state(&mut direct, sku, "h-2"), 'X');
+
+    let counts = hold_counts(&server);
+    assert_eq!((counts["extended"], counts["shrunk"]), (1, 1));
+    assert_eq!(
+        metric(
+            &server,
+            "stockgate_requests_total{command=\"hold.extend\",result=\"duplicate\"}"
+        ),
+        2
+    );
+}
+
+/// An extended hold runs out at its new expiry, by Redis time: past the
+/// old one it is still held, past the new one any call on the SKU gives
+/// its units back. No sweeper: the calls alone release it.
+#[tokio::test]
+async fn an_extended_hold_runs_out_at_its_new_expiry() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("ext"), 4);
+    let server = proxy(vec![redis.url()], |c| c.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let held = parse_hold(
+        hold(&mut conn, "ext", "4", "x-1", "1000", None)
+            .await
+            .unwrap(),
+    );
+    let longer = change(&mut conn, "HOLD.EXTEND", "ext", "x-1", "e-1", "2500").await;
+    assert_eq!(longer.code, 0);
+    assert!(longer.expires_at > held.expires_at);
+    wait_redis_past(&mut direct, held.expires_at);
+    // Any call on the SKU releases what ran out; this one releases nothing.
+    let short = parse(deduct(&mut conn, "ext", "1", "d-1", None).await.unwrap());
+    assert_eq!((short.code, short.remain), (2, 0), "still held");
+    assert_eq!(record_state(&mut direct, "ext", "x-1"), 'H');
+    wait_redis_past(&mut direct, longer.expires_at);
+    let back = parse(deduct(&mut conn, "ext", "1", "d-2", None).await.unwrap());
+    assert_eq!((back.code, back.remain), (0, 3), "given back, then 1 taken");
+    assert_eq!(record_state(&mut direct, "ext", "x-1"), 'X');
+    let late = parse_hold(confirm(&mut conn, "ext", "x-1").await.unwrap());
+    assert_eq!((late.code, late.expires_at), (5, longer.expires_at));
+}
+
+/// Nobody touches the SKU of an extended hold: the sweeper gives its units
+/// back, and never before the new expiry (Redis time when they are seen
+/// back is past it).
+#[tokio::test]
+async fn the_sweeper_honours_an_extension() {
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("swept"), 3);
+    let server = proxy(vec![redis.url()], |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let held = parse_hold(
+        hold(&mut conn, "swept", "3", "w-1", "1000", None)
+            .await
+            .unwrap(),
+    );
+    let longer = change(&mut conn, "HOLD.EXTEND", "swept", "w-1", "e-1", "3000").await;
+    assert_eq!(longer.code, 0);
+    assert!(longer.expires_at >= held.expires_at + 1500);
+    let seen_at = loop_until_async(Duration::from_secs(30), || {
+        let mut direct = redis.node.connection().unwrap();
+        async move {
+            (get_int(&mut direct, &stock_key("swept")) == Some(3))
+                .then(|| redis_now_ms(&mut direct))
+        }
+    })
+    .await;
+    assert!(
+        seen_at >= longer.expires_at,
+        "released at {seen_at}, before the new expiry {}",
+        longer.expires_at
+    );
+    assert_eq!(record_state(&mut direct, "swept", "w-1"), 'X');
+}
+
+/// A step of [`holds_extensions_and_shrinks_follow_a_plain_model`], with
+/// request_ids and change_ids by number, so that they meet.
+#[derive(Debug, Clone)]
+enum Step {
+    Deduct {
+        id: usize,
+        qty: u64,
+    },
+    Hold {
+        id: usize,
+        qty: u64,
+    },
+    Confirm {
+        id: usize,
+    },
+    Revert {
+        id: usize,
+    },
+    /// To level `level`: ttl_ms 600 s plus a minute a level, so that one
+    /// level above another is later whenever it is sent within a minute.
+    Extend {
+        id: usize,
+        change: usize,
+        level: u64,
+    },
+    Shrink {
+        id: usize,
+        change: usize,
+        qty: u64,
+    },
+}
+
+/// Where a request stands, in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Modelled {
+    None,
+    Deducted {
+        qty: u64,
+    },
+    Held {
+        qty: u64,
+        asked: u64,
+        level: u64,
+        expires: i64,
+    },
+    Confirmed {
+        qty: u64,
+        asked: u64,
+        expires: i64,
+    },
+    Gone,
+}
+
+fn model_step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let id = 0..3usize;
+    let change = 0..4usize;
+    prop_oneof![
+        1 => (id.clone(), 1u64..4).prop_map(|(id, qty)| Step::Deduct { id, qty }),
+        3 => (id.clone(), 1u64..6).prop_map(|(id, qty)| Step::Hold { id, qty }),
+        1 => id.clone().prop_map(|id| Step::Confirm { id }),
+        1 => id.clone().prop_map(|id| Step::Revert { id }),
+        3 => (id.clone(), change.clone(), 0u64..4)
+            .prop_map(|(id, change, level)| Step::Extend { id, change, level }),
+        3 => (id, change, 1u64..5).prop_map(|(id, change, qty)| Step::Shrink { id, change, qty }),
+    ]
+}
+
+/// Random sequences of DEDUCT, HOLD, CONFIRM, REVERT, HOLD.EXTEND and
+/// HOLD.SHRINK on one SKU, against a plain model of the state machine:
+/// every code, every expiry a change answers (a retry's is the one the
+/// change set; an extension's is later than the hold's), and after every
+/// step the stock and the units held as the model has them, with stock +
+/// held + sold always the stock it started with (conservation). No hold
+/// runs out within a case (they last at least 600 s).
+#[test]
+fn holds_extensions_and_shrinks_follow_a_plain_model() {
+    use proptest::prelude::*;
+    const STOCK: u64 = 12;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = standalone();
+    let server = runtime.block_on(proxy(vec![redis.url()], |c| c.sweeper = false));
+    let conn = runtime.block_on(client(&server, false));
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 48,
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(steps in prop::collection::vec(model_step(), 1..40))| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sku = format!("model-{n}");
+        let mut direct = redis.node.connection().unwrap();
+        set(&mut direct, &stock_key(&sku), STOCK as i64);
+        let mut conn = conn.clone();
+        let (mut stock, mut held, mut sold) = (STOCK, 0u64, 0u64);
+        let mut requests = [Modelled::None; 3];
+        // change_id -> (kind, amount, request, expiry it set)
+        let mut changes: std::collections::HashMap<usize, (&str, u64, usize, i64)> =
+            Default::default();
+        for (i, step) in steps.iter().enumerate() {
+            let at = format!("step {i} {step:?} of {steps:?}");
+            let rid = |id: usize| format!("r{id}");
+            match *step {
+                Step::Deduct { id, qty } => {
+                    let got = parse(runtime.block_on(
+                        deduct(&mut conn, &sku, &qty.to_string(), &rid(id), None)).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None if stock >= qty => {
+                            stock -= qty;
+                            sold += qty;
+                            requests[id] = Modelled::Deducted { qty };
+                            0
+                        }
+                        Modelled::None => 2,
+                        Modelled::Deducted { qty: q } => if q == qty { 1 } else { 3 },
+                        Modelled::Held { .. } | Modelled::Confirmed { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Hold { id, qty } => {
+                    let got = parse_hold(runtime.block_on(
+                        hold(&mut conn, &sku, &qty.to_string(), &rid(id), "600000", None)).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None if stock >= qty => {
+                            stock -= qty;
+                            held += qty;
+                            requests[id] = Modelled::Held {
+                                qty, asked: qty, level: 0, expires: got.expires_at,
+                            };
+                            0
+                        }
+                        Modelled::None => 2,
+                        Modelled::Held { asked, expires, .. }
+                        | Modelled::Confirmed { asked, expires, .. } => {
+                            if asked == qty {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        Modelled::Deducted { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Confirm { id } => {
+                    let got = parse_hold(runtime.block_on(confirm(&mut conn, &sku, &rid(id))).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None => {
+                            requests[id] = Modelled::Gone;
+                            4
+                        }
+                        Modelled::Held { qty, asked, expires, .. } => {
+                            held -= qty;
+                            sold += qty;
+                            requests[id] = Modelled::Confirmed { qty, asked, expires };
+                            0
+                        }
+                        Modelled::Confirmed { .. } => 1,
+                        Modelled::Deducted { .. } => 3,
+                        Modelled::Gone => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Revert { id } => {
+                    let got = parse(runtime.block_on(revert(&mut conn, &sku, &rid(id))).unwrap());
+                    let want = match requests[id] {
+                        Modelled::None => 4,
+                        Modelled::Deducted { qty } | Modelled::Confirmed { qty, .. } => {
+                            stock += qty;
+                            sold -= qty;
+                            0
+                        }
+                        Modelled::Held { qty, .. } => {
+                            stock += qty;
+                            held -= qty;
+                            0
+                        }
+                        Modelled::Gone => 1,
+                    };
+                    requests[id] = Modelled::Gone;
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Extend { id, change: c, level } => {
+                    let ttl = 600_000 + 60_000 * level;
+                    let got = runtime.block_on(change(
+                        &mut conn, "HOLD.EXTEND", &sku, &rid(id), &format!("c{c}"), &ttl.to_string()));
+                    let want = match (changes.get(&c), requests[id]) {
+                        (Some(&(kind, amount, of, expires)), _) => {
+                            if (kind, amount, of) == ("extend", level, id) {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Held { qty, asked, level: now, expires }) => {
+                            // The same level again is later only when a
+                            // millisecond passed since: either answer.
+                            let later = level > now || (level == now && got.code == 0);
+                            if later {
+                                prop_assert!(got.expires_at > expires, "{}", at);
+                                requests[id] = Modelled::Held {
+                                    qty, asked, level, expires: got.expires_at,
+                                };
+                                changes.insert(c, ("extend", level, id, got.expires_at));
+                                0
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Confirmed { expires, .. }) => {
+                            prop_assert_eq!(got.expires_at, expires, "{}", at);
+                            1
+                        }
+                        (None, Modelled::None | Modelled::Deducted { .. }) => 3,
+                        (None, Modelled::Gone) => 4,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+                Step::Shrink { id, change: c, qty: back } => {
+                    let got = runtime.block_on(change(
+                        &mut conn, "HOLD.SHRINK", &sku, &rid(id), &format!("c{c}"), &back.to_string()));
+                    let want = match (changes.get(&c), requests[id]) {
+                        (Some(&(kind, amount, of, expires)), _) => {
+                            if (kind, amount, of) == ("shrink", back, id) {
+                                prop_assert_eq!(got.expires_at, expires, "{}", at);
+                                1
+                            } else {
+                                3
+                            }
+                        }
+                        (None, Modelled::Held { qty, asked, level, expires }) if back < qty => {
+                            stock += back;
+                            held -= back;
+                            requests[id] = Modelled::Held { qty: qty - back, asked, level, expires };
+                            changes.insert(c, ("shrink", back, id, expires));
+                            prop_assert_eq!(got.expires_at, expires, "{}", at);
+                            0
+                        }
+                        (None, Modelled::Gone) => 4,
+                        (None, _) => 3,
+                    };
+                    prop_assert_eq!(got.code, want, "{}", at);
+                }
+            }
+            let in_redis = (
+                get_int(&mut direct, &stock_key(&sku)),
+                get_int(&mut direct, &held_key(&sku)).unwrap_or(0),
+            );
+            prop_assert_eq!(in_redis, (Some(stock as i64), held as i64), "after {}", at);
+            prop_assert_eq!(stock + held + sold, STOCK, "conservation after {}", at);
+        }
+    });
+}
+
+/// With the journal on, a shrink's units given back are one `cancel`
+/// entry (the event a REVERT of a hold writes), and an extension writes
+/// none: the journal's account still adds up to what Redis holds.
+#[tokio::test]
+async fn a_shrink_is_journaled_as_a_hold_given_back_and_an_extension_is_not() {
+    use stockgate::journal::Event;
+    let redis = standalone();
+    let mut direct = redis.node.connection().unwrap();
+    set(&mut direct, &stock_key("jr"), 9);
+    let server = proxy(vec![redis.url()], |c| {
+        c.sweeper = false;
+        c.journal = true;
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let held = parse_hold(
+        hold(&mut conn, "jr", "4", "j-1", "600000", Some("ORD J"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(held.code, 0);
+    let longer = change(&mut conn, "HOLD.EXTEND", "jr", "j-1", "e-1", "700000").await;
+    assert_eq!(longer.code, 0);
+    let smaller = change(&mut conn, "HOLD.SHRINK", "jr", "j-1", "s-1", "3").await;
+    assert_eq!((smaller.code, smaller.remain), (0, 8));
+    let sku = stockgate::params::Sku::parse("jr".into()).unwrap();
+    let raw: Value = redis::cmd("XRANGE")
+        .arg(layout().journal_key(&sku))
+        .arg("-")
+        .arg("+")
+        .query(&mut direct)
+        .unwrap();
+    let entries = stockgate::journal::stream::entries(raw).unwrap();
+    let seen: Vec<(Event, &str, i64, i64, i64, i64, &str)> = entries
+        .iter()
+        .map(|e| {
+            let (event, id, order_no) = (e.event, e.id.as_str(), e.order_no.as_str());
+            (
+                event,
+                id,
+                e.stock_change,
+                e.held_change,
+                e.stock,
+                e.held,
+                order_no,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Event::Hold, "j-1", -4, 4, 5, 4, "ORD J"),
+            (Event::Cancel, "j-1", 3, -3, 8, 1, "ORD J"),
+        ]
+    );
+}

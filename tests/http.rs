@@ -478,6 +478,87 @@ async fn holds_map_to_their_statuses_and_conform_to_the_openapi_document() {
         (409, &json!(5), &json!(true))
     );
     seen.push(e);
+    let extend = |id: &str, change: &str, ttl: Json| json!({"sku": "web-h", "request_id": id, "change_id": change, "ttl_ms": ttl});
+    let shrink = |id: &str, change: &str, qty: Json| json!({"sku": "web-h", "request_id": id, "change_id": change, "qty": qty});
+    let e = post_json(http, "/v1/hold/extend", extend("short", "c0", json!(60000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 5, "remain": 3, "order_no": "ORD-H", "expired": true, "version": V, "expires_at": short_expiry})
+        ),
+    );
+    seen.push(e);
+
+    // A hold changed while it is held: extended, shrunk, each retried.
+    let e = post_json(http, "/v1/hold", hold(3, "h4", json!(600000)));
+    assert_eq!((e.status, &e.body["remain"]), (200, &json!(0)));
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c1", json!(900000)));
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    let extended = e.body["expires_at"].as_i64().unwrap();
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c1", json!(900000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 1, "remain": 0, "order_no": "ORD-H", "duplicate": true, "version": V, "expires_at": extended})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("h4", "c2", json!(1000)));
+    assert_eq!((e.status, &e.body["code"]), (400, &json!(3)), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c3", json!(2)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            200,
+            &json!({"code": 0, "remain": 2, "order_no": "ORD-H", "version": V, "expires_at": extended})
+        ),
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c3", json!(2)));
+    assert_eq!((e.status, &e.body["duplicate"]), (200, &json!(true)));
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c4", json!(1)));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (400, &json!(3), &json!(2)),
+        "the last unit goes back by a REVERT: {e:?}"
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c5", json!(0)));
+    assert_eq!(
+        (e.status, &e.body["reason"]),
+        (400, &json!("qty must be an integer from 1 to 1000000"))
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", shrink("h4", "c5", json!("1")));
+    assert_eq!(e.status, 400);
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/shrink", extend("h4", "c5", json!(1000)));
+    assert_eq!(e.status, 400, "a shrink without its qty: {e:?}");
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.push(e);
+    let e = post_json(http, "/v1/hold/extend", extend("never", "c6", json!(60000)));
+    assert_eq!(
+        (e.status, &e.body),
+        (
+            409,
+            &json!({"code": 4, "remain": 2, "order_no": "", "revoked": true, "version": V, "expires_at": 0})
+        ),
+        "never was revoked by its CONFIRM above"
+    );
+    seen.push(e);
+    let e = post_json(http, "/v1/confirm", confirm("h4"));
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (200, &json!(0), &json!(2))
+    );
+    seen.push(e);
     assert_conform(&seen);
 }
 
@@ -769,6 +850,73 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
     let e = post_to(http, &revert("h5"), REVERT, b"");
     assert_eq!((e.status, &e.body["code"]), (200, &json!(1)), "{e:?}");
     seen.borrow_mut().push(e);
+    assert_eq!(stock(&cluster), [9, 9, 1]);
+
+    // ORDER.EXTEND 0, 1 (sent again), 3 (not later; a malformed body is
+    // a 400 error), 4 (reverted): every line held until it is reverted.
+    const EXTEND: &str = "/v1/orders/{request_id}/extend";
+    let extend = |id: &str| format!("/v1/orders/{id}/extend");
+    let e = post_json(
+        http,
+        ORDERS,
+        json!({"request_id": "h6", "lines": lines(1, 1, 1), "ttl_ms": 600000}),
+    );
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    let first_expiry = e.body["expires_at"].as_i64().unwrap();
+    seen.borrow_mut().push(e);
+    let longer = json!({"change_id": "c1", "ttl_ms": 700000}).to_string();
+    let e = post_to(http, &extend("h6"), EXTEND, longer.as_bytes());
+    let extended = e.body["expires_at"].as_i64().unwrap();
+    assert!(extended > first_expiry, "{e:?}");
+    check(
+        e,
+        200,
+        json!({"code": 0, "version": V, "expires_at": extended, "lines": remains(8, 8, 0)}),
+    );
+    check(
+        post_to(http, &extend("h6"), EXTEND, longer.as_bytes()),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": extended, "lines": remains(-1, -1, -1)}),
+    );
+    let e = post_to(
+        http,
+        &extend("h6"),
+        EXTEND,
+        json!({"change_id": "c2", "ttl_ms": 1000})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!((e.status, &e.body["code"]), (400, &json!(3)), "{e:?}");
+    seen.borrow_mut().push(e);
+    let e = post_to(
+        http,
+        &extend("h6"),
+        EXTEND,
+        br#"{"change_id": "c3", "ttl_ms": "1000"}"#,
+    );
+    assert_eq!(e.status, 400, "{e:?}");
+    assert!(e.body["error"].is_string(), "{e:?}");
+    seen.borrow_mut().push(e);
+    let e = post_to(http, &revert("h6"), REVERT, b"");
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    seen.borrow_mut().push(e);
+    check(
+        post_to(http, &extend("h6"), EXTEND, longer.as_bytes()),
+        200,
+        json!({"code": 1, "duplicate": true, "version": V, "expires_at": extended, "lines": remains(-1, -1, -1)}),
+    );
+    check(
+        post_to(
+            http,
+            &extend("h6"),
+            EXTEND,
+            json!({"change_id": "c4", "ttl_ms": 800000})
+                .to_string()
+                .as_bytes(),
+        ),
+        409,
+        json!({"code": 4, "revoked": true, "version": V, "expires_at": 0, "lines": remains(-1, -1, -1)}),
+    );
     assert_eq!(stock(&cluster), [9, 9, 1]);
 
     // GET: the intent record of each, changing nothing.

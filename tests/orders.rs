@@ -721,6 +721,7 @@ impl Saga {
             "deduct" => &self.scripts.deduct.body,
             "hold" => &self.scripts.hold.body,
             "confirm" => &self.scripts.confirm.body,
+            "change_hold" => &self.scripts.change_hold.body,
             _ => &self.scripts.revert.body,
         };
         let mut cmd = redis::cmd("EVAL");
@@ -747,6 +748,12 @@ impl Saga {
     fn hold(&mut self, sku: &str, order: &str, qty: &str, ttl: &str) -> i64 {
         let settings = format!("86400000 {WINDOW} 1000000 error");
         self.line("hold", sku, order, &[qty, "", ttl], &settings)
+    }
+
+    /// An ORDER.EXTEND's line call: the line holds at least `ttl` from now.
+    fn extend(&mut self, sku: &str, order: &str, ttl: &str) -> i64 {
+        let settings = format!("86400000 {WINDOW} 1000000 error");
+        self.line("change_hold", sku, order, &["extend", ttl], &settings)
     }
 
     /// An ORDER's line (kind `T`): a DEDUCT of the line id.
@@ -1415,5 +1422,319 @@ async fn an_orders_filing_rides_along_or_falls_back_to_a_call_of_its_own(kind: S
     }
     for (sku, stock) in [(&a, 6), (&b, 8), (&c, 8)] {
         assert_eq!(get_stock(&cluster, sku), Some(stock), "{sku}");
+    }
+}
+
+/// Redis's clock, in milliseconds (every node of a test cluster runs on
+/// this machine's): what an order's expiry is measured by.
+fn redis_now_ms(cluster: &stockgate::dev::LocalCluster) -> i64 {
+    let mut conn = cluster.nodes[0].connection().unwrap();
+    let time: Vec<String> = redis::cmd("TIME").query(&mut conn).unwrap();
+    time[0].parse::<i64>().unwrap() * 1000 + time[1].parse::<i64>().unwrap() / 1000
+}
+
+/// Waits until Redis's clock has passed `at_ms`.
+fn wait_redis_past(cluster: &stockgate::dev::LocalCluster, at_ms: i64) {
+    loop {
+        let now = redis_now_ms(cluster);
+        if now > at_ms {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis((at_ms - now + 1).min(200) as u64));
+    }
+}
+
+/// The expiry the intent of `order` records.
+fn intent_expiry(cluster: &stockgate::dev::LocalCluster, order: &str) -> i64 {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let key = layout().order_key(&RequestId::parse(order.to_owned().into()).unwrap());
+    redis::cmd("HGET")
+        .arg(key)
+        .arg("e")
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// An order's line hold: its expiry and its score in the SKU's holds set.
+fn line_hold(cluster: &stockgate::dev::LocalCluster, sku: &str, order: &str) -> (u64, u64) {
+    let mut conn = cluster.cluster_connection().unwrap();
+    let raw: String = redis::cmd("GET")
+        .arg(record_key(sku, &line_id(order)))
+        .query(&mut conn)
+        .unwrap();
+    let (expires, _) = stockgate::record::Record::parse(&raw)
+        .unwrap()
+        .hold
+        .unwrap();
+    let score: u64 = redis::cmd("ZSCORE")
+        .arg([stock_key(sku), b":holds".to_vec()].concat())
+        .arg(line_id(order))
+        .query(&mut conn)
+        .unwrap();
+    (expires, score)
+}
+
+matrix! { #[tokio::test] async fn an_order_extension_moves_the_order_and_its_lines_once_per_change_id }
+/// ORDER.EXTEND in every state of the order: a held order and each of its
+/// lines last longer (the lines the margin past the order, in their holds
+/// sets too), an exact retry answers the same, the bound and the "later"
+/// rule hold, ORDER.CONFIRM past the old expiry takes every line, the
+/// order runs out at its new expiry by Redis time, and a confirmed,
+/// revoked, expired or unknown order, an ORDER and an intent without a
+/// start time change nothing. No sweeper: expiries are met by calls.
+async fn an_order_extension_moves_the_order_and_its_lines_once_per_change_id(kind: ServerKind) {
+    let cluster = cluster_of(kind);
+    let [a, b, c] = spread("ext");
+    for sku in [&a, &b, &c] {
+        set_stock(&cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |config| {
+        config.sweeper = false;
+        config.max_hold = Duration::from_secs(60);
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let hold = &["ORDER.HOLD", "x-1", "1000", &a, "1", &b, "2", &c, "3"];
+    let first = must(&mut conn, hold).await;
+    assert_eq!(first.code, 0, "{first:?}");
+
+    // Extended: a new expiry by Redis time, every line the margin past it.
+    let before = redis_now_ms(&cluster);
+    let longer = must(&mut conn, &["ORDER.EXTEND", "x-1", "e-1", "30000"]).await;
+    let after = redis_now_ms(&cluster);
+    assert_eq!(longer.code, 0, "{longer:?}");
+    assert!(
+        (before + 30_000..=after + 30_000).contains(&longer.expires_at),
+        "Redis time plus ttl_ms: {longer:?}, Redis said {before}..{after}"
+    );
+    assert_eq!(intent_expiry(&cluster, "x-1"), longer.expires_at);
+    for (sku, stock) in [(&a, 9), (&b, 8), (&c, 7)] {
+        let (expires, score) = line_hold(&cluster, sku, "x-1");
+        assert!(
+            expires >= longer.expires_at as u64 + 2000,
+            "{sku}: {expires}"
+        );
+        assert_eq!(score, expires, "{sku}: the holds set moved with the line");
+        assert!(longer.remains.contains(&(sku.clone(), stock)), "{longer:?}");
+    }
+    let lines_then: Vec<(u64, u64)> = [&a, &b, &c]
+        .iter()
+        .map(|sku| line_hold(&cluster, sku, "x-1"))
+        .collect();
+
+    // Sent again: the same answer, nothing moved. Refusals move nothing.
+    let again = must(&mut conn, &["ORDER.EXTEND", "x-1", "e-1", "30000"]).await;
+    assert_eq!((again.code, again.expires_at), (1, longer.expires_at));
+    for (id, ttl, why) in [
+        ("e-1", "40000", "another change"),
+        ("e-2", "20000", "already lasts"),
+        ("e-3", "58000", "at most"),
+        ("e-4", "58001", "ttl_ms"),
+        ("e 5", "40000", "change_id"),
+    ] {
+        let refused = must(&mut conn, &["ORDER.EXTEND", "x-1", id, ttl]).await;
+        assert_eq!(refused.code, 3, "{id} {ttl}: {refused:?}");
+        let reason = refused.reason.unwrap_or_default();
+        assert!(reason.contains(why), "{id} {ttl}: {reason}");
+    }
+    assert_eq!(intent_expiry(&cluster, "x-1"), longer.expires_at);
+    let lines_now: Vec<(u64, u64)> = [&a, &b, &c]
+        .iter()
+        .map(|sku| line_hold(&cluster, sku, "x-1"))
+        .collect();
+    assert_eq!(lines_now, lines_then, "no retry or refusal moved a line");
+
+    // Past the old expiry, the order and its lines still hold: CONFIRM
+    // takes every line.
+    wait_redis_past(&cluster, first.expires_at + 2000);
+    for sku in [&a, &b, &c] {
+        let _: Value = redis::cmd("STOCK.GET")
+            .arg(sku.as_str())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(line_state(&cluster, sku, "x-1"), 'H', "{sku}");
+    }
+    let confirmed = must(&mut conn, &["ORDER.CONFIRM", "x-1"]).await;
+    assert_eq!(
+        (confirmed.code, confirmed.expires_at),
+        (0, longer.expires_at)
+    );
+    for (sku, stock) in [(&a, 9), (&b, 8), (&c, 7)] {
+        assert_eq!(line_state(&cluster, sku, "x-1"), 'C');
+        assert_eq!(
+            (get_stock(&cluster, sku), held(&cluster, sku)),
+            (Some(stock), 0)
+        );
+    }
+    // Confirmed: 1 with its expiry, for a new change_id and the old one.
+    for id in ["e-1", "e-6"] {
+        let done = must(&mut conn, &["ORDER.EXTEND", "x-1", id, "30000"]).await;
+        assert_eq!((done.code, done.expires_at), (1, longer.expires_at), "{id}");
+    }
+
+    // Runs out at its new expiry, by Redis time; then 5, nothing changed,
+    // and every unit back once.
+    let short = must(&mut conn, &["ORDER.HOLD", "x-2", "1000", &a, "2", &b, "1"]).await;
+    assert_eq!(short.code, 0);
+    let later = must(&mut conn, &["ORDER.EXTEND", "x-2", "e-1", "2500"]).await;
+    assert_eq!(later.code, 0, "{later:?}");
+    wait_redis_past(&cluster, short.expires_at);
+    let status: Vec<Value> = redis::cmd("ORDER.STATUS")
+        .arg("x-2")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(status.contains(&Value::Int(later.expires_at)), "{status:?}");
+    assert_eq!(intent_phase(&cluster, "x-2").as_deref(), Some("HELD"));
+    wait_redis_past(&cluster, later.expires_at);
+    let late = must(&mut conn, &["ORDER.EXTEND", "x-2", "e-2", "5000"]).await;
+    assert_eq!((late.code, late.expires_at), (5, later.expires_at));
+    assert_eq!(intent_expiry(&cluster, "x-2"), later.expires_at);
+    let late = must(&mut conn, &["ORDER.CONFIRM", "x-2"]).await;
+    assert_eq!(late.code, 5);
+    for (sku, stock) in [(&a, 9), (&b, 8), (&c, 7)] {
+        assert_eq!(
+            (get_stock(&cluster, sku), held(&cluster, sku)),
+            (Some(stock), 0)
+        );
+        assert!(matches!(line_state(&cluster, sku, "x-2"), 'R' | 'X' | '-'));
+    }
+    let retried = must(&mut conn, &["ORDER.EXTEND", "x-2", "e-1", "2500"]).await;
+    assert_eq!((retried.code, retried.expires_at), (1, later.expires_at));
+
+    // Reverted, revoked: 4; an ORDER's id, none, an intent an older
+    // stockgate began (no start time): 3. Nothing changes.
+    assert_eq!(
+        must(&mut conn, &["ORDER.HOLD", "x-3", "50000", &a, "1"])
+            .await
+            .code,
+        0
+    );
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "x-3"]).await.code, 0);
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "x-4"]).await.code, 4);
+    assert_eq!(must(&mut conn, &["ORDER", "x-5", &a, "1"]).await.code, 0);
+    assert_eq!(
+        must(&mut conn, &["ORDER.HOLD", "x-6", "50000", &c, "1"])
+            .await
+            .code,
+        0
+    );
+    let mut direct = cluster.cluster_connection().unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg(layout().order_key(&RequestId::parse("x-6".into()).unwrap()))
+        .arg("b")
+        .query(&mut direct)
+        .unwrap();
+    let x6_expiry = intent_expiry(&cluster, "x-6");
+    for (order, code) in [
+        ("x-3", 4),
+        ("x-4", 4),
+        ("x-5", 3),
+        ("x-none", 3),
+        ("x-6", 3),
+    ] {
+        let refused = must(&mut conn, &["ORDER.EXTEND", order, "e-1", "30000"]).await;
+        assert_eq!(refused.code, code, "{order}: {refused:?}");
+    }
+    assert_eq!(intent_phase(&cluster, "x-none"), None);
+    assert_eq!(intent_expiry(&cluster, "x-6"), x6_expiry);
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "x-6"]).await.code, 0);
+    for (sku, stock) in [(&a, 8), (&b, 8), (&c, 7)] {
+        assert_eq!(
+            (get_stock(&cluster, sku), held(&cluster, sku)),
+            (Some(stock), 0)
+        );
+    }
+    assert_eq!(
+        metric(
+            &server,
+            "stockgate_requests_total{command=\"order.extend\",result=\"ok\"}"
+        ),
+        2
+    );
+}
+
+/// An ORDER.EXTEND cut short between its lines and its intent (its lines
+/// extended by hand with stockgate's script, the intent never moved):
+/// the order runs out at its own expiry, and every unit comes back once,
+/// whether ORDER.CONFIRM gives the lines back or they run out by
+/// themselves at their later expiry (then a late ORDER.CONFIRM gives
+/// nothing back again). Nothing is filed for recovery: the order rests.
+#[tokio::test]
+async fn an_extension_cut_short_leaves_lines_held_past_the_order_and_every_unit_back_once() {
+    let cluster = cluster();
+    let [a, b, _] = spread("cut-ext");
+    for sku in [&a, &b] {
+        set_stock(&cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |config| config.sweeper = false).await;
+    let mut conn = client(&server, false).await;
+    let mut saga = Saga::new(&cluster);
+    let mut orders = Vec::new();
+    for order in ["cut-1", "cut-2"] {
+        let held = must(&mut conn, &["ORDER.HOLD", order, "1000", &a, "1", &b, "2"]).await;
+        assert_eq!(held.code, 0, "{held:?}");
+        for sku in [&a, &b] {
+            assert_eq!(saga.extend(sku, order, "3000"), 0, "{order} {sku}");
+            // Sent again, shorter: it lasts that long already.
+            assert_eq!(saga.extend(sku, order, "1000"), 1, "{order} {sku}");
+        }
+        orders.push(held.expires_at);
+    }
+    assert_eq!(
+        (get_stock(&cluster, &a), get_stock(&cluster, &b)),
+        (Some(8), Some(6))
+    );
+    let line_expiry = [&a, &b]
+        .iter()
+        .map(|sku| line_hold(&cluster, sku, "cut-2").0 as i64)
+        .max()
+        .unwrap();
+    assert!(
+        line_expiry > orders[1] + 1000,
+        "the lines outlast the order"
+    );
+
+    // The order ran out by its intent; its lines still hold.
+    wait_redis_past(&cluster, orders[0].max(orders[1]));
+    for (order, expiry) in ["cut-1", "cut-2"].iter().zip(&orders) {
+        assert_eq!(
+            intent_expiry(&cluster, order),
+            *expiry,
+            "the intent never moved"
+        );
+        assert_eq!(intent_phase(&cluster, order).as_deref(), Some("HELD"));
+        for sku in [&a, &b] {
+            assert_eq!(line_state(&cluster, sku, order), 'H', "{order} {sku}");
+        }
+    }
+    // ORDER.CONFIRM: 5, every line given back now.
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "cut-1"]).await.code, 5);
+    for sku in [&a, &b] {
+        assert_eq!(line_state(&cluster, sku, "cut-1"), 'R', "{sku}");
+    }
+    assert_eq!(
+        (get_stock(&cluster, &a), get_stock(&cluster, &b)),
+        (Some(9), Some(8))
+    );
+    // Nobody confirms the other: its lines run out at their own expiry,
+    // released by any call on their SKU, and once only.
+    wait_redis_past(&cluster, line_expiry);
+    for sku in [&a, &b] {
+        let _: Value = redis::cmd("STOCK.GET")
+            .arg(sku.as_str())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(line_state(&cluster, sku, "cut-2"), 'X', "{sku}");
+    }
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "cut-2"]).await.code, 5);
+    for sku in [&a, &b] {
+        assert_eq!(
+            (get_stock(&cluster, sku), held(&cluster, sku)),
+            (Some(10), 0),
+            "{sku}"
+        );
     }
 }

@@ -74,7 +74,8 @@ pub enum Event {
     Hold,
     /// CONFIRM 0: the held units leave for good, `dh = -qty`.
     Confirm,
-    /// REVERT 0 of a HELD record: `ds = +qty, dh = -qty`.
+    /// REVERT 0 of a HELD record, and HOLD.SHRINK 0 (the units it gives
+    /// back): `ds = +qty, dh = -qty`.
     Cancel,
     /// A hold released by its expiry, by any script or the sweeper:
     /// `ds = +qty, dh = -qty`.

@@ -181,6 +181,7 @@ async fn change(
         Change::Add(_) => &service.scripts.stock_add,
     };
     let keys = service.keys.op_keys(&sku, &op_id);
+    let keys = keys.all();
     let nonce = service.nonces.next();
     let settings = &service.settings;
     let script_args: [&[u8]; 5] = [
@@ -192,9 +193,7 @@ async fn change(
     ];
     let result: StockResult = service
         .with_journal(&sku, service.deadline(), || {
-            service
-                .upstream
-                .eval_stock(script, keys.all(), &script_args)
+            service.upstream.eval_stock(script, &keys, &script_args)
         })
         .await;
     match result {

@@ -550,6 +550,11 @@ impl StockService {
     /// clock skew: its record may already have expired, so stockgate could
     /// no longer tell a retry from a new request.
     pub(super) fn fresh(&self, request_id: &RequestId) -> Result<(), InvalidParam> {
+        self.fresh_id("request_id", request_id)
+    }
+
+    /// [`StockService::fresh`] of an id the caller calls `name`.
+    pub(super) fn fresh_id(&self, name: &str, request_id: &RequestId) -> Result<(), InvalidParam> {
         if !self.settings.reject_stale_ids {
             return Ok(());
         }
@@ -563,7 +568,7 @@ impl StockService {
         let margin = (window / 10).min(Duration::from_secs(300));
         if age > window - margin {
             return Err(InvalidParam(format!(
-                "request_id is a time-ordered id made {} ago, older than the retry window allows; its record may have expired",
+                "{name} is a time-ordered id made {} ago, older than the retry window allows; its record may have expired",
                 humantime::format_duration(Duration::from_secs(age.as_secs()))
             )));
         }
@@ -574,7 +579,7 @@ impl StockService {
 /// The single-line commands refuse the request_ids of order lines (code
 /// 3): only an order's own saga may hold, confirm or give back its lines,
 /// or the order would no longer be all or nothing.
-fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
+pub(super) fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
     if request_id
         .as_bytes()
         .starts_with(crate::keys::ORDER_LINE_PREFIX.as_bytes())

@@ -73,6 +73,8 @@ pub enum Want {
     Confirm,
     /// ORDER.REVERT: give every line back.
     Revert,
+    /// ORDER.EXTEND: a held order lasts longer, every line with it.
+    Extend,
     /// Nobody asks: an order left behind, driven to an end
     /// ([`super::order::recovery`]).
     Recover,
@@ -112,4 +114,6 @@ pub mod codes {
     pub const HOLDS: &[Code] = &[Ok, Duplicate, Insufficient, Invalid, Revoked, Expired];
     /// A call that ends a hold.
     pub const ENDS_HOLD: &[Code] = &[Ok, Duplicate, Invalid, Revoked, Expired];
+    /// A change of a live hold (HOLD.EXTEND, HOLD.SHRINK).
+    pub const CHANGES_HOLD: &[Code] = &[Ok, Duplicate, Invalid, Revoked, Expired];
 }

@@ -6,7 +6,8 @@
 //! - [`command`]: the one list of the stock commands, and what a command
 //!   is ([`command::Command`]); each command says it once, in its own
 //!   file: [`deduct`], [`revert`], [`hold`], [`confirm`] (calls on one
-//!   request, described by a [`single::Single`]), [`order`] (ORDER and
+//!   request, described by a [`single::Single`]), [`extend`] and
+//!   [`shrink`] (a change of a live hold, [`hold_change`]), [`order`] (ORDER and
 //!   its commands, a saga over several SKUs), [`admin`] (STOCK.GET, SET,
 //!   ADD) and [`status`] (STOCK.STATUS).
 //! - [`in_flight`]: a client connection's requests in flight: the order
@@ -28,13 +29,16 @@ mod coalesce;
 pub mod command;
 pub mod confirm;
 pub mod deduct;
+pub mod extend;
 pub mod hold;
+pub mod hold_change;
 mod in_flight;
 pub mod journal;
 mod nonces;
 pub mod order;
 pub mod revert;
 mod service;
+pub mod shrink;
 pub mod single;
 pub mod sold_out;
 pub mod status;
@@ -94,10 +98,13 @@ stock_commands! {
     Revert => revert::COMMAND;
     Hold => hold::COMMAND;
     Confirm => confirm::COMMAND;
+    HoldExtend => extend::COMMAND;
+    HoldShrink => shrink::COMMAND;
     Order => order::deduct::COMMAND;
     OrderHold => order::hold::COMMAND;
     OrderConfirm => order::confirm::COMMAND;
     OrderRevert => order::revert::COMMAND;
+    OrderExtend => order::extend::COMMAND;
     OrderStatus => order::status::COMMAND;
     Get => admin::GET;
     Set => admin::SET;

@@ -174,6 +174,11 @@ impl Wire {
         std::array::from_fn(|i| self.fixed_args[i].as_slice())
     }
 
+    /// The settings, one argument, as they are.
+    pub(super) fn settings_arg(&self) -> &[u8] {
+        &self.settings_arg
+    }
+
     /// The script's ARGV, for the fallback.
     pub(super) fn argv<'a>(&'a self, caller: &[&'a [u8]], nonce: &'a [u8]) -> Vec<&'a [u8]> {
         let mut argv = Vec::with_capacity(self.caller_args + 2);

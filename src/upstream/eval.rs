@@ -300,14 +300,14 @@ impl Upstream {
     pub async fn eval_stock(
         &self,
         script: &LuaScript,
-        keys: [&[u8]; 6],
+        keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<StockReply, UpstreamError> {
         let started = tokio::time::Instant::now();
         let answer = self
             .piped(
                 script,
-                &keys,
+                keys,
                 args,
                 started + self.config.timeout,
                 Bound::Timer,
@@ -316,7 +316,7 @@ impl Upstream {
         match self.verdict(answer) {
             Verdict::Settled(result) => result,
             Verdict::Fallback => {
-                self.eval_fallback(script, keys.as_slice(), args, started + self.config.timeout)
+                self.eval_fallback(script, keys, args, started + self.config.timeout)
                     .await
             }
         }

@@ -417,8 +417,58 @@ matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a
 /// access to the journal as "non local key", which came back as
 /// `-BADREPLY` (the slot migrating mid-order met it on Redis 8.2).
 async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind) {
+    a_call_meeting_its_moved_journal(kind, "journalmove", CallOnTheHold::Confirm).await;
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_shrink_meeting_its_moved_journal_gives_the_units_back_once }
+/// The same for a HOLD.SHRINK (journaled): it waits for the move and gives
+/// its units back once, on the target. Its change record is new, a key
+/// missing on both nodes until the move ends, so the call waits whether or
+/// not the journal is declared (with it left out, this passes too). The
+/// journal is declared all the same: a change_id sent again finds its
+/// record and runs, and first gives the SKU's expired holds back, with
+/// their journal entries.
+async fn a_shrink_meeting_its_moved_journal_gives_the_units_back_once(kind: ServerKind) {
+    a_call_meeting_its_moved_journal(kind, "shrinkmove", CallOnTheHold::Shrink).await;
+}
+
+/// What is sent on hold h1 (3 units) while its slot's journal has moved.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum CallOnTheHold {
+    /// CONFIRM h1.
+    Confirm,
+    /// HOLD.SHRINK h1 by 2 units.
+    Shrink,
+}
+
+impl CallOnTheHold {
+    async fn send(
+        self,
+        client: &mut redis::aio::MultiplexedConnection,
+        sku: &str,
+    ) -> redis::RedisResult<redis::Value> {
+        match self {
+            CallOnTheHold::Confirm => crate::support::confirm(client, sku, "h1").await,
+            CallOnTheHold::Shrink => {
+                redis::cmd("HOLD.SHRINK")
+                    .arg(sku)
+                    .arg("h1")
+                    .arg("s1")
+                    .arg("2")
+                    .query_async(client)
+                    .await
+            }
+        }
+    }
+}
+
+/// A SKU with 100 units and a hold h1 of 3; its slot starts moving, the
+/// journal first, and `call` is sent on h1: refused by the source until
+/// the move ends, then answered 0 by the target, with the stock, the units
+/// held and the journal's entries (each once) as one call made them.
+async fn a_call_meeting_its_moved_journal(kind: ServerKind, test: &str, call: CallOnTheHold) {
     let _serial = SERIAL.lock().await;
-    let name = format!("journalmove-{kind}");
+    let name = format!("{test}-{kind}");
     let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
     let sku = skus_on_every_primary(&cluster, &name, 1)
@@ -426,9 +476,10 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
         .find(|s| owner(&cluster, sku_slot(s)) == source)
         .expect("a sku on the source");
     let slot = sku_slot(&sku);
+    let stock_key = crate::support::stock_key(&sku);
     let mut direct = cluster.cluster_connection().expect("cluster connection");
     redis::cmd("SET")
-        .arg(crate::support::stock_key(&sku))
+        .arg(&stock_key)
         .arg(100)
         .query::<()>(&mut direct)
         .expect("seed the stock");
@@ -455,16 +506,16 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
 
     let refusals = || error_stat(src_node, "ERR") + error_stat(src_node, "TRYAGAIN");
     let refused_before = refusals();
-    let confirming = {
+    let sending = {
         let (mut client, sku) = (client.clone(), sku.clone());
-        tokio::spawn(async move { crate::support::confirm(&mut client, &sku, "h1").await })
+        tokio::spawn(async move { call.send(&mut client, &sku).await })
     };
-    // Until the source has refused the CONFIRM at least once.
+    // Until the source has refused the call at least once.
     let waited = Instant::now();
     while refusals() == refused_before {
         assert!(
-            waited.elapsed() < Duration::from_secs(8) && !confirming.is_finished(),
-            "the CONFIRM's script was never refused its moved journal"
+            waited.elapsed() < Duration::from_secs(8) && !sending.is_finished(),
+            "the {call:?}'s script was never refused its moved journal"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -478,28 +529,51 @@ async fn a_confirm_meeting_its_moved_journal_waits_for_the_move(kind: ServerKind
         Duration::ZERO,
         Duration::ZERO,
     );
-    let confirmed = confirming
+    let answered = sending
         .await
-        .expect("the CONFIRM's task")
-        .expect("CONFIRM answered, not a fault");
-    assert_eq!(crate::support::parse_hold(confirmed).code, 0, "confirmed");
+        .expect("the call's task")
+        .unwrap_or_else(|e| panic!("{call:?} answered, not a fault: {e}"));
+    assert_eq!(crate::support::parse_hold(answered).code, 0, "{call:?}");
     assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
-    // The books: the target's journal ends with the confirm.
-    let raw: redis::Value = redis::cmd("XREVRANGE")
-        .arg(&journal)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
+
+    // The books on the target: a CONFIRM keeps the 3 units taken and holds
+    // none; a shrink gave 2 back, once, and holds 1.
+    use stockgate::journal::Event;
+    let (after, last_entry) = match call {
+        CallOnTheHold::Confirm => ((97, 0), (Event::Confirm, 0, -3)),
+        CallOnTheHold::Shrink => ((99, 1), (Event::Cancel, 2, -2)),
+    };
+    let (stock, held): (i64, Option<i64>) = redis::pipe()
+        .cmd("GET")
+        .arg(&stock_key)
+        .cmd("GET")
+        .arg([stock_key.as_slice(), b":held"].concat())
         .query(&mut dst)
-        .expect("XREVRANGE on the target");
-    let last = stockgate::journal::stream::entries(raw).expect("entries");
+        .expect("the stock on the target");
     assert_eq!(
-        last.iter()
-            .map(|e| (e.event, e.id.as_str()))
-            .collect::<Vec<_>>(),
-        [(stockgate::journal::Event::Confirm, "h1")],
-        "{sku}: the journal's last entry"
+        (stock, held.unwrap_or(0)),
+        after,
+        "{sku}: stock and held units"
+    );
+    let raw: redis::Value = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query(&mut dst)
+        .expect("XRANGE on the target");
+    let entries: Vec<_> = stockgate::journal::stream::entries(raw)
+        .expect("entries")
+        .into_iter()
+        .map(|e| (e.event, e.id, e.stock_change, e.held_change))
+        .collect();
+    let (event, stock_change, held_change) = last_entry;
+    assert_eq!(
+        entries,
+        [
+            (Event::Hold, "h1".to_owned(), -3, 3),
+            (event, "h1".to_owned(), stock_change, held_change)
+        ],
+        "{sku}: the journal"
     );
     server.stop_now();
 }

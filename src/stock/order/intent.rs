@@ -84,6 +84,21 @@ pub(super) struct Intent {
     /// What became of a filing that rode along: the score it was filed
     /// at, 1 when taken out, else 0.
     pub(super) filing: i64,
+    /// What an extension (`try_extend`, `extend`) came to; `None` for the
+    /// other ops.
+    pub(super) extension: Option<Extension>,
+}
+
+/// What the intent script says of an extension of the order.
+#[derive(Debug, Clone)]
+pub(super) struct Extension {
+    /// The code ORDER.EXTEND answers, as the script decided it.
+    pub(super) code: i64,
+    /// The order's expiry it answers with: the new one for a 0 and a
+    /// recorded change's 1.
+    pub(super) expires_at: i64,
+    /// Why, for a 3.
+    pub(super) reason: Bytes,
 }
 
 impl Intent {
@@ -118,6 +133,14 @@ impl Intent {
             short: text(6).ok_or_else(bad)?,
             now: int(7).ok_or_else(bad)?,
             filing: int(9).ok_or_else(bad)?,
+            extension: match items.len() {
+                10 => None,
+                _ => Some(Extension {
+                    code: int(10).ok_or_else(bad)?,
+                    expires_at: int(11).ok_or_else(bad)?,
+                    reason: text(12).ok_or_else(bad)?,
+                }),
+            },
         })
     }
 
@@ -140,6 +163,14 @@ impl Intent {
         let now = reply.int()?;
         let _version = reply.int()?;
         let filing = reply.int()?;
+        let extension = match reply.left {
+            0 => None,
+            _ => Some(Extension {
+                code: reply.int()?,
+                expires_at: reply.int()?,
+                reason: frame.slice(reply.text()?),
+            }),
+        };
         Some(Intent {
             changed,
             phase,
@@ -150,6 +181,7 @@ impl Intent {
             short,
             now,
             filing,
+            extension,
         })
     }
 
@@ -192,6 +224,22 @@ pub(super) enum IntentOp<'a> {
     Confirm,
     /// ORDER.REVERT's move.
     Revert,
+    /// What an ORDER.EXTEND of `ttl` under `change_id` would come to now,
+    /// changing nothing: the order may hold `max` from its start.
+    TryExtend {
+        change_id: &'a [u8],
+        ttl: &'a [u8],
+        max: u64,
+    },
+    /// ORDER.EXTEND's compare-and-set, once its lines hold until
+    /// `expires_at` (the one [`IntentOp::TryExtend`] answered) and
+    /// `line_margin` more.
+    Extend {
+        change_id: &'a [u8],
+        ttl: &'a [u8],
+        expires_at: i64,
+        line_margin: u64,
+    },
 }
 
 impl IntentOp<'_> {
@@ -202,6 +250,8 @@ impl IntentOp<'_> {
             IntentOp::Advance { .. } => b"advance",
             IntentOp::Confirm => b"confirm",
             IntentOp::Revert => b"revert",
+            IntentOp::TryExtend { .. } => b"try_extend",
+            IntentOp::Extend { .. } => b"extend",
         }
     }
 
@@ -221,6 +271,28 @@ impl IntentOp<'_> {
                     lines,
                     hold_digits.format(hold.unwrap_or(0)).as_bytes(),
                     line_digits.format(*line_ttl).as_bytes(),
+                ]);
+            }
+            IntentOp::TryExtend {
+                change_id,
+                ttl,
+                max,
+            } => {
+                let [max_digits, ..] = digits;
+                args.extend_from_slice(&[change_id, ttl, max_digits.format(*max).as_bytes()]);
+            }
+            IntentOp::Extend {
+                change_id,
+                ttl,
+                expires_at,
+                line_margin,
+            } => {
+                let [expiry_digits, margin_digits, _] = digits;
+                args.extend_from_slice(&[
+                    change_id,
+                    ttl,
+                    expiry_digits.format(*expires_at).as_bytes(),
+                    margin_digits.format(*line_margin).as_bytes(),
                 ]);
             }
             IntentOp::Advance { from, to, abort } => {

@@ -105,6 +105,10 @@ pub(super) enum LineCall {
     Take,
     Confirm,
     Revert,
+    /// ORDER.EXTEND's: each line's hold lasts at least the line ttl from
+    /// now (`lua/change_hold.lua`, an order's line), never less than it
+    /// does.
+    Extend,
 }
 
 impl Saga<'_> {
@@ -124,6 +128,17 @@ impl Saga<'_> {
             LineCall::Take => (StockCommand::Deduct, None),
             LineCall::Confirm => (StockCommand::Confirm, None),
             LineCall::Revert => (StockCommand::Revert, None),
+            LineCall::Extend => {
+                let service = self.service;
+                let line_id = &self.id.line_id;
+                let results = futures_util::future::join_all(
+                    lines
+                        .iter()
+                        .map(|line| service.extend_order_line(&line.sku, line_id, &line_ttl)),
+                )
+                .await;
+                return self.step(lines, call, results);
+            }
         };
         let single = command
             .single()
@@ -143,6 +158,12 @@ impl Saga<'_> {
             self.line(request, swept)
         }))
         .await;
+        self.step(lines, call, results)
+    }
+
+    /// What one phase's line calls came to, by the first kind of trouble
+    /// (revoked, expired, short, refused) and then faults.
+    fn step(&mut self, lines: &[Line], call: LineCall, results: Vec<StockResult>) -> Step {
         let (mut revoked, mut expired, mut short, mut refused) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut fault = None;

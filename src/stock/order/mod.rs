@@ -5,6 +5,7 @@
 //! - [`hold`]: `ORDER.HOLD <request_id> <ttl_ms> <sku> <qty> [...]`
 //! - [`confirm`]: `ORDER.CONFIRM <request_id>`
 //! - [`revert`]: `ORDER.REVERT <request_id>`
+//! - [`extend`]: `ORDER.EXTEND <request_id> <change_id> <ttl_ms>`
 //!
 //! On Redis Cluster each SKU lives in its own slot, so no one script can
 //! take them all. An order is a saga instead: an intent record under its
@@ -23,6 +24,7 @@
 //!   a line short (2), expired (5), revoked (4) or refused (3):
 //!                HOLDING | CONFIRMING -> ABORTING -> ABORTED
 //!   ORDER.REVERT: any live phase -> REVERTING -> REVERTED; none -> REVOKED
+//!   ORDER.EXTEND: HELD -> HELD, later (every line first)
 //! ```
 //!
 //! Nothing answers 0 before the intent says DONE (or HELD): up to then
@@ -49,6 +51,7 @@
 
 pub mod confirm;
 pub mod deduct;
+pub mod extend;
 mod filing;
 pub mod hold;
 mod intent;
@@ -232,7 +235,13 @@ async fn order_result(
         Ok(id) => id,
         Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
     };
-    let mut saga = Saga::new(service, &id, Filing::Due);
+    // An extension starts and ends HELD, where an order rests: it leaves
+    // nothing for the recovery to finish, and files nothing.
+    let filing = match want {
+        Want::Extend => Filing::Off,
+        _ => Filing::Due,
+    };
+    let mut saga = Saga::new(service, &id, filing);
     let result = saga.order_step(want, args).await;
     // Resting now: out of the orders in flight, unless a call of the saga
     // took it out already. Not awaited: an order left filed is looked at
@@ -300,6 +309,7 @@ impl<'a> Saga<'a> {
                 let intent = self.intent(IntentOp::Revert).await?;
                 self.settle(want, intent, None).await
             }
+            Want::Extend => self.extend(args).await,
             Want::Recover => unreachable!("the recovery drives an order from its intent"),
         }
     }
@@ -484,20 +494,26 @@ impl<'a> Saga<'a> {
             } else {
                 0
             },
-            lines: lines
-                .iter()
-                .map(|line| {
-                    let remain = self
-                        .remains
-                        .iter()
-                        .find(|(sku, _)| *sku == line.sku)
-                        .map_or(-1, |(_, remain)| *remain);
-                    (line.sku.to_bytes(), remain)
-                })
-                .collect(),
+            lines: self.remains_of(lines),
             short: if shown_short { short } else { Vec::new() },
             reason,
         }
+    }
+
+    /// Each line's SKU and its stock as this attempt last saw it (-1: no
+    /// call of this attempt on it).
+    fn remains_of(&self, lines: &[Line]) -> Vec<(Bytes, i64)> {
+        lines
+            .iter()
+            .map(|line| {
+                let remain = self
+                    .remains
+                    .iter()
+                    .find(|(sku, _)| *sku == line.sku)
+                    .map_or(-1, |(_, remain)| *remain);
+                (line.sku.to_bytes(), remain)
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,53 @@
+//! HOLD.SHRINK: a live hold gives some of its units back, when the
+//! customer takes units out of the cart while paying.
+//!
+//! # Format
+//!
+//! ```text
+//! HOLD.SHRINK <sku> <request_id> <change_id> <qty>
+//! ```
+//!
+//! `qty` of the hold's units go back to stock at once (journaled as a
+//! REVERT of a hold is); the rest stays held with its expiry, and a
+//! CONFIRM takes what is left. `qty` runs from 1 to the units held less
+//! one: giving every unit back is a REVERT (code 3 says so). Each shrink
+//! names itself with a `change_id`: the same one again answers 1 and gives
+//! nothing back. Replies like HOLD, `[code, remain, order_no, version,
+//! expires_at_ms]`: 0 given back (remain is the stock after it), 1 this
+//! change_id was applied, 3 invalid (also: the hold is confirmed),
+//! 4 reverted or revoked, 5 the hold ran out. `lua/change_hold.lua` has
+//! the script; [`super::hold_change`] the call.
+
+use super::command::{Command, Footprint, Serve, codes};
+use super::hold_change::HoldChange;
+use super::service::stock_reply;
+use crate::doc::{ArgSpec, Doc, arg};
+use futures_util::FutureExt;
+use std::time::Instant;
+
+static ARGS: [ArgSpec; 4] = [
+    arg("sku", "string"),
+    arg("request_id", "string"),
+    arg("change_id", "string"),
+    arg("qty", "integer"),
+];
+
+pub static COMMAND: Command = Command {
+    doc: Doc {
+        name: "hold.shrink",
+        arity: 5,
+        max_args: None,
+        flags: &["write", "denyoom"],
+        group: "stockgate",
+        summary: "Gives qty of a live hold's units back to stock at once, once per change_id; the rest stays held. Replies [code, remain, order_no, version, expires_at_ms]: 0 given back, 1 already applied, 3 invalid (qty not below the units held, or confirmed), 4 revoked, 5 expired.",
+        args: &ARGS,
+    },
+    answers: codes::CHANGES_HOLD,
+    gives_back: false,
+    footprint: Footprint::Sku,
+    serve: Serve::Alone(|service, args, _| {
+        let arrived = Instant::now();
+        async move { stock_reply(service.change_hold(HoldChange::Shrink, args, arrived).await) }
+            .boxed()
+    }),
+};
