@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::state::Shared;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -95,6 +96,13 @@ pub async fn start(config: Config) -> io::Result<Server> {
         let stop = stop.clone();
         background.spawn(async move { crate::stock::sweeper::sweep(&shared.service, stop).await });
     }
+    if let Some(file) = &shared.config.users {
+        background.spawn(reload_users(
+            shared.clone(),
+            file.path.clone(),
+            stop.clone(),
+        ));
+    }
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.
         connections.spawn(http::serve(http_listener, shared.clone(), drain.clone()));
@@ -172,6 +180,75 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     .await;
     if matches!(written, Ok(Ok(()))) {
         crate::net::discard_input(&stream, Duration::from_secs(1)).await;
+    }
+}
+
+/// Re-reads `--users-file` on SIGHUP, and whenever its content changes:
+/// it is read every second and compared whole, because a Kubernetes
+/// Secret update swaps a symlink in the mounted directory, which the
+/// file's path reads through while the file's own mtime need not change.
+/// A file with a mistake (or that can't be read) is refused: the users
+/// before it stay, it is logged (without a line of its text) and counted.
+async fn reload_users(shared: Arc<Shared>, path: PathBuf, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup())
+        .map_err(|err| tracing::warn!(%err, "no SIGHUP handler: the users file reloads only when it changes"))
+        .ok();
+    // What the last reload read; at start, what the file holds now (the
+    // users in place were read from it a moment ago).
+    let mut seen = tokio::fs::read(&path).await.ok();
+    loop {
+        let hup = async {
+            match &mut hangup {
+                Some(hangup) => hangup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let forced = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            Some(()) = hup => true,
+        };
+        let read = tokio::fs::read(&path).await;
+        let unchanged = match (&read, &seen) {
+            (Ok(now), Some(before)) => now == before,
+            (Err(_), None) => true,
+            _ => false,
+        };
+        if unchanged && !forced {
+            continue;
+        }
+        seen = read.as_ref().ok().cloned();
+        let applied = read
+            .map_err(|err| err.to_string())
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned())
+            })
+            .and_then(|text| crate::auth::file::parse(&text))
+            .and_then(|users| shared.users.replace(users));
+        match applied {
+            Ok(reloaded) => {
+                shared.metrics.users_reloaded(true);
+                let users = shared.users.list();
+                shared
+                    .metrics
+                    .know_users(users.iter().map(|(name, _, _)| name.as_str()));
+                tracing::info!(
+                    file = %path.display(),
+                    users = reloaded.users,
+                    closed = ?reloaded.closed,
+                    "users file reloaded"
+                );
+            }
+            Err(error) => {
+                shared.metrics.users_reloaded(false);
+                tracing::warn!(
+                    file = %path.display(),
+                    %error,
+                    "users file refused; the users before it stay"
+                );
+            }
+        }
     }
 }
 
