@@ -50,7 +50,8 @@
 //! - [`logging`]: stderr through writer threads; the audit lines lossless.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
-//! - [`auth`]: client passwords.
+//! - [`auth`]: who may log in (users, passwords) and what each may do
+//!   (rights, SKU prefixes); the users file; failed-login throttling.
 //! - [`http`]: the HTTP/JSON API, through the same stock service.
 //! - [`dev`]: throwaway local Redis servers and clusters, and the upstream
 //!   matrix they run (Redis 7.0 and 8.2, Valkey 8.0 and 9.1).

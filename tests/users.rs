@@ -717,3 +717,36 @@ fn metrics_text_or_empty(admin: u16) -> String {
         Err(_) => String::new(),
     }
 }
+
+/// docs/operations.md's table of rights lists, for each right, exactly the
+/// commands whose own description names it.
+#[test]
+fn the_documented_rights_are_the_commands_own() {
+    use stockgate::auth::Right;
+    use stockgate::stock::StockCommand;
+    let page = std::fs::read_to_string(in_repo("docs/operations.md")).unwrap();
+    for right in Right::ALL {
+        let row = format!("| `{}` | ", right.name());
+        let line = page
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("no row for {right:?}"));
+        let cell = line[row.len()..].trim_end_matches(" |");
+        let own = cell.trim_end_matches(", and every `reader` command");
+        assert_eq!(
+            own != cell,
+            right != Right::Reader,
+            "{right:?}: whether it says it includes the reads"
+        );
+        let mut documented: Vec<String> = own.split(", ").map(|c| c.to_ascii_lowercase()).collect();
+        let mut described: Vec<String> = StockCommand::ALL
+            .iter()
+            .filter(|c| c.describe().right == right)
+            .map(|c| c.name().to_owned())
+            .collect();
+        documented.sort();
+        described.sort();
+        assert_eq!(documented, described, "{right:?}");
+    }
+}

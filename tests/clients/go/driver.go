@@ -129,7 +129,13 @@ func args(command []string) []any {
 }
 
 func goRedis(ctx context.Context, port, mode string, commands [][]string) output {
-	opt := &redis.Options{Addr: "127.0.0.1:" + port}
+	// STOCKGATE_TEST_USER and STOCKGATE_TEST_PASSWORD, when set: go-redis
+	// then logs in with HELLO 3 AUTH <user> <password>.
+	opt := &redis.Options{
+		Addr:     "127.0.0.1:" + port,
+		Username: os.Getenv("STOCKGATE_TEST_USER"),
+		Password: os.Getenv("STOCKGATE_TEST_PASSWORD"),
+	}
 	if mode == "concurrent" {
 		opt.PoolSize = poolSize
 	}
