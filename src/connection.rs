@@ -167,7 +167,8 @@ async fn run(
                         name: session.name.clone(),
                         user: session.account.as_ref().map(|a| a.shared_name()),
                     };
-                    in_flight.push(command, args, arrived, caller, protocol);
+                    let user = session.account.as_ref().map(|a| a.shared_name());
+                    in_flight.push(command, args, arrived, caller, user, protocol);
                 }
             }
         }

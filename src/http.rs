@@ -374,7 +374,12 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
         StockCommand::Deduct,
         shared
             .service
-            .call(StockCommand::Deduct, &args, arrived)
+            .call(
+                StockCommand::Deduct,
+                &args,
+                arrived,
+                Some(account.shared_name()),
+            )
             .await,
     )
 }
@@ -409,7 +414,12 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
         StockCommand::Hold,
         shared
             .service
-            .call(StockCommand::Hold, &args, arrived)
+            .call(
+                StockCommand::Hold,
+                &args,
+                arrived,
+                Some(account.shared_name()),
+            )
             .await,
     )
 }
@@ -437,7 +447,11 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
     if let Some(denied) = permit(&shared, &account, command, &args) {
         return denied;
     }
-    respond(command, shared.service.call(command, &args, arrived).await)
+    let user = Some(account.shared_name());
+    respond(
+        command,
+        shared.service.call(command, &args, arrived, user).await,
+    )
 }
 
 /// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
@@ -477,7 +491,14 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     }
     respond_order(
         command,
-        order_call(&shared.service, command, &args, arrived).await,
+        order_call(
+            &shared.service,
+            command,
+            &args,
+            arrived,
+            Some(account.name()),
+        )
+        .await,
     )
 }
 
@@ -528,7 +549,14 @@ async fn order_by_id(
     }
     respond_order(
         command,
-        order_call(&shared.service, command, &args, arrived).await,
+        order_call(
+            &shared.service,
+            command,
+            &args,
+            arrived,
+            Some(account.name()),
+        )
+        .await,
     )
 }
 

@@ -652,6 +652,24 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
         )
     };
     assert_eq!(login(SECRET).trim(), "PONG");
+    // The access log names the user.
+    let port_text = port.to_string();
+    run(
+        "redis-cli",
+        &[
+            "-p",
+            &port_text,
+            "--user",
+            "app",
+            "--pass",
+            SECRET,
+            "--no-auth-warning",
+            "DEDUCT",
+            "shop-al",
+            "1",
+            "al-1",
+        ],
+    );
     // A broken file, then SIGHUP: refused, logged, counted; app stays.
     write_users(
         &path,
@@ -699,6 +717,12 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
     assert!(log.contains("users file refused"), "{log}");
     assert!(log.contains("line 2"), "the refusal names the line: {log}");
     assert!(log.contains("users file reloaded"), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("stockgate::access")
+            && l.contains("request_id=\"al-1\"")
+            && l.contains("user=\"app\"")),
+        "the access log names the user: {log}"
+    );
     let text = metrics_text_or_empty(admin);
     for (what, shown) in [("log", &log), ("metrics", &text)] {
         for secret in [SECRET, "rotated-pw"] {
