@@ -505,6 +505,20 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_USERS_FILE")]
     pub users_file: Option<PathBuf>,
 
+    /// Serve the RESP and HTTP listeners over TLS (1.2 and 1.3) with this
+    /// PEM certificate chain; needs --tls-key. Re-read when it changes.
+    #[arg(long, env = "STOCKGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "STOCKGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this PEM CA (mTLS); a
+    /// certificate whose name is a user of --users-file logs in as it.
+    #[arg(long, env = "STOCKGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Listen on a non-loopback address without a client password. Without
     /// this flag stockgate refuses to, as Redis's protected mode does.
     #[arg(long, env = "STOCKGATE_ALLOW_UNAUTHENTICATED_REMOTE", action = clap::ArgAction::SetTrue)]
@@ -618,6 +632,8 @@ pub struct Config {
     pub password: Option<Password>,
     /// `--users-file`, as read at start.
     pub users: Option<UsersFile>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: TLS on the listeners.
+    pub tls: Option<ListenerTls>,
     pub max_clients: usize,
     /// Close connections idle this long; `None` never does.
     pub idle_timeout: Option<Duration>,
@@ -823,6 +839,14 @@ impl ProxyArgs {
             access_log: self.access_log,
             password,
             users,
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(ListenerTls {
+                    cert,
+                    key,
+                    client_ca: self.tls_client_ca,
+                }),
+                _ => None,
+            },
             max_clients: self.max_clients,
             idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
         })
@@ -862,6 +886,21 @@ fn largest_order_request(lines: usize, max_qty: u64, max_hold: Duration) -> usiz
         + token
         + bulk(digits(max_hold_ms))
         + lines * (token + bulk(digits(max_qty)))
+}
+
+/// The files of the listeners' TLS.
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ListenerTls {
+    /// The files, in the order they are read: cert, key, client CA.
+    pub fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.cert, &self.key].into_iter().chain(&self.client_ca)
+    }
 }
 
 /// The users file and the users it held when read.

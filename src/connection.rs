@@ -59,12 +59,13 @@ pub async fn serve(
     peer: SocketAddr,
     shared: Arc<Shared>,
     drain: CancellationToken,
+    login: Option<Arc<crate::auth::Account>>,
 ) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
     shared.metrics.client_connected();
     let id = shared.next_client_id();
     tracing::debug!(%peer, client = id, "client connected");
-    if let Err(err) = run(stream, peer, id, &shared, &drain).await {
+    if let Err(err) = run(stream, peer, id, &shared, &drain, login).await {
         // A client vanishing mid-request is routine; its in-flight requests
         // still complete upstream (the script is atomic), only the replies
         // are lost, and a retry with the same request_id gets code 1.
@@ -81,11 +82,14 @@ async fn run(
     id: u64,
     shared: &Shared,
     drain: &CancellationToken,
+    login: Option<Arc<crate::auth::Account>>,
 ) -> std::io::Result<()> {
     let (reader, mut writer) = stream.split();
     let config = &shared.config;
     let mut decoder = RequestDecoder::new(config.max_request_bytes);
-    let mut session = Session::new(id, shared.users.open_account());
+    // Logged in from the start: by a client certificate (`login`), or
+    // because nothing asks a password.
+    let mut session = Session::new(id, login.or_else(|| shared.users.open_account()));
     session.peer = Some(peer);
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();

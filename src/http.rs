@@ -46,13 +46,16 @@ use crate::state::Shared;
 use crate::stock::StockCommand;
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
+use crate::tls::{ServerTls, TlsListener};
 use axum::Router;
 use axum::body::{Body, to_bytes};
+use axum::extract::connect_info::Connected;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::IncomingStream;
 use base64::Engine;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -84,7 +87,12 @@ pub fn order_body_limit(max_lines: usize) -> usize {
 const RETRY_AFTER_SECS: u64 = 1;
 
 /// Serves until `drain` is cancelled, then finishes the requests in flight.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+) {
     let app = Router::new()
         .route("/v1/deduct", post(deduct))
         .route("/v1/revert", post(revert))
@@ -95,13 +103,53 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/orders/{request_id}/revert", post(order_revert))
         .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
-    // The peer's address: failed logins are counted by it.
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(drain.cancelled_owned())
-        .await
-    {
+    // The peer's address (failed logins are counted by it) and its
+    // certificate's name.
+    let app = app.into_make_service_with_connect_info::<Peer>();
+    let served = match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(drain.clone().cancelled_owned())
+                .await
+        }
+        Some(tls) => match TlsListener::new(listener, tls, drain.clone()) {
+            Ok(listener) => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(drain.cancelled_owned())
+                    .await
+            }
+            Err(err) => Err(err),
+        },
+    };
+    if let Err(err) = served {
         tracing::error!(%err, "http server stopped");
+    }
+}
+
+/// Who is at the other end of an HTTP connection.
+#[derive(Clone, Debug)]
+struct Peer {
+    addr: SocketAddr,
+    /// The name of its verified client certificate (TLS with
+    /// `--tls-client-ca`).
+    certificate: Option<String>,
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Peer {
+        Peer {
+            addr: *stream.remote_addr(),
+            certificate: None,
+        }
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Peer {
+        Peer {
+            addr: *stream.remote_addr(),
+            certificate: crate::tls::client_name(stream.io()),
+        }
     }
 }
 
@@ -260,10 +308,16 @@ fn authorize(shared: &Shared, request: &Request) -> Result<Arc<Account>, Box<Ref
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     let credentials = header.and_then(|h| credentials(&shared.users, h));
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
+    let connected = request.extensions().get::<ConnectInfo<Peer>>();
+    // No credentials, and a client certificate that names a user: that user.
+    if credentials.is_none()
+        && let Some(account) = connected
+            .and_then(|c| c.0.certificate.as_deref())
+            .and_then(|name| shared.users.certified(name))
+    {
+        return Ok(account);
+    }
+    let peer = connected.map(|c| c.0.addr.ip());
     let mut delay = Duration::ZERO;
     if let Some((user, password)) = &credentials {
         match shared.users.login(user.as_deref(), password) {

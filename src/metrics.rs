@@ -29,6 +29,7 @@ pub const AUTH_DELAYED_TOTAL: &str = "stockgate_auth_delayed_total";
 pub const COMMANDS_DENIED_TOTAL: &str = "stockgate_commands_denied_total";
 pub const USERS_RELOADS_TOTAL: &str = "stockgate_users_reloads_total";
 pub const USERS: &str = "stockgate_users";
+pub const TLS_RELOADS_TOTAL: &str = "stockgate_tls_reloads_total";
 pub const UPSTREAM_READY_CHANGES_TOTAL: &str = "stockgate_upstream_ready_changes_total";
 pub const BUILD_INFO: &str = "stockgate_build_info";
 pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
@@ -234,6 +235,8 @@ pub struct Metrics {
     /// Reloads of the users file, applied and refused.
     users_reloads: [Counter; 2],
     users: Gauge,
+    /// Reloads of the listeners' TLS files, applied and refused.
+    tls_reloads: [Counter; 2],
     /// Holds by what happened to them, in [`HoldEvent::ALL`]'s order.
     holds: Vec<(Counter, AtomicU64)>,
     held: Histogram,
@@ -382,6 +385,19 @@ impl Metrics {
             counter
         });
         recorder.describe_gauge(USERS.into(), None, "Users clients may log in as.".into());
+        recorder.describe_counter(
+            TLS_RELOADS_TOTAL.into(),
+            None,
+            "Reloads of the listeners' TLS certificate, key and client CA, by result: applied, or refused (the ones before stay).".into(),
+        );
+        let tls_reloads = ["applied", "refused"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(TLS_RELOADS_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
         let users = recorder.register_gauge(&Key::from_name(USERS), &meta);
         recorder.describe_counter(
             UPSTREAM_READY_CHANGES_TOTAL.into(),
@@ -534,6 +550,7 @@ impl Metrics {
             auth_delayed,
             users_reloads,
             users,
+            tls_reloads,
             meta,
             recorder,
         }
@@ -726,6 +743,11 @@ impl Metrics {
                 &self.meta,
             )
             .increment(1);
+    }
+
+    /// A reload of the listeners' TLS files, applied or refused.
+    pub fn tls_reloaded(&self, applied: bool) {
+        self.tls_reloads[usize::from(!applied)].increment(1);
     }
 
     /// A reload of the users file, applied or refused.

@@ -10,6 +10,7 @@ use crate::connection;
 use crate::http;
 use crate::metrics::Metrics;
 use crate::state::Shared;
+use crate::tls::ServerTls;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -78,6 +79,12 @@ pub async fn start(config: Config) -> io::Result<Server> {
         None => None,
     };
 
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(
+            ServerTls::load(files.clone()).map_err(io::Error::other)?,
+        )),
+        None => None,
+    };
     let shared = Arc::new(Shared::new(config, addr.port()));
     let upstream = shared.upstream.clone();
     let metrics = shared.metrics.clone();
@@ -96,6 +103,9 @@ pub async fn start(config: Config) -> io::Result<Server> {
         let stop = stop.clone();
         background.spawn(async move { crate::stock::sweeper::sweep(&shared.service, stop).await });
     }
+    if let Some(tls) = &tls {
+        background.spawn(tls.clone().watch(shared.metrics.clone(), stop.clone()));
+    }
     if let Some(file) = &shared.config.users {
         background.spawn(reload_users(
             shared.clone(),
@@ -105,10 +115,16 @@ pub async fn start(config: Config) -> io::Result<Server> {
     }
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.
-        connections.spawn(http::serve(http_listener, shared.clone(), drain.clone()));
+        connections.spawn(http::serve(
+            http_listener,
+            tls.clone(),
+            shared.clone(),
+            drain.clone(),
+        ));
     }
     background.spawn(accept_loop(
         listener,
+        tls,
         shared.clone(),
         drain.clone(),
         connections.clone(),
@@ -128,6 +144,7 @@ pub async fn start(config: Config) -> io::Result<Server> {
 
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     shared: Arc<Shared>,
     drain: CancellationToken,
     connections: TaskTracker,
@@ -150,8 +167,12 @@ async fn accept_loop(
                 };
                 let shared = shared.clone();
                 let drain = drain.clone();
+                let tls = tls.clone();
                 connections.spawn(async move {
-                    connection::serve(stream, peer, shared, drain).await;
+                    match tls {
+                        None => connection::serve(stream, peer, shared, drain, None).await,
+                        Some(tls) => serve_tls(tls, stream, peer, shared, drain).await,
+                    }
                     drop(permit);
                 });
             }
@@ -163,6 +184,30 @@ async fn accept_loop(
         }
     }
     // Dropping the listener here refuses new connections during the drain.
+}
+
+/// A TLS connection on the RESP port: the handshake, then the connection
+/// loop over the decrypted relay, logged in as its certificate's user if
+/// the certificate names one.
+async fn serve_tls(
+    tls: Arc<ServerTls>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+) {
+    let stream = match tls.accept(stream).await {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::debug!(%peer, %err, "TLS handshake failed");
+            return;
+        }
+    };
+    let login = crate::tls::client_name(&stream).and_then(|name| shared.users.certified(&name));
+    match crate::tls::relay(stream).await {
+        Ok(relayed) => connection::serve(relayed, peer, shared, drain, login).await,
+        Err(err) => tracing::warn!(%peer, %err, "no loopback relay for a TLS connection"),
+    }
 }
 
 /// Tells a client over --max-clients why, and closes: the error, then a

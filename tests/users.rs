@@ -774,3 +774,187 @@ fn the_documented_rights_are_the_commands_own() {
         assert_eq!(documented, described, "{right:?}");
     }
 }
+
+/// `redis-cli --tls` with `args`, its stdout and stderr.
+fn redis_cli_tls(port: u16, tls: &[String], args: &[&str]) -> String {
+    let port = port.to_string();
+    let mut all: Vec<&str> = vec!["--tls", "-h", "127.0.0.1", "-p", &port];
+    all.extend(tls.iter().map(String::as_str));
+    all.extend_from_slice(args);
+    let out = run("redis-cli", &all);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_without_a_restart() {
+    use support::certs::{CLIENT_USER, Certs};
+    let cluster = shared_cluster();
+    set_stock(cluster, "tls-u5", 100);
+    let first = Certs::for_server("IP:127.0.0.1");
+    let second = Certs::for_server("IP:127.0.0.1");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let install = |certs: &Certs| {
+        // As cert-manager renews: each file replaced whole.
+        for (from, to) in [("server.crt", &cert), ("server.key", &key)] {
+            write_users(to, &std::fs::read_to_string(certs.path(from)).unwrap());
+        }
+    };
+    install(&first);
+    let users = dir.path().join("users.toml");
+    write_users(
+        &users,
+        &format!(
+            "[users.{CLIENT_USER}]\npasswords = [\"cert-pw\"]\nrights = [\"caller\"]\n\n\
+             [users.viewer]\npasswords = [\"viewer-pw\"]\nrights = [\"reader\"]\n"
+        ),
+    );
+    let server = proxy(cluster.seeds(), |c| {
+        c.users = Some(UsersFile::read(&users).unwrap());
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tls = Some(stockgate::config::ListenerTls {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: Some(first.path("ca.crt")),
+        });
+    })
+    .await;
+    let port = server.addr.port();
+    let with_ca = |ca: &Certs| {
+        vec![
+            "--cacert".to_owned(),
+            ca.param("ca.crt"),
+            "--cert".to_owned(),
+            first.param("client.crt"),
+            "--key".to_owned(),
+            first.param("client.key"),
+        ]
+    };
+    // The client certificate's name is a user: logged in as it, no AUTH.
+    let got = redis_cli_tls(port, &with_ca(&first), &["DEDUCT", "tls-u5", "1", "tls-1"]);
+    assert!(got.starts_with("0\n99\n"), "{got}");
+    let got = redis_cli_tls(
+        port,
+        &with_ca(&first),
+        &["STOCK.SET", "tls-u5", "5", "tls-op"],
+    );
+    assert!(
+        got.contains("NOPERM User certuser has no permissions to run the 'stock.set' command"),
+        "{got}"
+    );
+    // Another user logs in with its password over the same TLS.
+    let got = redis_cli_tls(
+        port,
+        &with_ca(&first),
+        &[
+            "--user",
+            "viewer",
+            "--pass",
+            "viewer-pw",
+            "--no-auth-warning",
+            "STOCK.GET",
+            "tls-u5",
+        ],
+    );
+    assert_eq!(got.trim(), "99");
+    // No client certificate: no connection (mTLS).
+    let got = redis_cli_tls(
+        port,
+        &["--cacert".to_owned(), first.param("ca.crt")],
+        &["PING"],
+    );
+    assert!(!got.contains("PONG"), "{got}");
+    // HTTP over the same TLS, the certificate's user again.
+    let http = server.http_addr.unwrap();
+    let curl = |ca: &Certs, id: &str| {
+        let out = run(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                &ca.param("ca.crt"),
+                "--cert",
+                &first.param("client.crt"),
+                "--key",
+                &first.param("client.key"),
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                &format!(r#"{{"sku":"tls-u5","qty":1,"request_id":"{id}"}}"#),
+                &format!("https://127.0.0.1:{}/v1/deduct", http.port()),
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(curl(&first, "tls-h1"), "200");
+
+    // A connection open before the certificate changes.
+    let certificates = redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig {
+            client_cert: std::fs::read(first.path("client.crt")).unwrap(),
+            client_key: std::fs::read(first.path("client.key")).unwrap(),
+        }),
+        root_cert: Some(std::fs::read(first.path("ca.crt")).unwrap()),
+    };
+    let mut open =
+        redis::Client::build_with_tls(format!("rediss://127.0.0.1:{port}"), certificates)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+    assert_eq!(
+        parse(
+            deduct(&mut open, "tls-u5", "1", "tls-2", None)
+                .await
+                .unwrap()
+        )
+        .code,
+        0
+    );
+
+    // The certificate renewed (another CA, as a rotation to a new issuer
+    // shows): new connections get it, the open one goes on.
+    install(&second);
+    loop_until_async(Duration::from_secs(10), || async {
+        (metric(&server, "stockgate_tls_reloads_total{result=\"applied\"}") >= 1).then_some(())
+    })
+    .await;
+    let got = redis_cli_tls(port, &with_ca(&second), &["DEDUCT", "tls-u5", "1", "tls-3"]);
+    assert!(got.starts_with("0\n"), "the new certificate: {got}");
+    let got = redis_cli_tls(port, &with_ca(&first), &["PING"]);
+    assert!(!got.contains("PONG"), "the old certificate is gone: {got}");
+    assert_eq!(curl(&second, "tls-h2"), "200");
+    assert_eq!(
+        parse(
+            deduct(&mut open, "tls-u5", "1", "tls-4", None)
+                .await
+                .unwrap()
+        )
+        .code,
+        0
+    );
+    // A broken pair (a key that is not the certificate's): refused, the
+    // certificate before it stays.
+    write_users(
+        &key,
+        &std::fs::read_to_string(first.path("server.key")).unwrap(),
+    );
+    loop_until_async(Duration::from_secs(10), || async {
+        (metric(&server, "stockgate_tls_reloads_total{result=\"refused\"}") >= 1).then_some(())
+    })
+    .await;
+    let got = redis_cli_tls(port, &with_ca(&second), &["PING"]);
+    assert_eq!(got.trim(), "PONG");
+    assert_eq!(get_stock(cluster, "tls-u5"), Some(100 - 6));
+    assert!(server.drain(Duration::from_secs(5)).await);
+}

@@ -399,6 +399,16 @@ impl Users {
         }
     }
 
+    /// The account of user `name`, for a client certificate of that name:
+    /// only a user who can log in (it has a password, and it was not
+    /// removed).
+    pub fn certified(&self, name: &str) -> Option<Arc<Account>> {
+        let table = self.table.load();
+        let entry = table.find(name.as_bytes())?;
+        (!entry.passwords.is_empty() && !entry.account.closed.is_cancelled())
+            .then(|| entry.account.clone())
+    }
+
     /// Whether `name` is a user now (HTTP's bearer token reads a
     /// `user:` prefix only when it names one).
     pub fn knows(&self, name: &[u8]) -> bool {
