@@ -260,16 +260,41 @@ impl axum::serve::Listener for TlsListener {
 /// through a loopback pair made for this connection alone, with the
 /// client's own address and certificate name kept beside.
 pub async fn relay(stream: TlsStream<TcpStream>) -> io::Result<TcpStream> {
+    use tokio::io::AsyncWriteExt;
     let pair = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let near = TcpStream::connect(pair.local_addr()?).await?;
     let (far, _) = pair.accept().await?;
     drop(pair);
     let _ = near.set_nodelay(true);
     let _ = far.set_nodelay(true);
-    let mut stream = stream;
-    let mut near = near;
     tokio::spawn(async move {
-        let _ = tokio::io::copy_bidirectional(&mut stream, &mut near).await;
+        let (mut client_reads, mut client_writes) = tokio::io::split(stream);
+        let (mut loop_reads, mut loop_writes) = near.into_split();
+        let requests = async {
+            let _ = tokio::io::copy(&mut client_reads, &mut loop_writes).await;
+            let _ = loop_writes.shutdown().await;
+        };
+        let replies = async {
+            let _ = tokio::io::copy(&mut loop_reads, &mut client_writes).await;
+            let _ = client_writes.shutdown().await;
+        };
+        tokio::pin!(requests);
+        tokio::pin!(replies);
+        tokio::select! {
+            // The client is done sending: the replies still go out, until
+            // the connection loop closes.
+            () = &mut requests => replies.await,
+            // The connection loop closed (QUIT, a user removed, the
+            // drain): what the client still sends is read for a moment,
+            // as the loop itself lingers, then the connection is dropped.
+            () = &mut replies => {
+                let _ = tokio::time::timeout(RELAY_LINGER, requests).await;
+            }
+        }
     });
     Ok(far)
 }
+
+/// How long a relay whose connection loop has closed keeps reading what
+/// the client still sends before it drops the connection.
+const RELAY_LINGER: Duration = Duration::from_secs(1);
