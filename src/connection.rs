@@ -177,7 +177,8 @@ async fn run(
             }
         }
 
-        if let Some(account) = &session.account {
+        // Without passwords the one account is never closed: not watched.
+        if let Some(account) = session.account.as_ref().filter(|_| !shared.users.is_open()) {
             if watched
                 .as_ref()
                 .is_none_or(|(w, _)| !Arc::ptr_eq(w, account))
