@@ -413,12 +413,13 @@ fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
     check_driver_client(&GO_REDIS_9, &["plain", "pipeline", "concurrent"]);
 }
 
-/// Named users (`--users-file`) through redis-py (AUTH <user> <password>)
-/// and go-redis (HELLO 3 AUTH): each does what its right allows, a command
-/// outside it answers NOPERM, and the stock shows that nothing else ran.
+/// Named users (`--users-file`) through redis-py and Jedis (AUTH <user>
+/// <password>) and go-redis (HELLO 3 AUTH): each does what its right
+/// allows, a command outside it answers NOPERM, and the stock shows that
+/// nothing else ran.
 #[test]
-fn named_users_log_in_with_redis_py_and_go_redis_and_are_refused_outside_their_rights() {
-    let clients = [&REDIS_PY_8, &GO_REDIS_9];
+fn named_users_log_in_with_redis_py_go_redis_and_jedis_and_are_refused_outside_their_rights() {
+    let clients = [&REDIS_PY_8, &GO_REDIS_9, &JEDIS_8];
     let installs = clients.map(|client| std::thread::spawn(move || installed(client)));
     let cluster = cluster();
     let envs = installs.map(|i| i.join().expect("installing a client"));
