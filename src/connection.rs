@@ -169,9 +169,9 @@ async fn run(
                         client_id: Some(session.id),
                         addr: session.peer,
                         name: session.name.clone(),
-                        user: session.account.as_ref().map(|a| a.shared_name()),
+                        user: session.account.clone(),
                     };
-                    let user = session.account.as_ref().map(|a| a.shared_name());
+                    let user = session.account.clone();
                     in_flight.push(command, args, arrived, caller, user, protocol);
                 }
             }
@@ -187,7 +187,7 @@ async fn run(
                 enlist(closed.as_mut()).await;
                 watched = Some((account.clone(), closed));
             }
-            if reading && account.closed().is_cancelled() {
+            if reading && account.is_gone() {
                 tracing::info!(
                     client = id,
                     user = account.name(),
@@ -306,7 +306,7 @@ async fn run(
                 let fired = janitor_armed && janitor.is_elapsed();
                 let drain = reading && !draining && shared.draining.load(Ordering::Relaxed);
                 let gone = reading
-                    && session.account.as_ref().is_some_and(|a| a.closed().is_cancelled());
+                    && session.account.as_ref().is_some_and(|a| a.is_gone());
                 if fired || drain || gone {
                     std::task::Poll::Ready(())
                 } else {

@@ -428,12 +428,7 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
         StockCommand::Deduct,
         shared
             .service
-            .call(
-                StockCommand::Deduct,
-                &args,
-                arrived,
-                Some(account.shared_name()),
-            )
+            .call(StockCommand::Deduct, &args, arrived, Some(account.clone()))
             .await,
     )
 }
@@ -468,12 +463,7 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
         StockCommand::Hold,
         shared
             .service
-            .call(
-                StockCommand::Hold,
-                &args,
-                arrived,
-                Some(account.shared_name()),
-            )
+            .call(StockCommand::Hold, &args, arrived, Some(account.clone()))
             .await,
     )
 }
@@ -501,7 +491,7 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
     if let Some(denied) = permit(&shared, &account, command, &args) {
         return denied;
     }
-    let user = Some(account.shared_name());
+    let user = Some(account.clone());
     respond(
         command,
         shared.service.call(command, &args, arrived, user).await,

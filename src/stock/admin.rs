@@ -244,7 +244,7 @@ fn audit(command: &str, sku: &Sku, amount: i64, op_id: &OpId, after: i64, caller
         delta,
         op_id = %String::from_utf8_lossy(op_id.as_bytes()),
         stock_after = after,
-        user = caller.user.as_deref(),
+        user = caller.user.as_deref().map(crate::auth::Account::name),
         client_id = caller.client_id,
         client_addr = caller.addr.map(|a| a.to_string()),
         client_name = caller.name.as_deref().map(|n| String::from_utf8_lossy(n).into_owned()),

@@ -22,6 +22,7 @@
 use super::books::AccessEntry;
 use super::single::{Field, OneRequest, position};
 use super::{StockCommand, StockService, coalesce, sold_out, wire};
+use crate::auth::Account;
 use crate::error::UpstreamError;
 use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
@@ -69,8 +70,9 @@ pub struct Call {
     deadline: tokio::time::Instant,
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
-    /// The user who sent it (for the access log).
-    user: Option<Arc<str>>,
+    /// The user who sent it (for the access log): the account, a thin
+    /// pointer, which every call moves around.
+    user: Option<Arc<Account>>,
     /// Whose call it is, which decides its metrics and its missing-stock
     /// mode.
     pub(super) on_behalf: OnBehalf,
@@ -131,7 +133,7 @@ impl StockCall {
             sku: Some(self.request.sku.as_bytes()),
             request_id: Some(self.request.request_id.as_bytes()),
             qty: self.request.field(Field::Qty),
-            user: self.user.as_deref(),
+            user: self.user.as_deref().map(Account::name),
         }
     }
 
@@ -153,7 +155,7 @@ impl StockService {
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
-        user: Option<Arc<str>>,
+        user: Option<Arc<Account>>,
     ) -> StockResult {
         match self.prepare(command, args, arrived, user) {
             Some(prepared) => self.run(prepared, Bound::Timer).await,
@@ -169,7 +171,7 @@ impl StockService {
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
-        user: Option<Arc<str>>,
+        user: Option<Arc<Account>>,
     ) -> Option<Prepared> {
         let single = command.single()?;
         let parsed = OneRequest::parse(command, single, args, &self.settings.limits)
@@ -196,7 +198,7 @@ impl StockService {
                     sku: args.first().map(|a| &a[..]),
                     request_id: field(Field::RequestId).map(|a| &a[..]),
                     qty: field(Field::Qty).map(|a| &a[..]),
-                    user: user.as_deref(),
+                    user: user.as_deref().map(Account::name),
                 };
                 self.books.record(entry, Ok(reply.code), arrived.elapsed());
                 Prepared::Answered(Ok(reply))

@@ -65,7 +65,7 @@ pub struct Caller {
     pub addr: Option<SocketAddr>,
     pub name: Option<Bytes>,
     /// The user it logged in as.
-    pub user: Option<Arc<str>>,
+    pub user: Option<Arc<crate::auth::Account>>,
 }
 
 /// Declares [`StockCommand`] from one line per command: its variant and

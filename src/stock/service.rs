@@ -218,7 +218,8 @@ impl StockService {
                 stock_reply(self.call(command, args, arrived, caller.user.clone()).await)
             }
             Serve::Order(_) => {
-                order::serve(self, command, args, arrived, caller.user.as_deref()).await
+                let user = caller.user.as_deref().map(crate::auth::Account::name);
+                order::serve(self, command, args, arrived, user).await
             }
             Serve::Alone(serve) => serve(self, args, caller).await,
         }

@@ -63,7 +63,7 @@ struct Request {
     /// name no caller).
     caller: Option<Box<Caller>>,
     /// The user who sent it, for the access log.
-    user: Option<Arc<str>>,
+    user: Option<Arc<crate::auth::Account>>,
 }
 
 impl<'a> InFlight<'a> {
@@ -102,7 +102,7 @@ impl<'a> InFlight<'a> {
         args: Vec<Bytes>,
         arrived: Instant,
         caller: impl FnOnce() -> Caller,
-        user: Option<Arc<str>>,
+        user: Option<Arc<crate::auth::Account>>,
         protocol: Protocol,
     ) {
         // Only a command served by a future of its own reads its caller:
