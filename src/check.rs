@@ -61,6 +61,67 @@ impl Report {
     }
 }
 
+/// `--users-file`: one line per user, with its rights, its SKU prefixes
+/// and how many passwords it has (never a password, nor its hash). A
+/// file stockgate would refuse is a FAIL with its line; a user without a
+/// password, who can't log in, a WARN.
+pub fn users(path: &std::path::Path) -> Vec<Finding> {
+    let mut report = Report(Vec::new());
+    let file = match crate::config::UsersFile::read(path) {
+        Ok(file) => file,
+        Err(why) => {
+            report.add(Verdict::Fail, "users", why);
+            return report.0;
+        }
+    };
+    if file.users.is_empty() {
+        report.add(
+            Verdict::Warn,
+            "users",
+            format!(
+                "{} defines no user: only --requirepass's `default` can log in",
+                path.display()
+            ),
+        );
+    }
+    for user in &file.users {
+        let rights = user.grant.rights.names();
+        let skus = match user.grant.sku_prefixes() {
+            None => "every SKU".to_owned(),
+            Some(prefixes) => format!(
+                "SKUs {}",
+                prefixes
+                    .map(|p| format!("{}*", String::from_utf8_lossy(p)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let rights = if rights.is_empty() {
+            "no rights".to_owned()
+        } else {
+            rights.join(", ")
+        };
+        let passwords = user.passwords.len();
+        let (verdict, passwords) = match passwords {
+            0 => (Verdict::Warn, "no password: cannot log in".to_owned()),
+            1 => (Verdict::Pass, "1 password".to_owned()),
+            n => (
+                Verdict::Pass,
+                format!("{n} passwords (a rotation in progress?)"),
+            ),
+        };
+        report.add(
+            verdict,
+            "users",
+            format!(
+                "{} (line {}): {rights}; {skus}; {passwords}",
+                user.name, user.line
+            ),
+        );
+    }
+    report.0
+}
+
 /// Runs every check, printing each line as it is decided.
 pub async fn run(upstream: &Upstream, keys: &KeyLayout, timeout: Duration) -> Vec<Finding> {
     let mut report = Report(Vec::new());

@@ -1,7 +1,7 @@
 //! Command line and environment (`STOCKGATE_*`), validated into one
 //! [`Config`] before anything binds or connects.
 
-use crate::auth::Password;
+use crate::auth::{Password, UserSpec};
 use crate::keys::KeyLayout;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -201,6 +201,11 @@ pub struct ImportArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// The users file the sidecars read: each user's rights, SKU prefixes
+    /// and how many passwords it has are shown (never a password).
+    #[arg(long, env = "STOCKGATE_USERS_FILE")]
+    pub users_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub upstream: UpstreamArgs,
 
@@ -493,6 +498,27 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_REQUIREPASS_FILE")]
     pub requirepass_file: Option<PathBuf>,
 
+    /// Named users with rights (TOML, see docs/operations.md#security):
+    /// re-read on SIGHUP and when its content changes (checked every
+    /// second). A file with a mistake is refused at start, and on a reload
+    /// the users before it stay.
+    #[arg(long, env = "STOCKGATE_USERS_FILE")]
+    pub users_file: Option<PathBuf>,
+
+    /// Serve the RESP and HTTP listeners over TLS (1.2 and 1.3) with this
+    /// PEM certificate chain; needs --tls-key. Re-read when it changes.
+    #[arg(long, env = "STOCKGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "STOCKGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this PEM CA (mTLS); a
+    /// certificate whose name is a user of --users-file logs in as it.
+    #[arg(long, env = "STOCKGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Listen on a non-loopback address without a client password. Without
     /// this flag stockgate refuses to, as Redis's protected mode does.
     #[arg(long, env = "STOCKGATE_ALLOW_UNAUTHENTICATED_REMOTE", action = clap::ArgAction::SetTrue)]
@@ -604,6 +630,10 @@ pub struct Config {
     pub access_log: AccessLog,
     /// The password clients must give; none means no authentication.
     pub password: Option<Password>,
+    /// `--users-file`, as read at start.
+    pub users: Option<UsersFile>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: TLS on the listeners.
+    pub tls: Option<ListenerTls>,
     pub max_clients: usize,
     /// Close connections idle this long; `None` never does.
     pub idle_timeout: Option<Duration>,
@@ -753,9 +783,19 @@ impl ProxyArgs {
             }
             (None, None) => None,
         };
+        let users = self
+            .users_file
+            .as_deref()
+            .map(UsersFile::read)
+            .transpose()?;
+        if let Some(file) = &users {
+            // Both naming `default` is refused here, not first at start.
+            crate::auth::Users::new(password.clone(), Some(file.users.clone()))
+                .map_err(|e| format!("--users-file {}: {e}", file.path.display()))?;
+        }
         // Protected mode, as Redis has it: a stock service reachable from
         // the network without a password lets anyone deduct.
-        if password.is_none() && !self.allow_unauthenticated_remote {
+        if password.is_none() && users.is_none() && !self.allow_unauthenticated_remote {
             let exposed = std::iter::once(("--listen", self.listen))
                 .chain(self.http_listen.map(|a| ("--http-listen", a)))
                 .find(|(_, addr)| !addr.ip().is_loopback());
@@ -798,6 +838,15 @@ impl ProxyArgs {
             reject_stale_ids: self.reject_stale_ids,
             access_log: self.access_log,
             password,
+            users,
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(ListenerTls {
+                    cert,
+                    key,
+                    client_ca: self.tls_client_ca,
+                }),
+                _ => None,
+            },
             max_clients: self.max_clients,
             idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
         })
@@ -837,6 +886,42 @@ fn largest_order_request(lines: usize, max_qty: u64, max_hold: Duration) -> usiz
         + token
         + bulk(digits(max_hold_ms))
         + lines * (token + bulk(digits(max_qty)))
+}
+
+/// The files of the listeners' TLS.
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ListenerTls {
+    /// The files, in the order they are read: cert, key, client CA.
+    pub fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.cert, &self.key].into_iter().chain(&self.client_ca)
+    }
+}
+
+/// The users file and the users it held when read.
+#[derive(Debug, Clone)]
+pub struct UsersFile {
+    pub path: PathBuf,
+    pub users: Vec<UserSpec>,
+}
+
+impl UsersFile {
+    /// Reads and checks the file; the error names the file and the line.
+    pub fn read(path: &std::path::Path) -> Result<UsersFile, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--users-file {}: {e}", path.display()))?;
+        let users = crate::auth::file::parse(&text)
+            .map_err(|e| format!("--users-file {}: {e}", path.display()))?;
+        Ok(UsersFile {
+            path: path.to_owned(),
+            users,
+        })
+    }
 }
 
 impl ProxyArgs {

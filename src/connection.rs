@@ -59,12 +59,13 @@ pub async fn serve(
     peer: SocketAddr,
     shared: Arc<Shared>,
     drain: CancellationToken,
+    login: Option<Arc<crate::auth::Account>>,
 ) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
     shared.metrics.client_connected();
     let id = shared.next_client_id();
     tracing::debug!(%peer, client = id, "client connected");
-    if let Err(err) = run(stream, peer, id, &shared, &drain).await {
+    if let Err(err) = run(stream, peer, id, &shared, &drain, login).await {
         // A client vanishing mid-request is routine; its in-flight requests
         // still complete upstream (the script is atomic), only the replies
         // are lost, and a retry with the same request_id gets code 1.
@@ -81,11 +82,14 @@ async fn run(
     id: u64,
     shared: &Shared,
     drain: &CancellationToken,
+    login: Option<Arc<crate::auth::Account>>,
 ) -> std::io::Result<()> {
     let (reader, mut writer) = stream.split();
     let config = &shared.config;
     let mut decoder = RequestDecoder::new(config.max_request_bytes);
-    let mut session = Session::new(id, shared.config.password.is_none());
+    // Logged in from the start: by a client certificate (`login`), or
+    // because nothing asks a password.
+    let mut session = Session::new(id, login.or_else(|| shared.users.open_account()));
     session.peer = Some(peer);
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
@@ -115,6 +119,14 @@ async fn run(
     let drained = drain.cancelled();
     tokio::pin!(drained);
     enlist(drained.as_mut()).await;
+    // The user this connection is logged in as, watched as the drain is:
+    // enlisted once per login, its flag read at each wake. A user removed
+    // from the users file (or left without a password) closes its
+    // connections once their requests in flight are answered.
+    let mut watched: Option<(
+        Arc<crate::auth::Account>,
+        std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    )> = None;
 
     loop {
         if reading && !draining && shared.draining.load(Ordering::Relaxed) {
@@ -137,6 +149,11 @@ async fn run(
             // them all.
             let arrived = last_read.into_std();
             let action = dispatch::execute(request, &mut session, shared);
+            if let Some(delay) = session.login_delay.take() {
+                // A failed login from a peer that failed many: this
+                // connection waits before it answers or reads on.
+                tokio::time::sleep(delay).await;
+            }
             // After the command ran: HELLO's own reply is in the protocol
             // it chose.
             let protocol = session.protocol;
@@ -152,9 +169,32 @@ async fn run(
                         client_id: Some(session.id),
                         addr: session.peer,
                         name: session.name.clone(),
+                        user: session.account.clone(),
                     };
-                    in_flight.push(command, args, arrived, caller, protocol);
+                    let user = session.account.clone();
+                    in_flight.push(command, args, arrived, caller, user, protocol);
                 }
+            }
+        }
+
+        // Without passwords the one account is never closed: not watched.
+        if let Some(account) = session.account.as_ref().filter(|_| !shared.users.is_open()) {
+            if watched
+                .as_ref()
+                .is_none_or(|(w, _)| !Arc::ptr_eq(w, account))
+            {
+                let mut closed = Box::pin(account.closed().clone().cancelled_owned());
+                enlist(closed.as_mut()).await;
+                watched = Some((account.clone(), closed));
+            }
+            if reading && account.is_gone() {
+                tracing::info!(
+                    client = id,
+                    user = account.name(),
+                    "the user is gone; closing its connection"
+                );
+                accepting = false;
+                reading = false;
             }
         }
 
@@ -265,7 +305,9 @@ async fn run(
             () = std::future::poll_fn(|_| {
                 let fired = janitor_armed && janitor.is_elapsed();
                 let drain = reading && !draining && shared.draining.load(Ordering::Relaxed);
-                if fired || drain {
+                let gone = reading
+                    && session.account.as_ref().is_some_and(|a| a.is_gone());
+                if fired || drain || gone {
                     std::task::Poll::Ready(())
                 } else {
                     std::task::Poll::Pending

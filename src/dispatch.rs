@@ -1,5 +1,5 @@
 //! From a request to what to do with it: the command table, the password
-//! gate, arity checks, and dispatch.
+//! gate, arity checks, the user's rights, and dispatch.
 //!
 //! [`COMMANDS`] is the one place that lists the commands stockgate serves;
 //! each command describes itself in its own file, under [`crate::stock`]
@@ -7,7 +7,9 @@
 //! [`crate::session`] (a [`CommandSpec`] with who answers it). Names are
 //! matched case-insensitively. A request is checked in Redis's order
 //! (`processCommand`): the command and subcommand exist, the arity fits,
-//! and only then the password, so a malformed request is told what is
+//! and only then the password and the rights a stock command needs (its
+//! own file names them; `-NOPERM` in Redis's words when the user lacks
+//! them, and nothing runs), so a malformed request is told what is
 //! wrong with it even before AUTH. An unknown command gets Redis's own
 //! error and the connection stays open.
 //!
@@ -95,6 +97,17 @@ pub fn execute(request: Request, session: &mut Session, shared: &Shared) -> Acti
         Serve::Stock(command) => {
             let mut args = request.args;
             args.drain(..named);
+            // Without passwords everyone is `default`, with every right:
+            // nothing to look up.
+            if let Some(account) = &session.account
+                && !shared.users.is_open()
+                && let Err(denial) = command.permitted(&account.grant(), &args)
+            {
+                shared
+                    .metrics
+                    .command_denied(account.name(), command.name());
+                return Action::Reply(Reply::error(denial.reply(account.name(), command.name())));
+            }
             Action::Stock(command, args)
         }
         Serve::Session(serve) => Action::Reply(serve(&mut Call {

@@ -36,12 +36,15 @@
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
 //! | orders: as the single-line commands (ORDER as DEDUCT, ORDER.HOLD as HOLD, ORDER.CONFIRM as CONFIRM, ORDER.REVERT as REVERT, ORDER.EXTEND as HOLD.EXTEND) | 2, 4, 5: 409; ORDER.REVERT 4: 200 |
 //! | code 3 | 400 |
+//! | no or wrong credentials | 401 `{"error"}` with `WWW-Authenticate: Bearer` |
+//! | outside the user's rights or SKU prefixes | 403 `{"error": "NOPERM ..."}`; nothing runs |
 //! | malformed JSON, missing field, wrong type, body over 16 KiB (orders: over [`order_body_limit`]) | 400 `{"error"}`; Redis is not called |
 //! | Redis unreachable, timed out, cluster down | 503, `Retry-After`, `{"error", "retry_safe": true}` |
 //! | unknown sku, corrupt data, bad script reply, internal fault | 500 `{"error"}` |
 //!
 //! [`StockService`]: crate::stock::StockService
 
+use crate::auth::{Account, Users};
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
@@ -49,18 +52,23 @@ use crate::stock::StockCommand;
 use crate::stock::hold_change::HoldChange;
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
+use crate::tls::{ServerTls, TlsListener};
 use axum::Router;
 use axum::body::{Body, to_bytes};
+use axum::extract::connect_info::Connected;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::IncomingStream;
+use base64::Engine;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -85,7 +93,12 @@ pub fn order_body_limit(max_lines: usize) -> usize {
 const RETRY_AFTER_SECS: u64 = 1;
 
 /// Serves until `drain` is cancelled, then finishes the requests in flight.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+) {
     let app = Router::new()
         .route("/v1/deduct", post(deduct))
         .route("/v1/revert", post(revert))
@@ -99,11 +112,53 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, drain: Cancellati
         .route("/v1/orders/{request_id}/extend", post(order_extend))
         .route("/v1/orders/{request_id}", get(order_status))
         .with_state(shared);
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(drain.cancelled_owned())
-        .await
-    {
+    // The peer's address (failed logins are counted by it) and its
+    // certificate's name.
+    let app = app.into_make_service_with_connect_info::<Peer>();
+    let served = match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(drain.clone().cancelled_owned())
+                .await
+        }
+        Some(tls) => match TlsListener::new(listener, tls, drain.clone()) {
+            Ok(listener) => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(drain.cancelled_owned())
+                    .await
+            }
+            Err(err) => Err(err),
+        },
+    };
+    if let Err(err) = served {
         tracing::error!(%err, "http server stopped");
+    }
+}
+
+/// Who is at the other end of an HTTP connection.
+#[derive(Clone, Debug)]
+struct Peer {
+    addr: SocketAddr,
+    /// The name of its verified client certificate (TLS with
+    /// `--tls-client-ca`).
+    certificate: Option<String>,
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Peer {
+        Peer {
+            addr: *stream.remote_addr(),
+            certificate: None,
+        }
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Peer {
+        Peer {
+            addr: *stream.remote_addr(),
+            certificate: crate::tls::client_name(stream.io()),
+        }
     }
 }
 
@@ -266,36 +321,125 @@ struct ErrorBody<'a> {
     retry_safe: Option<bool>,
 }
 
-/// With a client password set, every request needs
-/// `Authorization: Bearer <password>`; otherwise 401, before the body is read.
-fn authorize(shared: &Shared, request: &Request) -> Option<Response> {
-    let password = shared.config.password.as_ref()?;
-    let token = request
+/// The user a request's `Authorization` header logs in as:
+/// `Bearer <user>:<password>` (a token whose part before its first `:`
+/// names no user is the `default` user's password, whole), or `Basic`
+/// with `<user>:<password>` (an empty user is `default`). Without any
+/// password configured, every request is the `default` user. Otherwise
+/// 401, before the body is read; a failed login from a peer that failed
+/// many waits first ([`crate::auth::throttle`]).
+fn authorize(shared: &Shared, request: &Request) -> Result<Arc<Account>, Box<Refusal>> {
+    if let Some(open) = shared.users.open_account() {
+        return Ok(open);
+    }
+    let header = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    if token.is_some_and(|t| password.matches(t)) {
-        return None;
+        .map(|v| v.as_bytes());
+    let credentials = header.and_then(|h| credentials(&shared.users, h));
+    let connected = request.extensions().get::<ConnectInfo<Peer>>();
+    // No credentials, and a client certificate that names a user: that user.
+    if credentials.is_none()
+        && let Some(account) = connected
+            .and_then(|c| c.0.certificate.as_deref())
+            .and_then(|name| shared.users.certified(name))
+    {
+        return Ok(account);
     }
-    if token.is_some() {
-        shared.metrics.auth_failed();
+    let peer = connected.map(|c| c.0.addr.ip());
+    let mut delay = Duration::ZERO;
+    if let Some((user, password)) = &credentials {
+        match shared.users.login(user.as_deref(), password) {
+            Ok(account) => {
+                if let Some(peer) = peer {
+                    shared.throttle.succeeded(peer);
+                }
+                return Ok(account);
+            }
+            Err(refused) => {
+                shared.metrics.auth_failed(refused.user.as_deref());
+                delay = peer.map_or(Duration::ZERO, |peer| shared.throttle.failed(peer));
+                if !delay.is_zero() {
+                    shared.metrics.auth_delayed();
+                }
+            }
+        }
     }
     let mut response = error(
         StatusCode::UNAUTHORIZED,
-        "NOAUTH send the client password as Authorization: Bearer <password>",
+        "NOAUTH send Authorization: Bearer <user>:<password> (or the default user's password alone), or Basic",
         None,
     );
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(response)
+    Err(Box::new(Refusal { response, delay }))
+}
+
+/// A 401, and how long it waits before it is sent.
+struct Refusal {
+    response: Response,
+    delay: Duration,
+}
+
+impl Refusal {
+    async fn send(self) -> Response {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.response
+    }
+}
+
+/// The user (none: `default`) and password an `Authorization` header
+/// carries, if it is one stockgate reads.
+fn credentials(users: &Users, header: &[u8]) -> Option<(Option<Vec<u8>>, Vec<u8>)> {
+    if let Some(token) = header.strip_prefix(b"Bearer ") {
+        if let Some(colon) = token.iter().position(|&b| b == b':')
+            && users.knows(&token[..colon])
+        {
+            return Some((Some(token[..colon].to_vec()), token[colon + 1..].to_vec()));
+        }
+        return Some((None, token.to_vec()));
+    }
+    let encoded = header.strip_prefix(b"Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let colon = decoded.iter().position(|&b| b == b':')?;
+    let user = (colon > 0).then(|| decoded[..colon].to_vec());
+    Some((user, decoded[colon + 1..].to_vec()))
+}
+
+/// A 403 when `account` may not send `command` with `args`: outside its
+/// rights or its SKU prefixes, worded as RESP's NOPERM. Nothing is run.
+fn permit(
+    shared: &Shared,
+    account: &Account,
+    command: StockCommand,
+    args: &[Bytes],
+) -> Option<Response> {
+    command
+        .permitted(&account.grant(), args)
+        .err()
+        .map(|denial| {
+            shared
+                .metrics
+                .command_denied(account.name(), command.name());
+            error(
+                StatusCode::FORBIDDEN,
+                &denial.reply(account.name(), command.name()),
+                None,
+            )
+        })
 }
 
 async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let body: DeductBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -306,20 +450,24 @@ async fn deduct(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     let mut args = vec![Bytes::from(body.sku), qty, Bytes::from(body.request_id)];
     args.extend(body.order_no.map(Bytes::from));
+    if let Some(denied) = permit(&shared, &account, StockCommand::Deduct, &args) {
+        return denied;
+    }
     respond(
         StockCommand::Deduct,
         shared
             .service
-            .call(StockCommand::Deduct, &args, arrived)
+            .call(StockCommand::Deduct, &args, arrived, Some(account.clone()))
             .await,
     )
 }
 
 async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let body: HoldBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -337,11 +485,14 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
         ttl,
     ];
     args.extend(body.order_no.map(Bytes::from));
+    if let Some(denied) = permit(&shared, &account, StockCommand::Hold, &args) {
+        return denied;
+    }
     respond(
         StockCommand::Hold,
         shared
             .service
-            .call(StockCommand::Hold, &args, arrived)
+            .call(StockCommand::Hold, &args, arrived, Some(account.clone()))
             .await,
     )
 }
@@ -358,9 +509,10 @@ async fn hold_shrink(State(shared): State<Arc<Shared>>, request: Request) -> Res
 /// the RESP arguments; the other command's amount is a malformed body.
 async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChange) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let body: HoldChangeBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -386,9 +538,15 @@ async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChang
         Bytes::from(body.change_id),
         amount,
     ];
+    if let Some(denied) = permit(&shared, &account, change.command(), &args) {
+        return denied;
+    }
     respond(
         change.command(),
-        shared.service.change_hold(change, &args, arrived).await,
+        shared
+            .service
+            .change_hold(change, &args, arrived, Some(account.name()))
+            .await,
     )
 }
 
@@ -403,15 +561,23 @@ async fn revert(State(shared): State<Arc<Shared>>, request: Request) -> Response
 /// CONFIRM and REVERT: a body of `{"sku", "request_id"}`.
 async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let body: RevertBody = match read_json(request, MAX_BODY).await {
         Ok(body) => body,
         Err(response) => return response,
     };
     let args = [Bytes::from(body.sku), Bytes::from(body.request_id)];
-    respond(command, shared.service.call(command, &args, arrived).await)
+    if let Some(denied) = permit(&shared, &account, command, &args) {
+        return denied;
+    }
+    let user = Some(account.clone());
+    respond(
+        command,
+        shared.service.call(command, &args, arrived, user).await,
+    )
 }
 
 /// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
@@ -419,9 +585,10 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
 /// as RESP. The lines become the RESP arguments, in the order given.
 async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let limit = order_body_limit(shared.config.max_order_lines);
     let body: OrderBody = match read_json(request, limit).await {
         Ok(body) => body,
@@ -445,9 +612,19 @@ async fn order(State(shared): State<Arc<Shared>>, request: Request) -> Response 
             Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
         }
     }
+    if let Some(denied) = permit(&shared, &account, command, &args) {
+        return denied;
+    }
     respond_order(
         command,
-        order_call(&shared.service, command, &args, arrived).await,
+        order_call(
+            &shared.service,
+            command,
+            &args,
+            arrived,
+            Some(account.name()),
+        )
+        .await,
     )
 }
 
@@ -477,9 +654,10 @@ async fn order_extend(
     request: Request,
 ) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let id = match path_id(id) {
         Ok(id) => id,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
@@ -494,9 +672,19 @@ async fn order_extend(
     };
     let args = [Bytes::from(id), Bytes::from(body.change_id), ttl];
     let command = StockCommand::OrderExtend;
+    if let Some(denied) = permit(&shared, &account, command, &args) {
+        return denied;
+    }
     respond_order(
         command,
-        order_call(&shared.service, command, &args, arrived).await,
+        order_call(
+            &shared.service,
+            command,
+            &args,
+            arrived,
+            Some(account.name()),
+        )
+        .await,
     )
 }
 
@@ -509,16 +697,28 @@ async fn order_by_id(
     command: StockCommand,
 ) -> Response {
     let arrived = Instant::now();
-    if let Some(refused) = authorize(shared, &request) {
-        return refused;
-    }
+    let account = match authorize(shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let id = match path_id(id) {
         Ok(id) => id,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
+    let args = [Bytes::from(id)];
+    if let Some(denied) = permit(shared, &account, command, &args) {
+        return denied;
+    }
     respond_order(
         command,
-        order_call(&shared.service, command, &[Bytes::from(id)], arrived).await,
+        order_call(
+            &shared.service,
+            command,
+            &args,
+            arrived,
+            Some(account.name()),
+        )
+        .await,
     )
 }
 
@@ -535,14 +735,24 @@ async fn order_status(
     id: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
-    if let Some(refused) = authorize(&shared, &request) {
-        return refused;
-    }
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
     let id = match path_id(id) {
         Ok(id) => id,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
     };
-    let state = match order_state(&shared.service, &Bytes::from(id)).await {
+    let id = Bytes::from(id);
+    if let Some(denied) = permit(
+        &shared,
+        &account,
+        StockCommand::OrderStatus,
+        std::slice::from_ref(&id),
+    ) {
+        return denied;
+    }
+    let state = match order_state(&shared.service, &id).await {
         Ok(Ok(state)) => state,
         Ok(Err(invalid)) => return error(StatusCode::BAD_REQUEST, &invalid.0, None),
         Err(fault) => return fault_response(&fault),

@@ -50,8 +50,11 @@
 //! - [`logging`]: stderr through writer threads; the audit lines lossless.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
-//! - [`auth`]: client passwords.
+//! - [`auth`]: who may log in (users, passwords) and what each may do
+//!   (rights, SKU prefixes); the users file; failed-login throttling.
 //! - [`http`]: the HTTP/JSON API, through the same stock service.
+//! - [`tls`]: TLS on the RESP and HTTP listeners, reloaded as its files
+//!   change; client certificates as users.
 //! - [`dev`]: throwaway local Redis servers and clusters, and the upstream
 //!   matrix they run (Redis 7.0 and 8.2, Valkey 8.0 and 9.1).
 //! - [`bulk`]: `stockgate stock import|export`.
@@ -89,4 +92,5 @@ pub mod server;
 pub mod session;
 pub mod state;
 pub mod stock;
+pub mod tls;
 pub mod upstream;

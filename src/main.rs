@@ -342,7 +342,11 @@ async fn check(args: CheckArgs) -> Result<(), String> {
         vec![],
         std::sync::Arc::new(Metrics::new::<stockgate::stock::StockCommand>()),
     );
-    let findings = stockgate::check::run(&upstream, &keys, timeout).await;
+    let mut findings = match &args.users_file {
+        Some(path) => stockgate::check::users(path),
+        None => Vec::new(),
+    };
+    findings.extend(stockgate::check::run(&upstream, &keys, timeout).await);
     let count = |v| findings.iter().filter(|f| f.verdict == v).count();
     let (warns, fails) = (
         count(stockgate::check::Verdict::Warn),

@@ -12,7 +12,9 @@ use crate::error::FaultKind;
 use crate::outcome::{Code, HoldEvent};
 use crate::script::FunctionCommand;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -23,6 +25,11 @@ pub const CLIENT_CONNECTIONS: &str = "stockgate_client_connections";
 pub const UPSTREAM_DURATION: &str = "stockgate_upstream_duration_seconds";
 pub const UPSTREAM_READY: &str = "stockgate_upstream_ready";
 pub const AUTH_FAILURES_TOTAL: &str = "stockgate_auth_failures_total";
+pub const AUTH_DELAYED_TOTAL: &str = "stockgate_auth_delayed_total";
+pub const COMMANDS_DENIED_TOTAL: &str = "stockgate_commands_denied_total";
+pub const USERS_RELOADS_TOTAL: &str = "stockgate_users_reloads_total";
+pub const USERS: &str = "stockgate_users";
+pub const TLS_RELOADS_TOTAL: &str = "stockgate_tls_reloads_total";
 pub const UPSTREAM_READY_CHANGES_TOTAL: &str = "stockgate_upstream_ready_changes_total";
 pub const BUILD_INFO: &str = "stockgate_build_info";
 pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
@@ -221,7 +228,15 @@ pub struct Metrics {
     disconnects: AtomicU64,
     upstream_ready: Gauge,
     upstream_ready_changes: Counter,
-    auth_failures: Counter,
+    /// Kept to register the series of users, which a reload can add.
+    recorder: PrometheusRecorder,
+    meta: Metadata<'static>,
+    auth_delayed: Counter,
+    /// Reloads of the users file, applied and refused.
+    users_reloads: [Counter; 2],
+    users: Gauge,
+    /// Reloads of the listeners' TLS files, applied and refused.
+    tls_reloads: [Counter; 2],
     /// Holds by what happened to them, in [`HoldEvent::ALL`]'s order.
     holds: Vec<(Counter, AtomicU64)>,
     held: Histogram,
@@ -343,8 +358,47 @@ impl Metrics {
             None,
             "Wrong passwords given by clients (AUTH, HELLO AUTH, HTTP Bearer).".into(),
         );
-        let auth_failures = recorder.register_counter(&Key::from_name(AUTH_FAILURES_TOTAL), &meta);
-        auth_failures.increment(0);
+        recorder.describe_counter(
+            AUTH_DELAYED_TOTAL.into(),
+            None,
+            "Failed logins answered late: their peer had failed several in a row.".into(),
+        );
+        let auth_delayed = recorder.register_counter(&Key::from_name(AUTH_DELAYED_TOTAL), &meta);
+        auth_delayed.increment(0);
+        recorder.describe_counter(
+            COMMANDS_DENIED_TOTAL.into(),
+            None,
+            "Commands refused NOPERM: outside the user's rights or SKU prefixes, by user and command.".into(),
+        );
+        recorder.describe_counter(
+            USERS_RELOADS_TOTAL.into(),
+            None,
+            "Reloads of --users-file, by result: applied, or refused (the users before stay)."
+                .into(),
+        );
+        let users_reloads = ["applied", "refused"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(USERS_RELOADS_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
+        recorder.describe_gauge(USERS.into(), None, "Users clients may log in as.".into());
+        recorder.describe_counter(
+            TLS_RELOADS_TOTAL.into(),
+            None,
+            "Reloads of the listeners' TLS certificate, key and client CA, by result: applied, or refused (the ones before stay).".into(),
+        );
+        let tls_reloads = ["applied", "refused"].map(|result| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(TLS_RELOADS_TOTAL, vec![Label::new("result", result)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
+        let users = recorder.register_gauge(&Key::from_name(USERS), &meta);
         recorder.describe_counter(
             UPSTREAM_READY_CHANGES_TOTAL.into(),
             None,
@@ -493,7 +547,12 @@ impl Metrics {
             disconnects: AtomicU64::new(0),
             upstream_ready,
             upstream_ready_changes,
-            auth_failures,
+            auth_delayed,
+            users_reloads,
+            users,
+            tls_reloads,
+            meta,
+            recorder,
         }
     }
 
@@ -640,8 +699,60 @@ impl Metrics {
         }
     }
 
-    pub fn auth_failed(&self) {
-        self.auth_failures.increment(1);
+    /// Registers the series of every user, so each shows 0 from the
+    /// first scrape; a user's name is a label, and only a known user's.
+    pub fn know_users<'a>(&self, names: impl Iterator<Item = &'a str>) {
+        let mut count = 0;
+        for name in names {
+            self.user_counter(AUTH_FAILURES_TOTAL, name).increment(0);
+            count += 1;
+        }
+        self.users.set(count as f64);
+    }
+
+    fn user_counter(&self, metric: &'static str, user: &str) -> Counter {
+        self.recorder.register_counter(
+            &Key::from_parts(metric, vec![Label::new("user", user.to_owned())]),
+            &self.meta,
+        )
+    }
+
+    /// A failed login; `user` when it named a known user, else counted
+    /// under `user=""` (a name a client makes up is never a label).
+    pub fn auth_failed(&self, user: Option<&str>) {
+        self.user_counter(AUTH_FAILURES_TOTAL, user.unwrap_or(""))
+            .increment(1);
+    }
+
+    /// A failed login answered late ([`crate::auth::throttle`]).
+    pub fn auth_delayed(&self) {
+        self.auth_delayed.increment(1);
+    }
+
+    /// A command refused NOPERM.
+    pub fn command_denied(&self, user: &str, command: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(
+                    COMMANDS_DENIED_TOTAL,
+                    vec![
+                        Label::new("user", user.to_owned()),
+                        Label::new("command", command),
+                    ],
+                ),
+                &self.meta,
+            )
+            .increment(1);
+    }
+
+    /// A reload of the listeners' TLS files, applied or refused.
+    pub fn tls_reloaded(&self, applied: bool) {
+        self.tls_reloads[usize::from(!applied)].increment(1);
+    }
+
+    /// A reload of the users file, applied or refused.
+    pub fn users_reloaded(&self, applied: bool) {
+        self.users_reloads[usize::from(!applied)].increment(1);
     }
 
     pub fn client_connected(&self) {

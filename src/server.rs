@@ -10,8 +10,10 @@ use crate::connection;
 use crate::http;
 use crate::metrics::Metrics;
 use crate::state::Shared;
+use crate::tls::ServerTls;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -77,6 +79,12 @@ pub async fn start(config: Config) -> io::Result<Server> {
         None => None,
     };
 
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(
+            ServerTls::load(files.clone()).map_err(io::Error::other)?,
+        )),
+        None => None,
+    };
     let shared = Arc::new(Shared::new(config, addr.port()));
     let upstream = shared.upstream.clone();
     let metrics = shared.metrics.clone();
@@ -95,12 +103,28 @@ pub async fn start(config: Config) -> io::Result<Server> {
         let stop = stop.clone();
         background.spawn(async move { crate::stock::sweeper::sweep(&shared.service, stop).await });
     }
+    if let Some(tls) = &tls {
+        background.spawn(tls.clone().watch(shared.metrics.clone(), stop.clone()));
+    }
+    if let Some(file) = &shared.config.users {
+        background.spawn(reload_users(
+            shared.clone(),
+            file.path.clone(),
+            stop.clone(),
+        ));
+    }
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.
-        connections.spawn(http::serve(http_listener, shared.clone(), drain.clone()));
+        connections.spawn(http::serve(
+            http_listener,
+            tls.clone(),
+            shared.clone(),
+            drain.clone(),
+        ));
     }
     background.spawn(accept_loop(
         listener,
+        tls,
         shared.clone(),
         drain.clone(),
         connections.clone(),
@@ -120,6 +144,7 @@ pub async fn start(config: Config) -> io::Result<Server> {
 
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     shared: Arc<Shared>,
     drain: CancellationToken,
     connections: TaskTracker,
@@ -142,8 +167,12 @@ async fn accept_loop(
                 };
                 let shared = shared.clone();
                 let drain = drain.clone();
+                let tls = tls.clone();
                 connections.spawn(async move {
-                    connection::serve(stream, peer, shared, drain).await;
+                    match tls {
+                        None => connection::serve(stream, peer, shared, drain, None).await,
+                        Some(tls) => serve_tls(tls, stream, peer, shared, drain).await,
+                    }
                     drop(permit);
                 });
             }
@@ -155,6 +184,30 @@ async fn accept_loop(
         }
     }
     // Dropping the listener here refuses new connections during the drain.
+}
+
+/// A TLS connection on the RESP port: the handshake, then the connection
+/// loop over the decrypted relay, logged in as its certificate's user if
+/// the certificate names one.
+async fn serve_tls(
+    tls: Arc<ServerTls>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    drain: CancellationToken,
+) {
+    let stream = match tls.accept(stream).await {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::debug!(%peer, %err, "TLS handshake failed");
+            return;
+        }
+    };
+    let login = crate::tls::client_name(&stream).and_then(|name| shared.users.certified(&name));
+    match crate::tls::relay(stream).await {
+        Ok(relayed) => connection::serve(relayed, peer, shared, drain, login).await,
+        Err(err) => tracing::warn!(%peer, %err, "no loopback relay for a TLS connection"),
+    }
 }
 
 /// Tells a client over --max-clients why, and closes: the error, then a
@@ -172,6 +225,75 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     .await;
     if matches!(written, Ok(Ok(()))) {
         crate::net::discard_input(&stream, Duration::from_secs(1)).await;
+    }
+}
+
+/// Re-reads `--users-file` on SIGHUP, and whenever its content changes:
+/// it is read every second and compared whole, because a Kubernetes
+/// Secret update swaps a symlink in the mounted directory, which the
+/// file's path reads through while the file's own mtime need not change.
+/// A file with a mistake (or that can't be read) is refused: the users
+/// before it stay, it is logged (without a line of its text) and counted.
+async fn reload_users(shared: Arc<Shared>, path: PathBuf, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup())
+        .map_err(|err| tracing::warn!(%err, "no SIGHUP handler: the users file reloads only when it changes"))
+        .ok();
+    // What the last reload read; at start, what the file holds now (the
+    // users in place were read from it a moment ago).
+    let mut seen = tokio::fs::read(&path).await.ok();
+    loop {
+        let hup = async {
+            match &mut hangup {
+                Some(hangup) => hangup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let forced = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            Some(()) = hup => true,
+        };
+        let read = tokio::fs::read(&path).await;
+        let unchanged = match (&read, &seen) {
+            (Ok(now), Some(before)) => now == before,
+            (Err(_), None) => true,
+            _ => false,
+        };
+        if unchanged && !forced {
+            continue;
+        }
+        seen = read.as_ref().ok().cloned();
+        let applied = read
+            .map_err(|err| err.to_string())
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned())
+            })
+            .and_then(|text| crate::auth::file::parse(&text))
+            .and_then(|users| shared.users.replace(users));
+        match applied {
+            Ok(reloaded) => {
+                shared.metrics.users_reloaded(true);
+                let users = shared.users.list();
+                shared
+                    .metrics
+                    .know_users(users.iter().map(|(name, _, _)| name.as_str()));
+                tracing::info!(
+                    file = %path.display(),
+                    users = reloaded.users,
+                    closed = ?reloaded.closed,
+                    "users file reloaded"
+                );
+            }
+            Err(error) => {
+                shared.metrics.users_reloaded(false);
+                tracing::warn!(
+                    file = %path.display(),
+                    %error,
+                    "users file refused; the users before it stay"
+                );
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! use it, so that the connection, command and HTTP modules depend on it
 //! without depending back on the server that spawns them.
 
+use crate::auth::{Users, throttle::Throttle};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::script::Scripts;
@@ -22,6 +23,10 @@ pub struct Shared {
     /// started them (`stock::order`).
     pub service: Arc<StockService>,
     pub metrics: Arc<Metrics>,
+    /// Who may log in, and what each may do; replaced on a reload.
+    pub users: Users,
+    /// Failed logins by peer.
+    pub throttle: Throttle,
     pub started: Instant,
     /// The RESP port, as bound (for INFO).
     pub local_port: u16,
@@ -48,7 +53,15 @@ impl Shared {
             scripts,
             metrics.clone(),
         ));
+        let users = Users::new(
+            config.password.clone(),
+            config.users.as_ref().map(|f| f.users.clone()),
+        )
+        .unwrap_or_else(|e| panic!("users refused at start (config validation checks this): {e}"));
+        metrics.know_users(users.list().iter().map(|(name, _, _)| name.as_str()));
         Shared {
+            users,
+            throttle: Throttle::default(),
             config,
             upstream,
             service,

@@ -413,6 +413,145 @@ fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
     check_driver_client(&GO_REDIS_9, &["plain", "pipeline", "concurrent"]);
 }
 
+/// Named users (`--users-file`) through redis-py and Jedis (AUTH <user>
+/// <password>) and go-redis (HELLO 3 AUTH): each does what its right
+/// allows, a command outside it answers NOPERM, and the stock shows that
+/// nothing else ran. Then go-redis over TLS, logged in by its client
+/// certificate.
+#[test]
+fn named_users_log_in_with_redis_py_go_redis_and_jedis_and_are_refused_outside_their_rights() {
+    let clients = [&REDIS_PY_8, &GO_REDIS_9, &JEDIS_8];
+    let installs = clients.map(|client| std::thread::spawn(move || installed(client)));
+    let cluster = cluster();
+    let envs = installs.map(|i| i.join().expect("installing a client"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("users.toml");
+    std::fs::write(
+        &path,
+        "[users.checkout]\npasswords = [\"checkout-pw\"]\nrights = [\"caller\"]\n\n\
+         [users.viewer]\npasswords = [\"viewer-pw\"]\nrights = [\"reader\"]\n\n\
+         [users.certuser]\npasswords = [\"cert-pw\"]\nrights = [\"caller\"]\n",
+    )
+    .unwrap();
+    runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |c| {
+            c.users = Some(stockgate::config::UsersFile::read(&path).unwrap());
+            c.admin_commands = true;
+        })
+        .await;
+        for (client, env) in clients.iter().zip(&envs) {
+            let sku = format!("{}-users", client.name);
+            set_stock(&cluster, &sku, 10);
+            let run = |user: &str, password: &str, commands: Vec<Vec<String>>| {
+                let mut driver = env.driver(server.addr.port(), "plain");
+                driver
+                    .env("STOCKGATE_TEST_USER", user)
+                    .env("STOCKGATE_TEST_PASSWORD", password);
+                let plan = json!({ "commands": commands }).to_string();
+                async move {
+                    let out = finish(driver, plan.as_bytes()).await;
+                    assert!(
+                        out.status.success(),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    printed(&out.stdout).replies
+                }
+            };
+            let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            let caller = run(
+                "checkout",
+                "checkout-pw",
+                vec![
+                    words(&["DEDUCT", &sku, "2", "u-1"]),
+                    words(&["STOCK.SET", &sku, "100", "u-op"]),
+                ],
+            )
+            .await;
+            assert_eq!(
+                caller[0][0],
+                json!({"int": 0}),
+                "{}: {caller:?}",
+                client.name
+            );
+            assert_eq!(
+                caller[0][1],
+                json!({"int": 8}),
+                "{}: {caller:?}",
+                client.name
+            );
+            let refused = caller[1]["error"].as_str().unwrap_or_default();
+            assert!(
+                refused.contains("User checkout has no permissions to run the 'stock.set' command"),
+                "{}: {caller:?}",
+                client.name
+            );
+            let reader = run(
+                "viewer",
+                "viewer-pw",
+                vec![
+                    words(&["STOCK.GET", &sku]),
+                    words(&["DEDUCT", &sku, "1", "u-2"]),
+                ],
+            )
+            .await;
+            assert_eq!(reader[0], json!({"int": 8}), "{}: {reader:?}", client.name);
+            let refused = reader[1]["error"].as_str().unwrap_or_default();
+            assert!(
+                refused.contains("User viewer has no permissions to run the 'deduct' command"),
+                "{}: {reader:?}",
+                client.name
+            );
+            // The two refused commands changed nothing.
+            assert_eq!(get_stock(&cluster, &sku), Some(8), "{}", client.name);
+            let mut conn = cluster.cluster_connection().unwrap();
+            assert_eq!(record_state(&mut conn, &sku, "u-2"), '-', "{}", client.name);
+        }
+        assert!(server.drain(std::time::Duration::from_secs(5)).await);
+
+        // go-redis over TLS (--tls-cert, --tls-client-ca), logged in by its
+        // client certificate (CN certuser), refused outside its rights.
+        let certs = support::certs::Certs::for_server("IP:127.0.0.1");
+        let server = proxy(cluster.seeds(), |c| {
+            c.users = Some(stockgate::config::UsersFile::read(&path).unwrap());
+            c.tls = Some(stockgate::config::ListenerTls {
+                cert: certs.path("server.crt"),
+                key: certs.path("server.key"),
+                client_ca: Some(certs.path("ca.crt")),
+            });
+        })
+        .await;
+        set_stock(&cluster, "go-tls", 10);
+        let mut driver = envs[1].driver(server.addr.port(), "plain");
+        driver
+            .env("STOCKGATE_TEST_TLS_CA", certs.path("ca.crt"))
+            .env("STOCKGATE_TEST_TLS_CERT", certs.path("client.crt"))
+            .env("STOCKGATE_TEST_TLS_KEY", certs.path("client.key"));
+        let plan = json!({ "commands": [
+            ["DEDUCT", "go-tls", "3", "tls-1"],
+            ["STOCK.SET", "go-tls", "100", "tls-op"],
+        ]})
+        .to_string();
+        let out = finish(driver, plan.as_bytes()).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let replies = printed(&out.stdout).replies;
+        assert_eq!(replies[0][0], json!({"int": 0}), "{replies:?}");
+        assert!(
+            replies[1]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("User certuser has no permissions to run the 'stock.set' command"),
+            "{replies:?}"
+        );
+        assert_eq!(get_stock(&cluster, "go-tls"), Some(7));
+        assert!(server.drain(std::time::Duration::from_secs(5)).await);
+    });
+}
+
 #[test]
 fn rueidis_1_resp3_do_and_do_multi() {
     check_driver_client(&RUEIDIS_1, &["plain", "pipeline"]);

@@ -216,7 +216,7 @@ fn shared() -> &'static Shared {
 /// The reply the command table gives `args` on a fresh connection that
 /// has already sent `before`.
 fn table_reply(before: &[&[&str]], args: &[&str]) -> (Reply, Protocol) {
-    let mut session = Session::new(1, true);
+    let mut session = Session::new(1, shared().users.open_account());
     let request = |args: &[&str]| Request {
         args: args
             .iter()

@@ -10,8 +10,10 @@
 
 pub mod spec;
 
+use crate::auth::Account;
 use crate::reply::Protocol;
 use bytes::Bytes;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Per-connection state that commands read and change.
@@ -31,6 +33,12 @@ pub struct Session {
     /// True once the client gave the password, or from the start when
     /// stockgate asks none.
     pub authenticated: bool,
+    /// The user it is logged in as ([`Account`]): what it may do, and
+    /// whether it is still a user.
+    pub account: Option<Arc<Account>>,
+    /// How long the connection waits before its next reply: a failed
+    /// login from a peer that failed many ([`crate::auth::throttle`]).
+    pub login_delay: Option<std::time::Duration>,
     /// `CLIENT NO-EVICT on`, `CLIENT NO-TOUCH on`: accepted and shown in
     /// CLIENT INFO's flags, as Redis shows them; they change nothing here
     /// (stockgate evicts no clients and has no keys to touch).
@@ -41,7 +49,8 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: u64, authenticated: bool) -> Session {
+    /// A connection that starts logged in as `account`, or not logged in.
+    pub fn new(id: u64, account: Option<Arc<Account>>) -> Session {
         Session {
             id,
             peer: None,
@@ -49,7 +58,9 @@ impl Session {
             name: None,
             lib_name: None,
             lib_version: None,
-            authenticated,
+            authenticated: account.is_some(),
+            account,
+            login_delay: None,
             no_evict: false,
             no_touch: false,
             connected: Instant::now(),

@@ -98,6 +98,7 @@ fn reset(call: &mut Call<'_>) -> Reply {
     session.name = None;
     session.no_evict = false;
     session.no_touch = false;
-    session.authenticated = call.shared.config.password.is_none();
+    session.account = call.shared.users.open_account();
+    session.authenticated = session.account.is_some();
     Reply::Simple("RESET")
 }

@@ -185,8 +185,9 @@ fn info(call: &mut Call<'_>) -> Reply {
     line.extend_from_slice(&text(&session.name));
     let _ = write!(
         line,
-        " age={} idle=0 flags={flags} db=0 sub=0 psub=0 ssub=0 multi=-1 cmd=client|info user=default redir=-1 resp={} lib-name=",
+        " age={} idle=0 flags={flags} db=0 sub=0 psub=0 ssub=0 multi=-1 cmd=client|info user={} redir=-1 resp={} lib-name=",
         session.connected.elapsed().as_secs(),
+        session.account.as_ref().map_or("default", |a| a.name()),
         if session.protocol == Protocol::Resp3 {
             3
         } else {

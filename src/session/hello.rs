@@ -7,22 +7,26 @@
 //! AUTH [username] password
 //! ```
 //!
-//! Without `--requirepass`, stockgate behaves like Redis's default `nopass`
-//! user: it accepts any password for the user `default` (and only that
-//! user: stockgate has no other), and answers a one-argument `AUTH` as a
-//! passwordless Redis does.
+//! A login names a user (`default` when it names none) of
+//! [`crate::auth::Users`]. Without `--requirepass` or `--users-file`,
+//! stockgate behaves like Redis's default `nopass` user: it accepts any
+//! password for the user `default` (and only that user), and answers a
+//! one-argument `AUTH` as a passwordless Redis does.
 //!
 //! HELLO's reply is Redis's map, field for field, and then
 //! `stockgate_version`; clients read the fields they know.
 
 use super::client::check_client_name;
 use super::{REDIS_COMPAT_VERSION, keep, redis_integer};
-use crate::auth::{Password, WRONGPASS};
+use crate::auth::throttle::Throttle;
+use crate::auth::{Users, WRONGPASS};
 use crate::command::Session;
 use crate::command::spec::{Call, CommandSpec, arg, c_str, optional, session, shown};
 use crate::metrics::Metrics;
 use crate::reply::{Protocol, Reply};
+use crate::state::Shared;
 use bytes::Bytes;
+use std::time::Duration;
 
 pub const HELLO: CommandSpec = session(
     "hello",
@@ -30,10 +34,7 @@ pub const HELLO: CommandSpec = session(
     "connection",
     "Handshakes: picks RESP2 or RESP3, authenticates, names the connection.",
     &[optional("protover", "integer")],
-    |call| {
-        let password = call.shared.config.password.as_ref();
-        hello(call.args, call.session, password, &call.shared.metrics)
-    },
+    |call| hello(call.args, call.session, &Gate::of(call.shared)),
 );
 
 pub const AUTH: CommandSpec = session(
@@ -45,15 +46,55 @@ pub const AUTH: CommandSpec = session(
     auth,
 );
 
+/// What a login goes through: the users, the failures by peer, the
+/// metrics that count them.
+pub struct Gate<'a> {
+    pub users: &'a Users,
+    pub throttle: &'a Throttle,
+    pub metrics: &'a Metrics,
+}
+
+impl<'a> Gate<'a> {
+    pub fn of(shared: &'a Shared) -> Gate<'a> {
+        Gate {
+            users: &shared.users,
+            throttle: &shared.throttle,
+            metrics: &shared.metrics,
+        }
+    }
+
+    /// Logs `session` in as `user` (`default` when none) with `pass`, or
+    /// refuses: counted for the user it named, and, from a peer that
+    /// failed several in a row, answered late. A refusal leaves the
+    /// session as it was, logged in or not, as Redis leaves it.
+    fn log_in(&self, session: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
+        let peer = session.peer.map(|p| p.ip());
+        match self.users.login(user, pass) {
+            Ok(account) => {
+                if let Some(peer) = peer {
+                    self.throttle.succeeded(peer);
+                }
+                session.account = Some(account);
+                session.authenticated = true;
+                Ok(())
+            }
+            Err(refused) => {
+                self.metrics.auth_failed(refused.user.as_deref());
+                let delay = peer.map_or(Duration::ZERO, |peer| self.throttle.failed(peer));
+                if !delay.is_zero() {
+                    self.metrics.auth_delayed();
+                    session.login_delay = Some(delay);
+                }
+                Err(Reply::error(WRONGPASS))
+            }
+        }
+    }
+}
+
 /// Answered as Redis 7.2's `helloCommand` answers: the version first,
 /// then every option read (and the name checked) before the credentials
 /// are, and nothing changed unless all of it succeeds.
-fn hello(
-    args: &[Bytes],
-    session: &mut Session,
-    password: Option<&Password>,
-    metrics: &Metrics,
-) -> Reply {
+fn hello(args: &[Bytes], session: &mut Session, gate: &Gate<'_>) -> Reply {
     let mut protocol = session.protocol;
     let mut rest = args;
     if let Some(version) = args.first() {
@@ -84,15 +125,12 @@ fn hello(
             ));
         }
     }
-    let mut authenticated = session.authenticated;
-    if let Some((user, pass)) = credentials {
-        if !credentials_ok(password, Some(user), pass) {
-            metrics.auth_failed();
-            return Reply::error(WRONGPASS);
-        }
-        authenticated = true;
+    if let Some((user, pass)) = credentials
+        && let Err(refused) = gate.log_in(session, Some(user), pass)
+    {
+        return refused;
     }
-    if !authenticated {
+    if !session.authenticated {
         return Reply::error(
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
         );
@@ -100,7 +138,6 @@ fn hello(
     if let Some(name) = setname {
         session.name = (!name.is_empty()).then(|| keep(name));
     }
-    session.authenticated = true;
     session.protocol = protocol;
     Reply::Map(vec![
         (Reply::bulk("server"), Reply::bulk("stockgate")),
@@ -121,16 +158,6 @@ fn hello(
     ])
 }
 
-/// Whether `user` (or `default`, when none is given) may log in with
-/// `pass`. Without a password configured that is the `default` user with
-/// any password, as Redis's `nopass` default user; no other user exists.
-fn credentials_ok(password: Option<&Password>, user: Option<&[u8]>, pass: &[u8]) -> bool {
-    match password {
-        Some(password) => password.accepts(user, pass),
-        None => user.is_none_or(|u| u == b"default"),
-    }
-}
-
 /// Without a password configured it answers as a Redis without one does.
 fn auth(call: &mut Call<'_>) -> Reply {
     let (user, pass) = match call.args {
@@ -138,29 +165,47 @@ fn auth(call: &mut Call<'_>) -> Reply {
         [user, pass] => (Some(&user[..]), pass),
         _ => return Reply::error("ERR syntax error"),
     };
-    let password = call.shared.config.password.as_ref();
-    if password.is_none() && user.is_none() {
+    if call.shared.users.is_open() && user.is_none() {
         return Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         );
     }
-    if credentials_ok(password, user, pass) {
-        call.session.authenticated = true;
-        Reply::Simple("OK")
-    } else {
-        call.shared.metrics.auth_failed();
-        Reply::error(WRONGPASS)
+    match Gate::of(call.shared).log_in(call.session, user, pass) {
+        Ok(()) => Reply::Simple("OK"),
+        Err(refused) => refused,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Password;
+
+    /// The users of `--requirepass <password>`, or of none.
+    struct Parts(Users, Throttle, Metrics);
+
+    impl Parts {
+        fn new(password: Option<&str>) -> Parts {
+            Parts(
+                Users::new(password.and_then(Password::new), None).unwrap(),
+                Throttle::default(),
+                Metrics::new::<crate::stock::StockCommand>(),
+            )
+        }
+
+        fn gate(&self) -> Gate<'_> {
+            Gate {
+                users: &self.0,
+                throttle: &self.1,
+                metrics: &self.2,
+            }
+        }
+    }
 
     #[test]
     fn hello_switches_protocol_and_names_the_connection() {
-        let mut session = Session::new(7, true);
-        let metrics = Metrics::new::<crate::stock::StockCommand>();
+        let mut session = Session::new(7, Parts::new(None).0.open_account());
+        let open = Parts::new(None);
         let reply = hello(
             &[
                 Bytes::from_static(b"3"),
@@ -168,8 +213,7 @@ mod tests {
                 Bytes::from_static(b"app"),
             ],
             &mut session,
-            None,
-            &metrics,
+            &open.gate(),
         );
         assert_eq!(session.protocol, Protocol::Resp3);
         assert_eq!(session.name.as_deref(), Some(&b"app"[..]));
@@ -179,7 +223,7 @@ mod tests {
         assert!(fields.contains(&(Reply::bulk("proto"), Reply::Integer(3))));
         assert!(fields.contains(&(Reply::bulk("id"), Reply::Integer(7))));
         assert_eq!(
-            hello(&[Bytes::from_static(b"4")], &mut session, None, &metrics),
+            hello(&[Bytes::from_static(b"4")], &mut session, &open.gate(),),
             Reply::error("NOPROTO unsupported protocol version")
         );
         assert_eq!(
@@ -197,21 +241,20 @@ mod tests {
 
     #[test]
     fn hello_reads_every_option_before_the_password_as_redis_7_2() {
-        let password = Password::new("pw");
-        let metrics = Metrics::new::<crate::stock::StockCommand>();
+        let guarded = Parts::new(Some("pw"));
+        let open = Parts::new(None);
         let args = |words: &[&'static str]| -> Vec<Bytes> {
             words
                 .iter()
                 .map(|w| Bytes::from_static(w.as_bytes()))
                 .collect()
         };
-        let mut session = Session::new(1, false);
+        let mut session = Session::new(1, None);
         assert_eq!(
             hello(
                 &args(&["3", "AUTH", "default", "wrong", "SETNAME", "a b"]),
                 &mut session,
-                password.as_ref(),
-                &metrics,
+                &guarded.gate(),
             ),
             Reply::error("ERR Client names cannot contain spaces, newlines or special characters.")
         );
@@ -219,8 +262,7 @@ mod tests {
             hello(
                 &args(&["3", "AUTH", "default", "pw", "SETNAME", "a b"]),
                 &mut session,
-                password.as_ref(),
-                &metrics,
+                &guarded.gate(),
             ),
             Reply::error("ERR Client names cannot contain spaces, newlines or special characters.")
         );
@@ -230,28 +272,26 @@ mod tests {
         );
         for version in ["03", "+3", "three"] {
             assert_eq!(
-                hello(&args(&[version]), &mut session, None, &metrics),
+                hello(&args(&[version]), &mut session, &open.gate(),),
                 Reply::error("ERR Protocol version is not an integer or out of range"),
                 "{version}"
             );
         }
         // Without a password, only the default user exists.
-        let mut open = Session::new(2, true);
+        let mut passwordless = Session::new(2, open.0.open_account());
         assert!(matches!(
             hello(
                 &args(&["3", "AUTH", "default", "any"]),
-                &mut open,
-                None,
-                &metrics
+                &mut passwordless,
+                &open.gate(),
             ),
             Reply::Map(_)
         ));
         assert_eq!(
             hello(
                 &args(&["3", "AUTH", "nobody", "any"]),
-                &mut open,
-                None,
-                &metrics
+                &mut passwordless,
+                &open.gate(),
             ),
             Reply::error(WRONGPASS)
         );
@@ -262,7 +302,7 @@ mod tests {
         // A 4 KiB read buffer, as a connection has, holding the request.
         let buffer = Bytes::from(vec![b'n'; 4096]);
         let name = buffer.slice(100..110);
-        let mut session = Session::new(1, true);
+        let mut session = Session::new(1, Parts::new(None).0.open_account());
         hello(
             &[
                 Bytes::from_static(b"3"),
@@ -270,8 +310,7 @@ mod tests {
                 name,
             ],
             &mut session,
-            None,
-            &Metrics::new::<crate::stock::StockCommand>(),
+            &Parts::new(None).gate(),
         );
         let kept = session.name.expect("named");
         assert_eq!(&kept[..], &[b'n'; 10][..]);

@@ -26,6 +26,7 @@
 
 use super::command::{Command, Footprint, Serve};
 use super::{Caller, StockResult, StockService};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::outcome::{Code, HoldEvent, StockReply};
 use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
@@ -49,6 +50,7 @@ pub static GET: Command = Command {
         args: &GET_ARGS,
     },
     answers: &[],
+    right: Right::Reader,
     gives_back: false,
     footprint: Footprint::Sku,
     serve: Serve::Alone(|service, args, _| get(service, args).boxed()),
@@ -69,6 +71,7 @@ pub static SET: Command = Command {
         ],
     },
     answers: &[],
+    right: Right::Operator,
     gives_back: false,
     footprint: Footprint::Sku,
     serve: Serve::Alone(|service, args, caller| {
@@ -91,6 +94,7 @@ pub static ADD: Command = Command {
         ],
     },
     answers: &[],
+    right: Right::Operator,
     gives_back: false,
     footprint: Footprint::Sku,
     serve: Serve::Alone(|service, args, caller| {
@@ -239,6 +243,7 @@ fn audit(command: &str, sku: &Sku, amount: i64, op_id: &OpId, after: i64, caller
         delta,
         op_id = %String::from_utf8_lossy(op_id.as_bytes()),
         stock_after = after,
+        user = caller.user.as_deref().map(crate::auth::Account::name),
         client_id = caller.client_id,
         client_addr = caller.addr.map(|a| a.to_string()),
         client_name = caller.name.as_deref().map(|n| String::from_utf8_lossy(n).into_owned()),

@@ -25,6 +25,8 @@ pub(super) struct AccessEntry<'a> {
     pub(super) sku: Option<&'a [u8]>,
     pub(super) request_id: Option<&'a [u8]>,
     pub(super) qty: Option<&'a [u8]>,
+    /// The user who sent it, when it logged in as one.
+    pub(super) user: Option<&'a str>,
 }
 
 impl Books {
@@ -93,7 +95,7 @@ impl Books {
     }
 
     /// One access-log line, as the design asks: request_id, stock key, qty,
-    /// code or error kind, latency. Nothing else the caller sent (no
+    /// code or error kind, latency, and the user's name. Nothing else the caller sent (no
     /// order_no). Fields are cut at 128 bytes, as valid ones are.
     fn access_log_line(
         &self,
@@ -107,6 +109,7 @@ impl Books {
         let key = field(entry.sku).map(|sku| format!("{}:{{{sku}}}", self.keys.prefix()));
         let command = entry.command.name();
         let (request_id, qty) = (field(entry.request_id), field(entry.qty));
+        let user = entry.user;
         let latency_us = elapsed.as_micros() as u64;
         // A fault is a WARN, so `STOCKGATE_LOG=warn` or a collector's level
         // filter keeps exactly the lines an operator must look at; a
@@ -115,6 +118,7 @@ impl Books {
             Ok(code) => tracing::info!(
                 target: "stockgate::access",
                 command,
+                user,
                 request_id,
                 key,
                 qty,
@@ -124,6 +128,7 @@ impl Books {
             Err(fault) => tracing::warn!(
                 target: "stockgate::access",
                 command,
+                user,
                 request_id,
                 key,
                 qty,

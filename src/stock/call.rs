@@ -22,12 +22,14 @@
 use super::books::AccessEntry;
 use super::single::{Field, OneRequest, position};
 use super::{StockCommand, StockService, coalesce, sold_out, wire};
+use crate::auth::Account;
 use crate::error::UpstreamError;
 use crate::outcome::{Code, StockReply};
 use crate::params::{InvalidParam, RequestId, Sku};
 use crate::pipeline::{Answer, Bound, Completion, Gathered, Joinable, LoneMarks, PipeError};
 use crate::upstream::Verdict;
 use bytes::Bytes;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -68,6 +70,9 @@ pub struct Call {
     deadline: tokio::time::Instant,
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
+    /// The user who sent it (for the access log): the account, a thin
+    /// pointer, which every call moves around.
+    user: Option<Arc<Account>>,
     /// Whose call it is, which decides its metrics and its missing-stock
     /// mode.
     pub(super) on_behalf: OnBehalf,
@@ -128,6 +133,7 @@ impl StockCall {
             sku: Some(self.request.sku.as_bytes()),
             request_id: Some(self.request.request_id.as_bytes()),
             qty: self.request.field(Field::Qty),
+            user: self.user.as_deref().map(Account::name),
         }
     }
 
@@ -149,8 +155,9 @@ impl StockService {
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
+        user: Option<Arc<Account>>,
     ) -> StockResult {
-        match self.prepare(command, args, arrived) {
+        match self.prepare(command, args, arrived, user) {
             Some(prepared) => self.run(prepared, Bound::Timer).await,
             None => unreachable!("{command:?} is not a call on one request"),
         }
@@ -164,6 +171,7 @@ impl StockService {
         command: StockCommand,
         args: &[Bytes],
         arrived: Instant,
+        user: Option<Arc<Account>>,
     ) -> Option<Prepared> {
         let single = command.single()?;
         let parsed = OneRequest::parse(command, single, args, &self.settings.limits)
@@ -179,6 +187,7 @@ impl StockService {
                 };
                 let mut call = self.call_of(request, arrived, OnBehalf::Caller);
                 call.read_first = read_first;
+                call.user = user;
                 Prepared::Call(call)
             }
             Err(invalid) => {
@@ -189,6 +198,7 @@ impl StockService {
                     sku: args.first().map(|a| &a[..]),
                     request_id: field(Field::RequestId).map(|a| &a[..]),
                     qty: field(Field::Qty).map(|a| &a[..]),
+                    user: user.as_deref().map(Account::name),
                 };
                 self.books.record(entry, Ok(reply.code), arrived.elapsed());
                 Prepared::Answered(Ok(reply))
@@ -212,6 +222,7 @@ impl StockService {
             sent,
             deadline: sent + self.upstream.timeout(),
             read_first: false,
+            user: None,
             on_behalf,
         }))
     }
@@ -644,7 +655,7 @@ mod tests {
                 (StockCommand::Confirm, vec![arg("sku-9"), arg("h-1")]),
             ] {
                 let Some(Prepared::Call(mut call)) =
-                    service.prepare(command, &args, Instant::now())
+                    service.prepare(command, &args, Instant::now(), None)
                 else {
                     panic!("{command:?} {args:?} is a valid call")
                 };
@@ -708,7 +719,7 @@ mod tests {
             ]
             .iter()
             .map(
-                |args| match service.prepare(StockCommand::Deduct, args, Instant::now()) {
+                |args| match service.prepare(StockCommand::Deduct, args, Instant::now(), None) {
                     Some(Prepared::Call(call)) => call,
                     _ => panic!("{args:?} is a valid DEDUCT"),
                 },

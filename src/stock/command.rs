@@ -3,6 +3,7 @@
 
 use super::single::Single;
 use super::{Caller, StockService};
+use crate::auth::Right;
 use crate::doc::Doc;
 use crate::outcome::Code;
 use crate::reply::Reply;
@@ -19,6 +20,9 @@ pub struct Command {
     /// The business codes it can answer; none for a command that is not a
     /// call on request ids (it gets no request metrics).
     pub answers: &'static [Code],
+    /// What a user needs to send it ([`Right`]): its one statement of
+    /// who may, read by RESP's dispatch and by HTTP alike.
+    pub right: Right,
     /// A compensation: revoked or expired means there was nothing left to
     /// give back, so the caller's intent is met (HTTP 200, as for a
     /// duplicate).

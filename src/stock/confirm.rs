@@ -16,6 +16,7 @@
 
 use super::command::{Command, Footprint, Serve, codes};
 use super::single::{Field, Setting, Single};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
 const FIELDS: [Field; 2] = [Field::Sku, Field::RequestId];
@@ -32,6 +33,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::ENDS_HOLD,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Piped,
     // `lua/confirm.lua` with none of the caller's arguments (the record

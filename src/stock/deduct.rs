@@ -13,6 +13,7 @@
 
 use super::command::{Command, Footprint, Serve, codes};
 use super::single::{Field, Setting, Single};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
 const FIELDS: [Field; 4] = [Field::Sku, Field::Qty, Field::RequestId, Field::OrderNo];
@@ -29,6 +30,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::TAKES,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Piped,
     // `lua/deduct.lua` with the caller's qty and order_no, then the retry

@@ -16,6 +16,7 @@
 
 use super::command::{Command, Footprint, Serve, codes};
 use super::single::{Field, Setting, Single};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
 const FIELDS: [Field; 5] = [
@@ -38,6 +39,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::HOLDS,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Piped,
     // `lua/hold.lua` with the caller's qty, order_no and ttl_ms, then

@@ -70,10 +70,12 @@ impl StockService {
         change: HoldChange,
         args: &[Bytes],
         arrived: Instant,
+        user: Option<&str>,
     ) -> StockResult {
         let command = change.command();
         let entry = || AccessEntry {
             command,
+            user,
             sku: args.first().map(|a| &a[..]),
             request_id: args.get(1).map(|a| &a[..]),
             qty: match change {

@@ -52,12 +52,14 @@ pub use in_flight::InFlight;
 pub use service::StockService;
 pub use single::{Limits, OneRequest};
 
+use crate::auth::{Denial, Grant};
 use crate::metrics::Metered;
 use crate::outcome::Code;
 use bytes::Bytes;
 use command::{Command, Footprint, Serve};
 use single::Single;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Who sent a request: for the audit log of operators' changes. Empty for
 /// the commands that don't log it.
@@ -66,6 +68,8 @@ pub struct Caller {
     pub client_id: Option<u64>,
     pub addr: Option<SocketAddr>,
     pub name: Option<Bytes>,
+    /// The user it logged in as.
+    pub user: Option<Arc<crate::auth::Account>>,
 }
 
 /// Declares [`StockCommand`] from one line per command: its variant and
@@ -130,6 +134,29 @@ impl StockCommand {
             Serve::Single(single) => Some(single),
             Serve::Order(_) | Serve::Alone(_) => None,
         }
+    }
+
+    /// Whether a user with `grant` may send `self` with `args` (after the
+    /// name, arity checked): it holds the command's right, and every SKU
+    /// the request touches is under its prefixes. A user limited to
+    /// prefixes may not send a command that names no SKU (ORDER.CONFIRM,
+    /// ORDER.REVERT, ORDER.STATUS by an order's id alone): its SKUs can't
+    /// be checked before it runs.
+    pub fn permitted(self, grant: &Grant, args: &[Bytes]) -> Result<(), Denial> {
+        if !grant.rights.allows(self.describe().right) {
+            return Err(Denial::Command);
+        }
+        if grant.every_sku() {
+            return Ok(());
+        }
+        let allowed = match self.touches(args) {
+            Touches::Piped(sku) | Touches::Sku(sku) => grant.allows_sku(sku),
+            Touches::Lines { pairs, .. } => {
+                pairs.iter().step_by(2).all(|sku| grant.allows_sku(sku))
+            }
+            Touches::All => false,
+        };
+        if allowed { Ok(()) } else { Err(Denial::Key) }
     }
 
     /// What `self` with `args` (after the name, arity checked) touches.

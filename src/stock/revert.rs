@@ -15,6 +15,7 @@
 
 use super::command::{Command, Footprint, Serve, codes};
 use super::single::{Field, Setting, Single};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
 const FIELDS: [Field; 2] = [Field::Sku, Field::RequestId];
@@ -31,6 +32,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::PLAIN,
+    right: Right::Caller,
     gives_back: true,
     footprint: Footprint::Piped,
     // `lua/revert.lua` with none of the caller's arguments (the record

@@ -214,8 +214,13 @@ impl StockService {
         caller: &Caller,
     ) -> Reply {
         match &command.describe().serve {
-            Serve::Single(_) => stock_reply(self.call(command, args, arrived).await),
-            Serve::Order(_) => order::serve(self, command, args, arrived).await,
+            Serve::Single(_) => {
+                stock_reply(self.call(command, args, arrived, caller.user.clone()).await)
+            }
+            Serve::Order(_) => {
+                let user = caller.user.as_deref().map(crate::auth::Account::name);
+                order::serve(self, command, args, arrived, user).await
+            }
             Serve::Alone(serve) => serve(self, args, caller).await,
         }
     }

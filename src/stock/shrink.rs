@@ -21,6 +21,7 @@
 use super::command::{Command, Footprint, Serve, codes};
 use super::hold_change::HoldChange;
 use super::service::stock_reply;
+use crate::auth::{Account, Right};
 use crate::doc::{ArgSpec, Doc, arg};
 use futures_util::FutureExt;
 use std::time::Instant;
@@ -43,11 +44,19 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::CHANGES_HOLD,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, _| {
+    serve: Serve::Alone(|service, args, caller| {
         let arrived = Instant::now();
-        async move { stock_reply(service.change_hold(HoldChange::Shrink, args, arrived).await) }
-            .boxed()
+        let user = caller.user.as_deref().map(Account::name);
+        async move {
+            stock_reply(
+                service
+                    .change_hold(HoldChange::Shrink, args, arrived, user)
+                    .await,
+            )
+        }
+        .boxed()
     }),
 };

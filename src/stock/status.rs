@@ -16,6 +16,7 @@
 
 use super::StockService;
 use super::command::{Command, Footprint, Serve};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::outcome::HoldEvent;
 use crate::params::{RequestId, Sku};
@@ -38,6 +39,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: &[],
+    right: Right::Reader,
     gives_back: false,
     footprint: Footprint::Sku,
     serve: Serve::Alone(|service, args, _| status(service, args).boxed()),

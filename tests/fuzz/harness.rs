@@ -124,7 +124,7 @@ pub fn check(case: &Case<'_>) -> Outcome {
     let (whole, whole_err) = decode_whole(case.stream, case.max_request);
 
     let mut decoder = RequestDecoder::new(case.max_request);
-    let mut session = Session::new(7, shared.config.password.is_none());
+    let mut session = Session::new(7, shared.users.open_account());
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
     let mut outcome = Outcome::default();

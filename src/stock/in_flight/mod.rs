@@ -58,9 +58,12 @@ struct Request {
     command: StockCommand,
     args: Vec<Bytes>,
     arrived: Instant,
-    /// Who sent it, for the operators' commands (boxed: the rest, every
-    /// DEDUCT among them, move this struct around and name no caller).
+    /// Who sent it, for the operators' commands and the orders (boxed:
+    /// the rest, every DEDUCT among them, move this struct around and
+    /// name no caller).
     caller: Option<Box<Caller>>,
+    /// The user who sent it, for the access log.
+    user: Option<Arc<crate::auth::Account>>,
 }
 
 impl<'a> InFlight<'a> {
@@ -99,19 +102,21 @@ impl<'a> InFlight<'a> {
         args: Vec<Bytes>,
         arrived: Instant,
         caller: impl FnOnce() -> Caller,
+        user: Option<Arc<crate::auth::Account>>,
         protocol: Protocol,
     ) {
         // Only a command served by a future of its own reads its caller:
         // the rest, every DEDUCT among them, name none.
         let caller = match command.describe().serve {
-            Serve::Alone(_) => Some(Box::new(caller())),
-            Serve::Single(_) | Serve::Order(_) => None,
+            Serve::Alone(_) | Serve::Order(_) => Some(Box::new(caller())),
+            Serve::Single(_) => None,
         };
         let request = Request {
             command,
             args,
             arrived,
             caller,
+            user,
         };
         let service = self.service;
         let replies = &mut self.replies;
@@ -295,8 +300,9 @@ fn start<'a>(
         args,
         arrived,
         caller,
+        user,
     } = request;
-    match service.prepare(command, &args, arrived) {
+    match service.prepare(command, &args, arrived, user) {
         Some(Prepared::Answered(result)) => Started::Answered(stock_reply(result)),
         Some(Prepared::Call(call)) => {
             let completion = Completion::Mailbox(mailbox.clone(), ticket);

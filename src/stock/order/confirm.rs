@@ -14,6 +14,7 @@
 //! revoked (an order never held is revoked: a late ORDER.HOLD gets 4),
 //! 5 the order's hold ran out first.
 
+use crate::auth::Right;
 use crate::doc::{Doc, arg};
 use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
@@ -28,6 +29,7 @@ pub static COMMAND: Command = Command {
         args: &[arg("request_id", "string")],
     },
     answers: codes::ENDS_HOLD,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Confirm),

@@ -13,6 +13,7 @@
 //! line set), 4 reverted or revoked, 5 an earlier attempt's line holds ran
 //! out before it could finish (no line applied).
 
+use crate::auth::Right;
 use crate::doc::{Doc, arg};
 use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
@@ -31,6 +32,7 @@ pub static COMMAND: Command = Command {
         ],
     },
     answers: codes::HOLDS,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Lines { pairs_from: 1 },
     serve: Serve::Order(Want::Order),

@@ -32,6 +32,7 @@
 use super::intent::{Extension, IntentOp};
 use super::lines::{LineCall, lines_of};
 use super::{LINE_MARGIN_MS, OrderReply, Saga, Step};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
@@ -56,6 +57,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: codes::CHANGES_HOLD,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Extend),

@@ -14,6 +14,7 @@
 //! held (or confirmed), 2 insufficient (nothing held), 3 invalid, 4
 //! reverted or revoked, 5 the order's hold ran out.
 
+use crate::auth::Right;
 use crate::doc::{Doc, arg};
 use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
@@ -33,6 +34,7 @@ pub static COMMAND: Command = Command {
         ],
     },
     answers: codes::HOLDS,
+    right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Lines { pairs_from: 2 },
     serve: Serve::Order(Want::Hold),

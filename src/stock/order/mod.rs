@@ -157,8 +157,9 @@ pub(super) async fn serve(
     command: StockCommand,
     args: &[Bytes],
     arrived: Instant,
+    user: Option<&str>,
 ) -> Reply {
-    match order_call(service, command, args, arrived).await {
+    match order_call(service, command, args, arrived, user).await {
         Ok(reply) => reply.to_reply(),
         Err(fault) => Reply::Error(fault.reply_text()),
     }
@@ -178,6 +179,7 @@ pub async fn order_call(
     command: StockCommand,
     args: &[Bytes],
     arrived: Instant,
+    user: Option<&str>,
 ) -> Result<OrderReply, UpstreamError> {
     let Serve::Order(want) = command.describe().serve else {
         unreachable!("{command:?} is not an order command")
@@ -218,6 +220,7 @@ pub async fn order_call(
             sku: None,
             request_id: args.first().map(|a| &a[..]),
             qty: None,
+            user,
         },
         result.as_ref().map(|reply| reply.code),
         arrived.elapsed(),

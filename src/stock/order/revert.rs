@@ -13,6 +13,7 @@
 //! [`super`]): 0 given back now, 1 already reverted, revoked, aborted or
 //! expired (nothing to give back), 3 invalid, 4 never seen: revoked.
 
+use crate::auth::Right;
 use crate::doc::{Doc, arg};
 use crate::stock::command::{Command, Footprint, Serve, Want, codes};
 
@@ -27,6 +28,7 @@ pub static COMMAND: Command = Command {
         args: &[arg("request_id", "string")],
     },
     answers: codes::PLAIN,
+    right: Right::Caller,
     gives_back: true,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Revert),

@@ -18,6 +18,7 @@
 
 use super::intent::IntentOp;
 use super::{Filing, Phase, Saga, parse_id};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::UpstreamError;
 use crate::params::InvalidParam;
@@ -41,6 +42,7 @@ pub static COMMAND: Command = Command {
         args: &ARGS,
     },
     answers: &[],
+    right: Right::Reader,
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Alone(|service, args, _| status(service, args).boxed()),

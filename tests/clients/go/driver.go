@@ -25,6 +25,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -129,7 +131,18 @@ func args(command []string) []any {
 }
 
 func goRedis(ctx context.Context, port, mode string, commands [][]string) output {
-	opt := &redis.Options{Addr: "127.0.0.1:" + port}
+	// STOCKGATE_TEST_USER and STOCKGATE_TEST_PASSWORD, when set: go-redis
+	// then logs in with HELLO 3 AUTH <user> <password>.
+	opt := &redis.Options{
+		Addr:     "127.0.0.1:" + port,
+		Username: os.Getenv("STOCKGATE_TEST_USER"),
+		Password: os.Getenv("STOCKGATE_TEST_PASSWORD"),
+	}
+	// STOCKGATE_TEST_TLS_CA (and STOCKGATE_TEST_TLS_CERT and _KEY, a client
+	// certificate), when set: TLS to stockgate, verified against that CA.
+	if ca := os.Getenv("STOCKGATE_TEST_TLS_CA"); ca != "" {
+		opt.TLSConfig = clientTLS(ca, os.Getenv("STOCKGATE_TEST_TLS_CERT"), os.Getenv("STOCKGATE_TEST_TLS_KEY"))
+	}
 	if mode == "concurrent" {
 		opt.PoolSize = poolSize
 	}
@@ -204,6 +217,28 @@ func rueidisClient(ctx context.Context, port, mode string, commands [][]string) 
 		fail("unknown mode %s", mode)
 	}
 	return out
+}
+
+// clientTLS verifies the server against the PEM CA in caFile, and presents
+// the client certificate in certFile and keyFile when given.
+func clientTLS(caFile, certFile, keyFile string) *tls.Config {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		fail("reading the CA: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		fail("no certificate in %s", caFile)
+	}
+	config := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			fail("the client certificate: %v", err)
+		}
+		config.Certificates = []tls.Certificate{cert}
+	}
+	return config
 }
 
 func fail(format string, a ...any) {

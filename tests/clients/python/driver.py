@@ -15,6 +15,9 @@ with the python of a venv holding one pinned redis-py. plan.json is
 - pipeline: every command in one non-transactional pipeline, replies
             collected in order with raise_on_error=False.
 
+With STOCKGATE_TEST_USER and STOCKGATE_TEST_PASSWORD set, the client logs in
+as that user (redis-py's username= and password=) in every mode.
+
 Output, one JSON object: {"client", "version", "replies": [reply, ...]}
 where a reply is {"int": n}, {"str": s}, {"null": true}, a list of
 replies, or {"error": message, "class": exception class}. The test compares
@@ -22,6 +25,7 @@ them with what stockgate must answer; nothing is judged here.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -66,17 +70,21 @@ def one_by_one(client, commands, pause=0.0):
 def main():
     port, mode = int(sys.argv[1]), sys.argv[2]
     commands = json.load(sys.stdin)["commands"]
+    login = {
+        "username": os.environ.get("STOCKGATE_TEST_USER"),
+        "password": os.environ.get("STOCKGATE_TEST_PASSWORD"),
+    }
     if mode == "plain":
-        client = redis.Redis(host="127.0.0.1", port=port)
+        client = redis.Redis(host="127.0.0.1", port=port, **login)
         replies = one_by_one(client, commands)
     elif mode == "pool":
         pool = redis.ConnectionPool(
-            host="127.0.0.1", port=port, health_check_interval=HEALTH_CHECK_INTERVAL
+            host="127.0.0.1", port=port, health_check_interval=HEALTH_CHECK_INTERVAL, **login
         )
         client = redis.Redis(connection_pool=pool)
         replies = one_by_one(client, commands, pause=2 * HEALTH_CHECK_INTERVAL)
     elif mode == "pipeline":
-        client = redis.Redis(host="127.0.0.1", port=port)
+        client = redis.Redis(host="127.0.0.1", port=port, **login)
         pipe = client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)

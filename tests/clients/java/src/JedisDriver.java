@@ -57,6 +57,12 @@ public final class JedisDriver {
         switch (mode) {
             case "plain":
                 try (Jedis jedis = new Jedis("127.0.0.1", port)) {
+                    // A named user (stockgate's --users-file), when the
+                    // test gives one: AUTH <user> <password>.
+                    String user = System.getenv("STOCKGATE_TEST_USER");
+                    if (user != null) {
+                        jedis.auth(user, System.getenv("STOCKGATE_TEST_PASSWORD"));
+                    }
                     for (List<String> command : commands) {
                         replies.add(send(jedis, command));
                     }
