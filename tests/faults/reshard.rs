@@ -468,46 +468,21 @@ impl CallOnTheHold {
 /// held and the journal's entries (each once) as one call made them.
 async fn a_call_meeting_its_moved_journal(kind: ServerKind, test: &str, call: CallOnTheHold) {
     let _serial = SERIAL.lock().await;
-    let name = format!("{test}-{kind}");
-    let cluster = cluster_of(kind, 2000, &[]);
-    let (source, target) = (0, 1);
-    let sku = skus_on_every_primary(&cluster, &name, 1)
-        .into_iter()
-        .find(|s| owner(&cluster, sku_slot(s)) == source)
-        .expect("a sku on the source");
-    let slot = sku_slot(&sku);
-    let stock_key = crate::support::stock_key(&sku);
-    let mut direct = cluster.cluster_connection().expect("cluster connection");
-    redis::cmd("SET")
-        .arg(&stock_key)
-        .arg(100)
-        .query::<()>(&mut direct)
-        .expect("seed the stock");
-    let server = stockgate(cluster.seeds(), Duration::from_secs(10)).await;
-    let mut client = crate::support::client(&server, false).await;
-    let held = crate::support::hold(&mut client, &sku, "3", "h1", "600000", None)
+    let mut moving = MovingSku::start(kind, test).await;
+    let (sku, slot) = (moving.sku.clone(), moving.slot);
+    let held = crate::support::hold(&mut moving.client, &sku, "3", "h1", "600000", None)
         .await
         .expect("HOLD");
     assert_eq!(crate::support::parse_hold(held).code, 0, "held");
 
     // The slot starts moving, the journal first.
-    let (src_node, dst_node) = (&cluster.nodes[source], &cluster.nodes[target]);
-    let (mut src, mut dst) = begin_migration(&cluster, slot, source, target);
-    let journal = crate::support::layout()
-        .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
-    redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(dst_node.port)
-        .arg(&journal)
-        .arg(0)
-        .arg(5000)
-        .query::<()>(&mut src)
-        .expect("MIGRATE the journal");
+    let (mut src, mut dst) = moving.begin();
+    moving.migrate(&mut src, std::slice::from_ref(&moving.journal));
 
-    let refusals = || error_stat(src_node, "ERR") + error_stat(src_node, "TRYAGAIN");
+    let refusals = || moving.refusals(&[MovingSku::SOURCE]);
     let refused_before = refusals();
     let sending = {
-        let (mut client, sku) = (client.clone(), sku.clone());
+        let (mut client, sku) = (moving.client.clone(), sku.clone());
         tokio::spawn(async move { call.send(&mut client, &sku).await })
     };
     // Until the source has refused the call at least once.
@@ -519,22 +494,17 @@ async fn a_call_meeting_its_moved_journal(kind: ServerKind, test: &str, call: Ca
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The rest of the slot moves, and the move ends.
-    migrate_slot(
-        &cluster,
-        slot,
-        source,
-        target,
-        100,
-        Duration::ZERO,
-        Duration::ZERO,
-    );
+    moving.end();
     let answered = sending
         .await
         .expect("the call's task")
         .unwrap_or_else(|e| panic!("{call:?} answered, not a fault: {e}"));
     assert_eq!(crate::support::parse_hold(answered).code, 0, "{call:?}");
-    assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
+    assert_eq!(
+        owner(&moving.cluster, slot),
+        MovingSku::TARGET,
+        "slot {slot} moved"
+    );
 
     // The books on the target: a CONFIRM keeps the 3 units taken and holds
     // none; a shrink gave 2 back, once, and holds 1.
@@ -543,26 +513,13 @@ async fn a_call_meeting_its_moved_journal(kind: ServerKind, test: &str, call: Ca
         CallOnTheHold::Confirm => ((97, 0), (Event::Confirm, 0, -3)),
         CallOnTheHold::Shrink => ((99, 1), (Event::Cancel, 2, -2)),
     };
-    let (stock, held): (i64, Option<i64>) = redis::pipe()
-        .cmd("GET")
-        .arg(&stock_key)
-        .cmd("GET")
-        .arg([stock_key.as_slice(), b":held"].concat())
-        .query(&mut dst)
-        .expect("the stock on the target");
     assert_eq!(
-        (stock, held.unwrap_or(0)),
+        moving.stock_and_held(&mut dst),
         after,
         "{sku}: stock and held units"
     );
-    let raw: redis::Value = redis::cmd("XRANGE")
-        .arg(&journal)
-        .arg("-")
-        .arg("+")
-        .query(&mut dst)
-        .expect("XRANGE on the target");
-    let entries: Vec<_> = stockgate::journal::stream::entries(raw)
-        .expect("entries")
+    let entries: Vec<_> = moving
+        .journal_on(&mut dst)
         .into_iter()
         .map(|e| (e.event, e.id, e.stock_change, e.held_change))
         .collect();
@@ -575,7 +532,7 @@ async fn a_call_meeting_its_moved_journal(kind: ServerKind, test: &str, call: Ca
         ],
         "{sku}: the journal"
     );
-    server.stop_now();
+    moving.server.stop_now();
 }
 
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_release_meeting_its_moved_journal_gives_the_units_back_once }
@@ -593,11 +550,11 @@ matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a
 /// A slot in migration whose keys all moved but an expired hold's record.
 /// The CONFIRM of another hold finds every key it declares on the target,
 /// which runs it (ASK, then ASKING) and reads the expired hold's record,
-/// a key no call declares, as missing: on Redis 7.0 that read answers
-/// nothing, and the release took the hold for one whose record had
-/// expired long ago and dropped it, its units held for good; the newer
-/// servers refuse the read, which stockgate takes as a moving slot. The
-/// hold must stay, and go back to stock once its record is there.
+/// a key no call declares, as missing (on all four servers: a read of one
+/// key, which ASKING lets through), and the release took the hold for one
+/// whose record had expired long ago and dropped it, its units held for
+/// good. The hold must stay, and go back to stock once its record is
+/// there.
 async fn a_release_before_its_hold_record_moved_keeps_the_hold(kind: ServerKind) {
     expiry_during_a_move(kind, "recordmove", FirstMoved::AllButTheHold).await;
 }
@@ -617,38 +574,20 @@ enum FirstMoved {
 /// none held, and the journal's entries each once.
 async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
     let _serial = SERIAL.lock().await;
-    let name = format!("{test}-{kind}");
-    let cluster = cluster_of(kind, 2000, &[]);
-    let (source, target) = (0, 1);
-    let sku = skus_on_every_primary(&cluster, &name, 1)
-        .into_iter()
-        .find(|s| owner(&cluster, sku_slot(s)) == source)
-        .expect("a sku on the source");
-    let slot = sku_slot(&sku);
-    let stock_key = crate::support::stock_key(&sku);
-    let mut direct = cluster.cluster_connection().expect("cluster connection");
-    redis::cmd("SET")
-        .arg(&stock_key)
-        .arg(100)
-        .query::<()>(&mut direct)
-        .expect("seed the stock");
-    let server = stockgate(cluster.seeds(), Duration::from_secs(10)).await;
-    let mut client = crate::support::client(&server, false).await;
+    let mut moving = MovingSku::start(kind, test).await;
+    let (sku, slot) = (moving.sku.clone(), moving.slot);
     for (id, qty, ttl_ms) in [("h1", "3", "1000"), ("h2", "5", "600000")] {
-        let held = crate::support::hold(&mut client, &sku, qty, id, ttl_ms, None)
+        let held = crate::support::hold(&mut moving.client, &sku, qty, id, ttl_ms, None)
             .await
             .expect("HOLD");
         assert_eq!(crate::support::parse_hold(held).code, 0, "{id} held");
     }
 
     // The slot starts moving, before h1 expires.
-    let (src_node, dst_node) = (&cluster.nodes[source], &cluster.nodes[target]);
-    let (mut src, mut dst) = begin_migration(&cluster, slot, source, target);
-    let journal = crate::support::layout()
-        .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
-    let h1_record = [stock_key.as_slice(), b":req:h1"].concat();
-    let moving: Vec<Vec<u8>> = match first {
-        FirstMoved::Journal => vec![journal.clone()],
+    let (mut src, mut dst) = moving.begin();
+    let h1_record = [moving.stock_key.as_slice(), b":req:h1"].concat();
+    let first_keys: Vec<Vec<u8>> = match first {
+        FirstMoved::Journal => vec![moving.journal.clone()],
         FirstMoved::AllButTheHold => {
             let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
                 .arg("GETKEYSINSLOT")
@@ -660,20 +599,11 @@ async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
         }
     };
     let due: f64 = redis::cmd("ZSCORE")
-        .arg([stock_key.as_slice(), b":holds"].concat())
+        .arg([moving.stock_key.as_slice(), b":holds"].concat())
         .arg("h1")
         .query(&mut src)
         .expect("h1's expiry");
-    redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(dst_node.port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&moving)
-        .query::<()>(&mut src)
-        .expect("MIGRATE the first keys");
+    moving.migrate(&mut src, &first_keys);
     // Until h1 is due by Redis's clock.
     loop {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut src).expect("TIME");
@@ -686,15 +616,10 @@ async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
     // The CONFIRM of h2, which releases h1 first, on whichever node runs
     // it: the rest of the slot stays where it is until a node has refused
     // it or it was answered, and the sweeper has had its turn.
-    let refusals = || {
-        [src_node, dst_node]
-            .iter()
-            .map(|node| error_stat(node, "ERR") + error_stat(node, "TRYAGAIN"))
-            .sum::<u64>()
-    };
+    let refusals = || moving.refusals(&[MovingSku::SOURCE, MovingSku::TARGET]);
     let refused_before = refusals();
     let confirming = {
-        let (mut client, sku) = (client.clone(), sku.clone());
+        let (mut client, sku) = (moving.client.clone(), sku.clone());
         tokio::spawn(async move { crate::support::confirm(&mut client, &sku, "h2").await })
     };
     let waited = Instant::now();
@@ -706,15 +631,7 @@ async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    migrate_slot(
-        &cluster,
-        slot,
-        source,
-        target,
-        100,
-        Duration::ZERO,
-        Duration::ZERO,
-    );
+    moving.end();
     let confirmed = confirming
         .await
         .expect("the CONFIRM's task")
@@ -724,37 +641,28 @@ async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
         0,
         "h2 confirmed"
     );
-    assert_eq!(owner(&cluster, slot), target, "slot {slot} moved");
+    assert_eq!(
+        owner(&moving.cluster, slot),
+        MovingSku::TARGET,
+        "slot {slot} moved"
+    );
     // A read releases what is due, as every call on the SKU does.
     redis::cmd("STOCK.GET")
         .arg(&sku)
-        .query_async::<redis::Value>(&mut client)
+        .query_async::<redis::Value>(&mut moving.client)
         .await
         .expect("STOCK.GET");
 
     // 100 - 3 (h1, given back) - 5 (h2, confirmed): h1's units came back,
     // once.
-    let (stock, held): (i64, Option<i64>) = redis::pipe()
-        .cmd("GET")
-        .arg(&stock_key)
-        .cmd("GET")
-        .arg([stock_key.as_slice(), b":held"].concat())
-        .query(&mut dst)
-        .expect("the stock on the target");
     assert_eq!(
-        (stock, held.unwrap_or(0)),
+        moving.stock_and_held(&mut dst),
         (95, 0),
         "{sku}: stock and held units"
     );
-    let raw: redis::Value = redis::cmd("XRANGE")
-        .arg(&journal)
-        .arg("-")
-        .arg("+")
-        .query(&mut dst)
-        .expect("XRANGE on the target");
     use stockgate::journal::Event;
-    let mut events: Vec<_> = stockgate::journal::stream::entries(raw)
-        .expect("entries")
+    let mut events: Vec<_> = moving
+        .journal_on(&mut dst)
         .iter()
         .map(|e| (e.event.name(), e.id.clone()))
         .collect();
@@ -768,5 +676,118 @@ async fn expiry_during_a_move(kind: ServerKind, test: &str, first: FirstMoved) {
     ];
     expected.sort();
     assert_eq!(events, expected, "{sku}: the journal");
-    server.stop_now();
+    moving.server.stop_now();
+}
+
+/// What the tests of a slot moving under a SKU's calls start from: a
+/// two-primary cluster, a SKU of 100 units on its first primary (the
+/// source), a stockgate and a client of it.
+struct MovingSku {
+    cluster: stockgate::dev::LocalCluster,
+    sku: String,
+    slot: u16,
+    stock_key: Vec<u8>,
+    journal: Vec<u8>,
+    server: stockgate::server::Server,
+    client: redis::aio::MultiplexedConnection,
+}
+
+impl MovingSku {
+    const SOURCE: usize = 0;
+    const TARGET: usize = 1;
+
+    async fn start(kind: ServerKind, test: &str) -> MovingSku {
+        let name = format!("{test}-{kind}");
+        let cluster = cluster_of(kind, 2000, &[]);
+        let sku = skus_on_every_primary(&cluster, &name, 1)
+            .into_iter()
+            .find(|s| owner(&cluster, sku_slot(s)) == Self::SOURCE)
+            .expect("a sku on the source");
+        let stock_key = crate::support::stock_key(&sku);
+        let mut direct = cluster.cluster_connection().expect("cluster connection");
+        redis::cmd("SET")
+            .arg(&stock_key)
+            .arg(100)
+            .query::<()>(&mut direct)
+            .expect("seed the stock");
+        let server = stockgate(cluster.seeds(), Duration::from_secs(10)).await;
+        let client = crate::support::client(&server, false).await;
+        let journal = crate::support::layout()
+            .journal_key(&stockgate::params::Sku::parse(sku.clone().into()).expect("a sku"));
+        MovingSku {
+            slot: sku_slot(&sku),
+            cluster,
+            sku,
+            stock_key,
+            journal,
+            server,
+            client,
+        }
+    }
+
+    /// The slot starts moving: connections to the source and the target.
+    fn begin(&self) -> (redis::Connection, redis::Connection) {
+        begin_migration(&self.cluster, self.slot, Self::SOURCE, Self::TARGET)
+    }
+
+    /// Moves `keys` of the slot to the target.
+    fn migrate(&self, src: &mut redis::Connection, keys: &[Vec<u8>]) {
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(self.cluster.nodes[Self::TARGET].port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(keys)
+            .query::<()>(src)
+            .expect("MIGRATE");
+    }
+
+    /// The rest of the slot moves, and the move ends.
+    fn end(&self) {
+        migrate_slot(
+            &self.cluster,
+            self.slot,
+            Self::SOURCE,
+            Self::TARGET,
+            100,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
+    }
+
+    /// Calls the `nodes` refused so far (ERR and TRYAGAIN).
+    fn refusals(&self, nodes: &[usize]) -> u64 {
+        nodes
+            .iter()
+            .map(|&n| {
+                let node = &self.cluster.nodes[n];
+                error_stat(node, "ERR") + error_stat(node, "TRYAGAIN")
+            })
+            .sum()
+    }
+
+    /// The SKU's stock and units held, as a node has them.
+    fn stock_and_held(&self, node: &mut redis::Connection) -> (i64, i64) {
+        let (stock, held): (i64, Option<i64>) = redis::pipe()
+            .cmd("GET")
+            .arg(&self.stock_key)
+            .cmd("GET")
+            .arg([self.stock_key.as_slice(), b":held"].concat())
+            .query(node)
+            .expect("the stock");
+        (stock, held.unwrap_or(0))
+    }
+
+    /// The SKU's journal, as a node has it.
+    fn journal_on(&self, node: &mut redis::Connection) -> Vec<stockgate::journal::Entry> {
+        let raw: redis::Value = redis::cmd("XRANGE")
+            .arg(&self.journal)
+            .arg("-")
+            .arg("+")
+            .query(node)
+            .expect("XRANGE");
+        stockgate::journal::stream::entries(raw).expect("entries")
+    }
 }
