@@ -958,3 +958,86 @@ async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_w
     assert_eq!(get_stock(cluster, "tls-u5"), Some(100 - 6));
     assert!(server.drain(Duration::from_secs(5)).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_s_dns_name_is_its_user_before_its_common_name() {
+    use support::certs::{CLIENT_USER, Certs};
+    let cluster = shared_cluster();
+    set_stock(cluster, "tls-u6", 10);
+    let certs = Certs::for_server("IP:127.0.0.1");
+    // Its common name is a caller, its DNS name a reader: the DNS name
+    // decides.
+    certs.client("san-client", CLIENT_USER, "viewer");
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    write_users(
+        &users,
+        &format!(
+            "[users.{CLIENT_USER}]\npasswords = [\"cert-pw\"]\nrights = [\"caller\"]\n\n\
+             [users.viewer]\npasswords = [\"viewer-pw\"]\nrights = [\"reader\"]\n"
+        ),
+    );
+    let server = proxy(cluster.seeds(), |c| {
+        c.users = Some(UsersFile::read(&users).unwrap());
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tls = Some(stockgate::config::ListenerTls {
+            cert: certs.path("server.crt"),
+            key: certs.path("server.key"),
+            client_ca: Some(certs.path("ca.crt")),
+        });
+    })
+    .await;
+    let tls = [
+        "--cacert".to_owned(),
+        certs.param("ca.crt"),
+        "--cert".to_owned(),
+        certs.param("san-client.crt"),
+        "--key".to_owned(),
+        certs.param("san-client.key"),
+    ];
+    let port = server.addr.port();
+    let got = redis_cli_tls(port, &tls, &["STOCK.GET", "tls-u6"]);
+    assert_eq!(got.trim(), "10", "logged in as a reader, without AUTH");
+    let got = redis_cli_tls(port, &tls, &["DEDUCT", "tls-u6", "1", "san-1"]);
+    assert!(
+        got.contains("NOPERM User viewer has no permissions to run the 'deduct' command"),
+        "{got}"
+    );
+    // Over HTTP, the same certificate is the same user.
+    let http = server.http_addr.unwrap();
+    let out = run(
+        "curl",
+        &[
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "--cacert",
+            &certs.param("ca.crt"),
+            "--cert",
+            &certs.param("san-client.crt"),
+            "--key",
+            &certs.param("san-client.key"),
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"sku":"tls-u6","qty":1,"request_id":"san-h1"}"#,
+            &format!("https://127.0.0.1:{}/v1/deduct", http.port()),
+        ],
+    );
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        got.ends_with("\n403") && got.contains("NOPERM User viewer"),
+        "{got}"
+    );
+    assert_eq!(get_stock(cluster, "tls-u6"), Some(10));
+    assert_eq!(
+        metric(
+            &server,
+            "stockgate_commands_denied_total{user=\"viewer\",command=\"deduct\"}"
+        ),
+        2
+    );
+    assert!(server.drain(Duration::from_secs(5)).await);
+}
