@@ -75,6 +75,53 @@ impl Certs {
         sign(self.dir(), name, cn);
     }
 
+    /// The CA as a Java truststore (`truststore.p12`, made by keytool) and
+    /// the `client` certificate with its key as a keystore
+    /// (`client.p12`, by openssl), both PKCS12 under `password`.
+    pub fn java_stores(&self, password: &str) -> (PathBuf, PathBuf) {
+        let out = Command::new("keytool")
+            .args([
+                "-importcert",
+                "-noprompt",
+                "-alias",
+                "stockgate-test-ca",
+                "-file",
+                "ca.crt",
+                "-storetype",
+                "PKCS12",
+                "-keystore",
+                "truststore.p12",
+                "-storepass",
+                password,
+            ])
+            .current_dir(self.dir())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("keytool is needed ({e}): install a JDK 17+ (Debian: apt-get install -y openjdk-17-jdk-headless)")
+            });
+        assert!(
+            out.status.success(),
+            "keytool: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        openssl(
+            self.dir(),
+            &[
+                "pkcs12",
+                "-export",
+                "-in",
+                "client.crt",
+                "-inkey",
+                "client.key",
+                "-out",
+                "client.p12",
+                "-passout",
+                &format!("pass:{password}"),
+            ],
+        );
+        (self.path("truststore.p12"), self.path("client.p12"))
+    }
+
     /// A file of it: `ca.crt`, `other-ca.crt`, `server.crt`, `server.key`,
     /// `client.crt`, `client.key`.
     pub fn path(&self, file: &str) -> PathBuf {
