@@ -416,8 +416,8 @@ fn go_redis_9_resp3_do_pipeline_and_pool_reuse() {
 /// Named users (`--users-file`) through redis-py and Jedis (AUTH <user>
 /// <password>) and go-redis (HELLO 3 AUTH): each does what its right
 /// allows, a command outside it answers NOPERM, and the stock shows that
-/// nothing else ran. Then go-redis over TLS, logged in by its client
-/// certificate.
+/// nothing else ran. Then go-redis and Jedis over TLS, logged in by their
+/// client certificate.
 #[test]
 fn named_users_log_in_with_redis_py_go_redis_and_jedis_and_are_refused_outside_their_rights() {
     let clients = [&REDIS_PY_8, &GO_REDIS_9, &JEDIS_8];
@@ -548,6 +548,38 @@ fn named_users_log_in_with_redis_py_go_redis_and_jedis_and_are_refused_outside_t
             "{replies:?}"
         );
         assert_eq!(get_stock(&cluster, "go-tls"), Some(7));
+
+        // Jedis over the same TLS, its truststore and keystore made from
+        // the same CA and client certificate.
+        let (truststore, keystore) = certs.java_stores("stockgate-test");
+        set_stock(&cluster, "jedis-tls", 10);
+        let mut driver = envs[2].driver(server.addr.port(), "plain");
+        driver
+            .env("STOCKGATE_TEST_TLS_TRUSTSTORE", &truststore)
+            .env("STOCKGATE_TEST_TLS_KEYSTORE", &keystore)
+            .env("STOCKGATE_TEST_TLS_STORE_PASSWORD", "stockgate-test");
+        let plan = json!({ "commands": [
+            ["DEDUCT", "jedis-tls", "3", "tls-1"],
+            ["STOCK.SET", "jedis-tls", "100", "tls-op"],
+        ]})
+        .to_string();
+        let out = finish(driver, plan.as_bytes()).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let replies = printed(&out.stdout).replies;
+        assert_eq!(replies[0][0], json!({"int": 0}), "{replies:?}");
+        assert_eq!(replies[0][1], json!({"int": 7}), "{replies:?}");
+        assert!(
+            replies[1]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("User certuser has no permissions to run the 'stock.set' command"),
+            "{replies:?}"
+        );
+        assert_eq!(get_stock(&cluster, "jedis-tls"), Some(7));
         assert!(server.drain(std::time::Duration::from_secs(5)).await);
     });
 }

@@ -1,7 +1,8 @@
 //! Named users from `--users-file`: their rights over RESP and HTTP (a
 //! denied command answers NOPERM and changes nothing), a password rotation
 //! and a broken reload under load, a user removed, failed logins slowed
-//! down, SIGHUP, and `stockgate check`. Every test shares one cluster
+//! down, SIGHUP, `stockgate check`, and TLS (client certificates as users,
+//! a certificate renewed under load). Every test shares one cluster
 //! (`support::shared_cluster`), each on SKUs of its own.
 
 mod support;
@@ -789,11 +790,160 @@ fn redis_cli_tls(port: u16, tls: &[String], args: &[&str]) -> String {
     )
 }
 
+/// DEDUCTs of one on a SKU, each task through one connection opened
+/// before the load starts and kept to its end; a reply that is not a
+/// deduction ends its task and is kept as the reason.
+struct OpenLoad {
+    stop: Arc<AtomicBool>,
+    /// Deductions acknowledged, by task.
+    deducted: Arc<Vec<AtomicU64>>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl OpenLoad {
+    async fn start(client: &redis::Client, sku: &'static str, tasks: usize) -> OpenLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let deducted: Arc<Vec<AtomicU64>> =
+            Arc::new((0..tasks).map(|_| AtomicU64::new(0)).collect());
+        let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // No response timeout: a slow reply on a busy machine is not a
+        // failure; only an error is.
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut handles = Vec::new();
+        for task in 0..tasks {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .unwrap();
+            let (stop, deducted, failures) = (stop.clone(), deducted.clone(), failures.clone());
+            handles.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let failure =
+                        match deduct(&mut conn, sku, "1", &format!("open{task}-{n}"), None).await {
+                            Ok(reply) if parse(reply.clone()).code == 0 => {
+                                deducted[task].fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                            Ok(reply) => format!("task {task}: request {n} answered {reply:?}"),
+                            Err(e) => format!("task {task}: request {n} failed: {e}"),
+                        };
+                    failures.lock().unwrap().push(failure);
+                    return;
+                }
+            }));
+        }
+        OpenLoad {
+            stop,
+            deducted,
+            failures,
+            tasks: handles,
+        }
+    }
+
+    /// Waits until every task has had `more` more deductions acknowledged;
+    /// fails at once with the reason if one of them ended.
+    async fn progress(&self, more: u64) {
+        let from: Vec<u64> = self
+            .deducted
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .collect();
+        loop_until_async(Duration::from_secs(30), || async {
+            let failures = self.failures.lock().unwrap().clone();
+            assert!(failures.is_empty(), "{failures:?}");
+            self.deducted
+                .iter()
+                .zip(&from)
+                .all(|(d, from)| d.load(Ordering::Relaxed) >= from + more)
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// Stops the load; the deductions acknowledged, after checking that
+    /// every request was.
+    async fn finish(self) -> i64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        assert!(failures.is_empty(), "{failures:?}");
+        self.deducted
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed) as i64)
+            .sum()
+    }
+}
+
+/// The first certificate of a PEM file, DER.
+fn pem_certificate(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(path)
+        .unwrap()
+        .to_vec()
+}
+
+/// A certificate's SHA-256 fingerprint, as `openssl x509 -fingerprint`
+/// gives it (without the colons).
+fn fingerprint(der: &[u8]) -> String {
+    sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect()
+}
+
+/// The certificate a new TLS connection to `port` is served (DER): the
+/// server's chain checked against any of `cas`' CA, `client`'s client
+/// certificate presented.
+async fn served_certificate(
+    port: u16,
+    cas: &[&support::certs::Certs],
+    client: &support::certs::Certs,
+) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        roots
+            .add(CertificateDer::from(pem_certificate(&ca.path("ca.crt"))))
+            .unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        vec![CertificateDer::from(pem_certificate(
+            &client.path("client.crt"),
+        ))],
+        PrivateKeyDer::from_pem_file(client.path("client.key")).unwrap(),
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
+            tcp,
+        )
+        .await
+        .expect("a TLS handshake with a certificate of one of the CAs");
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_without_a_restart() {
     use support::certs::{CLIENT_USER, Certs};
     let cluster = shared_cluster();
-    set_stock(cluster, "tls-u5", 100);
+    const STOCK: i64 = 1_000_000;
+    set_stock(cluster, "tls-u5", STOCK);
     let first = Certs::for_server("IP:127.0.0.1");
     let second = Certs::for_server("IP:127.0.0.1");
     let dir = tempfile::tempdir().unwrap();
@@ -836,7 +986,7 @@ async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_w
     };
     // The client certificate's name is a user: logged in as it, no AUTH.
     let got = redis_cli_tls(port, &with_ca(&first), &["DEDUCT", "tls-u5", "1", "tls-1"]);
-    assert!(got.starts_with("0\n99\n"), "{got}");
+    assert!(got.starts_with(&format!("0\n{}\n", STOCK - 1)), "{got}");
     let got = redis_cli_tls(
         port,
         &with_ca(&first),
@@ -860,7 +1010,7 @@ async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_w
             "tls-u5",
         ],
     );
-    assert_eq!(got.trim(), "99");
+    assert_eq!(got.trim(), (STOCK - 1).to_string());
     // No client certificate: no connection (mTLS).
     let got = redis_cli_tls(
         port,
@@ -898,63 +1048,145 @@ async fn tls_listeners_take_client_certificates_as_users_and_a_new_certificate_w
     };
     assert_eq!(curl(&first, "tls-h1"), "200");
 
-    // A connection open before the certificate changes.
-    let certificates = redis::TlsCertificates {
-        client_tls: Some(redis::ClientTlsConfig {
-            client_cert: std::fs::read(first.path("client.crt")).unwrap(),
-            client_key: std::fs::read(first.path("client.key")).unwrap(),
-        }),
-        root_cert: Some(std::fs::read(first.path("ca.crt")).unwrap()),
-    };
-    let mut open =
-        redis::Client::build_with_tls(format!("rediss://127.0.0.1:{port}"), certificates)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+    // Connections open before the certificate changes, under load.
+    let client = redis::Client::build_with_tls(
+        format!("rediss://127.0.0.1:{port}"),
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: std::fs::read(first.path("client.crt")).unwrap(),
+                client_key: std::fs::read(first.path("client.key")).unwrap(),
+            }),
+            root_cert: Some(std::fs::read(first.path("ca.crt")).unwrap()),
+        },
+    )
+    .unwrap();
+    let load = OpenLoad::start(&client, "tls-u5", 3).await;
+    load.progress(20).await;
     assert_eq!(
-        parse(
-            deduct(&mut open, "tls-u5", "1", "tls-2", None)
-                .await
-                .unwrap()
-        )
-        .code,
-        0
+        fingerprint(&served_certificate(port, &[&first, &second], &first).await),
+        fingerprint(&pem_certificate(&first.path("server.crt"))),
+        "the first certificate, before the renewal"
     );
 
     // The certificate renewed (another CA, as a rotation to a new issuer
-    // shows): new connections get it, the open one goes on.
+    // shows): new connections get it, the open ones go on.
+    let applied = "stockgate_tls_reloads_total{result=\"applied\"}";
+    let applied_before = metric(&server, applied);
     install(&second);
     loop_until_async(Duration::from_secs(10), || async {
-        (metric(&server, "stockgate_tls_reloads_total{result=\"applied\"}") >= 1).then_some(())
+        (metric(&server, applied) > applied_before).then_some(())
     })
     .await;
+    assert_eq!(
+        fingerprint(&served_certificate(port, &[&first, &second], &first).await),
+        fingerprint(&pem_certificate(&second.path("server.crt"))),
+        "a new connection after the renewal"
+    );
     let got = redis_cli_tls(port, &with_ca(&second), &["DEDUCT", "tls-u5", "1", "tls-3"]);
     assert!(got.starts_with("0\n"), "the new certificate: {got}");
     let got = redis_cli_tls(port, &with_ca(&first), &["PING"]);
     assert!(!got.contains("PONG"), "the old certificate is gone: {got}");
     assert_eq!(curl(&second, "tls-h2"), "200");
-    assert_eq!(
-        parse(
-            deduct(&mut open, "tls-u5", "1", "tls-4", None)
-                .await
-                .unwrap()
-        )
-        .code,
-        0
-    );
+    load.progress(20).await;
     // A broken pair (a key that is not the certificate's): refused, the
     // certificate before it stays.
+    let refused = "stockgate_tls_reloads_total{result=\"refused\"}";
+    let refused_before = metric(&server, refused);
     write_users(
         &key,
         &std::fs::read_to_string(first.path("server.key")).unwrap(),
     );
     loop_until_async(Duration::from_secs(10), || async {
-        (metric(&server, "stockgate_tls_reloads_total{result=\"refused\"}") >= 1).then_some(())
+        (metric(&server, refused) > refused_before).then_some(())
     })
     .await;
     let got = redis_cli_tls(port, &with_ca(&second), &["PING"]);
     assert_eq!(got.trim(), "PONG");
-    assert_eq!(get_stock(cluster, "tls-u5"), Some(100 - 6));
+    load.progress(20).await;
+    let deducted = load.finish().await;
+    assert_eq!(get_stock(cluster, "tls-u5"), Some(STOCK - 4 - deducted));
+    assert!(server.drain(Duration::from_secs(5)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_s_dns_name_is_its_user_before_its_common_name() {
+    use support::certs::{CLIENT_USER, Certs};
+    let cluster = shared_cluster();
+    set_stock(cluster, "tls-u6", 10);
+    let certs = Certs::for_server("IP:127.0.0.1");
+    // Its common name is a caller, its DNS name a reader: the DNS name
+    // decides.
+    certs.client("san-client", CLIENT_USER, "viewer");
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    write_users(
+        &users,
+        &format!(
+            "[users.{CLIENT_USER}]\npasswords = [\"cert-pw\"]\nrights = [\"caller\"]\n\n\
+             [users.viewer]\npasswords = [\"viewer-pw\"]\nrights = [\"reader\"]\n"
+        ),
+    );
+    let server = proxy(cluster.seeds(), |c| {
+        c.users = Some(UsersFile::read(&users).unwrap());
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tls = Some(stockgate::config::ListenerTls {
+            cert: certs.path("server.crt"),
+            key: certs.path("server.key"),
+            client_ca: Some(certs.path("ca.crt")),
+        });
+    })
+    .await;
+    let tls = [
+        "--cacert".to_owned(),
+        certs.param("ca.crt"),
+        "--cert".to_owned(),
+        certs.param("san-client.crt"),
+        "--key".to_owned(),
+        certs.param("san-client.key"),
+    ];
+    let port = server.addr.port();
+    let got = redis_cli_tls(port, &tls, &["STOCK.GET", "tls-u6"]);
+    assert_eq!(got.trim(), "10", "logged in as a reader, without AUTH");
+    let got = redis_cli_tls(port, &tls, &["DEDUCT", "tls-u6", "1", "san-1"]);
+    assert!(
+        got.contains("NOPERM User viewer has no permissions to run the 'deduct' command"),
+        "{got}"
+    );
+    // Over HTTP, the same certificate is the same user.
+    let http = server.http_addr.unwrap();
+    let out = run(
+        "curl",
+        &[
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "--cacert",
+            &certs.param("ca.crt"),
+            "--cert",
+            &certs.param("san-client.crt"),
+            "--key",
+            &certs.param("san-client.key"),
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"sku":"tls-u6","qty":1,"request_id":"san-h1"}"#,
+            &format!("https://127.0.0.1:{}/v1/deduct", http.port()),
+        ],
+    );
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        got.ends_with("\n403") && got.contains("NOPERM User viewer"),
+        "{got}"
+    );
+    assert_eq!(get_stock(cluster, "tls-u6"), Some(10));
+    assert_eq!(
+        metric(
+            &server,
+            "stockgate_commands_denied_total{user=\"viewer\",command=\"deduct\"}"
+        ),
+        2
+    );
     assert!(server.drain(Duration::from_secs(5)).await);
 }

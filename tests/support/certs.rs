@@ -2,7 +2,7 @@
 //! temp dir: a CA, a second CA nobody trusts, a server certificate signed
 //! by the first (for `localhost` only by default, so that `127.0.0.1` is
 //! "another host name" to the books' tests), and a client certificate for
-//! the user `certuser`.
+//! the user `certuser`; [`Certs::client`] makes more client certificates.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,23 +26,7 @@ impl Certs {
             .prefix("stockgate-certs-")
             .tempdir()
             .expect("a temp dir");
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .stderr(Stdio::piped())
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "openssl is needed ({e}): deploy/install-deps.sh test (Debian: apt-get install -y openssl)"
-                    )
-                });
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let openssl = |args: &[&str]| openssl(dir.path(), args);
         for ca in ["ca", "other-ca"] {
             openssl(&[
                 "req",
@@ -74,39 +58,68 @@ impl Certs {
         )
         .unwrap();
         for (name, cn) in [("server", "localhost"), ("client", CLIENT_USER)] {
-            openssl(&[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={cn}"),
-            ]);
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.crt"),
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.cnf"),
-            ]);
+            sign(dir.path(), name, cn);
         }
         Certs { dir }
+    }
+
+    /// One more client certificate the CA signs, `<name>.crt` and
+    /// `<name>.key`, with `cn` as its subject's common name and `dns` as
+    /// its one subject alternative name.
+    pub fn client(&self, name: &str, cn: &str, dns: &str) {
+        std::fs::write(
+            self.path(&format!("{name}.cnf")),
+            format!("subjectAltName=DNS:{dns}\nextendedKeyUsage=clientAuth\n"),
+        )
+        .unwrap();
+        sign(self.dir(), name, cn);
+    }
+
+    /// The CA as a Java truststore (`truststore.p12`, made by keytool) and
+    /// the `client` certificate with its key as a keystore
+    /// (`client.p12`, by openssl), both PKCS12 under `password`.
+    pub fn java_stores(&self, password: &str) -> (PathBuf, PathBuf) {
+        let out = Command::new("keytool")
+            .args([
+                "-importcert",
+                "-noprompt",
+                "-alias",
+                "stockgate-test-ca",
+                "-file",
+                "ca.crt",
+                "-storetype",
+                "PKCS12",
+                "-keystore",
+                "truststore.p12",
+                "-storepass",
+                password,
+            ])
+            .current_dir(self.dir())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("keytool is needed ({e}): install a JDK 17+ (Debian: apt-get install -y openjdk-17-jdk-headless)")
+            });
+        assert!(
+            out.status.success(),
+            "keytool: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        openssl(
+            self.dir(),
+            &[
+                "pkcs12",
+                "-export",
+                "-in",
+                "client.crt",
+                "-inkey",
+                "client.key",
+                "-out",
+                "client.p12",
+                "-passout",
+                &format!("pass:{password}"),
+            ],
+        );
+        (self.path("truststore.p12"), self.path("client.p12"))
     }
 
     /// A file of it: `ca.crt`, `other-ca.crt`, `server.crt`, `server.key`,
@@ -123,4 +136,64 @@ impl Certs {
     pub fn param(&self, file: &str) -> String {
         self.path(file).display().to_string()
     }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "openssl is needed ({e}): deploy/install-deps.sh test (Debian: apt-get install -y openssl)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A key and a certificate `<name>.crt` for `cn`, signed by `ca.crt`, with
+/// the extensions in `<name>.cnf`.
+fn sign(dir: &Path, name: &str, cn: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.cnf"),
+        ],
+    )
 }

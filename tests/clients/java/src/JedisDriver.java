@@ -1,6 +1,15 @@
+import java.io.FileInputStream;
+import java.io.InputStream;
+import java.security.KeyStore;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import javax.net.ssl.KeyManagerFactory;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.TrustManagerFactory;
+import redis.clients.jedis.DefaultJedisClientConfig;
+import redis.clients.jedis.HostAndPort;
 import redis.clients.jedis.Jedis;
 import redis.clients.jedis.JedisPool;
 import redis.clients.jedis.JedisPoolConfig;
@@ -19,7 +28,8 @@ import redis.clients.jedis.util.SafeEncoder;
  * MODE:
  * <ul>
  *   <li>plain: {@code new Jedis(host, port)} with its defaults, {@code sendCommand}
- *       one command at a time.
+ *       one command at a time. With STOCKGATE_TEST_TLS_TRUSTSTORE set, over
+ *       TLS instead (see {@link #tls}).
  *   <li>pool: a {@link JedisPool} with testOnBorrow, so the pool PINGs a
  *       connection every time it lends it out; each command borrows one and
  *       gives it back.
@@ -49,6 +59,42 @@ public final class JedisDriver {
         }
     }
 
+    /**
+     * A Jedis over TLS, as a Java application sets one up: the server's
+     * certificate checked against the truststore STOCKGATE_TEST_TLS_TRUSTSTORE
+     * (its host name too), and the client certificate of the keystore
+     * STOCKGATE_TEST_TLS_KEYSTORE presented when that is set; both PKCS12,
+     * with the password STOCKGATE_TEST_TLS_STORE_PASSWORD.
+     */
+    static Jedis tls(int port, String truststore) throws Exception {
+        char[] password = System.getenv("STOCKGATE_TEST_TLS_STORE_PASSWORD").toCharArray();
+        TrustManagerFactory trust =
+            TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+        trust.init(load(truststore, password));
+        KeyManagerFactory keys =
+            KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
+        String keystore = System.getenv("STOCKGATE_TEST_TLS_KEYSTORE");
+        keys.init(keystore == null ? null : load(keystore, password), password);
+        SSLContext context = SSLContext.getInstance("TLS");
+        context.init(keys.getKeyManagers(), trust.getTrustManagers(), null);
+        SSLParameters parameters = new SSLParameters();
+        parameters.setEndpointIdentificationAlgorithm("HTTPS");
+        return new Jedis(new HostAndPort("127.0.0.1", port),
+            DefaultJedisClientConfig.builder()
+                .ssl(true)
+                .sslSocketFactory(context.getSocketFactory())
+                .sslParameters(parameters)
+                .build());
+    }
+
+    static KeyStore load(String path, char[] password) throws Exception {
+        KeyStore store = KeyStore.getInstance("PKCS12");
+        try (InputStream in = new FileInputStream(path)) {
+            store.load(in, password);
+        }
+        return store;
+    }
+
     public static void main(String[] args) throws Exception {
         int port = Integer.parseInt(args[0]);
         String mode = args[1];
@@ -56,7 +102,10 @@ public final class JedisDriver {
         List<Object> replies = new ArrayList<>();
         switch (mode) {
             case "plain":
-                try (Jedis jedis = new Jedis("127.0.0.1", port)) {
+                String truststore = System.getenv("STOCKGATE_TEST_TLS_TRUSTSTORE");
+                try (Jedis jedis = truststore == null
+                        ? new Jedis("127.0.0.1", port)
+                        : tls(port, truststore)) {
                     // A named user (stockgate's --users-file), when the
                     // test gives one: AUTH <user> <password>.
                     String user = System.getenv("STOCKGATE_TEST_USER");
