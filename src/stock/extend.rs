@@ -19,11 +19,8 @@
 
 use super::command::{Command, Footprint, Serve, codes};
 use super::hold_change::HoldChange;
-use super::service::stock_reply;
-use crate::auth::{Account, Right};
+use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
-use futures_util::FutureExt;
-use std::time::Instant;
 
 static ARGS: [ArgSpec; 4] = [
     arg("sku", "string"),
@@ -46,16 +43,5 @@ pub static COMMAND: Command = Command {
     right: Right::Caller,
     gives_back: false,
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, caller| {
-        let arrived = Instant::now();
-        let user = caller.user.as_deref().map(Account::name);
-        async move {
-            stock_reply(
-                service
-                    .change_hold(HoldChange::Extend, args, arrived, user)
-                    .await,
-            )
-        }
-        .boxed()
-    }),
+    serve: Serve::Alone(|service, args, caller| HoldChange::Extend.serve(service, args, caller)),
 };

@@ -15,11 +15,16 @@
 
 use super::books::AccessEntry;
 use super::call::not_an_order_line;
-use super::{StockCommand, StockResult, StockService};
+use super::service::stock_reply;
+use super::{Caller, StockCommand, StockResult, StockService};
+use crate::auth::Account;
 use crate::keys::KeyLayout;
 use crate::outcome::{Code, StockReply};
 use crate::params::{ChangeId, HoldTtl, InvalidParam, Qty, RequestId, Sku};
+use crate::reply::Reply;
 use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +45,19 @@ impl HoldChange {
             HoldChange::Extend => StockCommand::HoldExtend,
             HoldChange::Shrink => StockCommand::HoldShrink,
         }
+    }
+
+    /// Serves it for a client connection ([`super::command::Serve::Alone`]):
+    /// the awaited call, as the RESP reply.
+    pub fn serve<'a>(
+        self,
+        service: &'a Arc<StockService>,
+        args: &'a [Bytes],
+        caller: &'a Caller,
+    ) -> BoxFuture<'a, Reply> {
+        let arrived = Instant::now();
+        let user = caller.user.as_deref().map(Account::name);
+        async move { stock_reply(service.change_hold(self, args, arrived, user).await) }.boxed()
     }
 
     /// Its word in `lua/change_hold.lua`'s ARGV.
