@@ -342,12 +342,9 @@ local function parse_stock(raw)
   return n
 end
 
-local function read_stock(stock_key)
-  return parse_stock(call('GET', stock_key))
-end
 
 -- What a call on one request reads first, in one MGET (the keys share a
--- slot): the stock (as read_stock gives it), the record's raw text (false
+-- slot): the stock (as parse_stock gives it), the record's raw text (false
 -- when none) and the SKU's units on hold (0 when none). One call instead of
 -- three is what keeps a DEDUCT on a SKU without holds as cheap for Redis
 -- as it was before holds existed.
@@ -358,6 +355,23 @@ local function read_request(stock_key, record_key, held_key)
 end
 
 local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
+
+-- A SKU kept by location (docs/locations.md) has this text as its stock
+-- value, never an integer: the scripts of a SKU that keeps one number meet
+-- it only where they would refuse a stock value (BADSTOCK), and answer
+-- LOCATED there instead, having changed nothing; stockgate then sends the
+-- call on to lua/allocate.lua. A SKU that keeps one number pays nothing
+-- for it, and an older stockgate's scripts refuse it with BADSTOCK.
+local LOCATED = 'loc'
+
+-- The error a script answers for a stock value it can't read as an
+-- integer, `raw` as read.
+local function stock_fault(raw)
+  if raw == LOCATED then
+    return error_reply('LOCATED the sku keeps its stock by location; nothing was changed')
+  end
+  return error_reply(BADSTOCK)
+end
 local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing was changed'
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
@@ -415,7 +429,14 @@ local function parse_record(raw)
     return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no,
             expires = 0, held_at = 0}
   end
-  return nil
+  -- A record made by allocation (lua/allocate.lua) has where its units
+  -- came from first, as `alloc`.
+  local alloc, rest = match(raw, '^@([^;]*);(3:.*)$')
+  local record = alloc and parse_record(rest)
+  if record then
+    record.alloc = alloc
+  end
+  return record
 end
 
 local function record_text(state, qty, nonce, aux, order_no)
@@ -626,7 +647,7 @@ local function open_request(stock_key, record_key, window, journal_on)
   local stock, raw, held = parse_stock(got[1]), got[2], got[3]
   held = held and to_number(held) or 0
   if stock == false then
-    return error_reply(BADSTOCK)
+    return stock_fault(got[1])
   end
   local record = raw and parse_record(raw)
   if raw and not record then

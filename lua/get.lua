@@ -42,7 +42,11 @@ local function get(KEYS, ARGV)
     return refused
   end
   local released = 0
-  local stock = read_stock(stock_key)
+  local raw_stock = call('GET', stock_key)
+  if raw_stock == LOCATED then
+    return stock_fault(raw_stock)
+  end
+  local stock = parse_stock(raw_stock)
   if stock then
     stock, released = release_due(stock_key, holds_key, held_key, stock, nil, window, journal_key)
   end

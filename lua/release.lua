@@ -41,7 +41,11 @@ local function release(KEYS, ARGV)
   if refused then
     return refused
   end
-  local stock = read_stock(stock_key)
+  local raw_stock = call('GET', stock_key)
+  if raw_stock == LOCATED then
+    return stock_fault(raw_stock)
+  end
+  local stock = parse_stock(raw_stock)
   if not stock then
     if call('EXISTS', holds_key) == 0 then
       return {0, 0}

@@ -64,7 +64,11 @@ local function stock_add(KEYS, ARGV)
     return {3, -1, '', VERSION, 'delta must be an integer within +-(2^53 - 1)'}
   end
 
-  local stock = read_stock(stock_key)
+  local raw_stock = call('GET', stock_key)
+  local stock = parse_stock(raw_stock)
+  if raw_stock == LOCATED then
+    return {3, -1, '', VERSION, 'the sku keeps its stock by location: name one with AT'}
+  end
   if stock == false then
     return error_reply(BADSTOCK)
   end

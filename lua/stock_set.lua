@@ -58,6 +58,9 @@ local function stock_set(KEYS, ARGV)
   end
 
   local current = call('GET', stock_key)
+  if current == LOCATED then
+    return {3, -1, '', VERSION, 'the sku keeps its stock by location: name one with AT'}
+  end
   local shown = to_number(current or '') or -1
   local raw = call('GET', op_key)
   if raw then

@@ -206,6 +206,12 @@ pub enum ErrorCode {
     BadRecord,
     Negative,
     BadCall,
+    /// A script of a SKU that keeps one number met a SKU kept by location
+    /// and changed nothing: stockgate sends the call on to
+    /// `lua/allocate.lua` (never shown to a client).
+    Located,
+    /// A location a record or call needs is missing from the SKU's hash.
+    LocGone,
     /// Any other error reply.
     Other,
 }
@@ -235,6 +241,8 @@ impl ErrorCode {
             "BADRECORD" => ErrorCode::BadRecord,
             "NEGATIVE" => ErrorCode::Negative,
             "BADCALL" => ErrorCode::BadCall,
+            "LOCATED" => ErrorCode::Located,
+            "LOCGONE" => ErrorCode::LocGone,
             // Redis raises these as plain errors: their text says which.
             _ if detail.contains("non local key") => ErrorCode::NonLocalKey,
             "ERR" if detail.starts_with("Function not found") => ErrorCode::FunctionNotFound,
@@ -398,6 +406,13 @@ impl UpstreamError {
         self.kind == FaultKind::BadReply && self.code() == Some(ErrorCode::NonLocalKey)
     }
 
+    /// A script of a SKU that keeps one number met a SKU kept by location
+    /// ([`ErrorCode::Located`]): nothing changed, and the call goes on by
+    /// location ([`crate::stock::location`]).
+    pub fn is_located(&self) -> bool {
+        self.code() == Some(ErrorCode::Located)
+    }
+
     /// Classifies an error reply from Redis by its first word, `code`.
     pub fn from_server_error(code: &str, detail: &str) -> Self {
         UpstreamError::from_reply(ErrorReply::new(code, detail))
@@ -412,7 +427,10 @@ impl UpstreamError {
                 FaultKind::NoJournal,
                 format!("the sku's journal could not be opened: {detail}"),
             ),
-            ErrorCode::BadStock | ErrorCode::BadRecord | ErrorCode::WrongType => {
+            ErrorCode::BadStock
+            | ErrorCode::BadRecord
+            | ErrorCode::WrongType
+            | ErrorCode::LocGone => {
                 UpstreamError::new(FaultKind::BadData, format!("{code} {detail}"))
             }
             ErrorCode::Negative => {
@@ -421,6 +439,12 @@ impl UpstreamError {
             ErrorCode::BadCall => UpstreamError::new(
                 FaultKind::BadCall,
                 format!("a script refused an argument stockgate supplies: {detail}"),
+            ),
+            // Never a client's to see: stockgate sends the call on by
+            // location; one that reaches a client (a bug) says so.
+            ErrorCode::Located => UpstreamError::new(
+                FaultKind::BadCall,
+                format!("a script met a sku kept by location: {detail}"),
             ),
             ErrorCode::OutOfMemory => UpstreamError::new(
                 FaultKind::OutOfMemory,

@@ -147,6 +147,9 @@ const HOLDS: &[u8] = b":holds";
 const HELD: &[u8] = b":held";
 const MARKER: &[u8] = b":journal:on";
 const JOURNAL: &[u8] = b":journal";
+/// A SKU kept by location: its locations' units, held units and floors,
+/// one hash (docs/locations.md; `lua/allocate.lua` reads and writes it).
+const LOCATIONS: &[u8] = b":loc";
 
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
@@ -326,6 +329,11 @@ impl KeyLayout {
     pub fn order_line_id(request_id: &RequestId) -> Option<RequestId> {
         let id = [ORDER_LINE_PREFIX.as_bytes(), request_id.as_bytes()].concat();
         RequestId::parse(id.into()).ok()
+    }
+
+    /// `<prefix>:{<sku>}:loc`: a SKU's locations (docs/locations.md).
+    pub fn locations_key(&self, sku: &Sku) -> Vec<u8> {
+        [&self.stock_key(sku)[..], LOCATIONS].concat()
     }
 
     /// The keys of one operator's change: a request's, with its op record

@@ -36,6 +36,8 @@ pub const HOLDS_TOTAL: &str = "stockgate_holds_total";
 pub const HOLD_HELD: &str = "stockgate_hold_held_seconds";
 pub const SWEEPS_TOTAL: &str = "stockgate_sweeps_total";
 pub const SOLD_OUT_READS_TOTAL: &str = "stockgate_sold_out_reads_total";
+pub const ALLOCATIONS_TOTAL: &str = "stockgate_allocations_total";
+pub const ALLOCATION_SPLITS_TOTAL: &str = "stockgate_allocation_splits_total";
 pub const COALESCED_CALLS_TOTAL: &str = "stockgate_coalesced_calls_total";
 pub const COALESCED_DEDUCTS_TOTAL: &str = "stockgate_coalesced_deducts_total";
 pub const ORDER_RECOVERIES_TOTAL: &str = "stockgate_order_recoveries_total";
@@ -245,6 +247,11 @@ pub struct Metrics {
     /// DEDUCTs that read first ([`crate::stock::sold_out`]): answered from
     /// the read, or sent on to the script.
     sold_out_reads: [Counter; 2],
+    /// DEDUCT.AT and HOLD.AT that took units, by policy (SPLIT, WHOLE);
+    /// and those that took them from more than one location. No label per
+    /// location: a shop's locations are not the metrics' to enumerate.
+    allocations: [Counter; 2],
+    allocation_splits: Counter,
     /// Script calls that carried several DEDUCTs ([`crate::stock::coalesce`]),
     /// and the DEDUCTs they carried.
     coalesced_calls: Counter,
@@ -473,6 +480,27 @@ impl Metrics {
             counter
         });
         recorder.describe_counter(
+            ALLOCATIONS_TOTAL.into(),
+            None,
+            "DEDUCT.AT and HOLD.AT that took units (code 0), by policy.".into(),
+        );
+        let allocations = ["SPLIT", "WHOLE"].map(|policy| {
+            let counter = recorder.register_counter(
+                &Key::from_parts(ALLOCATIONS_TOTAL, vec![Label::new("policy", policy)]),
+                &meta,
+            );
+            counter.increment(0);
+            counter
+        });
+        recorder.describe_counter(
+            ALLOCATION_SPLITS_TOTAL.into(),
+            None,
+            "DEDUCT.AT and HOLD.AT that took their units from more than one location.".into(),
+        );
+        let allocation_splits =
+            recorder.register_counter(&Key::from_name(ALLOCATION_SPLITS_TOTAL), &meta);
+        allocation_splits.increment(0);
+        recorder.describe_counter(
             COALESCED_CALLS_TOTAL.into(),
             None,
             "Script calls that carried two or more DEDUCTs of one sku (--coalesce-deducts).".into(),
@@ -540,6 +568,8 @@ impl Metrics {
             held,
             sweeps,
             sold_out_reads,
+            allocations,
+            allocation_splits,
             requests,
             upstream_errors,
             upstream_durations,
@@ -595,6 +625,18 @@ impl Metrics {
     /// sent on to the script.
     pub fn record_sold_out_read(&self, answered: bool) {
         self.sold_out_reads[usize::from(!answered)].increment(1);
+    }
+
+    /// One allocation that took units (`split`: from several locations).
+    pub fn record_allocation(&self, policy: crate::params::Policy, split: bool) {
+        let index = match policy {
+            crate::params::Policy::Split => 0,
+            crate::params::Policy::Whole => 1,
+        };
+        self.allocations[index].increment(1);
+        if split {
+            self.allocation_splits.increment(1);
+        }
     }
 
     /// One script call that carried `deducts` DEDUCTs.

@@ -234,6 +234,85 @@ impl ChangeId {
     }
 }
 
+/// A location of a SKU kept by location (docs/locations.md): 1 to 64
+/// bytes of `A-Z a-z 0-9 _ . -`, so that its hash fields (`<location>`,
+/// `<location>:held`, `<location>:floor`) can't be another's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location(Bytes);
+
+impl Location {
+    /// The most locations one call may name.
+    pub const PER_CALL: usize = 16;
+
+    pub fn parse(value: Bytes) -> Result<Location, InvalidParam> {
+        let ok = (1..=64).contains(&value.len())
+            && value
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if ok {
+            Ok(Location(value))
+        } else {
+            Err(InvalidParam(
+                "a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -".into(),
+            ))
+        }
+    }
+
+    /// The locations an allocation names, in the caller's order: 1 to
+    /// [`Location::PER_CALL`] of them, none twice.
+    pub fn parse_list(values: &[Bytes]) -> Result<Vec<Location>, InvalidParam> {
+        if values.is_empty() || values.len() > Location::PER_CALL {
+            return Err(InvalidParam(format!(
+                "name 1 to {} locations",
+                Location::PER_CALL
+            )));
+        }
+        let mut list: Vec<Location> = Vec::with_capacity(values.len());
+        for value in values {
+            let location = Location::parse(value.clone())?;
+            if list.contains(&location) {
+                return Err(InvalidParam(format!(
+                    "location {} is named twice",
+                    String::from_utf8_lossy(&location.0)
+                )));
+            }
+            list.push(location);
+        }
+        Ok(list)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// How an allocation takes qty from the locations it names, in their
+/// order: from each as much as it has above its floor (`SPLIT`), or all
+/// from the first that can give it whole (`WHOLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Split,
+    Whole,
+}
+
+impl Policy {
+    pub fn parse(text: &[u8]) -> Result<Policy, InvalidParam> {
+        match text {
+            b"SPLIT" => Ok(Policy::Split),
+            b"WHOLE" => Ok(Policy::Whole),
+            _ => Err(InvalidParam("policy must be SPLIT or WHOLE".into())),
+        }
+    }
+
+    /// Its word, as the scripts and the metrics take it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Policy::Split => "SPLIT",
+            Policy::Whole => "WHOLE",
+        }
+    }
+}
+
 /// A stock level to set: a canonical decimal integer from 0 to
 /// [`MAX_STOCK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -76,6 +76,9 @@ pub struct RecordView<'a> {
     /// The qty a shrunk hold's HOLD asked for (`qty` is what it holds now).
     pub asked: Option<&'a [u8]>,
     pub order_no: &'a [u8],
+    /// Where a record made by allocation took its units
+    /// (`<location>=<units>,...`, docs/locations.md); `None` for others.
+    pub allocation: Option<&'a [u8]>,
 }
 
 impl<'a> RecordView<'a> {
@@ -86,6 +89,17 @@ impl<'a> RecordView<'a> {
             [letter] => State::from_letter(*letter),
             _ => None,
         };
+        if let Some(located) = raw.strip_prefix(b"@") {
+            // '^@([^;]*);(3:.*)$': the allocation, then the record.
+            let split = located.iter().position(|b| *b == b';')?;
+            let (allocation, rest) = (&located[..split], &located[split + 1..]);
+            if !rest.starts_with(b"3:") {
+                return None;
+            }
+            let mut view = RecordView::parse(rest)?;
+            view.allocation = Some(allocation);
+            return Some(view);
+        }
         if let Some(rest) = raw.strip_prefix(b"3:") {
             // '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$', then for H, C and
             // X an aux of '^(%d+)%.(%d+)$' or '^(%d+)%.(%d+)%.(%d+)$', for
@@ -124,6 +138,7 @@ impl<'a> RecordView<'a> {
                 hold,
                 asked,
                 order_no,
+                allocation: None,
             });
         }
         // '^([DRV]):(%d+):(.*)$', the records of versions 1 and 2.
@@ -140,6 +155,7 @@ impl<'a> RecordView<'a> {
             hold: None,
             asked: None,
             order_no,
+            allocation: None,
         })
     }
 }
@@ -156,6 +172,8 @@ pub struct Record {
     /// The qty a shrunk hold's HOLD asked for.
     pub asked: Option<u64>,
     pub order_no: String,
+    /// A record made by allocation: `<location>=<units>,...`.
+    pub allocation: Option<String>,
 }
 
 impl Record {
@@ -179,6 +197,9 @@ impl Record {
             hold,
             asked,
             order_no: String::from_utf8_lossy(view.order_no).into_owned(),
+            allocation: view
+                .allocation
+                .map(|a| String::from_utf8_lossy(a).into_owned()),
         })
     }
 

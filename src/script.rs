@@ -499,6 +499,8 @@ scripts! {
     confirm: new;
     /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/hold_change.rs`).
     change_hold: new;
+    /// Every call on a SKU kept by location (`src/stock/location/`).
+    allocate: new;
     /// An order's intent record (ORDER, ORDER.HOLD, ORDER.CONFIRM, ORDER.REVERT).
     order: new;
     stock_add: new;
@@ -551,6 +553,7 @@ mod tests {
                 "hold",
                 "confirm",
                 "change_hold",
+                "allocate",
                 "order",
                 "stock_add",
                 "stock_set",

@@ -8,7 +8,14 @@
 //!                                    not in it), or nil when the sku has none
 //! STOCK.SET <sku> <qty> <op_id>      [code, stock, "", version]   (--admin-commands)
 //! STOCK.ADD <sku> <delta> <op_id>    [code, stock, "", version]   (--admin-commands)
+//! STOCK.SET <sku> <qty> <op_id> AT <location> [FLOOR <floor>]
+//! STOCK.ADD <sku> <delta> <op_id> AT <location>
 //! ```
+//!
+//! With `AT`, the change is of one location of a SKU kept by location
+//! (docs/locations.md; [`super::location`]): the reply's stock is that
+//! location's units after it. STOCK.GET of such a SKU answers its total
+//! available over all its locations.
 //!
 //! SET and ADD change stock outside the order flow, so they are refused
 //! with `-NOPERM` unless stockgate runs with `--admin-commands`, and each
@@ -29,7 +36,7 @@ use super::{Caller, StockResult, StockService};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::outcome::{Code, HoldEvent, StockReply};
-use crate::params::{Delta, InvalidParam, OpId, Sku, StockLevel};
+use crate::params::{Delta, InvalidParam, Location, MAX_STOCK, OpId, Sku, StockLevel};
 use crate::reply::Reply;
 use crate::script::LuaScript;
 use bytes::Bytes;
@@ -59,8 +66,8 @@ pub static GET: Command = Command {
 pub static SET: Command = Command {
     doc: Doc {
         name: "stock.set",
-        arity: 4,
-        max_args: None,
+        arity: -4,
+        max_args: Some(8),
         flags: &["write", "admin"],
         group: "stockgate",
         summary: "Sets a sku's stock, once per op_id (needs --admin-commands). Replies [code, stock, \"\", version]: 0 set, 1 this op_id was already applied, 3 invalid.",
@@ -82,8 +89,8 @@ pub static SET: Command = Command {
 pub static ADD: Command = Command {
     doc: Doc {
         name: "stock.add",
-        arity: 4,
-        max_args: None,
+        arity: -4,
+        max_args: Some(6),
         flags: &["write", "admin"],
         group: "stockgate",
         summary: "Adds a signed delta to a sku's stock, once per op_id, never below 0 (needs --admin-commands). Replies [code, stock, \"\", version]: 0 added, 1 this op_id was already applied, 2 it would go below 0, 3 invalid.",
@@ -150,6 +157,30 @@ async fn get(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
             stock_value(items.swap_remove(0))
         }
         Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
+        Err(fault) if fault.is_located() => located_total(service, &sku).await,
+        Err(fault) => Reply::Error(fault.reply_text()),
+    }
+}
+
+/// STOCK.GET of a SKU kept by location: its total available over all its
+/// locations (`lua/allocate.lua` "get", the shape of `lua/get.lua`'s).
+async fn located_total(service: &Arc<StockService>, sku: &Sku) -> Reply {
+    match service.read_by_location("get", sku).await {
+        Ok(Value::Array(items)) if items.len() >= 4 => {
+            if let Value::Int(released) = items[3]
+                && released > 0
+            {
+                service
+                    .books
+                    .metrics
+                    .record_holds(HoldEvent::Expired, released as u64);
+            }
+            match items[0] {
+                Value::Int(total) => Reply::Integer(total),
+                _ => Reply::error("BADREPLY STOCK.GET answered a total that is not an integer"),
+            }
+        }
+        Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
         Err(fault) => Reply::Error(fault.reply_text()),
     }
 }
@@ -180,6 +211,23 @@ async fn change(
         Ok(parsed) => parsed,
         Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
     };
+    if args.len() > 3 {
+        let place = match Place::parse(correction, &args[3..]) {
+            Ok(place) => place,
+            Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
+        };
+        let result = service
+            .change_location(
+                &sku,
+                &op_id,
+                correction == Correction::Set,
+                &args[1],
+                &place.location,
+                place.floor.as_deref(),
+            )
+            .await;
+        return changed(result, &sku, change, &op_id, caller);
+    }
     let script: &LuaScript = match change {
         Change::Set(_) => &service.scripts.stock_set,
         Change::Add(_) => &service.scripts.stock_add,
@@ -200,6 +248,50 @@ async fn change(
             service.upstream.eval_stock(script, &keys, &script_args)
         })
         .await;
+    changed(result, &sku, change, &op_id, caller)
+}
+
+/// Where a STOCK.SET or STOCK.ADD of a SKU kept by location goes: `AT
+/// <location>`, and for SET `FLOOR <floor>` maybe (docs/locations.md).
+struct Place {
+    location: Location,
+    floor: Option<Bytes>,
+}
+
+impl Place {
+    /// `rest`: the arguments after the op_id.
+    fn parse(correction: Correction, rest: &[Bytes]) -> Result<Place, InvalidParam> {
+        let usage = || {
+            InvalidParam(match correction {
+                Correction::Set => "after the op_id: AT <location> [FLOOR <floor>]".into(),
+                Correction::Add => "after the op_id: AT <location>".into(),
+            })
+        };
+        let (location, floor) = match (correction, rest) {
+            (_, [at, location]) if at.eq_ignore_ascii_case(b"AT") => (location, None),
+            (Correction::Set, [at, location, word, floor])
+                if at.eq_ignore_ascii_case(b"AT") && word.eq_ignore_ascii_case(b"FLOOR") =>
+            {
+                (location, Some(floor))
+            }
+            _ => return Err(usage()),
+        };
+        let location = Location::parse(location.clone())?;
+        let floor = match floor {
+            Some(floor) => {
+                StockLevel::parse(floor).map_err(|_| {
+                    InvalidParam(format!("floor must be an integer from 0 to {MAX_STOCK}"))
+                })?;
+                Some(floor.clone())
+            }
+            None => None,
+        };
+        Ok(Place { location, floor })
+    }
+}
+
+/// A change's outcome as its reply, audited when it applied.
+fn changed(result: StockResult, sku: &Sku, change: Change, op_id: &OpId, caller: &Caller) -> Reply {
     match result {
         Ok(reply) => {
             if reply.code == Code::Ok {
@@ -207,7 +299,7 @@ async fn change(
                     Change::Set(level) => ("STOCK.SET", level.0),
                     Change::Add(delta) => ("STOCK.ADD", delta.0),
                 };
-                audit(name, &sku, amount, &op_id, reply.remain, caller);
+                audit(name, sku, amount, op_id, reply.remain, caller);
             }
             Reply::Stock(reply)
         }

@@ -70,6 +70,9 @@ pub struct Call {
     deadline: tokio::time::Instant,
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
+    /// Its script met a SKU kept by location (LOCATED, nothing changed):
+    /// its fallback goes by location ([`super::location`]).
+    located: bool,
     /// The user who sent it (for the access log): the account, a thin
     /// pointer, which every call moves around.
     user: Option<Arc<Account>>,
@@ -222,6 +225,7 @@ impl StockService {
             sent,
             deadline: sent + self.upstream.timeout(),
             read_first: false,
+            located: false,
             user: None,
             on_behalf,
         }))
@@ -331,7 +335,7 @@ impl StockService {
 
     /// A node pipe's answer to `call` (or why there is none), read: the
     /// reply, or the fallback it calls for.
-    pub fn conclude(&self, call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
+    pub fn conclude(&self, mut call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
         if call.read_first {
             return self.conclude_read(call, answer);
         }
@@ -342,6 +346,10 @@ impl StockService {
             self.reload_coalesced(&call.request.sku);
         }
         match self.upstream.verdict(answer) {
+            Verdict::Settled(Err(fault)) if fault.is_located() => {
+                call.located = true;
+                Concluded::Fallback(call)
+            }
             Verdict::Settled(result) => Concluded::Answered(self.finish(&call, result)),
             Verdict::Fallback => Concluded::Fallback(call),
         }
@@ -459,15 +467,30 @@ impl StockService {
     /// recorded.
     async fn resend(&self, call: &StockCall) -> StockResult {
         let request = &call.request;
-        let keys = self.keys.request_keys(&request.sku, &request.request_id);
-        let wire = self.wire(call);
-        let caller = request.script_args();
-        let argv = wire.argv(caller.as_slice(), &call.nonce);
-        let keys = keys.all();
-        self.with_journal(&request.sku, call.deadline, || {
-            self.upstream
-                .eval_fallback(&wire.script, &keys, &argv, call.deadline)
-        })
+        if !call.located {
+            let keys = self.keys.request_keys(&request.sku, &request.request_id);
+            let wire = self.wire(call);
+            let caller = request.script_args();
+            let argv = wire.argv(caller.as_slice(), &call.nonce);
+            let keys = keys.all();
+            let result = self
+                .with_journal(&request.sku, call.deadline, || {
+                    self.upstream
+                        .eval_fallback(&wire.script, &keys, &argv, call.deadline)
+                })
+                .await;
+            if !matches!(&result, Err(fault) if fault.is_located()) {
+                return result;
+            }
+        }
+        self.by_location(
+            request.command,
+            &request.sku,
+            &request.request_id,
+            &call.nonce,
+            None,
+            call.deadline,
+        )
         .await
     }
 

@@ -113,7 +113,7 @@ impl StockService {
         let keys =
             self.keys
                 .hold_change_keys(&checked.sku, &checked.request_id, &checked.change_id);
-        let result = self
+        let mut result = self
             .run_change(
                 change,
                 &checked.sku,
@@ -122,6 +122,30 @@ impl StockService {
                 checked.ttl,
             )
             .await;
+        if matches!(&result, Err(fault) if fault.is_located()) {
+            // A hold HOLD.AT placed: the same change, by location.
+            let nonce = self.nonces.next();
+            result = self
+                .by_location(
+                    command,
+                    &checked.sku,
+                    &checked.request_id,
+                    &nonce,
+                    Some((&keys.change, &checked.amount)),
+                    self.deadline(),
+                )
+                .await
+                .map(|reply| reply.with_expiry(true));
+            if let Ok(reply) = &result {
+                self.books.record_holds(reply, false);
+                if let Some(ttl) = checked.ttl
+                    && matches!(reply.code, Code::Ok | Code::Duplicate)
+                    && self.settings.sweep_holds
+                {
+                    self.refile(&checked.sku, ttl, reply.expires_at.unwrap_or(0));
+                }
+            }
+        }
         match &result {
             Ok(reply) => self
                 .books

@@ -9,7 +9,9 @@
 //!   request, described by a [`single::Single`]), [`extend`] and
 //!   [`shrink`] (a change of a live hold, [`hold_change`]), [`order`] (ORDER and
 //!   its commands, a saga over several SKUs), [`admin`] (STOCK.GET, SET,
-//!   ADD) and [`status`] (STOCK.STATUS).
+//!   ADD) and [`status`] (STOCK.STATUS); [`location`] owns every call on
+//!   a SKU kept by location (DEDUCT.AT, HOLD.AT, STOCK.LOCATIONS, and the
+//!   others' calls sent on to it).
 //! - [`in_flight`]: a client connection's requests in flight: the order
 //!   they take effect in, and their replies in the order sent.
 //! - [`service`]: what every command runs with, and the one door
@@ -34,6 +36,7 @@ pub mod hold;
 pub mod hold_change;
 mod in_flight;
 pub mod journal;
+pub mod location;
 mod nonces;
 pub mod order;
 pub mod revert;
@@ -104,6 +107,8 @@ stock_commands! {
     Confirm => confirm::COMMAND;
     HoldExtend => extend::COMMAND;
     HoldShrink => shrink::COMMAND;
+    DeductAt => location::deduct_at::COMMAND;
+    HoldAt => location::hold_at::COMMAND;
     Order => order::deduct::COMMAND;
     OrderHold => order::hold::COMMAND;
     OrderConfirm => order::confirm::COMMAND;
@@ -113,6 +118,7 @@ stock_commands! {
     Get => admin::GET;
     Set => admin::SET;
     Add => admin::ADD;
+    Locations => location::locations::COMMAND;
     Status => status::COMMAND;
 }
 

@@ -224,14 +224,21 @@ impl Sweep<'_> {
             self.service.settings.retry_window_arg.as_bytes(),
             self.service.settings.journal_arg.as_bytes(),
         ];
-        let reply = self
+        let reply = match self
             .service
             .with_journal(&sku, self.service.deadline(), || {
                 self.service
                     .upstream
                     .eval(&self.service.scripts.release, &keys, &args)
             })
-            .await?;
+            .await
+        {
+            // A SKU kept by location: its holds go back to their locations.
+            Err(fault) if fault.is_located() => {
+                self.service.read_by_location("release", &sku).await?
+            }
+            other => other?,
+        };
         match reply {
             Value::Array(items) => match items[..] {
                 [Value::Int(released), Value::Int(next_at), ..] => {

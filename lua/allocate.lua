@@ -1,0 +1,794 @@
+#!lua
+--[[
+stockgate by location: a SKU whose stock is kept in named locations
+(docs/locations.md), every call on it, atomically in its slot.
+
+The SKU's stock key holds the text "loc" (LOCATED in lua/common.lua); its
+locations are one hash, <stock key>:loc, with three fields a location:
+  <location>        available units
+  <location>:held   units on hold there (absent: 0)
+  <location>:floor  what an allocation leaves there (absent: 0)
+Its holds set and its units held (all locations) are any SKU's. A record
+made here carries where its units came from before the usual record:
+"@<location>=<units>,...;3:<state>:...", in the order they were taken.
+
+The operations, ARGV[1], and the keys each takes:
+  deduct, hold       allocate qty over the named locations (DEDUCT.AT,
+                     HOLD.AT); a DEDUCT or HOLD that named none (sent on by
+                     stockgate after LOCATED) answers 3
+  revert, confirm    REVERT and CONFIRM of a request made here: the units
+                     go back to, or leave from, the locations they came from
+  extend, shrink     HOLD.EXTEND and HOLD.SHRINK (lua/change_hold.lua has
+                     the rules; a shrink gives units back from the last
+                     location taken first)
+    KEYS: the stock key, the request's record, the holds, held units,
+    journal marker and journal (as lua/deduct.lua), the locations hash;
+    extend and shrink then the change record (lua/change_hold.lua).
+  set, add           STOCK.SET / STOCK.ADD ... AT <location>: KEYS as
+                     above with the op record in the record's place
+  get, locations, release
+                     STOCK.GET (the total available), STOCK.LOCATIONS, the
+                     sweeper's release: KEYS the stock key, the holds, held
+                     units, journal marker, journal, the locations hash
+ARGV[2]  settings    HOLD's, "<max hold> <window> <max qty> <missing>
+                     <flags>" (lua/hold.lua ARGV[4])
+ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release)
+then, by operation:
+  deduct   qty, policy ("SPLIT" or "WHOLE"), location, ...
+  hold     qty, policy, ttl_ms, location, ...
+  extend   ttl_ms;  shrink qty
+  set      qty, location, floor ("" keeps the floor it has)
+  add      delta, location
+
+Every call first gives the SKU's expired holds back to their locations
+(at most RELEASE_BOUND), as any call on a SKU does (lua/common.lua).
+
+Replies:
+  deduct, hold  {code, total, "", VERSION, reason, expires_at, released, 0,
+                event, 0, allocation}: answer()'s ten elements, whole (total
+                is the SKU's available units over all locations), then
+                {location, units, ...}, what each location gave (a retry:
+                what the first call took); empty for 2 to 5
+  revert, confirm, extend, shrink   the reply of the script they stand in
+                for (lua/common.lua, answer()), the stock being the total
+  set, add      {code, units at the location, "", VERSION[, reason]}
+  get           {total, held, next expiry, released} (lua/get.lua's shape)
+  locations     {total, {location, available, held, floor}, ...}; a SKU
+                that keeps one number {stock}, one with none nil
+  release       {released, next_at} (lua/release.lua's shape)
+Error replies (nothing changed): BADCALL; UNKNOWNSKU (no stock key);
+BADRECORD; LOCGONE (a location a record or the call needs is missing from
+the hash: deleted behind stockgate's back; never read as 0).
+]]
+
+--@common
+
+local SETTINGS = {'max_hold', 'window', 'max_qty', 'missing'}
+local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+) (%S+)$'
+-- How many locations one call may name, and a SKU may have.
+local CALL_LOCATIONS, SKU_LOCATIONS = 16, 64
+local LOCGONE = 'LOCGONE a location of this sku is missing from its hash; nothing was changed'
+local NOT_LOCATED = 'the sku keeps one number: DEDUCT and HOLD take from it'
+local NO_LOCATIONS = 'the sku keeps its stock by location: name them (DEDUCT.AT, HOLD.AT)'
+local gmatch, sort, concat
+
+-- The locations hash as tables: units, held, floor by name, and the names
+-- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
+local function read_locations(loc_key)
+  local flat = call('HGETALL', loc_key)
+  local units, held, floor, names = {}, {}, {}, {}
+  for i = 1, #flat, 2 do
+    local field, value = flat[i], to_number(flat[i + 1]) or 0
+    local name, part = match(field, '^([^:]+):(%a+)$')
+    if name == nil then
+      units[field] = value
+      names[#names + 1] = field
+    elseif part == 'held' then
+      held[name] = value
+    elseif part == 'floor' then
+      floor[name] = value
+    end
+  end
+  return {units = units, held = held, floor = floor, names = names}
+end
+
+local function total_of(locs)
+  local total = 0
+  for i = 1, #locs.names do
+    total = total + locs.units[locs.names[i]]
+  end
+  return total
+end
+
+-- A location name: 1 to 64 of A-Z a-z 0-9 _ . - (so that its fields
+-- ":held" and ":floor" can't be another location's).
+local function location_ok(name)
+  return name and #name >= 1 and #name <= 64 and not find(name, '[^%w_%.%-]')
+end
+
+-- A record's allocation, "w1=2,w2=1", as a list of {name, units}.
+local function allocation_of(text)
+  local list = {}
+  for name, units in gmatch(text or '', '([^,=]+)=(%d+)') do
+    list[#list + 1] = {name, to_number(units)}
+  end
+  return list
+end
+
+local function allocation_text(list)
+  local parts = {}
+  for i = 1, #list do
+    parts[i] = list[i][1] .. '=' .. int_text(list[i][2])
+  end
+  return concat(parts, ',')
+end
+
+local function allocation_flat(list)
+  local flat = {}
+  for i = 1, #list do
+    flat[#flat + 1] = list[i][1]
+    flat[#flat + 1] = list[i][2]
+  end
+  return flat
+end
+
+-- Whether every location of `list` is in the hash (LOCGONE otherwise).
+local function all_present(locs, list)
+  for i = 1, #list do
+    if locs.units[list[i][1]] == nil then
+      return false
+    end
+  end
+  return true
+end
+
+-- Moves `units` at location `name`: `ds` to its available units, `dh` to
+-- those held there, both signed numbers, keeping `locs` as the hash is
+-- now, with its journal entry (format 2: the location's own numbers).
+local function move(loc_key, locs, name, ds, dh, journal_key, ev, id, order_no)
+  if ds ~= 0 then
+    locs.units[name] = call('HINCRBY', loc_key, name, int_text(ds))
+  end
+  if dh ~= 0 then
+    locs.held[name] = call('HINCRBY', loc_key, name .. ':held', int_text(dh))
+  end
+  if journal_key then
+    call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', '2 ' .. ev .. ' ' .. id .. ' '
+      .. int_text(ds) .. ' ' .. int_text(dh) .. ' ' .. int_text(locs.units[name]) .. ' '
+      .. int_text(locs.held[name] or 0) .. ' ' .. name .. ' ' .. (order_no or ''))
+  end
+end
+
+-- A located record: the record's text with its allocation before it.
+local function located_text(list, state, qty, nonce, aux, order_no)
+  return '@' .. allocation_text(list) .. ';' .. record_text(state, qty, nonce, aux, order_no)
+end
+
+-- Gives an expired hold's units back to their locations: its record
+-- becomes EXPIRED, lasting a retry window, and leaves the holds set.
+local function release_located(stock_key, loc_key, locs, record_key, record, list, window,
+    journal_key)
+  local id = sub(record_key, #stock_key + 6)
+  for i = 1, #list do
+    move(loc_key, locs, list[i][1], list[i][2], -list[i][2], journal_key, 'expire', id,
+      record.order_no)
+  end
+  unhold(held_name, record.qty)
+  call('ZREM', holds_name, id)
+  set_lasting(record_key, located_text(list, 'X', record.qty, record.nonce, record.aux,
+    record.order_no), window, true)
+end
+
+-- The SKU's holds that ran out by `now`, given back (at most
+-- RELEASE_BOUND). Every location they name is checked before the first
+-- write: LOCGONE (returned second) changes nothing. Returns how many.
+local function release_due_located(stock_key, loc_key, locs, now, window, journal_key)
+  local due = call('ZRANGEBYSCORE', holds_name, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
+    RELEASE_BOUND)
+  local todo = {}
+  for i = 1, #due, 2 do
+    local id = due[i]
+    local record_key = stock_key .. ':req:' .. id
+    local raw = call('GET', record_key)
+    local record = raw and parse_record(raw)
+    if record and record.state == 'H' and record.expires <= now then
+      local list = allocation_of(record.alloc)
+      if not all_present(locs, list) then
+        return 0, error_reply(LOCGONE)
+      end
+      todo[#todo + 1] = {record_key, record, list}
+    elseif record and record.state == 'H' then
+      todo[#todo + 1] = {false, id, record.expires}
+    elseif record or (not raw and to_number(due[i + 1]) + window < now) then
+      todo[#todo + 1] = {false, id, false}
+    end
+  end
+  local released = 0
+  for i = 1, #todo do
+    local t = todo[i]
+    if t[1] then
+      release_located(stock_key, loc_key, locs, t[1], t[2], t[3], window, journal_key)
+      released = released + 1
+    elseif t[3] then
+      call('ZADD', holds_name, t[3], t[2])
+    else
+      call('ZREM', holds_name, t[2])
+    end
+  end
+  return released
+end
+
+-- The checks and the read every operation makes: the settings, the keys,
+-- the stock key (LOCATED, else UNKNOWNSKU or NOT_LOCATED), the journal,
+-- the locations, and the SKU's expired holds given back. `first_side` is
+-- where the holds key is in KEYS. Returns a table of what it found, or
+-- nil and the reply to return.
+local function open(KEYS, ARGV, first_side, with_record, op)
+  local settings = SETTLED[ARGV[2]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[2], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return nil, bad
+    end
+  end
+  local stock_key = KEYS[1]
+  sku_keys(stock_key)
+  local loc_key = KEYS[first_side + 4]
+  if not find(stock_key, '{', 1, true) or KEYS[first_side] ~= holds_name
+      or KEYS[first_side + 1] ~= held_name or KEYS[first_side + 2] ~= marker_name
+      or KEYS[first_side + 3] ~= journal_name or loc_key ~= stock_key .. ':loc' then
+    return nil, badcall('keys do not follow the stockgate key layout')
+  end
+  if with_record and not nonce_ok(ARGV[3]) then
+    return nil, badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  local got = call('MGET', stock_key, marker_name, held_name)
+  if got[1] ~= LOCATED then
+    if op == 'locations' then
+      -- A SKU that keeps one number: its stock as stored, no locations.
+      local stock = parse_stock(got[1])
+      if stock == false then
+        return nil, error_reply(BADSTOCK)
+      end
+      return nil, stock and {stock} or false
+    end
+    if got[1] then
+      return nil, answer(3, -1, '', NOT_LOCATED)
+    end
+    return nil, error_reply(UNKNOWNSKU)
+  end
+  local journal_key = false
+  if got[2] then
+    journal_key = journal_name
+  elseif settings.journal then
+    return nil, error_reply(NOJOURNAL)
+  end
+  if call('EXISTS', loc_key) == 0 then
+    return nil, error_reply(LOCGONE)
+  end
+  local locs = read_locations(loc_key)
+  local now, released = 0, 0
+  if got[3] and to_number(got[3]) > 0 then
+    now = now_ms()
+    local gone
+    released, gone = release_due_located(stock_key, loc_key, locs, now, settings.window,
+      journal_key)
+    if gone then
+      return nil, gone
+    end
+  end
+  return {settings = settings, stock_key = stock_key, loc_key = loc_key, locs = locs,
+          journal_key = journal_key, now = now, released = released}
+end
+
+-- The request's own record (KEYS[2]), read, and released first when it is
+-- a hold that ran out (the bounded release may not have reached it).
+-- Returns the record (nil when none), its allocation, and 1 when it was
+-- released here; or false and the error to return.
+local function own_record(c, record_key)
+  local raw = call('GET', record_key)
+  if not raw then
+    return nil, {}, 0
+  end
+  local record = parse_record(raw)
+  -- Only a revocation (REVOKED) names no locations: it took nothing.
+  if not record or (not record.alloc and record.state ~= 'V') then
+    return false, error_reply(BADRECORD)
+  end
+  local list = allocation_of(record.alloc)
+  if record.state == 'H' then
+    if c.now == 0 then
+      c.now = now_ms()
+    end
+    if record.expires <= c.now then
+      if not all_present(c.locs, list) then
+        return false, error_reply(LOCGONE)
+      end
+      release_located(c.stock_key, c.loc_key, c.locs, record_key, record, list,
+        c.settings.window, c.journal_key)
+      record.state = 'X'
+      c.released = c.released + 1
+      return record, list, 1
+    end
+  end
+  return record, list, 0
+end
+
+local NONE = {}
+
+-- DEDUCT.AT and HOLD.AT.
+local function allocate_call(c, KEYS, ARGV, hold)
+  local record_key, nonce, qty_arg, policy = KEYS[2], ARGV[3], ARGV[4], ARGV[5]
+  local settings, locs = c.settings, c.locs
+  local reply = function(code, reason, expires, list, event)
+    return {code, total_of(locs), '', VERSION, reason or '', expires or 0, c.released, 0,
+            event or '', 0, list and allocation_flat(list) or NONE}
+  end
+  if not record_key_under(req_prefix, record_key) or KEYS[8] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local qty = positive_int(qty_arg)
+  if not qty or qty > settings.max_qty then
+    return reply(3, 'qty must be an integer from 1 to ' .. settings.max_arg)
+  end
+  if policy ~= 'SPLIT' and policy ~= 'WHOLE' then
+    return reply(3, 'policy must be SPLIT or WHOLE')
+  end
+  local ttl, first = nil, 6
+  if hold then
+    ttl, first = positive_int(ARGV[6]), 7
+    if not ttl or ttl < 1000 or ttl > settings.max_hold then
+      return reply(3, 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
+    end
+  end
+  local named, seen = {}, {}
+  for i = first, #ARGV do
+    local name = ARGV[i]
+    if not location_ok(name) then
+      return reply(3, 'a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -')
+    end
+    if seen[name] then
+      return reply(3, 'location ' .. name .. ' is named twice')
+    end
+    seen[name] = true
+    named[#named + 1] = name
+  end
+  if #named == 0 then
+    return reply(3, NO_LOCATIONS)
+  end
+  if #named > CALL_LOCATIONS then
+    return reply(3, 'at most ' .. CALL_LOCATIONS .. ' locations in one call')
+  end
+
+  local record, list, own = own_record(c, record_key)
+  if record == false then
+    return list
+  end
+  if record then
+    local state = record.state
+    if state == 'R' or state == 'V' then
+      replicate_again(settings.replicate, record_key)
+      return reply(4)
+    end
+    if hold and state == 'D' then
+      return reply(3, 'request_id was used by a DEDUCT on this sku')
+    end
+    if not hold and state ~= 'D' then
+      return reply(3, 'request_id was used by a HOLD on this sku')
+    end
+    if state == 'X' then
+      if own == 0 then
+        replicate_again(settings.replicate, record_key)
+      end
+      return reply(5, nil, record.expires)
+    end
+    local asked = record.asked or record.qty
+    if asked ~= qty_arg then
+      return reply(3, 'request_id was already used with qty ' .. asked .. ' on this sku')
+    end
+    replicate_again(settings.replicate, record_key)
+    if record.nonce == nonce and (state == 'D' or state == 'H') then
+      return reply(0, nil, record.expires, list, hold and 'placed' or '')
+    end
+    return reply(1, nil, record.expires, list)
+  end
+
+  -- The allocation: which location gives how many, decided before any
+  -- write.
+  local take, left = {}, qty
+  for i = 1, #named do
+    local name = named[i]
+    local units = locs.units[name]
+    if units == nil then
+      return reply(3, 'unknown location ' .. name)
+    end
+    local free = units - (locs.floor[name] or 0)
+    if left > 0 and free > 0 then
+      if policy == 'SPLIT' then
+        local n = free < left and free or left
+        take[#take + 1] = {name, n}
+        left = left - n
+      elseif free >= qty then
+        take[1], left = {name, qty}, 0
+      end
+    end
+  end
+  if left > 0 then
+    return reply(2)
+  end
+
+  -- Writes: only after every check above has passed.
+  local id = sub(record_key, #req_prefix + 1)
+  for i = 1, #take do
+    if hold then
+      move(c.loc_key, locs, take[i][1], -take[i][2], take[i][2], c.journal_key, 'hold', id, '')
+    else
+      move(c.loc_key, locs, take[i][1], -take[i][2], 0, c.journal_key, 'deduct', id, '')
+    end
+  end
+  if hold then
+    if c.now == 0 then
+      c.now = now_ms()
+    end
+    local expires = c.now + ttl
+    local expires_text = int_text(expires)
+    call('INCRBY', held_name, qty_arg)
+    call('ZADD', holds_name, expires_text, id)
+    call('SET', record_key,
+      located_text(take, 'H', qty_arg, nonce, expires_text .. '.' .. int_text(c.now), ''))
+    return reply(0, nil, expires, take, 'placed')
+  end
+  call('SET', record_key, located_text(take, 'D', qty_arg, nonce, '', ''), 'PX',
+    settings.window_arg)
+  return reply(0, nil, 0, take)
+end
+
+-- REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a request made here
+-- (lua/revert.lua, lua/confirm.lua and lua/change_hold.lua have their
+-- state tables, which these follow).
+local function request_call(c, KEYS, ARGV, op)
+  local record_key, nonce = KEYS[2], ARGV[3]
+  local settings, locs, loc_key = c.settings, c.locs, c.loc_key
+  local change_key = KEYS[8]
+  if not record_key_under(req_prefix, record_key) then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local changes = op == 'extend' or op == 'shrink'
+  if changes ~= (change_key ~= nil) or KEYS[9]
+      or (changes and not record_key_under(c.stock_key .. ':chg:', change_key)) then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local amount_arg = ARGV[4]
+  local amount = changes and positive_int(amount_arg)
+  if op == 'extend' and (not amount or amount < 1000 or amount > settings.max_hold) then
+    return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
+  end
+  if op == 'shrink' and (not amount or amount > settings.max_qty) then
+    return answer(3, -1, '', 'qty must be an integer from 1 to ' .. settings.max_arg)
+  end
+  local letter = op == 'extend' and 'E' or 'S'
+  local id = sub(record_key, #req_prefix + 1)
+
+  if changes then
+    local done = call('GET', change_key)
+    if done then
+      local was, was_amount, was_nonce, was_expires, was_id =
+        match(done, '^3:([ES]):(%d+):(%x*):(%d+):(.*)$')
+      if not was then
+        return error_reply(BADRECORD)
+      end
+      if was ~= letter or was_amount ~= amount_arg or was_id ~= id then
+        return answer(3, total_of(locs), '',
+          'change_id was already used for another change on this sku', 0, c.released)
+      end
+      replicate_again(settings.replicate, change_key)
+      if was_nonce == nonce then
+        return answer(0, total_of(locs), '', '', to_number(was_expires), c.released, 0,
+          letter == 'E' and 'extended' or 'shrunk')
+      end
+      return answer(1, total_of(locs), '', '', to_number(was_expires), c.released)
+    end
+  end
+
+  local record, list, own = own_record(c, record_key)
+  if record == false then
+    return list
+  end
+  local released = c.released
+  if not record then
+    if changes then
+      return answer(3, total_of(locs), '', 'no hold under this request_id on this sku', 0,
+        released)
+    end
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
+    return answer(4, total_of(locs), '', '', 0, released)
+  end
+  local state = record.state
+  local total = total_of(locs)
+  if state == 'R' then
+    replicate_again(settings.replicate, record_key)
+    if op == 'revert' then
+      return answer(record.nonce == nonce and 0 or 1, total, record.order_no, '', 0, released)
+    end
+    return answer(4, total, '', '', 0, released)
+  end
+  if state == 'V' then
+    replicate_again(settings.replicate, record_key)
+    if op == 'revert' then
+      return answer(record.nonce == nonce and 4 or 1, total, '', '', 0, released)
+    end
+    return answer(4, total, '', '', 0, released)
+  end
+  if state == 'X' then
+    if own == 0 then
+      replicate_again(settings.replicate, record_key)
+    end
+    return answer(op == 'revert' and 1 or 5, total, record.order_no, '', record.expires, released)
+  end
+  if state == 'D' and op ~= 'revert' then
+    return answer(3, total, '', op == 'confirm'
+      and 'request_id was used by a DEDUCT, which needs no CONFIRM'
+      or 'request_id was used by a DEDUCT on this sku', 0, released)
+  end
+  if state == 'C' and op ~= 'revert' then
+    if op == 'shrink' then
+      return answer(3, total, '',
+        'the hold was confirmed: its units are sold (REVERT gives them all back)', 0, released)
+    end
+    replicate_again(settings.replicate, record_key)
+    if op == 'confirm' and record.nonce == nonce then
+      if c.now == 0 then
+        c.now = now_ms()
+      end
+      return answer(0, total, record.order_no, '', record.expires, released,
+        c.now - record.held_at, 'confirmed')
+    end
+    return answer(1, total, record.order_no, '', record.expires, released)
+  end
+  if not all_present(locs, list) then
+    return error_reply(LOCGONE)
+  end
+
+  if op == 'revert' then
+    -- DEDUCTED, HELD in time, or CONFIRMED: every unit back where it
+    -- came from.
+    local held = state == 'H'
+    for i = 1, #list do
+      move(loc_key, locs, list[i][1], list[i][2], held and -list[i][2] or 0, c.journal_key,
+        held and 'cancel' or 'revert', id, record.order_no)
+    end
+    if held then
+      unhold(held_name, record.qty)
+      call('ZREM', holds_name, id)
+    end
+    set_lasting(record_key, located_text(list, 'R', record.qty, nonce, '', record.order_no),
+      settings.window, held)
+    return answer(0, total_of(locs), record.order_no, '', 0, released, 0,
+      held and 'cancelled' or '')
+  end
+  if op == 'confirm' then
+    for i = 1, #list do
+      move(loc_key, locs, list[i][1], 0, -list[i][2], c.journal_key, 'confirm', id,
+        record.order_no)
+    end
+    unhold(held_name, record.qty)
+    call('ZREM', holds_name, id)
+    set_lasting(record_key, located_text(list, 'C', record.qty, nonce, record.aux,
+      record.order_no), settings.window, true)
+    return answer(0, total, record.order_no, '', record.expires, released,
+      c.now - record.held_at, 'confirmed')
+  end
+
+  -- HELD, in time: extend or shrink.
+  local asked = record.asked or record.qty
+  local expires, qty, event = record.expires, record.qty, 'extended'
+  if op == 'extend' then
+    local bound = record.held_at + settings.max_hold
+    expires = c.now + amount
+    if expires > bound then
+      return answer(3, total, '', 'the hold may last until ' .. int_text(bound)
+        .. ' at most (max hold ' .. settings.max_hold_arg .. ' ms from its start)', 0, released)
+    end
+    if expires <= record.expires then
+      return answer(3, total, '', 'the hold already lasts until ' .. int_text(record.expires)
+        .. ': an extension only moves it later', 0, released)
+    end
+    call('ZADD', holds_name, int_text(expires), id)
+  else
+    local held_qty = to_number(record.qty)
+    if amount >= held_qty then
+      return answer(3, total, '', 'qty must be below the ' .. record.qty
+        .. ' units held (REVERT gives every unit back)', 0, released)
+    end
+    qty, event = int_text(held_qty - amount), 'shrunk'
+    -- From the last location taken first.
+    local left = amount
+    for i = #list, 1, -1 do
+      if left > 0 then
+        local n = list[i][2] < left and list[i][2] or left
+        move(loc_key, locs, list[i][1], n, -n, c.journal_key, 'cancel', id, record.order_no)
+        list[i][2], left = list[i][2] - n, left - n
+      end
+    end
+    local kept = {}
+    for i = 1, #list do
+      if list[i][2] > 0 then
+        kept[#kept + 1] = list[i]
+      end
+    end
+    list = kept
+    unhold(held_name, amount_arg)
+  end
+  local expires_text = int_text(expires)
+  local aux = expires_text .. '.' .. int_text(record.held_at)
+  if asked ~= qty then
+    aux = aux .. '.' .. asked
+  end
+  call('SET', record_key, located_text(list, 'H', qty, record.nonce, aux, record.order_no),
+    'KEEPTTL')
+  call('SET', change_key,
+    '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,
+    'PX', settings.window_arg)
+  return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
+end
+
+-- STOCK.SET and STOCK.ADD ... AT <location>: an operator's change of one
+-- location, once per op_id (lua/stock_set.lua and lua/stock_add.lua have
+-- the rules, which these follow).
+local function operator_call(KEYS, ARGV, op)
+  local settings = SETTLED[ARGV[2]]
+  if not settings then
+    local bad
+    settings, bad = settle(ARGV[2], SETTINGS, SETTINGS_SHAPE)
+    if bad then
+      return bad
+    end
+  end
+  local stock_key, op_key, nonce = KEYS[1], KEYS[2], ARGV[3]
+  local loc_key = KEYS[7]
+  sku_keys(stock_key)
+  if not op_key_follows_layout(stock_key, op_key) or not side_keys_follow(
+      {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, 3)
+      or loc_key ~= stock_key .. ':loc' or KEYS[8] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  if not nonce_ok(nonce) then
+    return badcall('the call nonce must be 1 to 32 hex digits')
+  end
+  local amount_arg, name, floor_arg = ARGV[4], ARGV[5], ARGV[6] or ''
+  local amount = nil
+  if amount_arg and #amount_arg <= 17 and find(amount_arg, '^%-?%d+$') then
+    amount = to_number(amount_arg)
+  end
+  if op == 'set' and (not amount or amount < 0 or amount > EXACT
+      or (amount_arg ~= '0' and not positive_int(amount_arg))) then
+    return {3, -1, '', VERSION, 'stock must be an integer from 0 to 2^53 - 1'}
+  end
+  if op == 'add' and (not amount or amount > EXACT or amount < -EXACT) then
+    return {3, -1, '', VERSION, 'delta must be an integer within +-(2^53 - 1)'}
+  end
+  if not location_ok(name) then
+    return {3, -1, '', VERSION, 'a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -'}
+  end
+  local floor = nil
+  if floor_arg ~= '' then
+    floor = (floor_arg == '0' and 0) or positive_int(floor_arg)
+    if op ~= 'set' or not floor then
+      return {3, -1, '', VERSION, 'floor must be an integer from 0 to the stock set'}
+    end
+  end
+
+  local got = call('MGET', stock_key, marker_name, op_key)
+  local current, raw = got[1], got[3]
+  if current and current ~= LOCATED then
+    return {3, -1, '', VERSION, NOT_LOCATED .. ' (STOCK.SET without AT sets it)'}
+  end
+  local journal_key = false
+  if got[2] then
+    journal_key = journal_name
+  elseif settings.journal then
+    return error_reply(NOJOURNAL)
+  end
+  if current and call('EXISTS', loc_key) == 0 then
+    return error_reply(LOCGONE)
+  end
+  local locs = read_locations(loc_key)
+  local units = locs.units[name]
+  if raw then
+    local done = parse_op(raw)
+    if not done then
+      return error_reply(BADRECORD)
+    end
+    local kind = op == 'set' and 'S' or 'A'
+    if done.kind ~= kind or done.amount ~= amount_arg then
+      return {3, units or -1, '', VERSION, 'op_id was already used for another change on this sku'}
+    end
+    replicate_again(settings.replicate, op_key)
+    return {done.nonce == nonce and 0 or 1, units or -1, '', VERSION}
+  end
+  if op == 'add' and units == nil then
+    return {3, -1, '', VERSION, 'unknown location ' .. name}
+  end
+  if units == nil and #locs.names >= SKU_LOCATIONS then
+    return {3, -1, '', VERSION, 'a sku has at most ' .. SKU_LOCATIONS .. ' locations'}
+  end
+  local after = op == 'set' and amount or units + amount
+  if after < 0 then
+    return {2, units, '', VERSION}
+  end
+  if after > EXACT then
+    return {3, units, '', VERSION, 'the stock would exceed 2^53 - 1'}
+  end
+  if floor and floor > after then
+    return {3, units or -1, '', VERSION, 'floor ' .. floor_arg .. ' is above the ' .. amount_arg
+      .. ' units the location would hold'}
+  end
+
+  -- Writes: only after every check above has passed.
+  if not current then
+    call('SET', stock_key, LOCATED)
+  end
+  local op_id = sub(op_key, #stock_key + 5)
+  call('HSET', loc_key, name, int_text(after))
+  if floor then
+    call('HSET', loc_key, name .. ':floor', floor_arg)
+  end
+  if journal_key then
+    local ds = op == 'set' and after - (units or 0) or amount
+    local entry = '2 ' .. (op == 'set' and 'set' or 'add') .. ' ' .. op_id .. ' '
+      .. int_text(ds) .. ' 0 ' .. int_text(after) .. ' ' .. int_text(locs.held[name] or 0)
+      .. ' ' .. name .. ' '
+    call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', entry)
+  end
+  call('SET', op_key, op_text(op == 'set' and 'S' or 'A', amount_arg, nonce, int_text(after)),
+    'PX', settings.window_arg)
+  return {0, after, '', VERSION}
+end
+
+local function allocate(KEYS, ARGV)
+  if not call then
+    bind()
+  end
+  gmatch, sort, concat = string.gmatch, table.sort, table.concat
+  local op = ARGV[1]
+  if op == 'set' or op == 'add' then
+    return operator_call(KEYS, ARGV, op)
+  end
+  local sku_op = op == 'get' or op == 'locations' or op == 'release'
+  local request_op = op == 'deduct' or op == 'hold' or op == 'revert' or op == 'confirm'
+    or op == 'extend' or op == 'shrink'
+  if not sku_op and not request_op then
+    return badcall('unknown operation')
+  end
+  local c, refused = open(KEYS, ARGV, sku_op and 2 or 3, request_op, op)
+  if not c then
+    return refused
+  end
+  if op == 'deduct' or op == 'hold' then
+    return allocate_call(c, KEYS, ARGV, op == 'hold')
+  end
+  if request_op then
+    return request_call(c, KEYS, ARGV, op)
+  end
+  if KEYS[7] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  if op == 'release' then
+    return {c.released, earliest_hold(holds_name)}
+  end
+  if op == 'get' then
+    return {total_of(c.locs), to_number(call('GET', held_name) or '0'), earliest_hold(holds_name),
+            c.released}
+  end
+  local names = c.locs.names
+  sort(names)
+  local reply = {total_of(c.locs)}
+  for i = 1, #names do
+    local name = names[i]
+    reply[i + 1] = {name, c.locs.units[name], c.locs.held[name] or 0, c.locs.floor[name] or 0}
+  end
+  return reply
+end
+
+return allocate(KEYS, ARGV)
