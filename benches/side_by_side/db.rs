@@ -158,6 +158,44 @@ impl Db {
         applied
     }
 
+    /// Makes every sku one kept by location (docs/locations.md), after a
+    /// [`Db::reset`]: its stock key the text `loc`, and `locations`
+    /// locations `w1`, `w2`, ... each with [`START_STOCK`].
+    pub fn locate(&mut self, locations: usize) {
+        for (index, node) in self.nodes.iter_mut().enumerate() {
+            let mut pipe = redis::pipe();
+            for (sku, _) in self.skus.iter().filter(|(_, n)| *n == index) {
+                let stock = stock_key(&self.layout, sku);
+                pipe.set(&stock, "loc").ignore();
+                let hash = [&stock[..], b":loc"].concat();
+                for w in 1..=locations {
+                    pipe.hset(&hash, format!("w{w}"), START_STOCK).ignore();
+                }
+            }
+            pipe.query::<()>(&mut node.conn)
+                .unwrap_or_else(|e| panic!("locating on {}: {e}", node.port));
+        }
+    }
+
+    /// The units every location of every sku lost since [`Db::locate`].
+    pub fn located_decrease(&mut self, locations: usize) -> u64 {
+        let mut decrease = 0;
+        for (index, node) in self.nodes.iter_mut().enumerate() {
+            let mut pipe = redis::pipe();
+            for (sku, _) in self.skus.iter().filter(|(_, n)| *n == index) {
+                let hash = [&stock_key(&self.layout, sku)[..], b":loc"].concat();
+                for w in 1..=locations {
+                    pipe.hget(&hash, format!("w{w}"));
+                }
+            }
+            let units: Vec<i64> = pipe
+                .query(&mut node.conn)
+                .unwrap_or_else(|e| panic!("reading locations on {}: {e}", node.port));
+            decrease += units.iter().map(|u| (START_STOCK - u) as u64).sum::<u64>();
+        }
+        decrease
+    }
+
     /// CPU seconds every node has used (`INFO cpu`: the whole process,
     /// microsecond resolution).
     pub fn cpu_seconds(&mut self) -> f64 {

@@ -7,6 +7,7 @@
 //! cargo bench --bench side_by_side -- throughput    # only the table
 //! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
 //! cargo bench --bench side_by_side -- orders        # 3-line ORDERs against 3 DEDUCTs each
+//! cargo bench --bench side_by_side -- allocation    # DEDUCT.AT over 2 and 3 locations beside DEDUCT
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request and per ORDER, under callgrind
 //! cargo bench --bench side_by_side -- flash         # a flash sale on one sku, then its sold-out tail
@@ -101,7 +102,7 @@
 //! - `loadgen.rs`: the load generator, closed loop and open loop;
 //! - `throughput.rs`: one closed-loop run of a target and its audit, and
 //!   the throughput mode;
-//! - one file per other mode: `latency.rs`, `orders.rs`, `memory.rs`,
+//! - one file per other mode: `latency.rs`, `orders.rs`, `allocation.rs`, `memory.rs`,
 //!   `instructions.rs`, `flash.rs`, `script_cost.rs`, `sink.rs`;
 //! - `report.rs`: the markdown the throughput and instructions modes print.
 //!
@@ -133,6 +134,7 @@
 //! | `BENCH_SINK_LOG` | unset | sink: set, the sinks' debug log on stderr |
 //! | `BENCH_NUTCRACKER_BIN` | `/usr/sbin/nutcracker`, else `nutcracker` on the PATH | |
 
+mod allocation;
 mod db;
 mod flash;
 mod fleet;
@@ -322,6 +324,9 @@ fn main() {
     }
     if wants("orders") {
         orders::run(&runtime, &knobs, &mut fleet);
+    }
+    if wants("allocation") {
+        allocation::run(&runtime, &knobs, &mut fleet);
     }
     if wants("memory") {
         memory::run(&runtime, &knobs, &mut fleet, fd_limit);

@@ -253,7 +253,8 @@ fn load(conn: &mut redis::Connection, era: Era) -> Set {
             let all = Scripts::new();
             let library = Library::of(&all.all()).expect("stockgate has scripts");
             for script in all.all() {
-                if names.contains(&script.name) {
+                // An allocation (DEDUCT.AT) has no script before.
+                if names.contains(&script.name) || script.name == "allocate" {
                     scripts.push((script.name, script.body.clone(), script.function.clone()));
                 }
             }
@@ -576,6 +577,58 @@ fn measure(kind: ServerKind, out: &mut String) {
         }
     }
 
+    // DEDUCT.AT now, by each calling, over 2 and 3 locations: a SKU kept
+    // by location whose locations all have stock, named all (SPLIT), the
+    // first giving the unit.
+    let mut allocation = [[0.0; 2]; 2];
+    for (l, locations) in [2usize, 3].into_iter().enumerate() {
+        let sku = format!("loc{locations}");
+        let stock = format!("stock:{{{sku}}}");
+        m.set(&stock, "loc");
+        for w in 1..=locations {
+            redis::cmd("HSET")
+                .arg(format!("{stock}:loc"))
+                .arg(format!("w{w}"))
+                .arg(1_000_000_000_000u64)
+                .query::<()>(&mut m.conn)
+                .expect("HSET a location");
+        }
+        for (c, calling) in CALLINGS.iter().copied().enumerate() {
+            let calls = (0..CALLS + CALLS / 4)
+                .map(|_| {
+                    let i = id();
+                    let keys: Vec<String> = vec![
+                        stock.clone(),
+                        format!("{stock}:req:a{i}"),
+                        format!("{stock}:holds"),
+                        format!("{stock}:held"),
+                        format!("{stock}:journal:on"),
+                        format!("{stock}:journal"),
+                        format!("{stock}:loc"),
+                    ];
+                    let mut args: Vec<String> = vec![
+                        "deduct".into(),
+                        format!("{MAX_HOLD} {WINDOW} {MAX_QTY} error 00"),
+                        format!("{i:x}"),
+                        "1".into(),
+                        "SPLIT".into(),
+                    ];
+                    args.extend((1..=locations).map(|w| format!("w{w}")));
+                    sets[1].call("allocate", calling, &keys, &args)
+                })
+                .collect();
+            let label = format!("DEDUCT.AT over {locations} locations by {}", calling.verb());
+            let (cost, replies) = m.run(&label, calls, 1);
+            allocation[l][c] = cost;
+            for reply in replies {
+                let redis::Value::Array(items) = reply else {
+                    panic!("DEDUCT.AT answers an array")
+                };
+                assert_eq!(items.first(), Some(&redis::Value::Int(0)), "took a unit");
+            }
+        }
+    }
+
     // Coalesced: [era][calling] at 32, journal off and on; and now by
     // FCALL at each size.
     let manys = |set: &Set,
@@ -867,6 +920,15 @@ fn measure(kind: ServerKind, out: &mut String) {
         deduct_journal,
         &journal_note(deduct_journal, deduct),
     );
+    for (l, locations) in [2, 3].into_iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| DEDUCT.AT over {locations} locations (SPLIT, the first gives) | | | {:.0} | {:.0} | | {:.2}× DEDUCT now by FCALL |",
+            allocation[l][0],
+            allocation[l][1],
+            allocation[l][1] / deduct[1][1],
+        );
+    }
     row(out, "a coalesced deduction (32 a call)", many, "");
     row(
         out,
