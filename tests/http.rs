@@ -1261,6 +1261,10 @@ async fn locations_map_to_their_statuses_and_conform_to_the_openapi_document() {
             deduct_at(1, "web-a5", "SPLIT", &["north"]),
             "unknown location north",
         ),
+        (
+            json!({"sku": "web-one", "qty": 1, "request_id": "web-a5", "policy": "SPLIT", "locations": ["east"]}),
+            "the sku keeps one number: DEDUCT and HOLD take from it",
+        ),
     ] {
         let e = post_json(http, "/v1/deduct/at", body);
         assert_eq!(
@@ -1404,7 +1408,7 @@ async fn locations_map_to_their_statuses_and_conform_to_the_openapi_document() {
         ("deduct.at", "ok", 1),
         ("deduct.at", "duplicate", 1),
         ("deduct.at", "insufficient", 1),
-        ("deduct.at", "invalid", 4),
+        ("deduct.at", "invalid", 5),
         ("hold.at", "ok", 1),
         ("hold.at", "insufficient", 1),
     ] {
