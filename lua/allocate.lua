@@ -254,6 +254,10 @@ local function open(KEYS, ARGV, first_side, with_record, op)
       return nil, stock and {stock} or false
     end
     if got[1] then
+      if op == 'deduct' or op == 'hold' then
+        -- An allocation's reply is whole, with its (empty) allocation.
+        return nil, {3, -1, '', VERSION, NOT_LOCATED, 0, 0, 0, '', 0, {}}
+      end
       return nil, answer(3, -1, '', NOT_LOCATED)
     end
     return nil, error_reply(UNKNOWNSKU)

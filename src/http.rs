@@ -8,6 +8,11 @@
 //! POST /v1/confirm  {"sku": "...", "request_id": "..."}
 //! POST /v1/hold/extend  {"sku": "...", "request_id": "...", "change_id": "...", "ttl_ms": 600000}
 //! POST /v1/hold/shrink  {"sku": "...", "request_id": "...", "change_id": "...", "qty": 1}
+//! POST /v1/deduct/at  {"sku": "...", "qty": 1, "request_id": "...", "policy": "SPLIT", "locations": ["...", ...]}
+//! POST /v1/hold/at    {"sku": "...", "qty": 1, "request_id": "...", "ttl_ms": 900000, "policy": "WHOLE", "locations": [...]}
+//! GET  /v1/stock/{sku}/locations
+//! POST /v1/stock/set  {"sku": "...", "qty": 10, "op_id": "...", "location": "...", "floor": 2}
+//! POST /v1/stock/add  {"sku": "...", "delta": -1, "op_id": "...", "location": "..."}
 //! POST /v1/orders   {"request_id": "...", "lines": [{"sku": "...", "qty": 1}, ...], "ttl_ms": 900000}
 //! POST /v1/orders/{request_id}/confirm
 //! POST /v1/orders/{request_id}/revert
@@ -21,6 +26,14 @@
 //! ORDER.STATUS (200 with the intent record, `"phase": "none"` when there
 //! is none; an invalid request_id is a 400 `{"error"}`).
 //!
+//! `/v1/deduct/at` and `/v1/hold/at` are DEDUCT.AT and HOLD.AT
+//! (docs/locations.md): the outcome as DEDUCT's and HOLD's, with
+//! `"allocation": [{"location", "units"}]`. The GET of a SKU's locations
+//! is STOCK.LOCATIONS (404 `{"error"}` when the SKU has no stock).
+//! `/v1/stock/set` and `/v1/stock/add` are STOCK.SET and STOCK.ADD, `AT`
+//! the `location` when given (and for SET `FLOOR` the `floor`); like RESP's
+//! they need `--admin-commands` (else 403).
+//!
 //! Requests go through the same [`StockService`] as RESP: one validation,
 //! one script call, one set of metrics. The business code says what happened
 //! to the stock; the HTTP status lets generic infrastructure route, retry
@@ -30,7 +43,7 @@
 //! | outcome | status |
 //! |---|---|
 //! | code 0, 1 (`"duplicate": true`) | 200 |
-//! | DEDUCT and HOLD code 2, 4 (`"revoked": true`); CONFIRM code 4 | 409 |
+//! | DEDUCT and HOLD (and their `.AT`) code 2, 4 (`"revoked": true`); CONFIRM code 4; STOCK.ADD code 2 | 409 |
 //! | HOLD, CONFIRM, HOLD.EXTEND and HOLD.SHRINK code 5 (`"expired": true`) | 409: the hold ran out, its units are back in stock |
 //! | HOLD.EXTEND and HOLD.SHRINK code 4 (`"revoked": true`) | 409: nothing changed |
 //! | REVERT code 4 (`"revoked": true`) | 200: compensation done, there was nothing to give back |
@@ -48,10 +61,13 @@ use crate::auth::{Account, Users};
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
 use crate::state::Shared;
-use crate::stock::StockCommand;
+use crate::stock::admin::{Correction, Uncorrected};
 use crate::stock::hold_change::HoldChange;
+use crate::stock::location::Allocated;
+use crate::stock::location::locations::{self, Unread};
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
+use crate::stock::{Caller, StockCommand};
 use crate::tls::{ServerTls, TlsListener};
 use axum::Router;
 use axum::body::{Body, to_bytes};
@@ -106,6 +122,11 @@ pub async fn serve(
         .route("/v1/confirm", post(confirm))
         .route("/v1/hold/extend", post(hold_extend))
         .route("/v1/hold/shrink", post(hold_shrink))
+        .route("/v1/deduct/at", post(deduct_at))
+        .route("/v1/hold/at", post(hold_at))
+        .route("/v1/stock/{sku}/locations", get(stock_locations))
+        .route("/v1/stock/set", post(stock_set))
+        .route("/v1/stock/add", post(stock_add))
         .route("/v1/orders", post(order))
         .route("/v1/orders/{request_id}/confirm", post(order_confirm))
         .route("/v1/orders/{request_id}/revert", post(order_revert))
@@ -203,6 +224,47 @@ struct HoldChangeBody {
     ttl_ms: Option<Box<RawValue>>,
     #[serde(default, deserialize_with = "present")]
     qty: Option<Box<RawValue>>,
+}
+
+/// The body of `/v1/deduct/at`.
+#[derive(Deserialize)]
+struct DeductAtBody {
+    sku: String,
+    /// Raw, as DEDUCT's.
+    qty: Box<RawValue>,
+    request_id: String,
+    /// `SPLIT` or `WHOLE`; any other string is code 3, as over RESP.
+    policy: String,
+    /// The caller's priority order.
+    locations: Vec<String>,
+}
+
+/// The body of `/v1/hold/at`.
+#[derive(Deserialize)]
+struct HoldAtBody {
+    sku: String,
+    /// Raw, as HOLD's; so is ttl_ms.
+    qty: Box<RawValue>,
+    request_id: String,
+    ttl_ms: Box<RawValue>,
+    policy: String,
+    locations: Vec<String>,
+}
+
+/// The body of `/v1/stock/set` (`qty`, `floor`) and `/v1/stock/add`
+/// (`delta`): the numbers raw, as DEDUCT's qty.
+#[derive(Deserialize)]
+struct StockChangeBody {
+    sku: String,
+    #[serde(default, deserialize_with = "present")]
+    qty: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    delta: Option<Box<RawValue>>,
+    op_id: String,
+    #[serde(default, deserialize_with = "present")]
+    location: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    floor: Option<Box<RawValue>>,
 }
 
 /// The body of `/v1/orders`.
@@ -312,6 +374,37 @@ struct OutcomeBody<'a> {
     /// Why the parameters were refused (code 3 only).
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
+}
+
+/// The body of a DEDUCT.AT or HOLD.AT outcome: the outcome as DEDUCT's
+/// and HOLD's, and what each location gave.
+#[derive(Serialize)]
+struct AllocationOutcomeBody<'a> {
+    #[serde(flatten)]
+    outcome: OutcomeBody<'a>,
+    /// In the order taken; empty for codes 2 to 5.
+    allocation: Vec<LocationGave<'a>>,
+}
+
+#[derive(Serialize)]
+struct LocationGave<'a> {
+    location: &'a str,
+    units: i64,
+}
+
+/// The body of `GET /v1/stock/{sku}/locations`.
+#[derive(Serialize)]
+struct StockLocationsBody<'a> {
+    total: i64,
+    locations: Vec<LocationBody<'a>>,
+}
+
+#[derive(Serialize)]
+struct LocationBody<'a> {
+    location: &'a str,
+    available: i64,
+    held: i64,
+    floor: i64,
 }
 
 #[derive(Serialize)]
@@ -578,6 +671,235 @@ async fn on_request(shared: Arc<Shared>, request: Request, command: StockCommand
         command,
         shared.service.call(command, &args, arrived, user).await,
     )
+}
+
+/// `POST /v1/deduct/at`: DEDUCT.AT, the locations in the order given.
+async fn deduct_at(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
+    let body: DeductAtBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let qty = match integer_text(&body.qty, "qty") {
+        Ok(qty) => qty,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let mut args = vec![
+        Bytes::from(body.sku),
+        qty,
+        Bytes::from(body.request_id),
+        Bytes::from(body.policy),
+    ];
+    args.extend(body.locations.into_iter().map(Bytes::from));
+    allocate(&shared, &account, false, &args, arrived).await
+}
+
+/// `POST /v1/hold/at`: HOLD.AT, the locations in the order given.
+async fn hold_at(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
+    let body: HoldAtBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let numbers = integer_text(&body.qty, "qty")
+        .and_then(|qty| Ok((qty, integer_text(&body.ttl_ms, "ttl_ms")?)));
+    let (qty, ttl) = match numbers {
+        Ok(numbers) => numbers,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let mut args = vec![
+        Bytes::from(body.sku),
+        qty,
+        Bytes::from(body.request_id),
+        ttl,
+        Bytes::from(body.policy),
+    ];
+    args.extend(body.locations.into_iter().map(Bytes::from));
+    allocate(&shared, &account, true, &args, arrived).await
+}
+
+/// DEDUCT.AT (`hold` false) or HOLD.AT with the RESP arguments a body
+/// made: the same [`crate::stock::StockService::allocate`] as RESP. No
+/// locations is code 3 there, as over RESP.
+async fn allocate(
+    shared: &Shared,
+    account: &Arc<Account>,
+    hold: bool,
+    args: &[Bytes],
+    arrived: Instant,
+) -> Response {
+    let command = if hold {
+        StockCommand::HoldAt
+    } else {
+        StockCommand::DeductAt
+    };
+    if let Some(denied) = permit(shared, account, command, args) {
+        return denied;
+    }
+    respond_allocated(
+        command,
+        shared
+            .service
+            .allocate(hold, args, arrived, Some(account.name()))
+            .await,
+    )
+}
+
+/// `GET /v1/stock/{sku}/locations`: STOCK.LOCATIONS, changing nothing (but
+/// giving the SKU's expired holds back first, as every call on it does).
+/// A SKU that keeps one number shows its stock as `total` and no
+/// locations; one with no stock is a 404.
+async fn stock_locations(
+    State(shared): State<Arc<Shared>>,
+    sku: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
+    let sku = match sku {
+        Ok(Path(sku)) => Bytes::from(sku),
+        Err(rejection) => {
+            let why = format!("invalid sku in the path: {}", rejection.body_text());
+            return error(StatusCode::BAD_REQUEST, &why, None);
+        }
+    };
+    let command = StockCommand::Locations;
+    if let Some(denied) = permit(&shared, &account, command, std::slice::from_ref(&sku)) {
+        return denied;
+    }
+    let sku = match crate::params::Sku::parse(sku) {
+        Ok(sku) => sku,
+        Err(invalid) => return error(StatusCode::BAD_REQUEST, &invalid.0, None),
+    };
+    let found = match locations::read(&shared.service, &sku).await {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "UNKNOWNSKU no stock recorded for this sku",
+                None,
+            );
+        }
+        Err(Unread::Shape) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, Unread::SHAPE, None);
+        }
+        Err(Unread::Fault(fault)) => return fault_response(&fault),
+    };
+    let body = StockLocationsBody {
+        total: found.total,
+        locations: found
+            .locations
+            .iter()
+            .map(|l| LocationBody {
+                location: std::str::from_utf8(&l.location).unwrap_or(""),
+                available: l.available,
+                held: l.held,
+                floor: l.floor,
+            })
+            .collect(),
+    };
+    json(StatusCode::OK, &body)
+}
+
+async fn stock_set(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_stock_change(shared, request, Correction::Set).await
+}
+
+async fn stock_add(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    on_stock_change(shared, request, Correction::Add).await
+}
+
+/// STOCK.SET (`qty`, and `floor` with a `location`) and STOCK.ADD
+/// (`delta`): the body's fields become the RESP arguments, `AT <location>
+/// [FLOOR <floor>]` when a location is given; the other command's amount
+/// is a malformed body. The audit log names the HTTP peer.
+async fn on_stock_change(
+    shared: Arc<Shared>,
+    request: Request,
+    correction: Correction,
+) -> Response {
+    let account = match authorize(&shared, &request) {
+        Ok(account) => account,
+        Err(refused) => return refused.send().await,
+    };
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<Peer>>()
+        .map(|c| c.0.addr);
+    let body: StockChangeBody = match read_json(request, MAX_BODY).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let (field, amount, other) = match correction {
+        Correction::Set => ("qty", body.qty, body.delta.map(|_| "delta")),
+        Correction::Add => (
+            "delta",
+            body.delta,
+            body.qty
+                .map(|_| "qty")
+                .or(body.floor.as_ref().map(|_| "floor")),
+        ),
+    };
+    let amount = match (amount, other) {
+        (_, Some(other)) => Err(format!(
+            "invalid request body: unknown field `{other}`, expected `{field}`"
+        )),
+        (None, None) => Err(format!("invalid request body: missing field `{field}`")),
+        (Some(raw), None) => integer_text(&raw, field),
+    };
+    let amount = match amount {
+        Ok(amount) => amount,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+    };
+    let mut args = vec![Bytes::from(body.sku), amount, Bytes::from(body.op_id)];
+    match (body.location, &body.floor) {
+        (None, Some(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid request body: `floor` needs a `location`",
+                None,
+            );
+        }
+        (None, None) => {}
+        (Some(location), floor) => {
+            args.extend([Bytes::from_static(b"AT"), Bytes::from(location)]);
+            if let Some(floor) = floor {
+                match integer_text(floor, "floor") {
+                    Ok(floor) => args.extend([Bytes::from_static(b"FLOOR"), floor]),
+                    Err(why) => return error(StatusCode::BAD_REQUEST, &why, None),
+                }
+            }
+        }
+    }
+    let command = match correction {
+        Correction::Set => StockCommand::Set,
+        Correction::Add => StockCommand::Add,
+    };
+    if let Some(denied) = permit(&shared, &account, command, &args) {
+        return denied;
+    }
+    let caller = Caller {
+        client_id: None,
+        addr: peer,
+        name: None,
+        user: Some(account),
+    };
+    match crate::stock::admin::correct(&shared.service, correction, &args, &caller).await {
+        Ok(reply) => json(status_for(command, reply.code), &outcome_body(&reply)),
+        // As RESP's -NOPERM: the flag, not the user, refuses it.
+        Err(Uncorrected::Disabled) => error(StatusCode::FORBIDDEN, Uncorrected::DISABLED, None),
+        Err(Uncorrected::Fault(fault)) => fault_response(&fault),
+    }
 }
 
 /// `POST /v1/orders`: ORDER, or ORDER.HOLD with `ttl_ms`, through the
@@ -850,20 +1172,51 @@ pub fn status_for(command: StockCommand, code: Code) -> StatusCode {
 
 fn respond(command: StockCommand, result: Result<StockReply, UpstreamError>) -> Response {
     match result {
-        Ok(reply) => {
-            let body = OutcomeBody {
-                code: reply.code as i64,
-                remain: reply.remain,
-                order_no: std::str::from_utf8(&reply.order_no).unwrap_or(""),
-                duplicate: (reply.code == Code::Duplicate).then_some(true),
-                revoked: (reply.code == Code::Revoked).then_some(true),
-                expired: (reply.code == Code::Expired).then_some(true),
-                version: reply.version,
-                expires_at: reply.expires_at,
-                reason: reply
-                    .reason
-                    .as_deref()
-                    .and_then(|r| std::str::from_utf8(r).ok()),
+        Ok(reply) => json(status_for(command, reply.code), &outcome_body(&reply)),
+        Err(fault) => fault_response(&fault),
+    }
+}
+
+/// The body of a business outcome of one line.
+fn outcome_body(reply: &StockReply) -> OutcomeBody<'_> {
+    OutcomeBody {
+        code: reply.code as i64,
+        remain: reply.remain,
+        order_no: std::str::from_utf8(&reply.order_no).unwrap_or(""),
+        duplicate: (reply.code == Code::Duplicate).then_some(true),
+        revoked: (reply.code == Code::Revoked).then_some(true),
+        expired: (reply.code == Code::Expired).then_some(true),
+        version: reply.version,
+        expires_at: reply.expires_at,
+        reason: reply
+            .reason
+            .as_deref()
+            .and_then(|r| std::str::from_utf8(r).ok()),
+    }
+}
+
+/// A DEDUCT.AT or HOLD.AT outcome: DEDUCT's or HOLD's body and status,
+/// with the allocation.
+fn respond_allocated(command: StockCommand, result: Result<Allocated, UpstreamError>) -> Response {
+    match result {
+        Ok(allocated) => {
+            // HOLD.AT's body has HOLD's `expires_at`, a refusal's too (0).
+            let reply = allocated
+                .reply
+                .clone()
+                .with_expiry(command == StockCommand::HoldAt);
+            let body = AllocationOutcomeBody {
+                outcome: outcome_body(&reply),
+                allocation: allocated
+                    .allocation
+                    .iter()
+                    .map(|(location, units)| LocationGave {
+                        // Locations are ASCII: the script took only names
+                        // that passed Location::parse.
+                        location: std::str::from_utf8(location).unwrap_or(""),
+                        units: *units,
+                    })
+                    .collect(),
             };
             json(status_for(command, reply.code), &body)
         }
@@ -962,6 +1315,10 @@ mod tests {
             StockCommand::Confirm,
             StockCommand::HoldExtend,
             StockCommand::HoldShrink,
+            StockCommand::DeductAt,
+            StockCommand::HoldAt,
+            StockCommand::Set,
+            StockCommand::Add,
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,
@@ -994,6 +1351,8 @@ mod tests {
             StatusCode::OK
         );
         for command in [
+            StockCommand::DeductAt,
+            StockCommand::HoldAt,
             StockCommand::Order,
             StockCommand::OrderHold,
             StockCommand::OrderConfirm,

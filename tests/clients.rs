@@ -1283,6 +1283,75 @@ fn java_example_handles_every_outcome() {
     check_example(&JEDIS_8, "examples/java");
 }
 
+/// examples/go/warehouses, built with examples/go from its go.mod.
+#[test]
+fn go_warehouses_example_takes_and_gives_back_per_location() {
+    check_warehouses(&GO_REDIS_9);
+}
+
+/// examples/java/Warehouses.java, compiled with Deduct.java by its pom.xml.
+#[test]
+fn java_warehouses_example_takes_and_gives_back_per_location() {
+    check_warehouses(&JEDIS_8);
+}
+
+/// Runs a two-warehouse example (docs/locations.md) as its header says:
+/// every line it prints, then the warehouses as Redis keeps them, read
+/// directly (each location's units, holds and floor; the SKU's held
+/// units). Go and Java print the same lines.
+fn check_warehouses(client: &'static Pinned) {
+    let install = std::thread::spawn(move || installed(client));
+    let cluster = cluster();
+    let env = install.join().unwrap();
+    let sku = format!("{}-wh", client.name);
+    let out = runtime().block_on(async {
+        let server = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
+        let mut run = env.warehouses();
+        let port = server.addr.port().to_string();
+        run.args(["--port", &port, "--sku", &sku, "--run", "t"]);
+        finish(run, b"").await
+    });
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}: {printed}\n{}",
+        client.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        printed,
+        "stocked east: 3 units, floor 1\n\
+         stocked west: 5 units, floor 0\n\
+         line 1, 4 units, SPLIT east,west: deducted, east 2 + west 2; 4 left in all\n\
+         line 1 again (a retry), 4 units, SPLIT east,west: already deducted, east 2 + west 2; 4 left in all\n\
+         cart 2, 2 units, WHOLE east,west: held, west 2; 2 left in all\n\
+         cart 2 paid: confirmed; 2 left in all\n\
+         line 1 cancelled: given back where it came from; 6 left in all\n\
+         east: 3 available, 0 held, floor 1\n\
+         west: 3 available, 0 held, floor 0\n",
+        "{}",
+        client.name
+    );
+    let parsed = stockgate::params::Sku::parse(sku.clone().into()).unwrap();
+    let mut redis = cluster.cluster_connection().unwrap();
+    let mut hash: Vec<(String, i64)> = redis::cmd("HGETALL")
+        .arg(layout().locations_key(&parsed))
+        .query::<HashMap<String, i64>>(&mut redis)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, units)| *units != 0)
+        .collect();
+    hash.sort();
+    let expected = [("east", 3), ("east:floor", 1), ("west", 3)];
+    assert_eq!(
+        hash,
+        expected.map(|(f, n)| (f.to_owned(), n)),
+        "{}",
+        client.name
+    );
+    assert_eq!(held(&cluster, &sku), 0, "{}", client.name);
+}
+
 /// Runs an example once per outcome of DEDUCT and of REVERT (`--revert`),
 /// and checks what it prints and exits with. Each timeout case goes
 /// through a [`Tap`] that swallows the reply to the first DEDUCT or REVERT

@@ -1055,6 +1055,370 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
     assert_conform(&seen.borrow());
 }
 
+/// `GET path` on the admin port: the real Prometheus text stockgate
+/// serves to a scraper.
+fn scrape(admin: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(admin).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: stockgate\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// One series' value in Prometheus text (`series` with its labels as
+/// rendered); 0 when absent.
+fn series(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A SKU kept in two warehouses over HTTP (docs/locations.md): STOCK.SET
+/// and STOCK.ADD `AT` a location, DEDUCT.AT and HOLD.AT (their statuses
+/// as DEDUCT's and HOLD's, and the allocation), CONFIRM and REVERT of
+/// what they took, STOCK.LOCATIONS after each; every response against
+/// deploy/openapi.yaml, and the allocation counters as a scraper reads
+/// them from /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locations_map_to_their_statuses_and_conform_to_the_openapi_document() {
+    let cluster = cluster();
+    set_stock(&cluster, "web-one", 5);
+    let server = proxy(cluster.seeds(), |c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.admin_commands = true;
+    })
+    .await;
+    let http = server.http_addr.expect("http is enabled");
+    let metrics_before = scrape(server.admin_addr);
+    let seen = std::cell::RefCell::new(Vec::new());
+    let check = |e: Exchange, status: u16, body: Json| {
+        assert_eq!((e.status, &e.body), (status, &body), "{e:?}");
+        seen.borrow_mut().push(e);
+    };
+    let outcome = |code: i64, remain: i64| json!({"code": code, "remain": remain, "order_no": "", "version": V});
+    let set = |qty: i64, op: &str, location: &str| json!({"sku": "web-loc", "qty": qty, "op_id": op, "location": location});
+    let deduct_at = |qty: i64, id: &str, policy: &str, locations: &[&str]| json!({"sku": "web-loc", "qty": qty, "request_id": id, "policy": policy, "locations": locations});
+    let hold_at = |qty: i64, id: &str, policy: &str, locations: &[&str]| json!({"sku": "web-loc", "qty": qty, "request_id": id, "ttl_ms": 600000, "policy": policy, "locations": locations});
+    let located = |east: i64, west: i64, west_held: i64| {
+        json!({"total": east + west, "locations": [
+            {"location": "east", "available": east, "held": 0, "floor": 1},
+            {"location": "west", "available": west, "held": west_held, "floor": 0},
+        ]})
+    };
+    let locations_path = "/v1/stock/{sku}/locations";
+
+    // Two warehouses: east keeps 1 unit back (its floor), west none.
+    let mut first = set(3, "web-r1", "east");
+    first["floor"] = json!(1);
+    check(
+        post_json(http, "/v1/stock/set", first.clone()),
+        200,
+        outcome(0, 3),
+    );
+    check(post_json(http, "/v1/stock/set", first), 200, {
+        let mut duplicate = outcome(1, 3);
+        duplicate["duplicate"] = json!(true);
+        duplicate
+    });
+    check(
+        post_json(http, "/v1/stock/set", set(6, "web-r2", "west")),
+        200,
+        outcome(0, 6),
+    );
+    check(
+        post_json(
+            http,
+            "/v1/stock/add",
+            json!({"sku": "web-loc", "delta": -1, "op_id": "web-r3", "location": "west"}),
+        ),
+        200,
+        outcome(0, 5),
+    );
+    check(
+        post_json(
+            http,
+            "/v1/stock/add",
+            json!({"sku": "web-loc", "delta": -9, "op_id": "web-r4", "location": "west"}),
+        ),
+        409,
+        outcome(2, 5),
+    );
+    let e = post_json(
+        http,
+        "/v1/stock/set",
+        json!({"sku": "web-loc", "qty": 2, "op_id": "web-r5", "location": "east", "floor": 3}),
+    );
+    assert_eq!((e.status, &e.body["code"]), (400, &json!(3)), "{e:?}");
+    assert!(
+        e.body["reason"].as_str().unwrap().contains("floor"),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(3, 5, 0),
+    );
+
+    // SPLIT in the caller's order: east gives what it has above its
+    // floor, west the rest. A retry answers with the first allocation.
+    let allocated = |code: i64, remain: i64, allocation: Json| {
+        let mut body = outcome(code, remain);
+        body["allocation"] = allocation;
+        if code == 1 {
+            body["duplicate"] = json!(true);
+        }
+        body
+    };
+    let split = json!([{"location": "east", "units": 2}, {"location": "west", "units": 2}]);
+    check(
+        post_json(
+            http,
+            "/v1/deduct/at",
+            deduct_at(4, "web-a1", "SPLIT", &["east", "west"]),
+        ),
+        200,
+        allocated(0, 4, split.clone()),
+    );
+    check(
+        post_json(
+            http,
+            "/v1/deduct/at",
+            deduct_at(4, "web-a1", "SPLIT", &["east", "west"]),
+        ),
+        200,
+        allocated(1, 4, split),
+    );
+    // WHOLE: east is down to its floor, so west gives all of it, held.
+    let e = post_json(
+        http,
+        "/v1/hold/at",
+        hold_at(2, "web-a2", "WHOLE", &["east", "west"]),
+    );
+    let expires_at = e.body["expires_at"].as_i64().expect("expires_at");
+    assert!(expires_at > 1_700_000_000_000, "{e:?}");
+    let mut held = allocated(0, 2, json!([{"location": "west", "units": 2}]));
+    held["expires_at"] = json!(expires_at);
+    check(e, 200, held);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(1, 1, 2),
+    );
+    let mut short = allocated(2, 2, json!([]));
+    short["expires_at"] = json!(0);
+    check(
+        post_json(
+            http,
+            "/v1/hold/at",
+            hold_at(2, "web-a3", "WHOLE", &["east", "west"]),
+        ),
+        409,
+        short,
+    );
+    check(
+        post_json(
+            http,
+            "/v1/deduct/at",
+            deduct_at(2, "web-a4", "SPLIT", &["east", "west"]),
+        ),
+        409,
+        allocated(2, 2, json!([])),
+    );
+    // A HOLD.AT refused before Redis has HOLD's expires_at all the same.
+    let mut refused = allocated(3, -1, json!([]));
+    refused["reason"] = json!("a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -");
+    refused["expires_at"] = json!(0);
+    check(
+        post_json(http, "/v1/hold/at", hold_at(1, "web-a6", "SPLIT", &[""])),
+        400,
+        refused,
+    );
+    // Code 3, each with its reason; nothing taken.
+    for (body, reason) in [
+        (
+            deduct_at(1, "web-a5", "ANY", &["east"]),
+            "policy must be SPLIT or WHOLE",
+        ),
+        (
+            deduct_at(1, "web-a5", "SPLIT", &[]),
+            "name 1 to 16 locations",
+        ),
+        (
+            deduct_at(1, "web-a5", "SPLIT", &["east", "east"]),
+            "location east is named twice",
+        ),
+        (
+            deduct_at(1, "web-a5", "SPLIT", &["north"]),
+            "unknown location north",
+        ),
+        (
+            json!({"sku": "web-one", "qty": 1, "request_id": "web-a5", "policy": "SPLIT", "locations": ["east"]}),
+            "the sku keeps one number: DEDUCT and HOLD take from it",
+        ),
+    ] {
+        let e = post_json(http, "/v1/deduct/at", body);
+        assert_eq!(
+            (
+                e.status,
+                &e.body["code"],
+                &e.body["reason"],
+                &e.body["allocation"]
+            ),
+            (400, &json!(3), &json!(reason), &json!([])),
+            "{e:?}"
+        );
+        seen.borrow_mut().push(e);
+    }
+
+    // CONFIRM and REVERT are the usual routes: the record knows where.
+    let e = post_json(
+        http,
+        "/v1/confirm",
+        json!({"sku": "web-loc", "request_id": "web-a2"}),
+    );
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (200, &json!(0), &json!(2)),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    let e = post_json(
+        http,
+        "/v1/revert",
+        json!({"sku": "web-loc", "request_id": "web-a1"}),
+    );
+    assert_eq!(
+        (e.status, &e.body["code"], &e.body["remain"]),
+        (200, &json!(0), &json!(6)),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(3, 3, 0),
+    );
+    check(
+        get_from(http, "/v1/stock/web-one/locations", locations_path),
+        200,
+        json!({"total": 5, "locations": []}),
+    );
+    let e = get_from(http, "/v1/stock/web-none/locations", locations_path);
+    assert_eq!(e.status, 404, "{e:?}");
+    seen.borrow_mut().push(e);
+    let e = get_from(http, "/v1/stock/web%7Bx%7D/locations", locations_path);
+    assert_eq!(e.status, 400, "{e:?}");
+    seen.borrow_mut().push(e);
+
+    // Malformed bodies: 400 with an error, and Redis is never called.
+    let before = script_calls(&cluster);
+    for (path, body, why) in [
+        (
+            "/v1/deduct/at",
+            json!({"sku": "web-loc", "qty": 1, "request_id": "x", "locations": ["east"]}),
+            "missing field `policy`",
+        ),
+        (
+            "/v1/deduct/at",
+            json!({"sku": "web-loc", "qty": 1, "request_id": "x", "policy": "SPLIT", "locations": "east"}),
+            "invalid type",
+        ),
+        (
+            "/v1/hold/at",
+            json!({"sku": "web-loc", "qty": 1, "request_id": "x", "policy": "SPLIT", "locations": ["east"]}),
+            "missing field `ttl_ms`",
+        ),
+        (
+            "/v1/stock/set",
+            json!({"sku": "web-loc", "qty": 1, "op_id": "x", "floor": 0}),
+            "`floor` needs a `location`",
+        ),
+        (
+            "/v1/stock/add",
+            json!({"sku": "web-loc", "delta": 1, "op_id": "x", "location": "east", "floor": 0}),
+            "unknown field `floor`",
+        ),
+        (
+            "/v1/stock/add",
+            json!({"sku": "web-loc", "qty": 1, "op_id": "x"}),
+            "unknown field `qty`",
+        ),
+    ] {
+        let e = post_json(http, path, body);
+        assert_eq!(e.status, 400, "{e:?}");
+        let error = e.body["error"].as_str().unwrap();
+        assert!(error.contains(why), "{why:?} not in {error:?}");
+        seen.borrow_mut().push(e);
+    }
+    assert_eq!(
+        script_calls(&cluster),
+        before,
+        "no malformed request reached Redis"
+    );
+
+    // Without --admin-commands, STOCK.SET and STOCK.ADD are refused as
+    // over RESP, and nothing changes.
+    let plain = proxy(cluster.seeds(), |c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let e = post_json(
+        plain.http_addr.unwrap(),
+        "/v1/stock/set",
+        set(9, "web-r6", "east"),
+    );
+    assert_eq!(e.status, 403, "{e:?}");
+    assert!(
+        e.body["error"].as_str().unwrap().starts_with("NOPERM"),
+        "{e:?}"
+    );
+    seen.borrow_mut().push(e);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(3, 3, 0),
+    );
+
+    // What a Prometheus scrape sees: one SPLIT that split, one WHOLE, and
+    // each call in the request counters by its command and outcome.
+    let after = scrape(server.admin_addr);
+    let moved = |name: &str| series(&after, name) - series(&metrics_before, name);
+    assert_eq!(
+        moved("stockgate_allocations_total{policy=\"SPLIT\"}"),
+        1,
+        "{after}"
+    );
+    assert_eq!(
+        moved("stockgate_allocations_total{policy=\"WHOLE\"}"),
+        1,
+        "{after}"
+    );
+    assert_eq!(moved("stockgate_allocation_splits_total"), 1, "{after}");
+    for (command, result, n) in [
+        ("deduct.at", "ok", 1),
+        ("deduct.at", "duplicate", 1),
+        ("deduct.at", "insufficient", 1),
+        ("deduct.at", "invalid", 5),
+        ("hold.at", "ok", 1),
+        ("hold.at", "insufficient", 1),
+    ] {
+        let name = format!("stockgate_requests_total{{command=\"{command}\",result=\"{result}\"}}");
+        assert_eq!(moved(&name), n, "{name} in\n{after}");
+    }
+
+    assert_conform(&seen.borrow());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_and_resp_share_one_core_state_and_metrics() {
     let cluster = cluster();
@@ -1101,7 +1465,9 @@ async fn schemathesis_finds_no_contract_violation() {
     let cluster = cluster();
     set_stock(&cluster, "SKU-10086", 1_000_000);
     let server = proxy(cluster.seeds(), |c| {
-        c.http_listen = Some("127.0.0.1:0".parse().unwrap())
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        // So STOCK.SET and STOCK.ADD answer more than their 403.
+        c.admin_commands = true;
     })
     .await;
     let http = server.http_addr.unwrap();

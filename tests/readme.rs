@@ -29,7 +29,8 @@
 //!   `STOCKGATE_UPSTREAM` is set to the dev cluster's seeds, as the dev
 //!   start-up message tells the user to do, so `stockgate check` and
 //!   `stockgate stock ...` need no `--upstream`.
-//! - The dev cluster runs with the journal on, and `STOCKGATE_DATABASE`
+//! - The dev cluster runs with `--admin-commands` (docs/locations.md's
+//!   walkthrough asks for it), and with the journal on, and `STOCKGATE_DATABASE`
 //!   points at a throwaway PostgreSQL this test starts (and stops), as
 //!   `deploy/dev.sh --postgres` sets them up (docs/books.md). A throwaway
 //!   MariaDB with the database `books` stands for `deploy/dev.sh
@@ -78,6 +79,7 @@ use support::*;
 const PAGES: &[&str] = &[
     "README.md",
     "docs/holds-and-orders.md",
+    "docs/locations.md",
     "docs/books.md",
     "docs/interfaces.md",
     "docs/operations.md",
@@ -466,6 +468,9 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
         // As `deploy/dev.sh --postgres` runs it: the books' walkthrough
         // (docs/books.md) needs the journal.
         .env("STOCKGATE_JOURNAL", "true")
+        // As docs/locations.md has the reader start it (`--admin-commands`):
+        // its walkthrough stocks two warehouses with STOCK.SET.
+        .env("STOCKGATE_ADMIN_COMMANDS", "true")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -35,6 +35,7 @@ use super::command::{Command, Footprint, Serve};
 use super::{Caller, StockResult, StockService};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
+use crate::error::UpstreamError;
 use crate::outcome::{Code, HoldEvent, StockReply};
 use crate::params::{Delta, InvalidParam, Location, MAX_STOCK, OpId, Sku, StockLevel};
 use crate::reply::Reply;
@@ -120,7 +121,7 @@ enum Change {
 
 /// The operators' corrections of stock: STOCK.SET and STOCK.ADD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Correction {
+pub enum Correction {
     Set,
     Add,
 }
@@ -185,15 +186,45 @@ async fn located_total(service: &Arc<StockService>, sku: &Sku) -> Reply {
     }
 }
 
-/// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`.
+/// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`
+/// over RESP: [`correct`]'s outcome as its reply.
 async fn change(
     service: &Arc<StockService>,
     correction: Correction,
     args: &[Bytes],
     caller: &Caller,
 ) -> Reply {
+    match correct(service, correction, args, caller).await {
+        Ok(reply) => Reply::Stock(reply),
+        Err(Uncorrected::Disabled) => Reply::error(NOPERM),
+        Err(Uncorrected::Fault(fault)) => Reply::Error(fault.reply_text()),
+    }
+}
+
+/// Why a STOCK.SET or STOCK.ADD has no business code.
+#[derive(Debug)]
+pub enum Uncorrected {
+    /// stockgate runs without `--admin-commands`: nothing ran.
+    Disabled,
+    Fault(UpstreamError),
+}
+
+impl Uncorrected {
+    /// The `-NOPERM` text RESP answers for [`Uncorrected::Disabled`].
+    pub const DISABLED: &str = NOPERM;
+}
+
+/// STOCK.SET or STOCK.ADD with `args` (after the name, arity checked:
+/// `<sku> <amount> <op_id> [AT <location> [FLOOR <floor>]]`), audited when
+/// it applied; RESP and HTTP alike.
+pub async fn correct(
+    service: &StockService,
+    correction: Correction,
+    args: &[Bytes],
+    caller: &Caller,
+) -> Result<StockReply, Uncorrected> {
     if !service.settings.admin_commands {
-        return Reply::error(NOPERM);
+        return Err(Uncorrected::Disabled);
     }
     // Checked in this order: the amount, the sku, the op_id.
     let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
@@ -209,12 +240,12 @@ async fn change(
     })();
     let (sku, change, op_id) = match parsed {
         Ok(parsed) => parsed,
-        Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
+        Err(invalid) => return Ok(StockReply::invalid(invalid.0)),
     };
     if args.len() > 3 {
         let place = match Place::parse(correction, &args[3..]) {
             Ok(place) => place,
-            Err(invalid) => return Reply::Stock(StockReply::invalid(invalid.0)),
+            Err(invalid) => return Ok(StockReply::invalid(invalid.0)),
         };
         let result = service
             .change_location(
@@ -290,21 +321,23 @@ impl Place {
     }
 }
 
-/// A change's outcome as its reply, audited when it applied.
-fn changed(result: StockResult, sku: &Sku, change: Change, op_id: &OpId, caller: &Caller) -> Reply {
-    match result {
-        Ok(reply) => {
-            if reply.code == Code::Ok {
-                let (name, amount) = match change {
-                    Change::Set(level) => ("STOCK.SET", level.0),
-                    Change::Add(delta) => ("STOCK.ADD", delta.0),
-                };
-                audit(name, sku, amount, op_id, reply.remain, caller);
-            }
-            Reply::Stock(reply)
-        }
-        Err(fault) => Reply::Error(fault.reply_text()),
+/// A change's outcome, audited when it applied.
+fn changed(
+    result: StockResult,
+    sku: &Sku,
+    change: Change,
+    op_id: &OpId,
+    caller: &Caller,
+) -> Result<StockReply, Uncorrected> {
+    let reply = result.map_err(Uncorrected::Fault)?;
+    if reply.code == Code::Ok {
+        let (name, amount) = match change {
+            Change::Set(level) => ("STOCK.SET", level.0),
+            Change::Add(delta) => ("STOCK.ADD", delta.0),
+        };
+        audit(name, sku, amount, op_id, reply.remain, caller);
     }
+    Ok(reply)
 }
 
 /// A stock key's value as a reply: an integer, or nil when missing.

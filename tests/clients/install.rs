@@ -185,6 +185,8 @@ pub struct ClientEnv {
     interpreter: Option<Launch>,
     /// The example built in this env (Go, Java).
     example: Option<Launch>,
+    /// The two-warehouse example built in this env (Go, Java).
+    warehouses: Option<Launch>,
 }
 
 pub struct Driven {
@@ -211,6 +213,14 @@ impl ClientEnv {
         self.example
             .as_ref()
             .expect("an env with an example")
+            .command()
+    }
+
+    /// A command running the two-warehouse example this env built.
+    pub fn warehouses(&self) -> tokio::process::Command {
+        self.warehouses
+            .as_ref()
+            .expect("an env with the two-warehouse example")
             .command()
     }
 
@@ -452,6 +462,7 @@ fn env_at(client: &Pinned, dir: &Path) -> Option<ClientEnv> {
                 driver: interpreter.clone().arg(driver),
                 interpreter: Some(interpreter),
                 example: None,
+                warehouses: None,
             })
         }
         Runtime::Node { library, .. } => {
@@ -467,23 +478,27 @@ fn env_at(client: &Pinned, dir: &Path) -> Option<ClientEnv> {
                     .arg(library),
                 interpreter: Some(interpreter),
                 example: None,
+                warehouses: None,
             })
         }
         Runtime::Go { library } => {
             let bin = dir.join("bin");
-            if !bin.join("driver").is_file() || !bin.join("deduct-example").is_file() {
+            let built = ["driver", "deduct-example", "warehouses-example"];
+            if !built.iter().all(|name| bin.join(name).is_file()) {
                 return None;
             }
             Some(ClientEnv {
                 driver: Launch::new(bin.join("driver")).arg(library),
                 interpreter: None,
                 example: Some(Launch::new(bin.join("deduct-example"))),
+                warehouses: Some(Launch::new(bin.join("warehouses-example"))),
             })
         }
         Runtime::Java { module, main } => Some(ClientEnv {
             driver: java_launch(&dir.join("drivers").join(module))?.arg(main),
             interpreter: None,
             example: Some(java_launch(&dir.join("example"))?.arg("Deduct")),
+            warehouses: Some(java_launch(&dir.join("example"))?.arg("Warehouses")),
         }),
     }
 }
@@ -644,28 +659,29 @@ fn install_node(staging: &Path, name: &str) {
     );
 }
 
-/// One `go build` of every Go driver (tests/clients/go), one of the
-/// example (examples/go). `-mod=readonly`: go.sum must already hold every
+/// One `go build` of every Go driver (tests/clients/go), one of each
+/// example (examples/go, examples/go/warehouses: one module). `-mod=readonly`: go.sum must already hold every
 /// module's hash, so only what was reviewed is fetched (from the Go module
 /// proxy, into Go's own module cache) and nothing is re-resolved.
 fn install_go(staging: &Path) {
     let bin = staging.join("bin");
-    for (module, output) in [
-        ("tests/clients/go", "driver"),
-        ("examples/go", "deduct-example"),
+    for (module, package, output) in [
+        ("tests/clients/go", ".", "driver"),
+        ("examples/go", ".", "deduct-example"),
+        ("examples/go", "./warehouses", "warehouses-example"),
     ] {
         let output = bin.join(output);
         let out = StdCommand::new("go")
             .args(["build", "-mod=readonly", "-buildvcs=false", "-o"])
             .arg(&output)
-            .arg(".")
+            .arg(package)
             .current_dir(repo_path(module))
             // A go.work elsewhere must not change what is built.
             .env("GOWORK", "off")
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run go ({e}): {GO_HINT}"));
-        check(out, &format!("go build in {module}"));
+        check(out, &format!("go build {package} in {module}"));
     }
 }
 

@@ -14,6 +14,7 @@
 
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
+use crate::error::UpstreamError;
 use crate::params::Sku;
 use crate::reply::Reply;
 use crate::stock::StockService;
@@ -47,16 +48,72 @@ async fn locations(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
         Ok(sku) => sku,
         Err(invalid) => return Reply::error(format!("ERR {invalid}")),
     };
-    match service.read_by_location("locations", &sku).await {
-        Ok(Value::Nil) => Reply::Null,
-        Ok(found) => reply_of(found).unwrap_or_else(|| {
-            Reply::error("BADREPLY STOCK.LOCATIONS answered an unexpected shape")
-        }),
-        Err(fault) => Reply::Error(fault.reply_text()),
+    match read(service, &sku).await {
+        Ok(None) => Reply::Null,
+        Ok(Some(found)) => found.to_reply(),
+        Err(Unread::Shape) => Reply::error(Unread::SHAPE),
+        Err(Unread::Fault(fault)) => Reply::Error(fault.reply_text()),
     }
 }
 
-fn reply_of(found: Value) -> Option<Reply> {
+/// What STOCK.LOCATIONS read of a SKU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockLocations {
+    /// Its available units over all its locations (a SKU that keeps one
+    /// number: that number).
+    pub total: i64,
+    /// Each location by name; none for a SKU that keeps one number.
+    pub locations: Vec<LocationUnits>,
+}
+
+/// One location's units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocationUnits {
+    pub location: Bytes,
+    pub available: i64,
+    pub held: i64,
+    pub floor: i64,
+}
+
+/// Why STOCK.LOCATIONS read nothing.
+#[derive(Debug)]
+pub enum Unread {
+    Fault(UpstreamError),
+    /// The script's reply was not of its documented shape.
+    Shape,
+}
+
+impl Unread {
+    pub const SHAPE: &str = "BADREPLY STOCK.LOCATIONS answered an unexpected shape";
+}
+
+/// STOCK.LOCATIONS of `sku`, RESP and HTTP alike: `None` when the SKU has
+/// no stock.
+pub async fn read(service: &StockService, sku: &Sku) -> Result<Option<StockLocations>, Unread> {
+    match service.read_by_location("locations", sku).await {
+        Ok(Value::Nil) => Ok(None),
+        Ok(found) => parsed(found).map(Some).ok_or(Unread::Shape),
+        Err(fault) => Err(Unread::Fault(fault)),
+    }
+}
+
+impl StockLocations {
+    /// `[total, [location, available, held, floor], ...]`.
+    fn to_reply(&self) -> Reply {
+        let mut reply = vec![Reply::Integer(self.total)];
+        reply.extend(self.locations.iter().map(|l| {
+            Reply::Array(vec![
+                Reply::Bulk(l.location.clone()),
+                Reply::Integer(l.available),
+                Reply::Integer(l.held),
+                Reply::Integer(l.floor),
+            ])
+        }));
+        Reply::Array(reply)
+    }
+}
+
+fn parsed(found: Value) -> Option<StockLocations> {
     let Value::Array(items) = found else {
         return None;
     };
@@ -64,7 +121,7 @@ fn reply_of(found: Value) -> Option<Reply> {
     let Some(Value::Int(total)) = items.next() else {
         return None;
     };
-    let mut reply = vec![Reply::Integer(total)];
+    let mut locations = Vec::new();
     for item in items {
         let Value::Array(parts) = item else {
             return None;
@@ -72,17 +129,17 @@ fn reply_of(found: Value) -> Option<Reply> {
         match &parts[..] {
             [
                 Value::BulkString(name),
-                Value::Int(units),
+                Value::Int(available),
                 Value::Int(held),
                 Value::Int(floor),
-            ] => reply.push(Reply::Array(vec![
-                Reply::Bulk(Bytes::copy_from_slice(name)),
-                Reply::Integer(*units),
-                Reply::Integer(*held),
-                Reply::Integer(*floor),
-            ])),
+            ] => locations.push(LocationUnits {
+                location: Bytes::copy_from_slice(name),
+                available: *available,
+                held: *held,
+                floor: *floor,
+            }),
             _ => return None,
         }
     }
-    Some(Reply::Array(reply))
+    Some(StockLocations { total, locations })
 }
