@@ -483,15 +483,30 @@ impl Writer<'_> {
     }
 }
 
-/// Writes every sku's stock under the prefix to `out` as CSV; returns the
-/// number of rows.
-pub async fn export(upstream: &Upstream, keys: &KeyLayout, out: impl Write) -> Result<u64, String> {
+/// What an export wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exported {
+    /// Rows written: the SKUs that keep one number.
+    pub rows: u64,
+    /// SKUs kept by location (docs/locations.md), not written: a row of
+    /// `sku,qty` can't say where the units are, and an import of it would
+    /// make the SKU keep one number. STOCK.LOCATIONS reads them.
+    pub located: u64,
+}
+
+/// Writes every sku's stock under the prefix to `out` as CSV.
+pub async fn export(
+    upstream: &Upstream,
+    keys: &KeyLayout,
+    out: impl Write,
+) -> Result<Exported, String> {
     let mut writer = csv::Writer::from_writer(out);
     writer
         .write_record(["sku", "qty"])
         .map_err(|e| e.to_string())?;
     let pattern = format!("{}:{{*", glob_escape(keys.prefix()));
     let mut rows = 0;
+    let mut located = 0;
     for node in upstream.primaries().await.map_err(|e| e.reply_text())? {
         let mut cursor = 0u64;
         loop {
@@ -521,6 +536,7 @@ pub async fn export(upstream: &Upstream, keys: &KeyLayout, out: impl Write) -> R
                 .await;
             for (sku, value) in values {
                 match value {
+                    Ok(Value::BulkString(qty)) if qty == b"loc" => located += 1,
                     Ok(Value::BulkString(qty)) => {
                         writer
                             .write_record([&sku[..], &qty[..]])
@@ -540,7 +556,7 @@ pub async fn export(upstream: &Upstream, keys: &KeyLayout, out: impl Write) -> R
         }
     }
     writer.flush().map_err(|e| e.to_string())?;
-    Ok(rows)
+    Ok(Exported { rows, located })
 }
 
 fn scan_page(reply: Value) -> Result<(u64, Vec<Vec<u8>>), String> {

@@ -312,7 +312,7 @@ async fn import(args: ImportArgs) -> Result<(), String> {
 /// `stockgate stock export`
 async fn export(args: ExportArgs) -> Result<(), String> {
     let (upstream, keys) = connect(args.upstream, args.redis).await?;
-    let rows = match &args.output {
+    let exported = match &args.output {
         Some(path) => {
             let file =
                 std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -320,7 +320,13 @@ async fn export(args: ExportArgs) -> Result<(), String> {
         }
         None => stockgate::bulk::export(&upstream, &keys, std::io::stdout().lock()).await?,
     };
-    eprintln!("exported {rows} skus");
+    eprintln!("exported {} skus", exported.rows);
+    if exported.located > 0 {
+        eprintln!(
+            "not exported: {} skus kept by location (a row can't say where their units are; STOCK.LOCATIONS reads them)",
+            exported.located
+        );
+    }
     Ok(())
 }
 
