@@ -359,19 +359,15 @@ local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
 -- A SKU kept by location (docs/locations.md) has this text as its stock
 -- value, never an integer: the scripts of a SKU that keeps one number meet
 -- it only where they would refuse a stock value (BADSTOCK), and answer
--- LOCATED there instead, having changed nothing; stockgate then sends the
--- call on to lua/allocate.lua. A SKU that keeps one number pays nothing
--- for it, and an older stockgate's scripts refuse it with BADSTOCK.
+-- LOCATED there instead (`error_reply(raw == LOCATED and LOCATEDSKU or
+-- BADSTOCK)`, `raw` the value read), having changed nothing; stockgate then
+-- sends the call on to lua/allocate.lua. A SKU that keeps one number pays
+-- nothing for it, and an older stockgate's scripts refuse it with
+-- BADSTOCK. Written out where it is used, not a helper: a script called by
+-- EVALSHA makes each helper it names anew on every call (about 3k
+-- instructions for this one, measured by script-cost).
 local LOCATED = 'loc'
-
--- The error a script answers for a stock value it can't read as an
--- integer, `raw` as read.
-local function stock_fault(raw)
-  if raw == LOCATED then
-    return error_reply('LOCATED the sku keeps its stock by location; nothing was changed')
-  end
-  return error_reply(BADSTOCK)
-end
+local LOCATEDSKU = 'LOCATED the sku keeps its stock by location; nothing was changed'
 local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing was changed'
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
@@ -647,7 +643,7 @@ local function open_request(stock_key, record_key, window, journal_on)
   local stock, raw, held = parse_stock(got[1]), got[2], got[3]
   held = held and to_number(held) or 0
   if stock == false then
-    return stock_fault(got[1])
+    return error_reply(got[1] == LOCATED and LOCATEDSKU or BADSTOCK)
   end
   local record = raw and parse_record(raw)
   if raw and not record then

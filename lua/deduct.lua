@@ -130,7 +130,7 @@ local function deduct(KEYS, ARGV)
   local got = call('MGET', stock_key, record_key, held_name, marker_name)
   local stock, raw, held = parse_stock(got[1]), got[2], got[3]
   if stock == false then
-    return stock_fault(got[1])
+    return error_reply(got[1] == LOCATED and LOCATEDSKU or BADSTOCK)
   end
   held = held and to_number(held) or 0
   local record = raw and parse_record(raw)

@@ -200,7 +200,7 @@ local function deduct_many(KEYS, ARGV)
     elseif not order_no or #order_no > 128 or find(order_no, '[^ -~]') then
       reply = answer(3, nil, '', 'order_no must be at most 128 printable ASCII bytes')
     elseif stock == false then
-      reply = stock_fault(read[1])
+      reply = error_reply(read[1] == LOCATED and LOCATEDSKU or BADSTOCK)
     else
       local raw = written and written[record_key] or read[3 + i]
       local record = raw and parse_record(raw)

@@ -44,7 +44,7 @@ local function get(KEYS, ARGV)
   local released = 0
   local raw_stock = call('GET', stock_key)
   if raw_stock == LOCATED then
-    return stock_fault(raw_stock)
+    return error_reply(LOCATEDSKU)
   end
   local stock = parse_stock(raw_stock)
   if stock then

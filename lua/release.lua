@@ -43,7 +43,7 @@ local function release(KEYS, ARGV)
   end
   local raw_stock = call('GET', stock_key)
   if raw_stock == LOCATED then
-    return stock_fault(raw_stock)
+    return error_reply(LOCATEDSKU)
   end
   local stock = parse_stock(raw_stock)
   if not stock then
