@@ -75,6 +75,8 @@ fn stock_text() -> impl Strategy<Value = Option<String>> {
         // a release (of a later member, too) can take it there.
         1 => prop::sample::select(vec![
             "-3", "007", "1.5", "abc", "9007199254740951", "9007199254740991", "9007199254740992",
+            // A SKU kept by location (docs/locations.md): LOCATED.
+            "loc",
         ])
         .prop_map(|s| Some(s.to_owned())),
     ]
@@ -694,6 +696,39 @@ async fn deducts_waiting_together_share_calls_and_keep_their_own_replies() {
         evalsha < 43,
         "43 DEDUCTs took {evalsha} script calls: they did not share"
     );
+}
+
+/// DEDUCTs of a SKU kept by location, gathered into calls, each answer 3
+/// (name its locations) and take nothing: a gathered call sends each on
+/// by location, as a call of its own would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gathered_deducts_of_a_sku_kept_by_location_answer_3_and_take_nothing() {
+    let (_redis, server, mut direct) = hot_sku(0).await;
+    redis::cmd("SET")
+        .arg(stock_key("hot"))
+        .arg("loc")
+        .query::<()>(&mut direct)
+        .unwrap();
+    let locations = [stock_key("hot"), b":loc".to_vec()].concat();
+    redis::cmd("HSET")
+        .arg(&locations)
+        .arg("w1")
+        .arg(5)
+        .query::<()>(&mut direct)
+        .unwrap();
+    let requests: Vec<Vec<String>> = (0..12).map(|i| deduct_args(&format!("l{i}"))).collect();
+    let replies = burst_while_paused(&server, &mut direct, requests).await;
+    for reply in replies {
+        let reply = parse(reply);
+        assert_eq!(reply.code, 3, "{reply:?}");
+    }
+    let units: i64 = redis::cmd("HGET")
+        .arg(&locations)
+        .arg("w1")
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(units, 5);
+    assert_eq!(get(&mut direct, &stock_key("hot")), Some("loc".to_owned()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
