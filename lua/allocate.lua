@@ -268,10 +268,12 @@ local function open(KEYS, ARGV, first_side, with_record, op)
   elseif settings.journal then
     return nil, error_reply(NOJOURNAL)
   end
-  if call('EXISTS', loc_key) == 0 then
+  local locs = read_locations(loc_key)
+  if #locs.names == 0 then
+    -- The hash is gone (a SKU kept by location has one from its first
+    -- STOCK.SET ... AT).
     return nil, error_reply(LOCGONE)
   end
-  local locs = read_locations(loc_key)
   local now, released = 0, 0
   if got[3] and to_number(got[3]) > 0 then
     now = now_ms()
@@ -321,48 +323,51 @@ end
 
 local NONE = {}
 
+-- An allocation's reply (the header's shape): `list` what each location
+-- gave, nil for none.
+local function allocated(c, code, reason, expires, list, event)
+  return {code, total_of(c.locs), '', VERSION, reason or '', expires or 0, c.released, 0,
+          event or '', 0, list and allocation_flat(list) or NONE}
+end
+
 -- DEDUCT.AT and HOLD.AT.
 local function allocate_call(c, KEYS, ARGV, hold)
   local record_key, nonce, qty_arg, policy = KEYS[2], ARGV[3], ARGV[4], ARGV[5]
   local settings, locs = c.settings, c.locs
-  local reply = function(code, reason, expires, list, event)
-    return {code, total_of(locs), '', VERSION, reason or '', expires or 0, c.released, 0,
-            event or '', 0, list and allocation_flat(list) or NONE}
-  end
   if not record_key_under(req_prefix, record_key) or KEYS[8] then
     return badcall('keys do not follow the stockgate key layout')
   end
   local qty = positive_int(qty_arg)
   if not qty or qty > settings.max_qty then
-    return reply(3, 'qty must be an integer from 1 to ' .. settings.max_arg)
+    return allocated(c, 3, 'qty must be an integer from 1 to ' .. settings.max_arg)
   end
   if policy ~= 'SPLIT' and policy ~= 'WHOLE' then
-    return reply(3, 'policy must be SPLIT or WHOLE')
+    return allocated(c, 3, 'policy must be SPLIT or WHOLE')
   end
   local ttl, first = nil, 6
   if hold then
     ttl, first = positive_int(ARGV[6]), 7
     if not ttl or ttl < 1000 or ttl > settings.max_hold then
-      return reply(3, 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
+      return allocated(c, 3, 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
     end
   end
   local named, seen = {}, {}
   for i = first, #ARGV do
     local name = ARGV[i]
     if not location_ok(name) then
-      return reply(3, 'a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -')
+      return allocated(c, 3, 'a location is 1 to 64 bytes of A-Z a-z 0-9 _ . -')
     end
     if seen[name] then
-      return reply(3, 'location ' .. name .. ' is named twice')
+      return allocated(c, 3, 'location ' .. name .. ' is named twice')
     end
     seen[name] = true
     named[#named + 1] = name
   end
   if #named == 0 then
-    return reply(3, NO_LOCATIONS)
+    return allocated(c, 3, NO_LOCATIONS)
   end
   if #named > CALL_LOCATIONS then
-    return reply(3, 'at most ' .. CALL_LOCATIONS .. ' locations in one call')
+    return allocated(c, 3, 'at most ' .. CALL_LOCATIONS .. ' locations in one call')
   end
 
   local record, list, own = own_record(c, record_key)
@@ -373,29 +378,29 @@ local function allocate_call(c, KEYS, ARGV, hold)
     local state = record.state
     if state == 'R' or state == 'V' then
       replicate_again(settings.replicate, record_key)
-      return reply(4)
+      return allocated(c, 4)
     end
     if hold and state == 'D' then
-      return reply(3, 'request_id was used by a DEDUCT on this sku')
+      return allocated(c, 3, 'request_id was used by a DEDUCT on this sku')
     end
     if not hold and state ~= 'D' then
-      return reply(3, 'request_id was used by a HOLD on this sku')
+      return allocated(c, 3, 'request_id was used by a HOLD on this sku')
     end
     if state == 'X' then
       if own == 0 then
         replicate_again(settings.replicate, record_key)
       end
-      return reply(5, nil, record.expires)
+      return allocated(c, 5, nil, record.expires)
     end
     local asked = record.asked or record.qty
     if asked ~= qty_arg then
-      return reply(3, 'request_id was already used with qty ' .. asked .. ' on this sku')
+      return allocated(c, 3, 'request_id was already used with qty ' .. asked .. ' on this sku')
     end
     replicate_again(settings.replicate, record_key)
     if record.nonce == nonce and (state == 'D' or state == 'H') then
-      return reply(0, nil, record.expires, list, hold and 'placed' or '')
+      return allocated(c, 0, nil, record.expires, list, hold and 'placed' or '')
     end
-    return reply(1, nil, record.expires, list)
+    return allocated(c, 1, nil, record.expires, list)
   end
 
   -- The allocation: which location gives how many, decided before any
@@ -405,7 +410,7 @@ local function allocate_call(c, KEYS, ARGV, hold)
     local name = named[i]
     local units = locs.units[name]
     if units == nil then
-      return reply(3, 'unknown location ' .. name)
+      return allocated(c, 3, 'unknown location ' .. name)
     end
     local free = units - (locs.floor[name] or 0)
     if left > 0 and free > 0 then
@@ -419,7 +424,7 @@ local function allocate_call(c, KEYS, ARGV, hold)
     end
   end
   if left > 0 then
-    return reply(2)
+    return allocated(c, 2)
   end
 
   -- Writes: only after every check above has passed.
@@ -441,11 +446,11 @@ local function allocate_call(c, KEYS, ARGV, hold)
     call('ZADD', holds_name, expires_text, id)
     call('SET', record_key,
       located_text(take, 'H', qty_arg, nonce, expires_text .. '.' .. int_text(c.now), ''))
-    return reply(0, nil, expires, take, 'placed')
+    return allocated(c, 0, nil, expires, take, 'placed')
   end
   call('SET', record_key, located_text(take, 'D', qty_arg, nonce, '', ''), 'PX',
     settings.window_arg)
-  return reply(0, nil, 0, take)
+  return allocated(c, 0, nil, 0, take)
 end
 
 -- REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a request made here

@@ -138,6 +138,14 @@ impl StockService {
                 return Ok(allocated);
             }
         };
+        if let Some(ttl) = &asked.ttl
+            && self.settings.sweep_holds
+        {
+            // As a HOLD does: filed beside the call, so the hold is found
+            // even if this stockgate dies before it answers.
+            self.sweeper
+                .mark_for_sweep(&asked.sku, std::time::Duration::from_millis(ttl.get()));
+        }
         let result = self.run_allocation(hold, &asked).await;
         match &result {
             Ok(allocated) => {
