@@ -71,6 +71,8 @@ local LOCGONE = 'LOCGONE a location of this sku is missing from its hash; nothin
 local NOT_LOCATED = 'the sku keeps one number: DEDUCT and HOLD take from it'
 local NO_LOCATIONS = 'the sku keeps its stock by location: name them (DEDUCT.AT, HOLD.AT)'
 local gmatch, sort, concat
+-- An order's line's request_id starts so (src/keys.rs, ORDER_LINE_PREFIX).
+local ORDER_LINE = '~ord:'
 
 -- The locations hash as tables: units, held, floor by name, and the names
 -- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
@@ -464,9 +466,15 @@ local function request_call(c, KEYS, ARGV, op)
     return badcall('keys do not follow the stockgate key layout')
   end
   local changes = op == 'extend' or op == 'shrink'
-  if changes ~= (change_key ~= nil) or KEYS[9]
-      or (changes and not record_key_under(c.stock_key .. ':chg:', change_key)) then
+  -- An order's line is extended with no change record: its order's
+  -- intent records the change (lua/change_hold.lua has the rule).
+  local order_line = sub(record_key, #req_prefix + 1, #req_prefix + #ORDER_LINE) == ORDER_LINE
+  if (changes and not order_line) ~= (change_key ~= nil) or KEYS[9]
+      or (change_key and not record_key_under(c.stock_key .. ':chg:', change_key)) then
     return badcall('keys do not follow the stockgate key layout')
+  end
+  if order_line and op == 'shrink' then
+    return answer(3, -1, '', "an order's lines change by ORDER commands only")
   end
   local amount_arg = ARGV[4]
   local amount = changes and positive_int(amount_arg)
@@ -479,7 +487,7 @@ local function request_call(c, KEYS, ARGV, op)
   local letter = op == 'extend' and 'E' or 'S'
   local id = sub(record_key, #req_prefix + 1)
 
-  if changes then
+  if change_key then
     local done = call('GET', change_key)
     if done then
       local was, was_amount, was_nonce, was_expires, was_id =
@@ -596,10 +604,16 @@ local function request_call(c, KEYS, ARGV, op)
     local bound = record.held_at + settings.max_hold
     expires = c.now + amount
     if expires > bound then
-      return answer(3, total, '', 'the hold may last until ' .. int_text(bound)
-        .. ' at most (max hold ' .. settings.max_hold_arg .. ' ms from its start)', 0, released)
+      if not order_line then
+        return answer(3, total, '', 'the hold may last until ' .. int_text(bound)
+          .. ' at most (max hold ' .. settings.max_hold_arg .. ' ms from its start)', 0, released)
+      end
+      expires = bound
     end
     if expires <= record.expires then
+      if order_line then
+        return answer(1, total, record.order_no, '', record.expires, released)
+      end
       return answer(3, total, '', 'the hold already lasts until ' .. int_text(record.expires)
         .. ': an extension only moves it later', 0, released)
     end
@@ -636,6 +650,9 @@ local function request_call(c, KEYS, ARGV, op)
   end
   call('SET', record_key, located_text(list, 'H', qty, record.nonce, aux, record.order_no),
     'KEEPTTL')
+  if not change_key then
+    return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
+  end
   call('SET', change_key,
     '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,
     'PX', settings.window_arg)

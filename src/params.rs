@@ -313,6 +313,47 @@ impl Policy {
     }
 }
 
+/// Where an order's line on a SKU kept by location takes its units: the
+/// caller's policy and locations, in its order, written after the line's
+/// sku as `<sku>{<POLICY>:<location>,<location>...}` (braces are no
+/// sku's: docs/locations.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub policy: Policy,
+    pub locations: Vec<Location>,
+}
+
+impl Placement {
+    /// `<POLICY>:<location>,<location>...`, what the braces hold.
+    pub fn parse(text: &[u8]) -> Result<Placement, InvalidParam> {
+        let split = text.iter().position(|b| *b == b':').ok_or_else(|| {
+            InvalidParam("a line's locations are <sku>{<POLICY>:<location>,...}".into())
+        })?;
+        let policy = Policy::parse(&text[..split])?;
+        let names: Vec<Bytes> = text[split + 1..]
+            .split(|b| *b == b',')
+            .map(Bytes::copy_from_slice)
+            .collect();
+        Ok(Placement {
+            policy,
+            locations: Location::parse_list(&names)?,
+        })
+    }
+
+    /// The text [`Placement::parse`] reads.
+    pub fn text(&self) -> Vec<u8> {
+        let mut out = self.policy.word().as_bytes().to_vec();
+        out.push(b':');
+        for (i, location) in self.locations.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(location.as_bytes());
+        }
+        out
+    }
+}
+
 /// A stock level to set: a canonical decimal integer from 0 to
 /// [`MAX_STOCK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -231,6 +231,99 @@ async fn an_order_is_all_lines_or_none_and_answers_its_retries(kind: ServerKind)
     assert_eq!(must(&mut conn, &["ORDER.REVERT", "o-short"]).await.code, 1);
 }
 
+/// An order whose line names its locations (`<sku>{<POLICY>:<location>,...}`,
+/// docs/locations.md): the line allocates over them in the one order, all
+/// lines or none; ORDER.REVERT gives each unit back where it came from;
+/// ORDER.HOLD's line holds at its locations, is extended and confirmed
+/// there. A line on a SKU kept by location that names none is refused (3),
+/// and the order's other lines with it. (lua/allocate.lua runs on all four
+/// servers in tests/locations.rs; here one cluster carries the saga.)
+#[tokio::test]
+async fn an_order_line_allocates_over_the_locations_it_names() {
+    let cluster = cluster();
+    let [tee, mug, _] = spread("placed");
+    set_stock(&cluster, &mug, 5);
+    let server = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
+    let mut conn = client(&server, false).await;
+    for (op, qty, location) in [("s1", "2", "w1"), ("s2", "3", "w2")] {
+        let set: Value = redis::cmd("STOCK.SET")
+            .arg(&[tee.as_str(), qty, op, "AT", location])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&set, Value::Array(items) if items[0] == Value::Int(0)),
+            "{set:?}"
+        );
+    }
+    let mut direct = cluster.cluster_connection().unwrap();
+    let locations = [stock_key(&tee), b":loc".to_vec()].concat();
+    let units = |direct: &mut redis::cluster::ClusterConnection| -> (i64, i64, i64, i64) {
+        redis::cmd("HMGET")
+            .arg(&locations)
+            .arg(&["w1", "w2", "w1:held", "w2:held"])
+            .query::<(i64, i64, Option<i64>, Option<i64>)>(direct)
+            .map(|(a, b, c, d)| (a, b, c.unwrap_or(0), d.unwrap_or(0)))
+            .unwrap()
+    };
+
+    let split = format!("{tee}{{SPLIT:w1,w2}}");
+    let taken = must(&mut conn, &["ORDER", "p-1", &split, "4", &mug, "1"]).await;
+    assert_eq!(taken.code, 0, "{taken:?}");
+    assert_eq!(units(&mut direct), (0, 1, 0, 0));
+    assert_eq!(get_stock(&cluster, &mug), Some(4));
+    let raw: String = redis::cmd("GET")
+        .arg(record_key(&tee, &line_id("p-1")))
+        .query(&mut direct)
+        .unwrap();
+    assert!(raw.starts_with("@w1=2,w2=2;3:"), "{raw}");
+    // The same order again: 1, nothing more taken.
+    assert_eq!(
+        must(&mut conn, &["ORDER", "p-1", &split, "4", &mug, "1"])
+            .await
+            .code,
+        1
+    );
+    assert_eq!(units(&mut direct), (0, 1, 0, 0));
+
+    // WHOLE: no location can give 2; no line applied anywhere.
+    let whole = format!("{tee}{{WHOLE:w1,w2}}");
+    let short = must(&mut conn, &["ORDER", "p-2", &whole, "2", &mug, "1"]).await;
+    assert_eq!(short.code, 2, "{short:?}");
+    assert_eq!(short.short, vec![tee.clone()]);
+    assert_eq!(get_stock(&cluster, &mug), Some(4));
+
+    // Every unit back where it came from.
+    assert_eq!(must(&mut conn, &["ORDER.REVERT", "p-1"]).await.code, 0);
+    assert_eq!(units(&mut direct), (2, 3, 0, 0));
+    assert_eq!(get_stock(&cluster, &mug), Some(5));
+
+    // A held order: its line holds at w2, lasts longer, is confirmed there.
+    let w2_first = format!("{tee}{{WHOLE:w2,w1}}");
+    let held = must(&mut conn, &["ORDER.HOLD", "p-3", "60000", &w2_first, "3"]).await;
+    assert_eq!(held.code, 0, "{held:?}");
+    assert_eq!(units(&mut direct), (2, 0, 0, 3));
+    let extended = must(&mut conn, &["ORDER.EXTEND", "p-3", "c-1", "120000"]).await;
+    assert_eq!(extended.code, 0, "{extended:?}");
+    assert!(extended.expires_at > held.expires_at);
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "p-3"]).await.code, 0);
+    assert_eq!(units(&mut direct), (2, 0, 0, 0));
+
+    // No locations named, or a bad placement: 3, nothing taken.
+    let unplaced = must(&mut conn, &["ORDER", "p-4", &tee, "1", &mug, "1"]).await;
+    assert_eq!(unplaced.code, 3, "{unplaced:?}");
+    for bad in [
+        format!("{tee}{{FIRST:w1}}"),
+        format!("{tee}{{SPLIT:w1"),
+        format!("{tee}{{SPLIT:}}"),
+    ] {
+        let refused = must(&mut conn, &["ORDER", "p-5", &bad, "1"]).await;
+        assert_eq!(refused.code, 3, "{bad}: {refused:?}");
+    }
+    assert_eq!(units(&mut direct), (2, 0, 0, 0));
+    assert_eq!(get_stock(&cluster, &mug), Some(5));
+}
+
 matrix! { #[tokio::test] async fn invalid_orders_are_code_3_and_touch_nothing }
 async fn invalid_orders_are_code_3_and_touch_nothing(kind: ServerKind) {
     let cluster = cluster_of(kind);

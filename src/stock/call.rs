@@ -73,6 +73,9 @@ pub struct Call {
     /// Its script met a SKU kept by location (LOCATED, nothing changed):
     /// its fallback goes by location ([`super::location`]).
     located: bool,
+    /// An order's line on a SKU kept by location: where its HOLD or take
+    /// allocates ([`super::order::lines`]).
+    pub(super) placement: Option<Arc<crate::params::Placement>>,
     /// The user who sent it (for the access log): the account, a thin
     /// pointer, which every call moves around.
     user: Option<Arc<Account>>,
@@ -226,6 +229,7 @@ impl StockService {
             deadline: sent + self.upstream.timeout(),
             read_first: false,
             located: false,
+            placement: None,
             user: None,
             on_behalf,
         }))
@@ -482,6 +486,11 @@ impl StockService {
             if !matches!(&result, Err(fault) if fault.is_located()) {
                 return result;
             }
+        }
+        if let Some(placement) = &call.placement {
+            return self
+                .allocate_line(request, placement, &call.nonce, call.deadline)
+                .await;
         }
         self.by_location(
             request.command,

@@ -15,6 +15,7 @@
 
 use super::books::AccessEntry;
 use super::call::not_an_order_line;
+use super::location::HoldChangeArgs;
 use super::service::stock_reply;
 use super::{Caller, StockCommand, StockResult, StockService};
 use crate::auth::Account;
@@ -131,7 +132,10 @@ impl StockService {
                     &checked.sku,
                     &checked.request_id,
                     &nonce,
-                    Some((&keys.change, &checked.amount)),
+                    Some(HoldChangeArgs {
+                        record: Some(&keys.change),
+                        amount: &checked.amount,
+                    }),
                     self.deadline(),
                 )
                 .await
@@ -166,14 +170,45 @@ impl StockService {
         ttl: &HoldTtl,
     ) -> StockResult {
         let keys = self.keys.request_keys(sku, line_id);
-        self.run_change(
-            HoldChange::Extend,
-            sku,
-            &keys.all(),
-            ttl.as_bytes(),
-            Some(Duration::from_millis(ttl.get())),
-        )
-        .await
+        let result = self
+            .run_change(
+                HoldChange::Extend,
+                sku,
+                &keys.all(),
+                ttl.as_bytes(),
+                Some(Duration::from_millis(ttl.get())),
+            )
+            .await;
+        if !matches!(&result, Err(fault) if fault.is_located()) {
+            return result;
+        }
+        // A line on a SKU kept by location: the same extension, by location.
+        let nonce = self.nonces.next();
+        let result = self
+            .by_location(
+                StockCommand::HoldExtend,
+                sku,
+                line_id,
+                &nonce,
+                Some(HoldChangeArgs {
+                    record: None,
+                    amount: ttl.as_bytes(),
+                }),
+                self.deadline(),
+            )
+            .await
+            .map(|reply| reply.with_expiry(true));
+        if let Ok(reply) = &result
+            && matches!(reply.code, Code::Ok | Code::Duplicate)
+            && self.settings.sweep_holds
+        {
+            self.refile(
+                sku,
+                Duration::from_millis(ttl.get()),
+                reply.expires_at.unwrap_or(0),
+            );
+        }
+        result
     }
 
     /// The script's call, its holds metrics, and an extended hold filed in

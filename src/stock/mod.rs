@@ -157,9 +157,10 @@ impl StockCommand {
         }
         let allowed = match self.touches(args) {
             Touches::Piped(sku) | Touches::Sku(sku) => grant.allows_sku(sku),
-            Touches::Lines { pairs, .. } => {
-                pairs.iter().step_by(2).all(|sku| grant.allows_sku(sku))
-            }
+            Touches::Lines { pairs, .. } => pairs
+                .iter()
+                .step_by(2)
+                .all(|word| grant.allows_sku(order::lines::sku_of(word))),
             Touches::All => false,
         };
         if allowed { Ok(()) } else { Err(Denial::Key) }

@@ -89,7 +89,11 @@ impl Lines {
         };
         Some(Box::new(Lines {
             id: Bytes::copy_from_slice(id),
-            skus: pairs.iter().step_by(2).cloned().collect(),
+            skus: pairs
+                .iter()
+                .step_by(2)
+                .map(|word| word.slice(..crate::stock::order::lines::sku_of(word).len()))
+                .collect(),
         }))
     }
 }

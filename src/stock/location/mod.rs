@@ -23,11 +23,14 @@ pub mod locations;
 
 use super::books::AccessEntry;
 use super::call::not_an_order_line;
+use super::single::OneRequest;
 use super::{Caller, StockCommand, StockResult, StockService};
 use crate::auth::Account;
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::{Code, StockReply};
-use crate::params::{HoldTtl, InvalidParam, Location, OpId, Policy, Qty, RequestId, Sku};
+use crate::params::{
+    HoldTtl, InvalidParam, Location, OpId, Placement, Policy, Qty, RequestId, Sku,
+};
 use crate::reply::Reply;
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -76,6 +79,14 @@ impl Allocated {
             Reply::Array(allocation),
         ])
     }
+}
+
+/// What a change of a hold sends on by location: its change record (none
+/// for an order's line: its intent records the change) and its amount
+/// (ttl_ms or qty).
+pub(super) struct HoldChangeArgs<'a> {
+    pub record: Option<&'a [u8]>,
+    pub amount: &'a [u8],
 }
 
 /// A DEDUCT.AT's or HOLD.AT's arguments, checked in the order sent.
@@ -227,6 +238,49 @@ impl StockService {
         })
     }
 
+    /// An order's line on a SKU kept by location, its HOLD or take (a
+    /// DEDUCT) sent on here (LOCATED): allocated over the line's
+    /// locations, under the line's own id. The order's reply shows no
+    /// allocation; the line's record keeps it, and its CONFIRM, REVERT and
+    /// expiry follow it.
+    pub(super) async fn allocate_line(
+        &self,
+        request: &OneRequest,
+        placement: &Placement,
+        nonce: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> StockResult {
+        let hold = request.command == StockCommand::Hold;
+        let (Some(qty), true) = (
+            &request.qty,
+            hold || request.command == StockCommand::Deduct,
+        ) else {
+            return Ok(StockReply::invalid(NAME_LOCATIONS));
+        };
+        let keys = self.keys.request_keys(&request.sku, &request.request_id);
+        let loc_key = self.keys.locations_key(&request.sku);
+        let mut named: Vec<&[u8]> = keys.all().to_vec();
+        named.push(&loc_key);
+        let mut argv: Vec<&[u8]> = vec![
+            if hold { b"hold" } else { b"deduct" },
+            self.located_settings(),
+            nonce,
+            qty.as_bytes(),
+            placement.policy.word().as_bytes(),
+        ];
+        if let Some(ttl) = request.ttl.as_ref().filter(|_| hold) {
+            argv.push(ttl.as_bytes());
+        }
+        argv.extend(placement.locations.iter().map(Location::as_bytes));
+        let value = self
+            .with_journal(&request.sku, deadline, || {
+                self.upstream
+                    .eval_by(&self.scripts.allocate, &named, &argv, deadline)
+            })
+            .await?;
+        Ok(allocated_of(value)?.reply)
+    }
+
     /// The settings every `lua/allocate.lua` call takes: HOLD's.
     fn located_settings(&self) -> &[u8] {
         self.wires.of(StockCommand::Hold, false).settings_arg()
@@ -234,7 +288,8 @@ impl StockService {
 
     /// A call on one request whose script met a SKU kept by location
     /// (LOCATED, nothing changed), sent on by location: REVERT, CONFIRM,
-    /// HOLD.EXTEND, HOLD.SHRINK (`change` their change record and amount).
+    /// HOLD.EXTEND, HOLD.SHRINK (their change record, none for an order's
+    /// line, and their amount: ttl_ms or qty).
     /// A DEDUCT or HOLD names no location: code 3, no call.
     pub(super) async fn by_location(
         &self,
@@ -242,7 +297,7 @@ impl StockService {
         sku: &Sku,
         request_id: &RequestId,
         nonce: &[u8],
-        change: Option<(&[u8], &[u8])>,
+        change: Option<HoldChangeArgs<'_>>,
         deadline: tokio::time::Instant,
     ) -> StockResult {
         let op: &[u8] = match command {
@@ -257,9 +312,9 @@ impl StockService {
         let mut named: Vec<&[u8]> = keys.all().to_vec();
         named.push(&loc_key);
         let mut argv: Vec<&[u8]> = vec![op, self.located_settings(), nonce];
-        if let Some((change_key, amount)) = change {
-            named.push(change_key);
-            argv.push(amount);
+        if let Some(change) = change {
+            named.extend(change.record);
+            argv.push(change.amount);
         }
         self.with_journal(sku, deadline, || {
             self.upstream

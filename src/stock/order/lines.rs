@@ -4,12 +4,13 @@
 use super::{Saga, Step};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
-use crate::params::{HoldTtl, InvalidParam, OrderNo, Qty, Sku};
+use crate::params::{HoldTtl, InvalidParam, OrderNo, Placement, Qty, Sku};
 use crate::pipeline::Bound;
 use crate::stock::StockCommand;
 use crate::stock::call::{OnBehalf, Prepared, StockResult};
 use crate::stock::single::{Field, OneRequest};
 use bytes::Bytes;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One line of an order.
@@ -17,6 +18,34 @@ use std::time::Instant;
 pub struct Line {
     pub sku: Sku,
     pub qty: Qty,
+    /// A line on a SKU kept by location: where it takes its units
+    /// (`<sku>{<POLICY>:<location>,...}`, docs/locations.md).
+    pub placement: Option<Arc<Placement>>,
+}
+
+/// The sku a line's first word names: the word, or what comes before its
+/// `{`, the line's locations. For what reads the words before the lines
+/// are checked (the order of a connection's requests, a user's rights).
+pub fn sku_of(word: &[u8]) -> &[u8] {
+    match word.iter().position(|b| *b == b'{') {
+        Some(brace) => &word[..brace],
+        None => word,
+    }
+}
+
+/// A line's first word, checked: its sku, and its locations when braces
+/// follow it.
+fn line_sku(word: &[u8]) -> Result<(Sku, Option<Arc<Placement>>), InvalidParam> {
+    let sku = sku_of(word);
+    let placement = if sku.len() == word.len() {
+        None
+    } else {
+        let inside = word[sku.len() + 1..].strip_suffix(b"}").ok_or_else(|| {
+            InvalidParam("a line's locations are <sku>{<POLICY>:<location>,...}".into())
+        })?;
+        Some(Arc::new(Placement::parse(inside)?))
+    };
+    Ok((Sku::parse(Bytes::copy_from_slice(sku))?, placement))
 }
 
 /// Checks `<sku> <qty> [<sku> <qty> ...]`: at least one line, at most
@@ -40,9 +69,11 @@ pub fn parse_lines(
     let mut lines = args
         .chunks(2)
         .map(|pair| {
+            let (sku, placement) = line_sku(&pair[0])?;
             Ok(Line {
-                sku: Sku::parse(pair[0].clone())?,
+                sku,
                 qty: Qty::parse(pair[1].clone(), max_qty)?,
+                placement,
             })
         })
         .collect::<Result<Vec<Line>, InvalidParam>>()?;
@@ -67,6 +98,11 @@ pub fn canonical(lines: &[Line]) -> Vec<u8> {
             out.push(b' ');
         }
         out.extend_from_slice(line.sku.as_bytes());
+        if let Some(placement) = &line.placement {
+            out.push(b'{');
+            out.extend_from_slice(&placement.text());
+            out.push(b'}');
+        }
         out.push(b' ');
         out.extend_from_slice(line.qty.as_bytes());
     }
@@ -82,9 +118,11 @@ pub(super) fn lines_of(text: &[u8]) -> Option<Vec<Line>> {
     words
         .chunks(2)
         .map(|pair| {
+            let (sku, placement) = line_sku(pair[0]).ok()?;
             Some(Line {
-                sku: Sku::parse(Bytes::copy_from_slice(pair[0])).ok()?,
+                sku,
                 qty: Qty::parse(Bytes::copy_from_slice(pair[1]), u64::MAX).ok()?,
+                placement,
             })
         })
         .collect()
@@ -146,6 +184,12 @@ impl Saga<'_> {
         let takes_qty = single.fields.contains(&Field::Qty);
         let swept = matches!(call, LineCall::Hold(true));
         let results = futures_util::future::join_all(lines.iter().map(|line| {
+            // Where a line kept by location takes its units: for its HOLD or
+            // take; its later calls read its record.
+            let placement = match call {
+                LineCall::Hold(_) | LineCall::Take => line.placement.clone(),
+                _ => None,
+            };
             let request = OneRequest {
                 command,
                 single,
@@ -155,7 +199,7 @@ impl Saga<'_> {
                 ttl: ttl.clone(),
                 order_no: OrderNo::default(),
             };
-            self.line(request, swept)
+            self.line(request, swept, placement)
         }))
         .await;
         self.step(lines, call, results)
@@ -217,7 +261,12 @@ impl Saga<'_> {
     /// One line's call, through the call's one life
     /// ([`crate::stock::StockService::run`]), within `--timeout` and the
     /// saga's deadline; a line hold filed in the sweep index when `swept`.
-    async fn line(&self, request: OneRequest, swept: bool) -> StockResult {
+    async fn line(
+        &self,
+        request: OneRequest,
+        swept: bool,
+        placement: Option<Arc<Placement>>,
+    ) -> StockResult {
         debug_assert!(
             request
                 .request_id
@@ -230,6 +279,7 @@ impl Saga<'_> {
             return Err(UpstreamError::timeout(service.upstream.timeout()));
         }
         call.limit_deadline(self.deadline);
+        call.placement = placement;
         // The saga is bounded as a whole ([`super::order_call`]).
         service.run(Prepared::Call(call), Bound::Caller).await
     }
@@ -262,5 +312,29 @@ mod tests {
             assert!(parse_lines(&args(bad), 10, 100).is_err(), "{bad:?}");
         }
         assert!(parse_lines(&args(&["a", "1", "b", "1"]), 10, 1).is_err());
+    }
+
+    #[test]
+    fn a_line_may_name_its_locations_after_its_sku() {
+        let lines = parse_lines(&args(&["b{WHOLE:w2,w1}", "2", "a", "1"]), 10, 100).unwrap();
+        assert_eq!(canonical(&lines), b"a 1 b{WHOLE:w2,w1} 2");
+        assert_eq!(lines_of(b"a 1 b{WHOLE:w2,w1} 2").unwrap(), lines);
+        let placement = lines[1].placement.as_deref().unwrap();
+        assert_eq!(placement.policy, crate::params::Policy::Whole);
+        assert_eq!(placement.locations[0].as_bytes(), b"w2");
+        assert_eq!(sku_of(b"b{WHOLE:w2,w1}"), b"b");
+        assert_eq!(sku_of(b"b"), b"b");
+        for bad in [
+            "b{WHOLE:w2",
+            "b{FIRST:w1}",
+            "b{SPLIT:}",
+            "b{SPLIT:w1,w1}",
+            "b{SPLIT:w:1}",
+            "{SPLIT:w1}",
+        ] {
+            assert!(parse_lines(&args(&[bad, "1"]), 10, 100).is_err(), "{bad}");
+        }
+        // One sku once, whatever its locations.
+        assert!(parse_lines(&args(&["b{SPLIT:w1}", "1", "b", "1"]), 10, 100).is_err());
     }
 }

@@ -55,7 +55,7 @@ pub mod extend;
 mod filing;
 pub mod hold;
 mod intent;
-mod lines;
+pub(crate) mod lines;
 pub mod recovery;
 mod reply;
 pub mod revert;
