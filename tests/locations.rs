@@ -368,3 +368,34 @@ async fn a_hold_at_that_runs_out_goes_back_to_its_locations_by_redis_time(kind: 
     assert_eq!(again.code, 5);
     drop(server);
 }
+
+/// An op_id names one change: sent again for another location, or with
+/// another floor, it is another change (3, nothing changed), never a
+/// retry answered 1 while the location it names gets nothing.
+#[tokio::test]
+async fn an_op_id_sent_again_for_another_location_or_floor_is_another_change() {
+    let (_redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    for (op, loc) in [("s1", "w1"), ("s2", "w2")] {
+        let set = send(&mut conn, &["STOCK.SET", "opt", "5", op, "AT", loc]).await;
+        assert_eq!(code(&set.unwrap()), 0);
+    }
+    let add = |loc: &'static str| ["STOCK.ADD", "opt", "1", "a1", "AT", loc];
+    assert_eq!(code(&send(&mut conn, &add("w1")).await.unwrap()), 0);
+    assert_eq!(code(&send(&mut conn, &add("w1")).await.unwrap()), 1);
+    let other = parse(send(&mut conn, &add("w2")).await.unwrap());
+    assert_eq!(other.code, 3, "{other:?}");
+    assert!(other.reason.unwrap().contains("another change"));
+
+    let floor = |f: &'static str| ["STOCK.SET", "opt", "4", "f1", "AT", "w2", "FLOOR", f];
+    assert_eq!(code(&send(&mut conn, &floor("1")).await.unwrap()), 0);
+    assert_eq!(code(&send(&mut conn, &floor("1")).await.unwrap()), 1);
+    assert_eq!(code(&send(&mut conn, &floor("2")).await.unwrap()), 3);
+    let unfloored = send(&mut conn, &["STOCK.SET", "opt", "4", "f1", "AT", "w2"]).await;
+    assert_eq!(code(&unfloored.unwrap()), 3);
+    assert_eq!(
+        locations(&mut conn, "opt").await,
+        (10, vec![("w1".into(), 6, 0, 0), ("w2".into(), 4, 0, 1)])
+    );
+    drop(server);
+}
