@@ -999,3 +999,296 @@ fn allocations_follow_a_plain_model_of_locations() {
         assert!(met.contains_key(cell), "no step met {cell}: {met:?}");
     }
 }
+
+/// The locations of [`many_callers_allocating_through_two_stockgates_keep_each_location_exact`]:
+/// (name, units, floor).
+const WAREHOUSES: [(&str, i64, i64); 3] = [("w1", 200, 10), ("w2", 150, 20), ("w3", 30, 0)];
+
+/// A small xorshift generator: a caller's choices, replayed from its seed.
+struct Dice(u64);
+
+impl Dice {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+}
+
+/// One request of the concurrent load, as its replies tell it.
+#[derive(Debug, Default)]
+struct Told {
+    id: String,
+    hold: bool,
+    qty: i64,
+    whole: bool,
+    named: Vec<&'static str>,
+    /// The allocation the one call answered 0 made; None if none did.
+    taken: Option<Vec<(String, i64)>>,
+    /// Units a HOLD.SHRINK answered 0 gave back.
+    shrunk: i64,
+    confirmed: bool,
+    reverted: bool,
+    /// Every reply to the allocation: (code, allocation), in the order
+    /// they came unless the request was sent twice at once.
+    answers: Vec<(i64, Vec<(String, i64)>)>,
+    at_once: bool,
+}
+
+impl Told {
+    /// What the request keeps out of each location for good (DEDUCTED, or
+    /// CONFIRMED), or on hold (HELD), as its replies tell it: the
+    /// allocation, less what a shrink gave back from its last location
+    /// first.
+    fn kept(&self) -> Vec<(String, i64)> {
+        let mut kept = self.taken.clone().unwrap_or_default();
+        let mut left = self.shrunk;
+        for (_, units) in kept.iter_mut().rev() {
+            let given = (*units).min(left);
+            *units -= given;
+            left -= given;
+        }
+        kept.retain(|(_, units)| *units > 0);
+        kept
+    }
+}
+
+/// Sends one command, failing the test on an error: there is no fault
+/// here.
+async fn must(conn: &mut Conn, args: &[&str]) -> Value {
+    send(conn, args)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// 16 callers allocate one SKU over three locations with floors through
+/// two stockgates on one cluster: DEDUCT.AT and HOLD.AT (SPLIT and WHOLE,
+/// random locations in random order), some sent through both stockgates
+/// at once or again after their answer, REVERTs, HOLD.SHRINKs and
+/// CONFIRMs (some twice at once, some refunded), more than the locations
+/// can give above their floors. Afterwards, per location, its initial
+/// units are its available + held units + what each DEDUCTED or
+/// CONFIRMED request's replies say it took from there; its held units are
+/// what the HELD ones' replies say; none is below its floor; at most one
+/// call per request answered 0, and every other answer agrees with it;
+/// every request's record agrees with its replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_callers_allocating_through_two_stockgates_keep_each_location_exact() {
+    use futures_util::future::join_all;
+    let cluster = cluster();
+    let a = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
+    let b = proxy(cluster.seeds(), |_| {}).await;
+    let sku = "hot-loc";
+    let mut setup = client(&a, false).await;
+    for (i, (name, units, floor)) in WAREHOUSES.iter().enumerate() {
+        let (units, floor, op) = (units.to_string(), floor.to_string(), format!("s{i}"));
+        let set = ["STOCK.SET", sku, &units, &op, "AT", name, "FLOOR", &floor];
+        assert_eq!(code(&must(&mut setup, &set).await), 0);
+    }
+
+    let callers = (0..16u64).map(|caller| {
+        let (a, b) = (a.addr, b.addr);
+        tokio::spawn(async move {
+            let conns = [client_at(a, false).await, client_at(b, false).await];
+            let mut dice = Dice(0x5eed ^ (caller + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut told = Vec::new();
+            for n in 0..12 {
+                let mut request = Told {
+                    id: format!("c{caller}-{n}"),
+                    hold: dice.one_in(2),
+                    qty: 1 + dice.below(5) as i64,
+                    whole: dice.one_in(3),
+                    ..Told::default()
+                };
+                let mut names: Vec<&'static str> = WAREHOUSES.iter().map(|w| w.0).collect();
+                for i in (1..names.len()).rev() {
+                    names.swap(i, dice.below(i as u64 + 1) as usize);
+                }
+                names.truncate(1 + dice.below(3) as usize);
+                request.named = names;
+                let via = dice.below(2) as usize;
+                let qty = request.qty.to_string();
+                let mut args = vec![
+                    if request.hold { "HOLD.AT" } else { "DEDUCT.AT" },
+                    sku,
+                    &qty,
+                    &request.id,
+                ];
+                if request.hold {
+                    args.push("600000");
+                }
+                args.push(if request.whole { "WHOLE" } else { "SPLIT" });
+                args.extend(&request.named);
+                // Sent through both stockgates at once, or again through
+                // the other after its answer, or once.
+                let replies = match dice.below(4) {
+                    0 => {
+                        request.at_once = true;
+                        let (mut first, mut second) = (conns[via].clone(), conns[1 - via].clone());
+                        let (x, y) =
+                            futures_util::join!(must(&mut first, &args), must(&mut second, &args));
+                        vec![x, y]
+                    }
+                    1 => {
+                        let mut first = conns[via].clone();
+                        let x = must(&mut first, &args).await;
+                        let mut other = conns[1 - via].clone();
+                        vec![x, must(&mut other, &args).await]
+                    }
+                    _ => vec![must(&mut conns[via].clone(), &args).await],
+                };
+                for reply in replies {
+                    let got = allocation(reply);
+                    if got.code == 0 {
+                        assert!(request.taken.is_none(), "two 0s for {}", request.id);
+                        request.taken = Some(got.taken.clone());
+                    }
+                    request.answers.push((got.code, got.taken));
+                }
+                let applied = request.taken.is_some();
+                let other = |dice: &mut Dice| conns[dice.below(2) as usize].clone();
+                if applied && request.hold && request.qty > 1 && dice.one_in(4) {
+                    let change = format!("k-{}", request.id);
+                    let shrink = ["HOLD.SHRINK", sku, &request.id, &change, "1"];
+                    assert_eq!(code(&must(&mut other(&mut dice), &shrink).await), 0);
+                    assert_eq!(code(&must(&mut other(&mut dice), &shrink).await), 1);
+                    request.shrunk = 1;
+                }
+                if applied && request.hold && dice.below(3) > 0 {
+                    let confirm = ["CONFIRM", sku, &request.id];
+                    let (mut x, mut y) = (other(&mut dice), other(&mut dice));
+                    let (x, y) =
+                        futures_util::join!(must(&mut x, &confirm), must(&mut y, &confirm));
+                    let mut codes = [code(&x), code(&y)];
+                    codes.sort_unstable();
+                    assert_eq!(codes, [0, 1], "CONFIRM {} twice at once", request.id);
+                    request.confirmed = true;
+                }
+                let refund = !request.hold || request.confirmed;
+                if applied && dice.below(if refund { 4 } else { 3 }) == 0 {
+                    let revert = ["REVERT", sku, &request.id];
+                    assert_eq!(code(&must(&mut other(&mut dice), &revert).await), 0);
+                    assert_eq!(code(&must(&mut other(&mut dice), &revert).await), 1);
+                    request.reverted = true;
+                }
+                told.push(request);
+            }
+            told
+        })
+    });
+    let told: Vec<Told> = join_all(callers)
+        .await
+        .into_iter()
+        .flat_map(|t| t.expect("a caller"))
+        .collect();
+
+    // Every answer agrees with the one 0 (a 1 names its allocation), or
+    // is a 2 that took nothing, before the 0 if there is one (a 2 writes
+    // no record, so a later call may find the units a REVERT gave back).
+    let mut codes = std::collections::BTreeMap::<i64, usize>::new();
+    for request in &told {
+        let first_ok = request.answers.iter().position(|a| a.0 == 0);
+        for (i, (answer, taken)) in request.answers.iter().enumerate() {
+            *codes.entry(*answer).or_default() += 1;
+            match (&request.taken, answer) {
+                (Some(first), 0 | 1) => assert_eq!(taken, first, "{request:?}"),
+                (_, 2) if request.at_once || first_ok.is_none_or(|at| i < at) => {
+                    assert!(taken.is_empty(), "{request:?}")
+                }
+                _ => panic!("an answer that agrees with no allocation: {request:?}"),
+            }
+        }
+        if let Some(taken) = &request.taken {
+            assert_eq!(taken.iter().map(|t| t.1).sum::<i64>(), request.qty);
+            assert!(taken.iter().all(|t| request.named.contains(&t.0.as_str())));
+            assert!(!request.whole || taken.len() == 1, "{request:?}");
+        }
+    }
+    let splits = told
+        .iter()
+        .filter(|r| r.taken.as_ref().is_some_and(|t| t.len() > 1))
+        .count();
+    eprintln!(
+        "[locations] {} requests, answers by code {codes:?}, {splits} split over locations",
+        told.len()
+    );
+    for (answer, what) in [(0, "an allocation"), (1, "a retry"), (2, "a refusal")] {
+        assert!(codes.contains_key(&answer), "no {what}: {codes:?}");
+    }
+    assert!(splits > 0, "no allocation split over locations");
+
+    // Each location's books, read from Redis directly.
+    let mut direct = cluster.cluster_connection().unwrap();
+    let loc_key = [stock_key(sku), b":loc".to_vec()].concat();
+    let hash: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(&loc_key)
+        .query(&mut direct)
+        .unwrap();
+    let field = |name: &str| hash.get(name).copied().unwrap_or(0);
+    let sum_at = |name: &str, keep: &dyn Fn(&Told) -> bool| -> i64 {
+        told.iter()
+            .filter(|r| keep(r))
+            .flat_map(|r| r.kept())
+            .filter(|(at, _)| at == name)
+            .map(|(_, units)| units)
+            .sum()
+    };
+    let for_good = |r: &Told| !r.reverted && (!r.hold || r.confirmed);
+    let on_hold = |r: &Told| !r.reverted && r.hold && !r.confirmed;
+    for (name, initial, floor) in WAREHOUSES {
+        let (available, held) = (field(name), field(&format!("{name}:held")));
+        let taken = sum_at(name, &for_good);
+        eprintln!("[locations] {name}: {available} available, {held} held, {taken} taken");
+        assert_eq!(available + held + taken, initial, "{name}: conservation");
+        assert_eq!(held, sum_at(name, &on_hold), "{name}: units held");
+        assert!(
+            available >= floor,
+            "{name}: {available} below its floor {floor}"
+        );
+    }
+    let held_total: Option<i64> = redis::cmd("GET")
+        .arg([stock_key(sku), b":held".to_vec()].concat())
+        .query(&mut direct)
+        .unwrap();
+    let held_qty: i64 = told
+        .iter()
+        .filter(|r| on_hold(r) && r.taken.is_some())
+        .map(|r| r.qty - r.shrunk)
+        .sum();
+    assert_eq!(held_total.unwrap_or(0), held_qty, "the sku's units held");
+
+    // Every request's record says what its replies said.
+    use stockgate::record::{Record, State};
+    for request in &told {
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(record_key(sku, &request.id))
+            .query(&mut direct)
+            .unwrap();
+        let Some(_) = &request.taken else {
+            assert_eq!(raw, None, "a request answered 2 left a record: {request:?}");
+            continue;
+        };
+        let record = Record::parse(&raw.expect("a record")).expect("a record's shape");
+        let state = match () {
+            _ if request.reverted => State::Reverted,
+            _ if !request.hold => State::Deducted,
+            _ if request.confirmed => State::Confirmed,
+            _ => State::Held,
+        };
+        let kept: Vec<String> = request
+            .kept()
+            .iter()
+            .map(|(at, units)| format!("{at}={units}"))
+            .collect();
+        assert_eq!(
+            (record.state, record.qty as i64, record.allocation),
+            (state, request.qty - request.shrunk, Some(kept.join(","))),
+            "{request:?}"
+        );
+    }
+    drop((a, b));
+}
