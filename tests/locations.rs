@@ -1292,3 +1292,43 @@ async fn many_callers_allocating_through_two_stockgates_keep_each_location_exact
     }
     drop((a, b));
 }
+
+/// Reads of a SKU kept by location acknowledge no write: with
+/// `--wait-replicas` and no replica to confirm anything (a standalone
+/// Redis), STOCK.GET and STOCK.LOCATIONS still answer, whatever the total
+/// (0, 1 and 4 are the codes of a write that needs its replicas), as they
+/// do for a SKU that keeps one number.
+#[tokio::test]
+async fn reads_by_location_need_no_replica_under_wait_replicas() {
+    let redis = standalone();
+    let server = proxy(vec![redis.url()], |c| {
+        c.upstream.durability = Some(stockgate::config::Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(50),
+        });
+    })
+    .await;
+    let mut conn = client(&server, false).await;
+    let mut direct = redis.node.connection().unwrap();
+    let loc_key = [stock_key("lone"), b":loc".to_vec()].concat();
+    for total in [0i64, 1, 4, 7] {
+        redis::pipe()
+            .cmd("SET")
+            .arg(stock_key("lone"))
+            .arg("loc")
+            .cmd("HSET")
+            .arg(&loc_key)
+            .arg("w1")
+            .arg(total)
+            .query::<()>(&mut direct)
+            .unwrap();
+        let got: redis::RedisResult<i64> = redis::cmd("STOCK.GET")
+            .arg("lone")
+            .query_async(&mut conn)
+            .await;
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(total), "STOCK.GET");
+        let listed = send(&mut conn, &["STOCK.LOCATIONS", "lone"]).await;
+        assert!(listed.is_ok(), "STOCK.LOCATIONS at {total}: {listed:?}");
+    }
+    drop(server);
+}

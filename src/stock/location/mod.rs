@@ -262,6 +262,9 @@ impl StockService {
 
     /// STOCK.GET (`get`), STOCK.LOCATIONS (`locations`) or the sweeper's
     /// release (`release`) of a SKU kept by location: the script's reply.
+    /// Their answers acknowledge no write (what they write, expired holds
+    /// given back, any later call redoes from Redis time), so no replica
+    /// need confirm it: a total of 0, 1 or 4 is not a write's code.
     pub(super) async fn read_by_location(
         &self,
         op: &str,
@@ -274,7 +277,7 @@ impl StockService {
         let argv: [&[u8]; 2] = [op.as_bytes(), self.located_settings()];
         self.with_journal(sku, self.deadline(), || {
             self.upstream
-                .eval_piped(&self.scripts.allocate, &named, &argv, self.deadline())
+                .eval_piped(&self.scripts.allocate_reads, &named, &argv, self.deadline())
         })
         .await
     }
