@@ -1332,3 +1332,35 @@ async fn reads_by_location_need_no_replica_under_wait_replicas() {
     }
     drop(server);
 }
+
+/// A HOLD.AT nobody touches comes back by the sweeper alone (no call on
+/// its SKU releases it: the hash is read directly), to each location it
+/// came from, its record EXPIRED.
+#[tokio::test]
+async fn the_sweeper_gives_back_a_hold_at_nobody_touches() {
+    let (redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    for (op, loc) in [("s1", "w1"), ("s2", "w2")] {
+        let set = send(&mut conn, &["STOCK.SET", "left", "2", op, "AT", loc]).await;
+        assert_eq!(code(&set.unwrap()), 0);
+    }
+    let hold = ["HOLD.AT", "left", "3", "h1", "1000", "SPLIT", "w2", "w1"];
+    let held = allocation(send(&mut conn, &hold).await.unwrap());
+    assert_eq!(held.taken, taken(&[("w2", 2), ("w1", 1)]));
+    let mut direct = redis.node.connection().unwrap();
+    let loc_key = [stock_key("left"), b":loc".to_vec()].concat();
+    let back = loop_until_async(Duration::from_secs(30), || {
+        let hash: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg(&loc_key)
+            .query(&mut direct)
+            .unwrap();
+        let units = |f: &str| hash.get(f).copied().unwrap_or(0);
+        let back = (units("w1"), units("w2"), units("w1:held"), units("w2:held"));
+        async move { (back == (2, 2, 0, 0)).then_some(back) }
+    })
+    .await;
+    assert_eq!(back, (2, 2, 0, 0));
+    let mut direct = redis.node.connection().unwrap();
+    assert_eq!(record_state(&mut direct, "left", "h1"), 'X');
+    drop(server);
+}

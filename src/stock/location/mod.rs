@@ -34,7 +34,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use redis::Value;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What a DEDUCT or HOLD that names no location answers on a SKU kept by
 /// location: never units taken from nowhere.
@@ -138,6 +138,13 @@ impl StockService {
                 return Ok(allocated);
             }
         };
+        if let Some(ttl) = &asked.ttl {
+            // Filed beside the HOLD.AT, as a HOLD is: the sweeper then
+            // watches the SKU's shard, and finds the hold even if this
+            // stockgate dies before it answers.
+            self.sweeper
+                .mark_for_sweep(&asked.sku, Duration::from_millis(ttl.get()));
+        }
         let result = self.run_allocation(hold, &asked).await;
         match &result {
             Ok(allocated) => {
