@@ -1364,3 +1364,41 @@ async fn the_sweeper_gives_back_a_hold_at_nobody_touches() {
     assert_eq!(record_state(&mut direct, "left", "h1"), 'X');
     drop(server);
 }
+
+/// A SKU sold out while it kept one number, then kept by location (its
+/// stock key deleted, then STOCK.SET ... AT): stockgate remembered it
+/// short, and a DEDUCT that names no location must still answer 3 (name
+/// them), not the read's BADSTOCK of a stock value that is no integer.
+#[tokio::test]
+async fn a_sold_out_sku_moved_to_locations_answers_deduct_3() {
+    let (redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    let set = send(&mut conn, &["STOCK.SET", "moved", "0", "s0"]).await;
+    assert_eq!(code(&set.unwrap()), 0);
+    for id in ["d0", "d1", "d2"] {
+        let short = send(&mut conn, &["DEDUCT", "moved", "1", id]).await;
+        assert_eq!(code(&short.unwrap()), 2);
+    }
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("DEL")
+        .arg(stock_key("moved"))
+        .query::<()>(&mut direct)
+        .unwrap();
+    let set = send(&mut conn, &["STOCK.SET", "moved", "5", "s1", "AT", "w1"]).await;
+    assert_eq!(code(&set.unwrap()), 0);
+    for id in ["e0", "e1"] {
+        let plain = parse(
+            send(&mut conn, &["DEDUCT", "moved", "1", id])
+                .await
+                .unwrap(),
+        );
+        assert_eq!(plain.code, 3, "{plain:?}");
+    }
+    let at = allocation(
+        send(&mut conn, &["DEDUCT.AT", "moved", "1", "a1", "SPLIT", "w1"])
+            .await
+            .unwrap(),
+    );
+    assert_eq!((at.code, at.remain), (0, 4));
+    drop(server);
+}
