@@ -25,7 +25,9 @@ The operations, ARGV[1], and the keys each takes:
     journal marker and journal (as lua/deduct.lua), the locations hash;
     extend and shrink then the change record (lua/change_hold.lua).
   set, add           STOCK.SET / STOCK.ADD ... AT <location>: KEYS as
-                     above with the op record in the record's place
+                     above with the op record in the record's place; the
+                     op record is "@<location>[=<floor>];" and then the
+                     usual op record (lua/common.lua, op_text)
   get, locations, release
                      STOCK.GET (the total available), STOCK.LOCATIONS, the
                      sweeper's release: KEYS the stock key, the holds, held
@@ -721,13 +723,18 @@ local function operator_call(KEYS, ARGV, op)
   end
   local locs = read_locations(loc_key)
   local units = locs.units[name]
+  -- The op record names the change's place: the location, and the floor
+  -- a STOCK.SET gave it, so that an op_id sent again for another location
+  -- or floor is another change, not a retry.
+  local place = name .. (floor and '=' .. floor_arg or '')
   if raw then
-    local done = parse_op(raw)
+    local done_place, rest = match(raw, '^@([^;]*);(.*)$')
+    local done = parse_op(rest or raw)
     if not done then
       return error_reply(BADRECORD)
     end
     local kind = op == 'set' and 'S' or 'A'
-    if done.kind ~= kind or done.amount ~= amount_arg then
+    if done.kind ~= kind or done.amount ~= amount_arg or done_place ~= place then
       return {3, units or -1, '', VERSION, 'op_id was already used for another change on this sku'}
     end
     replicate_again(settings.replicate, op_key)
@@ -767,7 +774,8 @@ local function operator_call(KEYS, ARGV, op)
       .. ' ' .. name .. ' '
     call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', entry)
   end
-  call('SET', op_key, op_text(op == 'set' and 'S' or 'A', amount_arg, nonce, int_text(after)),
+  call('SET', op_key, '@' .. place .. ';'
+    .. op_text(op == 'set' and 'S' or 'A', amount_arg, nonce, int_text(after)),
     'PX', settings.window_arg)
   return {0, after, '', VERSION}
 end

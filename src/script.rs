@@ -131,6 +131,22 @@ impl LuaScript {
         }
     }
 
+    /// The same script, for calls of it whose answers acknowledge no write
+    /// ([`LuaScript::needs_replicas`] false): one script that serves both
+    /// writes and reads.
+    fn without_replicas_copy(&self) -> LuaScript {
+        LuaScript {
+            name: self.name,
+            body: self.body.clone(),
+            sha: self.sha.clone(),
+            function: self.function.clone(),
+            flags: self.flags.clone(),
+            own: self.own,
+            entry: self.entry,
+            needs_replicas: false,
+        }
+    }
+
     /// Writes the head of a call of this script with `keys` keys and `args`
     /// arguments, as `calling` says: `FCALL <function> <numkeys>` or
     /// `EVALSHA <sha> <numkeys>` (the same shape). The keys and arguments
@@ -466,6 +482,11 @@ macro_rules! scripts {
         #[derive(Debug, Clone)]
         pub struct Scripts {
             $($(#[$doc])* pub $name: Arc<LuaScript>,)*
+            /// `allocate`, for the calls of it that only read or give
+            /// expired holds back (STOCK.GET, STOCK.LOCATIONS and the
+            /// sweeper's release of a SKU kept by location): their answers
+            /// acknowledge no write, as `get`'s and `release`'s don't.
+            pub allocate_reads: Arc<LuaScript>,
         }
 
         impl Scripts {
@@ -478,8 +499,14 @@ macro_rules! scripts {
                 for script in &mut scripts {
                     script.function = format!("{library}_{}", script.name);
                 }
+                let allocate_reads = scripts
+                    .iter()
+                    .find(|script| script.name == "allocate")
+                    .expect("the allocate script")
+                    .without_replicas_copy();
+                let allocate_reads = Arc::new(allocate_reads);
                 let [$($name,)*] = scripts.map(Arc::new);
-                Scripts { $($name,)* }
+                Scripts { $($name,)* allocate_reads }
             }
 
             /// All of them, for loading and checking.

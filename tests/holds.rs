@@ -517,56 +517,6 @@ async fn the_sweeper_gives_back_holds_nobody_touches() {
     );
 }
 
-/// A HOLD.AT nobody touches (docs/locations.md): the sweeper's release
-/// meets a SKU kept by location and gives each location its units back.
-#[tokio::test]
-async fn the_sweeper_gives_back_located_holds_nobody_touches() {
-    let cluster = cluster();
-    let server = proxy(cluster.seeds(), |c| c.admin_commands = true).await;
-    let mut conn = client(&server, false).await;
-    for (op, location) in [("s1", "w1"), ("s2", "w2")] {
-        let set: Value = redis::cmd("STOCK.SET")
-            .arg("spread")
-            .arg(2)
-            .arg(op)
-            .arg("AT")
-            .arg(location)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(code_of(&set), 0);
-    }
-    let held: Value = redis::cmd("HOLD.AT")
-        .arg(&["spread", "3", "u-1", "1000", "SPLIT", "w1", "w2"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(code_of(&held), 0);
-    let mut direct = cluster.cluster_connection().unwrap();
-    let locations = [stock_key("spread"), b":loc".to_vec()].concat();
-    let units = |direct: &mut redis::cluster::ClusterConnection| -> (i64, i64) {
-        redis::cmd("HMGET")
-            .arg(&locations)
-            .arg("w1")
-            .arg("w2")
-            .query(direct)
-            .unwrap()
-    };
-    assert_eq!(units(&mut direct), (0, 1));
-    let back = loop_until_async(Duration::from_secs(30), || {
-        let seen = units(&mut direct);
-        async move { (seen == (2, 2)).then_some(seen) }
-    })
-    .await;
-    assert_eq!(back, (2, 2));
-    let raw: String = redis::cmd("GET")
-        .arg(record_key("spread", "u-1"))
-        .query(&mut direct)
-        .unwrap();
-    assert!(raw.starts_with("@w1=2,w2=1;3:X:3:"), "{raw}");
-    assert_eq!(get_int(&mut direct, &held_key("spread")), None);
-}
-
 /// A stockgate killed (SIGKILL: no drain, its sweep lease left behind)
 /// while its holds are active: another stockgate's sweeper takes the lease
 /// over and gives the units back, and every record says EXPIRED.

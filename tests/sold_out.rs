@@ -35,6 +35,8 @@ fn stock_text() -> impl Strategy<Value = Option<String>> {
         1 => prop::sample::select(vec![
             "-3", "-0", "007", "1.5", "abc", "", "+1", " 2", "9007199254740991",
             "9007199254740992", "-9007199254740991", "123456789012345678",
+            // A SKU kept by location (docs/locations.md).
+            "loc",
         ])
         .prop_map(|s| Some(s.to_owned())),
     ]

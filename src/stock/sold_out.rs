@@ -32,6 +32,7 @@
 use crate::error::UpstreamError;
 use crate::outcome::{Code, SCRIPT_VERSION, StockReply};
 use crate::record::{RecordView, State};
+use crate::stock::location::LOCATED_STOCK;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -90,7 +91,8 @@ pub fn encode_read(keys: [&[&[u8]]; 3], buf: &mut BytesMut) {
 /// What `lua/deduct.lua` answers a DEDUCT of `qty` (its canonical text)
 /// in the state `read` found, when that answer changes nothing; otherwise
 /// [`Decision::RunScript`]. The script's steps, in its order: the stock
-/// must be an exact integer (BADSTOCK), the record readable (BADRECORD),
+/// must be an exact integer (BADSTOCK; a SKU kept by location's `loc` runs
+/// the script), the record readable (BADRECORD),
 /// expired holds are released first (so any hold at all means the script
 /// runs), a known request_id answers by its state, a missing stock key is
 /// UNKNOWNSKU (or 2 with `--missing-stock zero`), and a short stock is 2.
@@ -99,6 +101,11 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
     let stock = match read.stock.as_deref().map(parse_stock) {
         None => None,
         Some(Some(stock)) => Some(stock),
+        // A SKU kept by location: the script answers LOCATED and the call
+        // goes on by location, which no read stands in for.
+        Some(None) if read.stock.as_deref() == Some(LOCATED_STOCK) => {
+            return Decision::RunScript;
+        }
         Some(None) => {
             return Decision::Answer(Err(UpstreamError::from_server_error(
                 "BADSTOCK",

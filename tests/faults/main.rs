@@ -38,6 +38,7 @@
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
 //! | [`books`] | not a fault: the database as the third book (PostgreSQL, or MariaDB in the Valkey 8.0 cells), a sink killed and the database restarted mid-load, carried by the baseline, the killed primary and live resharding |
 //! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
+//! | [`locations`] | 1 and 3 on SKUs kept by location: a primary killed mid-allocation; the SKU's own slot moving under its allocations, and back with an expired hold's record left behind (per-location books) |
 //! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
 //! Linearizability (issue 23): beside its own load, each of
@@ -88,6 +89,7 @@ mod durability;
 mod failover;
 mod functions;
 mod limits;
+mod locations;
 mod network;
 mod reshard;
 mod stuck;

@@ -13,7 +13,18 @@
 //	          "known": true, "code": 0, "remain": 38}, ...]}
 //
 // kind is deduct, revert, hold, confirm or get (STOCK.GET: "stock" is the
-// answer, null when the sku has none). A request that ended in an error or
+// answer, null when the sku has none).
+//
+// A history with "initial_locations" ([{"name": "w1", "units": 20,
+// "floor": 2}, ...]) is one of SKUs kept by location (docs/locations.md),
+// each starting with those locations, and is checked against the model of
+// lua/allocate.lua instead (locatedModel): its kinds are deduct_at and
+// hold_at ("policy" SPLIT or WHOLE, "locations" the names in the caller's
+// order, comma separated; "detail" the allocation answered,
+// "w1=2,w2=1"), revert, confirm, extend ("change" its change_id, "level"
+// its ttl as 600 s + level minutes, a hold's levels rising) and shrink
+// ("change", "qty" the units given back), and locations (STOCK.LOCATIONS:
+// "remain" the total, "detail" each location's "w1:available/held"). A request that ended in an error or
 // a timeout has "known": false: its outcome is unknown, so it may have
 // taken effect at any point after its call, or never (it gets an infinite
 // return time, and any reply). One that also has "applied": true is known
@@ -42,32 +53,42 @@ import (
 )
 
 type op struct {
-	Client int    `json:"client"`
-	Kind   string `json:"kind"`
-	Sku    string `json:"sku"`
-	ID     string `json:"id"`
-	Qty    int64  `json:"qty"`
-	Call   int64  `json:"call"`
-	Ret    int64  `json:"ret"`
-	Known  bool   `json:"known"`
+	Client    int    `json:"client"`
+	Kind      string `json:"kind"`
+	Sku       string `json:"sku"`
+	ID        string `json:"id"`
+	Qty       int64  `json:"qty"`
+	Policy    string `json:"policy"`
+	Locations string `json:"locations"`
+	Change    string `json:"change"`
+	Level     int64  `json:"level"`
+	Call      int64  `json:"call"`
+	Ret       int64  `json:"ret"`
+	Known     bool   `json:"known"`
 	// Applied: an unknown outcome that took effect before Ret.
 	Applied bool   `json:"applied"`
 	Code    int64  `json:"code"`
 	Remain  int64  `json:"remain"`
 	Stock   *int64 `json:"stock"`
+	Detail  string `json:"detail"`
 }
 
 type history struct {
-	InitialStock int64 `json:"initial_stock"`
-	Ops          []op  `json:"ops"`
+	InitialStock     int64   `json:"initial_stock"`
+	InitialLocations []place `json:"initial_locations"`
+	Ops              []op    `json:"ops"`
 }
 
 // input is what a request asked.
 type input struct {
-	kind string
-	sku  string
-	id   string
-	qty  int64
+	kind   string
+	sku    string
+	id     string
+	qty    int64
+	policy string
+	locs   string
+	change string
+	level  int64
 }
 
 // output is what it was answered; known false for an unknown outcome.
@@ -76,6 +97,7 @@ type output struct {
 	code   int64
 	remain int64
 	stock  *int64
+	detail string
 }
 
 // record is one request_id's idempotency record (lua/revert.lua's state
@@ -259,29 +281,38 @@ func main() {
 	// Unknown outcomes cost porcupine's search dearly (each may be placed
 	// anywhere after its call, or nowhere), so those that cannot change
 	// the verdict are left out, which is exact, not a weaker check:
-	//   - a STOCK.GET with an unknown outcome: it changes nothing and
-	//     tells nothing;
+	//   - a STOCK.GET (or STOCK.LOCATIONS) with an unknown outcome: it
+	//     changes nothing and tells nothing;
 	//   - a request with the same kind, sku, id and qty as an earlier one
 	//     whose outcome is unknown too (a retry, sent again after its
 	//     error): of requests with one input, at most one changes the
 	//     state (a request_id's record, once written, makes every later
 	//     request of that input a no-op; a 2 writes none and changes
 	//     nothing), and the earlier one, placeable anywhere after its
-	//     earlier call, can stand in for whichever of the two did.
+	//     earlier call, can stand in for whichever of the two did. (Of
+	//     HOLD.EXTENDs and HOLD.SHRINKs, one change_id's record does the
+	//     same.)
 	// Not an "applied" one (it is bounded by its return), and not a known
 	// one (its answer is checked).
 	sort.SliceStable(h.Ops, func(i, j int) bool { return h.Ops[i].Call < h.Ops[j].Call })
+	located := len(h.InitialLocations) > 0
+	kinds := map[string]bool{"deduct": true, "revert": true, "hold": true, "confirm": true, "get": true}
+	read := "get"
+	if located {
+		kinds = map[string]bool{"deduct_at": true, "hold_at": true, "revert": true, "confirm": true,
+			"extend": true, "shrink": true, "locations": true}
+		read = "locations"
+	}
 	pending := map[input]bool{}
 	for _, o := range h.Ops {
-		switch o.Kind {
-		case "deduct", "revert", "hold", "confirm", "get":
-		default:
+		if !kinds[o.Kind] {
 			fmt.Fprintln(os.Stderr, "bad history: unknown kind", o.Kind)
 			os.Exit(3)
 		}
-		in := input{kind: o.Kind, sku: o.Sku, id: o.ID, qty: o.Qty}
+		in := input{kind: o.Kind, sku: o.Sku, id: o.ID, qty: o.Qty, policy: o.Policy,
+			locs: o.Locations, change: o.Change, level: o.Level}
 		if !o.Known && !o.Applied {
-			if o.Kind == "get" || pending[in] {
+			if o.Kind == read || pending[in] {
 				redundant++
 				continue
 			}
@@ -302,7 +333,7 @@ func main() {
 			ClientId: o.Client,
 			Input:    in,
 			Call:     o.Call,
-			Output:   output{known: o.Known, code: o.Code, remain: o.Remain, stock: o.Stock},
+			Output:   output{known: o.Known, code: o.Code, remain: o.Remain, stock: o.Stock, detail: o.Detail},
 			Return:   ret,
 		})
 	}
@@ -316,6 +347,9 @@ func main() {
 		timeout = time.Duration(seconds) * time.Second
 	}
 	m := model(h.InitialStock)
+	if located {
+		m = locatedModel(h.InitialLocations)
+	}
 	result, info := porcupine.CheckOperationsVerbose(m, ops, timeout)
 	fmt.Printf("%s: %d operations (%d with an unknown outcome, %d of them applied by their return; %d more unknown outcomes left out as redundant)\n", result, len(ops), unknown, applied, redundant)
 	switch result {

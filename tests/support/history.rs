@@ -1,6 +1,8 @@
 //! Histories for the linearizability checker (`tests/linearizability/`,
 //! porcupine, in Go): concurrent clients send DEDUCT, retried DEDUCT,
-//! REVERT, HOLD, CONFIRM and STOCK.GET through several stockgates, and
+//! REVERT, HOLD, CONFIRM and STOCK.GET through several stockgates (or, on
+//! SKUs kept by location, DEDUCT.AT, HOLD.AT, REVERT, CONFIRM,
+//! HOLD.EXTEND, HOLD.SHRINK and STOCK.LOCATIONS: [`record_located`]), and
 //! every request is recorded with its call and return times and its answer
 //! (or that its outcome is unknown: an error or a timeout). The checker
 //! then proves every answer was possible in some one-at-a-time order
@@ -34,6 +36,24 @@ pub struct Op {
     /// checker then places it within its call and return, not anywhere
     /// after its call.
     pub applied: bool,
+    /// A located request's: DEDUCT.AT's and HOLD.AT's policy and
+    /// locations (comma separated, in the caller's order), HOLD.EXTEND's
+    /// and HOLD.SHRINK's change_id, and HOLD.EXTEND's level (its ttl_ms
+    /// 600 s plus `level` minutes); empty otherwise.
+    pub located: Located,
+}
+
+/// What a request on a SKU kept by location asked beyond kind, sku, id
+/// and qty, and what its answer said beyond code and remain.
+#[derive(Debug, Clone, Default)]
+pub struct Located {
+    pub policy: &'static str,
+    pub locations: String,
+    pub change: String,
+    pub level: i64,
+    /// DEDUCT.AT's and HOLD.AT's allocation answered (`w1=2,w2=1`),
+    /// STOCK.LOCATIONS's locations (`w1:<available>/<held>,...`).
+    pub detail: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +67,9 @@ pub enum Answer {
 #[derive(Debug, Clone)]
 pub struct History {
     pub initial_stock: i64,
+    /// A located load's: each sku's locations at the start, (name, units,
+    /// floor); empty for the others.
+    pub initial_locations: Vec<(String, i64, i64)>,
     pub ops: Vec<Op>,
     /// The instant call and return times count from.
     pub started: Instant,
@@ -115,6 +138,7 @@ pub async fn record(addrs: &[SocketAddr], load: &Load) -> History {
 pub struct Recording {
     started: Instant,
     initial_stock: i64,
+    initial_locations: Vec<(String, i64, i64)>,
     stop: Arc<AtomicBool>,
     ops: Arc<Mutex<Vec<Op>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -139,6 +163,7 @@ impl Recording {
         ops.sort_by_key(|o| o.call_ns);
         History {
             initial_stock: self.initial_stock,
+            initial_locations: self.initial_locations,
             ops,
             started: self.started,
         }
@@ -265,6 +290,7 @@ pub fn start(addrs: &[SocketAddr], load: &Load) -> Recording {
                         answer,
                         error,
                         applied: false,
+                        located: Located::default(),
                     });
                     sent += 1;
                     if known {
@@ -281,9 +307,294 @@ pub fn start(addrs: &[SocketAddr], load: &Load) -> Recording {
     Recording {
         started: start,
         initial_stock: load.initial_stock,
+        initial_locations: Vec::new(),
         stop,
         ops,
         tasks,
+    }
+}
+
+/// What a load on SKUs kept by location does ([`record_located`]).
+#[derive(Debug, Clone)]
+pub struct LocatedLoad {
+    pub skus: Vec<String>,
+    /// Each sku's locations at the start: (name, units, floor).
+    pub places: Vec<(String, i64, i64)>,
+    pub clients: usize,
+    /// Requests each client sends (retries included).
+    pub ops_per_client: usize,
+    pub seed: u64,
+}
+
+/// One request a located client made, for its later requests on it.
+struct Made {
+    kind: &'static str,
+    sku: String,
+    id: String,
+    qty: i64,
+    located: Located,
+}
+
+/// [`record`] for SKUs kept by location: each client sends DEDUCT.AT and
+/// HOLD.AT (1 to 3 units, SPLIT or WHOLE, over one or all of the
+/// locations in a random order), some of them again later as a caller
+/// that lost its answer does, REVERTs of its own requests and of ids
+/// never used, CONFIRMs of its holds, HOLD.EXTENDs of its holds to a
+/// level above any it asked for that hold before (or one of its changes
+/// sent again), HOLD.SHRINKs of one unit, and STOCK.LOCATIONS, each sent
+/// until answered (at most three times, each through the next
+/// stockgate). Every sku must hold `load.places` before.
+pub async fn record_located(addrs: &[SocketAddr], load: &LocatedLoad) -> History {
+    let start = Instant::now();
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for client in 0..load.clients {
+        let addrs = addrs.to_vec();
+        let load = load.clone();
+        let ops = ops.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conns = Vec::new();
+            for addr in &addrs {
+                conns.push(connect(*addr).await);
+            }
+            let mut rng =
+                Rng((load.seed ^ (client as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+            let names: Vec<String> = load.places.iter().map(|p| p.0.clone()).collect();
+            let mut mine: Vec<Made> = Vec::new();
+            // This client's holds' last levels asked, and its changes.
+            let mut levels: std::collections::HashMap<String, i64> = Default::default();
+            let mut changes: Vec<Made> = Vec::new();
+            let (mut sent, mut next_id) = (0, 0);
+            while sent < load.ops_per_client {
+                let via = rng.below(conns.len() as u64) as usize;
+                let sku = load.skus[rng.below(load.skus.len() as u64) as usize].clone();
+                let roll = rng.below(100);
+                let holds: Vec<usize> = (0..mine.len())
+                    .filter(|&i| mine[i].kind == "hold_at")
+                    .collect();
+                let request = if roll < 37 || mine.is_empty() {
+                    next_id += 1;
+                    let mut order = names.clone();
+                    for i in (1..order.len()).rev() {
+                        order.swap(i, rng.below(i as u64 + 1) as usize);
+                    }
+                    order.truncate(if rng.below(2) == 0 { 1 } else { order.len() });
+                    let made = Made {
+                        kind: if roll < 25 { "deduct_at" } else { "hold_at" },
+                        sku,
+                        id: format!("c{client}-{next_id}"),
+                        qty: 1 + rng.below(3) as i64,
+                        located: Located {
+                            policy: if rng.below(3) == 0 { "WHOLE" } else { "SPLIT" },
+                            locations: order.join(","),
+                            ..Located::default()
+                        },
+                    };
+                    let request = made.again();
+                    mine.push(made);
+                    request
+                } else if roll < 47 {
+                    mine[rng.below(mine.len() as u64) as usize].again()
+                } else if roll < 57 {
+                    let made = &mine[rng.below(mine.len() as u64) as usize];
+                    Made::on("revert", made, Located::default())
+                } else if roll < 61 {
+                    next_id += 1;
+                    Made {
+                        kind: "revert",
+                        sku,
+                        id: format!("c{client}-{next_id}"),
+                        qty: 0,
+                        located: Located::default(),
+                    }
+                } else if roll < 87 && !holds.is_empty() {
+                    let made = &mine[holds[rng.below(holds.len() as u64) as usize]];
+                    if roll < 69 {
+                        Made::on("confirm", made, Located::default())
+                    } else if roll < 73 && !changes.is_empty() {
+                        changes[rng.below(changes.len() as u64) as usize].again()
+                    } else {
+                        next_id += 1;
+                        let change = format!("k{client}-{next_id}");
+                        let request = if roll < 80 {
+                            let level = levels.entry(made.id.clone()).or_default();
+                            *level += 1;
+                            let located = Located {
+                                change,
+                                level: *level,
+                                ..Located::default()
+                            };
+                            Made::on("extend", made, located)
+                        } else {
+                            let mut shrink = Made::on(
+                                "shrink",
+                                made,
+                                Located {
+                                    change,
+                                    ..Located::default()
+                                },
+                            );
+                            shrink.qty = 1;
+                            shrink
+                        };
+                        changes.push(request.again());
+                        request
+                    }
+                } else {
+                    Made {
+                        kind: "locations",
+                        sku,
+                        id: String::new(),
+                        qty: 0,
+                        located: Located::default(),
+                    }
+                };
+                for attempt in 0..3 {
+                    let conn = &mut conns[(via + attempt) % addrs.len()];
+                    let call_ns = start.elapsed().as_nanos() as i64;
+                    let reply: redis::RedisResult<Value> =
+                        request.command().query_async(conn).await;
+                    let ret_ns = start.elapsed().as_nanos() as i64;
+                    let (answer, detail) = match &reply {
+                        Ok(value) => {
+                            let (code, remain, detail) = request.read(value);
+                            (Some(Answer::Code(code, remain)), detail)
+                        }
+                        Err(_) => (None, String::new()),
+                    };
+                    let known = answer.is_some();
+                    ops.lock().unwrap().push(Op {
+                        client,
+                        kind: request.kind,
+                        sku: request.sku.clone(),
+                        id: request.id.clone(),
+                        qty: request.qty,
+                        call_ns,
+                        ret_ns,
+                        answer,
+                        error: reply.as_ref().err().map(|e| e.to_string()),
+                        applied: false,
+                        located: Located {
+                            detail,
+                            ..request.located.clone()
+                        },
+                    });
+                    sent += 1;
+                    if known {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    Recording {
+        started: start,
+        initial_stock: 0,
+        initial_locations: load.places.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        ops,
+        tasks,
+    }
+    .finish()
+    .await
+}
+
+impl Made {
+    /// The same request again.
+    fn again(&self) -> Made {
+        Made {
+            kind: self.kind,
+            sku: self.sku.clone(),
+            id: self.id.clone(),
+            qty: self.qty,
+            located: self.located.clone(),
+        }
+    }
+
+    /// A request of `kind` on the request `made`.
+    fn on(kind: &'static str, made: &Made, located: Located) -> Made {
+        Made {
+            kind,
+            sku: made.sku.clone(),
+            id: made.id.clone(),
+            qty: 0,
+            located,
+        }
+    }
+
+    fn command(&self) -> redis::Cmd {
+        let located = &self.located;
+        let mut cmd = match self.kind {
+            "deduct_at" | "hold_at" => {
+                let hold = self.kind == "hold_at";
+                let mut cmd = redis::cmd(if hold { "HOLD.AT" } else { "DEDUCT.AT" });
+                cmd.arg(&self.sku).arg(self.qty).arg(&self.id);
+                if hold {
+                    cmd.arg(600_000);
+                }
+                cmd.arg(located.policy);
+                for name in located.locations.split(',') {
+                    cmd.arg(name);
+                }
+                return cmd;
+            }
+            "extend" | "shrink" => {
+                let mut cmd = redis::cmd(if self.kind == "extend" {
+                    "HOLD.EXTEND"
+                } else {
+                    "HOLD.SHRINK"
+                });
+                cmd.arg(&self.sku).arg(&self.id).arg(&located.change);
+                if self.kind == "extend" {
+                    cmd.arg(600_000 + 60_000 * located.level);
+                } else {
+                    cmd.arg(self.qty);
+                }
+                return cmd;
+            }
+            "locations" => redis::cmd("STOCK.LOCATIONS"),
+            _ => redis::cmd(&self.kind.to_uppercase()),
+        };
+        cmd.arg(&self.sku);
+        if self.kind != "locations" {
+            cmd.arg(&self.id);
+        }
+        cmd
+    }
+
+    /// An answer's code, remain and detail ([`Located::detail`]).
+    fn read(&self, value: &Value) -> (i64, i64, String) {
+        let Value::Array(items) = value else {
+            panic!("{} {} {}: {value:?}", self.kind, self.sku, self.id)
+        };
+        let int = |v: &Value| match v {
+            Value::Int(n) => *n,
+            other => panic!("{} {}: not an integer: {other:?}", self.kind, self.id),
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("{} {}: not text: {other:?}", self.kind, self.id),
+        };
+        if self.kind == "locations" {
+            let each: Vec<String> = items[1..]
+                .iter()
+                .map(|item| match item {
+                    Value::Array(p) => format!("{}:{}/{}", text(&p[0]), int(&p[1]), int(&p[2])),
+                    other => panic!("STOCK.LOCATIONS: {other:?}"),
+                })
+                .collect();
+            return (0, int(&items[0]), each.join(","));
+        }
+        let detail = match items.get(6) {
+            Some(Value::Array(flat)) if matches!(self.kind, "deduct_at" | "hold_at") => flat
+                .chunks(2)
+                .map(|pair| format!("{}={}", text(&pair[0]), int(&pair[1])))
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => String::new(),
+        };
+        (int(&items[0]), int(&items[1]), detail)
     }
 }
 
@@ -302,6 +613,16 @@ impl History {
                 if let Some(error) = &o.error {
                     op["error"] = error.as_str().into();
                 }
+                let located = &o.located;
+                if !located.policy.is_empty() || !located.change.is_empty() {
+                    op["policy"] = located.policy.into();
+                    op["locations"] = located.locations.as_str().into();
+                    op["change"] = located.change.as_str().into();
+                    op["level"] = located.level.into();
+                }
+                if o.answer.is_some() && !located.detail.is_empty() {
+                    op["detail"] = located.detail.as_str().into();
+                }
                 match &o.answer {
                     Some(Answer::Code(code, remain)) => {
                         op["code"] = (*code).into();
@@ -313,7 +634,13 @@ impl History {
                 op
             })
             .collect();
-        serde_json::json!({"initial_stock": self.initial_stock, "ops": ops}).to_string()
+        let places: Vec<serde_json::Value> = self
+            .initial_locations
+            .iter()
+            .map(|(name, units, floor)| serde_json::json!({"name": name, "units": units, "floor": floor}))
+            .collect();
+        serde_json::json!({"initial_stock": self.initial_stock, "initial_locations": places, "ops": ops})
+            .to_string()
     }
 
     /// Requests whose outcome is unknown.
@@ -440,6 +767,30 @@ impl History {
             *remain += 1;
         }
         flipped
+    }
+}
+
+impl History {
+    /// A copy in which one DEDUCT.AT or HOLD.AT answered 0 that named one
+    /// location says its units came from another location of the SKU, its
+    /// code and remain kept: an allocation no order can explain, since a
+    /// call takes only from the locations it names. `None` when there is
+    /// no such request.
+    pub fn with_one_allocation_moved(&self) -> Option<History> {
+        let mut moved = self.clone();
+        let names: Vec<String> = self.initial_locations.iter().map(|p| p.0.clone()).collect();
+        let op = moved.ops.iter_mut().find(|o| {
+            matches!(o.kind, "deduct_at" | "hold_at")
+                && matches!(o.answer, Some(Answer::Code(0, _)))
+                && !o.located.locations.contains(',')
+        })?;
+        let named = op.located.locations.clone();
+        let other = names.iter().find(|n| **n != named)?;
+        op.located.detail =
+            op.located
+                .detail
+                .replacen(&format!("{named}="), &format!("{other}="), 1);
+        Some(moved)
     }
 }
 

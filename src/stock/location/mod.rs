@@ -37,7 +37,11 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use redis::Value;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The stock key's value of a SKU kept by location (`LOCATED` in
+/// lua/common.lua): never an integer.
+pub const LOCATED_STOCK: &[u8] = b"loc";
 
 /// What a DEDUCT or HOLD that names no location answers on a SKU kept by
 /// location: never units taken from nowhere.
@@ -149,13 +153,12 @@ impl StockService {
                 return Ok(allocated);
             }
         };
-        if let Some(ttl) = &asked.ttl
-            && self.settings.sweep_holds
-        {
-            // As a HOLD does: filed beside the call, so the hold is found
-            // even if this stockgate dies before it answers.
+        if let Some(ttl) = &asked.ttl {
+            // Filed beside the HOLD.AT, as a HOLD is: the sweeper then
+            // watches the SKU's shard, and finds the hold even if this
+            // stockgate dies before it answers.
             self.sweeper
-                .mark_for_sweep(&asked.sku, std::time::Duration::from_millis(ttl.get()));
+                .mark_for_sweep(&asked.sku, Duration::from_millis(ttl.get()));
         }
         let result = self.run_allocation(hold, &asked).await;
         match &result {
@@ -325,6 +328,9 @@ impl StockService {
 
     /// STOCK.GET (`get`), STOCK.LOCATIONS (`locations`) or the sweeper's
     /// release (`release`) of a SKU kept by location: the script's reply.
+    /// Their answers acknowledge no write (what they write, expired holds
+    /// given back, any later call redoes from Redis time), so no replica
+    /// need confirm it: a total of 0, 1 or 4 is not a write's code.
     pub(super) async fn read_by_location(
         &self,
         op: &str,
@@ -337,7 +343,7 @@ impl StockService {
         let argv: [&[u8]; 2] = [op.as_bytes(), self.located_settings()];
         self.with_journal(sku, self.deadline(), || {
             self.upstream
-                .eval_piped(&self.scripts.allocate, &named, &argv, self.deadline())
+                .eval_piped(&self.scripts.allocate_reads, &named, &argv, self.deadline())
         })
         .await
     }
