@@ -42,8 +42,13 @@ then, by operation:
   set      qty, location, floor ("" keeps the floor it has)
   add      delta, location
 
-Every call first gives the SKU's expired holds back to their locations
-(at most RELEASE_BOUND), as any call on a SKU does (lua/common.lua).
+Every call but set and add first gives the SKU's expired holds back to
+their locations (at most RELEASE_BOUND), as any call on a SKU does
+(lua/common.lua); an operator's change, as lua/stock_set.lua's, does not.
+set makes a SKU one kept by location when it has no stock key yet, or its
+one number is 0 with nothing held; its op record (as lua/stock_set.lua's)
+starts with the change's place, "@<location>[=<floor>];", so the same op_id
+for another location or floor is another change (3).
 
 Replies:
   deduct, hold  {code, total, "", VERSION, reason, expires_at, released, 0,
@@ -707,10 +712,14 @@ local function operator_call(KEYS, ARGV, op)
     end
   end
 
-  local got = call('MGET', stock_key, marker_name, op_key)
+  local got = call('MGET', stock_key, marker_name, op_key, held_name)
   local current, raw = got[1], got[3]
-  if current and current ~= LOCATED then
-    return {3, -1, '', VERSION, NOT_LOCATED .. ' (STOCK.SET without AT sets it)'}
+  -- A SKU that keeps one number becomes one kept by location only when
+  -- empty: its one number 0 and no unit on hold.
+  local converts = op == 'set' and current == '0' and (got[4] or '0') == '0'
+  if current and current ~= LOCATED and not converts then
+    return {3, -1, '', VERSION, NOT_LOCATED .. ' (STOCK.SET without AT sets it; set to 0 with'
+      .. ' nothing held, STOCK.SET ... AT makes it one kept by location)'}
   end
   local journal_key = false
   if got[2] then
@@ -718,7 +727,7 @@ local function operator_call(KEYS, ARGV, op)
   elseif settings.journal then
     return error_reply(NOJOURNAL)
   end
-  if current and call('EXISTS', loc_key) == 0 then
+  if current == LOCATED and call('EXISTS', loc_key) == 0 then
     return error_reply(LOCGONE)
   end
   local locs = read_locations(loc_key)
@@ -759,7 +768,7 @@ local function operator_call(KEYS, ARGV, op)
   end
 
   -- Writes: only after every check above has passed.
-  if not current then
+  if current ~= LOCATED then
     call('SET', stock_key, LOCATED)
   end
   local op_id = sub(op_key, #stock_key + 5)

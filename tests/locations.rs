@@ -237,6 +237,60 @@ async fn a_two_warehouse_sku_allocates_in_one_call_and_gives_back_where_it_took(
     drop(server);
 }
 
+/// A SKU that keeps one number becomes one kept by location only when
+/// empty (0, nothing held): above 0, or with units on hold, STOCK.SET ...
+/// AT answers 3 and changes nothing.
+#[tokio::test]
+async fn a_sku_moves_to_locations_only_when_its_one_number_is_empty() {
+    let (_redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    let set = send(&mut conn, &["STOCK.SET", "mov", "5", "p1"])
+        .await
+        .unwrap();
+    assert_eq!(code(&set), 0);
+    let held = send(&mut conn, &["HOLD", "mov", "5", "h1", "60000"])
+        .await
+        .unwrap();
+    assert_eq!(code(&held), 0);
+    // 0 available, 5 held: not empty.
+    let refused = send(&mut conn, &["STOCK.SET", "mov", "4", "l1", "AT", "w1"])
+        .await
+        .unwrap();
+    assert_eq!(code(&refused), 3, "{refused:?}");
+    assert_eq!(
+        code(&send(&mut conn, &["REVERT", "mov", "h1"]).await.unwrap()),
+        0
+    );
+    let refused = send(&mut conn, &["STOCK.SET", "mov", "4", "l2", "AT", "w1"])
+        .await
+        .unwrap();
+    assert_eq!(code(&refused), 3, "5 available: {refused:?}");
+    assert_eq!(
+        code(
+            &send(&mut conn, &["STOCK.SET", "mov", "0", "p2"])
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    let moved = send(&mut conn, &["STOCK.SET", "mov", "4", "l3", "AT", "w1"])
+        .await
+        .unwrap();
+    assert_eq!(code(&moved), 0, "{moved:?}");
+    assert_eq!(
+        locations(&mut conn, "mov").await,
+        (4, vec![("w1".into(), 4, 0, 0)])
+    );
+    assert_eq!(
+        code(
+            &send(&mut conn, &["DEDUCT", "mov", "1", "d1"])
+                .await
+                .unwrap()
+        ),
+        3
+    );
+}
+
 matrix! { #[tokio::test] async fn bad_locations_answer_3_and_a_vanished_one_is_an_error }
 async fn bad_locations_answer_3_and_a_vanished_one_is_an_error(kind: ServerKind) {
     let (redis, server) = located_server(kind).await;
