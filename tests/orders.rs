@@ -312,6 +312,13 @@ async fn an_order_line_allocates_over_the_locations_it_names() {
     // No locations named, or a bad placement: 3, nothing taken.
     let unplaced = must(&mut conn, &["ORDER", "p-4", &tee, "1", &mug, "1"]).await;
     assert_eq!(unplaced.code, 3, "{unplaced:?}");
+    assert!(
+        unplaced
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("by location")),
+        "{unplaced:?}"
+    );
     for bad in [
         format!("{tee}{{FIRST:w1}}"),
         format!("{tee}{{SPLIT:w1"),

@@ -481,7 +481,7 @@ impl<'a> Saga<'a> {
                 .map(|s| String::from_utf8_lossy(s).into_owned())
                 .collect();
             format!(
-                "no stock is recorded for sku {} (or its stock or record is not what stockgate wrote); every line was given back",
+                "sku {} refused its line: no stock is recorded for it, or it keeps its stock by location and the line names none (<sku>{{<POLICY>:<location>,...}}), or its stock or record is not what stockgate wrote; every line was given back",
                 skus.join(", ")
             )
         });
