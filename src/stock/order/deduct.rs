@@ -6,6 +6,9 @@
 //! ORDER <request_id> <sku> <qty> [<sku> <qty> ...]
 //! ```
 //!
+//! A line on a SKU kept by location names where it takes its units after
+//! its sku, `<sku>{<POLICY>:<location>,...}` (docs/locations.md).
+//!
 //! Up to `--max-order-lines` lines, each SKU once. Replies `[code,
 //! version, 0, lines, short]` (see [`super`]): 0 every line deducted now,
 //! 1 this order was already applied, 2 insufficient (no line applied;

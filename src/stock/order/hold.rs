@@ -6,6 +6,9 @@
 //! ORDER.HOLD <request_id> <ttl_ms> <sku> <qty> [<sku> <qty> ...]
 //! ```
 //!
+//! A line on a SKU kept by location names where it takes its units after
+//! its sku, `<sku>{<POLICY>:<location>,...}` (docs/locations.md).
+//!
 //! ttl_ms from 1000 to `--max-hold` less 2 s: the order's expiry is the
 //! intent's (Redis time), and each line holds 2 s longer, so no line runs
 //! out before the order does. Unconfirmed, the order expires as a whole:
