@@ -194,7 +194,8 @@ async fn check(
     for (name, snapshot) in snapshots {
         let verdict = match snapshot {
             Ok(snapshot) => {
-                let account = accounts.remove(&name);
+                // The SKU's own account: a SKU that keeps one number.
+                let account = accounts.remove(&name).and_then(|mut by| by.remove(""));
                 verdict(books, &name, snapshot, account)
                     .await
                     .unwrap_or_else(Verdict::Unchecked)
@@ -226,7 +227,7 @@ async fn verdict(
         return Ok(Verdict::Agrees);
     }
     let breaks = if account.is_some() {
-        books.breaks(name, BREAKS_SHOWN).await?
+        books.breaks(name, "", BREAKS_SHOWN).await?
     } else {
         Vec::new()
     };
@@ -334,6 +335,7 @@ mod tests {
             format: super::super::FORMAT,
             event,
             id: "r".into(),
+            location: String::new(),
             order_no: String::new(),
             stock_change: ds,
             held_change: dh,
