@@ -41,33 +41,51 @@ RETURNS TABLE (sku text, from_baseline boolean, opening_ms bigint, opening_seq b
                stock bigint, held bigint, entries bigint, last_ms bigint, last_seq bigint,
                location text)
 LANGUAGE sql STABLE AS $$
-    WITH upto AS (
+    -- The function is pinned (below), so never inlined: PostgreSQL plans
+    -- it for any SKU, with no idea how many rows one has, and a GROUP BY
+    -- over the rows would sort them, on disk for a large SKU. So: one
+    -- pass finds each location's anchor and newest entry, and one more
+    -- per location sums from its anchor, an aggregate with no group to
+    -- sort by (a SKU has few locations and may have many rows).
+    -- NOT MATERIALIZED: each pass reads the table by its key, not a copy
+    -- of the rows written aside.
+    WITH upto AS NOT MATERIALIZED (
         SELECT j.* FROM stockgate_journal j
          WHERE j.sku = p_sku AND (j.entry_ms, j.entry_seq) <= (p_up_ms, p_up_seq)
-    ), anchor AS (
-        SELECT DISTINCT ON (u.location)
-               u.location, u.entry_ms, u.entry_seq, u.baseline,
-               u.stock_after - u.stock_change AS opening_stock,
-               u.held_after - u.held_change AS opening_held
+    ), marks AS (
+        -- Each location's anchor (its last baseline, else its first
+        -- entry) and its newest entry, ids as [ms, seq] arrays, which
+        -- compare as the ids do.
+        SELECT u.location,
+               bool_or(u.baseline) AS from_baseline,
+               coalesce(max(ARRAY[u.entry_ms, u.entry_seq]) FILTER (WHERE u.baseline),
+                        min(ARRAY[u.entry_ms, u.entry_seq])) AS anchor,
+               max(ARRAY[u.entry_ms, u.entry_seq]) AS newest
           FROM upto u
-         ORDER BY u.location,
-                  u.baseline DESC,
-                  CASE WHEN u.baseline THEN u.entry_ms END DESC NULLS LAST,
-                  CASE WHEN u.baseline THEN u.entry_seq END DESC NULLS LAST,
-                  u.entry_ms, u.entry_seq
+         GROUP BY u.location
     )
-    SELECT p_sku, a.baseline, a.entry_ms, a.entry_seq,
-           (a.opening_stock + sum(u.stock_change))::bigint,
-           (a.opening_held + sum(u.held_change))::bigint,
-           count(*),
-           max(u.entry_ms),
-           (array_agg(u.entry_seq ORDER BY u.entry_ms DESC, u.entry_seq DESC))[1],
-           a.location
-      FROM anchor a
-      JOIN upto u ON u.location = a.location
-                 AND (u.entry_ms, u.entry_seq) >= (a.entry_ms, a.entry_seq)
-     GROUP BY a.location, a.baseline, a.entry_ms, a.entry_seq, a.opening_stock, a.opening_held
-     ORDER BY a.location
+    SELECT p_sku, m.from_baseline, m.anchor[1], m.anchor[2],
+           (s.opening_stock + s.stock_change)::bigint,
+           (s.opening_held + s.held_change)::bigint,
+           s.entries, m.newest[1], m.newest[2], m.location
+      FROM marks m,
+           -- Every move of the location from its anchor on, the anchor's
+           -- own included, so the opening plus its change is its
+           -- stock_after.
+           LATERAL (
+               SELECT max(u.stock_after - u.stock_change)
+                          FILTER (WHERE u.entry_ms = m.anchor[1] AND u.entry_seq = m.anchor[2])
+                          AS opening_stock,
+                      max(u.held_after - u.held_change)
+                          FILTER (WHERE u.entry_ms = m.anchor[1] AND u.entry_seq = m.anchor[2])
+                          AS opening_held,
+                      sum(u.stock_change) AS stock_change,
+                      sum(u.held_change) AS held_change,
+                      count(*) AS entries
+                 FROM upto u
+                WHERE u.location = m.location
+                  AND (u.entry_ms, u.entry_seq) >= (m.anchor[1], m.anchor[2])) s
+     ORDER BY m.location
 $$;
 
 -- Every (sku, location)'s account now: what the order service reads.
