@@ -536,7 +536,9 @@ pub async fn export(
                 .await;
             for (sku, value) in values {
                 match value {
-                    Ok(Value::BulkString(qty)) if qty == b"loc" => located += 1,
+                    Ok(Value::BulkString(qty)) if qty == crate::keys::KEPT_BY_LOCATION => {
+                        located += 1
+                    }
                     Ok(Value::BulkString(qty)) => {
                         writer
                             .write_record([&sku[..], &qty[..]])

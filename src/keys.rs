@@ -7,6 +7,7 @@
 //! change of a hold    <prefix>:{<sku>}:chg:<change_id>   (HOLD.EXTEND, HOLD.SHRINK)
 //! holds               <prefix>:{<sku>}:holds             sorted set: request_id by expiry
 //! units held          <prefix>:{<sku>}:held              integer
+//! locations           <prefix>:{<sku>}:loc               hash: <location>, <location>:held, <location>:floor
 //! journal             <prefix>:{<sku>}:journal           stream (crate::journal)
 //! journal marker      <prefix>:{<sku>}:journal:on        "1" while the journal exists
 //! sink's last read    <prefix>:{<sku>}:journal:sunk      stream id (--wait-replicas)
@@ -151,6 +152,38 @@ const JOURNAL: &[u8] = b":journal";
 /// one hash (docs/locations.md; `lua/allocate.lua` reads and writes it).
 const LOCATIONS: &[u8] = b":loc";
 
+/// What the stock key of a SKU kept by location holds instead of a number
+/// (docs/locations.md; `LOCATED` in lua/common.lua, the scripts' side): its
+/// units are in [`KeyLayout::locations_key`].
+pub const KEPT_BY_LOCATION: &[u8] = b"loc";
+
+/// One field of a SKU's locations hash ([`KeyLayout::locations_key`]):
+/// `<location>` its available units, `<location>:held` its units on hold
+/// (absent: 0), `<location>:floor` its floor (absent: 0). A location's
+/// name holds no `:`, so the field says which it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocationField<'a> {
+    Available(&'a str),
+    Held(&'a str),
+    Floor(&'a str),
+}
+
+impl<'a> LocationField<'a> {
+    /// None for a field of another shape.
+    pub fn parse(field: &'a str) -> Option<LocationField<'a>> {
+        let field = match field.split_once(':') {
+            None => LocationField::Available(field),
+            Some((location, "held")) => LocationField::Held(location),
+            Some((location, "floor")) => LocationField::Floor(location),
+            Some(_) => return None,
+        };
+        let (LocationField::Available(location)
+        | LocationField::Held(location)
+        | LocationField::Floor(location)) = field;
+        (!location.is_empty()).then_some(field)
+    }
+}
+
 /// How keys are named under one `--key-prefix`.
 #[derive(Debug, Clone)]
 pub struct KeyLayout {
@@ -289,6 +322,14 @@ impl KeyLayout {
         [prefix, open, sku, close, JOURNAL].concat()
     }
 
+    /// `<prefix>:{<sku>}:loc`: the units of a SKU kept by location, a
+    /// hash of [`LocationField`]s, in the SKU's slot so that one script
+    /// allocates over all its locations.
+    pub fn locations_key(&self, sku: &Sku) -> Vec<u8> {
+        let [prefix, open, sku, close] = self.stock_key_parts(sku);
+        [prefix, open, sku, close, LOCATIONS].concat()
+    }
+
     /// `<prefix>:{<sku>}:journal:sunk`: the last journal id a sink with
     /// `--wait-replicas` read of the SKU, a small write in its slot that
     /// the sink's WAIT then confirms ([`crate::journal::stream::replicated`]);
@@ -329,11 +370,6 @@ impl KeyLayout {
     pub fn order_line_id(request_id: &RequestId) -> Option<RequestId> {
         let id = [ORDER_LINE_PREFIX.as_bytes(), request_id.as_bytes()].concat();
         RequestId::parse(id.into()).ok()
-    }
-
-    /// `<prefix>:{<sku>}:loc`: a SKU's locations (docs/locations.md).
-    pub fn locations_key(&self, sku: &Sku) -> Vec<u8> {
-        [&self.stock_key(sku)[..], LOCATIONS].concat()
     }
 
     /// The keys of one operator's change: a request's, with its op record
@@ -406,6 +442,10 @@ mod tests {
         let sku = layout.sku_keys(&Sku::parse("10086".into()).unwrap());
         assert_eq!(sku.holds, b"stock:{10086}:holds");
         assert_eq!(sku.held, b"stock:{10086}:held");
+        assert_eq!(
+            layout.locations_key(&Sku::parse("10086".into()).unwrap()),
+            b"stock:{10086}:loc"
+        );
         assert_eq!(layout.sweep_lease(), b"stock:{sweep}:lease");
         let order = RequestId::parse("cart-7".into()).unwrap();
         assert_eq!(layout.order_key(&order), b"stock:{order:cart-7}:intent");
@@ -417,6 +457,25 @@ mod tests {
         assert!(KeyLayout::order_line_id(&longest).is_some());
         let too_long = RequestId::parse("x".repeat(124).into()).unwrap();
         assert!(KeyLayout::order_line_id(&too_long).is_none());
+    }
+
+    #[test]
+    fn a_locations_field_says_which_it_is() {
+        assert_eq!(
+            LocationField::parse("w1"),
+            Some(LocationField::Available("w1"))
+        );
+        assert_eq!(
+            LocationField::parse("w1:held"),
+            Some(LocationField::Held("w1"))
+        );
+        assert_eq!(
+            LocationField::parse("w1:floor"),
+            Some(LocationField::Floor("w1"))
+        );
+        for other in ["w1:other", "w1:held:x", ":held", "", "w1:"] {
+            assert_eq!(LocationField::parse(other), None, "{other:?}");
+        }
     }
 
     #[test]
@@ -487,6 +546,7 @@ mod tests {
             prop_assert_eq!(slot(&keys.stock), crc_whole(sku.as_bytes()));
             prop_assert_eq!(sku_slot(&parsed), slot(&keys.stock));
             prop_assert_eq!(layout.stock_key_parts(&parsed).concat(), keys.stock.clone());
+            prop_assert_eq!(slot(&layout.locations_key(&parsed)), slot(&keys.stock));
             // An operator's change record too.
             let op = layout.op_keys(&parsed, &OpId::parse(id.clone().into()).unwrap());
             prop_assert_eq!(slot(&op.stock), slot(&op.record));

@@ -1494,19 +1494,7 @@ async fn a_drain_moves_what_is_there_and_stops(engine: Engine) {
         }
         let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
     }
-    let drain = || {
-        let out = std::process::Command::new(support::stockgate_bin())
-            .args(["journal", "sink", "--drain"])
-            .args(["--database", &db.url()])
-            .args(["--upstream", &cluster.seeds().join(",")])
-            .args(cluster.prefix_args())
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let drain = || drain(&cluster, &db);
     assert_eq!(
         drain(),
         (
@@ -1536,6 +1524,259 @@ async fn a_drain_moves_what_is_there_and_stops(engine: Engine) {
         assert_eq!(code, 2, "{out}");
         assert!(out.contains("server does not support TLS"), "{out}");
     }
+}
+
+/// `stockgate journal sink --drain`: its exit code and what it printed.
+fn drain(cluster: &Stage, db: &BooksDb) -> (Option<i32>, String) {
+    let out = std::process::Command::new(support::stockgate_bin())
+        .args(["journal", "sink", "--drain"])
+        .args(["--database", &db.url()])
+        .args(["--upstream", &cluster.seeds().join(",")])
+        .args(cluster.prefix_args())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// KEYS stock, locations, journal; ARGV the count of field/value words
+/// for the locations hash, those words, then the entries' texts. A SKU
+/// kept by location as a script changes it: the stock key says so, the
+/// locations move and their entries are appended in one atomic call.
+const APPEND_AT: &str = "redis.call('SET', KEYS[1], 'loc')
+local n = tonumber(ARGV[1])
+if n > 0 then redis.call('HSET', KEYS[2], unpack(ARGV, 2, n + 1)) end
+local ids = {}
+for i = n + 2, #ARGV do ids[#ids + 1] = redis.call('XADD', KEYS[3], '*', 'e', ARGV[i]) end
+return ids";
+
+/// The journal of a SKU kept by location, written by hand in format 2
+/// (`src/journal/mod.rs`): each location's available and held units kept
+/// in step in the SKU's locations hash, every entry remembered as read
+/// back through [`Entry::parse`].
+struct LocatedJournal {
+    sku: Sku,
+    units: BTreeMap<&'static str, (i64, i64)>,
+    written: Vec<Entry>,
+}
+
+impl LocatedJournal {
+    fn new(cluster: &Stage, conn: &mut redis::cluster::ClusterConnection, sku: &str) -> Self {
+        let sku = Sku::parse(sku.to_owned().into()).unwrap();
+        let layout = &cluster.keys;
+        let shard = &layout.sweep_shards()[layout.sweep_shard_index(&sku)];
+        let _: i64 = conn.sadd(&shard.journals, sku.as_bytes()).unwrap();
+        LocatedJournal {
+            sku,
+            units: BTreeMap::new(),
+            written: Vec::new(),
+        }
+    }
+
+    /// One call: for each (location, stock change, held change), an entry
+    /// of `event` and `id` (a `set`'s stock change is the stock it sets).
+    fn call(
+        &mut self,
+        cluster: &Stage,
+        conn: &mut redis::cluster::ClusterConnection,
+        event: &str,
+        id: &str,
+        order_no: &str,
+        changes: &[(&'static str, i64, i64)],
+    ) {
+        let (mut fields, mut texts) = (Vec::new(), Vec::new());
+        for &(location, ds, dh) in changes {
+            let (stock, held) = self.units.entry(location).or_insert((0, 0));
+            let ds = if event == "set" { ds - *stock } else { ds };
+            *stock += ds;
+            *held += dh;
+            fields.extend([location.to_owned(), stock.to_string()]);
+            fields.extend([format!("{location}:held"), held.to_string()]);
+            texts.push(format!(
+                "2 {event} {id} {ds} {dh} {stock} {held} {location} {order_no}"
+            ));
+        }
+        let layout = &cluster.keys;
+        let ids: Vec<String> = redis::cmd("EVAL")
+            .arg(APPEND_AT)
+            .arg(3)
+            .arg(layout.stock_key(&self.sku))
+            .arg(layout.locations_key(&self.sku))
+            .arg(layout.journal_key(&self.sku))
+            .arg(fields.len())
+            .arg(&fields)
+            .arg(&texts)
+            .query(conn)
+            .unwrap();
+        for (at, text) in ids.iter().zip(texts) {
+            let entry = Entry::parse(at, &[("e".to_owned(), text)]).expect("the shape parses");
+            assert_eq!((entry.format, entry.order_no.as_str()), (2, order_no));
+            self.written.push(entry);
+        }
+    }
+}
+
+/// Each row of `stockgate_account` of `skus`, as (sku, location, stock,
+/// held, from a baseline), sorted.
+async fn accounts_of(db: &BooksDb, skus: &[&str]) -> Vec<(String, String, i64, i64, bool)> {
+    let rows = db
+        .rows(&format!(
+            "SELECT sku, location, stock, held, from_baseline FROM stockgate_account
+              WHERE sku IN ('{}') ORDER BY sku, location",
+            skus.join("', '")
+        ))
+        .await;
+    rows.iter()
+        .map(|row| {
+            let text = |i: usize| row[i].clone().unwrap();
+            (
+                text(0),
+                text(1),
+                text(2).parse().unwrap(),
+                text(3).parse().unwrap(),
+                // PostgreSQL's boolean reads "t", MariaDB's "1".
+                matches!(text(4).as_str(), "t" | "1"),
+            )
+        })
+        .collect()
+}
+
+both! { async fn located_entries_keep_an_account_per_location }
+/// A SKU kept by location (docs/locations.md): its format 2 entries land
+/// with their location, the database keeps an account per (sku,
+/// location) beside a SKU that keeps one number (location ''), the
+/// migration that added the location runs again unharmed, and reconcile
+/// compares each location with the SKU's locations hash (entries not
+/// moved yet included) and names the location that drifts.
+async fn located_entries_keep_an_account_per_location(engine: Engine) {
+    let cluster = Stage::shared();
+    let db = BooksDb::start(engine);
+    let mut conn = cluster.cluster_connection().unwrap();
+    let mut plain = Journals::new(&cluster);
+    plain.day("loc-plain", 6);
+    let mut located = LocatedJournal::new(&cluster, &mut conn, "loc-1");
+    let mut call = |event, id, order_no, changes: &[(&'static str, i64, i64)]| {
+        located.call(&cluster, &mut conn, event, id, order_no, changes)
+    };
+    call("set", "op-w1", "", &[("w1", 20, 0)]);
+    call("set", "op-w2", "", &[("w2", 10, 0)]);
+    // An allocation split over both, a hold over both and its confirm, a
+    // hold at one: their entries interleave in the SKU's one stream.
+    call("deduct", "d-1", "ORD-L1", &[("w1", -5, 0)]);
+    call("hold", "h-1", "ORD-L2", &[("w1", -3, 3), ("w2", -2, 2)]);
+    call("confirm", "h-1", "ORD-L2", &[("w1", 0, -3), ("w2", 0, -2)]);
+    call("deduct", "d-2", "ORD L3", &[("w2", -4, 0), ("w1", -1, 0)]);
+    call("hold", "h-2", "", &[("w2", -1, 1)]);
+    // A floor is no units: reconcile passes it by.
+    let locations_key = cluster.keys.locations_key(&located.sku);
+    let _: i64 = conn.hset(&locations_key, "w1:floor", 2).unwrap();
+
+    let moved = located.written.len() + plain.written.len();
+    assert_eq!(
+        drain(&cluster, &db),
+        (
+            Some(0),
+            format!(
+                "moved {moved} entries; nothing left to move
+"
+            )
+        )
+    );
+    let stored: Vec<Entry> = db
+        .entries()
+        .await
+        .into_iter()
+        .filter_map(|(sku, entry)| (sku == "loc-1").then_some(entry))
+        .collect();
+    assert_eq!(stored, located.written, "every entry with its location");
+    let (stock, held) = plain.state["loc-plain"];
+    let expected = |located: &LocatedJournal| {
+        let mut rows = vec![("loc-plain".to_owned(), String::new(), stock, held, true)];
+        rows.splice(
+            0..0,
+            located.units.iter().map(|(location, (stock, held))| {
+                (
+                    "loc-1".to_owned(),
+                    location.to_string(),
+                    *stock,
+                    *held,
+                    true,
+                )
+            }),
+        );
+        rows
+    };
+    assert_eq!(
+        accounts_of(&db, &["loc-1", "loc-plain"]).await,
+        expected(&located)
+    );
+
+    // The migration again, as a sink that died before recording it
+    // would apply it: nothing changes.
+    let version = db.sql("3", "2");
+    db.execute(&format!(
+        "DELETE FROM stockgate_migrations WHERE version = {version}"
+    ))
+    .await;
+    assert_eq!(
+        drain(&cluster, &db),
+        (
+            Some(0),
+            "moved 0 entries; nothing left to move
+"
+            .to_owned()
+        )
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM stockgate_migrations WHERE version = {version}"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        accounts_of(&db, &["loc-1", "loc-plain"]).await,
+        expected(&located)
+    );
+
+    // Not moved yet: the journal's tail explains each location.
+    let mut call = |event, id, order_no, changes: &[(&'static str, i64, i64)]| {
+        located.call(&cluster, &mut conn, event, id, order_no, changes)
+    };
+    call("cancel", "h-2", "", &[("w2", 1, -1)]);
+    call("deduct", "d-4", "", &[("w1", -2, 0)]);
+    let (code, text) = reconcile(&cluster, &db.url(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("2 skus: 2 agree, 0 drift"), "{text}");
+
+    // Writes around stockgate: 2 units more at w2, and a unit held at w1
+    // that no entry explains.
+    let _: i64 = conn.hincr(&locations_key, "w2", 2).unwrap();
+    let (code, text) = reconcile(&cluster, &db.url(), &["loc-1"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("loc-1 location w2: DRIFT: redis stock") && text.contains("stock off by 2"),
+        "{text}"
+    );
+    assert!(!text.contains("location w1"), "{text}");
+    // Each location's entries follow from that location's before them,
+    // however the locations interleave.
+    assert!(
+        text.contains("every entry follows from the one before")
+            && !text.contains("does not follow"),
+        "{text}"
+    );
+    let _: i64 = conn.hincr(&locations_key, "w1:held", 1).unwrap();
+    let (code, text) = reconcile(&cluster, &db.url(), &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("loc-1 location w1: DRIFT:") && text.contains("held off by 1"),
+        "{text}"
+    );
+    assert!(text.contains("loc-1 location w2: DRIFT:"), "{text}");
+    assert!(text.contains("1 agree, 1 drift"), "{text}");
 }
 
 /// What a URL gets: the TLS version the server sees the session run

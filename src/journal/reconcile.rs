@@ -1,35 +1,40 @@
-//! `stockgate reconcile`: proves Redis and the database agree, SKU by SKU.
+//! `stockgate reconcile`: proves Redis and the database agree, SKU by SKU
+//! and, for a SKU kept by location, location by location.
 //!
-//! For each SKU, one atomic read of its stock, held units and journal
-//! ([`stream::snapshot`]), so a change running meanwhile is all in it or
-//! not at all; then its account in the database as of the last id that
-//! read saw (many SKUs' accounts in one query).
-//! The entries of the journal after the newest one the database holds are
-//! the ones not moved yet: applied to the account in order, they must
-//! give exactly Redis's stock and held units. Entries the database already
-//! has (committed, not trimmed yet) are not counted twice.
+//! For each SKU, one atomic read of its units (its stock and held units,
+//! or each location's) and its journal ([`stream::snapshot`]), so a
+//! change running meanwhile is all in it or not at all; then its accounts
+//! in the database as of the last id that read saw (many SKUs' accounts
+//! in one query), one per location (`''` for a SKU that keeps one
+//! number). For each location, the entries of the journal after the
+//! newest one of that location the database holds are the ones not moved
+//! yet: applied to its account in order, they must give exactly Redis's
+//! units there. Entries the database already has (committed, not trimmed
+//! yet) are not counted twice.
 
-use super::database::{Account, Books};
+use super::database::{Account, Accounts, Books};
 use super::fault::JournalFault;
-use super::stream::{self, Snapshot};
+use super::stream::{self, Snapshot, Units};
 use super::{Entry, Event};
 use crate::keys::KeyLayout;
 use crate::upstream::Upstream;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// How far the database's history of a drifting SKU is searched for
 /// entries that don't follow from the one before.
 const BREAKS_SHOWN: i64 = 10;
 
-/// What the books say a SKU's state must be.
+/// What the books say a SKU's state at one location must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expected {
     pub stock: i64,
     pub held: i64,
 }
 
-/// The account carried forward by the journal's entries the database does
-/// not hold yet (those after `account.last`). None when neither has an
-/// entry of the SKU: its stock was never changed through stockgate.
+/// The account of one location carried forward by its journal entries
+/// (`journal`, that location's alone) the database does not hold yet
+/// (those after `account.last`). None when neither has an entry of it:
+/// its stock was never changed through stockgate.
 pub fn expected(account: Option<&Account>, journal: &[Entry]) -> Option<Expected> {
     let pending = pending(account, journal);
     let mut state = match (account, pending.first()) {
@@ -59,7 +64,8 @@ pub fn expected(account: Option<&Account>, journal: &[Entry]) -> Option<Expected
     Some(state)
 }
 
-/// The entries of `journal` the database does not hold yet.
+/// The entries of `journal` (one location's) the database does not hold
+/// yet.
 pub fn pending<'a>(account: Option<&Account>, journal: &'a [Entry]) -> &'a [Entry] {
     let held_up_to = account.map(|a| a.last);
     let from = journal
@@ -75,16 +81,23 @@ pub enum Verdict {
     Agrees,
     /// No entry anywhere: nothing to compare.
     Unjournaled,
-    Drifts(Drift),
+    /// One drift for each location that drifts (one, `''`, for a SKU
+    /// that keeps one number).
+    Drifts(Vec<Drift>),
     /// Redis or the database could not be read for it.
     Unchecked(JournalFault),
 }
 
+/// One location where Redis and the books differ.
 #[derive(Debug, Clone)]
 pub struct Drift {
+    /// `''` for a SKU that keeps one number.
+    pub location: String,
+    /// None when Redis has no such stock: no stock key, or no such
+    /// location.
     pub redis_stock: Option<i64>,
     pub redis_held: i64,
-    pub expected: Option<Expected>,
+    pub expected: Expected,
     pub account: Option<Account>,
     /// The journal's entries not in the database yet.
     pub pending: Vec<Entry>,
@@ -194,8 +207,8 @@ async fn check(
     for (name, snapshot) in snapshots {
         let verdict = match snapshot {
             Ok(snapshot) => {
-                let account = accounts.remove(&name);
-                verdict(books, &name, snapshot, account)
+                let accounts = accounts.remove(&name).unwrap_or_default();
+                verdict(books, &name, snapshot, accounts)
                     .await
                     .unwrap_or_else(Verdict::Unchecked)
             }
@@ -206,38 +219,83 @@ async fn check(
     verdicts
 }
 
-/// One SKU's verdict from its Redis snapshot and its account as of it.
+/// One SKU's verdict from its Redis snapshot and its accounts as of it,
+/// with the breaks in the books' history of each location that drifts.
 async fn verdict(
     books: &mut Books,
     name: &str,
     snapshot: Snapshot,
-    account: Option<Account>,
+    accounts: Accounts,
 ) -> Result<Verdict, JournalFault> {
-    let Snapshot {
-        stock,
-        held,
-        journal,
-        last_given: _,
-    } = snapshot;
-    let Some(expected) = expected(account.as_ref(), &journal) else {
+    let Some(mut drifts) = drifts(&snapshot.units, snapshot.journal, &accounts) else {
         return Ok(Verdict::Unjournaled);
     };
-    if stock == Some(expected.stock) && held == expected.held {
+    if drifts.is_empty() {
         return Ok(Verdict::Agrees);
     }
-    let breaks = if account.is_some() {
-        books.breaks(name, BREAKS_SHOWN).await?
-    } else {
-        Vec::new()
-    };
-    Ok(Verdict::Drifts(Drift {
-        redis_stock: stock,
-        redis_held: held,
-        expected: Some(expected),
-        pending: pending(account.as_ref(), &journal).to_vec(),
-        account,
-        breaks,
-    }))
+    for drift in &mut drifts {
+        if drift.account.is_some() {
+            drift.breaks = books.breaks(name, &drift.location, BREAKS_SHOWN).await?;
+        }
+    }
+    Ok(Verdict::Drifts(drifts))
+}
+
+/// The locations of a SKU where Redis and the books differ (their breaks
+/// not looked up yet), or None when the books know no location of it.
+/// Every location the books know (an account or a journal entry) is
+/// compared; a location Redis has and the books don't was never changed
+/// through stockgate, as a SKU without entries.
+pub fn drifts(units: &Units, journal: Vec<Entry>, accounts: &Accounts) -> Option<Vec<Drift>> {
+    let mut journals: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+    for entry in journal {
+        journals
+            .entry(entry.location.clone())
+            .or_default()
+            .push(entry);
+    }
+    let locations: BTreeSet<String> = accounts.keys().chain(journals.keys()).cloned().collect();
+    if locations.is_empty() {
+        return None;
+    }
+    let mut drifts = Vec::new();
+    for location in locations {
+        let account = accounts.get(&location);
+        let journal = journals.remove(&location).unwrap_or_default();
+        let Some(expected) = expected(account, &journal) else {
+            continue;
+        };
+        let (redis_stock, redis_held) = in_redis(units, &location);
+        if redis_stock == Some(expected.stock) && redis_held == expected.held {
+            continue;
+        }
+        drifts.push(Drift {
+            redis_stock,
+            redis_held,
+            expected,
+            pending: pending(account, &journal).to_vec(),
+            account: account.cloned(),
+            breaks: Vec::new(),
+            location,
+        });
+    }
+    Some(drifts)
+}
+
+/// What Redis keeps at `location` of a SKU: its available units (None
+/// when there are none to read) and its units on hold.
+fn in_redis(units: &Units, location: &str) -> (Option<i64>, i64) {
+    match units {
+        Units::One { stock, held } if location.is_empty() => (*stock, *held),
+        // A SKU that keeps one number has no other location.
+        Units::One { .. } => (None, 0),
+        // A SKU kept by location keeps no units of its own: what it had
+        // as one number before its first location, its books say, is 0.
+        Units::ByLocation(_) if location.is_empty() => (Some(0), 0),
+        Units::ByLocation(locations) => locations
+            .get(location)
+            .map_or((None, 0), |units| (units.available, units.held)),
+    }
 }
 
 /// The report as `stockgate reconcile` prints it.
@@ -257,48 +315,10 @@ pub fn render(report: &Report) -> String {
                 unchecked += 1;
                 out.push_str(&format!("{sku}: could not check: {fault}\n"));
             }
-            Verdict::Drifts(d) => {
+            Verdict::Drifts(drifts) => {
                 drift += 1;
-                let stock = d
-                    .redis_stock
-                    .map_or("no stock key".to_owned(), |s| s.to_string());
-                let exp = d.expected.expect("a drift has an expectation");
-                out.push_str(&format!(
-                    "{sku}: DRIFT: redis stock {stock} held {}, the books say stock {} held {} (stock off by {}, held off by {})\n",
-                    d.redis_held,
-                    exp.stock,
-                    exp.held,
-                    d.redis_stock.map_or("?".to_owned(), |s| (s - exp.stock).to_string()),
-                    d.redis_held - exp.held,
-                ));
-                match &d.account {
-                    Some(a) => out.push_str(&format!(
-                        "  database: stock {} held {} from {} entries ({}), newest {}-{}\n",
-                        a.stock,
-                        a.held,
-                        a.entries,
-                        if a.from_baseline {
-                            "since its last set"
-                        } else {
-                            "since its first entry"
-                        },
-                        a.last.0,
-                        a.last.1
-                    )),
-                    None => out.push_str("  database: no entries\n"),
-                }
-                out.push_str(&format!("  not moved yet: {} entries\n", d.pending.len()));
-                for entry in d.pending.iter().take(20) {
-                    out.push_str(&format!("    {}\n", describe(entry)));
-                }
-                for entry in &d.breaks {
-                    out.push_str(&format!(
-                        "  does not follow from the entry before it: {}\n",
-                        describe(entry)
-                    ));
-                }
-                if d.breaks.is_empty() {
-                    out.push_str("  every entry follows from the one before: the difference was made outside the journal (a write around stockgate, or an entry lost)\n");
+                for d in drifts {
+                    render_drift(&mut out, sku, d);
                 }
             }
         }
@@ -308,6 +328,60 @@ pub fn render(report: &Report) -> String {
         report.skus.len()
     ));
     out
+}
+
+/// One location's drift: `<sku>: DRIFT: ...` for a SKU that keeps one
+/// number, `<sku> location <location>: DRIFT: ...` for one kept by
+/// location.
+fn render_drift(out: &mut String, sku: &str, d: &Drift) {
+    let stock = match (d.redis_stock, d.location.is_empty()) {
+        (Some(stock), _) => stock.to_string(),
+        (None, true) => "no stock key".to_owned(),
+        (None, false) => "no such location".to_owned(),
+    };
+    let exp = d.expected;
+    let at = if d.location.is_empty() {
+        String::new()
+    } else {
+        format!(" location {}", d.location)
+    };
+    out.push_str(&format!(
+        "{sku}{at}: DRIFT: redis stock {stock} held {}, the books say stock {} held {} (stock off by {}, held off by {})\n",
+        d.redis_held,
+        exp.stock,
+        exp.held,
+        d.redis_stock.map_or("?".to_owned(), |s| (s - exp.stock).to_string()),
+        d.redis_held - exp.held,
+    ));
+    match &d.account {
+        Some(a) => out.push_str(&format!(
+            "  database: stock {} held {} from {} entries ({}), newest {}-{}\n",
+            a.stock,
+            a.held,
+            a.entries,
+            if a.from_baseline {
+                "since its last set"
+            } else {
+                "since its first entry"
+            },
+            a.last.0,
+            a.last.1
+        )),
+        None => out.push_str("  database: no entries\n"),
+    }
+    out.push_str(&format!("  not moved yet: {} entries\n", d.pending.len()));
+    for entry in d.pending.iter().take(20) {
+        out.push_str(&format!("    {}\n", describe(entry)));
+    }
+    for entry in &d.breaks {
+        out.push_str(&format!(
+            "  does not follow from the entry before it: {}\n",
+            describe(entry)
+        ));
+    }
+    if d.breaks.is_empty() {
+        out.push_str("  every entry follows from the one before: the difference was made outside the journal (a write around stockgate, or an entry lost)\n");
+    }
 }
 
 fn describe(entry: &Entry) -> String {
@@ -334,6 +408,7 @@ mod tests {
             format: super::super::FORMAT,
             event,
             id: "r".into(),
+            location: String::new(),
             order_no: String::new(),
             stock_change: ds,
             held_change: dh,
@@ -396,15 +471,140 @@ mod tests {
         assert_eq!(report.exit_code(), 2);
         report.skus.push((
             "d".into(),
-            Verdict::Drifts(Drift {
+            Verdict::Drifts(vec![Drift {
+                location: String::new(),
                 redis_stock: None,
                 redis_held: 0,
-                expected: Some(Expected { stock: 1, held: 0 }),
+                expected: Expected { stock: 1, held: 0 },
                 account: None,
                 pending: vec![],
                 breaks: vec![],
-            }),
+            }]),
         ));
         assert_eq!(report.exit_code(), 1);
+    }
+
+    fn at(location: &str, entry: Entry) -> Entry {
+        Entry {
+            format: super::super::FORMAT_AT_LOCATION,
+            location: location.into(),
+            ..entry
+        }
+    }
+
+    fn account(stock: i64, held: i64, last: (u64, u64)) -> Account {
+        Account {
+            from_baseline: true,
+            stock,
+            held,
+            entries: 1,
+            last,
+        }
+    }
+
+    fn located(locations: &[(&str, Option<i64>, i64)]) -> Units {
+        Units::ByLocation(
+            locations
+                .iter()
+                .map(|(name, available, held)| {
+                    (
+                        name.to_string(),
+                        stream::LocationUnits {
+                            available: *available,
+                            held: *held,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn each_location_is_its_own_account() {
+        // w1 and w2 interleave in one stream; the database holds w1 up to
+        // (2, 0) and w2 up to (1, 0), and what follows of each is pending.
+        let journal = vec![
+            at("w1", entry((2, 0), Event::Deduct, -2, 0, 8, 0)),
+            at("w2", entry((3, 0), Event::Hold, -1, 1, 4, 1)),
+            at("w1", entry((4, 0), Event::Deduct, -1, 0, 7, 0)),
+        ];
+        let accounts: Accounts = [
+            ("w1".to_owned(), account(8, 0, (2, 0))),
+            ("w2".to_owned(), account(5, 0, (1, 0))),
+        ]
+        .into();
+        let agreeing = located(&[("w1", Some(7), 0), ("w2", Some(4), 1), ("w3", Some(9), 0)]);
+        // w3 is in Redis only: never changed through stockgate.
+        assert_eq!(
+            drifts(&agreeing, journal.clone(), &accounts).map(|d| d.len()),
+            Some(0)
+        );
+        // w2's held units moved outside the journal, and w1 is gone.
+        let drifting = located(&[("w2", Some(4), 3)]);
+        let found = drifts(&drifting, journal.clone(), &accounts).unwrap();
+        let summary: Vec<_> = found
+            .iter()
+            .map(|d| {
+                (
+                    d.location.as_str(),
+                    d.redis_stock,
+                    d.redis_held,
+                    d.expected,
+                    d.pending.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("w1", None, 0, Expected { stock: 7, held: 0 }, 1),
+                ("w2", Some(4), 3, Expected { stock: 4, held: 1 }, 1),
+            ]
+        );
+        let mut report = Report::default();
+        report.skus.push(("sku-1".into(), Verdict::Drifts(found)));
+        let text = render(&report);
+        assert!(
+            text.contains("sku-1 location w1: DRIFT: redis stock no such location held 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sku-1 location w2: DRIFT: redis stock 4 held 3, the books say stock 4 held 1 (stock off by 0, held off by 2)"),
+            "{text}"
+        );
+        assert!(text.contains("1 skus: 0 agree, 1 drift"), "{text}");
+    }
+
+    #[test]
+    fn a_sku_that_keeps_one_number_is_checked_as_one() {
+        let journal = vec![entry((1, 0), Event::Set, 10, 0, 10, 0)];
+        let one = |stock| Units::One { stock, held: 0 };
+        assert_eq!(
+            drifts(&one(Some(10)), journal.clone(), &Accounts::new()).map(|d| d.len()),
+            Some(0)
+        );
+        let found = drifts(&one(Some(12)), journal.clone(), &Accounts::new()).unwrap();
+        assert_eq!(found.len(), 1);
+        let mut report = Report::default();
+        report.skus.push(("sku-2".into(), Verdict::Drifts(found)));
+        assert!(
+            render(&report).starts_with("sku-2: DRIFT: redis stock 12 held 0"),
+            "{}",
+            render(&report)
+        );
+        assert!(drifts(&one(None), Vec::new(), &Accounts::new()).is_none());
+        // A SKU kept by location keeps nothing as one number: what its
+        // books had there before its first location must have come to 0.
+        let emptied = [("".to_owned(), account(0, 0, (1, 0)))].into();
+        assert_eq!(
+            drifts(&located(&[]), Vec::new(), &emptied).map(|d| d.len()),
+            Some(0)
+        );
+        let left = [("".to_owned(), account(3, 0, (1, 0)))].into();
+        let found = drifts(&located(&[]), Vec::new(), &left).unwrap();
+        assert_eq!(
+            (found[0].location.as_str(), found[0].redis_stock),
+            ("", Some(0))
+        );
     }
 }

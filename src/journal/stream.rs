@@ -1,15 +1,17 @@
 //! The books' side in Redis, as the sink and reconcile read it: the shard
 //! sets that list every SKU with a journal, a SKU's journal (a stream), the
 //! replication check before a move, the trim after a commit, and one
-//! consistent read of a SKU's state with its journal.
+//! consistent read of a SKU's state (one number, or each location's) with
+//! its journal.
 
 use super::Entry;
 use super::fault::JournalFault;
 use crate::config::Durability;
-use crate::keys::KeyLayout;
+use crate::keys::{KEPT_BY_LOCATION, KeyLayout, LocationField};
 use crate::params::Sku;
 use crate::upstream::Upstream;
 use redis::Value;
+use std::collections::BTreeMap;
 
 /// A SKU named in a shard set, checked as stockgate checks any sku.
 pub fn sku(name: &str) -> Result<Sku, JournalFault> {
@@ -239,22 +241,43 @@ pub async fn trim(
     Ok(())
 }
 
-/// A SKU's state in Redis, read in one atomic script call: stock, held
-/// units and its whole journal, so a change running meanwhile is either
-/// all in it or not at all.
+/// A SKU's state in Redis, read in one atomic script call: its units
+/// (one number, or each location's) and its whole journal, so a change
+/// running meanwhile is either all in it or not at all.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    /// None when the stock key is missing.
-    pub stock: Option<i64>,
-    pub held: i64,
+    pub units: Units,
     pub journal: Vec<Entry>,
     /// The last id the journal ever gave (XINFO's last-generated-id),
     /// trimmed entries included; None when there is no journal.
     pub last_given: Option<(u64, u64)>,
 }
 
-/// Reads nothing but these three keys, all in the SKU's slot; `no-writes`
-/// lets a replica-routed read and an out-of-memory primary run it.
+/// A SKU's units as Redis keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Units {
+    /// A SKU that keeps one number: its stock key (None when missing) and
+    /// its held units.
+    One { stock: Option<i64>, held: i64 },
+    /// A SKU kept by location (its stock key holds
+    /// [`KEPT_BY_LOCATION`]): each location of its locations hash, by
+    /// name, with its available and held units.
+    ByLocation(BTreeMap<String, LocationUnits>),
+}
+
+/// One location's units: its available units (None when the hash has a
+/// location's held units or floor but not the location itself) and its
+/// units on hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocationUnits {
+    pub available: Option<i64>,
+    pub held: i64,
+}
+
+/// Reads nothing but these four keys, all in the SKU's slot; `no-writes`
+/// lets a replica-routed read and an out-of-memory primary run it. The
+/// locations hash is read only for a SKU kept by location (ARGV[1], the
+/// stock key's text then).
 const SNAPSHOT: &str = "#!lua flags=no-writes
 local last = false
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -263,7 +286,10 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
     if info[i] == 'last-generated-id' then last = info[i + 1] end
   end
 end
-return {redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('XRANGE', KEYS[3], '-', '+'), last}";
+local stock = redis.call('GET', KEYS[1])
+local locations = {}
+if stock == ARGV[1] then locations = redis.call('HGETALL', KEYS[4]) end
+return {stock, redis.call('GET', KEYS[2]), redis.call('XRANGE', KEYS[3], '-', '+'), last, locations}";
 
 pub async fn snapshot(
     upstream: &Upstream,
@@ -273,36 +299,82 @@ pub async fn snapshot(
     let held_key = keys.sku_keys(sku).held;
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(SNAPSHOT)
-        .arg(3)
+        .arg(4)
         .arg(keys.stock_key(sku))
         .arg(held_key)
-        .arg(keys.journal_key(sku));
+        .arg(keys.journal_key(sku))
+        .arg(keys.locations_key(sku))
+        .arg(KEPT_BY_LOCATION);
     let value = upstream.query(&cmd).await.map_err(JournalFault::redis)?;
     let items = items(value)?;
-    let [stock, held, journal, last_given]: [Value; 4] = items
+    let [stock, held, journal, last_given, locations]: [Value; 5] = items
         .try_into()
         .map_err(|v| JournalFault::bad_reply(format!("the snapshot answered {v:?}")))?;
+    let not_integer = |what: &str| {
+        JournalFault::new(
+            crate::metrics::JournalSource::Data,
+            false,
+            format!("{what} of {sku:?} is not an integer"),
+        )
+    };
     let number = |value: Value, what: &str| -> Result<Option<i64>, JournalFault> {
         match value {
             Value::Nil => Ok(None),
-            other => text(other)?.parse().map(Some).map_err(|_| {
-                JournalFault::new(
-                    crate::metrics::JournalSource::Data,
-                    false,
-                    format!("{what} of {sku:?} is not an integer"),
-                )
-            }),
+            other => text(other)?
+                .parse()
+                .map(Some)
+                .map_err(|_| not_integer(what)),
         }
     };
+    let units = match stock {
+        Value::BulkString(ref text) if text.as_slice() == KEPT_BY_LOCATION => {
+            Units::ByLocation(location_units(sku, locations)?)
+        }
+        stock => Units::One {
+            stock: number(stock, "the stock")?,
+            held: number(held, "the held units")?.unwrap_or(0),
+        },
+    };
     Ok(Snapshot {
-        stock: number(stock, "the stock")?,
-        held: number(held, "the held units")?.unwrap_or(0),
+        units,
         journal: entries(journal)?,
         last_given: match last_given {
             Value::Nil => None,
             other => Some(stream_id(&text(other)?)?),
         },
     })
+}
+
+/// A SKU's locations hash (HGETALL's reply), by location. A field of
+/// another shape is a fault, not a field skipped: a hash this stockgate
+/// can't read whole could hide units.
+fn location_units(sku: &Sku, hash: Value) -> Result<BTreeMap<String, LocationUnits>, JournalFault> {
+    let bad = |what: String| {
+        JournalFault::new(
+            crate::metrics::JournalSource::Data,
+            false,
+            format!("the locations of {sku:?}: {what}"),
+        )
+    };
+    let mut units: BTreeMap<String, LocationUnits> = BTreeMap::new();
+    for (field, value) in &pairs(hash)? {
+        let number = || {
+            value
+                .parse::<i64>()
+                .map_err(|_| bad(format!("{field} is {value:?}, not an integer")))
+        };
+        match LocationField::parse(field) {
+            Some(LocationField::Available(location)) => {
+                units.entry(location.to_owned()).or_default().available = Some(number()?);
+            }
+            Some(LocationField::Held(location)) => {
+                units.entry(location.to_owned()).or_default().held = number()?;
+            }
+            Some(LocationField::Floor(_)) => {}
+            None => return Err(bad(format!("a field {field:?} of no known shape"))),
+        }
+    }
+    Ok(units)
 }
 
 /// XRANGE's reply: `[[id, [field, value, ...]], ...]`, every entry read
@@ -317,22 +389,28 @@ fn entry(item: Value) -> Result<Entry, JournalFault> {
         .try_into()
         .map_err(|v| JournalFault::bad_reply(format!("a stream entry {v:?}")))?;
     let id = text(id)?;
-    let fields = match fields {
+    Ok(Entry::parse(&id, &pairs(fields)?)?)
+}
+
+/// Field/value pairs as RESP3 (a map) or RESP2 (a flat array) gives them
+/// (a stream entry's fields, HGETALL's reply).
+fn pairs(value: Value) -> Result<Vec<(String, String)>, JournalFault> {
+    match value {
         Value::Map(pairs) => pairs
             .into_iter()
             .map(|(k, v)| Ok((text(k)?, text(v)?)))
-            .collect::<Result<Vec<_>, JournalFault>>()?,
+            .collect(),
         other => {
             let flat: Vec<String> = items(other)?
                 .into_iter()
                 .map(text)
                 .collect::<Result<_, _>>()?;
-            flat.chunks(2)
+            Ok(flat
+                .chunks(2)
                 .map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default()))
-                .collect()
+                .collect())
         }
-    };
-    Ok(Entry::parse(&id, &fields)?)
+    }
 }
 
 fn stream_id(id: &str) -> Result<(u64, u64), JournalFault> {

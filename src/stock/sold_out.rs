@@ -30,9 +30,9 @@
 //! script makes) and on TLS upstreams (no node pipes).
 
 use crate::error::UpstreamError;
+use crate::keys::KEPT_BY_LOCATION;
 use crate::outcome::{Code, SCRIPT_VERSION, StockReply};
 use crate::record::{RecordView, State};
-use crate::stock::location::LOCATED_STOCK;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -103,7 +103,7 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
         Some(Some(stock)) => Some(stock),
         // A SKU kept by location: the script answers LOCATED and the call
         // goes on by location, which no read stands in for.
-        Some(None) if read.stock.as_deref() == Some(LOCATED_STOCK) => {
+        Some(None) if read.stock.as_deref() == Some(KEPT_BY_LOCATION) => {
             return Decision::RunScript;
         }
         Some(None) => {

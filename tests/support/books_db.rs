@@ -188,7 +188,7 @@ impl BooksDb {
     /// as the sink's own code reads a row.
     pub async fn entries(&self) -> Vec<(String, Entry)> {
         const COLUMNS: &str = "SELECT sku, entry_ms, entry_seq, format, event, request_id, \
-             order_no, stock_change, held_change, stock_after, held_after \
+             order_no, stock_change, held_change, stock_after, held_after, location \
              FROM stockgate_journal ORDER BY sku, entry_ms, entry_seq";
         match self.session().await {
             Session::Postgres(client) => client

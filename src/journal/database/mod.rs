@@ -6,8 +6,8 @@
 //! once however many sinks start together, a batch in one transaction
 //! keyed by (sku, entry_ms, entry_seq) so a re-delivery changes nothing,
 //! an id come back with other content kept in the conflicts table, the
-//! shard locks held by the connection that writes, and each SKU's
-//! account as of an entry.
+//! shard locks held by the connection that writes, and each (SKU,
+//! location)'s account as of an entry.
 
 pub mod mysql;
 pub mod postgres;
@@ -16,9 +16,11 @@ pub mod tls;
 
 use super::Entry;
 use super::fault::JournalFault;
+use std::collections::{BTreeMap, HashMap};
 pub use target::{MysqlTarget, PgTarget, Target};
 
-/// A SKU's account as the database keeps it (the `stockgate_account` view).
+/// One location's account of a SKU as the database keeps it (a row of
+/// the `stockgate_account` view).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
     /// Whether it opens at a baseline (`set`) rather than its first entry.
@@ -26,9 +28,12 @@ pub struct Account {
     pub stock: i64,
     pub held: i64,
     pub entries: i64,
-    /// The newest entry the database holds.
+    /// The newest entry of the location the database holds.
     pub last: (u64, u64),
 }
+
+/// A SKU's accounts by location: `''` for a SKU that keeps one number.
+pub type Accounts = BTreeMap<String, Account>;
 
 /// What a committed batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -157,25 +162,32 @@ impl Books {
         }
     }
 
-    /// The accounts of `wanted`, each as of its entry (all of it when
-    /// None), in one query: a SKU with no entry up to there has none.
+    /// The accounts of `wanted`, each SKU's as of its entry (all of it
+    /// when None), in one query: a SKU with no entry up to there has
+    /// none, and a location with none up to there has none.
     pub async fn accounts(
         &mut self,
         wanted: &[(String, Option<(u64, u64)>)],
-    ) -> Result<std::collections::HashMap<String, Account>, JournalFault> {
+    ) -> Result<HashMap<String, Accounts>, JournalFault> {
         match self {
             Books::Postgres(db) => db.accounts(wanted).await,
             Books::Mysql(db) => db.accounts(wanted).await,
         }
     }
 
-    /// `sku`'s entries that don't follow from the one before them (their
-    /// stock or held before the change is not what the previous entry
-    /// left), newest first: where an account's history broke.
-    pub async fn breaks(&mut self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
+    /// The entries of `sku` at `location` that don't follow from the one
+    /// before them at that location (their stock or held before the
+    /// change is not what it left), newest first: where an account's
+    /// history broke.
+    pub async fn breaks(
+        &mut self,
+        sku: &str,
+        location: &str,
+        limit: i64,
+    ) -> Result<Vec<Entry>, JournalFault> {
         match self {
-            Books::Postgres(db) => db.breaks(sku, limit).await,
-            Books::Mysql(db) => db.breaks(sku, limit).await,
+            Books::Postgres(db) => db.breaks(sku, location, limit).await,
+            Books::Mysql(db) => db.breaks(sku, location, limit).await,
         }
     }
 }

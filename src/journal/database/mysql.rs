@@ -1,6 +1,7 @@
 //! The books in MySQL 8 and MariaDB 10.11: the schema
 //! (`migrations/mysql/`), a batch in one transaction, the shard locks as
-//! named locks (`GET_LOCK`), and each SKU's account as of an entry.
+//! named locks (`GET_LOCK`), and each (SKU, location)'s account as of an
+//! entry.
 //!
 //! One connection does everything, as in PostgreSQL: a named lock
 //! belongs to the session that took it, so the shard locks live and die
@@ -19,7 +20,7 @@ use super::super::fault::JournalFault;
 use super::super::{Entry, Event};
 use super::target::MysqlTarget;
 use super::tls::{Roots, TlsMode, TlsSettings};
-use super::{Account, Committed, SkuEntry};
+use super::{Account, Accounts, Committed, SkuEntry};
 use crate::metrics::JournalSource;
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{ClientIdentity, Conn, OptsBuilder, Params, Row, SslOpts, Value};
@@ -27,12 +28,18 @@ use std::collections::{HashMap, HashSet};
 
 /// The schema, in order; each applied once, recorded in
 /// `stockgate_migrations`.
-const MIGRATIONS: [(i32, &str); 1] = [(
-    1,
-    include_str!("../../../migrations/mysql/0001_journal.sql"),
-)];
+const MIGRATIONS: [(i32, &str); 2] = [
+    (
+        1,
+        include_str!("../../../migrations/mysql/0001_journal.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/mysql/0002_location.sql"),
+    ),
+];
 
-/// Rows per INSERT or lookup: 11 placeholders a row, far below the
+/// Rows per INSERT or lookup: 12 placeholders a row, far below the
 /// protocol's 65,535 a statement.
 const ROWS_PER_STATEMENT: usize = 1000;
 
@@ -320,7 +327,8 @@ impl MysqlBooks {
             // (its range optimizer), against 0.04 s for this.
             let sql = format!(
                 "SELECT j.sku, j.entry_ms, j.entry_seq, j.format, j.event, j.request_id,
-                        j.order_no, j.stock_change, j.held_change, j.stock_after, j.held_after
+                        j.order_no, j.stock_change, j.held_change, j.stock_after, j.held_after,
+                        j.location
                    FROM ({}) w
                    JOIN stockgate_journal j
                      ON j.sku = w.sku COLLATE utf8mb4_bin
@@ -398,9 +406,9 @@ impl MysqlBooks {
     ) -> Result<u64, JournalFault> {
         let sql = format!(
             "INSERT INTO {table} (sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                                  stock_change, held_change, stock_after, held_after)
+                                  stock_change, held_change, stock_after, held_after, location)
              VALUES {}{tail}",
-            vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
+            vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
         );
         let values: Vec<Value> = rows
             .iter()
@@ -419,6 +427,7 @@ impl MysqlBooks {
                     Value::from(e.held_change),
                     Value::from(e.stock),
                     Value::from(e.held),
+                    Value::from(e.location.as_str()),
                 ]
             })
             .collect();
@@ -439,12 +448,12 @@ impl MysqlBooks {
         rows.iter().map(|row| column(row, 0)).collect()
     }
 
-    /// The accounts of `wanted`, each as of its entry, in one query: the
-    /// view's computation over the entries up to each SKU's.
+    /// The accounts of `wanted`, each SKU's as of its entry, in one
+    /// query: the view's computation over the entries up to each SKU's.
     pub async fn accounts(
         &mut self,
         wanted: &[(String, Option<(u64, u64)>)],
-    ) -> Result<HashMap<String, Account>, JournalFault> {
+    ) -> Result<HashMap<String, Accounts>, JournalFault> {
         self.require_schema()?;
         if wanted.is_empty() {
             return Ok(HashMap::new());
@@ -457,29 +466,29 @@ impl MysqlBooks {
                   WHERE j.entry_ms < w.up_ms OR (j.entry_ms = w.up_ms AND j.entry_seq <= w.up_seq)
              ),
              ranked AS (
-                 SELECT sku, entry_ms, entry_seq, baseline, stock_change, held_change,
+                 SELECT sku, location, entry_ms, entry_seq, baseline, stock_change, held_change,
                         stock_after - stock_change AS opening_stock,
                         held_after - held_change AS opening_held,
-                        ROW_NUMBER() OVER (PARTITION BY sku
+                        ROW_NUMBER() OVER (PARTITION BY sku, location
                             ORDER BY baseline DESC,
                                      CASE WHEN baseline THEN entry_ms END DESC,
                                      CASE WHEN baseline THEN entry_seq END DESC,
                                      entry_ms, entry_seq) AS anchor_rank,
-                        ROW_NUMBER() OVER (PARTITION BY sku
+                        ROW_NUMBER() OVER (PARTITION BY sku, location
                             ORDER BY entry_ms DESC, entry_seq DESC) AS newest_rank
                    FROM upto
              )
              SELECT a.sku, a.baseline,
                     CAST(a.opening_stock + SUM(u.stock_change) AS SIGNED),
                     CAST(a.opening_held + SUM(u.held_change) AS SIGNED),
-                    COUNT(*), n.entry_ms, n.entry_seq
+                    COUNT(*), n.entry_ms, n.entry_seq, a.location
                FROM ranked a
-               JOIN ranked n ON n.sku = a.sku AND n.newest_rank = 1
-               JOIN ranked u ON u.sku = a.sku
+               JOIN ranked n ON n.sku = a.sku AND n.location = a.location AND n.newest_rank = 1
+               JOIN ranked u ON u.sku = a.sku AND u.location = a.location
                           AND (u.entry_ms > a.entry_ms
                                OR (u.entry_ms = a.entry_ms AND u.entry_seq >= a.entry_seq))
               WHERE a.anchor_rank = 1
-              GROUP BY a.sku, a.baseline, a.entry_ms, a.entry_seq, a.opening_stock,
+              GROUP BY a.sku, a.location, a.baseline, a.entry_ms, a.entry_seq, a.opening_stock,
                        a.opening_held, n.entry_ms, n.entry_seq",
             vec!["SELECT ?, ?, ?"; wanted.len()].join(" UNION ALL ")
         );
@@ -495,39 +504,44 @@ impl MysqlBooks {
             .exec(sql, Params::Positional(params))
             .await
             .map_err(database)?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    column(row, 0)?,
-                    Account {
-                        from_baseline: column(row, 1)?,
-                        stock: column(row, 2)?,
-                        held: column(row, 3)?,
-                        entries: column(row, 4)?,
-                        last: (column::<i64>(row, 5)? as u64, column::<i64>(row, 6)? as u64),
-                    },
-                ))
-            })
-            .collect()
+        let mut accounts: HashMap<String, Accounts> = HashMap::new();
+        for row in &rows {
+            accounts.entry(column(row, 0)?).or_default().insert(
+                column(row, 7)?,
+                Account {
+                    from_baseline: column(row, 1)?,
+                    stock: column(row, 2)?,
+                    held: column(row, 3)?,
+                    entries: column(row, 4)?,
+                    last: (column::<i64>(row, 5)? as u64, column::<i64>(row, 6)? as u64),
+                },
+            );
+        }
+        Ok(accounts)
     }
 
-    pub async fn breaks(&mut self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
+    pub async fn breaks(
+        &mut self,
+        sku: &str,
+        location: &str,
+        limit: i64,
+    ) -> Result<Vec<Entry>, JournalFault> {
         self.require_schema()?;
         let rows: Vec<Row> = self
             .conn
             .exec(
                 "SELECT * FROM (
                      SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                            stock_change, held_change, stock_after, held_after,
+                            stock_change, held_change, stock_after, held_after, location,
                             LAG(stock_after) OVER w AS stock_before,
                             LAG(held_after) OVER w AS held_before
-                       FROM stockgate_journal WHERE sku = ?
+                       FROM stockgate_journal WHERE sku = ? AND location = ?
                      WINDOW w AS (ORDER BY entry_ms, entry_seq)) chain
                   WHERE event <> 'set' AND stock_before IS NOT NULL
                     AND (stock_after - stock_change <> stock_before
                          OR held_after - held_change <> held_before)
                   ORDER BY entry_ms DESC, entry_seq DESC LIMIT ?",
-                (sku, limit),
+                (sku, location, limit),
             )
             .await
             .map_err(database)?;
@@ -649,8 +663,8 @@ fn check_fits(item: &SkuEntry) -> Result<(), JournalFault> {
 
 /// An entry from a row whose columns from `first` are entry_ms,
 /// entry_seq, format, event, request_id, order_no, stock_change,
-/// held_change, stock_after, held_after. None for an event this
-/// stockgate doesn't know (the table's CHECK allows none).
+/// held_change, stock_after, held_after, location. None for an event
+/// this stockgate doesn't know (the table's CHECK allows none).
 pub fn entry_of(row: &Row, first: usize) -> Option<Entry> {
     let int = |i: usize| column::<i64>(row, first + i).ok();
     let text = |i: usize| column::<String>(row, first + i).ok();
@@ -660,6 +674,7 @@ pub fn entry_of(row: &Row, first: usize) -> Option<Entry> {
         format: int(2)? as u32,
         event: Event::parse(&text(3)?)?,
         id: text(4)?,
+        location: text(10)?,
         order_no: text(5)?,
         stock_change: int(6)?,
         held_change: int(7)?,
@@ -681,6 +696,9 @@ mod tests {
             ["CREATE TABLE a (\n  x INT\n)", "CREATE VIEW v AS\nSELECT 1"]
         );
         assert_eq!(statements(MIGRATIONS[0].1).len(), 3);
+        // Each column added by its SET, PREPARE, EXECUTE and DEALLOCATE,
+        // then the view.
+        assert_eq!(statements(MIGRATIONS[1].1).len(), 9);
         assert!(
             LockNames::of(&"d".repeat(super::super::target::MOST_DATABASE_NAME))
                 .migrate()

@@ -1,6 +1,6 @@
 //! The books in PostgreSQL: the schema (`migrations/postgres/`), a batch
 //! in one transaction (the rows as arrays, `UNNEST`ed), the shard locks as
-//! session advisory locks, and each SKU's account as
+//! session advisory locks, and each (SKU, location)'s account as
 //! `stockgate_account_at` keeps it.
 //!
 //! One connection does everything, so the shard locks and the writes they
@@ -12,14 +12,14 @@ use super::super::fault::JournalFault;
 use super::super::{Entry, Event};
 use super::target::PgTarget;
 use super::tls::TlsMode;
-use super::{Account, Committed, SkuEntry};
+use super::{Account, Accounts, Committed, SkuEntry};
 use crate::metrics::JournalSource;
 use std::collections::HashMap;
 use tokio_postgres::{Client, NoTls};
 
 /// The schema, in order; each applied once, recorded in
 /// `stockgate_migrations`.
-const MIGRATIONS: [(i32, &str); 2] = [
+const MIGRATIONS: [(i32, &str); 3] = [
     (
         1,
         include_str!("../../../migrations/postgres/0001_journal.sql"),
@@ -27,6 +27,10 @@ const MIGRATIONS: [(i32, &str); 2] = [
     (
         2,
         include_str!("../../../migrations/postgres/0002_account_search_path.sql"),
+    ),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_location.sql"),
     ),
 ];
 
@@ -230,10 +234,10 @@ impl PgBooks {
             .query(
                 "INSERT INTO stockgate_journal
                      (sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                      stock_change, held_change, stock_after, held_after)
+                      stock_change, held_change, stock_after, held_after, location)
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int4[],
                       $5::text[], $6::text[], $7::text[], $8::int8[], $9::int8[],
-                      $10::int8[], $11::int8[])
+                      $10::int8[], $11::int8[], $12::text[])
                  ON CONFLICT (sku, entry_ms, entry_seq) DO NOTHING
                  RETURNING sku, entry_ms, entry_seq",
                 &columns.params(),
@@ -263,7 +267,7 @@ impl PgBooks {
             let stored = tx
                 .query(
                     "SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                            stock_change, held_change, stock_after, held_after
+                            stock_change, held_change, stock_after, held_after, location
                        FROM stockgate_journal
                       WHERE (sku, entry_ms, entry_seq) IN
                             (SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[]))",
@@ -307,10 +311,10 @@ impl PgBooks {
                     .execute(
                         "INSERT INTO stockgate_journal_conflicts
                              (sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                              stock_change, held_change, stock_after, held_after)
+                              stock_change, held_change, stock_after, held_after, location)
                          SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int4[],
                               $5::text[], $6::text[], $7::text[], $8::int8[], $9::int8[],
-                              $10::int8[], $11::int8[])
+                              $10::int8[], $11::int8[], $12::text[])
                          ON CONFLICT (sku, entry_ms, entry_seq) DO NOTHING",
                         &differing.params(),
                     )
@@ -336,11 +340,11 @@ impl PgBooks {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    /// The accounts of `wanted`, each as of its entry, in one query.
+    /// The accounts of `wanted`, each SKU's as of its entry, in one query.
     pub async fn accounts(
         &self,
         wanted: &[(String, Option<(u64, u64)>)],
-    ) -> Result<HashMap<String, Account>, JournalFault> {
+    ) -> Result<HashMap<String, Accounts>, JournalFault> {
         let skus: Vec<&str> = wanted.iter().map(|(sku, _)| sku.as_str()).collect();
         let (ms, seq): (Vec<i64>, Vec<i64>) = wanted
             .iter()
@@ -349,49 +353,53 @@ impl PgBooks {
         let rows = self
             .client
             .query(
-                "SELECT a.sku, a.from_baseline, a.stock, a.held, a.entries, a.last_ms, a.last_seq
+                "SELECT a.sku, a.from_baseline, a.stock, a.held, a.entries, a.last_ms, a.last_seq,
+                        a.location
                    FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS w(sku, up_ms, up_seq),
                         LATERAL stockgate_account_at(w.sku, w.up_ms, w.up_seq) a",
                 &[&skus, &ms, &seq],
             )
             .await
             .map_err(database)?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                (
-                    row.get(0),
-                    Account {
-                        from_baseline: row.get(1),
-                        stock: row.get(2),
-                        held: row.get(3),
-                        entries: row.get(4),
-                        last: (row.get::<_, i64>(5) as u64, row.get::<_, i64>(6) as u64),
-                    },
-                )
-            })
-            .collect())
+        let mut accounts: HashMap<String, Accounts> = HashMap::new();
+        for row in &rows {
+            accounts.entry(row.get(0)).or_default().insert(
+                row.get(7),
+                Account {
+                    from_baseline: row.get(1),
+                    stock: row.get(2),
+                    held: row.get(3),
+                    entries: row.get(4),
+                    last: (row.get::<_, i64>(5) as u64, row.get::<_, i64>(6) as u64),
+                },
+            );
+        }
+        Ok(accounts)
     }
 
-    /// `sku`'s entries that don't follow from the one before them (their
-    /// stock or held before the change is not what the previous entry
-    /// left), newest first: where an account's history broke.
-    pub async fn breaks(&self, sku: &str, limit: i64) -> Result<Vec<Entry>, JournalFault> {
+    /// The entries of `sku` at `location` that don't follow from the one
+    /// before them there, newest first: where an account's history broke.
+    pub async fn breaks(
+        &self,
+        sku: &str,
+        location: &str,
+        limit: i64,
+    ) -> Result<Vec<Entry>, JournalFault> {
         let rows = self
             .client
             .query(
                 "SELECT * FROM (
                      SELECT sku, entry_ms, entry_seq, format, event, request_id, order_no,
-                            stock_change, held_change, stock_after, held_after,
+                            stock_change, held_change, stock_after, held_after, location,
                             lag(stock_after) OVER w AS stock_before,
                             lag(held_after) OVER w AS held_before
-                       FROM stockgate_journal WHERE sku = $1
+                       FROM stockgate_journal WHERE sku = $1 AND location = $3
                      WINDOW w AS (ORDER BY entry_ms, entry_seq)) chain
                   WHERE event <> 'set' AND stock_before IS NOT NULL
                     AND (stock_after - stock_change <> stock_before
                          OR held_after - held_change <> held_before)
                   ORDER BY entry_ms DESC, entry_seq DESC LIMIT $2",
-                &[&sku, &limit],
+                &[&sku, &limit, &location],
             )
             .await
             .map_err(database)?;
@@ -446,7 +454,7 @@ async fn connect_postgres(pg: &PgTarget) -> Result<Client, JournalFault> {
 
 /// An entry from a row whose columns from `first` are entry_ms, entry_seq,
 /// format, event, request_id, order_no, stock_change, held_change,
-/// stock_after, held_after. None for an event this stockgate
+/// stock_after, held_after, location. None for an event this stockgate
 /// doesn't know (the table's CHECK allows none).
 pub fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
     Some(Entry {
@@ -457,6 +465,7 @@ pub fn entry_of(row: &tokio_postgres::Row, first: usize) -> Option<Entry> {
         format: row.get::<_, i32>(first + 2) as u32,
         event: Event::parse(row.get(first + 3))?,
         id: row.get(first + 4),
+        location: row.get(first + 10),
         order_no: row.get(first + 5),
         stock_change: row.get(first + 6),
         held_change: row.get(first + 7),
@@ -480,6 +489,7 @@ struct Columns {
     held_change: Vec<i64>,
     stock: Vec<i64>,
     held: Vec<i64>,
+    location: Vec<String>,
 }
 
 impl Columns {
@@ -511,10 +521,11 @@ impl Columns {
         self.held_change.push(entry.held_change);
         self.stock.push(entry.stock);
         self.held.push(entry.held);
+        self.location.push(entry.location.clone());
         Ok(())
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
         [
             &self.sku,
             &self.ms,
@@ -527,6 +538,7 @@ impl Columns {
             &self.held_change,
             &self.stock,
             &self.held,
+            &self.location,
         ]
     }
 }

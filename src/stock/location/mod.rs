@@ -39,10 +39,6 @@ use redis::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The stock key's value of a SKU kept by location (`LOCATED` in
-/// lua/common.lua): never an integer.
-pub const LOCATED_STOCK: &[u8] = b"loc";
-
 /// What a DEDUCT or HOLD that names no location answers on a SKU kept by
 /// location: never units taken from nowhere.
 pub const NAME_LOCATIONS: &str =
