@@ -322,12 +322,44 @@ struct Books {
     holds: HashSet<String>,
 }
 
-fn books_of(conn: &mut redis::cluster::ClusterConnection, sku: &str) -> Books {
+/// One sku's locations, units held, holds and the records of `ids`, read
+/// in one script call: an atomic snapshot, so that a release by the
+/// sweeper (a short hold running out) can't fall between the books and
+/// the records it changes.
+fn snapshot(
+    conn: &mut redis::cluster::ClusterConnection,
+    sku: &str,
+    ids: &[&str],
+) -> (Books, Vec<Option<String>>) {
+    const READ: &str = "local out = {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or false, \
+        redis.call('ZRANGE', KEYS[3], 0, -1)} \
+        for i = 4, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or false end \
+        return out";
     let stock_key = crate::support::stock_key(sku);
-    let hash: HashMap<String, i64> = redis::cmd("HGETALL")
+    let mut read = redis::cmd("EVAL");
+    read.arg(READ)
+        .arg(3 + ids.len())
         .arg([stock_key.as_slice(), b":loc"].concat())
-        .query(conn)
-        .expect("the locations hash");
+        .arg([stock_key.as_slice(), b":held"].concat())
+        .arg([stock_key.as_slice(), b":holds"].concat());
+    for id in ids {
+        read.arg(crate::support::record_key(sku, id));
+    }
+    let mut got: Vec<redis::Value> = read.query(conn).expect("the snapshot");
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    let records = got.split_off(3).iter().map(text).collect();
+    let list = |v: &redis::Value| match v {
+        redis::Value::Array(items) => items.iter().filter_map(text).collect::<Vec<String>>(),
+        _ => Vec::new(),
+    };
+    let flat = list(&got[0]);
+    let hash: HashMap<String, i64> = flat
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].parse().unwrap_or(0)))
+        .collect();
     let field = |f: &str| hash.get(f).copied().unwrap_or(0);
     let places = PLACES
         .iter()
@@ -340,21 +372,12 @@ fn books_of(conn: &mut redis::cluster::ClusterConnection, sku: &str) -> Books {
             ((*name).to_owned(), fields)
         })
         .collect();
-    let held: Option<i64> = redis::cmd("GET")
-        .arg([stock_key.as_slice(), b":held"].concat())
-        .query(conn)
-        .expect("held");
-    let holds: Vec<String> = redis::cmd("ZRANGE")
-        .arg([stock_key.as_slice(), b":holds"].concat())
-        .arg(0)
-        .arg(-1)
-        .query(conn)
-        .expect("holds");
-    Books {
+    let books = Books {
         places,
-        held: held.unwrap_or(0),
-        holds: holds.into_iter().collect(),
-    }
+        held: text(&got[1]).and_then(|h| h.parse().ok()).unwrap_or(0),
+        holds: list(&got[2]).into_iter().collect(),
+    };
+    (books, records)
 }
 
 /// The audit: each sku's locations against its records, and each record
@@ -364,15 +387,13 @@ fn audit(cluster: &LocalCluster, skus: &[String], chains: &[Chain]) -> Vec<Strin
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     let mut violations = Vec::new();
     for sku in skus {
-        let books = books_of(&mut conn, sku);
+        let mine: Vec<&Chain> = chains.iter().filter(|c| &c.sku == sku).collect();
+        let ids: Vec<&str> = mine.iter().map(|c| c.id.as_str()).collect();
+        let (books, records) = snapshot(&mut conn, sku, &ids);
         // name -> units the records keep out for good, and on hold
         let (mut taken, mut on_hold) = (HashMap::<String, i64>::new(), HashMap::new());
         let (mut held_qty, mut held_ids) = (0, HashSet::new());
-        for chain in chains.iter().filter(|c| &c.sku == sku) {
-            let raw: Option<String> = redis::cmd("GET")
-                .arg(crate::support::record_key(sku, &chain.id))
-                .query(&mut conn)
-                .expect("a record");
+        for (chain, raw) in mine.into_iter().zip(records) {
             let Some(raw) = raw else {
                 if chain.taken.is_some() && !chain.ran_out {
                     violations.push(format!("{sku} {}: no record for {chain:?}", chain.id));
