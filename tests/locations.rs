@@ -291,6 +291,44 @@ async fn a_sku_moves_to_locations_only_when_its_one_number_is_empty() {
     );
 }
 
+/// One connection's commands on a SKU kept by location take effect in the
+/// order sent, however they are pipelined: an allocation, its REVERT and
+/// a retry of it; a HOLD.AT, its CONFIRM and its REVERT (answers that a
+/// reordering would change: a REVERT first revokes, a CONFIRM first
+/// revokes too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_s_pipelined_commands_on_a_located_sku_keep_their_order() {
+    let (_redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    let set = send(&mut conn, &["STOCK.SET", "seq", "1000", "s1", "AT", "w1"]).await;
+    assert_eq!(code(&set.unwrap()), 0);
+    for round in 0..20 {
+        let (d, h) = (format!("d{round}"), format!("h{round}"));
+        let mut pipe = redis::pipe();
+        for args in [
+            vec!["DEDUCT.AT", "seq", "2", &d, "SPLIT", "w1"],
+            vec!["REVERT", "seq", &d],
+            vec!["DEDUCT.AT", "seq", "2", &d, "SPLIT", "w1"],
+            vec!["HOLD.AT", "seq", "3", &h, "60000", "WHOLE", "w1"],
+            vec!["CONFIRM", "seq", &h],
+            vec!["REVERT", "seq", &h],
+        ] {
+            let mut cmd = redis::cmd(args[0]);
+            for arg in &args[1..] {
+                cmd.arg(*arg);
+            }
+            pipe.add_command(cmd);
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await.unwrap();
+        let codes: Vec<i64> = replies.iter().map(code).collect();
+        assert_eq!(codes, [0, 0, 4, 0, 0, 0], "round {round}");
+    }
+    assert_eq!(
+        locations(&mut conn, "seq").await,
+        (1000, vec![("w1".into(), 1000, 0, 0)])
+    );
+}
+
 matrix! { #[tokio::test] async fn bad_locations_answer_3_and_a_vanished_one_is_an_error }
 async fn bad_locations_answer_3_and_a_vanished_one_is_an_error(kind: ServerKind) {
     let (redis, server) = located_server(kind).await;
