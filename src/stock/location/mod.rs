@@ -95,8 +95,7 @@ struct Asked {
     qty: Qty,
     request_id: RequestId,
     ttl: Option<HoldTtl>,
-    policy: Policy,
-    locations: Vec<Location>,
+    placement: Placement,
 }
 
 impl StockService {
@@ -165,7 +164,7 @@ impl StockService {
                 if reply.code == Code::Ok {
                     self.books
                         .metrics
-                        .record_allocation(asked.policy, allocated.allocation.len() > 1);
+                        .record_allocation(asked.placement.policy, allocated.allocation.len() > 1);
                 }
                 if hold
                     && matches!(reply.code, Code::Ok | Code::Duplicate)
@@ -194,43 +193,33 @@ impl StockService {
         } else {
             (None, &args[3..])
         };
-        let policy = Policy::parse(&rest[0])?;
-        let locations = Location::parse_list(&rest[1..])?;
+        let placement = Placement {
+            policy: Policy::parse(&rest[0])?,
+            locations: Location::parse_list(&rest[1..])?,
+        };
         self.fresh(&request_id)?;
         Ok(Asked {
             sku,
             qty,
             request_id,
             ttl,
-            policy,
-            locations,
+            placement,
         })
     }
 
     async fn run_allocation(&self, hold: bool, asked: &Asked) -> Result<Allocated, UpstreamError> {
-        let keys = self.keys.request_keys(&asked.sku, &asked.request_id);
-        let loc_key = self.keys.locations_key(&asked.sku);
-        let [stock, record, holds, held, marker, journal] = keys.all();
-        let keys: [&[u8]; 7] = [stock, record, holds, held, marker, journal, &loc_key];
         let nonce = self.nonces.next();
-        let mut argv: Vec<&[u8]> = vec![
-            if hold { b"hold" } else { b"deduct" },
-            self.located_settings(),
-            &nonce,
-            asked.qty.as_bytes(),
-            asked.policy.word().as_bytes(),
-        ];
-        if let Some(ttl) = &asked.ttl {
-            argv.push(ttl.as_bytes());
-        }
-        argv.extend(asked.locations.iter().map(Location::as_bytes));
-        let value = self
-            .with_journal(&asked.sku, self.deadline(), || {
-                self.upstream
-                    .eval_piped(&self.scripts.allocate, &keys, &argv, self.deadline())
-            })
+        let ttl = asked.ttl.as_ref().filter(|_| hold);
+        let allocated = self
+            .allocation_call(
+                (&asked.sku, &asked.request_id),
+                &asked.qty,
+                ttl,
+                &asked.placement,
+                &nonce,
+                self.deadline(),
+            )
             .await?;
-        let allocated = allocated_of(value)?;
         Ok(Allocated {
             reply: allocated.reply.with_expiry(hold),
             allocation: allocated.allocation,
@@ -256,28 +245,45 @@ impl StockService {
         ) else {
             return Ok(StockReply::invalid(NAME_LOCATIONS));
         };
-        let keys = self.keys.request_keys(&request.sku, &request.request_id);
-        let loc_key = self.keys.locations_key(&request.sku);
-        let mut named: Vec<&[u8]> = keys.all().to_vec();
-        named.push(&loc_key);
+        let ttl = request.ttl.as_ref().filter(|_| hold);
+        let on = (&request.sku, &request.request_id);
+        Ok(self
+            .allocation_call(on, qty, ttl, placement, nonce, deadline)
+            .await?
+            .reply)
+    }
+
+    /// One allocation (`lua/allocate.lua` "hold" with a `ttl`, else
+    /// "deduct") of `qty` on the request `on`, over `placement`.
+    async fn allocation_call(
+        &self,
+        (sku, request_id): (&Sku, &RequestId),
+        qty: &Qty,
+        ttl: Option<&HoldTtl>,
+        placement: &Placement,
+        nonce: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> Result<Allocated, UpstreamError> {
+        let keys = self.keys.request_keys(sku, request_id);
+        let loc_key = self.keys.locations_key(sku);
+        let [stock, record, holds, held, marker, journal] = keys.all();
+        let keys: [&[u8]; 7] = [stock, record, holds, held, marker, journal, &loc_key];
         let mut argv: Vec<&[u8]> = vec![
-            if hold { b"hold" } else { b"deduct" },
+            if ttl.is_some() { b"hold" } else { b"deduct" },
             self.located_settings(),
             nonce,
             qty.as_bytes(),
             placement.policy.word().as_bytes(),
         ];
-        if let Some(ttl) = request.ttl.as_ref().filter(|_| hold) {
-            argv.push(ttl.as_bytes());
-        }
+        argv.extend(ttl.map(HoldTtl::as_bytes));
         argv.extend(placement.locations.iter().map(Location::as_bytes));
         let value = self
-            .with_journal(&request.sku, deadline, || {
+            .with_journal(sku, deadline, || {
                 self.upstream
-                    .eval_by(&self.scripts.allocate, &named, &argv, deadline)
+                    .eval_piped(&self.scripts.allocate, &keys, &argv, deadline)
             })
             .await?;
-        Ok(allocated_of(value)?.reply)
+        allocated_of(value)
     }
 
     /// The settings every `lua/allocate.lua` call takes: HOLD's.
