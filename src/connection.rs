@@ -19,21 +19,18 @@ use crate::frame::RequestDecoder;
 use crate::reply::Reply;
 use crate::state::Shared;
 use crate::stock::{Caller, InFlight};
+use crate::transport::{Reader, Transport};
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::net::tcp::ReadHalf;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 
 /// Replies buffered for a client before stockgate stops reading from it.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
-/// Read buffer growth step.
-const READ_CHUNK: usize = 4 * 1024;
 /// How long a busy connection sits idle (nothing in, nothing owed) before
 /// it gives its buffers back. Most of a sidecar's connections sit in a
 /// pool doing nothing, and 4 KiB each adds up to tens of MB at 10,000
@@ -49,13 +46,13 @@ const IDLE_RELEASE: Duration = Duration::from_millis(500);
 /// deadline, and this only guards against a pipe that can't run.
 const ANSWER_GRACE: Duration = Duration::from_millis(500);
 /// How long a closing connection waits for the client to close too, reading
-/// and dropping what it still sends (see [`crate::net::discard_input`]).
+/// and dropping what it still sends (see [`crate::transport::discard_input`]).
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
-/// Serves one connection until the client leaves, sends QUIT or malformed
-/// RESP, or the server drains.
-pub async fn serve(
-    stream: TcpStream,
+/// Serves one connection, plain or TLS, until the client leaves, sends
+/// QUIT or malformed RESP, or the server drains.
+pub async fn serve<T: Transport>(
+    stream: T,
     peer: SocketAddr,
     shared: Arc<Shared>,
     drain: CancellationToken,
@@ -76,15 +73,15 @@ pub async fn serve(
     shared.clients.fetch_sub(1, Ordering::Relaxed);
 }
 
-async fn run(
-    mut stream: TcpStream,
+async fn run<T: Transport>(
+    mut stream: T,
     peer: SocketAddr,
     id: u64,
     shared: &Shared,
     drain: &CancellationToken,
     login: Option<Arc<crate::auth::Account>>,
 ) -> std::io::Result<()> {
-    let (reader, mut writer) = stream.split();
+    let (mut reader, mut writer) = stream.split();
     let config = &shared.config;
     let mut decoder = RequestDecoder::new(config.max_request_bytes);
     // Logged in from the start: by a client certificate (`login`), or
@@ -100,6 +97,8 @@ async fn run(
     // The client closed its side (a read returned 0).
     let mut closed_by_client = false;
     let mut draining = false;
+    // A write left bytes inside the transport (TLS) that a flush sends.
+    let mut unflushed = false;
     let idle_timeout = config.idle_timeout;
     let mut last_read = tokio::time::Instant::now();
     // Whether a read has come yet, and whether the last one came less than
@@ -252,10 +251,7 @@ async fn run(
             // Draining: take in what the client sent before the signal (it
             // is in the socket buffer now), without waiting for more. Every
             // request read is answered; then the connection closes.
-            if input.capacity() - input.len() < READ_CHUNK / 4 {
-                input.reserve(READ_CHUNK);
-            }
-            match crate::net::read_now(reader.as_ref(), &mut input) {
+            match reader.fill_now(&mut input) {
                 Ok(0) => {
                     reading = false;
                     closed_by_client = true;
@@ -272,20 +268,29 @@ async fn run(
         // branch of their own (see above).
         tokio::select! {
             biased;
-            written = writer.write_buf(&mut output), if !output.is_empty() => {
-                if written? == 0 {
-                    return Err(std::io::ErrorKind::WriteZero.into());
+            // The replies waiting; then, once none are, what a TLS session
+            // kept back from the last write.
+            written = std::future::poll_fn(|cx| {
+                if output.is_empty() {
+                    std::pin::Pin::new(&mut writer).poll_flush(cx).map_ok(|()| None)
+                } else {
+                    tokio_util::io::poll_write_buf(std::pin::Pin::new(&mut writer), cx, &mut output)
+                        .map_ok(Some)
+                }
+            }), if !output.is_empty() || unflushed => {
+                match written? {
+                    Some(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Some(_) => unflushed = T::BUFFERS_WRITES,
+                    None => unflushed = false,
                 }
             }
             // Answers from the pipes and the futures; the top of the loop
             // settles them.
             () = in_flight.arrival(), if in_flight.awaits() => {}
-            // Wait for bytes before allocating a buffer for them. The
-            // stream's own reader slot, not a waiter list.
-            ready = std::future::poll_fn(|cx| reader.as_ref().poll_read_ready(cx)),
+            // Room for the bytes is taken once they are there.
+            read = std::future::poll_fn(|cx| reader.poll_fill(cx, &mut input)),
                 if can_read && !draining => {
-                ready?;
-                match read_available(&reader, &mut input) {
+                match read {
                     Ok(0) => {
                         reading = false;
                         closed_by_client = true;
@@ -296,7 +301,6 @@ async fn run(
                         read_once = true;
                         last_read = now;
                     }
-                    Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(err) => return Err(err),
                 }
             }
@@ -318,10 +322,10 @@ async fn run(
     }
     // Every reply is written: a FIN after the last one. Then, unless the
     // client has closed already, drop what it still sends until it does,
-    // so the close stays a FIN (see net::discard_input).
+    // so the close stays a FIN (see transport::discard_input).
     writer.shutdown().await?;
     if !closed_by_client {
-        crate::net::discard_input(reader.as_ref(), CLOSE_LINGER).await;
+        crate::transport::discard_input(&mut reader, CLOSE_LINGER).await;
     }
     Ok(())
 }
@@ -349,12 +353,4 @@ async fn enlist<F: Future>(future: std::pin::Pin<&mut F>) {
         std::task::Poll::Ready(())
     })
     .await
-}
-
-/// Reads what the socket has now, growing the buffer first if needed.
-fn read_available(reader: &ReadHalf<'_>, input: &mut BytesMut) -> std::io::Result<usize> {
-    if input.capacity() - input.len() < READ_CHUNK / 4 {
-        input.reserve(READ_CHUNK);
-    }
-    crate::net::try_read(reader.as_ref(), input)
 }

@@ -14,6 +14,8 @@
 //! - [`server`]: listeners, the accept loop, graceful drain.
 //! - [`state`]: what every connection and face shares.
 //! - [`connection`]: one client; pipelined requests in, ordered replies out.
+//! - [`transport`]: what a connection reads and writes, plain TCP or TLS:
+//!   one socket per client either way.
 //! - [`net`]: socket reads without the `recv` that only says "empty".
 //! - [`frame`]: RESP framing of requests (bounded, flat).
 //! - [`dispatch`]: the command table, the password gate, arity, dispatch.
@@ -93,4 +95,5 @@ pub mod session;
 pub mod state;
 pub mod stock;
 pub mod tls;
+pub mod transport;
 pub mod upstream;

@@ -74,26 +74,6 @@ pub fn read_now(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     }
 }
 
-/// After the last reply has been written and the write side shut down:
-/// reads and drops whatever the client still sends (bytes after QUIT or
-/// a protocol error, requests past a drain), until it closes or `within`
-/// passes. Closing a socket whose receive buffer holds unread bytes makes
-/// Linux send a reset instead of a FIN, and discard the replies still
-/// queued for the client: this keeps the close a FIN.
-pub async fn discard_input(stream: &TcpStream, within: std::time::Duration) {
-    let mut sink = BytesMut::with_capacity(4096);
-    let _ = tokio::time::timeout(within, async {
-        loop {
-            sink.clear();
-            match read(stream, &mut sink).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-}
-
 /// Waits until the socket is readable, then [`try_read`]s. Cancel-safe:
 /// nothing is read until the wait is over.
 pub async fn read(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {

@@ -152,6 +152,7 @@ async fn accept_loop(
     // One permit per client connection; it goes back when the connection
     // ends. Past --max-clients a client is told so and closed, as Redis does.
     let permits = Arc::new(tokio::sync::Semaphore::new(shared.config.max_clients));
+    let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS));
     loop {
         let accepted = tokio::select! {
             _ = drain.cancelled() => break,
@@ -162,16 +163,26 @@ async fn accept_loop(
                 // Replies are small and latency matters more than packet count.
                 let _ = stream.set_nodelay(true);
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    connections.spawn(refuse(stream));
+                    // Refusals are bounded too: past REFUSALS at once, the
+                    // one too many is closed without a word.
+                    if let Ok(refusing) = refusals.clone().try_acquire_owned() {
+                        let tls = tls.clone();
+                        connections.spawn(async move {
+                            refuse(stream, tls.as_deref()).await;
+                            drop(refusing);
+                        });
+                    }
                     continue;
                 };
                 let shared = shared.clone();
                 let drain = drain.clone();
                 let tls = tls.clone();
+                // The permit is held from the accept, through the TLS
+                // handshake, to the close.
                 connections.spawn(async move {
                     match tls {
                         None => connection::serve(stream, peer, shared, drain, None).await,
-                        Some(tls) => serve_tls(tls, stream, peer, shared, drain).await,
+                        Some(tls) => serve_tls(&tls, stream, peer, shared, drain).await,
                     }
                     drop(permit);
                 });
@@ -186,11 +197,18 @@ async fn accept_loop(
     // Dropping the listener here refuses new connections during the drain.
 }
 
-/// A TLS connection on the RESP port: the handshake, then the connection
-/// loop over the decrypted relay, logged in as its certificate's user if
-/// the certificate names one.
+/// Connections past `--max-clients` being told so at once, at most; each
+/// takes at most [`REFUSAL_TIME`] (and, with TLS, its handshake).
+const REFUSALS: usize = 64;
+/// How long a refusal may take: its handshake, the error, the close.
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// A TLS connection on the RESP port: the handshake (within
+/// [`crate::tls::HANDSHAKE_TIMEOUT`]), then the connection loop on the TLS
+/// stream itself, logged in as its certificate's user if the certificate
+/// names one.
 async fn serve_tls(
-    tls: Arc<ServerTls>,
+    tls: &ServerTls,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
@@ -204,27 +222,40 @@ async fn serve_tls(
         }
     };
     let login = crate::tls::client_name(&stream).and_then(|name| shared.users.certified(&name));
-    match crate::tls::relay(stream).await {
-        Ok(relayed) => connection::serve(relayed, peer, shared, drain, login).await,
-        Err(err) => tracing::warn!(%peer, %err, "no loopback relay for a TLS connection"),
-    }
+    connection::serve(stream, peer, shared, drain, login).await
 }
 
-/// Tells a client over --max-clients why, and closes: the error, then a
-/// half-close, then whatever the client had already sent is read and
-/// dropped, so the close is a FIN and not a reset that could destroy the
-/// error before the client reads it.
-async fn refuse(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let written = tokio::time::timeout(Duration::from_secs(1), async {
-        stream
-            .write_all(b"-ERR max number of clients reached\r\n")
-            .await?;
-        stream.shutdown().await
+/// Tells a client over --max-clients why, and closes: the error (over TLS
+/// when the port is TLS, so the client can read it), then a half-close,
+/// then whatever the client had already sent is read and dropped, so the
+/// close is a FIN and not a reset that could destroy the error before the
+/// client reads it. All of it within [`REFUSAL_TIME`].
+async fn refuse(stream: tokio::net::TcpStream, tls: Option<&ServerTls>) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        match tls {
+            None => say_refused(stream).await,
+            Some(tls) => {
+                if let Ok(stream) = tls.accept(stream).await {
+                    say_refused(stream).await;
+                }
+            }
+        }
     })
     .await;
-    if matches!(written, Ok(Ok(()))) {
-        crate::net::discard_input(&stream, Duration::from_secs(1)).await;
+}
+
+async fn say_refused<T: crate::transport::Transport>(mut stream: T) {
+    use tokio::io::AsyncWriteExt;
+    let (mut reader, mut writer) = stream.split();
+    let written = async {
+        writer
+            .write_all(b"-ERR max number of clients reached\r\n")
+            .await?;
+        writer.shutdown().await
+    }
+    .await;
+    if written.is_ok() {
+        crate::transport::discard_input(&mut reader, Duration::from_secs(1)).await;
     }
 }
 

@@ -17,20 +17,26 @@
 
 use crate::config::ListenerTls;
 use crate::metrics::Metrics;
+use crate::transport::{READ_CHUNK, Reader, Transport, make_room};
 use arc_swap::ArcSwap;
+use bytes::BytesMut;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
+use tokio::io::{ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-/// How long a client has to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client has to finish its handshake; its connection counts
+/// against `--max-clients` meanwhile.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The listeners' TLS configuration, replaced when its files change.
 pub struct ServerTls {
@@ -254,47 +260,49 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// A TLS connection on the RESP port, handed to the connection loop as
-/// a plain loopback TCP stream: the loop reads its socket directly (its
-/// own readiness and `recv`), so the decrypted bytes are relayed to it
-/// through a loopback pair made for this connection alone, with the
-/// client's own address and certificate name kept beside.
-pub async fn relay(stream: TlsStream<TcpStream>) -> io::Result<TcpStream> {
-    use tokio::io::AsyncWriteExt;
-    let pair = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let near = TcpStream::connect(pair.local_addr()?).await?;
-    let (far, _) = pair.accept().await?;
-    drop(pair);
-    let _ = near.set_nodelay(true);
-    let _ = far.set_nodelay(true);
-    tokio::spawn(async move {
-        let (mut client_reads, mut client_writes) = tokio::io::split(stream);
-        let (mut loop_reads, mut loop_writes) = near.into_split();
-        let requests = async {
-            let _ = tokio::io::copy(&mut client_reads, &mut loop_writes).await;
-            let _ = loop_writes.shutdown().await;
-        };
-        let replies = async {
-            let _ = tokio::io::copy(&mut loop_reads, &mut client_writes).await;
-            let _ = client_writes.shutdown().await;
-        };
-        tokio::pin!(requests);
-        tokio::pin!(replies);
-        tokio::select! {
-            // The client is done sending: the replies still go out, until
-            // the connection loop closes.
-            () = &mut requests => replies.await,
-            // The connection loop closed (QUIT, a user removed, the
-            // drain): what the client still sends is read for a moment,
-            // as the loop itself lingers, then the connection is dropped.
-            () = &mut replies => {
-                let _ = tokio::time::timeout(RELAY_LINGER, requests).await;
-            }
-        }
-    });
-    Ok(far)
+/// A TLS connection on the RESP port is served by the connection loop
+/// itself, over the one socket the client connected (see
+/// [`crate::transport`]).
+impl Transport for TlsStream<TcpStream> {
+    type Reader<'a> = ReadHalf<&'a mut TlsStream<TcpStream>>;
+    type Writer<'a> = WriteHalf<&'a mut TlsStream<TcpStream>>;
+    // rustls keeps what the socket could not take yet until a flush.
+    const BUFFERS_WRITES: bool = true;
+
+    fn split(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
+        tokio::io::split(self)
+    }
 }
 
-/// How long a relay whose connection loop has closed keeps reading what
-/// the client still sends before it drops the connection.
-const RELAY_LINGER: Duration = Duration::from_secs(1);
+impl Reader for ReadHalf<&mut TlsStream<TcpStream>> {
+    fn poll_fill(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        use tokio::io::AsyncRead;
+        if buf.capacity() - buf.len() >= READ_CHUNK / 4 {
+            return tokio_util::io::poll_read_buf(Pin::new(self), cx, buf);
+        }
+        // No room yet: decrypt onto the stack, and take room in `buf` only
+        // once something came, so an idle connection holds no buffer.
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut read = ReadBuf::uninit(&mut chunk);
+        ready!(Pin::new(self).poll_read(cx, &mut read))?;
+        let read = read.filled();
+        if !read.is_empty() {
+            make_room(buf);
+            buf.extend_from_slice(read);
+        }
+        Poll::Ready(Ok(read.len()))
+    }
+
+    /// What rustls holds decrypted, and what the socket's readiness says is
+    /// there. (Unlike a plain socket's, this read goes through tokio's
+    /// readiness: bytes that arrived in the instant before the reactor saw
+    /// them are left for the client to send again, with the same
+    /// request_id, after the drain closes its connection.)
+    fn fill_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.poll_fill(&mut cx, buf) {
+            Poll::Ready(read) => read,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}

@@ -460,3 +460,218 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A stockgate serving TLS (client certificates of the test CA required)
+/// with a users file where `certuser` is an operator, in front of the
+/// shared cluster.
+fn tls_gate(certs: &support::certs::Certs, extra: &[&str]) -> (Stockgate, tempfile::TempDir) {
+    use support::certs::CLIENT_USER;
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    std::fs::write(
+        &users,
+        format!("[users.{CLIENT_USER}]\npasswords = [\"cert-pw\"]\nrights = [\"operator\"]\n"),
+    )
+    .unwrap();
+    let gate = Launch::serve(&shared_cluster().seeds())
+        .arg("--tls-cert")
+        .arg(certs.path("server.crt"))
+        .arg("--tls-key")
+        .arg(certs.path("server.key"))
+        .arg("--tls-client-ca")
+        .arg(certs.path("ca.crt"))
+        .arg("--users-file")
+        .arg(&users)
+        .args(extra)
+        .start();
+    (gate, dir)
+}
+
+/// Sends `request` (inline) on a TLS connection and reads one reply line
+/// (a bulk reply's text for `$`), or "" at the end of the stream.
+async fn ask<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    request: &str,
+) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    stream
+        .write_all(format!("{request}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut reader = tokio::io::BufReader::new(stream);
+    let mut line = String::new();
+    let _ = reader.read_line(&mut line).await;
+    if line.starts_with('$') {
+        line.clear();
+        let _ = reader.read_line(&mut line).await;
+    }
+    line
+}
+
+/// A TLS client is one socket, and its session is served on that socket:
+/// no loopback pair made per connection (which any local process could
+/// connect to first and be handed the client's logged-in session), and
+/// nothing listening but the configured ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_session_is_served_on_the_clients_own_socket() {
+    let certs = support::certs::Certs::for_server("IP:127.0.0.1");
+    let (gate, _dir) = tls_gate(&certs, &[]);
+    let tls = certs.tls_client("client");
+    let resp_port = gate.addr.port();
+    let redis_ports: std::collections::HashSet<u16> =
+        shared_cluster().nodes.iter().map(|n| n.port).collect();
+    // Sockets other than the upstream's, and how many.
+    let own = |gate: &Stockgate| -> Vec<support::launch::Socket> {
+        gate.sockets()
+            .into_iter()
+            .filter(|s| !redis_ports.contains(&s.remote.port()))
+            .collect()
+    };
+    let before = own(&gate).len();
+
+    let mut first = support::certs::connect_tls(&tls, resp_port).await.unwrap();
+    let info = ask(&mut first, "CLIENT INFO").await;
+    assert!(
+        info.contains(&format!("user={}", support::certs::CLIENT_USER)),
+        "logged in by its certificate: {info}"
+    );
+    let mut clients = vec![first];
+    for _ in 0..10 {
+        let mut more = support::certs::connect_tls(&tls, resp_port).await.unwrap();
+        assert_eq!(ask(&mut more, "PING").await, "+PONG\r\n");
+        clients.push(more);
+    }
+    let sockets = own(&gate);
+    let listening: std::collections::BTreeSet<u16> = sockets
+        .iter()
+        .filter(|s| s.listening)
+        .map(|s| s.local.port())
+        .collect();
+    assert_eq!(
+        listening,
+        [resp_port, gate.admin.port()].into_iter().collect(),
+        "stockgate listens on the configured ports only: {sockets:#?}"
+    );
+    let locals: std::collections::HashSet<std::net::SocketAddr> =
+        sockets.iter().map(|s| s.local).collect();
+    for socket in sockets.iter().filter(|s| !s.listening) {
+        assert!(
+            !locals.contains(&socket.remote),
+            "stockgate holds both ends of a loopback connection (a relay another \
+             process could reach): {socket:?} in {sockets:#?}"
+        );
+    }
+    for client in &clients {
+        let client_end = client.get_ref().0.local_addr().unwrap();
+        let served: Vec<_> = sockets.iter().filter(|s| s.remote == client_end).collect();
+        assert_eq!(served.len(), 1, "{client_end}: {sockets:#?}");
+        assert_eq!(served[0].local.port(), resp_port);
+    }
+    assert_eq!(
+        sockets.len() - before,
+        clients.len(),
+        "one socket (one descriptor) per TLS connection: {sockets:#?}"
+    );
+    drop(clients);
+    let (status, log) = gate.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// `--max-clients` counts a TLS connection from its accept, before its
+/// handshake: the one too many is told so (over TLS) and closed; a
+/// connection that never finishes its handshake is dropped within
+/// HANDSHAKE_TIMEOUT; refusals are bounded too, so descriptors stay
+/// bounded however many connect; and a client is served again as soon
+/// as a place is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_clients_bounds_tls_connections_from_their_accept() {
+    const MAX: usize = 8;
+    let certs = support::certs::Certs::for_server("IP:127.0.0.1");
+    let (gate, _dir) = tls_gate(&certs, &["--max-clients", &MAX.to_string()]);
+    let tls = certs.tls_client("client");
+    let port = gate.addr.port();
+    let served = |gate: &Stockgate| {
+        gate.sockets()
+            .iter()
+            .filter(|s| !s.listening && s.local.port() == port)
+            .count()
+    };
+    let served_now = || async {
+        let mut client = support::certs::connect_tls(&tls, port).await.ok()?;
+        (ask(&mut client, "PING").await == "+PONG\r\n").then_some(client)
+    };
+    let told_full = || async {
+        let mut client = support::certs::connect_tls(&tls, port).await.unwrap();
+        let mut said = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut client, &mut said).await;
+        said
+    };
+
+    // One place taken by a client that never says a word, the others by
+    // TLS clients that logged in and wait.
+    let mut silent = TcpStream::connect(gate.addr).unwrap();
+    let mut idle = Vec::new();
+    for _ in 1..MAX {
+        idle.push(served_now().await.expect("a place for each"));
+    }
+    assert_eq!(
+        served(&gate),
+        MAX,
+        "one socket per connection: {:#?}",
+        gate.sockets()
+    );
+    let full = gate.descriptors();
+
+    // The one too many: its handshake, then the error, then the close.
+    assert_eq!(told_full().await, "-ERR max number of clients reached\r\n");
+
+    // A flood of connections past the limit that never handshake: each is
+    // refused within its bound, and at most REFUSALS (64) at once.
+    let flood: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(gate.addr).unwrap())
+        .collect();
+    let mut most = 0;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        most = most.max(gate.descriptors());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (+2: the TLS and users files, read every second, may be open.)
+    assert!(
+        most <= full + 64 + 2,
+        "descriptors stay bounded by --max-clients and the refusals in progress: \
+         {most} at most, {full} with every place taken"
+    );
+    for mut stream in flood {
+        assert!(
+            closed_by_peer(&mut stream),
+            "a refused connection is closed"
+        );
+    }
+
+    // The silent client is dropped once its handshake's time is up
+    // (10 s), and its place serves the next client.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        match silent.read(&mut byte) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        },
+        "a connection that never finishes its handshake is closed"
+    );
+    let placed = loop_until_async(Duration::from_secs(10), served_now).await;
+    assert_eq!(told_full().await, "-ERR max number of clients reached\r\n");
+    // And as soon as a TLS client leaves.
+    drop(idle.pop());
+    let again = loop_until_async(Duration::from_secs(10), served_now).await;
+    assert_eq!(served(&gate), MAX);
+    drop((placed, again, idle));
+    let (status, log) = gate.stop();
+    assert!(status.success(), "{log}");
+}

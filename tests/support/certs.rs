@@ -136,6 +136,41 @@ impl Certs {
     pub fn param(&self, file: &str) -> String {
         self.path(file).display().to_string()
     }
+
+    /// A rustls client that trusts this CA and presents the client
+    /// certificate `<client>.crt` (`client` is the one made for
+    /// [`CLIENT_USER`]).
+    pub fn tls_client(&self, client: &str) -> tokio_rustls::TlsConnector {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(self.path("ca.crt")).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_file(self.path(&format!("{client}.crt"))).unwrap()],
+            PrivateKeyDer::from_pem_file(self.path(&format!("{client}.key"))).unwrap(),
+        )
+        .unwrap();
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    }
+}
+
+/// A TLS connection to a server on 127.0.0.1:`port` whose certificate is
+/// for `IP:127.0.0.1` ([`Certs::for_server`]).
+pub async fn connect_tls(
+    tls: &tokio_rustls::TlsConnector,
+    port: u16,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+    tls.connect(name, tcp).await
 }
 
 fn openssl(dir: &Path, args: &[&str]) {

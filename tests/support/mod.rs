@@ -16,9 +16,11 @@
 pub mod books_db;
 pub mod certs;
 pub mod history;
+pub mod launch;
 pub mod mariadb;
 pub mod postgres;
 
+pub use launch::{Launch, Stockgate};
 use redis::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
