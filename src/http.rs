@@ -60,6 +60,7 @@
 use crate::auth::{Account, Users};
 use crate::error::{FaultClass, UpstreamError};
 use crate::outcome::{Code, StockReply};
+use crate::session::hello::Gate;
 use crate::state::Shared;
 use crate::stock::admin::{Correction, Uncorrected};
 use crate::stock::hold_change::HoldChange;
@@ -442,20 +443,9 @@ fn authorize(shared: &Shared, request: &Request) -> Result<Arc<Account>, Box<Ref
     let peer = connected.map(|c| c.0.addr.ip());
     let mut delay = Duration::ZERO;
     if let Some((user, password)) = &credentials {
-        match shared.users.login(user.as_deref(), password) {
-            Ok(account) => {
-                if let Some(peer) = peer {
-                    shared.throttle.succeeded(peer);
-                }
-                return Ok(account);
-            }
-            Err(refused) => {
-                shared.metrics.auth_failed(refused.user.as_deref());
-                delay = peer.map_or(Duration::ZERO, |peer| shared.throttle.failed(peer));
-                if !delay.is_zero() {
-                    shared.metrics.auth_delayed();
-                }
-            }
+        match Gate::of(shared).check(peer, user.as_deref(), password) {
+            Ok(account) => return Ok(account),
+            Err(wait) => delay = wait,
         }
     }
     let mut response = error(

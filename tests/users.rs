@@ -1193,3 +1193,113 @@ async fn a_client_certificate_s_dns_name_is_its_user_before_its_common_name() {
     );
     assert!(server.drain(Duration::from_secs(5)).await);
 }
+
+/// One login attempt through a face: whether it logged in.
+type Attempt<'a> = dyn Fn(&str, &str) -> bool + 'a;
+
+/// Guesses at `ops`'s password from one address, with another user's
+/// right password in between, through `attempt`: every guess waits at
+/// least what the throttle documents for its place in the count of
+/// failures at `ops`, whatever other logins succeed in between; only
+/// `ops`'s own login starts that count over.
+fn guesses_stay_slowed(server: &stockgate::server::Server, attempt: &Attempt<'_>) {
+    use stockgate::auth::throttle::delay_after;
+    let delayed = || metric(server, "stockgate_auth_delayed_total");
+    let mut failures = 0;
+    let mut guess = |n: u32| {
+        let started = std::time::Instant::now();
+        assert!(!attempt("ops", &format!("guess{n}")), "a wrong password");
+        failures += 1;
+        let waited = started.elapsed();
+        assert!(
+            waited >= delay_after(failures),
+            "guess {n}, failure {failures} in a row at ops, waited {waited:?} \
+             (documented: {:?})",
+            delay_after(failures)
+        );
+    };
+    for n in 1..=7 {
+        guess(n);
+    }
+    assert_eq!(delayed(), 3, "the 5th, 6th and 7th waited");
+    for n in 8..=9 {
+        assert!(attempt("dash", "dash-pw"), "another user logs in at once");
+        guess(n);
+    }
+    assert_eq!(delayed(), 5, "a reader's login reset nothing of ops's");
+    assert!(attempt("ops", "ops-pw"), "the right password still logs in");
+    assert!(!attempt("ops", "guess10"));
+    assert_eq!(delayed(), 5, "ops's own login started its count over");
+}
+
+async fn throttled_server() -> (stockgate::server::Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("users.toml");
+    write_users(
+        &path,
+        "[users.ops]\npasswords = [\"ops-pw\"]\nrights = [\"operator\"]\n\n\
+         [users.dash]\npasswords = [\"dash-pw\"]\nrights = [\"reader\"]\n",
+    );
+    let server = proxy(shared_cluster().seeds(), |c| {
+        c.users = Some(UsersFile::read(&path).unwrap());
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    (server, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_login_does_not_reset_the_guesses_at_a_user_over_resp() {
+    let (server, _dir) = throttled_server().await;
+    let addr = server.addr;
+    let server = tokio::task::spawn_blocking(move || {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        let attempt = |user: &str, password: &str| {
+            let mut conn = &conn;
+            conn.write_all(&encode_request(&["AUTH", user, password]))
+                .unwrap();
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while !line.ends_with(b"\r\n") {
+                conn.read_exact(&mut byte).unwrap();
+                line.push(byte[0]);
+            }
+            match &line[..] {
+                b"+OK\r\n" => true,
+                other if other.starts_with(b"-WRONGPASS") => false,
+                other => panic!("{}", String::from_utf8_lossy(other)),
+            }
+        };
+        guesses_stay_slowed(&server, &attempt);
+        conn.flush().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_login_does_not_reset_the_guesses_at_a_user_over_http() {
+    let (server, _dir) = throttled_server().await;
+    let http = server.http_addr.unwrap();
+    let server = tokio::task::spawn_blocking(move || {
+        let attempt = |user: &str, password: &str| {
+            let mut conn = TcpStream::connect(http).unwrap();
+            write!(
+                conn,
+                "GET /v1/stock/throttled/locations HTTP/1.1\r\nHost: x\r\n\
+                 Authorization: Bearer {user}:{password}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut response = String::new();
+            conn.read_to_string(&mut response).unwrap();
+            !response.starts_with("HTTP/1.1 401")
+        };
+        guesses_stay_slowed(&server, &attempt);
+        server
+    })
+    .await
+    .unwrap();
+    drop(server);
+}

@@ -1,8 +1,14 @@
-//! Failed logins from one peer, answered later and later: the first
-//! [`FREE_FAILURES`] in a row are answered at once, each one after them
-//! waits [`FIRST_DELAY`], doubled at every further failure, at most
-//! [`MAX_DELAY`]. A success from the peer, or [`FORGET_AFTER`] without a
-//! failure, starts it over.
+//! Failed logins, answered later and later: per peer and per user name
+//! guessed at, the first [`FREE_FAILURES`] failures in a row are answered
+//! at once, each one after them waits [`FIRST_DELAY`], doubled at every
+//! further failure, at most [`MAX_DELAY`].
+//!
+//! A success starts over the count of the user who logged in, from that
+//! peer, and no other: on a sidecar every local client shares 127.0.0.1,
+//! so the application's own logins (as any user) must not reset what a
+//! guesser at another user's password has built up. Names that are no
+//! user share one count per peer. [`FORGET_AFTER`] without a failure also
+//! starts a count over.
 //!
 //! Only the failure waits, on its own connection (or HTTP request): a
 //! right password from the same address is answered at once, so an
@@ -16,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Failures in a row answered at once.
@@ -25,11 +31,12 @@ pub const FREE_FAILURES: u32 = 4;
 pub const FIRST_DELAY: Duration = Duration::from_millis(100);
 /// The longest wait.
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
-/// A peer without a failure this long starts over.
+/// A count without a failure this long starts over.
 pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
-/// Peers remembered at most; past it the ones quiet longest are forgotten
-/// first, so a scan from many addresses cannot grow the table without end.
-const MAX_PEERS: usize = 10_000;
+/// Counts (a peer and a name) remembered at most; past it the ones quiet
+/// longest are forgotten first, so a scan from many addresses, or guesses
+/// at many names, cannot grow the table without end.
+const MAX_COUNTS: usize = 10_000;
 
 /// How long the `failures`-th failure in a row waits.
 pub fn delay_after(failures: u32) -> Duration {
@@ -40,32 +47,41 @@ pub fn delay_after(failures: u32) -> Duration {
     FIRST_DELAY.saturating_mul(1 << doublings).min(MAX_DELAY)
 }
 
+/// Whose failures a count holds: a peer's guesses at one user, or (`None`)
+/// at names that are no user.
+type Guessed = (IpAddr, Option<Arc<str>>);
+
 struct Failures {
     count: u32,
     last: Instant,
 }
 
-/// The failed logins of each peer.
+/// The failed logins, by peer and user.
 #[derive(Default)]
 pub struct Throttle {
-    peers: Mutex<HashMap<IpAddr, Failures>>,
+    counts: Mutex<HashMap<Guessed, Failures>>,
 }
 
 impl Throttle {
-    /// Counts a failed login from `peer`: how long its answer waits.
-    pub fn failed(&self, peer: IpAddr) -> Duration {
+    /// Counts a failed login from `peer` as `user` (`None`: a name that is
+    /// no user): how long its answer waits.
+    pub fn failed(&self, peer: IpAddr, user: Option<Arc<str>>) -> Duration {
         let now = Instant::now();
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {
-            peers.retain(|_, f| now.duration_since(f.last) < FORGET_AFTER);
-            if peers.len() >= MAX_PEERS {
-                let oldest = peers.iter().min_by_key(|(_, f)| f.last).map(|(ip, _)| *ip);
-                if let Some(ip) = oldest {
-                    peers.remove(&ip);
+        let key = (peer, user);
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if counts.len() >= MAX_COUNTS && !counts.contains_key(&key) {
+            counts.retain(|_, f| now.duration_since(f.last) < FORGET_AFTER);
+            if counts.len() >= MAX_COUNTS {
+                let oldest = counts
+                    .iter()
+                    .min_by_key(|(_, f)| f.last)
+                    .map(|(key, _)| key.clone());
+                if let Some(key) = oldest {
+                    counts.remove(&key);
                 }
             }
         }
-        let entry = peers.entry(peer).or_insert(Failures {
+        let entry = counts.entry(key).or_insert(Failures {
             count: 0,
             last: now,
         });
@@ -77,10 +93,10 @@ impl Throttle {
         delay_after(entry.count)
     }
 
-    /// A login from `peer` succeeded: its count starts over.
-    pub fn succeeded(&self, peer: IpAddr) {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.remove(&peer);
+    /// `user` logged in from `peer`: that count starts over, no other.
+    pub fn succeeded(&self, peer: IpAddr, user: &str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.remove(&(peer, Some(Arc::from(user))));
     }
 }
 
@@ -101,16 +117,56 @@ mod tests {
     }
 
     #[test]
-    fn a_success_starts_the_peer_over_and_peers_are_apart() {
+    fn a_success_starts_over_only_its_own_users_count() {
         let throttle = Throttle::default();
         let a: IpAddr = "127.0.0.1".parse().unwrap();
         let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let ops: Arc<str> = "ops".into();
+        let dash: Arc<str> = "dash".into();
         for _ in 0..FREE_FAILURES {
-            assert_eq!(throttle.failed(a), Duration::ZERO);
+            assert_eq!(throttle.failed(a, Some(ops.clone())), Duration::ZERO);
         }
-        assert_eq!(throttle.failed(a), FIRST_DELAY);
-        assert_eq!(throttle.failed(b), Duration::ZERO, "another peer");
-        throttle.succeeded(a);
-        assert_eq!(throttle.failed(a), Duration::ZERO);
+        assert_eq!(throttle.failed(a, Some(ops.clone())), FIRST_DELAY);
+        assert_eq!(
+            throttle.failed(b, Some(ops.clone())),
+            Duration::ZERO,
+            "another peer"
+        );
+        assert_eq!(
+            throttle.failed(a, None),
+            Duration::ZERO,
+            "names that are no user"
+        );
+        assert_eq!(
+            throttle.failed(a, Some(dash.clone())),
+            Duration::ZERO,
+            "another user"
+        );
+        // Another user's success, from the same peer, changes nothing.
+        throttle.succeeded(a, "dash");
+        assert_eq!(throttle.failed(a, Some(ops.clone())), FIRST_DELAY * 2);
+        // The guessed user's own success starts it over.
+        throttle.succeeded(a, "ops");
+        assert_eq!(throttle.failed(a, Some(ops.clone())), Duration::ZERO);
+    }
+
+    #[test]
+    fn names_that_are_no_user_share_one_count_per_peer() {
+        let throttle = Throttle::default();
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        for _ in 0..FREE_FAILURES {
+            assert_eq!(throttle.failed(a, None), Duration::ZERO);
+        }
+        assert_eq!(throttle.failed(a, None), FIRST_DELAY);
+    }
+
+    #[test]
+    fn the_table_stays_bounded() {
+        let throttle = Throttle::default();
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        for n in 0..MAX_COUNTS + 100 {
+            throttle.failed(a, Some(format!("user{n}").into()));
+        }
+        assert!(throttle.counts.lock().unwrap().len() <= MAX_COUNTS);
     }
 }

@@ -19,13 +19,15 @@
 use super::client::check_client_name;
 use super::{REDIS_COMPAT_VERSION, keep, redis_integer};
 use crate::auth::throttle::Throttle;
-use crate::auth::{Users, WRONGPASS};
+use crate::auth::{Account, Users, WRONGPASS};
 use crate::command::Session;
 use crate::command::spec::{Call, CommandSpec, arg, c_str, optional, session, shown};
 use crate::metrics::Metrics;
 use crate::reply::{Protocol, Reply};
 use crate::state::Shared;
 use bytes::Bytes;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const HELLO: CommandSpec = session(
@@ -64,28 +66,51 @@ impl<'a> Gate<'a> {
     }
 
     /// Logs `session` in as `user` (`default` when none) with `pass`, or
-    /// refuses: counted for the user it named, and, from a peer that
-    /// failed several in a row, answered late. A refusal leaves the
-    /// session as it was, logged in or not, as Redis leaves it.
+    /// refuses (see [`Gate::check`]). A refusal leaves the session as it
+    /// was, logged in or not, as Redis leaves it.
     fn log_in(&self, session: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
-        let peer = session.peer.map(|p| p.ip());
-        match self.users.login(user, pass) {
+        match self.check(session.peer.map(|p| p.ip()), user, pass) {
             Ok(account) => {
-                if let Some(peer) = peer {
-                    self.throttle.succeeded(peer);
-                }
                 session.account = Some(account);
                 session.authenticated = true;
                 Ok(())
             }
-            Err(refused) => {
-                self.metrics.auth_failed(refused.user.as_deref());
-                let delay = peer.map_or(Duration::ZERO, |peer| self.throttle.failed(peer));
+            Err(delay) => {
                 if !delay.is_zero() {
-                    self.metrics.auth_delayed();
                     session.login_delay = Some(delay);
                 }
                 Err(Reply::error(WRONGPASS))
+            }
+        }
+    }
+
+    /// The account `user` (`default` when none) logs in as with `pass`,
+    /// from `peer`; or, refused, how long the refusal waits: counted for
+    /// the user it named, and slowed after several failures in a row at
+    /// that user from that peer ([`crate::auth::throttle`]). The one login
+    /// of both faces, RESP and HTTP.
+    pub fn check(
+        &self,
+        peer: Option<IpAddr>,
+        user: Option<&[u8]>,
+        pass: &[u8],
+    ) -> Result<Arc<Account>, Duration> {
+        match self.users.login(user, pass) {
+            Ok(account) => {
+                if let Some(peer) = peer {
+                    self.throttle.succeeded(peer, account.name());
+                }
+                Ok(account)
+            }
+            Err(refused) => {
+                self.metrics.auth_failed(refused.user.as_deref());
+                let delay = peer.map_or(Duration::ZERO, |peer| {
+                    self.throttle.failed(peer, refused.user)
+                });
+                if !delay.is_zero() {
+                    self.metrics.auth_delayed();
+                }
+                Err(delay)
             }
         }
     }
