@@ -1594,3 +1594,58 @@ async fn a_shrink_is_journaled_as_a_hold_given_back_and_an_extension_is_not() {
         ]
     );
 }
+
+/// `--sweeper false` files no hold in the sweep index, whichever call
+/// places or moves it (HOLD, HOLD.AT, HOLD.EXTEND): one rule for all. The
+/// same calls with the sweeper on do file them, so the check can see a
+/// mark when there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sweeper_no_hold_is_filed_in_the_sweep_index() {
+    for sweeper in [true, false] {
+        let redis = standalone();
+        let server = proxy(vec![redis.url()], |c| {
+            c.sweeper = sweeper;
+            c.admin_commands = true;
+        })
+        .await;
+        let mut conn = client(&server, false).await;
+        let mut direct = redis.node.connection().unwrap();
+        set(&mut direct, &stock_key("unswept"), 10);
+        let send = |args: &[&str]| redis::cmd(args[0]).arg(&args[1..]).to_owned();
+        let mut sent: Vec<Value> = Vec::new();
+        for args in [
+            &["HOLD", "unswept", "1", "h-1", "600000"][..],
+            &["HOLD.EXTEND", "unswept", "h-1", "e-1", "900000"],
+            &["STOCK.SET", "unswept-at", "5", "s-1", "AT", "w1"],
+            &["HOLD.AT", "unswept-at", "1", "h-2", "600000", "SPLIT", "w1"],
+        ] {
+            sent.push(send(args).query_async(&mut conn).await.unwrap());
+        }
+        let codes: Vec<i64> = sent
+            .iter()
+            .map(|reply| match reply {
+                Value::Array(items) => match items[0] {
+                    Value::Int(code) => code,
+                    _ => panic!("{reply:?}"),
+                },
+                _ => panic!("{reply:?}"),
+            })
+            .collect();
+        assert_eq!(codes, [0, 0, 0, 0], "{sent:?}");
+        let filed = |direct: &mut redis::Connection| -> Vec<String> {
+            redis::cmd("KEYS").arg("*sweep*").query(direct).unwrap()
+        };
+        if sweeper {
+            loop_until_async(Duration::from_secs(10), || {
+                let keys = filed(&mut direct);
+                async move { (!keys.is_empty()).then_some(()) }
+            })
+            .await;
+        } else {
+            // The marks are sent beside the calls, not awaited: a moment
+            // for any that would come.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert_eq!(filed(&mut direct), Vec::<String>::new());
+        }
+    }
+}

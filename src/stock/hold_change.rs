@@ -19,7 +19,6 @@ use super::location::HoldChangeArgs;
 use super::service::stock_reply;
 use super::{Caller, StockCommand, StockResult, StockService};
 use crate::auth::Account;
-use crate::keys::KeyLayout;
 use crate::outcome::{Code, StockReply};
 use crate::params::{ChangeId, HoldTtl, InvalidParam, Qty, RequestId, Sku};
 use crate::reply::Reply;
@@ -144,9 +143,9 @@ impl StockService {
                 self.books.record_holds(reply, false);
                 if let Some(ttl) = checked.ttl
                     && matches!(reply.code, Code::Ok | Code::Duplicate)
-                    && self.settings.sweep_holds
                 {
-                    self.refile(&checked.sku, ttl, reply.expires_at.unwrap_or(0));
+                    self.sweeper
+                        .mark_extended(&checked.sku, ttl, reply.expires_at.unwrap_or(0));
                 }
             }
         }
@@ -200,9 +199,8 @@ impl StockService {
             .map(|reply| reply.with_expiry(true));
         if let Ok(reply) = &result
             && matches!(reply.code, Code::Ok | Code::Duplicate)
-            && self.settings.sweep_holds
         {
-            self.refile(
+            self.sweeper.mark_extended(
                 sku,
                 Duration::from_millis(ttl.get()),
                 reply.expires_at.unwrap_or(0),
@@ -236,9 +234,9 @@ impl StockService {
             self.books.record_holds(reply, false);
             if let Some(ttl) = ttl
                 && matches!(reply.code, Code::Ok | Code::Duplicate)
-                && self.settings.sweep_holds
             {
-                self.refile(sku, ttl, reply.expires_at.unwrap_or(0));
+                self.sweeper
+                    .mark_extended(sku, ttl, reply.expires_at.unwrap_or(0));
             }
         }
         result
@@ -274,17 +272,5 @@ impl StockService {
             amount,
             ttl,
         })
-    }
-
-    /// An extended hold's SKU, filed in the sweep index again: this
-    /// stockgate (and the sweep leader) watch its shard until the new
-    /// expiry and a minute more, and the SKU is marked by the new expiry.
-    /// The index may keep an earlier time for it (a mark only lowers it):
-    /// the sweeper then looks early, finds nothing due, and files the SKU
-    /// under its earliest hold, the new expiry.
-    fn refile(&self, sku: &Sku, ttl: Duration, expires_at: i64) {
-        let keys: &KeyLayout = &self.keys;
-        self.sweeper.watch_shard(keys.sweep_shard_index(sku), ttl);
-        self.sweeper.mark_held(sku, expires_at);
     }
 }

@@ -55,9 +55,6 @@ pub(super) struct Settings {
     pub(super) journal_arg: &'static str,
     pub(super) reject_stale_ids: bool,
     pub(super) admin_commands: bool,
-    /// `--sweeper`: the background passes give expired holds back (they
-    /// always recover the orders left behind).
-    pub(super) sweep_holds: bool,
     pub(super) missing_zero: bool,
 }
 
@@ -159,7 +156,12 @@ impl StockService {
         });
         let keys = config.keys.clone();
         StockService {
-            sweeper: SweepIndex::new(upstream.clone(), scripts.clone(), keys.clone()),
+            sweeper: SweepIndex::new(
+                config.sweeper,
+                upstream.clone(),
+                scripts.clone(),
+                keys.clone(),
+            ),
             upstream,
             scripts,
             keys: keys.clone(),
@@ -176,7 +178,6 @@ impl StockService {
                 journal_arg,
                 reject_stale_ids: config.reject_stale_ids,
                 admin_commands: config.admin_commands,
-                sweep_holds: config.sweeper,
                 missing_zero: config.missing_stock.as_arg() == "zero",
             },
             books: Books::new(metrics, config.access_log, keys),

@@ -127,6 +127,9 @@ impl Hints {
 /// What the stock service's calls tell the sweep index: the SKUs they
 /// placed holds on, and the shards to watch.
 pub(super) struct SweepIndex {
+    /// Whether holds are filed at all: only when the sweeper sweeps them
+    /// (`--sweeper`); one rule for every call that places or moves a hold.
+    holds: bool,
     upstream: Arc<Upstream>,
     scripts: Scripts,
     keys: KeyLayout,
@@ -135,8 +138,14 @@ pub(super) struct SweepIndex {
 }
 
 impl SweepIndex {
-    pub(super) fn new(upstream: Arc<Upstream>, scripts: Scripts, keys: KeyLayout) -> SweepIndex {
+    pub(super) fn new(
+        holds: bool,
+        upstream: Arc<Upstream>,
+        scripts: Scripts,
+        keys: KeyLayout,
+    ) -> SweepIndex {
         SweepIndex {
+            holds,
             upstream,
             scripts,
             keys,
@@ -151,6 +160,9 @@ impl SweepIndex {
     /// expiry. Not awaited; a mark that fails is tried again at the next
     /// pass ([`Hints::retry`]).
     pub(super) fn mark_for_sweep(&self, sku: &Sku, ttl: Duration) {
+        if !self.holds {
+            return;
+        }
         self.watch_shard(self.keys.sweep_shard_index(sku), ttl);
         self.send_mark(Mark {
             sku: sku.as_bytes().to_vec(),
@@ -196,7 +208,7 @@ impl SweepIndex {
     /// exact however the sweeper's passes and the HOLD interleaved
     /// (`lua/due_mark.lua`).
     pub(super) fn mark_held(&self, sku: &Sku, expires_at: i64) {
-        if expires_at <= 0 {
+        if expires_at <= 0 || !self.holds {
             return;
         }
         self.send_mark(Mark {
@@ -204,6 +216,26 @@ impl SweepIndex {
             expires_at: Some(expires_at),
             ttl_ms: 0,
         });
+    }
+
+    /// Whether the sweeper gives expired holds back (`--sweeper`; its
+    /// passes always recover the orders left behind).
+    pub(super) fn sweeps_holds(&self) -> bool {
+        self.holds
+    }
+
+    /// An extended hold's SKU, filed again: this stockgate (and the sweep
+    /// leader) watch its shard until the new expiry and a minute more, and
+    /// the SKU is marked by the new expiry. The index may keep an earlier
+    /// time for it (a mark only lowers it): the sweeper then looks early,
+    /// finds nothing due, and files the SKU under its earliest hold, the
+    /// new expiry.
+    pub(super) fn mark_extended(&self, sku: &Sku, ttl: Duration, expires_at: i64) {
+        if !self.holds {
+            return;
+        }
+        self.watch_shard(self.keys.sweep_shard_index(sku), ttl);
+        self.mark_held(sku, expires_at);
     }
 
     /// Sends a mark, not awaited; a failure keeps it for the next pass.

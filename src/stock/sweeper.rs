@@ -158,7 +158,7 @@ impl Sweep<'_> {
     async fn pass(&self, shards: &[usize]) -> Result<(), UpstreamError> {
         let all = self.service.keys.sweep_shards();
         let results = futures_util::future::join_all(shards.iter().map(|k| async {
-            let holds = if self.service.settings.sweep_holds {
+            let holds = if self.service.sweeper.sweeps_holds() {
                 self.sweep_shard(&all[*k]).await
             } else {
                 Ok(())

@@ -166,10 +166,7 @@ impl StockService {
                         .metrics
                         .record_allocation(asked.placement.policy, allocated.allocation.len() > 1);
                 }
-                if hold
-                    && matches!(reply.code, Code::Ok | Code::Duplicate)
-                    && self.settings.sweep_holds
-                {
+                if hold && matches!(reply.code, Code::Ok | Code::Duplicate) {
                     self.sweeper
                         .mark_held(&asked.sku, reply.expires_at.unwrap_or(0));
                 }
