@@ -3,6 +3,7 @@
 
 use crate::auth::{Password, UserSpec};
 use crate::keys::KeyLayout;
+use crate::redact::SecretUrl;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -89,8 +90,8 @@ pub struct DatabaseArgs {
     /// or mysql://user[:password]@host[:port]/database[?ssl-mode=VERIFY_IDENTITY&ssl-ca=<ca.pem>|system&ssl-cert=<file>&ssl-key=<file>]
     /// (mariadb:// alike). A host other than loopback must name its TLS mode
     /// (sslmode=disable or ssl-mode=DISABLED to mean plaintext).
-    #[arg(long, env = "STOCKGATE_DATABASE")]
-    pub database: String,
+    #[arg(long, env = "STOCKGATE_DATABASE", hide_env_values = true)]
+    pub database: SecretUrl,
 
     /// Keep the books in this schema (created if missing; in MySQL and
     /// MariaDB a schema is a database): its tables, its migrations record
@@ -290,10 +291,11 @@ pub struct UpstreamArgs {
     #[arg(
         long,
         env = "STOCKGATE_UPSTREAM",
+        hide_env_values = true,
         value_delimiter = ',',
         required = true
     )]
-    pub upstream: Vec<String>,
+    pub upstream: Vec<SecretUrl>,
 
     /// Cluster or a single non-cluster Redis; `auto` asks the first seed.
     #[arg(long, env = "STOCKGATE_UPSTREAM_MODE", value_enum, default_value_t = UpstreamMode::Auto)]
@@ -329,7 +331,7 @@ pub struct DevArgs {
     /// journal there and reconcile (`deploy/dev.sh --postgres` and
     /// `--mysql` pass the one they start). Connects to nothing itself.
     #[arg(long, value_name = "URL")]
-    pub books: Option<String>,
+    pub books: Option<SecretUrl>,
 
     #[command(flatten)]
     pub proxy: ProxyArgs,
@@ -567,7 +569,7 @@ pub struct ProxyArgs {
 /// Where Redis is and how to talk to it.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
-    pub urls: Vec<String>,
+    pub urls: Vec<SecretUrl>,
     pub mode: UpstreamMode,
     /// `--scripts`.
     pub scripts: ScriptCalls,
@@ -651,12 +653,17 @@ impl RedisArgs {
             return Err("--upstream needs at least one redis:// or rediss:// URL".into());
         }
         for url in &upstream.upstream {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            let text = url.expose();
+            if !(text.starts_with("redis://") || text.starts_with("rediss://")) {
                 return Err(format!(
-                    "--upstream {:?} is not a redis:// or rediss:// URL",
-                    crate::redact::redact(url)
+                    "--upstream {url:?} is not a redis:// or rediss:// URL (the list is \
+                     comma-separated: a password's `,` is %2C)"
                 ));
             }
+        }
+        for url in &upstream.upstream {
+            crate::redact::check_userinfo(url.expose())
+                .map_err(|why| format!("--upstream {url}: {why}"))?;
         }
         let keys = KeyLayout::new(&self.key_prefix).map_err(|e| format!("--key-prefix: {e}"))?;
         let read = |flag: &str, path: &PathBuf| {
@@ -681,7 +688,12 @@ impl RedisArgs {
         } else {
             None
         };
-        if tls.is_some() && !upstream.upstream.iter().all(|u| u.starts_with("rediss://")) {
+        if tls.is_some()
+            && !upstream
+                .upstream
+                .iter()
+                .all(|u| u.expose().starts_with("rediss://"))
+        {
             return Err("--upstream-tls-* need rediss:// upstream URLs".into());
         }
         let config = UpstreamConfig {
@@ -859,7 +871,7 @@ impl Config {
     pub fn for_upstream(urls: Vec<String>) -> Config {
         let args = ProxyArgs::parse_from_defaults();
         let upstream = UpstreamArgs {
-            upstream: urls,
+            upstream: urls.into_iter().map(SecretUrl::from).collect(),
             upstream_mode: UpstreamMode::Auto,
             scripts: ScriptCalls::Auto,
         };

@@ -297,7 +297,11 @@ impl RedisNode {
 
     pub fn url(&self) -> String {
         match &self.options.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            Some(password) => format!(
+                "redis://:{}@127.0.0.1:{}",
+                percent_encoded(password),
+                self.port
+            ),
             None => format!("redis://127.0.0.1:{}", self.port),
         }
     }
@@ -365,6 +369,20 @@ impl Drop for RedisNode {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `text` with every byte but the unreserved ones (letters, digits, `-`,
+/// `.`, `_`, `~`) as `%XX`: a password in a URL, read back as it is
+/// whatever it holds.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Asks the kernel for a free loopback port. Another process may take it

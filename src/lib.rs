@@ -48,7 +48,8 @@
 //! Around it:
 //!
 //! - [`config`]: flags and `STOCKGATE_*` variables, validated.
-//! - [`redact`]: passwords kept out of logs, INFO and `check`.
+//! - [`redact`]: the one way a URL is printed, its password masked (logs,
+//!   errors, INFO, `check`).
 //! - [`logging`]: stderr through writer threads; the audit lines lossless.
 //! - [`metrics`]: metric names and the Prometheus exposition.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.

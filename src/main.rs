@@ -10,6 +10,7 @@ use stockgate::config::{
 };
 use stockgate::dev::{LocalCluster, RedisOptions};
 use stockgate::metrics::Metrics;
+use stockgate::redact::SecretUrl;
 use stockgate::server::{self, Server};
 use stockgate::upstream::Upstream;
 
@@ -170,7 +171,7 @@ async fn dev(
     proxy: ProxyArgs,
     masters: usize,
     redis_server: std::path::PathBuf,
-    books: Option<String>,
+    books: Option<SecretUrl>,
 ) -> Result<(), String> {
     let _logs = init_logging(proxy.log_format);
     let options = RedisOptions {
@@ -179,8 +180,9 @@ async fn dev(
     };
     eprintln!("starting a throwaway {masters}-primary Redis Cluster on loopback...");
     let cluster = LocalCluster::start(masters, 0, &options).map_err(|e| e.to_string())?;
+    let seeds: Vec<SecretUrl> = cluster.seeds().into_iter().map(SecretUrl::from).collect();
     let config = proxy.validate(UpstreamArgs {
-        upstream: cluster.seeds(),
+        upstream: seeds.clone(),
         upstream_mode: UpstreamMode::Cluster,
         scripts: ScriptCalls::Auto,
     })?;
@@ -199,10 +201,7 @@ async fn dev(
     if !server.wait_ready(Duration::from_secs(10)).await {
         return Err("the proxy did not become ready within 10s".into());
     }
-    println!(
-        "{}",
-        dev_banner(&server, &cluster.seeds(), books.as_deref())
-    );
+    println!("{}", dev_banner(&server, &seeds, books.as_ref()));
     let signal = wait_for_signal().await;
     stop(server, signal, grace).await;
     drop(cluster);
@@ -215,9 +214,11 @@ async fn dev(
 /// test compares the two, so keep them in step. The request ids are the
 /// README walkthrough's own (order-1001 to order-1003); other examples use
 /// others, so everything the README and the docs/ pages show works on one
-/// dev cluster.
-fn dev_banner(server: &Server, seeds: &[String], books: Option<&str>) -> String {
+/// dev cluster. The URLs print as any URL does: a password in `--books`
+/// shows as `***`, to be typed in by hand.
+fn dev_banner(server: &Server, seeds: &[SecretUrl], books: Option<&SecretUrl>) -> String {
     let port = server.addr.port();
+    let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
     let mut text = format!(
         "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n",
         addr = server.addr,
@@ -339,7 +340,7 @@ async fn check(args: CheckArgs) -> Result<(), String> {
         config
             .urls
             .iter()
-            .map(|u| stockgate::redact::redact(u))
+            .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -393,7 +394,7 @@ async fn sink(args: SinkArgs) -> Result<(), String> {
             humantime::format_duration(timeout)
         ));
     }
-    let database = stockgate::journal::database::Target::parse(&args.database.database)
+    let database = stockgate::journal::database::Target::parse(args.database.database.expose())
         .map_err(|e| format!("--database {e}"))?
         .in_schema(args.database.database_schema)?;
     tracing::info!(
@@ -458,7 +459,7 @@ async fn retire(args: RetireArgs) -> Result<ExitCode, String> {
 
 /// `stockgate reconcile`: 0 all agree, 1 drift, 2 could not check.
 async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, String> {
-    let database = stockgate::journal::database::Target::parse(&args.database.database)
+    let database = stockgate::journal::database::Target::parse(args.database.database.expose())
         .map_err(|e| format!("--database {e}"))?
         .in_schema(args.database.database_schema)?;
     let (upstream, keys) = connect(args.upstream, args.redis).await?;

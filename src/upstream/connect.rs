@@ -4,7 +4,7 @@
 
 use super::{Current, Mode, Upstream};
 use crate::config::UpstreamMode;
-use crate::redact::redact;
+use crate::redact::SecretUrl;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -93,7 +93,7 @@ impl Upstream {
         for url in &self.config.urls {
             match self.probe(url).await {
                 Ok(mode) => return Ok(mode),
-                Err(problem) => problems.push(format!("{}: {problem}", redact(url))),
+                Err(problem) => problems.push(format!("{url}: {problem}")),
             }
         }
         Err(problems.join("; "))
@@ -101,9 +101,10 @@ impl Upstream {
 
     /// A client for one URL, with the --upstream-tls-* certificates and
     /// TCP keepalive.
-    fn client(&self, url: &str) -> Result<redis::Client, String> {
-        let fail = |e: RedisError| format!("{}: {}", redact(url), explain(&e));
+    fn client(&self, url: &SecretUrl) -> Result<redis::Client, String> {
+        let fail = |e: RedisError| format!("{url}: {}", explain(&e));
         let info = url
+            .expose()
             .into_connection_info()
             .map_err(fail)?
             .set_tcp_settings(tcp_settings());
@@ -114,7 +115,7 @@ impl Upstream {
         .map_err(fail)
     }
 
-    async fn probe(&self, url: &str) -> Result<Mode, String> {
+    async fn probe(&self, url: &SecretUrl) -> Result<Mode, String> {
         let client = self.client(url)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connect_timeout))
@@ -160,8 +161,8 @@ impl Upstream {
         // least 1.28 s before each retry, longer than the whole --timeout;
         // these waits are in milliseconds, 2 to 100, doubling from 8. The
         // deadline, not the retry count, ends the retries: see cluster_retries.
-        let mut builder =
-            ClusterClientBuilder::new(self.config.urls.clone()).tcp_settings(tcp_settings());
+        let seeds = self.config.urls.iter().map(SecretUrl::expose);
+        let mut builder = ClusterClientBuilder::new(seeds).tcp_settings(tcp_settings());
         if let Some(tls) = &self.config.tls {
             builder = builder.certs(tls.0.clone());
         }
@@ -194,7 +195,7 @@ impl Upstream {
             .set_max_delay(Duration::from_millis(500));
         ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| format!("cannot connect to {}: {}", redact(url), explain(&e)))
+            .map_err(|e| format!("cannot connect to {url}: {}", explain(&e)))
     }
 }
 

@@ -38,7 +38,6 @@ use crate::config::UpstreamConfig;
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Metrics;
 use crate::pipeline::{Login, Pipelines};
-use crate::redact::redact;
 use crate::script::{Calling, CallingNow, Library, LuaScript};
 use connect::Connection;
 use redis::{Cmd, RedisError, Value};
@@ -125,9 +124,12 @@ impl Upstream {
         // rediss:// needs a process-wide rustls crypto provider; installing
         // it twice is harmless (the second call reports the first).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let plain = config.urls.iter().all(|u| u.starts_with("redis://"));
+        let plain = config
+            .urls
+            .iter()
+            .all(|u| u.expose().starts_with("redis://"));
         let pipelines = plain.then(|| {
-            let login = redis::IntoConnectionInfo::into_connection_info(config.urls[0].as_str())
+            let login = redis::IntoConnectionInfo::into_connection_info(config.urls[0].expose())
                 .map(|info| {
                     let settings = info.redis_settings();
                     Login {
@@ -204,7 +206,7 @@ impl Upstream {
 
     /// The seed URLs, passwords hidden.
     pub fn seeds(&self) -> Vec<String> {
-        self.config.urls.iter().map(|u| redact(u)).collect()
+        self.config.urls.iter().map(ToString::to_string).collect()
     }
 
     /// The overall deadline of one call.

@@ -55,7 +55,7 @@ impl Upstream {
 
     /// The first seed's host and port, as the redis crate reads its URL.
     fn seed(&self) -> redis::RedisResult<(String, String)> {
-        let addr = redis::Client::open(self.config.urls[0].as_str())?
+        let addr = redis::Client::open(self.config.urls[0].expose())?
             .get_connection_info()
             .addr()
             .to_string();

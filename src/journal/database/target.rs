@@ -9,6 +9,7 @@
 //! an operator should make on purpose. docs/books.md says so.
 
 use super::tls::{ClientCert, Roots, TlsMode, TlsSettings};
+use crate::redact::redact;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -39,6 +40,7 @@ impl Target {
     /// Reads `url`: `postgres://` or `postgresql://`; `mysql://` or
     /// `mariadb://` (the same protocol).
     pub fn parse(url: &str) -> Result<Target, String> {
+        crate::redact::check_userinfo(url).map_err(|why| format!("{}: {why}", redact(url)))?;
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("postgres" | "postgresql") => PgTarget::parse(url).map(Target::Postgres),
@@ -46,7 +48,7 @@ impl Target {
             _ => Err(format!(
                 "{} is not a database URL stockgate reads: postgres://user[:password]@host[:port]/dbname[?sslmode=...] \
                  or mysql://user[:password]@host[:port]/dbname[?ssl-mode=...] (mariadb:// alike)",
-                shown(url)
+                redact(url)
             )),
         }
     }
@@ -126,7 +128,7 @@ pub struct MysqlTarget {
 
 impl MysqlTarget {
     fn parse(text: &str) -> Result<MysqlTarget, String> {
-        let shown = shown(text);
+        let shown = redact(text);
         let url = url::Url::parse(text).map_err(|e| format!("{shown}: {e}"))?;
         let decode = |part: &str| {
             url::form_urlencoded::parse(format!("x={part}").as_bytes())
@@ -262,7 +264,7 @@ fn mysql_tls(
 
 impl PgTarget {
     fn parse(url: &str) -> Result<PgTarget, String> {
-        let shown = shown(url);
+        let shown = redact(url);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut ssl = std::collections::HashMap::new();
         let mut kept = url::form_urlencoded::Serializer::new(String::new());
@@ -402,23 +404,6 @@ fn is_loopback(host: &str) -> bool {
     host == "localhost" || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `url` with its password masked (in the user part and as a `password`
-/// parameter), for logs and errors.
-pub fn shown(url: &str) -> String {
-    let masked = crate::redact::redact(url);
-    let Some((base, query)) = masked.split_once('?') else {
-        return masked;
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some(("password", _)) => "password=***".to_owned(),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{base}?{}", query.join("&"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,7 +525,7 @@ mod tests {
             "mysql://stockgate:hunter2@db:3306/orders?bogus=1",
             "mariadb://stockgate:hunter2@db:3306/orders",
         ] {
-            assert!(!shown(url).contains("hunter2"), "{}", shown(url));
+            assert!(!redact(url).contains("hunter2"), "{}", redact(url));
             match Target::parse(url) {
                 Ok(target) => assert!(!target.shown().contains("hunter2")),
                 Err(err) => assert!(!err.contains("hunter2"), "{err}"),
