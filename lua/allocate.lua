@@ -199,7 +199,7 @@ local function release_due_located(stock_key, loc_key, locs, now, window, journa
     local id = due[i]
     local record_key = stock_key .. ':req:' .. id
     local raw = call('GET', record_key)
-    local record = raw and parse_record(raw)
+    local record = raw and parse_located(raw)
     if record and record.state == 'H' and record.expires <= now then
       local list = allocation_of(record.alloc)
       if not all_present(locs, list) then
@@ -306,7 +306,7 @@ local function own_record(c, record_key)
   if not raw then
     return nil, {}, 0
   end
-  local record = parse_record(raw)
+  local record = parse_located(raw)
   -- Only a revocation (REVOKED) names no locations: it took nothing.
   if not record or (not record.alloc and record.state ~= 'V') then
     return false, error_reply(BADRECORD)

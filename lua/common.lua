@@ -396,6 +396,14 @@ local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was ch
 -- asked}, or nil for any other shape. Older records read with an empty
 -- nonce and aux; expires and held_at are numbers for H, C and X, else 0;
 -- asked (a string) is nil but for a hold that gave units back.
+--
+-- A record made by allocation (parse_located) is another shape here: its
+-- units came from locations, and a script of a SKU that keeps one number
+-- must never give them to, or take them from, that number. It meets one
+-- only where the SKU's stock key was overwritten with a number behind
+-- stockgate's back, and answers BADRECORD there, having changed nothing;
+-- a hold's such record stays in the holds set (release_expired). Refused
+-- for nothing: its first byte, `@`, matches none of the patterns below.
 local function parse_record(raw)
   local state, qty, nonce, aux, order_no =
     match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
@@ -425,10 +433,20 @@ local function parse_record(raw)
     return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no,
             expires = 0, held_at = 0}
   end
-  -- A record made by allocation (lua/allocate.lua) has where its units
-  -- came from first, as `alloc`.
+  return nil
+end
+
+-- A record as a SKU kept by location reads it (lua/allocate.lua): one
+-- made by allocation has where its units came from first,
+-- "@<location>=<units>,...;" and then the usual record, and reads as
+-- parse_record's with `alloc`, that text; any other reads as parse_record
+-- reads it (a REVOKED record, which took nothing, names no location).
+local function parse_located(raw)
   local alloc, rest = match(raw, '^@([^;]*);(3:.*)$')
-  local record = alloc and parse_record(rest)
+  if not alloc then
+    return parse_record(raw)
+  end
+  local record = parse_record(rest)
   if record then
     record.alloc = alloc
   end

@@ -1494,3 +1494,72 @@ async fn a_sold_out_sku_moved_to_locations_answers_deduct_3() {
     assert_eq!((at.code, at.remain), (0, 4));
     drop(server);
 }
+
+/// Waits until Redis time (the one that decides every expiry) is past
+/// `at_ms`.
+async fn redis_time_past(conn: &mut redis::Connection, at_ms: i64) {
+    loop_until_async(Duration::from_secs(30), || {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+        async move { (secs * 1000 + micros / 1000 > at_ms).then_some(()) }
+    })
+    .await
+}
+
+matrix! { #[tokio::test] async fn a_one_number_script_refuses_a_record_made_by_allocation }
+/// A record made by allocation is never applied to a one number (issue
+/// 44). The state an import that overwrote a SKU kept by location left:
+/// its stock key an integer again, its deduction and its hold (run out)
+/// recorded by location. Every script of a SKU that keeps one number that
+/// reads such a record answers BADRECORD and changes nothing: the 5 units
+/// deducted at `north` are not given to the one number, nor is the hold
+/// that ran out, whoever releases the SKU's holds (a call, STOCK.GET, the
+/// sweeper).
+async fn a_one_number_script_refuses_a_record_made_by_allocation(kind: ServerKind) {
+    let (redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    let set = must(&mut conn, &["STOCK.SET", "imp", "6", "r", "AT", "north"]).await;
+    assert_eq!(code(&set), 0);
+    let deducted = allocation(must(&mut conn, &["DEDUCT.AT", "imp", "5", "d1", "SPLIT", "north"]).await);
+    assert_eq!(deducted.code, 0);
+    let held = allocation(
+        must(
+            &mut conn,
+            &["HOLD.AT", "imp", "1", "h1", "1000", "SPLIT", "north"],
+        )
+        .await,
+    );
+    assert_eq!(held.code, 0);
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("imp"))
+        .arg("10")
+        .query::<()>(&mut direct)
+        .unwrap();
+    redis_time_past(&mut direct, held.expires_at).await;
+    let before = sku_dump(&mut direct, "imp", &["d1", "h1"]);
+
+    for args in [
+        &["REVERT", "imp", "d1"][..],
+        &["REVERT", "imp", "h1"],
+        &["CONFIRM", "imp", "h1"],
+        &["DEDUCT", "imp", "5", "d1"],
+        &["HOLD", "imp", "1", "h1", "60000"],
+        &["HOLD.EXTEND", "imp", "h1", "c1", "60000"],
+        &["HOLD.SHRINK", "imp", "h1", "c2", "1"],
+        &["STOCK.STATUS", "imp", "d1"],
+    ] {
+        let refused = send(&mut conn, args).await;
+        let err = refused.expect_err(&format!("{args:?} must be refused"));
+        assert!(err.to_string().contains("BADRECORD"), "{args:?}: {err}");
+    }
+    // The hold by location that ran out is not the one number's to take
+    // back.
+    let stock: i64 = redis::cmd("STOCK.GET")
+        .arg("imp")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stock, 10);
+    assert_eq!(sku_dump(&mut direct, "imp", &["d1", "h1"]), before);
+    drop(server);
+}
