@@ -32,9 +32,12 @@ The operations, ARGV[1], and the keys each takes:
                      STOCK.GET (the total available), STOCK.LOCATIONS, the
                      sweeper's release: KEYS the stock key, the holds, held
                      units, journal marker, journal, the locations hash
+  status             STOCK.STATUS of a request (sent on by stockgate after
+                     lua/status.lua answered LOCATED): KEYS as for revert
 ARGV[2]  settings    HOLD's, "<max hold> <window> <max qty> <missing>
                      <flags>" (lua/hold.lua ARGV[4])
-ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release)
+ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release,
+                     status)
 then, by operation:
   deduct   qty, policy ("SPLIT" or "WHOLE"), location, ...
   hold     qty, policy, ttl_ms, location, ...
@@ -63,6 +66,9 @@ Replies:
   locations     {total, {location, available, held, floor}, ...}; a SKU
                 that keeps one number {stock}, one with none nil
   release       {released, next_at} (lua/release.lua's shape)
+  status        lua/status.lua's shape, its stock the total available; nil
+                when the SKU keeps its stock by location no more (stockgate
+                asks lua/status.lua again)
 Error replies (nothing changed): BADCALL; UNKNOWNSKU (no stock key);
 BADRECORD; LOCGONE (a location a record or the call needs is missing from
 the hash: deleted behind stockgate's back; never read as 0).
@@ -254,6 +260,11 @@ local function open(KEYS, ARGV, first_side, with_record, op)
   end
   local got = call('MGET', stock_key, marker_name, held_name)
   if got[1] ~= LOCATED then
+    if op == 'status' then
+      -- Kept by location no more since lua/status.lua said it was (a
+      -- write behind stockgate's back): stockgate asks that script again.
+      return nil, false
+    end
     if op == 'locations' then
       -- A SKU that keeps one number: its stock as stored, no locations.
       local stock = parse_stock(got[1])
@@ -666,6 +677,38 @@ local function request_call(c, KEYS, ARGV, op)
   return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
 end
 
+-- STOCK.STATUS of a request on a SKU kept by location: lua/status.lua's
+-- reply, its stock the SKU's total available (what STOCK.GET answers). A
+-- hold of the request's that ran out is given back first, as any call on
+-- the request does. A record made before the SKU was kept by location
+-- (no allocation in it) is shown as it is: it holds no unit here.
+local function status_call(c, KEYS)
+  local record_key = KEYS[2]
+  if not record_key_under(req_prefix, record_key) or KEYS[8] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local raw = call('GET', record_key)
+  local record = raw and parse_located(raw)
+  if raw and not record then
+    return error_reply(BADRECORD)
+  end
+  if record and record.alloc and record.state == 'H' then
+    local refused
+    record, refused = own_record(c, record_key)
+    if record == false then
+      return refused
+    end
+  end
+  local held = to_number(call('GET', held_name) or '0')
+  local next_expiry = earliest_hold(holds_name)
+  local total = total_of(c.locs)
+  if not record then
+    return {'none', 0, '', -2, total, held, next_expiry, 0, c.released}
+  end
+  return {STATE_NAMES[record.state], to_number(record.qty), record.order_no,
+          call('PTTL', record_key), total, held, next_expiry, record.expires, c.released}
+end
+
 -- STOCK.SET and STOCK.ADD ... AT <location>: an operator's change of one
 -- location, once per op_id (lua/stock_set.lua and lua/stock_add.lua have
 -- the rules, which these follow).
@@ -797,6 +840,13 @@ local function allocate(KEYS, ARGV)
   local op = ARGV[1]
   if op == 'set' or op == 'add' then
     return operator_call(KEYS, ARGV, op)
+  end
+  if op == 'status' then
+    local c, refused = open(KEYS, ARGV, 3, false, op)
+    if not c then
+      return refused
+    end
+    return status_call(c, KEYS)
   end
   local sku_op = op == 'get' or op == 'locations' or op == 'release'
   local request_op = op == 'deduct' or op == 'hold' or op == 'revert' or op == 'confirm'

@@ -345,13 +345,13 @@ end
 
 -- What a call on one request reads first, in one MGET (the keys share a
 -- slot): the stock (as parse_stock gives it), the record's raw text (false
--- when none) and the SKU's units on hold (0 when none). One call instead of
--- three is what keeps a DEDUCT on a SKU without holds as cheap for Redis
--- as it was before holds existed.
+-- when none), the SKU's units on hold (0 when none) and the stock value as
+-- stored. One call instead of three is what keeps a DEDUCT on a SKU
+-- without holds as cheap for Redis as it was before holds existed.
 local function read_request(stock_key, record_key, held_key)
   local got = call('MGET', stock_key, record_key, held_key)
   local held = got[3]
-  return parse_stock(got[1]), got[2], held and to_number(held) or 0
+  return parse_stock(got[1]), got[2], held and to_number(held) or 0, got[1]
 end
 
 local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
@@ -452,6 +452,10 @@ local function parse_located(raw)
   end
   return record
 end
+
+-- A record's state as STOCK.STATUS names it.
+local STATE_NAMES = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
+                     C = 'CONFIRMED', X = 'EXPIRED'}
 
 local function record_text(state, qty, nonce, aux, order_no)
   return '3:' .. state .. ':' .. qty .. ':' .. nonce .. ':' .. aux .. ':' .. order_no

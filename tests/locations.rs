@@ -1563,3 +1563,54 @@ async fn a_one_number_script_refuses_a_record_made_by_allocation(kind: ServerKin
     assert_eq!(sku_dump(&mut direct, "imp", &["d1", "h1"]), before);
     drop(server);
 }
+
+matrix! { #[tokio::test] async fn stock_status_of_a_request_by_location_answers_the_sku_s_total }
+/// STOCK.STATUS of a request on a SKU kept by location answers the SKU's
+/// total available as its `stock`, as STOCK.GET does, and the request's
+/// hold that ran out as EXPIRED, its units back where they came from.
+async fn stock_status_of_a_request_by_location_answers_the_sku_s_total(kind: ServerKind) {
+    let (redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    for (op, loc, qty) in [("s1", "w1", "10"), ("s2", "w2", "5")] {
+        let set = must(&mut conn, &["STOCK.SET", "sta", qty, op, "AT", loc]).await;
+        assert_eq!(code(&set), 0);
+    }
+    let d = allocation(must(&mut conn, &["DEDUCT.AT", "sta", "3", "d1", "SPLIT", "w2", "w1"]).await);
+    assert_eq!(d.code, 0);
+    let h = allocation(must(&mut conn, &["HOLD.AT", "sta", "4", "h1", "1000", "SPLIT", "w2", "w1"]).await);
+    assert_eq!((h.code, h.remain), (0, 8));
+    let reader = conn.clone();
+    let status = |id: &'static str| {
+        let mut conn = reader.clone();
+        async move {
+            let Value::Array(fields) = must(&mut conn, &["STOCK.STATUS", "sta", id]).await else {
+                panic!("a map, flat in RESP2")
+            };
+            fields
+                .chunks(2)
+                .map(|pair| (text(&pair[0]), pair[1].clone()))
+                .collect::<std::collections::HashMap<String, Value>>()
+        }
+    };
+    let deducted = status("d1").await;
+    assert_eq!(deducted["state"], Value::BulkString(b"DEDUCTED".to_vec()));
+    assert_eq!(deducted["qty"], Value::Int(3));
+    assert_eq!(deducted["stock"], Value::Int(8), "{deducted:?}");
+    assert_eq!(deducted["held"], Value::Int(4));
+
+    let mut direct = redis.node.connection().unwrap();
+    redis_time_past(&mut direct, h.expires_at).await;
+    let expired = status("h1").await;
+    assert_eq!(expired["state"], Value::BulkString(b"EXPIRED".to_vec()));
+    assert_eq!(expired["stock"], Value::Int(12), "{expired:?}");
+    assert_eq!(expired["held"], Value::Int(0));
+    assert_eq!(expired["expires_at"], Value::Int(h.expires_at));
+    assert_eq!(
+        locations(&mut conn, "sta").await,
+        (12, vec![("w1".into(), 10, 0, 0), ("w2".into(), 2, 0, 0)])
+    );
+    let none = status("nobody").await;
+    assert_eq!(none["state"], Value::BulkString(b"none".to_vec()));
+    assert_eq!(none["stock"], Value::Int(12));
+    drop(server);
+}
