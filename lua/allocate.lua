@@ -49,7 +49,10 @@ Every call but set and add first gives the SKU's expired holds back to
 their locations (at most RELEASE_BOUND), as any call on a SKU does
 (lua/common.lua); an operator's change, as lua/stock_set.lua's, does not.
 set makes a SKU one kept by location when it has no stock key yet, or its
-one number is 0 with nothing held; its op record (as lua/stock_set.lua's)
+one number is 0 with nothing held. set and add keep the SKU's total over
+its locations within 2^53 - 1 (Lua's exact range, which every reply's total
+is summed in): a change that would raise it past answers 3, as STOCK.ADD of
+a one number does. Its op record (as lua/stock_set.lua's)
 starts with the change's place, "@<location>[=<floor>];", so the same op_id
 for another location or floor is another change (3).
 
@@ -802,8 +805,13 @@ local function operator_call(KEYS, ARGV, op)
   if after < 0 then
     return {2, units, '', VERSION}
   end
-  if after > EXACT then
-    return {3, units, '', VERSION, 'the stock would exceed 2^53 - 1'}
+  -- Every total a reply shows is summed here, in doubles: exact while it
+  -- is within 2^53 - 1, so no change raises it past that (one that lowers
+  -- it always passes).
+  local before = units or 0
+  if after > before and total_of(locs) - before + after > EXACT then
+    return {3, units or -1, '', VERSION,
+      'the sku\'s total over its locations would exceed 2^53 - 1'}
   end
   if floor and floor > after then
     return {3, units or -1, '', VERSION, 'floor ' .. floor_arg .. ' is above the ' .. amount_arg

@@ -1519,7 +1519,13 @@ async fn a_one_number_script_refuses_a_record_made_by_allocation(kind: ServerKin
     let mut conn = client(&server, false).await;
     let set = must(&mut conn, &["STOCK.SET", "imp", "6", "r", "AT", "north"]).await;
     assert_eq!(code(&set), 0);
-    let deducted = allocation(must(&mut conn, &["DEDUCT.AT", "imp", "5", "d1", "SPLIT", "north"]).await);
+    let deducted = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "imp", "5", "d1", "SPLIT", "north"],
+        )
+        .await,
+    );
     assert_eq!(deducted.code, 0);
     let held = allocation(
         must(
@@ -1564,6 +1570,82 @@ async fn a_one_number_script_refuses_a_record_made_by_allocation(kind: ServerKin
     drop(server);
 }
 
+matrix! { #[tokio::test] async fn a_sku_s_total_over_its_locations_stays_within_2_pow_53_minus_1 }
+/// A SKU's total over its locations stays within 2^53 - 1, Lua's exact
+/// range, as a one-number stock does: an operator's change that would
+/// take it past answers 3 and changes nothing, so every total a reply
+/// shows is exact (issue 44: 2^53 - 1 and 2 answered 2^53).
+async fn a_sku_s_total_over_its_locations_stays_within_2_pow_53_minus_1(kind: ServerKind) {
+    const EXACT: i64 = 9_007_199_254_740_991;
+    let (_redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    let exact = EXACT.to_string();
+    let below = (EXACT - 1).to_string();
+    let set = must(
+        &mut conn,
+        &["STOCK.SET", "big", &exact, "s1", "AT", "north"],
+    )
+    .await;
+    assert_eq!(code(&set), 0);
+    for args in [
+        &["STOCK.SET", "big", "2", "s2", "AT", "south"][..],
+        &["STOCK.SET", "big", "1", "s3", "AT", "south", "FLOOR", "1"],
+        &["STOCK.ADD", "big", "1", "a1", "AT", "north"],
+    ] {
+        let over = parse(must(&mut conn, args).await);
+        assert_eq!(over.code, 3, "{args:?}: {over:?}");
+        assert!(
+            over.reason.as_deref().unwrap_or("").contains("2^53 - 1"),
+            "{args:?}: {over:?}"
+        );
+    }
+    let set = must(&mut conn, &["STOCK.SET", "big", "0", "s4", "AT", "south"]).await;
+    assert_eq!(
+        code(&set),
+        0,
+        "a location of 0 keeps the total at the bound"
+    );
+    assert_eq!(
+        locations(&mut conn, "big").await,
+        (
+            EXACT,
+            vec![("north".into(), EXACT, 0, 0), ("south".into(), 0, 0, 0)]
+        )
+    );
+    let set = must(
+        &mut conn,
+        &["STOCK.SET", "big", &below, "s5", "AT", "north"],
+    )
+    .await;
+    assert_eq!(code(&set), 0, "a change that lowers the total");
+    let add = must(&mut conn, &["STOCK.ADD", "big", "1", "a2", "AT", "south"]).await;
+    assert_eq!(code(&add), 0, "up to the bound exactly");
+    let over = must(&mut conn, &["STOCK.ADD", "big", "1", "a3", "AT", "south"]).await;
+    assert_eq!(code(&over), 3);
+    assert_eq!(
+        locations(&mut conn, "big").await,
+        (
+            EXACT,
+            vec![("north".into(), EXACT - 1, 0, 0), ("south".into(), 1, 0, 0)]
+        )
+    );
+    let total: i64 = redis::cmd("STOCK.GET")
+        .arg("big")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(total, EXACT);
+    let taken = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "big", "2", "d1", "SPLIT", "south", "north"],
+        )
+        .await,
+    );
+    assert_eq!((taken.code, taken.remain), (0, EXACT - 2));
+    drop(server);
+}
+
 matrix! { #[tokio::test] async fn stock_status_of_a_request_by_location_answers_the_sku_s_total }
 /// STOCK.STATUS of a request on a SKU kept by location answers the SKU's
 /// total available as its `stock`, as STOCK.GET does, and the request's
@@ -1575,9 +1657,21 @@ async fn stock_status_of_a_request_by_location_answers_the_sku_s_total(kind: Ser
         let set = must(&mut conn, &["STOCK.SET", "sta", qty, op, "AT", loc]).await;
         assert_eq!(code(&set), 0);
     }
-    let d = allocation(must(&mut conn, &["DEDUCT.AT", "sta", "3", "d1", "SPLIT", "w2", "w1"]).await);
+    let d = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "sta", "3", "d1", "SPLIT", "w2", "w1"],
+        )
+        .await,
+    );
     assert_eq!(d.code, 0);
-    let h = allocation(must(&mut conn, &["HOLD.AT", "sta", "4", "h1", "1000", "SPLIT", "w2", "w1"]).await);
+    let h = allocation(
+        must(
+            &mut conn,
+            &["HOLD.AT", "sta", "4", "h1", "1000", "SPLIT", "w2", "w1"],
+        )
+        .await,
+    );
     assert_eq!((h.code, h.remain), (0, 8));
     let reader = conn.clone();
     let status = |id: &'static str| {
