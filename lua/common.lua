@@ -368,6 +368,10 @@ local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
 -- cost an EVALSHA DEDUCT about 1.6k instructions more, by script-cost).
 local LOCATED = 'loc'
 local LOCATEDSKU = 'LOCATED the sku keeps its stock by location; nothing was changed'
+-- The reason of code 3 for a change of a SKU kept by location that names
+-- no location: STOCK.SET or STOCK.ADD without AT, an import's row without
+-- its location (src/bulk.rs reports it).
+local NAME_LOCATION = 'the sku keeps its stock by location: name the location'
 local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing was changed'
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
