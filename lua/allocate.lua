@@ -32,9 +32,12 @@ The operations, ARGV[1], and the keys each takes:
                      STOCK.GET (the total available), STOCK.LOCATIONS, the
                      sweeper's release: KEYS the stock key, the holds, held
                      units, journal marker, journal, the locations hash
+  status             STOCK.STATUS of a request (sent on by stockgate after
+                     lua/status.lua answered LOCATED): KEYS as for revert
 ARGV[2]  settings    HOLD's, "<max hold> <window> <max qty> <missing>
                      <flags>" (lua/hold.lua ARGV[4])
-ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release)
+ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release,
+                     status)
 then, by operation:
   deduct   qty, policy ("SPLIT" or "WHOLE"), location, ...
   hold     qty, policy, ttl_ms, location, ...
@@ -46,7 +49,10 @@ Every call but set and add first gives the SKU's expired holds back to
 their locations (at most RELEASE_BOUND), as any call on a SKU does
 (lua/common.lua); an operator's change, as lua/stock_set.lua's, does not.
 set makes a SKU one kept by location when it has no stock key yet, or its
-one number is 0 with nothing held; its op record (as lua/stock_set.lua's)
+one number is 0 with nothing held. set and add keep the SKU's total over
+its locations within 2^53 - 1 (Lua's exact range, which every reply's total
+is summed in): a change that would raise it past answers 3, as STOCK.ADD of
+a one number does. Its op record (as lua/stock_set.lua's)
 starts with the change's place, "@<location>[=<floor>];", so the same op_id
 for another location or floor is another change (3).
 
@@ -63,6 +69,9 @@ Replies:
   locations     {total, {location, available, held, floor}, ...}; a SKU
                 that keeps one number {stock}, one with none nil
   release       {released, next_at} (lua/release.lua's shape)
+  status        lua/status.lua's shape, its stock the total available; nil
+                when the SKU keeps its stock by location no more (stockgate
+                asks lua/status.lua again)
 Error replies (nothing changed): BADCALL; UNKNOWNSKU (no stock key);
 BADRECORD; LOCGONE (a location a record or the call needs is missing from
 the hash: deleted behind stockgate's back; never read as 0).
@@ -199,7 +208,7 @@ local function release_due_located(stock_key, loc_key, locs, now, window, journa
     local id = due[i]
     local record_key = stock_key .. ':req:' .. id
     local raw = call('GET', record_key)
-    local record = raw and parse_record(raw)
+    local record = raw and parse_located(raw)
     if record and record.state == 'H' and record.expires <= now then
       local list = allocation_of(record.alloc)
       if not all_present(locs, list) then
@@ -254,6 +263,11 @@ local function open(KEYS, ARGV, first_side, with_record, op)
   end
   local got = call('MGET', stock_key, marker_name, held_name)
   if got[1] ~= LOCATED then
+    if op == 'status' then
+      -- Kept by location no more since lua/status.lua said it was (a
+      -- write behind stockgate's back): stockgate asks that script again.
+      return nil, false
+    end
     if op == 'locations' then
       -- A SKU that keeps one number: its stock as stored, no locations.
       local stock = parse_stock(got[1])
@@ -306,7 +320,7 @@ local function own_record(c, record_key)
   if not raw then
     return nil, {}, 0
   end
-  local record = parse_record(raw)
+  local record = parse_located(raw)
   -- Only a revocation (REVOKED) names no locations: it took nothing.
   if not record or (not record.alloc and record.state ~= 'V') then
     return false, error_reply(BADRECORD)
@@ -666,6 +680,38 @@ local function request_call(c, KEYS, ARGV, op)
   return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
 end
 
+-- STOCK.STATUS of a request on a SKU kept by location: lua/status.lua's
+-- reply, its stock the SKU's total available (what STOCK.GET answers). A
+-- hold of the request's that ran out is given back first, as any call on
+-- the request does. A record made before the SKU was kept by location
+-- (no allocation in it) is shown as it is: it holds no unit here.
+local function status_call(c, KEYS)
+  local record_key = KEYS[2]
+  if not record_key_under(req_prefix, record_key) or KEYS[8] then
+    return badcall('keys do not follow the stockgate key layout')
+  end
+  local raw = call('GET', record_key)
+  local record = raw and parse_located(raw)
+  if raw and not record then
+    return error_reply(BADRECORD)
+  end
+  if record and record.alloc and record.state == 'H' then
+    local refused
+    record, refused = own_record(c, record_key)
+    if record == false then
+      return refused
+    end
+  end
+  local held = to_number(call('GET', held_name) or '0')
+  local next_expiry = earliest_hold(holds_name)
+  local total = total_of(c.locs)
+  if not record then
+    return {'none', 0, '', -2, total, held, next_expiry, 0, c.released}
+  end
+  return {STATE_NAMES[record.state], to_number(record.qty), record.order_no,
+          call('PTTL', record_key), total, held, next_expiry, record.expires, c.released}
+end
+
 -- STOCK.SET and STOCK.ADD ... AT <location>: an operator's change of one
 -- location, once per op_id (lua/stock_set.lua and lua/stock_add.lua have
 -- the rules, which these follow).
@@ -759,8 +805,13 @@ local function operator_call(KEYS, ARGV, op)
   if after < 0 then
     return {2, units, '', VERSION}
   end
-  if after > EXACT then
-    return {3, units, '', VERSION, 'the stock would exceed 2^53 - 1'}
+  -- Every total a reply shows is summed here, in doubles: exact while it
+  -- is within 2^53 - 1, so no change raises it past that (one that lowers
+  -- it always passes).
+  local before = units or 0
+  if after > before and total_of(locs) - before + after > EXACT then
+    return {3, units or -1, '', VERSION,
+      'the sku\'s total over its locations would exceed 2^53 - 1'}
   end
   if floor and floor > after then
     return {3, units or -1, '', VERSION, 'floor ' .. floor_arg .. ' is above the ' .. amount_arg
@@ -797,6 +848,13 @@ local function allocate(KEYS, ARGV)
   local op = ARGV[1]
   if op == 'set' or op == 'add' then
     return operator_call(KEYS, ARGV, op)
+  end
+  if op == 'status' then
+    local c, refused = open(KEYS, ARGV, 3, false, op)
+    if not c then
+      return refused
+    end
+    return status_call(c, KEYS)
   end
   local sku_op = op == 'get' or op == 'locations' or op == 'release'
   local request_op = op == 'deduct' or op == 'hold' or op == 'revert' or op == 'confirm'

@@ -345,13 +345,13 @@ end
 
 -- What a call on one request reads first, in one MGET (the keys share a
 -- slot): the stock (as parse_stock gives it), the record's raw text (false
--- when none) and the SKU's units on hold (0 when none). One call instead of
--- three is what keeps a DEDUCT on a SKU without holds as cheap for Redis
--- as it was before holds existed.
+-- when none), the SKU's units on hold (0 when none) and the stock value as
+-- stored. One call instead of three is what keeps a DEDUCT on a SKU
+-- without holds as cheap for Redis as it was before holds existed.
 local function read_request(stock_key, record_key, held_key)
   local got = call('MGET', stock_key, record_key, held_key)
   local held = got[3]
-  return parse_stock(got[1]), got[2], held and to_number(held) or 0
+  return parse_stock(got[1]), got[2], held and to_number(held) or 0, got[1]
 end
 
 local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
@@ -368,6 +368,10 @@ local BADSTOCK = 'BADSTOCK stock value is not an integer; nothing was changed'
 -- cost an EVALSHA DEDUCT about 1.6k instructions more, by script-cost).
 local LOCATED = 'loc'
 local LOCATEDSKU = 'LOCATED the sku keeps its stock by location; nothing was changed'
+-- The reason of code 3 for a change of a SKU kept by location that names
+-- no location: STOCK.SET or STOCK.ADD without AT, an import's row without
+-- its location (src/bulk.rs reports it).
+local NAME_LOCATION = 'the sku keeps its stock by location: name the location'
 local BADRECORD = 'BADRECORD idempotency record has an unknown shape; nothing was changed'
 local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was changed'
 
@@ -396,6 +400,14 @@ local UNKNOWNSKU = 'UNKNOWNSKU no stock is recorded for this sku; nothing was ch
 -- asked}, or nil for any other shape. Older records read with an empty
 -- nonce and aux; expires and held_at are numbers for H, C and X, else 0;
 -- asked (a string) is nil but for a hold that gave units back.
+--
+-- A record made by allocation (parse_located) is another shape here: its
+-- units came from locations, and a script of a SKU that keeps one number
+-- must never give them to, or take them from, that number. It meets one
+-- only where the SKU's stock key was overwritten with a number behind
+-- stockgate's back, and answers BADRECORD there, having changed nothing;
+-- a hold's such record stays in the holds set (release_expired). Refused
+-- for nothing: its first byte, `@`, matches none of the patterns below.
 local function parse_record(raw)
   local state, qty, nonce, aux, order_no =
     match(raw, '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$')
@@ -425,15 +437,29 @@ local function parse_record(raw)
     return {state = state, qty = qty, nonce = '', aux = '', order_no = order_no,
             expires = 0, held_at = 0}
   end
-  -- A record made by allocation (lua/allocate.lua) has where its units
-  -- came from first, as `alloc`.
+  return nil
+end
+
+-- A record as a SKU kept by location reads it (lua/allocate.lua): one
+-- made by allocation has where its units came from first,
+-- "@<location>=<units>,...;" and then the usual record, and reads as
+-- parse_record's with `alloc`, that text; any other reads as parse_record
+-- reads it (a REVOKED record, which took nothing, names no location).
+local function parse_located(raw)
   local alloc, rest = match(raw, '^@([^;]*);(3:.*)$')
-  local record = alloc and parse_record(rest)
+  if not alloc then
+    return parse_record(raw)
+  end
+  local record = parse_record(rest)
   if record then
     record.alloc = alloc
   end
   return record
 end
+
+-- A record's state as STOCK.STATUS names it.
+local STATE_NAMES = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
+                     C = 'CONFIRMED', X = 'EXPIRED'}
 
 local function record_text(state, qty, nonce, aux, order_no)
   return '3:' .. state .. ':' .. qty .. ':' .. nonce .. ':' .. aux .. ':' .. order_no

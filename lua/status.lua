@@ -24,14 +24,14 @@ Replies: {state, qty, order_no, ttl_ms, stock, held, next_expiry, expires_at, re
                0 when it has none)
   expires_at   the request's hold expiry (HELD, CONFIRMED, EXPIRED; else 0)
   released     expired holds this call gave back to stock
-Error replies: BADRECORD ... when the record has an unknown shape, BADCALL
-when the keys do not follow the layout or the window is missing.
+Error replies: BADRECORD ... when the record has an unknown shape (a record
+made by allocation on a SKU whose stock is a number included), BADCALL
+when the keys do not follow the layout or the window is missing, LOCATED
+for a SKU kept by location (nothing changed: stockgate asks
+lua/allocate.lua "status", which answers this shape with the SKU's total).
 ]]
 
 --@common
-
-local NAMES = {D = 'DEDUCTED', R = 'REVERTED', V = 'REVOKED', H = 'HELD',
-               C = 'CONFIRMED', X = 'EXPIRED'}
 
 local function status(KEYS, ARGV)
   if not call then
@@ -51,7 +51,10 @@ local function status(KEYS, ARGV)
   if refused then
     return refused
   end
-  local stock, raw, held = read_request(stock_key, record_key, held_key)
+  local stock, raw, held, stored = read_request(stock_key, record_key, held_key)
+  if stored == LOCATED then
+    return error_reply(LOCATEDSKU)
+  end
   local record = raw and parse_record(raw)
   if raw and not record then
     return error_reply(BADRECORD)
@@ -75,7 +78,7 @@ local function status(KEYS, ARGV)
   if not record then
     return {'none', 0, '', -2, shown, held, next_expiry, 0, released}
   end
-  return {NAMES[record.state], to_number(record.qty), record.order_no,
+  return {STATE_NAMES[record.state], to_number(record.qty), record.order_no,
           call('PTTL', record_key), shown, held, next_expiry, record.expires, released}
 end
 

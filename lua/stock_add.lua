@@ -51,11 +51,6 @@ local function stock_add(KEYS, ARGV)
   if bad then
     return bad
   end
-  local journal_key, refused = journal_of(ARGV[5] == '1')
-  if refused then
-    return refused
-  end
-
   local delta = nil
   if delta_arg and #delta_arg <= 17 and find(delta_arg, '^%-?%d+$') then
     delta = to_number(delta_arg)
@@ -67,10 +62,15 @@ local function stock_add(KEYS, ARGV)
   local raw_stock = call('GET', stock_key)
   local stock = parse_stock(raw_stock)
   if raw_stock == LOCATED then
-    return {3, -1, '', VERSION, 'the sku keeps its stock by location: name one with AT'}
+    return {3, -1, '', VERSION, NAME_LOCATION}
   end
   if stock == false then
     return error_reply(BADSTOCK)
+  end
+  -- After the refusals above, as in lua/stock_set.lua.
+  local journal_key, refused = journal_of(ARGV[5] == '1')
+  if refused then
+    return refused
   end
 
   local raw = call('GET', op_key)

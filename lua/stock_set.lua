@@ -45,10 +45,6 @@ local function stock_set(KEYS, ARGV)
   if bad then
     return bad
   end
-  local journal_key, refused = journal_of(ARGV[5] == '1')
-  if refused then
-    return refused
-  end
   local qty = nil
   if qty_arg and (qty_arg == '0' or positive_int(qty_arg)) then
     qty = to_number(qty_arg)
@@ -59,7 +55,13 @@ local function stock_set(KEYS, ARGV)
 
   local current = call('GET', stock_key)
   if current == LOCATED then
-    return {3, -1, '', VERSION, 'the sku keeps its stock by location: name one with AT'}
+    return {3, -1, '', VERSION, NAME_LOCATION}
+  end
+  -- After the refusal above: a SKU kept by location gets no journal from
+  -- a change it refuses (an import's row among them).
+  local journal_key, refused = journal_of(ARGV[5] == '1')
+  if refused then
+    return refused
   end
   local shown = to_number(current or '') or -1
   local raw = call('GET', op_key)

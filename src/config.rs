@@ -175,14 +175,17 @@ pub enum StockAction {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// The CSV file: one `sku,qty` row per line, an optional `sku,qty` header.
+    /// The CSV file: a `sku,qty` row per SKU that keeps one number, a
+    /// `sku,qty,location[,floor]` row per location of a SKU kept by location
+    /// (as `stock export` writes them), an optional header naming the columns.
     pub file: PathBuf,
 
     /// Check every row and report, but write nothing.
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Pipelines in flight at once.
+    /// Slots written at once (each slot's rows one call after another, in
+    /// file order).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
 

@@ -321,12 +321,15 @@ async fn export(args: ExportArgs) -> Result<(), String> {
         }
         None => stockgate::bulk::export(&upstream, &keys, std::io::stdout().lock()).await?,
     };
-    eprintln!("exported {} skus", exported.rows);
     if exported.located > 0 {
         eprintln!(
-            "not exported: {} skus kept by location (a row can't say where their units are; STOCK.LOCATIONS reads them)",
-            exported.located
+            "exported {} skus ({} kept by location, in {} rows)",
+            exported.rows + exported.located,
+            exported.located,
+            exported.located_rows
         );
+    } else {
+        eprintln!("exported {} skus", exported.rows);
     }
     Ok(())
 }

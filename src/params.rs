@@ -368,6 +368,12 @@ impl StockLevel {
             ))),
         }
     }
+
+    /// A location's floor (docs/locations.md): a stock level, named so.
+    pub fn parse_floor(text: &[u8]) -> Result<StockLevel, InvalidParam> {
+        StockLevel::parse(text)
+            .map_err(|_| InvalidParam(format!("floor must be an integer from 0 to {MAX_STOCK}")))
+    }
 }
 
 /// A signed change of stock, |delta| at most [`MAX_STOCK`].

@@ -64,7 +64,8 @@ impl State {
 /// A record read in place, its fields slices of the value: what the
 /// sold-out path decides from on a hot SKU, without a copy; and what
 /// [`Record::parse`] makes its owned record of. The one parser of the
-/// format in Rust: `parse_record` in `lua/common.lua`, byte for byte.
+/// format in Rust: `parse_record` and `parse_located` in `lua/common.lua`,
+/// byte for byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordView<'a> {
     pub state: State,
@@ -82,24 +83,16 @@ pub struct RecordView<'a> {
 }
 
 impl<'a> RecordView<'a> {
-    /// `None` for any shape the scripts would call BADRECORD.
+    /// A record as the scripts of a SKU that keeps one number read it
+    /// (`parse_record`): `None` for any shape they call BADRECORD, a
+    /// record made by allocation included (its units are its locations',
+    /// never the one number's).
     pub fn parse(raw: &'a [u8]) -> Option<RecordView<'a>> {
         let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
         let letter = |field: &[u8]| match field {
             [letter] => State::from_letter(*letter),
             _ => None,
         };
-        if let Some(located) = raw.strip_prefix(b"@") {
-            // '^@([^;]*);(3:.*)$': the allocation, then the record.
-            let split = located.iter().position(|b| *b == b';')?;
-            let (allocation, rest) = (&located[..split], &located[split + 1..]);
-            if !rest.starts_with(b"3:") {
-                return None;
-            }
-            let mut view = RecordView::parse(rest)?;
-            view.allocation = Some(allocation);
-            return Some(view);
-        }
         if let Some(rest) = raw.strip_prefix(b"3:") {
             // '^3:([DRVHCX]):(%d+):(%x*):([%d.]*):(.*)$', then for H, C and
             // X an aux of '^(%d+)%.(%d+)$' or '^(%d+)%.(%d+)%.(%d+)$', for
@@ -158,6 +151,24 @@ impl<'a> RecordView<'a> {
             allocation: None,
         })
     }
+
+    /// A record as `lua/allocate.lua` reads it (`parse_located`): one made
+    /// by allocation, its allocation first, or any [`RecordView::parse`]
+    /// reads.
+    pub fn parse_located(raw: &'a [u8]) -> Option<RecordView<'a>> {
+        let Some(located) = raw.strip_prefix(b"@") else {
+            return RecordView::parse(raw);
+        };
+        // '^@([^;]*);(3:.*)$': the allocation, then the record.
+        let split = located.iter().position(|b| *b == b';')?;
+        let (allocation, rest) = (&located[..split], &located[split + 1..]);
+        if !rest.starts_with(b"3:") {
+            return None;
+        }
+        let mut view = RecordView::parse(rest)?;
+        view.allocation = Some(allocation);
+        Some(view)
+    }
 }
 
 /// One record, parsed.
@@ -177,10 +188,11 @@ pub struct Record {
 }
 
 impl Record {
-    /// Parses a record's value; `None` for any shape the scripts would call
-    /// BADRECORD (and for a number past `u64`).
+    /// Parses a record's value, of either kind of SKU
+    /// ([`RecordView::parse_located`]); `None` for any shape the scripts
+    /// would call BADRECORD (and for a number past `u64`).
     pub fn parse(raw: &str) -> Option<Record> {
-        let view = RecordView::parse(raw.as_bytes())?;
+        let view = RecordView::parse_located(raw.as_bytes())?;
         let number = |s: &[u8]| std::str::from_utf8(s).ok()?.parse().ok();
         let hold = match view.hold {
             Some((expires, held)) => Some((number(expires)?, number(held)?)),
@@ -235,7 +247,18 @@ mod tests {
         let shrunk = Record::parse("3:H:1:ab:1790000000000.1789999000000.4:O").unwrap();
         assert_eq!((shrunk.qty, shrunk.asked), (1, Some(4)));
         assert_eq!(shrunk.hold, Some((1_790_000_000_000, 1_789_999_000_000)));
+        let located = Record::parse("@w1=2,w2=1;3:D:3:ab::ORD").unwrap();
+        assert_eq!(located.allocation.as_deref(), Some("w1=2,w2=1"));
+        assert_eq!(located.summary(), "D:3:ORD");
+        // A SKU that keeps one number reads no record made by allocation.
+        assert_eq!(RecordView::parse(b"@w1=2,w2=1;3:D:3:ab::ORD"), None);
+        assert_eq!(
+            RecordView::parse_located(b"3:D:2:00ff:0:ORD:1"),
+            RecordView::parse(b"3:D:2:00ff:0:ORD:1")
+        );
         for bad in [
+            "@w1=2;D:2:",
+            "@w1=2",
             "",
             "X:1:",
             "H:1:",

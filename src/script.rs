@@ -532,6 +532,8 @@ scripts! {
     order: new;
     stock_add: new;
     stock_set: new;
+    /// A plain import's rows of one slot (`src/bulk.rs`).
+    import_stock: new;
     status: without_replicas;
     get: without_replicas;
     /// The sweeper's: release one SKU's expired holds, mark a SKU in the
@@ -584,6 +586,7 @@ mod tests {
                 "order",
                 "stock_add",
                 "stock_set",
+                "import_stock",
                 "order_due",
                 "journal_open"
             ]

@@ -1494,3 +1494,217 @@ async fn a_sold_out_sku_moved_to_locations_answers_deduct_3() {
     assert_eq!((at.code, at.remain), (0, 4));
     drop(server);
 }
+
+/// Waits until Redis time (the one that decides every expiry) is past
+/// `at_ms`.
+async fn redis_time_past(conn: &mut redis::Connection, at_ms: i64) {
+    loop_until_async(Duration::from_secs(30), || {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+        async move { (secs * 1000 + micros / 1000 > at_ms).then_some(()) }
+    })
+    .await
+}
+
+matrix! { #[tokio::test] async fn a_one_number_script_refuses_a_record_made_by_allocation }
+/// A record made by allocation is never applied to a one number (issue
+/// 44). The state an import that overwrote a SKU kept by location left:
+/// its stock key an integer again, its deduction and its hold (run out)
+/// recorded by location. Every script of a SKU that keeps one number that
+/// reads such a record answers BADRECORD and changes nothing: the 5 units
+/// deducted at `north` are not given to the one number, nor is the hold
+/// that ran out, whoever releases the SKU's holds (a call, STOCK.GET, the
+/// sweeper).
+async fn a_one_number_script_refuses_a_record_made_by_allocation(kind: ServerKind) {
+    let (redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    let set = must(&mut conn, &["STOCK.SET", "imp", "6", "r", "AT", "north"]).await;
+    assert_eq!(code(&set), 0);
+    let deducted = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "imp", "5", "d1", "SPLIT", "north"],
+        )
+        .await,
+    );
+    assert_eq!(deducted.code, 0);
+    let held = allocation(
+        must(
+            &mut conn,
+            &["HOLD.AT", "imp", "1", "h1", "1000", "SPLIT", "north"],
+        )
+        .await,
+    );
+    assert_eq!(held.code, 0);
+    let mut direct = redis.node.connection().unwrap();
+    redis::cmd("SET")
+        .arg(stock_key("imp"))
+        .arg("10")
+        .query::<()>(&mut direct)
+        .unwrap();
+    redis_time_past(&mut direct, held.expires_at).await;
+    let before = sku_dump(&mut direct, "imp", &["d1", "h1"]);
+
+    for args in [
+        &["REVERT", "imp", "d1"][..],
+        &["REVERT", "imp", "h1"],
+        &["CONFIRM", "imp", "h1"],
+        &["DEDUCT", "imp", "5", "d1"],
+        &["HOLD", "imp", "1", "h1", "60000"],
+        &["HOLD.EXTEND", "imp", "h1", "c1", "60000"],
+        &["HOLD.SHRINK", "imp", "h1", "c2", "1"],
+        &["STOCK.STATUS", "imp", "d1"],
+    ] {
+        let refused = send(&mut conn, args).await;
+        let err = refused.expect_err(&format!("{args:?} must be refused"));
+        assert!(err.to_string().contains("BADRECORD"), "{args:?}: {err}");
+    }
+    // The hold by location that ran out is not the one number's to take
+    // back.
+    let stock: i64 = redis::cmd("STOCK.GET")
+        .arg("imp")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stock, 10);
+    assert_eq!(sku_dump(&mut direct, "imp", &["d1", "h1"]), before);
+    drop(server);
+}
+
+matrix! { #[tokio::test] async fn a_sku_s_total_over_its_locations_stays_within_2_pow_53_minus_1 }
+/// A SKU's total over its locations stays within 2^53 - 1, Lua's exact
+/// range, as a one-number stock does: an operator's change that would
+/// take it past answers 3 and changes nothing, so every total a reply
+/// shows is exact (issue 44: 2^53 - 1 and 2 answered 2^53).
+async fn a_sku_s_total_over_its_locations_stays_within_2_pow_53_minus_1(kind: ServerKind) {
+    const EXACT: i64 = 9_007_199_254_740_991;
+    let (_redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    let exact = EXACT.to_string();
+    let below = (EXACT - 1).to_string();
+    let set = must(
+        &mut conn,
+        &["STOCK.SET", "big", &exact, "s1", "AT", "north"],
+    )
+    .await;
+    assert_eq!(code(&set), 0);
+    for args in [
+        &["STOCK.SET", "big", "2", "s2", "AT", "south"][..],
+        &["STOCK.SET", "big", "1", "s3", "AT", "south", "FLOOR", "1"],
+        &["STOCK.ADD", "big", "1", "a1", "AT", "north"],
+    ] {
+        let over = parse(must(&mut conn, args).await);
+        assert_eq!(over.code, 3, "{args:?}: {over:?}");
+        assert!(
+            over.reason.as_deref().unwrap_or("").contains("2^53 - 1"),
+            "{args:?}: {over:?}"
+        );
+    }
+    let set = must(&mut conn, &["STOCK.SET", "big", "0", "s4", "AT", "south"]).await;
+    assert_eq!(
+        code(&set),
+        0,
+        "a location of 0 keeps the total at the bound"
+    );
+    assert_eq!(
+        locations(&mut conn, "big").await,
+        (
+            EXACT,
+            vec![("north".into(), EXACT, 0, 0), ("south".into(), 0, 0, 0)]
+        )
+    );
+    let set = must(
+        &mut conn,
+        &["STOCK.SET", "big", &below, "s5", "AT", "north"],
+    )
+    .await;
+    assert_eq!(code(&set), 0, "a change that lowers the total");
+    let add = must(&mut conn, &["STOCK.ADD", "big", "1", "a2", "AT", "south"]).await;
+    assert_eq!(code(&add), 0, "up to the bound exactly");
+    let over = must(&mut conn, &["STOCK.ADD", "big", "1", "a3", "AT", "south"]).await;
+    assert_eq!(code(&over), 3);
+    assert_eq!(
+        locations(&mut conn, "big").await,
+        (
+            EXACT,
+            vec![("north".into(), EXACT - 1, 0, 0), ("south".into(), 1, 0, 0)]
+        )
+    );
+    let total: i64 = redis::cmd("STOCK.GET")
+        .arg("big")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(total, EXACT);
+    let taken = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "big", "2", "d1", "SPLIT", "south", "north"],
+        )
+        .await,
+    );
+    assert_eq!((taken.code, taken.remain), (0, EXACT - 2));
+    drop(server);
+}
+
+matrix! { #[tokio::test] async fn stock_status_of_a_request_by_location_answers_the_sku_s_total }
+/// STOCK.STATUS of a request on a SKU kept by location answers the SKU's
+/// total available as its `stock`, as STOCK.GET does, and the request's
+/// hold that ran out as EXPIRED, its units back where they came from.
+async fn stock_status_of_a_request_by_location_answers_the_sku_s_total(kind: ServerKind) {
+    let (redis, server) = located_server(kind).await;
+    let mut conn = client(&server, false).await;
+    for (op, loc, qty) in [("s1", "w1", "10"), ("s2", "w2", "5")] {
+        let set = must(&mut conn, &["STOCK.SET", "sta", qty, op, "AT", loc]).await;
+        assert_eq!(code(&set), 0);
+    }
+    let d = allocation(
+        must(
+            &mut conn,
+            &["DEDUCT.AT", "sta", "3", "d1", "SPLIT", "w2", "w1"],
+        )
+        .await,
+    );
+    assert_eq!(d.code, 0);
+    let h = allocation(
+        must(
+            &mut conn,
+            &["HOLD.AT", "sta", "4", "h1", "1000", "SPLIT", "w2", "w1"],
+        )
+        .await,
+    );
+    assert_eq!((h.code, h.remain), (0, 8));
+    let reader = conn.clone();
+    let status = |id: &'static str| {
+        let mut conn = reader.clone();
+        async move {
+            let Value::Array(fields) = must(&mut conn, &["STOCK.STATUS", "sta", id]).await else {
+                panic!("a map, flat in RESP2")
+            };
+            fields
+                .chunks(2)
+                .map(|pair| (text(&pair[0]), pair[1].clone()))
+                .collect::<std::collections::HashMap<String, Value>>()
+        }
+    };
+    let deducted = status("d1").await;
+    assert_eq!(deducted["state"], Value::BulkString(b"DEDUCTED".to_vec()));
+    assert_eq!(deducted["qty"], Value::Int(3));
+    assert_eq!(deducted["stock"], Value::Int(8), "{deducted:?}");
+    assert_eq!(deducted["held"], Value::Int(4));
+
+    let mut direct = redis.node.connection().unwrap();
+    redis_time_past(&mut direct, h.expires_at).await;
+    let expired = status("h1").await;
+    assert_eq!(expired["state"], Value::BulkString(b"EXPIRED".to_vec()));
+    assert_eq!(expired["stock"], Value::Int(12), "{expired:?}");
+    assert_eq!(expired["held"], Value::Int(0));
+    assert_eq!(expired["expires_at"], Value::Int(h.expires_at));
+    assert_eq!(
+        locations(&mut conn, "sta").await,
+        (12, vec![("w1".into(), 10, 0, 0), ("w2".into(), 2, 0, 0)])
+    );
+    let none = status("nobody").await;
+    assert_eq!(none["state"], Value::BulkString(b"none".to_vec()));
+    assert_eq!(none["stock"], Value::Int(12));
+    drop(server);
+}

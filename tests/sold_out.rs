@@ -55,6 +55,16 @@ fn record_text() -> impl Strategy<Value = Option<String>> {
         1 => (state, qty, order_no).prop_map(|(s, q, o)| Some(format!("{s}:{q}:{o}"))),
         1 => prop::sample::select(vec!["garbage", "3:D:2", "4:D:2:ab::", "D:2"])
             .prop_map(|s| Some(s.to_owned())),
+        // Records made by allocation (docs/locations.md), which a script of
+        // a SKU that keeps one number refuses (BADRECORD).
+        1 => prop::sample::select(vec![
+            "@w1=2;3:D:2:ab::",
+            "@w1=1,w2=2;3:D:3:ab::ORD-1",
+            "@w1=2;3:R:2:ab::",
+            "@;3:V:0:ab::",
+            "@w1=1;3:H:1:ab:9.1:",
+        ])
+        .prop_map(|s| Some(s.to_owned())),
     ]
 }
 

@@ -37,7 +37,7 @@ use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::UpstreamError;
 use crate::outcome::{Code, HoldEvent, StockReply};
-use crate::params::{Delta, InvalidParam, Location, MAX_STOCK, OpId, Sku, StockLevel};
+use crate::params::{Delta, InvalidParam, Location, OpId, Sku, StockLevel};
 use crate::reply::Reply;
 use crate::script::LuaScript;
 use bytes::Bytes;
@@ -310,9 +310,7 @@ impl Place {
         let location = Location::parse(location.clone())?;
         let floor = match floor {
             Some(floor) => {
-                StockLevel::parse(floor).map_err(|_| {
-                    InvalidParam(format!("floor must be an integer from 0 to {MAX_STOCK}"))
-                })?;
+                StockLevel::parse_floor(floor)?;
                 Some(floor.clone())
             }
             None => None,

@@ -13,6 +13,9 @@
 //! `held` (the SKU's units on hold) and `next_expiry` (the earliest of the
 //! SKU's holds, 0 when none). Like every call on a SKU it first gives back
 //! the SKU's expired holds, so it answers by Redis time (`lua/status.lua`).
+//! On a SKU kept by location `stock` is its total available, as STOCK.GET
+//! answers it (`lua/allocate.lua` "status", where `lua/status.lua` answered
+//! LOCATED).
 
 use super::StockService;
 use super::command::{Command, Footprint, Serve};
@@ -53,19 +56,32 @@ async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
         Ok(parsed) => parsed,
         Err(invalid) => return Reply::error(format!("ERR {invalid}")),
     };
-    let keys = service.keys.request_keys(&sku, &request_id);
-    let keys = keys.all();
-    let settings = &service.settings;
-    let args = [
-        settings.retry_window_arg.as_bytes(),
-        settings.journal_arg.as_bytes(),
-    ];
-    match service
-        .with_journal(&sku, service.deadline(), || {
-            service.upstream.eval(&service.scripts.status, &keys, &args)
-        })
-        .await
-    {
+    let by_one_number = async || {
+        let keys = service.keys.request_keys(&sku, &request_id);
+        let keys = keys.all();
+        let settings = &service.settings;
+        let args = [
+            settings.retry_window_arg.as_bytes(),
+            settings.journal_arg.as_bytes(),
+        ];
+        service
+            .with_journal(&sku, service.deadline(), || {
+                service.upstream.eval(&service.scripts.status, &keys, &args)
+            })
+            .await
+    };
+    let read = match by_one_number().await {
+        Err(fault) if fault.is_located() => {
+            match service.status_by_location(&sku, &request_id).await {
+                // It keeps its stock by location no more: the first
+                // script answers it now.
+                Ok(Value::Nil) => by_one_number().await,
+                read => read,
+            }
+        }
+        read => read,
+    };
+    match read {
         Ok(value) => {
             if let Value::Array(items) = &value
                 && let Some(Value::Int(released)) = items.get(8)
@@ -83,7 +99,8 @@ async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
 }
 
 /// The status script's `{state, qty, order_no, ttl_ms, stock, held,
-/// next_expiry, expires_at, released}` as a map.
+/// next_expiry, expires_at, released}` as a map (`stock` as stored, or a
+/// located SKU's total).
 fn status_reply(value: Value) -> Reply {
     let Value::Array(items) = value else {
         return Reply::error("BADREPLY STOCK.STATUS answered an unexpected shape");
@@ -99,6 +116,8 @@ fn status_reply(value: Value) -> Reply {
         _ => Reply::Null,
     };
     let stock = match field(4) {
+        // A SKU kept by location: its total.
+        Value::Int(total) => Reply::Integer(total),
         Value::BulkString(raw) => std::str::from_utf8(&raw)
             .ok()
             .and_then(|s| s.parse().ok())

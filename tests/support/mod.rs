@@ -406,6 +406,28 @@ pub fn record_state(conn: &mut impl redis::ConnectionLike, sku: &str, id: &str) 
     }
 }
 
+/// What a test watches of `sku` for change: its stock key, locations,
+/// units held, holds and journal, and the records of `ids`, each as DUMP
+/// gives it (the value, not its TTL; `None` when the key is missing).
+pub fn sku_dump(
+    conn: &mut impl redis::ConnectionLike,
+    sku: &str,
+    ids: &[&str],
+) -> Vec<(String, Option<Vec<u8>>)> {
+    let stock = stock_key(sku);
+    let mut keys: Vec<Vec<u8>> = ["", ":loc", ":held", ":holds", ":journal"]
+        .iter()
+        .map(|suffix| [&stock[..], suffix.as_bytes()].concat())
+        .collect();
+    keys.extend(ids.iter().map(|id| record_key(sku, id)));
+    keys.into_iter()
+        .map(|key| {
+            let dumped: Option<Vec<u8>> = redis::cmd("DUMP").arg(&key).query(conn).unwrap();
+            (String::from_utf8_lossy(&key).into_owned(), dumped)
+        })
+        .collect()
+}
+
 /// Sets a sku's stock directly in the cluster.
 pub fn set_stock(cluster: &LocalCluster, sku: &str, stock: i64) {
     let mut conn = cluster.cluster_connection().unwrap();

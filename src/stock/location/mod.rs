@@ -347,6 +347,27 @@ impl StockService {
         .await
     }
 
+    /// STOCK.STATUS of a request on a SKU kept by location (`lua/allocate.lua`
+    /// "status"): `lua/status.lua`'s shape, its stock the SKU's total
+    /// available; nil when the SKU keeps its stock by location no more. A
+    /// read, as [`StockService::read_by_location`]'s.
+    pub(super) async fn status_by_location(
+        &self,
+        sku: &Sku,
+        request_id: &RequestId,
+    ) -> Result<Value, UpstreamError> {
+        let keys = self.keys.request_keys(sku, request_id);
+        let loc_key = self.keys.locations_key(sku);
+        let mut named: Vec<&[u8]> = keys.all().to_vec();
+        named.push(&loc_key);
+        let argv: [&[u8]; 2] = [b"status", self.located_settings()];
+        self.with_journal(sku, self.deadline(), || {
+            self.upstream
+                .eval_piped(&self.scripts.allocate_reads, &named, &argv, self.deadline())
+        })
+        .await
+    }
+
     /// STOCK.SET (`floor` maybe) or STOCK.ADD of one location: the op
     /// record's keys with the locations hash.
     pub(super) async fn change_location(
