@@ -61,6 +61,7 @@ fn ok_reply() -> StockReply {
         version: SCRIPT_VERSION,
         expires_at: None,
         reason: None,
+        allocation: None,
         effects: Default::default(),
     }
 }

@@ -299,6 +299,25 @@ impl Flat<'_> {
     }
 }
 
+impl<'a> Flat<'a> {
+    /// The next element, a flat array itself, read as its own [`Flat`]
+    /// over the same frame (this one moves past it as the nested one is
+    /// read: read it whole before reading on here).
+    pub fn array(&mut self) -> Option<Flat<'a>> {
+        if self.left == 0 || self.frame.get(self.at) != Some(&b'*') {
+            return None;
+        }
+        self.at += 1;
+        let count = usize::try_from(self.digits()?).ok()?;
+        self.left -= 1;
+        Some(Flat {
+            frame: self.frame,
+            at: self.at,
+            left: count,
+        })
+    }
+}
+
 /// One element of a reply, as [`Items`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {

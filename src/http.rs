@@ -63,8 +63,6 @@ use crate::outcome::{Code, StockReply};
 use crate::session::hello::Gate;
 use crate::state::Shared;
 use crate::stock::admin::{Correction, Uncorrected};
-use crate::stock::hold_change::HoldChange;
-use crate::stock::location::Allocated;
 use crate::stock::location::locations::{self, Unread};
 use crate::stock::order::OrderReply;
 use crate::stock::order::{order_call, order_state};
@@ -581,16 +579,16 @@ async fn hold(State(shared): State<Arc<Shared>>, request: Request) -> Response {
 }
 
 async fn hold_extend(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    on_hold_change(shared, request, HoldChange::Extend).await
+    on_hold_change(shared, request, StockCommand::HoldExtend).await
 }
 
 async fn hold_shrink(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    on_hold_change(shared, request, HoldChange::Shrink).await
+    on_hold_change(shared, request, StockCommand::HoldShrink).await
 }
 
 /// HOLD.EXTEND (`ttl_ms`) and HOLD.SHRINK (`qty`): the body's fields become
 /// the RESP arguments; the other command's amount is a malformed body.
-async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChange) -> Response {
+async fn on_hold_change(shared: Arc<Shared>, request: Request, command: StockCommand) -> Response {
     let arrived = Instant::now();
     let account = match authorize(&shared, &request) {
         Ok(account) => account,
@@ -600,9 +598,9 @@ async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChang
         Ok(body) => body,
         Err(response) => return response,
     };
-    let (field, amount, other) = match change {
-        HoldChange::Extend => ("ttl_ms", body.ttl_ms, body.qty.map(|_| "qty")),
-        HoldChange::Shrink => ("qty", body.qty, body.ttl_ms.map(|_| "ttl_ms")),
+    let (field, amount, other) = match command {
+        StockCommand::HoldExtend => ("ttl_ms", body.ttl_ms, body.qty.map(|_| "qty")),
+        _ => ("qty", body.qty, body.ttl_ms.map(|_| "ttl_ms")),
     };
     let amount = match (amount, other) {
         (_, Some(other)) => Err(format!(
@@ -621,15 +619,13 @@ async fn on_hold_change(shared: Arc<Shared>, request: Request, change: HoldChang
         Bytes::from(body.change_id),
         amount,
     ];
-    if let Some(denied) = permit(&shared, &account, change.command(), &args) {
+    if let Some(denied) = permit(&shared, &account, command, &args) {
         return denied;
     }
+    let user = Some(account.clone());
     respond(
-        change.command(),
-        shared
-            .service
-            .change_hold(change, &args, arrived, Some(account.name()))
-            .await,
+        command,
+        shared.service.call(command, &args, arrived, user).await,
     )
 }
 
@@ -717,8 +713,8 @@ async fn hold_at(State(shared): State<Arc<Shared>>, request: Request) -> Respons
 }
 
 /// DEDUCT.AT (`hold` false) or HOLD.AT with the RESP arguments a body
-/// made: the same [`crate::stock::StockService::allocate`] as RESP. No
-/// locations is code 3 there, as over RESP.
+/// made: the same call as RESP's. No locations is code 3 there, as over
+/// RESP.
 async fn allocate(
     shared: &Shared,
     account: &Arc<Account>,
@@ -734,12 +730,10 @@ async fn allocate(
     if let Some(denied) = permit(shared, account, command, args) {
         return denied;
     }
-    respond_allocated(
+    let user = Some(account.clone());
+    respond(
         command,
-        shared
-            .service
-            .allocate(hold, args, arrived, Some(account.name()))
-            .await,
+        shared.service.call(command, args, arrived, user).await,
     )
 }
 
@@ -1161,9 +1155,33 @@ pub fn status_for(command: StockCommand, code: Code) -> StatusCode {
 }
 
 fn respond(command: StockCommand, result: Result<StockReply, UpstreamError>) -> Response {
-    match result {
-        Ok(reply) => json(status_for(command, reply.code), &outcome_body(&reply)),
-        Err(fault) => fault_response(&fault),
+    let mut reply = match result {
+        Ok(reply) => reply,
+        Err(fault) => return fault_response(&fault),
+    };
+    // A DEDUCT.AT's body is DEDUCT's, without an expiry; HOLD.AT's has
+    // HOLD's `expires_at`, a refusal's too (0).
+    if command == StockCommand::DeductAt {
+        reply.expires_at = None;
+    }
+    let status = status_for(command, reply.code);
+    match &reply.allocation {
+        None => json(status, &outcome_body(&reply)),
+        Some(allocation) => json(
+            status,
+            &AllocationOutcomeBody {
+                outcome: outcome_body(&reply),
+                allocation: allocation
+                    .iter()
+                    .map(|(location, units)| LocationGave {
+                        // Locations are ASCII: the script took only names
+                        // that passed Location::parse.
+                        location: std::str::from_utf8(location).unwrap_or(""),
+                        units: *units,
+                    })
+                    .collect(),
+            },
+        ),
     }
 }
 
@@ -1182,35 +1200,6 @@ fn outcome_body(reply: &StockReply) -> OutcomeBody<'_> {
             .reason
             .as_deref()
             .and_then(|r| std::str::from_utf8(r).ok()),
-    }
-}
-
-/// A DEDUCT.AT or HOLD.AT outcome: DEDUCT's or HOLD's body and status,
-/// with the allocation.
-fn respond_allocated(command: StockCommand, result: Result<Allocated, UpstreamError>) -> Response {
-    match result {
-        Ok(allocated) => {
-            // HOLD.AT's body has HOLD's `expires_at`, a refusal's too (0).
-            let reply = allocated
-                .reply
-                .clone()
-                .with_expiry(command == StockCommand::HoldAt);
-            let body = AllocationOutcomeBody {
-                outcome: outcome_body(&reply),
-                allocation: allocated
-                    .allocation
-                    .iter()
-                    .map(|(location, units)| LocationGave {
-                        // Locations are ASCII: the script took only names
-                        // that passed Location::parse.
-                        location: std::str::from_utf8(location).unwrap_or(""),
-                        units: *units,
-                    })
-                    .collect(),
-            };
-            json(status_for(command, reply.code), &body)
-        }
-        Err(fault) => fault_response(&fault),
     }
 }
 

@@ -85,23 +85,6 @@ impl RequestKeys {
     }
 }
 
-/// The keys a change of a hold names (HOLD.EXTEND, HOLD.SHRINK): the
-/// hold's request's six ([`RequestKeys`], in their order), then the
-/// change's own record, `<prefix>:{<sku>}:chg:<change_id>`, as
-/// `lua/change_hold.lua` takes them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldChangeKeys {
-    pub request: RequestKeys,
-    pub change: Vec<u8>,
-}
-
-impl HoldChangeKeys {
-    pub fn all(&self) -> [&[u8]; 7] {
-        let [stock, record, holds, held, marker, journal] = self.request.all();
-        [stock, record, holds, held, marker, journal, &self.change]
-    }
-}
-
 /// The keys of a SKU that a call on the SKU alone declares (STOCK.GET, the
 /// sweeper's release, a coalesced DEDUCT before its records): its stock,
 /// holds, held units, journal's marker and journal.
@@ -325,6 +308,12 @@ impl KeyLayout {
     /// `<prefix>:{<sku>}:loc`: the units of a SKU kept by location, a
     /// hash of [`LocationField`]s, in the SKU's slot so that one script
     /// allocates over all its locations.
+    pub fn locations_key_parts<'a>(&'a self, sku: &'a Sku) -> [&'a [u8]; 5] {
+        let [prefix, open, sku, close] = self.stock_key_parts(sku);
+        [prefix, open, sku, close, LOCATIONS]
+    }
+
+    /// [`KeyLayout::locations_key_parts`], as one key.
     pub fn locations_key(&self, sku: &Sku) -> Vec<u8> {
         let [prefix, open, sku, close] = self.stock_key_parts(sku);
         [prefix, open, sku, close, LOCATIONS].concat()
@@ -379,16 +368,12 @@ impl KeyLayout {
         self.keys_with_record(sku, record)
     }
 
-    /// The keys of one change of a hold (HOLD.EXTEND, HOLD.SHRINK).
-    pub fn hold_change_keys(
-        &self,
-        sku: &Sku,
-        request_id: &RequestId,
-        change_id: &ChangeId,
-    ) -> HoldChangeKeys {
-        let request = self.request_keys(sku, request_id);
-        let change = [&request.stock[..], b":chg:", change_id.as_bytes()].concat();
-        HoldChangeKeys { request, change }
+    /// `<prefix>:{<sku>}:chg:<change_id>`: the record of a change of a hold
+    /// (HOLD.EXTEND, HOLD.SHRINK), which `lua/change_hold.lua` takes after
+    /// the hold's request's six keys; as its parts.
+    pub fn change_key_parts<'a>(&'a self, sku: &'a Sku, change_id: &'a ChangeId) -> [&'a [u8]; 6] {
+        let [prefix, open, sku, close] = self.stock_key_parts(sku);
+        [prefix, open, sku, close, b":chg:", change_id.as_bytes()]
     }
 
     /// Checks, with CRC16, that the two key shapes map to one slot. It holds

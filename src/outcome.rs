@@ -87,6 +87,10 @@ pub struct StockReply {
     pub expires_at: Option<i64>,
     /// Why the parameters were refused (code 3 only).
     pub reason: Option<Bytes>,
+    /// What each location gave an allocation (DEDUCT.AT, HOLD.AT), in the
+    /// order taken (a retry's: what the first call took); `None` for every
+    /// other reply. Shown as the seventh element.
+    pub allocation: Option<Vec<(Bytes, i64)>>,
     /// What the call did besides its answer, for the metrics; never sent.
     pub effects: Effects,
 }
@@ -160,6 +164,7 @@ impl StockReply {
             version: SCRIPT_VERSION,
             expires_at: None,
             reason: Some(reason.into()),
+            allocation: None,
             effects: Effects::default(),
         }
     }
@@ -187,7 +192,25 @@ impl StockReply {
             Value::SimpleString(s) => Field::Text(Bytes::copy_from_slice(s.as_bytes())),
             _ => Field::Other,
         });
-        StockReply::from_fields(fields, shown)
+        let mut reply = StockReply::from_fields(fields, &shown)?;
+        if let Some(Value::Array(flat)) = items.get(ALLOCATION_AT) {
+            let mut allocation = Vec::with_capacity(flat.len() / 2);
+            for pair in flat.chunks(2) {
+                match pair {
+                    [Value::BulkString(name), Value::Int(units)] => {
+                        allocation.push((Bytes::copy_from_slice(name), *units))
+                    }
+                    _ => {
+                        return Err(bad_reply(
+                            "has an allocation that is not location, units pairs",
+                            shown,
+                        ));
+                    }
+                }
+            }
+            reply.allocation = Some(allocation);
+        }
+        Ok(reply)
     }
 
     /// Maps a script's reply as the node pipes read it: its raw bytes, as
@@ -197,15 +220,28 @@ impl StockReply {
             return Ok(reply);
         }
         let shown = || String::from_utf8_lossy(frame).into_owned();
-        if !matches!(answer::shape(frame), Shape::Array(_)) {
+        let Shape::Array(count) = answer::shape(frame) else {
             return Err(bad_reply("is not an array", shown));
-        }
+        };
         let fields = answer::items(frame).map(|item| match item {
             Item::Integer(i) => Field::Int(i),
             Item::Text(b) => Field::Text(b),
             Item::Other => Field::Other,
         });
-        StockReply::from_fields(fields, shown)
+        let mut reply = StockReply::from_fields(fields, &shown)?;
+        let eleventh = answer::elements(frame, count).and_then(|mut e| e.nth(ALLOCATION_AT));
+        if let Some(element) = eleventh.filter(|e| e.first() == Some(&b'*')) {
+            let allocation = answer::flat(&element)
+                .and_then(|mut array| allocation_of(&element, &mut array))
+                .ok_or_else(|| {
+                    bad_reply(
+                        "has an allocation that is not location, units pairs",
+                        &shown,
+                    )
+                })?;
+            reply.allocation = Some(allocation);
+        }
+        Ok(reply)
     }
 
     /// [`StockReply::from_raw`] in one pass over the bytes, for a reply of
@@ -246,6 +282,12 @@ impl StockReply {
             0 => 0,
             _ => flat.int().filter(|n| *n >= 0)?,
         };
+        // An eleventh element that is an array is an allocation; anything
+        // else after the tenth, a newer script's, is left unread.
+        let allocation = match flat.array() {
+            Some(mut array) => Some(allocation_of(frame, &mut array)?),
+            None => None,
+        };
         Some(StockReply {
             code,
             remain,
@@ -253,6 +295,7 @@ impl StockReply {
             version,
             expires_at,
             reason: reason.map(|r| frame.slice(r)),
+            allocation,
             effects: Effects {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
                 held_ms: held_ms as u64,
@@ -335,6 +378,7 @@ impl StockReply {
             version,
             expires_at,
             reason,
+            allocation: None,
             effects: Effects {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
                 held_ms: held_ms as u64,
@@ -343,6 +387,24 @@ impl StockReply {
             },
         })
     }
+}
+
+/// Where a reply of `lua/allocate.lua`'s deduct and hold has its
+/// allocation: after answer()'s ten elements.
+const ALLOCATION_AT: usize = 10;
+
+/// An allocation, `[location, units, ...]` (`array`, read from `frame`):
+/// its pairs, or `None` for anything else.
+fn allocation_of(frame: &bytes::Bytes, array: &mut answer::Flat<'_>) -> Option<Vec<(Bytes, i64)>> {
+    if !array.left.is_multiple_of(2) {
+        return None;
+    }
+    let mut allocation = Vec::with_capacity(array.left / 2);
+    while array.left > 0 {
+        let location = array.text()?;
+        allocation.push((frame.slice(location), array.int()?));
+    }
+    Some(allocation)
 }
 
 /// One element of a script's reply, whichever client decoded it.

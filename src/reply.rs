@@ -100,6 +100,9 @@ impl Reply {
 }
 
 fn stock(dst: &mut BytesMut, reply: &StockReply) {
+    if let Some(allocation) = &reply.allocation {
+        return allocated(dst, reply, allocation);
+    }
     let reason = reply.reason.as_deref();
     let len = 4 + usize::from(reply.expires_at.is_some()) + usize::from(reason.is_some());
     let most = 6 * LINE_MOST + reply.order_no.len() + reason.map_or(0, <[u8]>::len) + 4;
@@ -114,6 +117,35 @@ fn stock(dst: &mut BytesMut, reply: &StockReply) {
     }
     if let Some(reason) = reason {
         out.bulk(reason);
+    }
+    out.done();
+}
+
+/// An allocation's reply (DEDUCT.AT, HOLD.AT): `[code, remain, order_no,
+/// version, reason, expires_at_ms, [location, units, ...]]`, seven
+/// elements always (an empty reason and 0 where there is none).
+fn allocated(dst: &mut BytesMut, reply: &StockReply, allocation: &[(Bytes, i64)]) {
+    let reason = reply.reason.as_deref().unwrap_or_default();
+    let most = 8 * LINE_MOST
+        + reply.order_no.len()
+        + reason.len()
+        + 4
+        + allocation
+            .iter()
+            .map(|(location, _)| 2 * LINE_MOST + location.len() + 2)
+            .sum::<usize>();
+    let mut out = Spare::new(dst, most);
+    out.line(b'*', 7);
+    out.line(b':', reply.code as i64);
+    out.line(b':', reply.remain);
+    out.bulk(&reply.order_no);
+    out.line(b':', reply.version);
+    out.bulk(reason);
+    out.line(b':', reply.expires_at.unwrap_or(0));
+    out.line(b'*', 2 * allocation.len() as i64);
+    for (location, units) in allocation {
+        out.bulk(location);
+        out.line(b':', *units);
     }
     out.done();
 }
@@ -438,6 +470,7 @@ mod tests {
             version: 1,
             expires_at: None,
             reason: None,
+            allocation: None,
             effects: Default::default(),
         });
         let wire = "*4\r\n:0\r\n:9\r\n$5\r\nORD-1\r\n:1\r\n";
@@ -450,6 +483,7 @@ mod tests {
             version: 4,
             expires_at: Some(1_790_000_000_123),
             reason: None,
+            allocation: None,
             effects: Default::default(),
         });
         assert_eq!(
@@ -516,6 +550,7 @@ mod tests {
                 version: 2,
                 expires_at: None,
                 reason: None,
+                allocation: None,
                 effects: Default::default(),
             });
             assert_eq!(

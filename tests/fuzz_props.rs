@@ -280,6 +280,7 @@ fn reply() -> impl Strategy<Value = Reply> {
                     version,
                     expires_at,
                     reason: reason.map(Bytes::from),
+                    allocation: None,
                     effects: Default::default(),
                 })
             }),

@@ -59,15 +59,19 @@ fn stock_reply() -> impl Strategy<Value = StockReply> {
         integer(),
         prop::option::of(bytes()),
         prop::option::of(integer()),
+        // An allocation's reply (DEDUCT.AT, HOLD.AT): what each location
+        // gave, some of the time.
+        prop::option::of(prop::collection::vec((bytes(), integer()), 0..5)),
     )
         .prop_map(
-            |(code, remain, order_no, version, reason, expires_at)| StockReply {
+            |(code, remain, order_no, version, reason, expires_at, allocation)| StockReply {
                 code,
                 remain,
                 order_no,
                 version,
                 expires_at,
                 reason,
+                allocation,
                 effects: Default::default(),
             },
         )
@@ -136,6 +140,23 @@ fn meaning(reply: &Reply, protocol: Protocol) -> Value {
                 Value::BulkString(stock.order_no.to_vec()),
                 Value::Int(stock.version),
             ];
+            if let Some(allocation) = &stock.allocation {
+                // Seven elements always: the reason (empty when none) and
+                // the expiry (0 when none) before the allocation.
+                items.push(Value::BulkString(
+                    stock.reason.as_ref().map_or(Vec::new(), |r| r.to_vec()),
+                ));
+                items.push(Value::Int(stock.expires_at.unwrap_or(0)));
+                items.push(Value::Array(
+                    allocation
+                        .iter()
+                        .flat_map(|(location, units)| {
+                            [Value::BulkString(location.to_vec()), Value::Int(*units)]
+                        })
+                        .collect(),
+                ));
+                return Value::Array(items);
+            }
             items.extend(stock.expires_at.map(Value::Int));
             items.extend(stock.reason.as_ref().map(|r| Value::BulkString(r.to_vec())));
             Value::Array(items)
@@ -297,6 +318,7 @@ fn the_issue_11_reply_parses_and_leaves_nothing_behind() {
                 version: 3,
                 expires_at: None,
                 reason: None,
+                allocation: None,
                 effects: Default::default(),
             })
         })

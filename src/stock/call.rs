@@ -1,7 +1,7 @@
-//! A call on one request (DEDUCT, REVERT, HOLD, CONFIRM), from the
-//! request to its reply: the one owner of its life, whoever waits for it
-//! (a client connection's requests in flight, an HTTP request, an order's
-//! line).
+//! A call on one request (DEDUCT, REVERT, HOLD, CONFIRM, HOLD.EXTEND,
+//! HOLD.SHRINK, DEDUCT.AT, HOLD.AT), from the request to its reply: the one
+//! owner of its life, whoever waits for it (a client connection's requests
+//! in flight, an HTTP request, an order's line).
 //!
 //! ```text
 //!   prepare ──► submit ──► conclude ──► (the reply)
@@ -14,13 +14,16 @@
 //! pipe (a sold-out SKU's DEDUCT as a read of its keys first, a hot SKU's
 //! DEDUCTs gathered into one call), with a completion its answer goes to;
 //! [`StockService::conclude`] reads the answer; anything unusual goes
-//! again through [`StockService::fallback`]. Every end of a call goes
-//! through [`StockService::finish`], which records what it came to.
+//! again through [`StockService::fallback`] (and a call whose script met a
+//! SKU kept by location goes on by location, when its command has a call
+//! for that: [`super::single::Single::by_location`]). Every end of a call
+//! goes through [`StockService::finish`], which records what it came to:
+//! its metrics and access log, the holds it moved, the sweep index.
 //! [`StockService::run`] is the whole life awaited, for a caller with a
 //! task of its own.
 
 use super::books::AccessEntry;
-use super::single::{Field, OneRequest, position};
+use super::single::{Field, OneRequest, Shape, Single, position};
 use super::{StockCommand, StockService, coalesce, sold_out, wire};
 use crate::auth::Account;
 use crate::error::UpstreamError;
@@ -71,11 +74,9 @@ pub struct Call {
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
     /// Its script met a SKU kept by location (LOCATED, nothing changed):
-    /// its fallback goes by location ([`super::location`]).
-    located: bool,
-    /// An order's line on a SKU kept by location: where its HOLD or take
-    /// allocates ([`super::order::lines`]).
-    pub(super) placement: Option<Arc<crate::params::Placement>>,
+    /// it goes on as its command's call by location
+    /// ([`super::single::Single::by_location`]).
+    by_location: bool,
     /// The user who sent it (for the access log): the account, a thin
     /// pointer, which every call moves around.
     user: Option<Arc<Account>>,
@@ -151,6 +152,16 @@ impl StockCall {
     fn order_line(&self) -> bool {
         matches!(self.on_behalf, OnBehalf::Line { .. })
     }
+
+    /// What the call is, as its command describes it: the command's own
+    /// call, or its call by location.
+    fn described(&self) -> &'static Single {
+        let single = self.request.single;
+        match single.by_location {
+            Some(by_location) if self.by_location => by_location,
+            _ => single,
+        }
+    }
 }
 
 impl StockService {
@@ -181,8 +192,7 @@ impl StockService {
     ) -> Option<Prepared> {
         let single = command.single()?;
         let parsed = OneRequest::parse(command, single, args, &self.settings.limits)
-            .and_then(|request| not_an_order_line(&request.request_id).map(|()| request))
-            .and_then(|request| self.fresh(&request.request_id).map(|()| request));
+            .and_then(|request| self.fresh_request(&request).map(|()| request));
         Some(match parsed {
             Ok(request) => {
                 let read_first = match (&self.fast.sold_out, &request.qty) {
@@ -197,7 +207,7 @@ impl StockService {
                 Prepared::Call(call)
             }
             Err(invalid) => {
-                let reply = StockReply::invalid(invalid.0).with_expiry(single.shows_expiry);
+                let reply = shown(single.reply, StockReply::invalid(invalid.0));
                 let field = |f: Field| position(single, f).and_then(|i| args.get(i));
                 let entry = AccessEntry {
                     command,
@@ -228,8 +238,7 @@ impl StockService {
             sent,
             deadline: sent + self.upstream.timeout(),
             read_first: false,
-            located: false,
-            placement: None,
+            by_location: false,
             user: None,
             on_behalf,
         }))
@@ -247,7 +256,7 @@ impl StockService {
         let request = &call.request;
         let (sku, request_id) = (&request.sku, &request.request_id);
         if let Some(ttl) = &request.ttl
-            && request.single.places_hold
+            && call.described().places_hold
             && call.on_behalf != (OnBehalf::Line { swept: false })
         {
             self.sweeper
@@ -304,9 +313,7 @@ impl StockService {
                         self.wire(call).encode(
                             self.upstream.calling(),
                             keys,
-                            sku,
-                            request_id,
-                            request.script_args().as_slice(),
+                            request,
                             &call.nonce,
                             buf,
                         )
@@ -321,20 +328,16 @@ impl StockService {
         let wire = self.wire(call);
         self.upstream
             .submit_script(slot, call.deadline, completion, |buf| {
-                wire.encode(
-                    self.upstream.calling(),
-                    keys,
-                    sku,
-                    request_id,
-                    request.script_args().as_slice(),
-                    &call.nonce,
-                    buf,
-                );
+                wire.encode(self.upstream.calling(), keys, request, &call.nonce, buf);
             })
     }
 
     pub(super) fn wire(&self, call: &StockCall) -> &wire::Wire {
-        self.wires.of(call.request.command, call.order_line())
+        let command = call.request.command;
+        match self.wires.by_location(command) {
+            Some(wire) if call.by_location => wire,
+            _ => self.wires.of(command, call.order_line()),
+        }
     }
 
     /// A node pipe's answer to `call` (or why there is none), read: the
@@ -351,7 +354,13 @@ impl StockService {
         }
         match self.upstream.verdict(answer) {
             Verdict::Settled(Err(fault)) if fault.is_located() => {
-                call.located = true;
+                if call.by_location || call.request.single.by_location.is_none() {
+                    let result = Ok(StockReply::invalid(super::location::NAME_LOCATIONS));
+                    return Concluded::Answered(self.finish(&call, result));
+                }
+                // The same call, by location: the pipe keeps it in order
+                // behind this one, which changed nothing.
+                call.by_location = true;
                 Concluded::Fallback(call)
             }
             Verdict::Settled(result) => Concluded::Answered(self.finish(&call, result)),
@@ -462,21 +471,21 @@ impl StockService {
 
     /// The slow path of a call: the redis crate, within what is left of its
     /// deadline.
-    pub async fn fallback(&self, call: StockCall) -> StockResult {
-        let result = self.resend(&call).await;
+    pub async fn fallback(&self, mut call: StockCall) -> StockResult {
+        let result = self.resend(&mut call).await;
         self.finish(&call, result)
     }
 
     /// `call` sent again through the redis crate, its outcome not yet
-    /// recorded.
-    async fn resend(&self, call: &StockCall) -> StockResult {
-        let request = &call.request;
-        if !call.located {
-            let keys = self.keys.request_keys(&request.sku, &request.request_id);
+    /// recorded; by location when its script meets a SKU kept by location
+    /// and its command has a call for that.
+    async fn resend(&self, call: &mut StockCall) -> StockResult {
+        loop {
+            let request = &call.request;
             let wire = self.wire(call);
-            let caller = request.script_args();
-            let argv = wire.argv(caller.as_slice(), &call.nonce);
-            let keys = keys.all();
+            let keys = wire.keys(&self.keys, request);
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let argv = wire.argv(call.described(), request, &call.nonce);
             let result = self
                 .with_journal(&request.sku, call.deadline, || {
                     self.upstream
@@ -486,21 +495,11 @@ impl StockService {
             if !matches!(&result, Err(fault) if fault.is_located()) {
                 return result;
             }
+            if call.by_location || request.single.by_location.is_none() {
+                return Ok(StockReply::invalid(super::location::NAME_LOCATIONS));
+            }
+            call.by_location = true;
         }
-        if let Some(placement) = &call.placement {
-            return self
-                .allocate_line(request, placement, &call.nonce, call.deadline)
-                .await;
-        }
-        self.by_location(
-            request.command,
-            &request.sku,
-            &request.request_id,
-            &call.nonce,
-            None,
-            call.deadline,
-        )
-        .await
     }
 
     /// A prepared call from start to end, awaited: the node pipe's answer
@@ -536,8 +535,19 @@ impl StockService {
     /// what a DEDUCT says of its SKU's stock ([`sold_out`]).
     fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
         let request = &call.request;
-        let single = request.single;
-        let result = result.map(|reply| reply.with_expiry(single.shows_expiry));
+        let single = call.described();
+        let result = result.and_then(|reply| {
+            if single.reply == Shape::Allocation
+                && reply.allocation.is_none()
+                && reply.code != Code::Invalid
+            {
+                return Err(UpstreamError::new(
+                    crate::error::FaultKind::BadReply,
+                    "lua/allocate.lua answered without an allocation",
+                ));
+            }
+            Ok(shown(single.reply, reply))
+        });
         let metered = match call.on_behalf {
             OnBehalf::Caller => request.command,
             OnBehalf::Line { .. } => StockCommand::Order,
@@ -549,15 +559,32 @@ impl StockService {
         if let Ok(reply) = &result {
             let caller = call.on_behalf == OnBehalf::Caller;
             self.books.record_holds(reply, single.ends_hold && caller);
-            if single.places_hold
-                && call.on_behalf != (OnBehalf::Line { swept: false })
-                && matches!(reply.code, Code::Ok | Code::Duplicate)
-            {
+            let holds = matches!(reply.code, Code::Ok | Code::Duplicate);
+            if single.places_hold && holds && call.on_behalf != (OnBehalf::Line { swept: false }) {
                 // A HOLD that holds (0, or 1 for a retry whose first answer
                 // may have been lost) files its SKU in the sweep index by
                 // the hold's expiry.
                 self.sweeper
                     .mark_held(&request.sku, reply.expires_at.unwrap_or(0));
+            }
+            if single.extends_hold
+                && holds
+                && let Some(ttl) = &request.ttl
+            {
+                self.sweeper.mark_extended(
+                    &request.sku,
+                    Duration::from_millis(ttl.get()),
+                    reply.expires_at.unwrap_or(0),
+                );
+            }
+            if single.reply == Shape::Allocation
+                && caller
+                && reply.code == Code::Ok
+                && let (Some(placement), Some(allocation)) = (&request.placement, &reply.allocation)
+            {
+                self.books
+                    .metrics
+                    .record_allocation(placement.policy, allocation.len() > 1);
             }
             if single.takes
                 && caller
@@ -586,6 +613,22 @@ impl StockService {
             }
         }
         result
+    }
+
+    /// With `--reject-stale-ids`, refuses a request whose id (its
+    /// request_id, or a change's own change_id: [`Single::fresh`]) is a
+    /// time-ordered one made too long ago ([`StockService::fresh_id`]).
+    fn fresh_request(&self, request: &OneRequest) -> Result<(), InvalidParam> {
+        match request.single.fresh {
+            Field::ChangeId => match &request.change_id {
+                Some(change_id) => self.fresh_id(
+                    "change_id",
+                    &RequestId::parse(Bytes::copy_from_slice(change_id.as_bytes()))?,
+                ),
+                None => Ok(()),
+            },
+            _ => self.fresh(&request.request_id),
+        }
     }
 
     /// With `--reject-stale-ids`, refuses a time-ordered request_id (ULID,
@@ -619,20 +662,15 @@ impl StockService {
     }
 }
 
-/// The single-line commands refuse the request_ids of order lines (code
-/// 3): only an order's own saga may hold, confirm or give back its lines,
-/// or the order would no longer be all or nothing.
-pub(super) fn not_an_order_line(request_id: &RequestId) -> Result<(), InvalidParam> {
-    if request_id
-        .as_bytes()
-        .starts_with(crate::keys::ORDER_LINE_PREFIX.as_bytes())
-    {
-        return Err(InvalidParam(format!(
-            "request_id may not start with {:?}: it names the lines of an ORDER",
-            crate::keys::ORDER_LINE_PREFIX
-        )));
+/// A reply as a call of `shape` shows it: with the hold's expiry or
+/// without, and an allocation's always with one (empty for a call that
+/// took nothing).
+fn shown(shape: Shape, reply: StockReply) -> StockReply {
+    let mut reply = reply.with_expiry(shape != Shape::Plain);
+    if shape == Shape::Allocation && reply.allocation.is_none() {
+        reply.allocation = Some(Vec::new());
     }
-    Ok(())
+    reply
 }
 
 #[cfg(test)]
@@ -667,24 +705,96 @@ mod tests {
             let shared = shared_state(durable);
             let service = &shared.service;
             let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
-            for (command, args) in [
+            // Each call, and the ARGV its script's header documents (`S`
+            // the settings, `N` the nonce), and the keys it names after
+            // the request's six.
+            for (command, args, argv, more_keys) in [
                 (
                     StockCommand::Deduct,
                     vec![arg("sku-9"), arg("12"), arg("req-77"), arg("ORD 1")],
+                    &["12", "ORD 1", "S", "N"][..],
+                    &[][..],
                 ),
-                (StockCommand::Deduct, vec![arg("s"), arg("1"), arg("r")]),
-                (StockCommand::Revert, vec![arg("sku-9"), arg("req-77")]),
-                (StockCommand::Revert, vec![arg("s"), arg("req-77")]),
-                (StockCommand::Confirm, vec![arg("s"), arg("h-1")]),
+                (
+                    StockCommand::Deduct,
+                    vec![arg("s"), arg("1"), arg("r")],
+                    &["1", "", "S", "N"],
+                    &[],
+                ),
+                (
+                    StockCommand::Revert,
+                    vec![arg("sku-9"), arg("req-77")],
+                    &["S", "N"],
+                    &[],
+                ),
+                (
+                    StockCommand::Revert,
+                    vec![arg("s"), arg("req-77")],
+                    &["S", "N"],
+                    &[],
+                ),
+                (
+                    StockCommand::Confirm,
+                    vec![arg("s"), arg("h-1")],
+                    &["S", "N"],
+                    &[],
+                ),
                 (
                     StockCommand::Hold,
                     vec![arg("sku-9"), arg("3"), arg("h-1"), arg("900000"), arg("O")],
+                    &["3", "O", "900000", "S", "N"],
+                    &[],
                 ),
                 (
                     StockCommand::Hold,
                     vec![arg("s"), arg("1"), arg("h-2"), arg("1000")],
+                    &["1", "", "1000", "S", "N"],
+                    &[],
                 ),
-                (StockCommand::Confirm, vec![arg("sku-9"), arg("h-1")]),
+                (
+                    StockCommand::Confirm,
+                    vec![arg("sku-9"), arg("h-1")],
+                    &["S", "N"],
+                    &[],
+                ),
+                (
+                    StockCommand::HoldExtend,
+                    vec![arg("s"), arg("h-1"), arg("c-1"), arg("60000")],
+                    &["extend", "60000", "S", "N"],
+                    &["stock:{s}:chg:c-1"],
+                ),
+                (
+                    StockCommand::HoldShrink,
+                    vec![arg("s"), arg("h-1"), arg("c-2"), arg("2")],
+                    &["shrink", "2", "S", "N"],
+                    &["stock:{s}:chg:c-2"],
+                ),
+                (
+                    StockCommand::DeductAt,
+                    vec![
+                        arg("s"),
+                        arg("4"),
+                        arg("d-1"),
+                        arg("SPLIT"),
+                        arg("w1"),
+                        arg("w2"),
+                    ],
+                    &["deduct", "S", "N", "4", "SPLIT", "w1", "w2"],
+                    &["stock:{s}:loc"],
+                ),
+                (
+                    StockCommand::HoldAt,
+                    vec![
+                        arg("s"),
+                        arg("1"),
+                        arg("h-3"),
+                        arg("5000"),
+                        arg("WHOLE"),
+                        arg("w9"),
+                    ],
+                    &["hold", "S", "N", "1", "WHOLE", "5000", "w9"],
+                    &["stock:{s}:loc"],
+                ),
             ] {
                 let Some(Prepared::Call(mut call)) =
                     service.prepare(command, &args, Instant::now(), None)
@@ -699,27 +809,28 @@ mod tests {
                 }
                 let mut hot = bytes::BytesMut::new();
                 let mut slow = bytes::BytesMut::new();
-                let (sku, request_id) = (&call.request.sku, &call.request.request_id);
+                let request = &call.request;
                 let wire = service.wire(&call);
-                let caller = call.request.script_args();
-                let caller = caller.as_slice();
-                wire.encode(
-                    calling,
-                    &service.keys,
-                    sku,
-                    request_id,
-                    caller,
-                    &call.nonce,
-                    &mut hot,
-                );
-                let keys = service.keys.request_keys(sku, request_id);
-                wire.script.write_call(
-                    calling,
-                    &mut slow,
-                    &keys.all(),
-                    &wire.argv(caller, &call.nonce),
-                );
+                wire.encode(calling, &service.keys, request, &call.nonce, &mut hot);
+                let keys = wire.keys(&service.keys, request);
+                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                let fallback = wire.argv(call.described(), request, &call.nonce);
+                wire.script.write_call(calling, &mut slow, &keys, &fallback);
                 assert_eq!(hot, slow, "{command:?}, durable {durable}, {calling:?}");
+                // What the script's header documents.
+                let documented: Vec<&[u8]> = argv
+                    .iter()
+                    .map(|a| match *a {
+                        "S" => wire.settings_arg(),
+                        "N" => &call.nonce[..],
+                        other => other.as_bytes(),
+                    })
+                    .collect();
+                assert_eq!(fallback, documented, "{command:?}");
+                let request_keys = service.keys.request_keys(&request.sku, &request.request_id);
+                let mut named: Vec<&[u8]> = request_keys.all().to_vec();
+                named.extend(more_keys.iter().map(|k| k.as_bytes()));
+                assert_eq!(keys, named, "{command:?}");
                 let verb = if calling == Calling::Function {
                     &b"FCALL"[..]
                 } else {
@@ -774,15 +885,12 @@ mod tests {
 
             let alone = &calls[1];
             let wire = service.wire(alone);
-            let (sku, request_id) = (&alone.request.sku, &alone.request.request_id);
+            let sku = &alone.request.sku;
             let mut own = bytes::BytesMut::new();
-            let caller = alone.request.script_args();
             wire.encode(
                 shared.upstream.calling(),
                 &service.keys,
-                sku,
-                request_id,
-                caller.as_slice(),
+                &alone.request,
                 &alone.nonce,
                 &mut own,
             );
@@ -808,7 +916,7 @@ mod tests {
                 service.settings.journal_arg.as_bytes(),
             ];
             for call in &calls {
-                let caller = call.request.script_args();
+                let caller = call.request.caller_args();
                 argv.extend_from_slice(caller.as_slice());
                 argv.push(&call.nonce);
             }
@@ -828,9 +936,7 @@ mod tests {
             let marks = service.wire(first).encode(
                 shared.upstream.calling(),
                 &service.keys,
-                &first.request.sku,
-                &first.request.request_id,
-                first.request.script_args().as_slice(),
+                &first.request,
                 &first.nonce,
                 &mut lone,
             );

@@ -236,7 +236,7 @@ pub(super) fn write_member(
     gathered: &mut Gathered,
 ) {
     let record = keys.record_key_parts(&deduct.sku, &deduct.request_id);
-    let args = deduct.script_args();
+    let args = deduct.caller_args();
     let args = args.as_slice();
     let parts = &mut gathered.parts;
     let base = parts.len();

@@ -42,8 +42,9 @@ pub enum Footprint {
     /// The keys of the SKU its first argument names, by a script call that
     /// its node pipe keeps in order behind the earlier ones of that SKU.
     Piped,
-    /// The keys of the SKU its first argument names, by a path of its own
-    /// (the redis crate).
+    /// The keys of the SKU its first argument names, by a call its node
+    /// pipe alone does not keep in order: it waits for the earlier
+    /// requests on that SKU to be done.
     Sku,
     /// An order's intent (its first argument names the order) and the SKUs
     /// of its lines (`<sku> <qty>` pairs from argument `pairs_from` on),

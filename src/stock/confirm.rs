@@ -15,7 +15,7 @@
 //! (`lua/confirm.lua`).
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::single::{Field, Setting, Single};
+use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
@@ -42,12 +42,34 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.confirm,
-        script_args: &[],
+        keys: Keys::Request,
+        argv: &[Arg::Settings, Arg::Nonce],
         settings: &[Setting::RetryWindow, Setting::MissingStock],
+        fresh: Field::RequestId,
+        reply: Shape::Expiry,
+        by_location: Some(&BY_LOCATION),
         ends_line: true,
-        shows_expiry: true,
         takes: false,
         places_hold: false,
+        extends_hold: false,
         ends_hold: true,
     }),
+};
+
+/// A CONFIRM of a hold HOLD.AT placed: its units leave each location's
+/// held units (`lua/allocate.lua` "confirm").
+static BY_LOCATION: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::Located,
+    argv: &[Arg::Word("confirm"), Arg::Settings, Arg::Nonce],
+    settings: super::hold::HOLD_SETTINGS,
+    fresh: Field::RequestId,
+    reply: Shape::Expiry,
+    by_location: None,
+    ends_line: true,
+    takes: false,
+    places_hold: false,
+    extends_hold: false,
+    ends_hold: true,
 };

@@ -12,7 +12,7 @@
 //! checks the record and changes the stock atomically.
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::single::{Field, Setting, Single};
+use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
@@ -39,12 +39,21 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.deduct,
-        script_args: &[Field::Qty, Field::OrderNo],
+        keys: Keys::Request,
+        argv: &[
+            Arg::Caller(Field::Qty),
+            Arg::Caller(Field::OrderNo),
+            Arg::Settings,
+            Arg::Nonce,
+        ],
         settings: &[Setting::RetryWindow, Setting::MaxQty, Setting::MissingStock],
+        fresh: Field::RequestId,
+        reply: Shape::Plain,
+        by_location: None,
         ends_line: false,
-        shows_expiry: false,
         takes: true,
         places_hold: false,
+        extends_hold: false,
         ends_hold: false,
     }),
 };

@@ -15,25 +15,22 @@
 //! order_no, version, expires_at_ms]`: 0 extended, 1 this change_id was
 //! applied (or the hold is confirmed), 3 invalid, 4 reverted or revoked,
 //! 5 the hold ran out. `lua/change_hold.lua` has the script;
-//! [`super::hold_change`] the call.
+//! [`super::call`] the call.
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::hold_change::HoldChange;
+use super::hold::HOLD_SETTINGS;
+use super::single::{Arg, Field, Keys, Shape, Single};
 use crate::auth::Right;
-use crate::doc::{ArgSpec, Doc, arg};
+use crate::doc::{ArgSpec, Doc};
 
-static ARGS: [ArgSpec; 4] = [
-    arg("sku", "string"),
-    arg("request_id", "string"),
-    arg("change_id", "string"),
-    arg("ttl_ms", "integer"),
-];
+const FIELDS: [Field; 4] = [Field::Sku, Field::RequestId, Field::ChangeId, Field::TtlMs];
+static ARGS: [ArgSpec; 4] = Field::specs(FIELDS);
 
 pub static COMMAND: Command = Command {
     doc: Doc {
         name: "hold.extend",
-        arity: 5,
-        max_args: None,
+        arity: Field::arity(&FIELDS),
+        max_args: Field::max_args(&FIELDS),
         flags: &["write", "denyoom"],
         group: "stockgate",
         summary: "Moves a live hold's expiry to ttl_ms from now (Redis time), at most --max-hold from its start, once per change_id. Replies [code, remain, order_no, version, expires_at_ms]: 0 extended, 1 already applied (or confirmed), 3 invalid, 4 revoked, 5 expired.",
@@ -42,6 +39,53 @@ pub static COMMAND: Command = Command {
     answers: codes::CHANGES_HOLD,
     right: Right::Caller,
     gives_back: false,
+    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
+    // it on a SKU kept by location goes again by location once its own
+    // script answers LOCATED, and must land first.
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, caller| HoldChange::Extend.serve(service, args, caller)),
+    // `lua/change_hold.lua` "extend" with the caller's ttl_ms, then HOLD's
+    // settings; its seventh key is the change's record (an order's line
+    // extends without one: its order's intent records the change).
+    serve: Serve::Single(Single {
+        fields: &FIELDS,
+        script: |scripts| &scripts.change_hold,
+        keys: Keys::Changed,
+        argv: &[
+            Arg::Word("extend"),
+            Arg::Caller(Field::TtlMs),
+            Arg::Settings,
+            Arg::Nonce,
+        ],
+        settings: HOLD_SETTINGS,
+        fresh: Field::ChangeId,
+        reply: Shape::Expiry,
+        by_location: Some(&BY_LOCATION),
+        ends_line: false,
+        takes: false,
+        places_hold: false,
+        extends_hold: true,
+        ends_hold: false,
+    }),
+};
+
+/// The extension of a hold HOLD.AT placed (`lua/allocate.lua` "extend").
+static BY_LOCATION: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::LocatedChanged,
+    argv: &[
+        Arg::Word("extend"),
+        Arg::Settings,
+        Arg::Nonce,
+        Arg::Caller(Field::TtlMs),
+    ],
+    settings: HOLD_SETTINGS,
+    fresh: Field::ChangeId,
+    reply: Shape::Expiry,
+    by_location: None,
+    ends_line: false,
+    takes: false,
+    places_hold: false,
+    extends_hold: true,
+    ends_hold: false,
 };

@@ -15,7 +15,7 @@
 //! `lua/revert.lua` the whole state machine.
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::single::{Field, Setting, Single};
+use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
@@ -27,6 +27,15 @@ const FIELDS: [Field; 5] = [
     Field::OrderNo,
 ];
 static ARGS: [ArgSpec; 5] = Field::specs(FIELDS);
+
+/// HOLD's settings, which every script that changes a hold, or keeps stock
+/// by location, takes too (their headers).
+pub const HOLD_SETTINGS: &[Setting] = &[
+    Setting::MaxHoldMs,
+    Setting::RetryWindow,
+    Setting::MaxQty,
+    Setting::MissingStock,
+];
 
 pub static COMMAND: Command = Command {
     doc: Doc {
@@ -48,17 +57,22 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.hold,
-        script_args: &[Field::Qty, Field::OrderNo, Field::TtlMs],
-        settings: &[
-            Setting::MaxHoldMs,
-            Setting::RetryWindow,
-            Setting::MaxQty,
-            Setting::MissingStock,
+        keys: Keys::Request,
+        argv: &[
+            Arg::Caller(Field::Qty),
+            Arg::Caller(Field::OrderNo),
+            Arg::Caller(Field::TtlMs),
+            Arg::Settings,
+            Arg::Nonce,
         ],
+        settings: HOLD_SETTINGS,
+        fresh: Field::RequestId,
+        reply: Shape::Expiry,
+        by_location: None,
         ends_line: false,
-        shows_expiry: true,
         takes: false,
         places_hold: true,
+        extends_hold: false,
         ends_hold: false,
     }),
 };

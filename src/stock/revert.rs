@@ -14,7 +14,7 @@
 //! See `lua/revert.lua` for the whole state machine.
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::single::{Field, Setting, Single};
+use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
 
@@ -40,12 +40,34 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.revert,
-        script_args: &[],
+        keys: Keys::Request,
+        argv: &[Arg::Settings, Arg::Nonce],
         settings: &[Setting::RetryWindow, Setting::MissingStock],
+        fresh: Field::RequestId,
+        reply: Shape::Plain,
+        by_location: Some(&BY_LOCATION),
         ends_line: true,
-        shows_expiry: false,
         takes: false,
         places_hold: false,
+        extends_hold: false,
         ends_hold: false,
     }),
+};
+
+/// A REVERT of a request DEDUCT.AT or HOLD.AT made: every unit back where
+/// it came from (`lua/allocate.lua` "revert").
+static BY_LOCATION: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::Located,
+    argv: &[Arg::Word("revert"), Arg::Settings, Arg::Nonce],
+    settings: super::hold::HOLD_SETTINGS,
+    fresh: Field::RequestId,
+    reply: Shape::Plain,
+    by_location: None,
+    ends_line: true,
+    takes: false,
+    places_hold: false,
+    extends_hold: false,
+    ends_hold: false,
 };

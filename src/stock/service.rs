@@ -5,7 +5,7 @@
 
 use super::books::Books;
 use super::command::Serve;
-use super::single::{Limits, Setting};
+use super::single::{Limits, Setting, Single};
 use super::sweep_index::SweepIndex;
 use super::{Caller, StockCommand, StockResult, coalesce, nonces::Nonces, order, sold_out, wire};
 use crate::config::Config;
@@ -73,12 +73,14 @@ pub(super) struct FastPaths {
 }
 
 /// The pre-encoded script call of each command on one request, by
-/// [`StockCommand`]: as the flags say, and for an order's lines
+/// [`StockCommand`]: as the flags say, for an order's lines
 /// (`--missing-stock zero` whatever the flag says, for the calls that end
-/// a line).
+/// a line), and by location (a call whose script met a SKU kept by
+/// location: [`super::single::Single::by_location`]).
 pub(super) struct Wires {
     plain: Vec<Option<wire::Wire>>,
     line: Vec<Option<wire::Wire>>,
+    by_location: Vec<Option<wire::Wire>>,
 }
 
 impl Wires {
@@ -87,6 +89,11 @@ impl Wires {
         wires[command as usize]
             .as_ref()
             .unwrap_or_else(|| unreachable!("{command:?} is a call on one request"))
+    }
+
+    /// The call of `command` by location, if it has one.
+    pub(super) fn by_location(&self, command: StockCommand) -> Option<&wire::Wire> {
+        self.by_location[command as usize].as_ref()
     }
 }
 
@@ -113,37 +120,41 @@ impl StockService {
         // Each script's ARGV: the caller's arguments, then its settings,
         // then the nonce and the replicate and journal flags (see `wire`,
         // and each lua/ header).
+        let wire_of = |single: &Single, line: bool| {
+            let missing: &[u8] = if line && single.ends_line {
+                b"zero"
+            } else {
+                missing
+            };
+            let setting = |setting: &Setting| -> &[u8] {
+                match setting {
+                    Setting::RetryWindow => window,
+                    Setting::MaxQty => max_qty_arg.as_bytes(),
+                    Setting::MaxHoldMs => max_hold_arg.as_bytes(),
+                    Setting::MissingStock => missing,
+                }
+            };
+            let settings: Vec<&[u8]> = single.settings.iter().map(setting).collect();
+            wire::Wire::new(
+                single,
+                &scripts,
+                &settings,
+                [replicate, journal_arg.as_bytes()],
+            )
+        };
         let wires_with = |line: bool| -> Vec<Option<wire::Wire>> {
             StockCommand::ALL
                 .iter()
-                .map(|&command| {
-                    let single = command.single()?;
-                    let missing: &[u8] = if line && single.ends_line {
-                        b"zero"
-                    } else {
-                        missing
-                    };
-                    let setting = |setting: &Setting| -> &[u8] {
-                        match setting {
-                            Setting::RetryWindow => window,
-                            Setting::MaxQty => max_qty_arg.as_bytes(),
-                            Setting::MaxHoldMs => max_hold_arg.as_bytes(),
-                            Setting::MissingStock => missing,
-                        }
-                    };
-                    let settings: Vec<&[u8]> = single.settings.iter().map(setting).collect();
-                    Some(wire::Wire::new(
-                        (single.script)(&scripts),
-                        single.script_args.len(),
-                        &settings,
-                        [replicate, journal_arg.as_bytes()],
-                    ))
-                })
+                .map(|&command| Some(wire_of(command.single()?, line)))
                 .collect()
         };
         let wires = Wires {
             plain: wires_with(false),
             line: wires_with(true),
+            by_location: StockCommand::ALL
+                .iter()
+                .map(|&command| Some(wire_of(command.single()?.by_location?, false)))
+                .collect(),
         };
         let coalesce = (config.coalesce_deducts > 1).then(|| {
             Arc::new(coalesce::DeductJoin::new(

@@ -19,22 +19,19 @@
 //! the script; [`super::hold_change`] the call.
 
 use super::command::{Command, Footprint, Serve, codes};
-use super::hold_change::HoldChange;
+use super::hold::HOLD_SETTINGS;
+use super::single::{Arg, Field, Keys, Shape, Single};
 use crate::auth::Right;
-use crate::doc::{ArgSpec, Doc, arg};
+use crate::doc::{ArgSpec, Doc};
 
-static ARGS: [ArgSpec; 4] = [
-    arg("sku", "string"),
-    arg("request_id", "string"),
-    arg("change_id", "string"),
-    arg("qty", "integer"),
-];
+const FIELDS: [Field; 4] = [Field::Sku, Field::RequestId, Field::ChangeId, Field::Qty];
+static ARGS: [ArgSpec; 4] = Field::specs(FIELDS);
 
 pub static COMMAND: Command = Command {
     doc: Doc {
         name: "hold.shrink",
-        arity: 5,
-        max_args: None,
+        arity: Field::arity(&FIELDS),
+        max_args: Field::max_args(&FIELDS),
         flags: &["write", "denyoom"],
         group: "stockgate",
         summary: "Gives qty of a live hold's units back to stock at once, once per change_id; the rest stays held. Replies [code, remain, order_no, version, expires_at_ms]: 0 given back, 1 already applied, 3 invalid (qty not below the units held, or confirmed), 4 revoked, 5 expired.",
@@ -43,6 +40,53 @@ pub static COMMAND: Command = Command {
     answers: codes::CHANGES_HOLD,
     right: Right::Caller,
     gives_back: false,
+    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
+    // it on a SKU kept by location goes again by location once its own
+    // script answers LOCATED, and must land first.
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, caller| HoldChange::Shrink.serve(service, args, caller)),
+    // `lua/change_hold.lua` "shrink" with the caller's qty, then HOLD's
+    // settings; its seventh key is the change's record.
+    serve: Serve::Single(Single {
+        fields: &FIELDS,
+        script: |scripts| &scripts.change_hold,
+        keys: Keys::Changed,
+        argv: &[
+            Arg::Word("shrink"),
+            Arg::Caller(Field::Qty),
+            Arg::Settings,
+            Arg::Nonce,
+        ],
+        settings: HOLD_SETTINGS,
+        fresh: Field::ChangeId,
+        reply: Shape::Expiry,
+        by_location: Some(&BY_LOCATION),
+        ends_line: false,
+        takes: false,
+        places_hold: false,
+        extends_hold: false,
+        ends_hold: false,
+    }),
+};
+
+/// The shrink of a hold HOLD.AT placed: from the last location taken
+/// first (`lua/allocate.lua` "shrink").
+static BY_LOCATION: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::LocatedChanged,
+    argv: &[
+        Arg::Word("shrink"),
+        Arg::Settings,
+        Arg::Nonce,
+        Arg::Caller(Field::Qty),
+    ],
+    settings: HOLD_SETTINGS,
+    fresh: Field::ChangeId,
+    reply: Shape::Expiry,
+    by_location: None,
+    ends_line: false,
+    takes: false,
+    places_hold: false,
+    extends_hold: false,
+    ends_hold: false,
 };

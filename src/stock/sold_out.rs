@@ -138,6 +138,7 @@ pub fn decide(read: &Read, qty: &[u8], missing_zero: bool) -> Decision {
             version: SCRIPT_VERSION,
             expires_at: None,
             reason: reason.map(Bytes::from),
+            allocation: None,
             effects: Default::default(),
         }))
     };

@@ -732,6 +732,7 @@ fn build_reply(program: &[u8], at: &mut usize, depth: usize) -> Reply {
                 version,
                 expires_at,
                 reason,
+                allocation: None,
                 effects: Default::default(),
             })
         }

@@ -17,22 +17,25 @@
 //! docs/locations.md has the model; `lua/allocate.lua` the script.
 
 use crate::auth::Right;
-use crate::doc::{ArgSpec, Doc, arg};
+use crate::doc::{ArgSpec, Doc};
 use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::hold::HOLD_SETTINGS;
+use crate::stock::single::{Arg, Field, Keys, Shape, Single};
 
-static ARGS: [ArgSpec; 5] = [
-    arg("sku", "string"),
-    arg("qty", "integer"),
-    arg("request_id", "string"),
-    arg("policy", "string"),
-    arg("location", "string"),
+const FIELDS: [Field; 5] = [
+    Field::Sku,
+    Field::Qty,
+    Field::RequestId,
+    Field::Policy,
+    Field::Locations,
 ];
+static ARGS: [ArgSpec; 5] = Field::specs(FIELDS);
 
 pub static COMMAND: Command = Command {
     doc: Doc {
         name: "deduct.at",
-        arity: -6,
-        max_args: None,
+        arity: Field::arity(&FIELDS),
+        max_args: Field::max_args(&FIELDS),
         flags: &["write", "denyoom"],
         group: "stockgate",
         summary: "Deducts qty units of a sku kept by location from the locations named, in their order (SPLIT across them, or WHOLE from one), once per request_id. Replies [code, remain, order_no, version, reason, expires_at_ms, [location, units, ...]]: 0 ok, 1 duplicate, 2 insufficient, 3 invalid, 4 revoked.",
@@ -41,6 +44,37 @@ pub static COMMAND: Command = Command {
     answers: codes::TAKES,
     right: Right::Caller,
     gives_back: false,
+    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
+    // it on a SKU kept by location goes again by location once its own
+    // script answers LOCATED, and must land first.
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, caller| service.serve_allocation(false, args, caller)),
+    // `lua/allocate.lua` "deduct" with HOLD's settings, then the caller's
+    // qty, policy and locations; the SKU's locations hash is its seventh
+    // key.
+    serve: Serve::Single(DEDUCT_AT),
+};
+
+/// DEDUCT.AT's call, which an ORDER's line on a SKU kept by location
+/// makes too.
+pub const DEDUCT_AT: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::Located,
+    argv: &[
+        Arg::Word("deduct"),
+        Arg::Settings,
+        Arg::Nonce,
+        Arg::Caller(Field::Qty),
+        Arg::Caller(Field::Policy),
+        Arg::Caller(Field::Locations),
+    ],
+    settings: HOLD_SETTINGS,
+    fresh: Field::RequestId,
+    reply: Shape::Allocation,
+    by_location: None,
+    ends_line: false,
+    takes: false,
+    places_hold: false,
+    extends_hold: false,
+    ends_hold: false,
 };

@@ -15,23 +15,26 @@
 //! ran out.
 
 use crate::auth::Right;
-use crate::doc::{ArgSpec, Doc, arg};
+use crate::doc::{ArgSpec, Doc};
 use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::hold::HOLD_SETTINGS;
+use crate::stock::single::{Arg, Field, Keys, Shape, Single};
 
-static ARGS: [ArgSpec; 6] = [
-    arg("sku", "string"),
-    arg("qty", "integer"),
-    arg("request_id", "string"),
-    arg("ttl_ms", "integer"),
-    arg("policy", "string"),
-    arg("location", "string"),
+const FIELDS: [Field; 6] = [
+    Field::Sku,
+    Field::Qty,
+    Field::RequestId,
+    Field::TtlMs,
+    Field::Policy,
+    Field::Locations,
 ];
+static ARGS: [ArgSpec; 6] = Field::specs(FIELDS);
 
 pub static COMMAND: Command = Command {
     doc: Doc {
         name: "hold.at",
-        arity: -7,
-        max_args: None,
+        arity: Field::arity(&FIELDS),
+        max_args: Field::max_args(&FIELDS),
         flags: &["write", "denyoom"],
         group: "stockgate",
         summary: "Holds qty units of a sku kept by location, taken from the locations named in their order (SPLIT or WHOLE), for ttl_ms (Redis time), once per request_id. Replies [code, remain, order_no, version, reason, expires_at_ms, [location, units, ...]]: 0 held, 1 already held or confirmed, 2 insufficient, 3 invalid, 4 revoked, 5 expired.",
@@ -40,6 +43,38 @@ pub static COMMAND: Command = Command {
     answers: codes::HOLDS,
     right: Right::Caller,
     gives_back: false,
+    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
+    // it on a SKU kept by location goes again by location once its own
+    // script answers LOCATED, and must land first.
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, caller| service.serve_allocation(true, args, caller)),
+    // `lua/allocate.lua` "hold" with HOLD's settings, then the caller's
+    // qty, policy, ttl_ms and locations; the SKU's locations hash is its
+    // seventh key.
+    serve: Serve::Single(HOLD_AT),
+};
+
+/// HOLD.AT's call, which an ORDER.HOLD's line on a SKU kept by location
+/// makes too.
+pub const HOLD_AT: Single = Single {
+    fields: &FIELDS,
+    script: |scripts| &scripts.allocate,
+    keys: Keys::Located,
+    argv: &[
+        Arg::Word("hold"),
+        Arg::Settings,
+        Arg::Nonce,
+        Arg::Caller(Field::Qty),
+        Arg::Caller(Field::Policy),
+        Arg::Caller(Field::TtlMs),
+        Arg::Caller(Field::Locations),
+    ],
+    settings: HOLD_SETTINGS,
+    fresh: Field::RequestId,
+    reply: Shape::Allocation,
+    by_location: None,
+    ends_line: false,
+    takes: false,
+    places_hold: true,
+    extends_hold: false,
+    ends_hold: false,
 };

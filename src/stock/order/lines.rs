@@ -4,7 +4,7 @@
 use super::{Saga, Step};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
-use crate::params::{HoldTtl, InvalidParam, OrderNo, Placement, Qty, Sku};
+use crate::params::{HoldTtl, InvalidParam, Placement, Qty, Sku};
 use crate::pipeline::Bound;
 use crate::stock::StockCommand;
 use crate::stock::call::{OnBehalf, Prepared, StockResult};
@@ -161,45 +161,32 @@ impl Saga<'_> {
                 "no line hold ttl fits --max-hold",
             ));
         };
-        let (command, ttl) = match call {
-            LineCall::Hold(_) => (StockCommand::Hold, Some(line_ttl)),
-            LineCall::Take => (StockCommand::Deduct, None),
-            LineCall::Confirm => (StockCommand::Confirm, None),
-            LineCall::Revert => (StockCommand::Revert, None),
-            LineCall::Extend => {
-                let service = self.service;
-                let line_id = &self.id.line_id;
-                let results = futures_util::future::join_all(
-                    lines
-                        .iter()
-                        .map(|line| service.extend_order_line(&line.sku, line_id, &line_ttl)),
-                )
-                .await;
-                return self.step(lines, call, results);
-            }
-        };
-        let single = command
-            .single()
-            .unwrap_or_else(|| unreachable!("{command:?} is a call on one request"));
-        let takes_qty = single.fields.contains(&Field::Qty);
         let swept = matches!(call, LineCall::Hold(true));
         let results = futures_util::future::join_all(lines.iter().map(|line| {
-            // Where a line kept by location takes its units: for its HOLD or
-            // take; its later calls read its record.
-            let placement = match call {
-                LineCall::Hold(_) | LineCall::Take => line.placement.clone(),
-                _ => None,
+            // A line kept by location takes its units where it names: its
+            // HOLD or take is an allocation; its later calls read its
+            // record.
+            let located = line.placement.is_some();
+            let command = match call {
+                LineCall::Hold(_) if located => StockCommand::HoldAt,
+                LineCall::Hold(_) => StockCommand::Hold,
+                LineCall::Take if located => StockCommand::DeductAt,
+                LineCall::Take => StockCommand::Deduct,
+                LineCall::Confirm => StockCommand::Confirm,
+                LineCall::Revert => StockCommand::Revert,
+                LineCall::Extend => StockCommand::HoldExtend,
             };
-            let request = OneRequest {
-                command,
-                single,
-                sku: line.sku.clone(),
-                request_id: self.id.line_id.clone(),
-                qty: takes_qty.then(|| line.qty.clone()),
-                ttl: ttl.clone(),
-                order_no: OrderNo::default(),
-            };
-            self.line(request, swept, placement)
+            let mut request = OneRequest::on(command, line.sku.clone(), self.id.line_id.clone());
+            if request.single.fields.contains(&Field::Qty) {
+                request.qty = Some(line.qty.clone());
+            }
+            if request.single.fields.contains(&Field::TtlMs) {
+                request.ttl = Some(line_ttl.clone());
+            }
+            if request.single.fields.contains(&Field::Locations) {
+                request.placement = line.placement.clone();
+            }
+            self.line(request, swept)
         }))
         .await;
         self.step(lines, call, results)
@@ -261,12 +248,7 @@ impl Saga<'_> {
     /// One line's call, through the call's one life
     /// ([`crate::stock::StockService::run`]), within `--timeout` and the
     /// saga's deadline; a line hold filed in the sweep index when `swept`.
-    async fn line(
-        &self,
-        request: OneRequest,
-        swept: bool,
-        placement: Option<Arc<Placement>>,
-    ) -> StockResult {
+    async fn line(&self, request: OneRequest, swept: bool) -> StockResult {
         debug_assert!(
             request
                 .request_id
@@ -279,7 +261,6 @@ impl Saga<'_> {
             return Err(UpstreamError::timeout(service.upstream.timeout()));
         }
         call.limit_deadline(self.deadline);
-        call.placement = placement;
         // The saga is bounded as a whole ([`super::order_call`]).
         service.run(Prepared::Call(call), Bound::Caller).await
     }
