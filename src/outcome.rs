@@ -90,10 +90,14 @@ pub struct StockReply {
     /// What each location gave an allocation (DEDUCT.AT, HOLD.AT), in the
     /// order taken (a retry's: what the first call took); `None` for every
     /// other reply. Shown as the seventh element.
-    pub allocation: Option<Vec<(Bytes, i64)>>,
+    /// Boxed: most replies have none, and every reply moves this struct.
+    pub allocation: Option<Box<Allocation>>,
     /// What the call did besides its answer, for the metrics; never sent.
     pub effects: Effects,
 }
+
+/// What each location gave an allocation, in the order taken.
+pub type Allocation = Vec<(Bytes, i64)>;
 
 /// What a script call did that its caller is not told: from the elements
 /// after the sixth of a version-4 reply (none from older scripts).
@@ -101,8 +105,9 @@ pub struct StockReply {
 pub struct Effects {
     /// The SKU's expired holds the call gave back to stock first.
     pub released: u32,
-    /// For a CONFIRM that confirmed: how long the units were held (ms).
-    pub held_ms: u64,
+    /// For a CONFIRM that confirmed: how long the units were held (ms; at
+    /// most u32's, 49 days, which the metrics' buckets end far below).
+    pub held_ms: u32,
     /// What the call did to the request's own hold.
     pub event: Option<HoldEvent>,
     /// A DEDUCT's 2: the SKU had units on hold then (the script's tenth
@@ -192,7 +197,7 @@ impl StockReply {
             Value::SimpleString(s) => Field::Text(Bytes::copy_from_slice(s.as_bytes())),
             _ => Field::Other,
         });
-        let mut reply = StockReply::from_fields(fields, &shown)?;
+        let mut reply = StockReply::from_fields(fields, shown)?;
         if let Some(Value::Array(flat)) = items.get(ALLOCATION_AT) {
             let mut allocation = Vec::with_capacity(flat.len() / 2);
             for pair in flat.chunks(2) {
@@ -208,7 +213,7 @@ impl StockReply {
                     }
                 }
             }
-            reply.allocation = Some(allocation);
+            reply.allocation = Some(Box::new(allocation));
         }
         Ok(reply)
     }
@@ -228,18 +233,15 @@ impl StockReply {
             Item::Text(b) => Field::Text(b),
             Item::Other => Field::Other,
         });
-        let mut reply = StockReply::from_fields(fields, &shown)?;
+        let mut reply = StockReply::from_fields(fields, shown)?;
         let eleventh = answer::elements(frame, count).and_then(|mut e| e.nth(ALLOCATION_AT));
         if let Some(element) = eleventh.filter(|e| e.first() == Some(&b'*')) {
             let allocation = answer::flat(&element)
                 .and_then(|mut array| allocation_of(&element, &mut array))
                 .ok_or_else(|| {
-                    bad_reply(
-                        "has an allocation that is not location, units pairs",
-                        &shown,
-                    )
+                    bad_reply("has an allocation that is not location, units pairs", shown)
                 })?;
-            reply.allocation = Some(allocation);
+            reply.allocation = Some(Box::new(allocation));
         }
         Ok(reply)
     }
@@ -285,7 +287,7 @@ impl StockReply {
         // An eleventh element that is an array is an allocation; anything
         // else after the tenth, a newer script's, is left unread.
         let allocation = match flat.array() {
-            Some(mut array) => Some(allocation_of(frame, &mut array)?),
+            Some(mut array) => Some(Box::new(allocation_of(frame, &mut array)?)),
             None => None,
         };
         Some(StockReply {
@@ -298,7 +300,7 @@ impl StockReply {
             allocation,
             effects: Effects {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
-                held_ms: held_ms as u64,
+                held_ms: u32::try_from(held_ms).unwrap_or(u32::MAX),
                 event,
                 held: held > 0,
             },
@@ -381,7 +383,7 @@ impl StockReply {
             allocation: None,
             effects: Effects {
                 released: u32::try_from(released).unwrap_or(u32::MAX),
-                held_ms: held_ms as u64,
+                held_ms: u32::try_from(held_ms).unwrap_or(u32::MAX),
                 event,
                 held: held > 0,
             },
@@ -395,7 +397,7 @@ const ALLOCATION_AT: usize = 10;
 
 /// An allocation, `[location, units, ...]` (`array`, read from `frame`):
 /// its pairs, or `None` for anything else.
-fn allocation_of(frame: &bytes::Bytes, array: &mut answer::Flat<'_>) -> Option<Vec<(Bytes, i64)>> {
+fn allocation_of(frame: &bytes::Bytes, array: &mut answer::Flat<'_>) -> Option<Allocation> {
     if !array.left.is_multiple_of(2) {
         return None;
     }

@@ -71,7 +71,7 @@ fn stock_reply() -> impl Strategy<Value = StockReply> {
                 version,
                 expires_at,
                 reason,
-                allocation,
+                allocation: allocation.map(Box::new),
                 effects: Default::default(),
             },
         )

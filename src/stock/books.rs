@@ -54,7 +54,7 @@ impl Books {
             if event == HoldEvent::Confirmed && held_time {
                 debug_assert_eq!(reply.code, Code::Ok);
                 self.metrics
-                    .record_held(Duration::from_millis(effects.held_ms));
+                    .record_held(Duration::from_millis(u64::from(effects.held_ms)));
             }
         }
     }

@@ -668,7 +668,7 @@ impl StockService {
 fn shown(shape: Shape, reply: StockReply) -> StockReply {
     let mut reply = reply.with_expiry(shape != Shape::Plain);
     if shape == Shape::Allocation && reply.allocation.is_none() {
-        reply.allocation = Some(Vec::new());
+        reply.allocation = Some(Box::default());
     }
     reply
 }
