@@ -1389,6 +1389,58 @@ async fn locations_map_to_their_statuses_and_conform_to_the_openapi_document() {
         located(3, 3, 0),
     );
 
+    // An order whose line on the SKU kept by location names where it takes
+    // its units (RESP's `web-loc{WHOLE:west}`), beside a line of a SKU that
+    // keeps one number: held there, then confirmed.
+    let line = json!({"sku": "web-loc", "qty": 2, "policy": "WHOLE", "locations": ["west"]});
+    let e = post_json(
+        http,
+        "/v1/orders",
+        json!({"request_id": "web-o1", "ttl_ms": 600000, "lines": [line, {"sku": "web-one", "qty": 1}]}),
+    );
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    seen.borrow_mut().push(e);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(3, 1, 2),
+    );
+    let e = post_to(
+        http,
+        "/v1/orders/web-o1/confirm",
+        "/v1/orders/{request_id}/confirm",
+        b"",
+    );
+    assert_eq!((e.status, &e.body["code"]), (200, &json!(0)), "{e:?}");
+    seen.borrow_mut().push(e);
+    check(
+        get_from(http, "/v1/stock/web-loc/locations", locations_path),
+        200,
+        located(3, 1, 0),
+    );
+    // A line's policy and locations go together, and its sku holds no
+    // braces (the RESP form is not a second way in): malformed, and
+    // Redis is never called.
+    let before = script_calls(&cluster);
+    for line in [
+        json!({"sku": "web-loc", "qty": 1, "policy": "WHOLE"}),
+        json!({"sku": "web-loc", "qty": 1, "locations": ["west"]}),
+        json!({"sku": "web-loc{WHOLE:west}", "qty": 1}),
+    ] {
+        let e = post_json(
+            http,
+            "/v1/orders",
+            json!({"request_id": "web-o2", "lines": [line]}),
+        );
+        assert_eq!(e.status, 400, "{e:?}");
+        seen.borrow_mut().push(e);
+    }
+    assert_eq!(
+        script_calls(&cluster),
+        before,
+        "no malformed order reached Redis"
+    );
+
     // What a Prometheus scrape sees: one SPLIT that split, one WHOLE, and
     // each call in the request counters by its command and outcome.
     let after = scrape(server.admin_addr);

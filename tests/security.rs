@@ -129,7 +129,13 @@ async fn the_http_api_needs_the_password_as_a_bearer_token() {
         s.read_to_string(&mut response).unwrap();
         response
     };
-    for auth in [None, Some("Bearer wrong"), Some("Basic Y2xpZW50LXB3")] {
+    // No credentials (a Basic token without a `:` carries none) say
+    // NOAUTH; a wrong password says WRONGPASS, as RESP's.
+    for (auth, said) in [
+        (None, "NOAUTH"),
+        (Some("Bearer wrong"), "WRONGPASS"),
+        (Some("Basic Y2xpZW50LXB3"), "NOAUTH"),
+    ] {
         let response = send(auth);
         assert!(response.starts_with("HTTP/1.1 401"), "{auth:?}: {response}");
         assert!(
@@ -137,7 +143,25 @@ async fn the_http_api_needs_the_password_as_a_bearer_token() {
                 .to_ascii_lowercase()
                 .contains("www-authenticate: bearer")
         );
+        assert!(
+            response.contains(&format!("{{\"error\":\"{said}")),
+            "{auth:?}: {response}"
+        );
     }
+    // A route that is no route: a 404 that says so.
+    let mut s = TcpStream::connect(http).unwrap();
+    write!(
+        s,
+        "GET /v1/nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 404"), "{response}");
+    assert!(
+        response.ends_with(r#"{"error":"no such route"}"#),
+        "{response}"
+    );
     assert_eq!(get_stock(&cluster, "web-guarded"), Some(5));
     let response = send(Some("Bearer client-pw"));
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
@@ -232,9 +256,25 @@ async fn max_clients_refuses_the_one_too_many_and_idle_clients_time_out() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(closed_by_peer(&mut b), "the idle connection was closed");
-    // Its place is free again.
-    let (got, _) = raw(server.addr, b"PING\r\n", 7);
-    assert_eq!(String::from_utf8_lossy(&got), "+PONG\r\n");
+    // Its place is free again, once the closed connection's linger for
+    // what the client still sends (at most a second) is over.
+    let freed = Instant::now();
+    loop {
+        let (got, _) = raw(server.addr, b"PING\r\n", 7);
+        if got == b"+PONG\r\n" {
+            break;
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "-ERR ma",
+            "refused, or served"
+        );
+        assert!(
+            freed.elapsed() < Duration::from_secs(10),
+            "the place of a connection closed for being idle is never freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,11 +31,10 @@
 //! `lua/stock_add.lua`): 0 applied now, 1 this op_id was already applied,
 //! 2 (ADD) refused because the stock would go below 0, 3 invalid.
 
-use super::command::{Command, Footprint, Serve};
-use super::{Caller, StockResult, StockService};
+use super::command::{Body, Command, Footprint, Http, Serve};
+use super::{Answer, Caller, StockResult, StockService};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
-use crate::error::UpstreamError;
 use crate::outcome::{Code, HoldEvent, StockReply};
 use crate::params::{Delta, InvalidParam, Location, OpId, Sku, StockLevel};
 use crate::reply::Reply;
@@ -61,7 +60,8 @@ pub static GET: Command = Command {
     right: Right::Reader,
     gives_back: false,
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, _| get(service, args).boxed()),
+    serve: Serve::Alone(|service, args, _| get(service, args).map(Answer::Reply).boxed()),
+    http: None,
 };
 
 pub static SET: Command = Command {
@@ -85,6 +85,7 @@ pub static SET: Command = Command {
     serve: Serve::Alone(|service, args, caller| {
         change(service, Correction::Set, args, caller).boxed()
     }),
+    http: Http::post("/v1/stock/set", Body::StockChange),
 };
 
 pub static ADD: Command = Command {
@@ -108,6 +109,7 @@ pub static ADD: Command = Command {
     serve: Serve::Alone(|service, args, caller| {
         change(service, Correction::Add, args, caller).boxed()
     }),
+    http: Http::post("/v1/stock/add", Body::StockChange),
 };
 
 /// The refusal of SET and ADD without `--admin-commands`.
@@ -186,33 +188,24 @@ async fn located_total(service: &Arc<StockService>, sku: &Sku) -> Reply {
     }
 }
 
-/// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`
-/// over RESP: [`correct`]'s outcome as its reply.
+/// `STOCK.SET <sku> <qty> <op_id>` and `STOCK.ADD <sku> <delta> <op_id>`:
+/// [`correct`]'s outcome, or its refusal without `--admin-commands`.
 async fn change(
     service: &Arc<StockService>,
     correction: Correction,
     args: &[Bytes],
     caller: &Caller,
-) -> Reply {
+) -> Answer {
     match correct(service, correction, args, caller).await {
-        Ok(reply) => Reply::Stock(reply),
-        Err(Uncorrected::Disabled) => Reply::error(NOPERM),
-        Err(Uncorrected::Fault(fault)) => Reply::Error(fault.reply_text()),
+        Ok(result) => Answer::Stock(result),
+        Err(Disabled) => Answer::Refused(NOPERM),
     }
 }
 
-/// Why a STOCK.SET or STOCK.ADD has no business code.
+/// A STOCK.SET or STOCK.ADD refused: stockgate runs without
+/// `--admin-commands`, and nothing ran.
 #[derive(Debug)]
-pub enum Uncorrected {
-    /// stockgate runs without `--admin-commands`: nothing ran.
-    Disabled,
-    Fault(UpstreamError),
-}
-
-impl Uncorrected {
-    /// The `-NOPERM` text RESP answers for [`Uncorrected::Disabled`].
-    pub const DISABLED: &str = NOPERM;
-}
+pub struct Disabled;
 
 /// STOCK.SET or STOCK.ADD with `args` (after the name, arity checked:
 /// `<sku> <amount> <op_id> [AT <location> [FLOOR <floor>]]`), audited when
@@ -222,9 +215,9 @@ pub async fn correct(
     correction: Correction,
     args: &[Bytes],
     caller: &Caller,
-) -> Result<StockReply, Uncorrected> {
+) -> Result<StockResult, Disabled> {
     if !service.settings.admin_commands {
-        return Err(Uncorrected::Disabled);
+        return Err(Disabled);
     }
     // Checked in this order: the amount, the sku, the op_id.
     let parsed = (|| -> Result<(Sku, Change, OpId), InvalidParam> {
@@ -240,12 +233,12 @@ pub async fn correct(
     })();
     let (sku, change, op_id) = match parsed {
         Ok(parsed) => parsed,
-        Err(invalid) => return Ok(StockReply::invalid(invalid.0)),
+        Err(invalid) => return Ok(Ok(StockReply::invalid(invalid.0))),
     };
     if args.len() > 3 {
         let place = match Place::parse(correction, &args[3..]) {
             Ok(place) => place,
-            Err(invalid) => return Ok(StockReply::invalid(invalid.0)),
+            Err(invalid) => return Ok(Ok(StockReply::invalid(invalid.0))),
         };
         let result = service
             .change_location(
@@ -257,7 +250,7 @@ pub async fn correct(
                 place.floor.as_deref(),
             )
             .await;
-        return changed(result, &sku, change, &op_id, caller);
+        return Ok(changed(result, &sku, change, &op_id, caller));
     }
     let script: &LuaScript = match change {
         Change::Set(_) => &service.scripts.stock_set,
@@ -279,7 +272,7 @@ pub async fn correct(
             service.upstream.eval_stock(script, &keys, &script_args)
         })
         .await;
-    changed(result, &sku, change, &op_id, caller)
+    Ok(changed(result, &sku, change, &op_id, caller))
 }
 
 /// Where a STOCK.SET or STOCK.ADD of a SKU kept by location goes: `AT
@@ -326,8 +319,8 @@ fn changed(
     change: Change,
     op_id: &OpId,
     caller: &Caller,
-) -> Result<StockReply, Uncorrected> {
-    let reply = result.map_err(Uncorrected::Fault)?;
+) -> StockResult {
+    let reply = result?;
     if reply.code == Code::Ok {
         let (name, amount) = match change {
             Change::Set(level) => ("STOCK.SET", level.0),

@@ -2,11 +2,10 @@
 //! says once; the list of them is [`super::StockCommand`].
 
 use super::single::Single;
-use super::{Caller, StockService};
+use super::{Answer, Caller, StockService};
 use crate::auth::Right;
 use crate::doc::Doc;
 use crate::outcome::Code;
-use crate::reply::Reply;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -31,6 +30,69 @@ pub struct Command {
     pub footprint: Footprint,
     /// How the service runs it.
     pub serve: Serve,
+    /// Its route on the HTTP face, if it has one ([`crate::http`] serves
+    /// every route so described).
+    pub http: Option<Http>,
+}
+
+/// A command's route on the HTTP face: its method and path, and how a
+/// request there becomes the command's arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct Http {
+    /// `GET` (a read that changes nothing) rather than `POST`.
+    pub read: bool,
+    /// The path; a `{...}` segment is the command's first argument.
+    pub path: &'static str,
+    pub body: Body,
+}
+
+/// How an HTTP request becomes a command's arguments, RESP's words.
+#[derive(Debug, Clone, Copy)]
+pub enum Body {
+    /// A JSON object of the command's fields ([`Single::fields`]), each
+    /// under its name (`locations`: a list of them); a field it does not
+    /// take is refused when `strict`, else left unread.
+    Fields { strict: bool },
+    /// No body: the path's segment is the one argument.
+    Path,
+    /// The path's segment, then a JSON object of these fields.
+    PathThen(&'static [super::single::Field]),
+    /// An order: `request_id`, its `lines` (each a `sku` and `qty`, and for
+    /// a SKU kept by location its `policy` and `locations`), and `ttl_ms`
+    /// for ORDER.HOLD (the route is ORDER's).
+    Order,
+    /// STOCK.SET or STOCK.ADD: `sku`, the amount (`qty` or `delta`),
+    /// `op_id`, and `location` (SET: and its `floor`).
+    StockChange,
+}
+
+impl Http {
+    /// `POST <path>` of a JSON object of the command's fields.
+    pub const fn fields(path: &'static str, strict: bool) -> Option<Http> {
+        Some(Http {
+            read: false,
+            path,
+            body: Body::Fields { strict },
+        })
+    }
+
+    /// `POST <path>` with the body `body`.
+    pub const fn post(path: &'static str, body: Body) -> Option<Http> {
+        Some(Http {
+            read: false,
+            path,
+            body,
+        })
+    }
+
+    /// `GET <path>`, its segment the argument.
+    pub const fn get(path: &'static str) -> Option<Http> {
+        Some(Http {
+            read: true,
+            path,
+            body: Body::Path,
+        })
+    }
 }
 
 /// What a command touches in Redis, for the order in which one client
@@ -86,7 +148,8 @@ pub enum Want {
 }
 
 /// A command served by a future of its own ([`Serve::Alone`]).
-pub type Alone = for<'a> fn(&'a Arc<StockService>, &'a [Bytes], &'a Caller) -> BoxFuture<'a, Reply>;
+pub type Alone =
+    for<'a> fn(&'a Arc<StockService>, &'a [Bytes], &'a Caller) -> BoxFuture<'a, Answer>;
 
 /// What one request of a command touches ([`Footprint`], with the names
 /// from its arguments).

@@ -14,7 +14,7 @@
 //! hold's expiry, Redis decides: whichever runs first wins
 //! (`lua/confirm.lua`).
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
@@ -54,6 +54,7 @@ pub static COMMAND: Command = Command {
         extends_hold: false,
         ends_hold: true,
     }),
+    http: Http::fields("/v1/confirm", false),
 };
 
 /// A CONFIRM of a hold HOLD.AT placed: its units leave each location's

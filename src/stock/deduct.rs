@@ -11,7 +11,7 @@
 //! codes and `lua/deduct.lua` for the script, which validates again,
 //! checks the record and changes the stock atomically.
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
@@ -56,6 +56,7 @@ pub static COMMAND: Command = Command {
         extends_hold: false,
         ends_hold: false,
     }),
+    http: Http::fields("/v1/deduct", false),
 };
 
 #[cfg(test)]

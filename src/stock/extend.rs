@@ -17,7 +17,7 @@
 //! 5 the hold ran out. `lua/change_hold.lua` has the script;
 //! [`super::call`] the call.
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::hold::HOLD_SETTINGS;
 use super::single::{Arg, Field, Keys, Shape, Single};
 use crate::auth::Right;
@@ -66,6 +66,8 @@ pub static COMMAND: Command = Command {
         extends_hold: true,
         ends_hold: false,
     }),
+    // Strict: a shrink's `qty` sent here is refused, not left unread.
+    http: Http::fields("/v1/hold/extend", true),
 };
 
 /// The extension of a hold HOLD.AT placed (`lua/allocate.lua` "extend").

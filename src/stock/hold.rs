@@ -14,7 +14,7 @@
 //! 5 this id's hold already ran out. `lua/hold.lua` has the script;
 //! `lua/revert.lua` the whole state machine.
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
@@ -75,6 +75,7 @@ pub static COMMAND: Command = Command {
         extends_hold: false,
         ends_hold: false,
     }),
+    http: Http::fields("/v1/hold", false),
 };
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ mod wire;
 pub use call::{Concluded, Prepared, StockCall, StockResult};
 pub use command::Touches;
 pub use in_flight::InFlight;
-pub use service::StockService;
+pub use service::{Answer, StockService};
 pub use single::{Limits, OneRequest};
 
 use crate::auth::{Denial, Grant};

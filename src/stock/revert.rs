@@ -13,7 +13,7 @@
 //! The qty given back is the one the record holds, never the caller's.
 //! See `lua/revert.lua` for the whole state machine.
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::single::{Arg, Field, Keys, Setting, Shape, Single};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
@@ -52,6 +52,7 @@ pub static COMMAND: Command = Command {
         extends_hold: false,
         ends_hold: false,
     }),
+    http: Http::fields("/v1/revert", false),
 };
 
 /// A REVERT of a request DEDUCT.AT or HOLD.AT made: every unit back where

@@ -7,7 +7,9 @@ use super::books::Books;
 use super::command::Serve;
 use super::single::{Limits, Setting, Single};
 use super::sweep_index::SweepIndex;
-use super::{Caller, StockCommand, StockResult, coalesce, nonces::Nonces, order, sold_out, wire};
+use super::{
+    Caller, StockCommand, StockResult, coalesce, location, nonces::Nonces, order, sold_out, wire,
+};
 use crate::config::Config;
 use crate::error::{FaultKind, UpstreamError};
 use crate::metrics::Metrics;
@@ -214,10 +216,31 @@ impl StockService {
         &self.scripts
     }
 
-    /// Serves one command whose arguments (after the name) are `args`, as
-    /// the RESP reply, however its own file says it is served. `arrived`
+    /// Serves one command whose arguments (after the name) are `args`,
+    /// however its own file says it is served: the one door of both faces
+    /// (RESP writes the answer as its reply, HTTP as its JSON). `arrived`
     /// is when the request was read; `caller` who sent it (the audit log of
     /// STOCK.SET and STOCK.ADD names them).
+    pub async fn answer(
+        self: &Arc<Self>,
+        command: StockCommand,
+        args: &[Bytes],
+        arrived: Instant,
+        caller: &Caller,
+    ) -> Answer {
+        match &command.describe().serve {
+            Serve::Single(_) => {
+                Answer::Stock(self.call(command, args, arrived, caller.user.clone()).await)
+            }
+            Serve::Order(_) => {
+                let user = caller.user.as_deref().map(crate::auth::Account::name);
+                Answer::Order(order::order_call(self, command, args, arrived, user).await)
+            }
+            Serve::Alone(serve) => serve(self, args, caller).await,
+        }
+    }
+
+    /// [`StockService::answer`], as the RESP reply.
     pub async fn serve(
         self: &Arc<Self>,
         command: StockCommand,
@@ -225,16 +248,9 @@ impl StockService {
         arrived: Instant,
         caller: &Caller,
     ) -> Reply {
-        match &command.describe().serve {
-            Serve::Single(_) => {
-                stock_reply(self.call(command, args, arrived, caller.user.clone()).await)
-            }
-            Serve::Order(_) => {
-                let user = caller.user.as_deref().map(crate::auth::Account::name);
-                order::serve(self, command, args, arrived, user).await
-            }
-            Serve::Alone(serve) => serve(self, args, caller).await,
-        }
+        self.answer(command, args, arrived, caller)
+            .await
+            .into_reply()
     }
 
     /// A deadline one `--timeout` from now.
@@ -273,5 +289,50 @@ pub(super) fn stock_reply(result: StockResult) -> Reply {
     match result {
         Ok(reply) => Reply::Stock(reply),
         Err(fault) => Reply::Error(fault.reply_text()),
+    }
+}
+
+/// What one stock command came to, as both faces read it: RESP writes it
+/// as its reply ([`Answer::into_reply`]), HTTP as its JSON.
+#[derive(Debug)]
+pub enum Answer {
+    /// A business outcome or a fault: a call on one request, STOCK.SET,
+    /// STOCK.ADD.
+    Stock(StockResult),
+    /// An order command's.
+    Order(Result<order::OrderReply, UpstreamError>),
+    /// STOCK.LOCATIONS's: `None` when the SKU has no stock.
+    Locations(Result<Option<location::locations::StockLocations>, location::locations::Unread>),
+    /// ORDER.STATUS's.
+    OrderState(Result<order::status::OrderState, UpstreamError>),
+    /// A name in the request breaks its rule before anything ran (`-ERR
+    /// <reason>` over RESP, 400 over HTTP).
+    Invalid(crate::params::InvalidParam),
+    /// Refused by the configuration before anything ran, with the error
+    /// RESP answers (`-NOPERM ...`; 403 over HTTP).
+    Refused(&'static str),
+    /// The reply of a command only RESP serves (STOCK.GET, STOCK.STATUS).
+    Reply(Reply),
+}
+
+impl Answer {
+    /// The answer as the RESP reply.
+    pub fn into_reply(self) -> Reply {
+        match self {
+            Answer::Stock(result) => stock_reply(result),
+            Answer::Order(Ok(reply)) => reply.to_reply(),
+            Answer::Locations(Ok(None)) => Reply::Null,
+            Answer::Locations(Ok(Some(found))) => found.to_reply(),
+            Answer::Locations(Err(location::locations::Unread::Shape)) => {
+                Reply::error(location::locations::Unread::SHAPE)
+            }
+            Answer::Locations(Err(location::locations::Unread::Fault(fault)))
+            | Answer::Order(Err(fault))
+            | Answer::OrderState(Err(fault)) => Reply::Error(fault.reply_text()),
+            Answer::OrderState(Ok(state)) => state.to_reply(),
+            Answer::Invalid(invalid) => Reply::error(format!("ERR {invalid}")),
+            Answer::Refused(text) => Reply::error(text),
+            Answer::Reply(reply) => reply,
+        }
     }
 }

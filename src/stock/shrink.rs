@@ -18,7 +18,7 @@
 //! 4 reverted or revoked, 5 the hold ran out. `lua/change_hold.lua` has
 //! the script; [`super::hold_change`] the call.
 
-use super::command::{Command, Footprint, Serve, codes};
+use super::command::{Command, Footprint, Http, Serve, codes};
 use super::hold::HOLD_SETTINGS;
 use super::single::{Arg, Field, Keys, Shape, Single};
 use crate::auth::Right;
@@ -66,6 +66,8 @@ pub static COMMAND: Command = Command {
         extends_hold: false,
         ends_hold: false,
     }),
+    // Strict: an extension's `ttl_ms` sent here is refused, not left unread.
+    http: Http::fields("/v1/hold/shrink", true),
 };
 
 /// The shrink of a hold HOLD.AT placed: from the last location taken

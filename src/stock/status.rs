@@ -17,8 +17,8 @@
 //! answers it (`lua/allocate.lua` "status", where `lua/status.lua` answered
 //! LOCATED).
 
-use super::StockService;
 use super::command::{Command, Footprint, Serve};
+use super::{Answer, StockService};
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc, arg};
 use crate::outcome::HoldEvent;
@@ -45,7 +45,8 @@ pub static COMMAND: Command = Command {
     right: Right::Reader,
     gives_back: false,
     footprint: Footprint::Sku,
-    serve: Serve::Alone(|service, args, _| status(service, args).boxed()),
+    serve: Serve::Alone(|service, args, _| status(service, args).map(Answer::Reply).boxed()),
+    http: None,
 };
 
 /// `STOCK.STATUS <sku> <request_id>`

@@ -18,7 +18,7 @@
 
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Http, Serve, codes};
 use crate::stock::hold::HOLD_SETTINGS;
 use crate::stock::single::{Arg, Field, Keys, Shape, Single};
 
@@ -52,6 +52,7 @@ pub static COMMAND: Command = Command {
     // qty, policy and locations; the SKU's locations hash is its seventh
     // key.
     serve: Serve::Single(DEDUCT_AT),
+    http: Http::fields("/v1/deduct/at", false),
 };
 
 /// DEDUCT.AT's call, which an ORDER's line on a SKU kept by location

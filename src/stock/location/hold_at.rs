@@ -16,7 +16,7 @@
 
 use crate::auth::Right;
 use crate::doc::{ArgSpec, Doc};
-use crate::stock::command::{Command, Footprint, Serve, codes};
+use crate::stock::command::{Command, Footprint, Http, Serve, codes};
 use crate::stock::hold::HOLD_SETTINGS;
 use crate::stock::single::{Arg, Field, Keys, Shape, Single};
 
@@ -51,6 +51,7 @@ pub static COMMAND: Command = Command {
     // qty, policy, ttl_ms and locations; the SKU's locations hash is its
     // seventh key.
     serve: Serve::Single(HOLD_AT),
+    http: Http::fields("/v1/hold/at", false),
 };
 
 /// HOLD.AT's call, which an ORDER.HOLD's line on a SKU kept by location

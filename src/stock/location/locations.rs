@@ -17,8 +17,8 @@ use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::UpstreamError;
 use crate::params::Sku;
 use crate::reply::Reply;
-use crate::stock::StockService;
-use crate::stock::command::{Command, Footprint, Serve};
+use crate::stock::command::{Command, Footprint, Http, Serve};
+use crate::stock::{Answer, StockService};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use redis::Value;
@@ -41,18 +41,13 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::Sku,
     serve: Serve::Alone(|service, args, _| locations(service, args).boxed()),
+    http: Http::get("/v1/stock/{sku}/locations"),
 };
 
-async fn locations(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
-    let sku = match Sku::parse(args[0].clone()) {
-        Ok(sku) => sku,
-        Err(invalid) => return Reply::error(format!("ERR {invalid}")),
-    };
-    match read(service, &sku).await {
-        Ok(None) => Reply::Null,
-        Ok(Some(found)) => found.to_reply(),
-        Err(Unread::Shape) => Reply::error(Unread::SHAPE),
-        Err(Unread::Fault(fault)) => Reply::Error(fault.reply_text()),
+async fn locations(service: &Arc<StockService>, args: &[Bytes]) -> Answer {
+    match Sku::parse(args[0].clone()) {
+        Ok(sku) => Answer::Locations(read(service, &sku).await),
+        Err(invalid) => Answer::Invalid(invalid),
     }
 }
 
@@ -99,7 +94,7 @@ pub async fn read(service: &StockService, sku: &Sku) -> Result<Option<StockLocat
 
 impl StockLocations {
     /// `[total, [location, available, held, floor], ...]`.
-    fn to_reply(&self) -> Reply {
+    pub fn to_reply(&self) -> Reply {
         let mut reply = vec![Reply::Integer(self.total)];
         reply.extend(self.locations.iter().map(|l| {
             Reply::Array(vec![

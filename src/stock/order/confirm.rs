@@ -16,7 +16,7 @@
 
 use crate::auth::Right;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, Want, codes};
+use crate::stock::command::{Body, Command, Footprint, Http, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {
@@ -33,4 +33,5 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Confirm),
+    http: Http::post("/v1/orders/{request_id}/confirm", Body::Path),
 };

@@ -18,7 +18,7 @@
 
 use crate::auth::Right;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, Want, codes};
+use crate::stock::command::{Body, Command, Footprint, Http, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {
@@ -39,4 +39,6 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::Lines { pairs_from: 1 },
     serve: Serve::Order(Want::Order),
+    // ORDER.HOLD too, when the body has a ttl_ms.
+    http: Http::post("/v1/orders", Body::Order),
 };

@@ -37,7 +37,8 @@ use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::{FaultKind, UpstreamError};
 use crate::outcome::Code;
 use crate::params::{ChangeId, HoldTtl, InvalidParam, RequestId};
-use crate::stock::command::{Command, Footprint, Serve, Want, codes};
+use crate::stock::command::{Body, Command, Footprint, Http, Serve, Want, codes};
+use crate::stock::single::Field;
 use bytes::Bytes;
 
 static ARGS: [ArgSpec; 3] = [
@@ -61,6 +62,10 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Extend),
+    http: Http::post(
+        "/v1/orders/{request_id}/extend",
+        Body::PathThen(&[Field::ChangeId, Field::TtlMs]),
+    ),
 };
 
 impl Saga<'_> {

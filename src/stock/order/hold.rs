@@ -41,4 +41,6 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::Lines { pairs_from: 2 },
     serve: Serve::Order(Want::Hold),
+    // Served at ORDER's route (a body with a ttl_ms).
+    http: None,
 };

@@ -74,7 +74,6 @@ use crate::error::{FaultKind, UpstreamError};
 use crate::keys::KeyLayout;
 use crate::outcome::Code;
 use crate::params::{HoldTtl, InvalidParam, RequestId, Sku};
-use crate::reply::Reply;
 use bytes::Bytes;
 use intent::{Intent, IntentOp};
 use lines::{LineCall, lines_of};
@@ -148,21 +147,6 @@ struct Saga<'a> {
     remains: Vec<(Sku, i64)>,
     filing: Filing,
     deadline: tokio::time::Instant,
-}
-
-/// Serves an order command (`args` after the name, as RESP carries them:
-/// `<request_id> [<ttl_ms>] <sku> <qty> ...`) as the RESP reply.
-pub(super) async fn serve(
-    service: &Arc<StockService>,
-    command: StockCommand,
-    args: &[Bytes],
-    arrived: Instant,
-    user: Option<&str>,
-) -> Reply {
-    match order_call(service, command, args, arrived, user).await {
-        Ok(reply) => reply.to_reply(),
-        Err(fault) => Reply::Error(fault.reply_text()),
-    }
 }
 
 /// Serves ORDER, ORDER.HOLD, ORDER.CONFIRM or ORDER.REVERT (`args` after

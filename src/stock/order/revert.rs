@@ -15,7 +15,7 @@
 
 use crate::auth::Right;
 use crate::doc::{Doc, arg};
-use crate::stock::command::{Command, Footprint, Serve, Want, codes};
+use crate::stock::command::{Body, Command, Footprint, Http, Serve, Want, codes};
 
 pub static COMMAND: Command = Command {
     doc: Doc {
@@ -32,4 +32,5 @@ pub static COMMAND: Command = Command {
     gives_back: true,
     footprint: Footprint::All,
     serve: Serve::Order(Want::Revert),
+    http: Http::post("/v1/orders/{request_id}/revert", Body::Path),
 };

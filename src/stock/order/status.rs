@@ -23,8 +23,8 @@ use crate::doc::{ArgSpec, Doc, arg};
 use crate::error::UpstreamError;
 use crate::params::InvalidParam;
 use crate::reply::Reply;
-use crate::stock::StockService;
-use crate::stock::command::{Command, Footprint, Serve};
+use crate::stock::command::{Command, Footprint, Http, Serve};
+use crate::stock::{Answer, StockService};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use std::sync::Arc;
@@ -46,6 +46,7 @@ pub static COMMAND: Command = Command {
     gives_back: false,
     footprint: Footprint::All,
     serve: Serve::Alone(|service, args, _| status(service, args).boxed()),
+    http: Http::get("/v1/orders/{request_id}"),
 };
 
 /// An order's intent record, as ORDER.STATUS shows it.
@@ -67,30 +68,36 @@ pub struct OrderState {
 }
 
 /// ORDER.STATUS: the intent record, read, as the RESP reply.
-async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
-    let state = match order_state(service, &args[0]).await {
-        Ok(Ok(state)) => state,
-        Ok(Err(invalid)) => return Reply::error(format!("ERR {invalid}")),
-        Err(fault) => return Reply::Error(fault.reply_text()),
-    };
-    let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
-    let lines: Vec<Bytes> = state
-        .lines
-        .iter()
-        .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
-        .collect();
-    Reply::Map(vec![
-        (Reply::bulk("phase"), Reply::bulk(state.phase)),
-        (Reply::bulk("kind"), Reply::bulk(state.kind)),
-        (Reply::bulk("lines"), flat(&lines)),
-        (Reply::bulk("expires_at"), Reply::Integer(state.expires_at)),
-        (
-            Reply::bulk("expired"),
-            Reply::Integer(i64::from(state.expired)),
-        ),
-        (Reply::bulk("code"), Reply::Integer(state.code)),
-        (Reply::bulk("short"), flat(&state.short)),
-    ])
+async fn status(service: &Arc<StockService>, args: &[Bytes]) -> Answer {
+    match order_state(service, &args[0]).await {
+        Ok(Ok(state)) => Answer::OrderState(Ok(state)),
+        Ok(Err(invalid)) => Answer::Invalid(invalid),
+        Err(fault) => Answer::OrderState(Err(fault)),
+    }
+}
+
+impl OrderState {
+    /// ORDER.STATUS's reply: a map of its fields.
+    pub fn to_reply(&self) -> Reply {
+        let flat = |words: &[Bytes]| Reply::Array(words.iter().cloned().map(Reply::Bulk).collect());
+        let lines: Vec<Bytes> = self
+            .lines
+            .iter()
+            .flat_map(|(sku, qty)| [sku.clone(), qty.clone()])
+            .collect();
+        Reply::Map(vec![
+            (Reply::bulk("phase"), Reply::bulk(self.phase)),
+            (Reply::bulk("kind"), Reply::bulk(self.kind)),
+            (Reply::bulk("lines"), flat(&lines)),
+            (Reply::bulk("expires_at"), Reply::Integer(self.expires_at)),
+            (
+                Reply::bulk("expired"),
+                Reply::Integer(i64::from(self.expired)),
+            ),
+            (Reply::bulk("code"), Reply::Integer(self.code)),
+            (Reply::bulk("short"), flat(&self.short)),
+        ])
+    }
 }
 
 /// ORDER.STATUS of `request_id` (RESP, and HTTP's
