@@ -33,6 +33,7 @@ pub struct Launch {
     admin: SocketAddr,
     ports_in_env: bool,
     ready_within: Option<Duration>,
+    printed: bool,
 }
 
 impl Launch {
@@ -63,12 +64,19 @@ impl Launch {
             admin: ([127, 0, 0, 1], super::free_port()).into(),
             ports_in_env: false,
             ready_within: Some(Duration::from_secs(20)),
+            printed: false,
         }
     }
 
     /// Listens for clients on `addr` (a fixed port, to start again there).
     pub fn listen(mut self, addr: SocketAddr) -> Launch {
         self.addr = addr;
+        self
+    }
+
+    /// Serves /metrics, /healthz and /readyz on `addr`.
+    pub fn admin_listen(mut self, addr: SocketAddr) -> Launch {
+        self.admin = addr;
         self
     }
 
@@ -134,6 +142,13 @@ impl Launch {
         self
     }
 
+    /// Collects what it prints on stdout too ([`Stockgate::printed`]).
+    pub fn printed(mut self) -> Launch {
+        self.printed = true;
+        self.command.stdout(Stdio::piped());
+        self
+    }
+
     /// Returns once the process runs, without waiting for /readyz.
     pub fn unready(mut self) -> Launch {
         self.ready_within = None;
@@ -164,28 +179,16 @@ impl Launch {
             .command
             .spawn()
             .map_err(|e| format!("cannot run {what}: {e}"))?;
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let collector = {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 8192];
-                while let Ok(n) = stderr.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    log.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
-                }
-            })
-        };
+        let log = Collected::from(child.stderr.take().expect("stderr is piped"));
+        let printed = self
+            .printed
+            .then(|| Collected::from(child.stdout.take().expect("stdout is piped")));
         let mut gate = Stockgate {
             child,
             addr: self.addr,
             admin: self.admin,
             log,
-            collector: Some(collector),
+            printed,
         };
         let Some(within) = self.ready_within else {
             return Ok(gate);
@@ -219,8 +222,8 @@ pub struct Stockgate {
     pub addr: SocketAddr,
     /// Where /metrics, /healthz and /readyz are served.
     pub admin: SocketAddr,
-    log: Arc<Mutex<String>>,
-    collector: Option<std::thread::JoinHandle<()>>,
+    log: Collected,
+    printed: Option<Collected>,
 }
 
 impl Stockgate {
@@ -299,7 +302,12 @@ impl Stockgate {
 
     /// What it has logged so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text()
+    }
+
+    /// What it has printed on stdout so far ([`Launch::printed`]).
+    pub fn printed(&self) -> String {
+        self.printed.as_ref().expect("Launch::printed").text()
     }
 
     /// Its exit status, if it has exited.
@@ -324,9 +332,7 @@ impl Stockgate {
     /// Waits for it to exit by itself: its status and everything logged.
     pub fn wait(&mut self) -> (ExitStatus, String) {
         let status = self.child.wait().expect("waits for stockgate");
-        if let Some(collector) = self.collector.take() {
-            let _ = collector.join();
-        }
+        self.log.finish();
         (status, self.log())
     }
 }
@@ -336,10 +342,48 @@ impl Drop for Stockgate {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            if let Some(collector) = self.collector.take() {
-                let _ = collector.join();
-            }
+            self.log.finish();
             eprintln!("stockgate (pid {}) logged:\n{}", self.pid(), self.log());
+        }
+    }
+}
+
+/// A pipe read to its end by a thread of its own (bytes, so a character
+/// cut between two reads is whole again).
+struct Collected {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Collected {
+    fn from(mut pipe: impl Read + Send + 'static) -> Collected {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let reader = {
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    bytes.lock().unwrap().extend_from_slice(&chunk[..n]);
+                }
+            })
+        };
+        Collected {
+            bytes,
+            reader: Some(reader),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
+
+    /// Waits for the end of the pipe (the process has exited).
+    fn finish(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
         }
     }
 }
