@@ -21,7 +21,6 @@ mod support;
 
 use redis::Commands;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use stockgate::dev::LocalCluster;
@@ -149,30 +148,14 @@ impl SinkProcess {
 
     /// One series of its /metrics, None until it answers.
     fn metric(&self, series: &str) -> Option<f64> {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
+        let (_, text) = support::http_get(self.admin_port, "/metrics").ok()?;
         text.lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// Its whole /metrics text.
     fn metrics_text(&self) -> String {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port)).unwrap();
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
+        support::http_get(self.admin_port, "/metrics").unwrap().1
     }
 
     fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {

@@ -3,38 +3,20 @@
 
 mod support;
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use support::*;
-
-/// Kills the process if the test fails before stopping it.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
     let cluster = cluster();
     set_stock(&cluster, "cli-sku", 10);
-    let (port, admin) = (free_port(), free_port());
-    let child = Command::new(stockgate_bin())
-        .arg("serve")
+    let gate = Launch::new("serve")
         .env("STOCKGATE_UPSTREAM", cluster.seeds().join(","))
-        .env("STOCKGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("STOCKGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .ports_in_env()
         .env("STOCKGATE_RETRY_WINDOW", "2h")
         .env("STOCKGATE_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs stockgate");
-    let mut running = Running(child);
-    wait_ready_http(admin);
+        .start();
+    let port = gate.addr.port();
 
     let first = redis_cli(port, &["DEDUCT", "cli-sku", "3", "cli-1", "ORD-CLI"]);
     let v = stockgate::outcome::SCRIPT_VERSION;
@@ -57,17 +39,8 @@ fn serve_takes_its_config_from_the_environment_and_stops_on_sigterm() {
         .unwrap();
     assert!((7000..=7200).contains(&ttl), "TTL {ttl}");
 
-    unsafe { libc::kill(running.0.id() as i32, libc::SIGTERM) };
-    let status = running.0.wait().unwrap();
+    let (status, log) = gate.stop();
     assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
-    let mut log = String::new();
-    running
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
     let first_line = log.lines().next().unwrap_or_default();
     assert!(
         first_line.starts_with('{'),

@@ -80,8 +80,7 @@ use plans::*;
 use redis::Value;
 use serde_json::{Value as Json, json};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use stockgate::dev::LocalCluster;
 use support::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -975,19 +974,10 @@ fn scan_records(cluster: &LocalCluster, sku: &str) -> Vec<(String, String)> {
 /// `stockgate_requests_total{command=...,result=...}` from /metrics, by
 /// (command, result).
 async fn request_counts(admin: SocketAddr) -> HashMap<(String, String), u64> {
-    let text = tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(admin).unwrap();
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
+    let (_, text) = tokio::task::spawn_blocking(move || http_get(admin.port(), "/metrics"))
+        .await
+        .unwrap()
         .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
-    })
-    .await
-    .unwrap();
     text.lines()
         .filter_map(|line| {
             let labels = line.strip_prefix("stockgate_requests_total{command=\"")?;
@@ -1090,40 +1080,14 @@ fn lettuce_7_reconnects_after_stockgate_restarts() {
     check_reconnect(&LETTUCE_7);
 }
 
-/// stockgate as its own process (the built binary) on a fixed port, so a
-/// test can kill it and start it again there. Killed when dropped.
-struct Subprocess {
-    child: std::process::Child,
-    admin: SocketAddr,
-}
-
-impl Subprocess {
-    /// Starts `stockgate serve` in front of `seeds` on `listen`, and waits
-    /// until /readyz says Redis is reachable and the scripts are loaded.
-    fn start(seeds: &[String], listen: SocketAddr, admin: SocketAddr) -> Subprocess {
-        let child = std::process::Command::new(stockgate_bin())
-            .arg("serve")
-            .args(["--upstream", &seeds.join(",")])
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin-listen", &admin.to_string()])
-            // Warnings and errors only: shown if the test fails.
-            .env("STOCKGATE_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("stockgate starts");
-        let gate = Subprocess { child, admin };
-        wait_ready_http(admin.port());
-        gate
-    }
-}
-
-impl Drop for Subprocess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `stockgate serve` in front of `seeds` on `listen` (a fixed port, so a
+/// test can kill it and start it again there), ready. Warnings and errors
+/// only: its log is shown if the test fails.
+fn start_gate(seeds: &[String], listen: SocketAddr) -> Stockgate {
+    support::Launch::serve(seeds)
+        .listen(listen)
+        .env("STOCKGATE_LOG", "warn")
+        .start()
 }
 
 /// Lettuce's async commands across a stockgate restart. The driver runs
@@ -1139,9 +1103,8 @@ fn check_reconnect(client: &'static Pinned) {
     let cluster = cluster();
     let env = install.join().unwrap();
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let seeds = cluster.seeds();
-    let mut gate = Subprocess::start(&seeds, listen, admin);
+    let mut gate = start_gate(&seeds, listen);
     runtime().block_on(async {
         let tag = format!("{}-restart", client.name);
         let before = codes_plan(&cluster, &tag);
@@ -1180,9 +1143,9 @@ fn check_reconnect(client: &'static Pinned) {
             );
         }
 
-        drop(gate);
+        gate.kill();
         let seeds = seeds.clone();
-        gate = tokio::task::spawn_blocking(move || Subprocess::start(&seeds, listen, admin))
+        gate = tokio::task::spawn_blocking(move || start_gate(&seeds, listen))
             .await
             .unwrap();
         stdin.write_all(b"restarted\n").await.unwrap();

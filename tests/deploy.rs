@@ -20,12 +20,11 @@ mod support;
 
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use support::*;
 use yaml_rust2::{Yaml, YamlLoader};
@@ -201,27 +200,8 @@ impl Drop for Reaped {
 }
 
 // ---------------------------------------------------------------------
-// HTTP, just enough for /metrics, /readyz and Prometheus' API
+// Prometheus' query strings, and waiting
 // ---------------------------------------------------------------------
-
-/// GET over HTTP/1.0 (so no chunked encoding): (status, body).
-fn http_get(addr: SocketAddr, target: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(stream, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("no HTTP head in {response:?}")))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-    Ok((status, body.to_owned()))
-}
 
 fn percent_encode(text: &str) -> String {
     text.bytes()
@@ -733,54 +713,38 @@ async fn the_configmap_settings_start_the_real_binary_which_drains_on_sigterm() 
         .query::<()>(&mut cluster.cluster_connection().unwrap())
         .unwrap();
 
-    let mut cmd = Command::new(stockgate_bin());
-    cmd.arg("serve")
+    let mut gate = Launch::new("serve")
         .env_clear()
         .envs(&config)
         // Same settings, but on free loopback ports: the test opens
         // nothing beyond 127.0.0.1.
-        .env("STOCKGATE_LISTEN", "127.0.0.1:0")
-        .env("STOCKGATE_ADMIN_LISTEN", "127.0.0.1:0")
+        .ports_in_env()
         .env("STOCKGATE_UPSTREAM", cluster.seeds().join(","))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = Reaped(die_with_test(&mut cmd).spawn().unwrap());
-    let stderr = child.0.stderr.take().unwrap();
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+        .dies_with_thread()
+        .start();
+    let (addr, admin) = (gate.addr, gate.admin.port());
 
     // STOCKGATE_LOG_FORMAT=json: the listening line says where.
-    let mut log = Vec::new();
-    let (addr, admin): (SocketAddr, SocketAddr) = poll(
+    let listening = poll(
         Duration::from_secs(20),
         "the 'stockgate listening' log line",
         || {
-            while let Ok(line) = lines.try_recv() {
-                log.push(line.clone());
-                let entry: Value = serde_json::from_str(&line)
+            let log = gate.log();
+            for line in log.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+                let entry: Value = serde_json::from_str(line)
                     .map_err(|e| format!("not a JSON log line ({e}): {line}"))?;
                 if entry.pointer("/fields/message") == Some(&Value::from("stockgate listening")) {
-                    let field =
-                        |name: &str| text_at(&entry, &format!("/fields/{name}")).parse().unwrap();
-                    return Ok((field("addr"), field("admin_addr")));
+                    return Ok(entry);
                 }
             }
-            Err(format!("log so far: {log:#?}"))
+            Err(format!("log so far: {log}"))
         },
     );
-    poll(Duration::from_secs(20), "/readyz 200", || {
-        match http_get(admin, "/readyz") {
-            Ok((200, _)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    let field = |name: &str| text_at(&listening, &format!("/fields/{name}")).to_owned();
+    assert_eq!(
+        (field("addr"), field("admin_addr")),
+        (addr.to_string(), gate.admin.to_string())
+    );
     assert_eq!(http_get(admin, "/healthz").unwrap().0, 200);
     let mut conn = redis::Client::open(format!("redis://{addr}"))
         .unwrap()
@@ -796,21 +760,17 @@ async fn the_configmap_settings_start_the_real_binary_which_drains_on_sigterm() 
     drop(conn);
 
     // SIGTERM: a clean drain, exit status 0.
-    let pid = child.0.id() as libc::pid_t;
-    // SAFETY: plain kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    gate.signal(libc::SIGTERM);
     let status = poll(
         Duration::from_secs(30),
         "stockgate to exit after SIGTERM",
-        || {
-            child
-                .0
-                .try_wait()
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "still running".to_owned())
-        },
+        || gate.exited().ok_or_else(|| "still running".to_owned()),
     );
-    assert!(status.success(), "exit status {status}; log: {log:#?}");
+    assert!(
+        status.success(),
+        "exit status {status}; log: {}",
+        gate.log()
+    );
 }
 
 // ---------------------------------------------------------------------
@@ -873,7 +833,7 @@ impl Prometheus {
                     );
                     break;
                 }
-                if let Ok((200, _)) = http_get(addr, "/-/ready") {
+                if let Ok((200, _)) = http_get(addr.port(), "/-/ready") {
                     return Prometheus {
                         addr,
                         dir,
@@ -898,7 +858,7 @@ impl Prometheus {
 
     /// GET an API path; its `data`, or an error with the body.
     fn api(&self, target: &str) -> Result<Value, String> {
-        let (status, body) = http_get(self.addr, target).map_err(|e| e.to_string())?;
+        let (status, body) = http_get(self.addr.port(), target).map_err(|e| e.to_string())?;
         let reply: Value =
             serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
         if reply["status"] != "success" {
@@ -1104,7 +1064,7 @@ async fn a_real_prometheus_scrapes_a_live_stockgate_and_the_rules_and_dashboard_
     traffic(&mut expected).await;
 
     // promtool lints the exposition, with histograms holding samples.
-    let (status, metrics) = http_get(server.admin_addr, "/metrics").unwrap();
+    let (status, metrics) = http_get(server.admin_addr.port(), "/metrics").unwrap();
     assert_eq!(status, 200);
     promtool(&["check", "metrics"], Some(&metrics));
 

@@ -522,25 +522,14 @@ async fn the_sweeper_gives_back_holds_nobody_touches() {
 /// over and gives the units back, and every record says EXPIRED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_of_a_killed_stockgate_come_back_through_another() {
-    use std::process::{Command, Stdio};
     const HOLDS: usize = 40;
     let cluster = cluster();
     let skus: Vec<String> = (0..8).map(|i| format!("orphan-{i}")).collect();
     for sku in &skus {
         set_stock(&cluster, sku, 100);
     }
-    let (port, admin) = (free_port(), free_port());
-    let mut doomed = Command::new(stockgate_bin())
-        .arg("serve")
-        .args(["--upstream", &cluster.seeds().join(",")])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("runs stockgate");
-    wait_ready_http(admin);
-    let mut conn = client_at(format!("127.0.0.1:{port}").parse().unwrap(), false).await;
+    let doomed = Launch::serve(&cluster.seeds()).start();
+    let mut conn = client_at(doomed.addr, false).await;
     for i in 0..HOLDS {
         let held = parse_hold(
             hold(
@@ -558,8 +547,7 @@ async fn holds_of_a_killed_stockgate_come_back_through_another() {
     }
     // The survivor starts while the doomed one still leads the sweep.
     let survivor = proxy(cluster.seeds(), |_| {}).await;
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
+    doomed.kill();
     drop(conn);
     for sku in &skus {
         loop_until_async(Duration::from_secs(60), || async {

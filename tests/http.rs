@@ -1058,20 +1058,9 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
 /// `GET path` on the admin port: the real Prometheus text stockgate
 /// serves to a scraper.
 fn scrape(admin: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(admin).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: stockgate\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
+    let (status, body) = http_get(admin.port(), "/metrics").unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 /// One series' value in Prometheus text (`series` with its labels as

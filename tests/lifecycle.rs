@@ -4,76 +4,21 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use stockgate::dev::{LocalRedis, RedisOptions};
 use support::*;
-
-/// A stockgate process, killed if the test ends early. Its stderr is read
-/// all along, as a log collector would: a pipe nobody reads fills up at
-/// 64 KiB, and then the log writer can only drop lines.
-struct Proc {
-    child: Child,
-    log: Option<std::thread::JoinHandle<String>>,
-    port: u16,
-}
-
-impl Proc {
-    fn start(seeds: &[String], extra: &[&str]) -> Proc {
-        let (port, admin) = (free_port(), free_port());
-        let child = Command::new(stockgate_bin())
-            .arg("serve")
-            .args(["--upstream", &seeds.join(",")])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("runs stockgate");
-        let mut child = child;
-        let mut stderr = child.stderr.take().unwrap();
-        let log = std::thread::spawn(move || {
-            let mut log = String::new();
-            let _ = stderr.read_to_string(&mut log);
-            log
-        });
-        let proc = Proc {
-            child,
-            log: Some(log),
-            port,
-        };
-        wait_ready_http(admin);
-        proc
-    }
-
-    fn signal(&self, signal: i32) {
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-    }
-
-    /// Waits for the exit; the status and everything logged.
-    fn finish(mut self) -> (std::process::ExitStatus, String) {
-        let status = self.child.wait().unwrap();
-        let log = self.log.take().unwrap().join().unwrap();
-        (status, log)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn sigterm_answers_every_request_already_sent_then_exits_zero() {
     let cluster = cluster();
     set_stock(&cluster, "drain", 1_000_000);
-    let proc = Proc::start(&cluster.seeds(), &["--shutdown-grace", "20s"]);
+    let mut gate = Launch::serve(&cluster.seeds())
+        .args(["--shutdown-grace", "20s"])
+        .start();
 
-    let mut idle = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
-    let mut busy = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
+    let mut idle = TcpStream::connect(gate.addr).unwrap();
+    let mut busy = TcpStream::connect(gate.addr).unwrap();
     busy.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let burst: Vec<u8> = (0..1000)
@@ -83,7 +28,7 @@ fn sigterm_answers_every_request_already_sent_then_exits_zero() {
     // The first reply shows stockgate is working through the burst.
     let mut first = [0u8; 1];
     busy.read_exact(&mut first).unwrap();
-    proc.signal(libc::SIGTERM);
+    gate.signal(libc::SIGTERM);
 
     let mut replies = first.to_vec();
     busy.read_to_end(&mut replies).unwrap();
@@ -97,10 +42,10 @@ fn sigterm_answers_every_request_already_sent_then_exits_zero() {
     );
     assert!(closed_by_peer(&mut idle), "idle connections are closed");
     assert!(
-        TcpStream::connect(("127.0.0.1", proc.port)).is_err(),
+        TcpStream::connect(gate.addr).is_err(),
         "no new connections once the drain has begun"
     );
-    let (status, log) = proc.finish();
+    let (status, log) = gate.wait();
     assert!(status.success(), "{status:?}\n{log}");
     assert!(log.contains("SIGTERM: draining"), "{log}");
     assert_eq!(get_stock(&cluster, "drain"), Some(1_000_000 - 1000));
@@ -148,7 +93,7 @@ async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
     let drain = tokio::spawn(server.drain(Duration::from_secs(60)));
     // Readiness is false while the request is still in flight: it cannot
     // finish before Redis is unpaused below.
-    let readyz = move || http_status(admin, "/readyz");
+    let readyz = move || http_get(admin, "/readyz").ok().map(|(status, _)| status);
     while tokio::task::spawn_blocking(readyz).await.unwrap() != Some(503) {
         assert!(
             Instant::now() < deadline,
@@ -177,13 +122,15 @@ async fn readiness_turns_false_at_once_and_in_flight_requests_finish() {
 #[test]
 fn sigint_stops_at_once() {
     let cluster = cluster();
-    let proc = Proc::start(&cluster.seeds(), &["--shutdown-grace", "60s"]);
-    let mut idle = TcpStream::connect(("127.0.0.1", proc.port)).unwrap();
+    let mut gate = Launch::serve(&cluster.seeds())
+        .args(["--shutdown-grace", "60s"])
+        .start();
+    let mut idle = TcpStream::connect(gate.addr).unwrap();
     idle.write_all(b"PING\r\n").unwrap();
     let mut pong = [0u8; 7];
     idle.read_exact(&mut pong).unwrap();
-    proc.signal(libc::SIGINT);
-    let (status, log) = proc.finish();
+    gate.signal(libc::SIGINT);
+    let (status, log) = gate.wait();
     assert!(status.success(), "{log}");
     assert!(log.contains("SIGINT: stopping now"), "{log}");
 }
@@ -193,18 +140,16 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
     let cluster = cluster();
     set_stock(&cluster, "logged", 50);
     for (mode, expect_ok_line) in [("all", true), ("errors", false), ("off", false)] {
-        let proc = Proc::start(
-            &cluster.seeds(),
-            &["--log-format", "json", "--access-log", mode],
-        );
-        let port = proc.port;
+        let gate = Launch::serve(&cluster.seeds())
+            .args(["--log-format", "json", "--access-log", mode])
+            .start();
+        let port = gate.addr.port();
         let id = format!("req-{mode}");
         redis_cli(port, &["DEDUCT", "logged", "1", &id, "ORDER-SECRET-42"]);
         redis_cli(port, &["DEDUCT", "nope", "1", &id]);
         let order = format!("ord-{mode}");
         redis_cli(port, &["ORDER", &order, "logged", "2"]);
-        proc.signal(libc::SIGTERM);
-        let (status, log) = proc.finish();
+        let (status, log) = gate.stop();
         assert!(status.success());
         let access: Vec<serde_json::Value> = log
             .lines()
@@ -282,17 +227,16 @@ fn the_access_log_has_the_designs_fields_and_nothing_more() {
 fn every_stock_change_is_one_audit_line_beside_the_access_log() {
     let cluster = cluster();
     set_stock(&cluster, "audited", 5);
-    let proc = Proc::start(
-        &cluster.seeds(),
-        &[
+    let gate = Launch::serve(&cluster.seeds())
+        .args([
             "--log-format",
             "json",
             "--access-log",
             "all",
             "--admin-commands",
-        ],
-    );
-    let port = proc.port;
+        ])
+        .start();
+    let port = gate.addr.port();
     let burst: Vec<u8> = (0..200)
         .flat_map(|i| encode_request(&["DEDUCT", "audited", "1", &format!("a-{i}")]))
         .collect();
@@ -306,8 +250,7 @@ fn every_stock_change_is_one_audit_line_beside_the_access_log() {
         let reply = redis_cli(port, args);
         assert_eq!(reply.lines().next(), Some(code), "{args:?}: {reply}");
     }
-    proc.signal(libc::SIGTERM);
-    let (status, log) = proc.finish();
+    let (status, log) = gate.stop();
     assert!(status.success(), "{log}");
     let lines: Vec<serde_json::Value> = log
         .lines()

@@ -1056,26 +1056,15 @@ matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn o
 /// recovery); then every order is retried through the survivor, and each
 /// is applied whole, once, or not at all, and the books add up.
 async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries(kind: ServerKind) {
-    use std::process::{Command, Stdio};
     const ORDERS: usize = 60;
     let cluster = cluster_of(kind);
     let skus = spread("killed");
     for sku in &skus {
         set_stock(&cluster, sku, 10_000);
     }
-    let (port, admin) = (free_port(), free_port());
-    let mut doomed = Command::new(stockgate_bin())
-        .arg("serve")
-        .args(["--upstream", &cluster.seeds().join(",")])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("runs stockgate");
-    wait_ready_http(admin);
+    let doomed = Launch::serve(&cluster.seeds()).start();
     let survivor = proxy(cluster.seeds(), |_| {}).await;
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = doomed.addr;
     let qty = |i: usize, line: usize| (1 + (i + line) % 3).to_string();
     let args_of = |i: usize| -> Vec<String> {
         let mut args = vec!["ORDER".to_string(), format!("killed-{i}")];
@@ -1105,8 +1094,7 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries(k
         async move { (n >= ORDERS / 4).then_some(()) }
     })
     .await;
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
+    doomed.kill();
     for task in tasks {
         let _ = task.await;
     }

@@ -383,10 +383,13 @@ async fn interactive_redis_cli_survives_command_docs_and_deducts() {
 fn a_huge_bulk_header_trickled_in_is_refused_when_its_line_ends() {
     let cluster = cluster();
     set_stock(&cluster, "trickle", 5);
-    let proxy = Proxy::start(&cluster.seeds());
-    let before = proxy.memory_kib();
+    let gate = Launch::serve(&cluster.seeds()).start();
+    // Resident memory, and address space: a buffer reserved for the body
+    // would show in the second even if its pages were never touched.
+    let memory = || (gate.status_kib("VmRSS"), gate.status_kib("VmSize"));
+    let before = memory();
     let header = b"*2\r\n$6\r\nDEDUCT\r\n$1073741824\r\n".to_vec();
-    let mut stream = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+    let mut stream = TcpStream::connect(gate.addr).unwrap();
     stream.set_nodelay(true).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -396,7 +399,7 @@ fn a_huge_bulk_header_trickled_in_is_refused_when_its_line_ends() {
         std::thread::sleep(Duration::from_millis(20));
         if i == header.len() / 2 {
             // Halfway through, another client is served as usual.
-            let reply = redis_cli(proxy.port, &["DEDUCT", "trickle", "1", "t1"]);
+            let reply = redis_cli(gate.addr.port(), &["DEDUCT", "trickle", "1", "t1"]);
             assert_eq!(reply.lines().next(), Some("0"), "{reply}");
         }
     }
@@ -407,69 +410,14 @@ fn a_huge_bulk_header_trickled_in_is_refused_when_its_line_ends() {
         "-ERR Protocol error: invalid bulk length\r\n"
     );
     assert_eq!(get_stock(&cluster, "trickle"), Some(4));
-    let after = proxy.memory_kib();
-    let grown = |f: fn(&Memory) -> u64| f(&after).saturating_sub(f(&before));
-    // Resident memory, and address space: a buffer reserved for the body
-    // would show in the second even if its pages were never touched.
+    let after = memory();
+    let rss_grown = after.0.saturating_sub(before.0);
+    assert!(rss_grown < 32 * 1024, "RSS grew by {rss_grown} KiB");
+    let size_grown = after.1.saturating_sub(before.1);
     assert!(
-        grown(|m| m.rss) < 32 * 1024,
-        "RSS grew by {} KiB",
-        grown(|m| m.rss)
+        size_grown < 256 * 1024,
+        "address space grew by {size_grown} KiB"
     );
-    assert!(
-        grown(|m| m.size) < 256 * 1024,
-        "address space grew by {} KiB",
-        grown(|m| m.size)
-    );
-}
-
-/// A stockgate process in front of `seeds`, killed when dropped.
-struct Proxy {
-    child: std::process::Child,
-    port: u16,
-}
-
-/// A process's memory, from /proc/<pid>/status.
-struct Memory {
-    rss: u64,
-    size: u64,
-}
-
-impl Proxy {
-    fn start(seeds: &[String]) -> Proxy {
-        let (port, admin) = (free_port(), free_port());
-        let child = Command::new(stockgate_bin())
-            .arg("serve")
-            .args(["--upstream", &seeds.join(",")])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("runs stockgate");
-        let proxy = Proxy { child, port };
-        wait_ready_http(admin);
-        proxy
-    }
-
-    fn memory_kib(&self) -> Memory {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| -> u64 {
-            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-            line.split_whitespace().nth(1).unwrap().parse().unwrap()
-        };
-        Memory {
-            rss: field("VmRSS:"),
-            size: field("VmSize:"),
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,10 +67,9 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -384,40 +383,18 @@ impl Ports {
     }
 }
 
-/// `stockgate dev`, stopped like Ctrl-C at the end (SIGKILL if the test
-/// fails first; its Redis nodes die with it, see `src/dev.rs`).
-struct Dev {
-    child: Child,
-    /// Its log, read to the end by a thread, so a chatty log never fills
-    /// the pipe and stalls it.
-    stderr: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Dev {
-    fn stop(mut self) -> String {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+/// Stops `stockgate dev` like Ctrl-C (SIGKILL if it has not exited 30 s
+/// later; its Redis nodes die with it, see `src/dev.rs`): its log.
+fn stop_dev(mut dev: Stockgate) -> String {
+    dev.signal(libc::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dev.exited().is_none() {
+        if Instant::now() > deadline {
+            return dev.kill().1;
         }
-        let _ = self.child.wait();
-        // Exited, so the pipe is closed and the reader done.
-        self.stderr
-            .take()
-            .and_then(|reader| reader.join().ok())
-            .unwrap_or_default()
+        std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    dev.wait().1
 }
 
 /// Starts the dev block's `deploy/dev.sh [args]` as `stockgate dev` on free
@@ -425,7 +402,7 @@ impl Drop for Dev {
 /// A port picked free can be taken before stockgate binds it (by another
 /// test, or by one of the dev cluster's own Redis nodes): then it starts
 /// again on others.
-fn start_dev_on_free_ports(step: &Step) -> (Ports, Dev, Vec<String>) {
+fn start_dev_on_free_ports(step: &Step) -> (Ports, Stockgate, Vec<String>) {
     for _ in 0..3 {
         let ports = Ports::pick();
         match start_dev(step, &ports) {
@@ -438,7 +415,7 @@ fn start_dev_on_free_ports(step: &Step) -> (Ports, Dev, Vec<String>) {
 }
 
 /// One try of [`start_dev_on_free_ports`]; the failure's report otherwise.
-fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
+fn start_dev(step: &Step, ports: &Ports) -> Result<(Stockgate, Vec<String>), String> {
     let command = ports.apply(&step.command);
     let mut words = command.split_whitespace();
     assert_eq!(
@@ -447,7 +424,7 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
         "{}: the dev block runs deploy/dev.sh",
         step.at
     );
-    let mut args: Vec<String> = vec!["dev".into()];
+    let mut args: Vec<String> = Vec::new();
     let given: Vec<String> = words.map(str::to_owned).collect();
     for (i, arg) in given.iter().enumerate() {
         args.push(arg.clone());
@@ -456,14 +433,14 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
             args.push(format!("127.0.0.1:{}", ports.real(HTTP_PORT)));
         }
     }
-    for (flag, port) in [("--listen", RESP_PORT), ("--admin-listen", ADMIN_PORT)] {
-        if !given.iter().any(|a| a == flag) {
-            args.push(flag.into());
-            args.push(format!("127.0.0.1:{}", ports.real(port)));
-        }
-    }
-    let mut child = Command::new(stockgate_bin())
+    let on = |port| ([127, 0, 0, 1], ports.real(port)).into();
+    let mut dev = Launch::new("dev")
         .args(&args)
+        // In the environment, so a --listen or --admin-listen the README
+        // gives wins.
+        .listen(on(RESP_PORT))
+        .admin_listen(on(ADMIN_PORT))
+        .ports_in_env()
         .env_remove("STOCKGATE_LOG")
         // As `deploy/dev.sh --postgres` runs it: the books' walkthrough
         // (docs/books.md) needs the journal.
@@ -471,54 +448,33 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Dev, Vec<String>), String> {
         // As docs/locations.md has the reader start it (`--admin-commands`):
         // its walkthrough stocks two warehouses with STOCK.SET.
         .env("STOCKGATE_ADMIN_COMMANDS", "true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs stockgate dev");
-    let (out_tx, out_rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if out_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut log = String::new();
-        let _ = stderr.read_to_string(&mut log);
-        log
-    });
-    let dev = Dev {
-        child,
-        stderr: Some(stderr),
-    };
+        .printed()
+        .unready()
+        .start();
     let deadline = Instant::now() + DEV_WATCHDOG;
-    let mut printed = Vec::new();
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match out_rx.recv_timeout(left) {
-            Ok(line) => {
-                let done = line.starts_with("Ctrl-C stops");
-                printed.push(line);
-                if done {
-                    break;
-                }
-            }
-            // Exited (its stdout closed), or hung past the watchdog.
-            Err(_) => {
-                let log = dev.stop();
-                return Err(format!(
-                    "stockgate {} did not finish its start-up message:\n{}\nstderr:\n{log}",
-                    args.join(" "),
-                    printed.join("\n")
-                ));
-            }
+        // Whole lines only: the last may still be on its way.
+        let text = dev.printed();
+        let lines: Vec<&str> = text
+            .split_inclusive('\n')
+            .filter_map(|l| l.strip_suffix('\n'))
+            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+            .collect();
+        if let Some(last) = lines.iter().position(|l| l.starts_with("Ctrl-C stops")) {
+            let printed = lines[..=last].iter().map(|l| l.to_string()).collect();
+            return Ok((dev, printed));
         }
+        // Exited, or hung past the watchdog.
+        if dev.exited().is_some() || Instant::now() > deadline {
+            return Err(format!(
+                "stockgate dev {} did not finish its start-up message:\n{}\nstderr:\n{}",
+                args.join(" "),
+                lines.join("\n"),
+                stop_dev(dev)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    Ok((dev, printed))
 }
 
 /// Runs one command of a page as a user would in a shell, stdout and stderr
@@ -715,7 +671,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
             }
         }
     }
-    let log = dev.stop();
+    let log = stop_dev(dev);
     let norun: Vec<String> = readme.norun.iter().map(At::to_string).collect();
     println!(
         "{} pages: {commands} commands run in {} console blocks after the dev block; {} console norun blocks ({})",

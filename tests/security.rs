@@ -6,7 +6,7 @@ mod support;
 use redis::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use stockgate::auth::Password;
 use stockgate::dev::{LocalRedis, RedisOptions};
@@ -390,60 +390,14 @@ fn secrets_never_reach_logs_info_or_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let pw_file = dir.path().join("client-password");
     std::fs::write(&pw_file, format!("{CLIENT_SECRET}\n")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(stockgate_bin())
-        .arg("serve")
+    // Ready: stockgate authenticated to Redis with the URL's password.
+    let gate = Launch::new("serve")
         .env("STOCKGATE_UPSTREAM", redis.url())
         .env("STOCKGATE_REQUIREPASS_FILE", &pw_file)
         .env("STOCKGATE_LOG", "debug")
         .env("STOCKGATE_ACCESS_LOG", "all")
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Killed if an assertion below fails first.
-    let mut child = KillOnDrop(child);
-    let mut stderr = child.0.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut log = String::new();
-        let _ = stderr.read_to_string(&mut log);
-        log
-    });
-    let mut ready = false;
-    for _ in 0..200 {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)) {
-            let _ = write!(
-                s,
-                "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            );
-            let mut r = String::new();
-            let _ = s.read_to_string(&mut r);
-            if r.starts_with("HTTP/1.1 200") {
-                ready = true;
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        ready,
-        "stockgate authenticated to Redis with the URL's password"
-    );
+        .start();
+    let port = gate.addr.port();
     // INFO needs the password, and a wrong one is refused.
     let wrong = redis_cli(port, &["-a", "not-it", "--no-auth-warning", "INFO"]);
     assert!(
@@ -467,17 +421,9 @@ fn secrets_never_reach_logs_info_or_metrics() {
             "r",
         ],
     );
-    let mut s = TcpStream::connect(("127.0.0.1", admin)).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut metrics = String::new();
-    s.read_to_string(&mut metrics).unwrap();
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
-    assert!(child.0.wait().unwrap().success());
-    let log = log.join().unwrap();
+    let (_, metrics) = http_get(gate.admin.port(), "/metrics").unwrap();
+    let (status, log) = gate.stop();
+    assert!(status.success());
     assert!(
         log.contains("client connected"),
         "the log ran at debug level:\n{log}"
@@ -489,15 +435,6 @@ fn secrets_never_reach_logs_info_or_metrics() {
                 "{secret} leaked into the {what}:\n{text}"
             );
         }
-    }
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -2,32 +2,9 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 use stockgate::config::ScriptCalls;
 use support::*;
-
-/// GET `path` on the admin port: (status, body).
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: stockgate\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
 
 /// The value of one exact series line in Prometheus text.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -163,7 +140,7 @@ async fn with_redis_down_replies_are_errors_within_the_deadline_and_service_come
     }
     // Readiness notices within a few health checks.
     let (status, body) = loop_until(Duration::from_secs(10), || {
-        let (status, body) = http_get(server.admin_addr, "/readyz");
+        let (status, body) = http_get(server.admin_addr.port(), "/readyz").unwrap();
         (status == 503).then_some((status, body))
     });
     assert_eq!(status, 503, "{body}");
@@ -222,8 +199,11 @@ async fn readiness_waits_for_redis_and_health_does_not() {
     config.upstream.connect_timeout = Duration::from_millis(200);
     let server = stockgate::server::start(config).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(http_get(server.admin_addr, "/healthz").0, 200);
-    let (status, body) = http_get(server.admin_addr, "/readyz");
+    assert_eq!(
+        http_get(server.admin_addr.port(), "/healthz").unwrap().0,
+        200
+    );
+    let (status, body) = http_get(server.admin_addr.port(), "/readyz").unwrap();
     assert_eq!(status, 503);
     assert!(body.starts_with("not ready: "), "{body}");
     // Requests are refused as faults, not as codes.
@@ -273,7 +253,7 @@ async fn metrics_count_each_result_without_user_data_in_labels() {
         .await
         .unwrap_err();
 
-    let (status, text) = http_get(server.admin_addr, "/metrics");
+    let (status, text) = http_get(server.admin_addr.port(), "/metrics").unwrap();
     assert_eq!(status, 200);
     let count = |result: &str| {
         sample(
@@ -319,7 +299,7 @@ async fn metrics_count_each_result_without_user_data_in_labels() {
     }
     drop(conn);
     loop_until(Duration::from_secs(5), || {
-        let (_, text) = http_get(server.admin_addr, "/metrics");
+        let (_, text) = http_get(server.admin_addr.port(), "/metrics").unwrap();
         (sample(&text, "stockgate_client_connections") == Some(0.0)).then_some(())
     });
 }
@@ -408,7 +388,7 @@ async fn an_idle_sidecar_still_notices_redis_going_away_and_coming_back() {
     let down = Instant::now();
     let (status, body) = tokio::task::spawn_blocking(move || {
         loop_until(Duration::from_secs(30), || {
-            let (status, body) = http_get(admin, "/readyz");
+            let (status, body) = http_get(admin.port(), "/readyz").unwrap();
             (status == 503).then_some((status, body))
         })
     })

@@ -13,7 +13,7 @@ use sha2::Digest;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -529,46 +529,12 @@ async fn a_password_rotates_and_a_broken_file_reloads_under_load_without_a_refus
     assert!(server.drain(Duration::from_secs(5)).await);
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn metrics_text(admin: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", admin)).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
-}
-
-fn serve_args(path: &Path, port: u16, admin: u16) -> Vec<String> {
-    vec![
-        "serve".into(),
-        "--users-file".into(),
-        path.display().to_string(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--admin-listen".into(),
-        format!("127.0.0.1:{admin}"),
-    ]
-}
-
 #[test]
 fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_shown() {
     const SECRET: &str = "Secret-users-7741";
     let redis = standalone();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("users.toml");
-    let (port, admin) = (free_port(), free_port());
 
     // At start, a mistake stops stockgate, naming the line, not its text.
     write_users(
@@ -576,7 +542,11 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
         &format!("[users.app]\npasswords = [\"{SECRET}\"]\nrights = [\"caller\", \"admin\"]\n"),
     );
     let out = Command::new(stockgate_bin())
-        .args(serve_args(&path, port, admin))
+        .arg("serve")
+        .arg("--users-file")
+        .arg(&path)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .env("STOCKGATE_UPSTREAM", redis.url())
         .output()
         .unwrap();
@@ -617,23 +587,14 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
         "{shown}"
     );
 
-    let child = Command::new(stockgate_bin())
-        .args(serve_args(&path, port, admin))
+    let gate = Launch::new("serve")
+        .arg("--users-file")
+        .arg(&path)
         .env("STOCKGATE_UPSTREAM", redis.url())
         .env("STOCKGATE_LOG", "debug")
         .env("STOCKGATE_ACCESS_LOG", "all")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let mut stderr = child.0.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut log = String::new();
-        let _ = stderr.read_to_string(&mut log);
-        log
-    });
-    wait_ready_http(admin);
+        .start();
+    let (port, admin) = (gate.addr.port(), gate.admin.port());
     let login = |password: &str| {
         let port = port.to_string();
         let out = run(
@@ -679,12 +640,11 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
         &path,
         &format!("[users.app]\npasswords = \"{SECRET}\"\nrights = [\"caller\"]\n"),
     );
-    let pid = child.0.id() as i32;
-    unsafe { libc::kill(pid, libc::SIGHUP) };
+    gate.signal(libc::SIGHUP);
     let refused = "stockgate_users_reloads_total{result=\"refused\"} ";
     let mut text = String::new();
     for _ in 0..200 {
-        text = metrics_text(admin);
+        text = http_get(admin, "/metrics").unwrap().1;
         if text
             .lines()
             .any(|l| l.starts_with(refused) && !l.ends_with(" 0"))
@@ -704,7 +664,7 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
         &path,
         "[users.app]\npasswords = [\"rotated-pw\"]\nrights = [\"caller\"]\n",
     );
-    unsafe { libc::kill(pid, libc::SIGHUP) };
+    gate.signal(libc::SIGHUP);
     let mut rotated = String::new();
     for _ in 0..200 {
         rotated = login("rotated-pw");
@@ -715,9 +675,8 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
     }
     assert_eq!(rotated.trim(), "PONG");
     assert!(login(SECRET).contains("WRONGPASS"));
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    assert!(child.0.wait().unwrap().success());
-    let log = log.join().unwrap();
+    let (status, log) = gate.stop();
+    assert!(status.success());
     assert!(log.contains("users file refused"), "{log}");
     assert!(log.contains("line 2"), "the refusal names the line: {log}");
     assert!(log.contains("users file reloaded"), "{log}");
@@ -727,7 +686,10 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
             && l.contains("user=\"app\"")),
         "the access log names the user: {log}"
     );
-    let text = metrics_text_or_empty(admin);
+    // /metrics, or nothing once stockgate has stopped.
+    let text = http_get(admin, "/metrics")
+        .map(|(_, text)| text)
+        .unwrap_or_default();
     for (what, shown) in [("log", &log), ("metrics", &text)] {
         for secret in [SECRET, "rotated-pw"] {
             assert!(
@@ -735,14 +697,6 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
                 "{secret} leaked into the {what}:\n{shown}"
             );
         }
-    }
-}
-
-/// /metrics, or nothing once stockgate has stopped.
-fn metrics_text_or_empty(admin: u16) -> String {
-    match TcpStream::connect(("127.0.0.1", admin)) {
-        Ok(_) => metrics_text(admin),
-        Err(_) => String::new(),
     }
 }
 

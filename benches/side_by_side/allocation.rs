@@ -22,7 +22,7 @@
 
 use crate::Knobs;
 use crate::db::Db;
-use crate::fleet::{Fleet, Stockgate};
+use crate::fleet::{self, Fleet, Stockgate};
 use crate::loadgen::{self, Conn, Encoded};
 use crate::target::Rng;
 use crate::throughput::probe;
@@ -86,7 +86,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 );
                 runs.push(run);
                 row += 1;
-                stockgate.proc.check_alive();
+                fleet::check_alive("stockgate-allocation", &mut stockgate);
             }
         }
     }
@@ -137,7 +137,7 @@ fn measure(
     depth: usize,
 ) -> AllocationRun {
     let requests: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
-    let pid = stockgate.proc.pid;
+    let pid = stockgate.pid();
     db.reset();
     if locations > 0 {
         db.locate(locations);

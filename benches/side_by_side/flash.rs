@@ -37,7 +37,7 @@
 
 use crate::Knobs;
 use crate::db::{Db, connect};
-use crate::fleet::{Fleet, Stockgate, cpu_seconds};
+use crate::fleet::{self, Fleet, Stockgate, cpu_seconds};
 use crate::loadgen::{self, Encoded, ParsedReply};
 use crate::target::{Rng, SETTINGS, TargetId};
 use bytes::{Buf, BytesMut};
@@ -166,7 +166,8 @@ pub struct FlashRun {
 pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) {
     let flash = FlashKnobs::from_env();
     let wanted = |id: TargetId| knobs.targets.contains(&id);
-    let mut proxies: Vec<Stockgate> = Vec::new();
+    // Each with its tag, for its log.
+    let mut proxies: Vec<(&str, Stockgate)> = Vec::new();
     let mut rows = Vec::new();
     let direct = SocketAddr::from(([127, 0, 0, 1], fleet.standalone.node.port));
     if wanted(TargetId::DirectStandalone) {
@@ -197,15 +198,8 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 false,
             ),
         ] {
-            let s = Stockgate::start_with(
-                &[],
-                &knobs.stockgate_bin,
-                tag,
-                &seeds,
-                "standalone",
-                fleet.dir.path(),
-                args,
-            );
+            let s =
+                fleet::start_stockgate(&[], &knobs.stockgate_bin, tag, &seeds, "standalone", args);
             rows.push(Row {
                 name,
                 wire: Wire::Deduct,
@@ -213,7 +207,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 proxy: Some(proxies.len()),
                 sold_out_reads: on,
             });
-            proxies.push(s);
+            proxies.push((tag, s));
         }
     }
     if rows.is_empty() {
@@ -226,7 +220,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     let mut measured: Vec<Vec<FlashRun>> = rows.iter().map(|_| Vec::new()).collect();
     for round in 0..flash.runs {
         for (k, row) in rows.iter().enumerate() {
-            let proxy = row.proxy.map(|i| &proxies[i]);
+            let proxy = row.proxy.map(|i| &proxies[i].1);
             // Warm-up: connections, script cache, allocator pools, on a sku
             // with plenty of stock; not measured.
             db.reset();
@@ -254,8 +248,8 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             let run = drive_row(runtime, row, db, &mut admin, proxy, &load, false);
             eprintln!("run {round} {}", progress(&run));
             measured[k].push(run);
-            for p in &mut proxies {
-                p.proc.check_alive();
+            for (tag, p) in &mut proxies {
+                fleet::check_alive(tag, p);
             }
         }
     }
@@ -263,7 +257,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     println!("{}", table(&flash, &runs));
     let logs: Vec<String> = proxies
         .iter()
-        .filter_map(|p| p.proc.log_summary())
+        .filter_map(|(tag, p)| fleet::log_summary(tag, &p.log()))
         .map(|line| format!("- {line}"))
         .collect();
     if !logs.is_empty() {
@@ -405,7 +399,7 @@ fn probe(db: &mut Db, proxy: Option<&Stockgate>, sold_out_reads: bool) -> Probe 
     Probe {
         at: Instant::now(),
         redis: db.cpu_seconds(),
-        proxy: proxy.map(|p| cpu_seconds(p.proc.pid)),
+        proxy: proxy.map(|p| cpu_seconds(p.pid())),
         sold_out_reads: proxy.filter(|_| sold_out_reads).map(|p| {
             let read = |result: &str| {
                 p.metric(&format!(

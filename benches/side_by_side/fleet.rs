@@ -5,6 +5,8 @@
 
 use crate::Knobs;
 use crate::db::{self, Db};
+use crate::launch::Launch;
+pub use crate::launch::Stockgate;
 use crate::target::{Shape, Target, TargetId};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -77,7 +79,7 @@ impl Fleet {
         } else {
             (vec![self.standalone.url()], "standalone")
         };
-        Stockgate::start(&knobs.stockgate_bin, name, &seeds, mode, self.dir.path())
+        start_stockgate(&[], &knobs.stockgate_bin, name, &seeds, mode, &[])
     }
 
     pub fn start_twemproxy(&self, knobs: &Knobs, name: &str) -> Twemproxy {
@@ -142,14 +144,13 @@ impl Proxies {
     /// Where a proxied target's clients connect, and the proxy's pid.
     fn proxy_of(&self, id: TargetId) -> Option<(SocketAddr, u32)> {
         match id {
-            TargetId::StockgateCluster => self
-                .stockgate_cluster
-                .as_ref()
-                .map(|s| (s.addr, s.proc.pid)),
+            TargetId::StockgateCluster => {
+                self.stockgate_cluster.as_ref().map(|s| (s.addr, s.pid()))
+            }
             TargetId::StockgateStandalone => self
                 .stockgate_standalone
                 .as_ref()
-                .map(|s| (s.addr, s.proc.pid)),
+                .map(|s| (s.addr, s.pid())),
             TargetId::TwemproxyStandalone => self.twemproxy.as_ref().map(|t| (t.addr, t.proc.pid)),
             _ => None,
         }
@@ -176,33 +177,40 @@ impl Proxies {
             .collect()
     }
 
-    fn procs(&mut self) -> impl Iterator<Item = &mut Proc> {
+    fn stockgates(&mut self) -> impl Iterator<Item = (&'static str, &mut Stockgate)> {
         [
-            self.stockgate_cluster.as_mut().map(|s| &mut s.proc),
-            self.stockgate_standalone.as_mut().map(|s| &mut s.proc),
-            self.twemproxy.as_mut().map(|t| &mut t.proc),
+            ("stockgate-cluster", self.stockgate_cluster.as_mut()),
+            ("stockgate-standalone", self.stockgate_standalone.as_mut()),
         ]
         .into_iter()
-        .flatten()
+        .filter_map(|(name, gate)| Some((name, gate?)))
     }
 
     /// Fails loudly if a proxy has died.
     pub fn check_alive(&mut self) {
-        self.procs().for_each(Proc::check_alive);
+        self.stockgates()
+            .for_each(|(name, gate)| check_alive(name, gate));
+        if let Some(twemproxy) = &mut self.twemproxy {
+            twemproxy.proc.check_alive();
+        }
     }
 
     /// What the proxies logged (warnings and errors), as a markdown
     /// paragraph, or nothing when they logged nothing.
     pub fn logs(&mut self) -> String {
-        let logs: Vec<String> = self
-            .procs()
-            .filter_map(|proc| proc.log_summary())
-            .map(|line| format!("- {line}"))
+        let mut logs: Vec<String> = self
+            .stockgates()
+            .filter_map(|(name, gate)| log_summary(name, &gate.log()))
             .collect();
+        logs.extend(self.twemproxy.as_ref().and_then(|t| t.proc.log_summary()));
         if logs.is_empty() {
             String::new()
         } else {
-            format!("Proxy logs (warnings and errors):\n\n{}\n", logs.join("\n"))
+            let lines: Vec<String> = logs.iter().map(|line| format!("- {line}")).collect();
+            format!(
+                "Proxy logs (warnings and errors):\n\n{}\n",
+                lines.join("\n")
+            )
         }
     }
 }
@@ -325,23 +333,12 @@ impl Proc {
         }
     }
 
-    /// What the process logged (stockgate runs at `warn`, nutcracker at
-    /// `-v 4`, warnings: so any line is worth reading), summed up in one
-    /// line, or `None` when the log is empty.
+    /// What the process logged, summed up in one line ([`log_summary`]).
     pub fn log_summary(&self) -> Option<String> {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
-        let first = lines.first()?;
-        let mut shown: String = first.chars().take(300).collect();
-        if lines.len() > 1 {
-            let last: String = lines[lines.len() - 1].chars().take(300).collect();
-            shown = format!("{shown} ... last: {last}");
-        }
-        Some(format!(
-            "{}: {} log lines; first: {shown}",
-            self.name,
-            lines.len()
-        ))
+        log_summary(
+            &self.name,
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
     }
 
     /// Fails loudly if the process has died.
@@ -392,102 +389,67 @@ fn wait(proc: &mut Proc, within: Duration, mut ok: impl FnMut() -> bool) -> Resu
     Err(format!("{} not ready within {within:?}", proc.name))
 }
 
-/// A stockgate release binary serving on loopback.
-pub struct Stockgate {
-    pub proc: Proc,
-    pub addr: SocketAddr,
-    pub admin: SocketAddr,
+/// What a process logged (stockgate runs at `warn`, nutcracker at `-v 4`,
+/// warnings: so any line is worth reading), summed up in one line, or
+/// `None` when the log is empty.
+pub fn log_summary(name: &str, log: &str) -> Option<String> {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    let first = lines.first()?;
+    let mut shown: String = first.chars().take(300).collect();
+    if lines.len() > 1 {
+        let last: String = lines[lines.len() - 1].chars().take(300).collect();
+        shown = format!("{shown} ... last: {last}");
+    }
+    Some(format!("{name}: {} log lines; first: {shown}", lines.len()))
 }
 
-impl Stockgate {
-    /// `stockgate serve --upstream <seeds> --upstream-mode <mode>` on free
-    /// ports, ready (`/readyz` 200) before this returns.
-    pub fn start(bin: &Path, name: &str, seeds: &[String], mode: &str, dir: &Path) -> Stockgate {
-        Stockgate::start_wrapped(&[], bin, name, seeds, mode, dir)
+/// Fails loudly if the stockgate `name` has died.
+pub fn check_alive(name: &str, gate: &mut Stockgate) {
+    if let Some(status) = gate.exited() {
+        panic!("{name} exited with {status}; its log:\n{}", gate.log());
     }
+}
 
-    /// [`Stockgate::start`] under `wrap` (a command and its arguments that
-    /// run the binary, e.g. valgrind), with the time a slow start needs.
-    pub fn start_wrapped(
-        wrap: &[String],
-        bin: &Path,
-        name: &str,
-        seeds: &[String],
-        mode: &str,
-        dir: &Path,
-    ) -> Stockgate {
-        Stockgate::start_with(wrap, bin, name, seeds, mode, dir, &[])
-    }
-
-    /// [`Stockgate::start_wrapped`] with `args` after every other flag
-    /// (`BENCH_STOCKGATE_ARGS` included), so they win.
-    pub fn start_with(
-        wrap: &[String],
-        bin: &Path,
-        name: &str,
-        seeds: &[String],
-        mode: &str,
-        dir: &Path,
-        args: &[&str],
-    ) -> Stockgate {
-        let mut last = String::new();
-        for attempt in 0..5 {
-            let (addr, admin) = (free_addr(), free_addr());
-            let mut cmd = wrapped(wrap, bin);
-            // Only the flags below configure it: no STOCKGATE_* from the
-            // caller's environment.
-            for (key, _) in std::env::vars_os() {
-                if key.to_string_lossy().starts_with("STOCKGATE_") {
-                    cmd.env_remove(key);
-                }
-            }
-            cmd.env("STOCKGATE_LOG", "warn")
-                .arg("serve")
-                .arg("--upstream")
-                .arg(seeds.join(","))
-                .arg("--upstream-mode")
-                .arg(mode)
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--admin-listen")
-                .arg(admin.to_string());
-            // Extra flags to compare settings in one run, e.g.
-            // BENCH_STOCKGATE_ARGS="--worker-threads 1".
-            if let Ok(extra) = std::env::var("BENCH_STOCKGATE_ARGS") {
-                cmd.args(extra.split_whitespace());
-            }
-            cmd.args(args);
-            let log = dir.join(format!("{name}-{attempt}.log"));
-            let mut proc = Proc::spawn(name, cmd, log)
-                .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-            let within = Duration::from_secs(if wrap.is_empty() { 20 } else { 120 });
-            match wait(&mut proc, within, || {
-                http_get(admin, "/readyz").is_ok_and(|(status, _)| status == 200)
-            }) {
-                Ok(()) => return Stockgate { proc, addr, admin },
-                Err(why) => last = why,
+/// `stockgate serve --upstream <seeds> --upstream-mode <mode>` on free
+/// ports, ready (`/readyz` 200) before this returns: `bin` under `wrap` (a
+/// command and its arguments that run the binary, e.g. valgrind, with the
+/// time a slow start needs), with `args` after every other flag
+/// (`BENCH_STOCKGATE_ARGS` included), so they win.
+pub fn start_stockgate(
+    wrap: &[String],
+    bin: &Path,
+    name: &str,
+    seeds: &[String],
+    mode: &str,
+    args: &[&str],
+) -> Stockgate {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let mut launch = Launch::program(wrapped(wrap, bin), "serve");
+        // Only the flags below configure it: no STOCKGATE_* from the
+        // caller's environment.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("STOCKGATE_") {
+                launch = launch.env_remove(key);
             }
         }
-        panic!("{name} did not start: {last}");
+        launch = launch
+            .env("STOCKGATE_LOG", "warn")
+            .args(["--upstream", &seeds.join(",")])
+            .args(["--upstream-mode", mode])
+            .dies_with_thread()
+            .ready_within(Duration::from_secs(if wrap.is_empty() { 20 } else { 120 }));
+        // Extra flags to compare settings in one run, e.g.
+        // BENCH_STOCKGATE_ARGS="--worker-threads 1".
+        if let Ok(extra) = std::env::var("BENCH_STOCKGATE_ARGS") {
+            launch = launch.args(extra.split_whitespace());
+        }
+        match launch.args(args).try_start() {
+            Ok(gate) => return gate,
+            Err(why) => last = why,
+        }
     }
-
-    /// The value of the `/metrics` line that starts with `series ` (a
-    /// name with its labels), or `None` when there is none.
-    pub fn metric(&self, series: &str) -> Option<f64> {
-        let (_, body) = http_get(self.admin, "/metrics").ok()?;
-        body.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    }
-
-    /// `stockgate_client_connections` from `/metrics`.
-    pub fn client_connections(&self) -> Option<u64> {
-        let (_, body) = http_get(self.admin, "/metrics").ok()?;
-        body.lines()
-            .find_map(|l| l.strip_prefix("stockgate_client_connections "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|v| v as u64)
-    }
+    panic!("{name} did not start: {last}");
 }
 
 /// twemproxy (nutcracker) in front of one Redis, as a plain Redis pool.
@@ -562,26 +524,4 @@ fn ping(addr: SocketAddr) -> bool {
     conn.write_all(b"*1\r\n$4\r\nPING\r\n").is_ok()
         && conn.read_exact(&mut reply).is_ok()
         && &reply == b"+PONG\r\n"
-}
-
-/// A minimal HTTP/1.1 GET: status and body.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text)?;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }

@@ -33,7 +33,7 @@
 //! replaces.
 
 use crate::Knobs;
-use crate::fleet::{Fleet, Stockgate, Twemproxy};
+use crate::fleet::{Fleet, Twemproxy, start_stockgate};
 use crate::orders;
 use crate::target::{Shape, Target, TargetId, plan};
 use crate::throughput::{measure, measure_with};
@@ -248,15 +248,8 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 } else {
                     (vec![fleet.standalone.url()], "standalone")
                 };
-                let s = Stockgate::start_wrapped(
-                    &wrap,
-                    &knobs.stockgate_bin,
-                    &name,
-                    &seeds,
-                    mode,
-                    &dir,
-                );
-                (s.addr, s.proc.pid, Some(s), None)
+                let s = start_stockgate(&wrap, &knobs.stockgate_bin, &name, &seeds, mode, &[]);
+                (s.addr, s.pid(), Some(s), None)
             }
         };
         let target = Target {
@@ -342,17 +335,16 @@ fn count_orders(
 ) -> Vec<OrderCount> {
     let name = "stockgate-cluster-orders-callgrind";
     let dir = fleet.dir.path().to_path_buf();
-    let stockgate = Stockgate::start_with(
+    let stockgate = start_stockgate(
         &callgrind(&dir, name),
         &knobs.stockgate_bin,
         name,
         &fleet.cluster.seeds(),
         "cluster",
-        &dir,
         &["--timeout", "60s"],
     );
     let stockgate = &stockgate;
-    let pid = stockgate.proc.pid;
+    let pid = stockgate.pid();
     let db = &mut fleet.cluster_db;
     let by_node = orders::skus_by_node(db);
     let per_conn = orders.max(1).div_ceil(knobs.connections);

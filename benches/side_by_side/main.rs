@@ -156,6 +156,12 @@ mod books_db;
 #[path = "../../tests/support/certs.rs"]
 #[allow(dead_code)]
 mod certs;
+// The tests' one launcher of a stockgate process: the bench's proxies are
+// started the way every test starts one (a bench target can't import an
+// integration test's module, so it includes the file, as above).
+#[path = "../../tests/support/launch.rs"]
+#[allow(dead_code)] // descriptors, sockets and the like are the tests'
+mod launch;
 #[path = "../../tests/support/mariadb.rs"]
 #[allow(dead_code)]
 mod mariadb;

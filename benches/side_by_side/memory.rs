@@ -134,19 +134,20 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet, 
                 result
             }
             _ => {
-                let proxy = fleet.start_stockgate(
-                    knobs,
-                    &format!("{}-memory", id.name()),
-                    id == TargetId::StockgateCluster,
-                );
+                let name = format!("{}-memory", id.name());
+                let proxy = fleet.start_stockgate(knobs, &name, id == TargetId::StockgateCluster);
                 let subject = Subject {
                     id,
-                    pid: proxy.proc.pid,
+                    pid: proxy.pid(),
                     addr: proxy.addr,
-                    clients: Box::new(|| proxy.client_connections()),
+                    clients: Box::new(|| {
+                        proxy
+                            .metric("stockgate_client_connections")
+                            .map(|v| v as u64)
+                    }),
                 };
                 let mut result = scenarios(runtime, knobs, fleet, &subject, many);
-                result.notes.extend(proxy.proc.log_summary());
+                result.notes.extend(fleet::log_summary(&name, &proxy.log()));
                 result
             }
         };

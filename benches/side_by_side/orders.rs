@@ -38,7 +38,7 @@
 
 use crate::Knobs;
 use crate::db::Db;
-use crate::fleet::{Fleet, Stockgate};
+use crate::fleet::{self, Fleet, Stockgate};
 use crate::loadgen::{self, Conn, Encoded};
 use crate::target::Rng;
 use crate::throughput::probe;
@@ -177,12 +177,12 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                 );
                 runs.push(run);
                 row += 1;
-                stockgate.proc.check_alive();
+                fleet::check_alive("stockgate-orders", &mut stockgate);
             }
         }
     }
     println!("{}", table(knobs, per_conn * knobs.connections, &runs));
-    if let Some(log) = stockgate.proc.log_summary() {
+    if let Some(log) = fleet::log_summary("stockgate-orders", &stockgate.log()) {
         println!("stockgate-orders logged (warnings and errors): {log}\n");
     }
 }
@@ -305,7 +305,7 @@ pub fn measure_with(
 ) -> OrdersRun {
     let orders: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
     let replies = orders * shape.group() as u64;
-    let pid = stockgate.proc.pid;
+    let pid = stockgate.pid();
     db.reset();
     let (outcome, before, after) = runtime
         .block_on(loadgen::run_grouped(conns, depth, shape.group(), || {

@@ -38,7 +38,7 @@
 use crate::Knobs;
 use crate::books_db::{BooksDb, Engine, Session};
 use crate::db::connect;
-use crate::fleet::{Fleet, Stockgate, free_addr};
+use crate::fleet::{self, Fleet, free_addr};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -127,22 +127,20 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
         .collect();
     let seeds = vec![fleet.standalone.url()];
     let dir = fleet.dir.path().to_owned();
-    let mut plain = Stockgate::start_with(
+    let mut plain = fleet::start_stockgate(
         &[],
         &knobs.stockgate_bin,
         "sink-journal-off",
         &seeds,
         "standalone",
-        &dir,
         &[],
     );
-    let mut journaled = Stockgate::start_with(
+    let mut journaled = fleet::start_stockgate(
         &[],
         &knobs.stockgate_bin,
         "sink-journal-on",
         &seeds,
         "standalone",
-        &dir,
         &["--journal", "true"],
     );
     let mut admin = connect(fleet.standalone.node.port);
@@ -240,9 +238,8 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             measured.into.push(into);
         }
         rounds.push(measured);
-        for p in [&mut plain, &mut journaled] {
-            p.proc.check_alive();
-        }
+        fleet::check_alive("sink-journal-off", &mut plain);
+        fleet::check_alive("sink-journal-on", &mut journaled);
     }
     let many: Vec<(f64, f64)> = databases
         .iter_mut()

@@ -9,110 +9,32 @@
 use crate::checker::{Policy, Workload};
 use crate::harness::*;
 use crate::relay::{Mode, Relay};
-use std::io::Read;
+use crate::support::{Launch, Stockgate};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A stockgate process, killed and reaped when dropped.
-struct Stockgate {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
+/// `stockgate_client_connections` now.
+fn connections(gate: &Stockgate) -> f64 {
+    gate.metric("stockgate_client_connections")
+        .expect("stockgate_client_connections")
 }
 
-impl Stockgate {
-    fn start(seeds: &[String]) -> Stockgate {
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        };
-        let (addr, admin) = (free(), free());
-        let mut cmd = Command::new(crate::support::stockgate_bin());
-        cmd.arg("serve")
-            .args(["--upstream", &seeds.join(",")])
-            .args(["--listen", &addr.to_string()])
-            .args(["--admin-listen", &admin.to_string()])
-            .env("STOCKGATE_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // Dies with the test thread, like the Redis servers.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
+/// Waits until the open connections are back to `baseline`; how long it took.
+fn wait_connections(gate: &Stockgate, baseline: f64, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let now = connections(gate);
+        if now <= baseline {
+            return started.elapsed();
         }
-        let child = cmd.spawn().expect("runs stockgate");
-        let gate = Stockgate { child, addr, admin };
-        crate::support::wait_ready_http(admin.port());
-        gate
+        assert!(
+            started.elapsed() < within,
+            "stockgate_client_connections stuck at {now}, baseline {baseline}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-
-    fn connections(&self) -> f64 {
-        let (_, body) = http_get(self.admin, "/metrics").expect("/metrics");
-        body.lines()
-            .find_map(|l| l.strip_prefix("stockgate_client_connections "))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("stockgate_client_connections")
-    }
-
-    /// Resident memory, in KiB.
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
-    }
-
-    /// Waits until the open connections are back to `baseline`; how long it took.
-    fn wait_connections(&self, baseline: f64, within: Duration) -> Duration {
-        let started = Instant::now();
-        loop {
-            let now = self.connections();
-            if now <= baseline {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < within,
-                "stockgate_client_connections stuck at {now}, baseline {baseline}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Stockgate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// GET `path`: (status, body).
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: stockgate\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_owned();
-    Some((status, body))
 }
 
 fn resp(args: &[&str]) -> Vec<u8> {
@@ -175,7 +97,12 @@ async fn vanishing_clients_leak_nothing() {
     .await;
     announce_port(&cluster, victim, relay.port);
     let seeds: Vec<String> = cluster.nodes[1..].iter().map(|n| n.url()).collect();
-    let gate = Stockgate::start(&seeds);
+    // Its own process, so its memory is its own; dies with the test
+    // thread, like the Redis servers.
+    let gate = Launch::serve(&seeds)
+        .env("STOCKGATE_LOG", "warn")
+        .dies_with_thread()
+        .start();
 
     // One client leaves while its DEDUCT is in flight (FIN), one resets.
     relay.set(Mode::Delay(Duration::from_millis(300)));
@@ -218,8 +145,8 @@ async fn vanishing_clients_leak_nothing() {
 
     // No client is connected now: the baseline is zero.
     let baseline = 0.0;
-    gate.wait_connections(baseline, Duration::from_secs(5));
-    let rss_start = gate.rss_kib();
+    wait_connections(&gate, baseline, Duration::from_secs(5));
+    let rss_start = gate.status_kib("VmRSS");
     let rounds = if long_faults() { 10 } else { 3 };
     let mut rss = Vec::new();
     let mut drained_in = Vec::new();
@@ -238,8 +165,8 @@ async fn vanishing_clients_leak_nothing() {
                 task.await.unwrap();
             }
         }
-        drained_in.push(gate.wait_connections(baseline, Duration::from_secs(15)));
-        rss.push(gate.rss_kib());
+        drained_in.push(wait_connections(&gate, baseline, Duration::from_secs(15)));
+        rss.push(gate.status_kib("VmRSS"));
     }
     eprintln!(
         "[leak] {rounds} rounds of 1,000 vanishing clients: connections back to {baseline} after {:?}; VmRSS {} KiB before, after each round {:?} KiB",
@@ -275,5 +202,5 @@ async fn vanishing_clients_leak_nothing() {
         .assert_green();
     let churn = crate::checker::conservation(&cluster, "churn", &churn_skus, 1_000_000_000);
     assert!(churn.is_empty(), "churn skus: {churn:?}");
-    gate.wait_connections(baseline, Duration::from_secs(15));
+    wait_connections(&gate, baseline, Duration::from_secs(15));
 }

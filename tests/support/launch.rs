@@ -1,7 +1,8 @@
-//! `stockgate serve` as its own process: the built binary on free
-//! loopback ports, its stderr collected all along (a pipe nobody reads
-//! fills at 64 KiB, and then the log writer can only drop lines), killed
-//! when dropped.
+//! stockgate as its own process: the built binary on free loopback ports,
+//! its stderr collected all along (a pipe nobody reads fills at 64 KiB,
+//! and then the log writer can only drop lines) and printed if the test
+//! fails, killed when dropped. The one way the tests, and the
+//! side-by-side bench (which includes this file), start it.
 //!
 //! ```ignore
 //! let gate = Launch::serve(&cluster.seeds()).args(["--max-clients", "8"]).start();
@@ -9,36 +10,61 @@
 //! let (status, log) = gate.stop();
 //! ```
 
-use std::io::Read;
-use std::net::SocketAddr;
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The stockgate binary cargo built for these tests (or this bench).
+pub fn stockgate_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_stockgate"))
+}
 
 /// How a [`Stockgate`] is started.
 pub struct Launch {
     command: Command,
+    /// The program and subcommand, for messages (the arguments and
+    /// environment may hold a password).
+    what: String,
     addr: SocketAddr,
     admin: SocketAddr,
-    wait_ready: bool,
+    ports_in_env: bool,
+    ready_within: Option<Duration>,
+    printed: bool,
 }
 
 impl Launch {
-    /// `stockgate serve` in front of `seeds`, on free loopback ports.
+    /// `stockgate serve` in front of `seeds`.
     pub fn serve(seeds: &[String]) -> Launch {
-        let addr: SocketAddr = ([127, 0, 0, 1], super::free_port()).into();
-        let admin: SocketAddr = ([127, 0, 0, 1], super::free_port()).into();
-        let mut command = Command::new(super::stockgate_bin());
-        command
-            .arg("serve")
-            .args(["--upstream", &seeds.join(",")])
+        Launch::new("serve").args(["--upstream", &seeds.join(",")])
+    }
+
+    /// `stockgate <subcommand>` with nothing more than its ports: the
+    /// caller adds the rest (its upstream too, by flag or environment).
+    pub fn new(subcommand: &str) -> Launch {
+        Launch::program(Command::new(stockgate_bin()), subcommand)
+    }
+
+    /// [`Launch::new`] run by `program`: another build of stockgate, or a
+    /// wrapper (valgrind) with the binary as its last argument.
+    pub fn program(mut program: Command, subcommand: &str) -> Launch {
+        let what = format!("{} {subcommand}", program.get_program().to_string_lossy());
+        program
+            .arg(subcommand)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         Launch {
-            command,
-            addr,
-            admin,
-            wait_ready: true,
+            command: program,
+            what,
+            addr: ([127, 0, 0, 1], super::free_port()).into(),
+            admin: ([127, 0, 0, 1], super::free_port()).into(),
+            ports_in_env: false,
+            ready_within: Some(Duration::from_secs(20)),
+            printed: false,
         }
     }
 
@@ -48,75 +74,156 @@ impl Launch {
         self
     }
 
-    pub fn arg(mut self, arg: impl AsRef<std::ffi::OsStr>) -> Launch {
+    /// Serves /metrics, /healthz and /readyz on `addr`.
+    pub fn admin_listen(mut self, addr: SocketAddr) -> Launch {
+        self.admin = addr;
+        self
+    }
+
+    /// Names the ports in STOCKGATE_LISTEN and STOCKGATE_ADMIN_LISTEN, as
+    /// an operator's environment does, instead of by flag.
+    pub fn ports_in_env(mut self) -> Launch {
+        self.ports_in_env = true;
+        self
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Launch {
         self.command.arg(arg);
         self
     }
 
-    pub fn args<S: AsRef<std::ffi::OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Launch {
+    pub fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Launch {
         self.command.args(args);
         self
     }
 
-    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Launch {
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Launch {
         self.command.env(key, value);
+        self
+    }
+
+    pub fn envs<K: AsRef<OsStr>, V: AsRef<OsStr>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Launch {
+        self.command.envs(vars);
+        self
+    }
+
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Launch {
+        self.command.env_remove(key);
+        self
+    }
+
+    /// Starts it with no variable of this process's environment.
+    pub fn env_clear(mut self) -> Launch {
+        self.command.env_clear();
+        self
+    }
+
+    /// Makes the kernel kill it (SIGKILL) when the thread that starts it
+    /// ends, even without Drop (a test process killed), as the dev Redis
+    /// servers are. Only for a thread that lives as long as the test: a
+    /// pool's thread that ends when idle would take stockgate with it.
+    pub fn dies_with_thread(mut self) -> Launch {
+        // SAFETY: prctl is async-signal-safe; nothing else runs in pre_exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut self.command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self
+    }
+
+    /// How long [`Launch::start`] waits for /readyz (20 s unless told).
+    pub fn ready_within(mut self, within: Duration) -> Launch {
+        self.ready_within = Some(within);
+        self
+    }
+
+    /// Collects what it prints on stdout too ([`Stockgate::printed`]).
+    pub fn printed(mut self) -> Launch {
+        self.printed = true;
+        self.command.stdout(Stdio::piped());
         self
     }
 
     /// Returns once the process runs, without waiting for /readyz.
     pub fn unready(mut self) -> Launch {
-        self.wait_ready = false;
+        self.ready_within = None;
         self
     }
 
     /// Starts it; unless [`Launch::unready`], waits until /readyz says
-    /// Redis is reachable and the scripts are loaded.
-    pub fn start(mut self) -> Stockgate {
+    /// Redis is reachable and the scripts are loaded. Fails the test if it
+    /// exits or is not ready in time, with its log.
+    pub fn start(self) -> Stockgate {
+        self.try_start().unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Launch::start`], for a caller that tries again (on other ports).
+    pub fn try_start(mut self) -> Result<Stockgate, String> {
+        let (addr, admin) = (self.addr.to_string(), self.admin.to_string());
+        if self.ports_in_env {
+            self.command
+                .env("STOCKGATE_LISTEN", addr)
+                .env("STOCKGATE_ADMIN_LISTEN", admin);
+        } else {
+            self.command
+                .args(["--listen", &addr])
+                .args(["--admin-listen", &admin]);
+        }
+        let what = self.what;
         let mut child = self
             .command
-            .args(["--listen", &self.addr.to_string()])
-            .args(["--admin-listen", &self.admin.to_string()])
             .spawn()
-            .expect("runs stockgate (cargo builds it for the integration tests)");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let collector = {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 8192];
-                while let Ok(n) = stderr.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    log.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
-                }
-            })
-        };
-        let gate = Stockgate {
+            .map_err(|e| format!("cannot run {what}: {e}"))?;
+        let log = Collected::from(child.stderr.take().expect("stderr is piped"));
+        let printed = self
+            .printed
+            .then(|| Collected::from(child.stdout.take().expect("stdout is piped")));
+        let mut gate = Stockgate {
             child,
             addr: self.addr,
             admin: self.admin,
             log,
-            collector: Some(collector),
+            printed,
         };
-        if self.wait_ready {
-            super::wait_ready_http(self.admin.port());
+        let Some(within) = self.ready_within else {
+            return Ok(gate);
+        };
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = gate.exited() {
+                return Err(format!(
+                    "{what} exited with {status}; its log:\n{}",
+                    gate.wait().1
+                ));
+            }
+            if http_get(gate.admin.port(), "/readyz").is_ok_and(|(status, _)| status == 200) {
+                return Ok(gate);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{what} was not ready within {within:?}; its log:\n{}",
+                    gate.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        gate
     }
 }
 
-/// A running `stockgate serve`.
+/// A running stockgate.
 pub struct Stockgate {
     child: Child,
     /// Where clients connect (RESP).
     pub addr: SocketAddr,
     /// Where /metrics, /healthz and /readyz are served.
     pub admin: SocketAddr,
-    log: Arc<Mutex<String>>,
-    collector: Option<std::thread::JoinHandle<()>>,
+    log: Collected,
+    printed: Option<Collected>,
 }
 
 impl Stockgate {
@@ -128,6 +235,27 @@ impl Stockgate {
     pub fn signal(&self, signal: i32) {
         // SAFETY: kill takes no pointers.
         unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// The value of one series of its /metrics (`series` as the
+    /// Prometheus text spells it, labels included), if it answers.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, text) = http_get(self.admin.port(), "/metrics").ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// One `<field>: <n> kB` line of /proc/<pid>/status (VmRSS, VmSize,
+    /// VmHWM), in KiB.
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("reads /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {status}"))
     }
 
     /// How many file descriptors it has open now.
@@ -174,7 +302,17 @@ impl Stockgate {
 
     /// What it has logged so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text()
+    }
+
+    /// What it has printed on stdout so far ([`Launch::printed`]).
+    pub fn printed(&self) -> String {
+        self.printed.as_ref().expect("Launch::printed").text()
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("waits for stockgate")
     }
 
     /// SIGTERM (the graceful drain), then its exit status and everything
@@ -184,12 +322,17 @@ impl Stockgate {
         self.wait()
     }
 
+    /// SIGKILL (a crash: no drain, nothing said to anyone), then its exit
+    /// status and everything it logged.
+    pub fn kill(mut self) -> (ExitStatus, String) {
+        self.signal(libc::SIGKILL);
+        self.wait()
+    }
+
     /// Waits for it to exit by itself: its status and everything logged.
     pub fn wait(&mut self) -> (ExitStatus, String) {
         let status = self.child.wait().expect("waits for stockgate");
-        if let Some(collector) = self.collector.take() {
-            let _ = collector.join();
-        }
+        self.log.finish();
         (status, self.log())
     }
 }
@@ -198,7 +341,75 @@ impl Drop for Stockgate {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            self.log.finish();
+            eprintln!("stockgate (pid {}) logged:\n{}", self.pid(), self.log());
+        }
     }
+}
+
+/// A pipe read to its end by a thread of its own (bytes, so a character
+/// cut between two reads is whole again).
+struct Collected {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Collected {
+    fn from(mut pipe: impl Read + Send + 'static) -> Collected {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let reader = {
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    bytes.lock().unwrap().extend_from_slice(&chunk[..n]);
+                }
+            })
+        };
+        Collected {
+            bytes,
+            reader: Some(reader),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
+
+    /// Waits for the end of the pipe (the process has exited).
+    fn finish(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body. HTTP/1.0, so
+/// no server answers with a chunked body.
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP head in {response:?}")))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+    Ok((status, body.to_owned()))
 }
 
 /// One TCP socket of a process.

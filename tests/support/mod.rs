@@ -20,7 +20,7 @@ pub mod launch;
 pub mod mariadb;
 pub mod postgres;
 
-pub use launch::{Launch, Stockgate};
+pub use launch::{Launch, Stockgate, http_get, stockgate_bin};
 use redis::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -570,32 +570,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The status of `GET path` on a loopback HTTP port, if it answers.
-pub fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    response.split(' ').nth(1)?.parse().ok()
-}
-
-/// Waits until `GET /readyz` on the admin port answers 200.
-pub fn wait_ready_http(admin_port: u16) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while http_status(admin_port, "/readyz") != Some(200) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "stockgate did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Polls `check` until it gives a value; panics after `within` (a bound
 /// for a state that never comes, not a measure of how fast it came).
 pub async fn loop_until_async<T, F, Fut>(within: Duration, mut check: F) -> T
@@ -611,11 +585,6 @@ where
         assert!(start.elapsed() < within, "not there after {within:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// The built stockgate binary.
-pub fn stockgate_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_stockgate"))
 }
 
 /// A path in this repository, from its root.
