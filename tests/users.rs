@@ -675,6 +675,10 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
     }
     assert_eq!(rotated.trim(), "PONG");
     assert!(login(SECRET).contains("WRONGPASS"));
+    // /metrics, read while stockgate still serves it.
+    let (scraped, text) = http_get(admin, "/metrics").expect("stockgate serves /metrics");
+    assert_eq!(scraped, 200, "{text}");
+    assert!(text.contains("stockgate_users_reloads_total"), "{text}");
     let (status, log) = gate.stop();
     assert!(status.success());
     assert!(log.contains("users file refused"), "{log}");
@@ -686,10 +690,6 @@ fn a_broken_file_is_refused_at_start_sighup_reloads_and_no_password_is_ever_show
             && l.contains("user=\"app\"")),
         "the access log names the user: {log}"
     );
-    // /metrics, or nothing once stockgate has stopped.
-    let text = http_get(admin, "/metrics")
-        .map(|(_, text)| text)
-        .unwrap_or_default();
     for (what, shown) in [("log", &log), ("metrics", &text)] {
         for secret in [SECRET, "rotated-pw"] {
             assert!(
