@@ -1,29 +1,23 @@
 #!lua
 --[[
-stockgate by location: a SKU whose stock is kept in named locations
-(docs/locations.md), every call on it, atomically in its slot.
+stockgate by location: what is about choosing the locations of a SKU
+whose stock is kept in named locations (docs/locations.md), and reading
+and setting them, atomically in its slot.
 
-The SKU's stock key holds the text "loc" (LOCATED in lua/common.lua); its
-locations are one hash, <stock key>:loc, with three fields a location:
-  <location>        available units
-  <location>:held   units on hold there (absent: 0)
-  <location>:floor  what an allocation leaves there (absent: 0)
-Its holds set and its units held (all locations) are any SKU's. A record
-made here carries where its units came from before the usual record:
-"@<location>=<units>,...;3:<state>:...", in the order they were taken.
+The SKU's stock key holds the text "loc" (LOCATED); its locations are one
+hash, <stock key>:loc (lua/common.lua says its fields, and how units move
+between them). A record made here carries where its units came from
+before the usual record: "@<location>=<units>,...;3:<state>:...", in the
+order they were taken. REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a
+request made here, and a hold's expiry, are the request state machine's
+(lua/common.lua, request_step), which lua/revert.lua, lua/confirm.lua and
+lua/change_hold.lua run for a SKU of either kind.
 
 The operations, ARGV[1], and the keys each takes:
   deduct, hold       allocate qty over the named locations (DEDUCT.AT,
-                     HOLD.AT); a DEDUCT or HOLD that named none (sent on by
-                     stockgate after LOCATED) answers 3
-  revert, confirm    REVERT and CONFIRM of a request made here: the units
-                     go back to, or leave from, the locations they came from
-  extend, shrink     HOLD.EXTEND and HOLD.SHRINK (lua/change_hold.lua has
-                     the rules; a shrink gives units back from the last
-                     location taken first)
+                     HOLD.AT)
     KEYS: the stock key, the request's record, the holds, held units,
-    journal marker and journal (as lua/deduct.lua), the locations hash;
-    extend and shrink then the change record (lua/change_hold.lua).
+    journal marker and journal (as lua/deduct.lua), the locations hash.
   set, add           STOCK.SET / STOCK.ADD ... AT <location>: KEYS as
                      above with the op record in the record's place; the
                      op record is "@<location>[=<floor>];" and then the
@@ -41,7 +35,6 @@ ARGV[3]  nonce       1 to 32 hex digits (not for get, locations, release,
 then, by operation:
   deduct   qty, policy ("SPLIT" or "WHOLE"), location, ...
   hold     qty, policy, ttl_ms, location, ...
-  extend   ttl_ms;  shrink qty
   set      qty, location, floor ("" keeps the floor it has)
   add      delta, location
 
@@ -62,8 +55,6 @@ Replies:
                 is the SKU's available units over all locations), then
                 {location, units, ...}, what each location gave (a retry:
                 what the first call took); empty for 2 to 5
-  revert, confirm, extend, shrink   the reply of the script they stand in
-                for (lua/common.lua, answer()), the stock being the total
   set, add      {code, units at the location, "", VERSION[, reason]}
   get           {total, held, next expiry, released} (lua/get.lua's shape)
   locations     {total, {location, available, held, floor}, ...}; a SKU
@@ -83,158 +74,8 @@ local SETTINGS = {'max_hold', 'window', 'max_qty', 'missing'}
 local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+) (%S+) (%S+)$'
 -- How many locations one call may name, and a SKU may have.
 local CALL_LOCATIONS, SKU_LOCATIONS = 16, 64
-local LOCGONE = 'LOCGONE a location of this sku is missing from its hash; nothing was changed'
 local NOT_LOCATED = 'the sku keeps one number: DEDUCT and HOLD take from it'
 local NO_LOCATIONS = 'the sku keeps its stock by location: name them (DEDUCT.AT, HOLD.AT)'
-local gmatch, sort, concat
--- An order's line's request_id starts so (src/keys.rs, ORDER_LINE_PREFIX).
-local ORDER_LINE = '~ord:'
-
--- The locations hash as tables: units, held, floor by name, and the names
--- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
-local function read_locations(loc_key)
-  local flat = call('HGETALL', loc_key)
-  local units, held, floor, names = {}, {}, {}, {}
-  for i = 1, #flat, 2 do
-    local field, value = flat[i], to_number(flat[i + 1]) or 0
-    local name, part = match(field, '^([^:]+):(%a+)$')
-    if name == nil then
-      units[field] = value
-      names[#names + 1] = field
-    elseif part == 'held' then
-      held[name] = value
-    elseif part == 'floor' then
-      floor[name] = value
-    end
-  end
-  return {units = units, held = held, floor = floor, names = names}
-end
-
-local function total_of(locs)
-  local total = 0
-  for i = 1, #locs.names do
-    total = total + locs.units[locs.names[i]]
-  end
-  return total
-end
-
--- A location name: 1 to 64 of A-Z a-z 0-9 _ . - (so that its fields
--- ":held" and ":floor" can't be another location's).
-local function location_ok(name)
-  return name and #name >= 1 and #name <= 64 and not find(name, '[^%w_%.%-]')
-end
-
--- A record's allocation, "w1=2,w2=1", as a list of {name, units}.
-local function allocation_of(text)
-  local list = {}
-  for name, units in gmatch(text or '', '([^,=]+)=(%d+)') do
-    list[#list + 1] = {name, to_number(units)}
-  end
-  return list
-end
-
-local function allocation_text(list)
-  local parts = {}
-  for i = 1, #list do
-    parts[i] = list[i][1] .. '=' .. int_text(list[i][2])
-  end
-  return concat(parts, ',')
-end
-
-local function allocation_flat(list)
-  local flat = {}
-  for i = 1, #list do
-    flat[#flat + 1] = list[i][1]
-    flat[#flat + 1] = list[i][2]
-  end
-  return flat
-end
-
--- Whether every location of `list` is in the hash (LOCGONE otherwise).
-local function all_present(locs, list)
-  for i = 1, #list do
-    if locs.units[list[i][1]] == nil then
-      return false
-    end
-  end
-  return true
-end
-
--- Moves `units` at location `name`: `ds` to its available units, `dh` to
--- those held there, both signed numbers, keeping `locs` as the hash is
--- now, with its journal entry (format 2: the location's own numbers).
-local function move(loc_key, locs, name, ds, dh, journal_key, ev, id, order_no)
-  if ds ~= 0 then
-    locs.units[name] = call('HINCRBY', loc_key, name, int_text(ds))
-  end
-  if dh ~= 0 then
-    locs.held[name] = call('HINCRBY', loc_key, name .. ':held', int_text(dh))
-  end
-  if journal_key then
-    call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', '2 ' .. ev .. ' ' .. id .. ' '
-      .. int_text(ds) .. ' ' .. int_text(dh) .. ' ' .. int_text(locs.units[name]) .. ' '
-      .. int_text(locs.held[name] or 0) .. ' ' .. name .. ' ' .. (order_no or ''))
-  end
-end
-
--- A located record: the record's text with its allocation before it.
-local function located_text(list, state, qty, nonce, aux, order_no)
-  return '@' .. allocation_text(list) .. ';' .. record_text(state, qty, nonce, aux, order_no)
-end
-
--- Gives an expired hold's units back to their locations: its record
--- becomes EXPIRED, lasting a retry window, and leaves the holds set.
-local function release_located(stock_key, loc_key, locs, record_key, record, list, window,
-    journal_key)
-  local id = sub(record_key, #stock_key + 6)
-  for i = 1, #list do
-    move(loc_key, locs, list[i][1], list[i][2], -list[i][2], journal_key, 'expire', id,
-      record.order_no)
-  end
-  unhold(held_name, record.qty)
-  call('ZREM', holds_name, id)
-  set_lasting(record_key, located_text(list, 'X', record.qty, record.nonce, record.aux,
-    record.order_no), window, true)
-end
-
--- The SKU's holds that ran out by `now`, given back (at most
--- RELEASE_BOUND). Every location they name is checked before the first
--- write: LOCGONE (returned second) changes nothing. Returns how many.
-local function release_due_located(stock_key, loc_key, locs, now, window, journal_key)
-  local due = call('ZRANGEBYSCORE', holds_name, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
-    RELEASE_BOUND)
-  local todo = {}
-  for i = 1, #due, 2 do
-    local id = due[i]
-    local record_key = stock_key .. ':req:' .. id
-    local raw = call('GET', record_key)
-    local record = raw and parse_located(raw)
-    if record and record.state == 'H' and record.expires <= now then
-      local list = allocation_of(record.alloc)
-      if not all_present(locs, list) then
-        return 0, error_reply(LOCGONE)
-      end
-      todo[#todo + 1] = {record_key, record, list}
-    elseif record and record.state == 'H' then
-      todo[#todo + 1] = {false, id, record.expires}
-    elseif record or (not raw and to_number(due[i + 1]) + window < now) then
-      todo[#todo + 1] = {false, id, false}
-    end
-  end
-  local released = 0
-  for i = 1, #todo do
-    local t = todo[i]
-    if t[1] then
-      release_located(stock_key, loc_key, locs, t[1], t[2], t[3], window, journal_key)
-      released = released + 1
-    elseif t[3] then
-      call('ZADD', holds_name, t[3], t[2])
-    else
-      call('ZREM', holds_name, t[2])
-    end
-  end
-  return released
-end
 
 -- The checks and the read every operation makes: the settings, the keys,
 -- the stock key (LOCATED, else UNKNOWNSKU or NOT_LOCATED), the journal,
@@ -476,210 +317,6 @@ local function allocate_call(c, KEYS, ARGV, hold)
   return allocated(c, 0, nil, 0, take)
 end
 
--- REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a request made here
--- (lua/revert.lua, lua/confirm.lua and lua/change_hold.lua have their
--- state tables, which these follow).
-local function request_call(c, KEYS, ARGV, op)
-  local record_key, nonce = KEYS[2], ARGV[3]
-  local settings, locs, loc_key = c.settings, c.locs, c.loc_key
-  local change_key = KEYS[8]
-  if not record_key_under(req_prefix, record_key) then
-    return badcall('keys do not follow the stockgate key layout')
-  end
-  local changes = op == 'extend' or op == 'shrink'
-  -- An order's line is extended with no change record: its order's
-  -- intent records the change (lua/change_hold.lua has the rule).
-  local order_line = sub(record_key, #req_prefix + 1, #req_prefix + #ORDER_LINE) == ORDER_LINE
-  if (changes and not order_line) ~= (change_key ~= nil) or KEYS[9]
-      or (change_key and not record_key_under(c.stock_key .. ':chg:', change_key)) then
-    return badcall('keys do not follow the stockgate key layout')
-  end
-  if order_line and op == 'shrink' then
-    return answer(3, -1, '', "an order's lines change by ORDER commands only")
-  end
-  local amount_arg = ARGV[4]
-  local amount = changes and positive_int(amount_arg)
-  if op == 'extend' and (not amount or amount < 1000 or amount > settings.max_hold) then
-    return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
-  end
-  if op == 'shrink' and (not amount or amount > settings.max_qty) then
-    return answer(3, -1, '', 'qty must be an integer from 1 to ' .. settings.max_arg)
-  end
-  local letter = op == 'extend' and 'E' or 'S'
-  local id = sub(record_key, #req_prefix + 1)
-
-  if change_key then
-    local done = call('GET', change_key)
-    if done then
-      local was, was_amount, was_nonce, was_expires, was_id =
-        match(done, '^3:([ES]):(%d+):(%x*):(%d+):(.*)$')
-      if not was then
-        return error_reply(BADRECORD)
-      end
-      if was ~= letter or was_amount ~= amount_arg or was_id ~= id then
-        return answer(3, total_of(locs), '',
-          'change_id was already used for another change on this sku', 0, c.released)
-      end
-      replicate_again(settings.replicate, change_key)
-      if was_nonce == nonce then
-        return answer(0, total_of(locs), '', '', to_number(was_expires), c.released, 0,
-          letter == 'E' and 'extended' or 'shrunk')
-      end
-      return answer(1, total_of(locs), '', '', to_number(was_expires), c.released)
-    end
-  end
-
-  local record, list, own = own_record(c, record_key)
-  if record == false then
-    return list
-  end
-  local released = c.released
-  if not record then
-    if changes then
-      return answer(3, total_of(locs), '', 'no hold under this request_id on this sku', 0,
-        released)
-    end
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
-    return answer(4, total_of(locs), '', '', 0, released)
-  end
-  local state = record.state
-  local total = total_of(locs)
-  if state == 'R' then
-    replicate_again(settings.replicate, record_key)
-    if op == 'revert' then
-      return answer(record.nonce == nonce and 0 or 1, total, record.order_no, '', 0, released)
-    end
-    return answer(4, total, '', '', 0, released)
-  end
-  if state == 'V' then
-    replicate_again(settings.replicate, record_key)
-    if op == 'revert' then
-      return answer(record.nonce == nonce and 4 or 1, total, '', '', 0, released)
-    end
-    return answer(4, total, '', '', 0, released)
-  end
-  if state == 'X' then
-    if own == 0 then
-      replicate_again(settings.replicate, record_key)
-    end
-    return answer(op == 'revert' and 1 or 5, total, record.order_no, '', record.expires, released)
-  end
-  if state == 'D' and op ~= 'revert' then
-    return answer(3, total, '', op == 'confirm'
-      and 'request_id was used by a DEDUCT, which needs no CONFIRM'
-      or 'request_id was used by a DEDUCT on this sku', 0, released)
-  end
-  if state == 'C' and op ~= 'revert' then
-    if op == 'shrink' then
-      return answer(3, total, '',
-        'the hold was confirmed: its units are sold (REVERT gives them all back)', 0, released)
-    end
-    replicate_again(settings.replicate, record_key)
-    if op == 'confirm' and record.nonce == nonce then
-      if c.now == 0 then
-        c.now = now_ms()
-      end
-      return answer(0, total, record.order_no, '', record.expires, released,
-        c.now - record.held_at, 'confirmed')
-    end
-    return answer(1, total, record.order_no, '', record.expires, released)
-  end
-  if not all_present(locs, list) then
-    return error_reply(LOCGONE)
-  end
-
-  if op == 'revert' then
-    -- DEDUCTED, HELD in time, or CONFIRMED: every unit back where it
-    -- came from.
-    local held = state == 'H'
-    for i = 1, #list do
-      move(loc_key, locs, list[i][1], list[i][2], held and -list[i][2] or 0, c.journal_key,
-        held and 'cancel' or 'revert', id, record.order_no)
-    end
-    if held then
-      unhold(held_name, record.qty)
-      call('ZREM', holds_name, id)
-    end
-    set_lasting(record_key, located_text(list, 'R', record.qty, nonce, '', record.order_no),
-      settings.window, held)
-    return answer(0, total_of(locs), record.order_no, '', 0, released, 0,
-      held and 'cancelled' or '')
-  end
-  if op == 'confirm' then
-    for i = 1, #list do
-      move(loc_key, locs, list[i][1], 0, -list[i][2], c.journal_key, 'confirm', id,
-        record.order_no)
-    end
-    unhold(held_name, record.qty)
-    call('ZREM', holds_name, id)
-    set_lasting(record_key, located_text(list, 'C', record.qty, nonce, record.aux,
-      record.order_no), settings.window, true)
-    return answer(0, total, record.order_no, '', record.expires, released,
-      c.now - record.held_at, 'confirmed')
-  end
-
-  -- HELD, in time: extend or shrink.
-  local asked = record.asked or record.qty
-  local expires, qty, event = record.expires, record.qty, 'extended'
-  if op == 'extend' then
-    local bound = record.held_at + settings.max_hold
-    expires = c.now + amount
-    if expires > bound then
-      if not order_line then
-        return answer(3, total, '', 'the hold may last until ' .. int_text(bound)
-          .. ' at most (max hold ' .. settings.max_hold_arg .. ' ms from its start)', 0, released)
-      end
-      expires = bound
-    end
-    if expires <= record.expires then
-      if order_line then
-        return answer(1, total, record.order_no, '', record.expires, released)
-      end
-      return answer(3, total, '', 'the hold already lasts until ' .. int_text(record.expires)
-        .. ': an extension only moves it later', 0, released)
-    end
-    call('ZADD', holds_name, int_text(expires), id)
-  else
-    local held_qty = to_number(record.qty)
-    if amount >= held_qty then
-      return answer(3, total, '', 'qty must be below the ' .. record.qty
-        .. ' units held (REVERT gives every unit back)', 0, released)
-    end
-    qty, event = int_text(held_qty - amount), 'shrunk'
-    -- From the last location taken first.
-    local left = amount
-    for i = #list, 1, -1 do
-      if left > 0 then
-        local n = list[i][2] < left and list[i][2] or left
-        move(loc_key, locs, list[i][1], n, -n, c.journal_key, 'cancel', id, record.order_no)
-        list[i][2], left = list[i][2] - n, left - n
-      end
-    end
-    local kept = {}
-    for i = 1, #list do
-      if list[i][2] > 0 then
-        kept[#kept + 1] = list[i]
-      end
-    end
-    list = kept
-    unhold(held_name, amount_arg)
-  end
-  local expires_text = int_text(expires)
-  local aux = expires_text .. '.' .. int_text(record.held_at)
-  if asked ~= qty then
-    aux = aux .. '.' .. asked
-  end
-  call('SET', record_key, located_text(list, 'H', qty, record.nonce, aux, record.order_no),
-    'KEEPTTL')
-  if not change_key then
-    return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
-  end
-  call('SET', change_key,
-    '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,
-    'PX', settings.window_arg)
-  return answer(0, total_of(locs), record.order_no, '', expires, released, 0, event)
-end
-
 -- STOCK.STATUS of a request on a SKU kept by location: lua/status.lua's
 -- reply, its stock the SKU's total available (what STOCK.GET answers). A
 -- hold of the request's that ran out is given back first, as any call on
@@ -844,7 +481,7 @@ local function allocate(KEYS, ARGV)
   if not call then
     bind()
   end
-  gmatch, sort, concat = string.gmatch, table.sort, table.concat
+  bind_located()
   local op = ARGV[1]
   if op == 'set' or op == 'add' then
     return operator_call(KEYS, ARGV, op)
@@ -857,8 +494,7 @@ local function allocate(KEYS, ARGV)
     return status_call(c, KEYS)
   end
   local sku_op = op == 'get' or op == 'locations' or op == 'release'
-  local request_op = op == 'deduct' or op == 'hold' or op == 'revert' or op == 'confirm'
-    or op == 'extend' or op == 'shrink'
+  local request_op = op == 'deduct' or op == 'hold'
   if not sku_op and not request_op then
     return badcall('unknown operation')
   end
@@ -866,11 +502,8 @@ local function allocate(KEYS, ARGV)
   if not c then
     return refused
   end
-  if op == 'deduct' or op == 'hold' then
-    return allocate_call(c, KEYS, ARGV, op == 'hold')
-  end
   if request_op then
-    return request_call(c, KEYS, ARGV, op)
+    return allocate_call(c, KEYS, ARGV, op == 'hold')
   end
   if KEYS[7] then
     return badcall('keys do not follow the stockgate key layout')

@@ -49,7 +49,11 @@ lua/revert.lua):
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  the hold's record   <prefix>:{<sku>}:req:<request_id>
 KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
-KEYS[7]  change record       <prefix>:{<sku>}:chg:<change_id> (none for an
+KEYS[7]  locations           <prefix>:{<sku>}:loc: for a SKU kept by location
+                             (lua/common.lua): a shrink gives units back to
+                             the locations the record names, the last taken
+                             first
+KEYS[8]  change record       <prefix>:{<sku>}:chg:<change_id> (none for an
                              order's line)
          "3:<kind>:<amount>:<nonce>:<expires_at>:<request_id>", kind E
          (extend) or S (shrink), expires_at the hold's expiry after it
@@ -70,7 +74,8 @@ reason, expires_at, released, held_ms, event}, as HOLD's:
   {3, stock, "", .., reason}                 invalid; nothing changed
   {4, stock, "", ..}                         reverted or revoked
   {5, stock, order_no, .., "", expires_at}   the hold ran out
-Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD.
+Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD,
+LOCGONE (a location the record names is missing from the SKU's hash).
 ]]
 
 --@common
@@ -87,32 +92,24 @@ local LETTERS = {extend = 'E', shrink = 'S'}
 -- ORDER_LINE_PREFIX).
 local ORDER_LINE = '~ord:'
 
--- A request's six keys, for request_fault, which takes a request's keys
--- and nothing after them: one table made once (for a library), set by
--- each call.
+-- A request's keys and its SKU's locations hash, for request_fault, which
+-- takes them alone (KEYS[8] is the change's record): one table made once,
+-- filled by each call.
 local REQUEST_KEYS = {}
 
 local function change_hold(KEYS, ARGV)
   if not call then
     bind()
   end
-  local stock_key, record_key, change_key = KEYS[1], KEYS[2], KEYS[7]
+  local stock_key, record_key, change_key = KEYS[1], KEYS[2], KEYS[8]
   local kind, amount_arg, nonce = ARGV[1], ARGV[2], ARGV[4]
 
-  local settings = SETTLED[ARGV[3]]
-  if not settings then
-    local bad
-    settings, bad = settle(ARGV[3], SETTINGS, SETTINGS_SHAPE)
-    if bad then
-      return bad
-    end
-  end
-  for i = 1, 6 do
+  for i = 1, 7 do
     REQUEST_KEYS[i] = KEYS[i]
   end
-  local bad = request_fault(REQUEST_KEYS, nonce)
-  if bad then
-    return bad
+  local settings, refused = enter(REQUEST_KEYS, ARGV[3], SETTINGS, SETTINGS_SHAPE, nonce, true)
+  if not settings then
+    return refused
   end
   local letter = LETTERS[kind]
   if not letter then
@@ -126,16 +123,15 @@ local function change_hold(KEYS, ARGV)
     if letter ~= 'E' then
       return answer(3, -1, '', "an order's lines change by ORDER commands only")
     end
-  elseif not change_key or KEYS[8] or not record_key_under(stock_key .. ':chg:', change_key) then
+  elseif not change_key or KEYS[9] or not record_key_under(stock_key .. ':chg:', change_key) then
     return badcall('keys do not follow the stockgate key layout')
   end
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local holds_key, held_key = holds_name, held_name
-  local max_hold, max_hold_arg = settings.max_hold, settings.max_hold_arg
 
   local amount = positive_int(amount_arg)
-  if letter == 'E' and (not amount or amount < 1000 or amount > max_hold) then
-    return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. max_hold_arg)
+  if letter == 'E' and (not amount or amount < 1000 or amount > settings.max_hold) then
+    return answer(3, -1, '', 'ttl_ms must be an integer from 1000 to ' .. settings.max_hold_arg)
   end
   if letter == 'S' and (not amount or amount > settings.max_qty) then
     return answer(3, -1, '', 'qty must be an integer from 1 to ' .. settings.max_arg)
@@ -143,8 +139,8 @@ local function change_hold(KEYS, ARGV)
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, _, released, now, journal_key =
-    open_request(stock_key, record_key, window, journal_on)
+  local failed, stock, _, record, _, released, now, journal_key, locs =
+    open_request(stock_key, record_key, window, journal_on, true)
   if failed then
     return failed
   end
@@ -175,75 +171,58 @@ local function change_hold(KEYS, ARGV)
     return answer(1, stock, order_no, '', to_number(was_expires), released)
   end
 
-  if not record then
-    return answer(3, stock, '', 'no hold under this request_id on this sku', 0, released)
+  -- Only a hold's own expiry needs Redis time here: whether it ran out,
+  -- and an extension's new expiry.
+  local code, does, order_no, expires, reason, event
+  failed, record, stock, released, now, code, does, order_no, expires, reason, event =
+    step_request(kind, stock_key, record_key, record, nonce, stock, released, now, settings,
+      journal_key, locs)
+  if failed then
+    return failed
   end
-  local own = 0
-  if record.state == 'H' then
-    -- Only a hold's own expiry needs Redis time here: whether it ran out,
-    -- and an extension's new expiry.
-    if now == 0 then
-      now = now_ms()
-    end
-    record, own, stock, released = release_own(stock_key, holds_key, held_key,
-      record_key, record, now, window, journal_key, stock, released)
-  end
-  local state = record.state
-  if state == 'R' or state == 'V' then
-    replicate_again(replicate, record_key)
-    return answer(4, stock, '', '', 0, released)
-  end
-  if state == 'D' then
-    return answer(3, stock, '', 'request_id was used by a DEDUCT on this sku', 0, released)
-  end
-  if state == 'X' then
-    if own == 0 then
-      replicate_again(replicate, record_key)
-    end
-    return answer(5, stock, record.order_no, '', record.expires, released)
-  end
-  if state == 'C' then
-    if letter == 'S' then
-      return answer(3, stock, '',
-        'the hold was confirmed: its units are sold (REVERT gives them all back)', 0, released)
-    end
-    replicate_again(replicate, record_key)
-    return answer(1, stock, record.order_no, '', record.expires, released)
+  if does ~= CHANGES then
+    return answer(code, stock, order_no, reason, expires, released)
   end
 
-  -- HELD, in time.
-  local asked = record.asked or record.qty
-  local expires, qty, event = record.expires, record.qty, 'extended'
-  if letter == 'E' then
-    local bound = record.held_at + max_hold
-    expires = now + amount
-    if expires > bound then
-      if not order_line then
-        return answer(3, stock, '', 'the hold may last until ' .. int_text(bound)
-          .. ' at most (max hold ' .. max_hold_arg .. ' ms from its start)', 0, released)
-      end
-      expires = bound
+  -- HELD, in time: its new expiry and qty, or why not.
+  local qty
+  expires, qty, reason = changed_hold(kind, record, amount, now, settings, order_line)
+  if not expires then
+    if qty == 1 then
+      -- An order's line that lasts that long already.
+      return answer(1, stock, record.order_no, '', record.expires, released)
     end
-    if expires <= record.expires then
-      if order_line then
-        return answer(1, stock, record.order_no, '', record.expires, released)
-      end
-      return answer(3, stock, '', 'the hold already lasts until ' .. int_text(record.expires)
-        .. ': an extension only moves it later', 0, released)
-    end
-  else
-    local held_qty = to_number(record.qty)
-    if amount >= held_qty then
-      return answer(3, stock, '', 'qty must be below the ' .. record.qty
-        .. ' units held (REVERT gives every unit back)', 0, released)
-    end
-    qty, event = int_text(held_qty - amount), 'shrunk'
+    return answer(qty, stock, '', reason, 0, released)
   end
 
   -- Writes: only after every check above has passed.
+  local asked = record.asked or record.qty
   local expires_text = int_text(expires)
+  local list = locs and allocation_of(record.alloc)
+  if list and not all_present(locs, list) then
+    return error_reply(LOCGONE)
+  end
   if letter == 'E' then
     call('ZADD', holds_key, expires_text, id)
+  elseif list then
+    -- From the last location taken first.
+    local left = amount
+    for i = #list, 1, -1 do
+      if left > 0 then
+        local n = list[i][2] < left and list[i][2] or left
+        move(loc_name, locs, list[i][1], n, -n, journal_key, 'cancel', id, record.order_no)
+        list[i][2], left = list[i][2] - n, left - n
+      end
+    end
+    local kept = {}
+    for i = 1, #list do
+      if list[i][2] > 0 then
+        kept[#kept + 1] = list[i]
+      end
+    end
+    list = kept
+    unhold(held_key, amount_arg)
+    stock = total_of(locs)
   else
     stock = call('INCRBY', stock_key, amount_arg)
     local held = unhold(held_key, amount_arg)
@@ -258,7 +237,9 @@ local function change_hold(KEYS, ARGV)
   end
   -- The hold's record keeps its HOLD's nonce (a HOLD sent again still finds
   -- it) and its lack of a TTL.
-  call('SET', record_key, record_text('H', qty, record.nonce, aux, record.order_no), 'KEEPTTL')
+  local text = list and located_text(list, 'H', qty, record.nonce, aux, record.order_no)
+    or record_text('H', qty, record.nonce, aux, record.order_no)
+  call('SET', record_key, text, 'KEEPTTL')
   if not order_line then
     call('SET', change_key,
       '3:' .. letter .. ':' .. amount_arg .. ':' .. nonce .. ':' .. expires_text .. ':' .. id,

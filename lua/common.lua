@@ -102,7 +102,7 @@ end
 -- held, the journal and its marker (journal_of). Made once per SKU in a
 -- row, which a hot SKU's calls are.
 local known_stock, req_prefix, holds_name, held_name = false, nil, nil, nil
-local journal_name, marker_name = nil, nil
+local journal_name, marker_name, loc_name = nil, nil, nil
 
 local function sku_keys(stock_key)
   if stock_key ~= known_stock then
@@ -111,6 +111,7 @@ local function sku_keys(stock_key)
     holds_name, held_name = stock_key .. ':holds', stock_key .. ':held'
     journal_name = stock_key .. ':journal'
     marker_name = stock_key .. ':journal:on'
+    loc_name = stock_key .. ':loc'
   end
 end
 
@@ -134,14 +135,16 @@ end
 
 -- A SKU's keys beside its stock key: its holds (a sorted set of the
 -- request_ids holding units, by expiry in milliseconds of Redis time), the
--- units held now, its journal's marker and its journal. A call declares
--- them all, for request_fault's reason, from `keys[first]` on, and nothing
--- after. Returns true when they are those of the stock key sku_keys was
--- called with.
-local function side_keys_follow(keys, first)
+-- units held now, its journal's marker and its journal; then, for a call
+-- that may meet a SKU kept by location (`located`), its locations hash. A
+-- call declares them all, for request_fault's reason, from `keys[first]`
+-- on, and nothing after. Returns true when they are those of the stock
+-- key sku_keys was called with.
+local function side_keys_follow(keys, first, located)
   return keys[first] == holds_name and keys[first + 1] == held_name
     and keys[first + 2] == marker_name and keys[first + 3] == journal_name
-    and not keys[first + 4]
+    and keys[first + 4] == (located and loc_name or nil)
+    and not keys[first + (located and 5 or 4)]
 end
 
 -- An operator's op record key must be the stock key plus ":op:<op_id>".
@@ -246,7 +249,8 @@ end
 -- The checks every call on one request makes of its keys and of its
 -- nonce, once its settings passed. KEYS: the stock key, the record key
 -- (which must lie under it), then the SKU's holds, held units, journal
--- marker and journal, which must be the names sku_keys makes. The scripts
+-- marker and journal, and with `located` its locations hash, which must
+-- be the names sku_keys makes. The scripts
 -- use the names sku_keys makes; the keys are declared all the same because
 -- in a cluster only a declared key is checked before the call runs: while
 -- its slot migrates, a key the script touched undeclared, absent from this
@@ -259,19 +263,41 @@ end
 -- error to return, or nil. Leaves
 -- sku_keys set for KEYS[1]. Its helpers are written out, as every such
 -- call makes it.
-local function request_fault(keys, nonce)
+local function request_fault(keys, nonce, located)
   local stock_key, record_key = keys[1], keys[2]
   if stock_key ~= known_stock then
     sku_keys(stock_key)
   end
   if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1
-      or not side_keys_follow(keys, 3) then
+      or not side_keys_follow(keys, 3, located) then
     return badcall('keys do not follow the stockgate key layout')
   end
   if not nonce or #nonce > 32 or not find(nonce, '^%x+$') then
     return badcall('the call nonce must be 1 to 32 hex digits')
   end
   return nil
+end
+
+-- What every call on one request (REVERT, HOLD, CONFIRM, HOLD.EXTEND,
+-- HOLD.SHRINK; DEDUCT writes it out) checks first, before it reads
+-- anything: its settings, the text `text` of words `names` in `shape`
+-- (settle: a library checks a settings text once), then its keys and
+-- nonce (request_fault, `located` as it says). Returns the settings; or
+-- nil and the error to return.
+local function enter(keys, text, names, shape, nonce, located)
+  local settings = SETTLED[text]
+  if not settings then
+    local bad
+    settings, bad = settle(text, names, shape)
+    if bad then
+      return nil, bad
+    end
+  end
+  local bad = request_fault(keys, nonce, located)
+  if bad then
+    return nil, bad
+  end
+  return settings
 end
 
 -- The checks STOCK.SET and STOCK.ADD make of what stockgate supplies.
@@ -652,25 +678,237 @@ local function release_due(stock_key, holds_key, held_key, stock, held, window, 
   return stock + units, released, now, units
 end
 
--- What every call on one request (HOLD, CONFIRM, REVERT) does first, once
--- request_fault has set sku_keys: one read of the stock, the record, the
--- units held and the journal's marker, a stock value or a record this
--- version can't read refused (an error; nothing was changed), the journal
--- decided (journal_of's rule, by the marker), then the SKU's expired
--- holds given back (release_due, which gives nothing back where the stock
--- key is missing: a script's UNKNOWNSKU may come after it). Returns the
--- error reply; or nil, then the stock after the release, the record's
--- raw text and the record (nil when none), the units still held, the
--- holds released, now (0 when Redis time was not needed) and the journal
--- key (false when none).
-local function open_request(stock_key, record_key, window, journal_on)
+-- A SKU kept by location (docs/locations.md) has LOCATED as its stock
+-- key's value and its units in one hash, <stock key>:loc, three fields a
+-- location: "<location>" its available units, "<location>:held" its
+-- units on hold (absent: 0), "<location>:floor" what an allocation leaves
+-- there (absent: 0). Its holds set and its units held (all locations) are
+-- any SKU's. A record made by allocation (lua/allocate.lua) carries where
+-- its units came from before the usual record (parse_located). What
+-- follows is how its units move; the calls that may meet such a SKU
+-- (REVERT, CONFIRM, HOLD.EXTEND, HOLD.SHRINK, the allocations and the
+-- reads of lua/allocate.lua) declare the hash as a key of their own.
+
+local LOCGONE = 'LOCGONE a location of this sku is missing from its hash; nothing was changed'
+
+-- What only the calls on a SKU kept by location use, bound when one runs
+-- (bind's rule): a DEDUCT by EVALSHA binds nothing it does not use.
+local gmatch, sort, concat
+
+local function bind_located()
+  gmatch, sort, concat = string.gmatch, table.sort, table.concat
+end
+
+-- The locations hash as tables: units, held, floor by name, and the names
+-- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
+local function read_locations(loc_key)
+  local flat = call('HGETALL', loc_key)
+  local units, held, floor, names = {}, {}, {}, {}
+  for i = 1, #flat, 2 do
+    local field, value = flat[i], to_number(flat[i + 1]) or 0
+    local name, part = match(field, '^([^:]+):(%a+)$')
+    if name == nil then
+      units[field] = value
+      names[#names + 1] = field
+    elseif part == 'held' then
+      held[name] = value
+    elseif part == 'floor' then
+      floor[name] = value
+    end
+  end
+  return {units = units, held = held, floor = floor, names = names}
+end
+
+local function total_of(locs)
+  local total = 0
+  for i = 1, #locs.names do
+    total = total + locs.units[locs.names[i]]
+  end
+  return total
+end
+
+-- A location name: 1 to 64 of A-Z a-z 0-9 _ . - (so that its fields
+-- ":held" and ":floor" can't be another location's).
+local function location_ok(name)
+  return name and #name >= 1 and #name <= 64 and not find(name, '[^%w_%.%-]')
+end
+
+-- A record's allocation, "w1=2,w2=1", as a list of {name, units}.
+local function allocation_of(text)
+  local list = {}
+  for name, units in gmatch(text or '', '([^,=]+)=(%d+)') do
+    list[#list + 1] = {name, to_number(units)}
+  end
+  return list
+end
+
+local function allocation_text(list)
+  local parts = {}
+  for i = 1, #list do
+    parts[i] = list[i][1] .. '=' .. int_text(list[i][2])
+  end
+  return concat(parts, ',')
+end
+
+local function allocation_flat(list)
+  local flat = {}
+  for i = 1, #list do
+    flat[#flat + 1] = list[i][1]
+    flat[#flat + 1] = list[i][2]
+  end
+  return flat
+end
+
+-- Whether every location of `list` is in the hash (LOCGONE otherwise).
+local function all_present(locs, list)
+  for i = 1, #list do
+    if locs.units[list[i][1]] == nil then
+      return false
+    end
+  end
+  return true
+end
+
+-- Moves `units` at location `name`: `ds` to its available units, `dh` to
+-- those held there, both signed numbers, keeping `locs` as the hash is
+-- now, with its journal entry (format 2: the location's own numbers).
+local function move(loc_key, locs, name, ds, dh, journal_key, ev, id, order_no)
+  if ds ~= 0 then
+    locs.units[name] = call('HINCRBY', loc_key, name, int_text(ds))
+  end
+  if dh ~= 0 then
+    locs.held[name] = call('HINCRBY', loc_key, name .. ':held', int_text(dh))
+  end
+  if journal_key then
+    call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', '2 ' .. ev .. ' ' .. id .. ' '
+      .. int_text(ds) .. ' ' .. int_text(dh) .. ' ' .. int_text(locs.units[name]) .. ' '
+      .. int_text(locs.held[name] or 0) .. ' ' .. name .. ' ' .. (order_no or ''))
+  end
+end
+
+-- A located record: the record's text with its allocation before it.
+local function located_text(list, state, qty, nonce, aux, order_no)
+  return '@' .. allocation_text(list) .. ';' .. record_text(state, qty, nonce, aux, order_no)
+end
+
+-- Gives an expired hold's units back to their locations: its record
+-- becomes EXPIRED, lasting a retry window, and leaves the holds set.
+local function release_located(stock_key, loc_key, locs, record_key, record, list, window,
+    journal_key)
+  local id = sub(record_key, #stock_key + 6)
+  for i = 1, #list do
+    move(loc_key, locs, list[i][1], list[i][2], -list[i][2], journal_key, 'expire', id,
+      record.order_no)
+  end
+  unhold(held_name, record.qty)
+  call('ZREM', holds_name, id)
+  set_lasting(record_key, located_text(list, 'X', record.qty, record.nonce, record.aux,
+    record.order_no), window, true)
+end
+
+-- The SKU's holds that ran out by `now`, given back (at most
+-- RELEASE_BOUND). Every location they name is checked before the first
+-- write: LOCGONE (returned second) changes nothing. Returns how many.
+local function release_due_located(stock_key, loc_key, locs, now, window, journal_key)
+  local due = call('ZRANGEBYSCORE', holds_name, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
+    RELEASE_BOUND)
+  local todo = {}
+  for i = 1, #due, 2 do
+    local id = due[i]
+    local record_key = stock_key .. ':req:' .. id
+    local raw = call('GET', record_key)
+    local record = raw and parse_located(raw)
+    if record and record.state == 'H' and record.expires <= now then
+      local list = allocation_of(record.alloc)
+      if not all_present(locs, list) then
+        return 0, error_reply(LOCGONE)
+      end
+      todo[#todo + 1] = {record_key, record, list}
+    elseif record and record.state == 'H' then
+      todo[#todo + 1] = {false, id, record.expires}
+    elseif record or (not raw and to_number(due[i + 1]) + window < now) then
+      todo[#todo + 1] = {false, id, false}
+    end
+  end
+  local released = 0
+  for i = 1, #todo do
+    local t = todo[i]
+    if t[1] then
+      release_located(stock_key, loc_key, locs, t[1], t[2], t[3], window, journal_key)
+      released = released + 1
+    elseif t[3] then
+      call('ZADD', holds_name, t[3], t[2])
+    else
+      call('ZREM', holds_name, t[2])
+    end
+  end
+  return released
+end
+
+-- open_request's work for a SKU kept by location: the journal decided,
+-- the record read as such a SKU's (parse_located: one that is not a
+-- revocation names where its units are, else BADRECORD), the locations
+-- read (LOCGONE when the hash is gone: such a SKU has one from its first
+-- STOCK.SET ... AT), and the SKU's expired holds given back to their
+-- locations. Returns what open_request does, the stock its total over
+-- the locations, and the locations last.
+local function open_located(stock_key, raw, marker, held, window, journal_on)
+  bind_located()
+  local journal_key = false
+  if marker then
+    journal_key = journal_name
+  elseif journal_on then
+    return error_reply(NOJOURNAL)
+  end
+  local record = raw and parse_located(raw)
+  if raw and (not record or (not record.alloc and record.state ~= 'V')) then
+    return error_reply(BADRECORD)
+  end
+  local locs = read_locations(loc_name)
+  if #locs.names == 0 then
+    return error_reply(LOCGONE)
+  end
+  local released, now = 0, 0
+  if held and to_number(held) > 0 then
+    now = now_ms()
+    local gone
+    released, gone = release_due_located(stock_key, loc_name, locs, now, window, journal_key)
+    if gone then
+      return gone
+    end
+  end
+  return nil, total_of(locs), raw, record, 0, released, now, journal_key, locs
+end
+
+-- What every call on one request (HOLD, CONFIRM, REVERT, HOLD.EXTEND,
+-- HOLD.SHRINK) does first, once request_fault has set sku_keys: one read
+-- of the stock, the record, the units held and the journal's marker, a
+-- stock value or a record this version can't read refused (an error;
+-- nothing was changed), the journal decided (journal_of's rule, by the
+-- marker), then the SKU's expired holds given back (release_due, which
+-- gives nothing back where the stock key is missing: a script's
+-- UNKNOWNSKU may come after it). A SKU kept by location is read so too
+-- (open_located) by the calls that declared its locations hash
+-- (`located`); the others answer LOCATED, having changed nothing. Returns
+-- the error reply; or nil, then the stock after the release, the
+-- record's raw text and the record (nil when none), the units still held,
+-- the holds released, now (0 when Redis time was not needed), the
+-- journal key (false when none), and for a SKU kept by location its
+-- locations (read_locations).
+local function open_request(stock_key, record_key, window, journal_on, located)
   local holds_key, held_key = holds_name, held_name
   local got = call('MGET', stock_key, record_key, held_key, marker_name)
   local stock, raw, held = parse_stock(got[1]), got[2], got[3]
-  held = held and to_number(held) or 0
   if stock == false then
-    return error_reply(got[1] == LOCATED and LOCATEDSKU or BADSTOCK)
+    if got[1] ~= LOCATED then
+      return error_reply(BADSTOCK)
+    end
+    if not located then
+      return error_reply(LOCATEDSKU)
+    end
+    return open_located(stock_key, raw, got[4], held, window, journal_on)
   end
+  held = held and to_number(held) or 0
   local record = raw and parse_record(raw)
   if raw and not record then
     return error_reply(BADRECORD)
@@ -715,6 +953,171 @@ local function release_own(stock_key, holds_key, held_key, record_key, record, n
   release_one(stock_key, holds_key, held_key, record_key, fresh, window, journal_key)
   fresh.state = 'X'
   return fresh, 1, (stock or 0) + to_number(fresh.qty), released + 1
+end
+
+-- release_own for a SKU kept by location (`locs`): the request's own hold
+-- that ran out, given back to the locations it came from. Returns the
+-- record as it is now, 1 when it was released here (0 otherwise), the
+-- caller's count of holds released after it, and the error to return
+-- (LOCGONE: a location it names is gone; nothing was changed).
+local function release_own_located(stock_key, record_key, record, now, window, journal_key, locs,
+    released)
+  if not record or record.state ~= 'H' or record.expires > now then
+    return record, 0, released
+  end
+  local raw = call('GET', record_key)
+  local fresh = raw and parse_located(raw)
+  if not fresh or fresh.state ~= 'H' or not fresh.alloc then
+    return fresh, 0, released
+  end
+  local list = allocation_of(fresh.alloc)
+  if not all_present(locs, list) then
+    return nil, 0, released, error_reply(LOCGONE)
+  end
+  release_located(stock_key, loc_name, locs, record_key, fresh, list, window, journal_key)
+  fresh.state = 'X'
+  return fresh, 1, released + 1
+end
+
+-- A request's state machine: what REVERT, CONFIRM, HOLD.EXTEND and
+-- HOLD.SHRINK (`op`: 'revert', 'confirm', 'extend', 'shrink') do to the
+-- request whose record is `record` (nil: none), whichever way its SKU
+-- keeps its stock (lua/revert.lua has the whole table; lua/deduct.lua and
+-- lua/hold.lua the columns of the calls that take or hold). Call it once
+-- the request's own hold that ran out was released (`own`: 1 when this
+-- call released it). Returns the code, what the call does, and what the
+-- reply shows: its order_no, expires_at, reason and event. What it does:
+--   CHANGES  give back (REVERT of DEDUCTED, HELD, CONFIRMED), confirm
+--            (CONFIRM of HELD) or change (HOLD.EXTEND, HOLD.SHRINK of
+--            HELD): the script does it, as its SKU keeps its stock
+--   REVOKES  record the id REVOKED (REVERT, CONFIRM of no record)
+--   AGAIN    nothing changes; the record is written again for
+--            --wait-replicas (replicate_again)
+--   false    nothing
+local CHANGES, REVOKES, AGAIN = 1, 2, 3
+
+local function request_step(op, record, own, nonce)
+  if not record then
+    if op == 'revert' or op == 'confirm' then
+      -- Empty rollback (REVERT), or a CONFIRM of nothing held: the id is
+      -- revoked, so a late DEDUCT or HOLD of it takes nothing.
+      return 4, REVOKES, '', 0
+    end
+    return 3, false, '', 0, 'no hold under this request_id on this sku'
+  end
+  local state = record.state
+  if state == 'R' then
+    if op == 'revert' then
+      return record.nonce == nonce and 0 or 1, AGAIN, record.order_no, 0
+    end
+    return 4, AGAIN, '', 0
+  end
+  if state == 'V' then
+    if op == 'revert' then
+      return record.nonce == nonce and 4 or 1, AGAIN, '', 0
+    end
+    return 4, AGAIN, '', 0
+  end
+  if state == 'X' then
+    -- The hold ran out: its units went back to stock then.
+    return op == 'revert' and 1 or 5, own == 0 and AGAIN, record.order_no, record.expires
+  end
+  if op == 'revert' then
+    -- DEDUCTED, HELD (in time) or CONFIRMED: every unit back.
+    return 0, CHANGES, record.order_no, 0
+  end
+  if state == 'D' then
+    return 3, false, '', 0, op == 'confirm'
+      and 'request_id was used by a DEDUCT, which needs no CONFIRM'
+      or 'request_id was used by a DEDUCT on this sku'
+  end
+  if state == 'C' then
+    if op == 'shrink' then
+      return 3, false, '', 0,
+        'the hold was confirmed: its units are sold (REVERT gives them all back)'
+    end
+    if op == 'confirm' and record.nonce == nonce then
+      -- This very call, sent again: it confirmed the first time.
+      return 0, AGAIN, record.order_no, record.expires, '', 'confirmed'
+    end
+    return 1, AGAIN, record.order_no, record.expires
+  end
+  -- HELD, in time.
+  return 0, CHANGES, record.order_no, record.expires, '',
+    op == 'confirm' and 'confirmed' or (op == 'extend' and 'extended' or 'shrunk')
+end
+
+-- request_step for `op` on the request's `record` as read, once the
+-- request's own hold that ran out (if it did) was released here, to its
+-- stock (release_own) or to its locations (release_own_located, `locs`),
+-- and what it does done but CHANGES, which is the script's: REVOKES
+-- writes the record REVOKED, AGAIN writes it again for --wait-replicas.
+-- Redis time is asked (`now`: 0 when not asked yet) where a hold's
+-- expiry decides, and for a CONFIRM's time held. Returns the error to
+-- return; or nil, then the record, the stock, the holds released and now
+-- after it, and request_step's answer.
+local function step_request(op, stock_key, record_key, record, nonce, stock, released, now,
+    settings, journal_key, locs)
+  local own = 0
+  if record and (record.state == 'H' or op == 'confirm') then
+    if now == 0 then
+      now = now_ms()
+    end
+    if locs then
+      local failed
+      record, own, released, failed = release_own_located(stock_key, record_key, record, now,
+        settings.window, journal_key, locs, released)
+      if failed then
+        return failed
+      end
+      stock = total_of(locs)
+    else
+      record, own, stock, released = release_own(stock_key, holds_name, held_name,
+        record_key, record, now, settings.window, journal_key, stock, released)
+    end
+  end
+  local code, does, order_no, expires, reason, event = request_step(op, record, own, nonce)
+  if does == REVOKES then
+    -- Remembered, so that a DEDUCT or HOLD of the id that comes late (an
+    -- empty rollback's "hanging" try) takes nothing.
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
+  elseif does == AGAIN then
+    replicate_again(settings.replicate, record_key)
+  end
+  return nil, record, stock, released, now, code, does, order_no, expires, reason, event
+end
+
+-- What a HOLD.EXTEND or HOLD.SHRINK (`op`) of `amount` (a number) makes of
+-- a hold held in time (`record`), `now`: its new expiry and qty (a
+-- string); or nil, then the code and reason to answer instead, nothing
+-- changed (an order's line is extended "at least until", to its bound:
+-- lua/change_hold.lua).
+local function changed_hold(op, record, amount, now, settings, order_line)
+  if op == 'extend' then
+    local bound = record.held_at + settings.max_hold
+    local expires = now + amount
+    if expires > bound then
+      if not order_line then
+        return nil, 3, 'the hold may last until ' .. int_text(bound)
+          .. ' at most (max hold ' .. settings.max_hold_arg .. ' ms from its start)'
+      end
+      expires = bound
+    end
+    if expires <= record.expires then
+      if order_line then
+        return nil, 1
+      end
+      return nil, 3, 'the hold already lasts until ' .. int_text(record.expires)
+        .. ': an extension only moves it later'
+    end
+    return expires, record.qty
+  end
+  local held_qty = to_number(record.qty)
+  if amount >= held_qty then
+    return nil, 3, 'qty must be below the ' .. record.qty
+      .. ' units held (REVERT gives every unit back)'
+  end
+  return record.expires, int_text(held_qty - amount)
 end
 
 -- The earliest expiry among the SKU's holds, or 0 when it has none.

@@ -24,6 +24,9 @@ lua/revert.lua):
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
+KEYS[7]  locations           <prefix>:{<sku>}:loc: for a SKU kept by location
+                             (lua/common.lua), whose hold's units leave the
+                             held units of the locations its record names
 ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua ARGV[3])
 ARGV[2]  nonce               1 to 32 hex digits, new for every call
 
@@ -37,7 +40,8 @@ expires_at, released, held_ms, event}:
   {4, stock, "", ..}                         cancelled (REVERT) or revoked
   {5, stock, order_no, .., "", expires_at}   the hold ran out first; its
                                              units went back to stock
-Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD.
+Error replies (nothing changed): BADCALL, UNKNOWNSKU, BADSTOCK, BADRECORD,
+LOCGONE (a location the record names is missing from the SKU's hash).
 ]]
 
 --@common
@@ -65,26 +69,18 @@ local function confirm(KEYS, ARGV)
   end
   local stock_key, record_key, nonce = KEYS[1], KEYS[2], ARGV[2]
 
-  local settings = SETTLED[ARGV[1]]
+  local settings, refused = enter(KEYS, ARGV[1], SETTINGS, SETTINGS_SHAPE, nonce, true)
   if not settings then
-    local bad
-    settings, bad = settle(ARGV[1], SETTINGS, SETTINGS_SHAPE)
-    if bad then
-      return bad
-    end
+    return refused
   end
-  local bad = request_fault(KEYS, nonce)
-  if bad then
-    return bad
-  end
-  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
+  local window, journal_on = settings.window, settings.journal
   local missing_zero = settings.missing_zero
   local holds_key, held_key = holds_name, held_name
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, _, released, now, journal_key =
-    open_request(stock_key, record_key, window, journal_on)
+  local failed, stock, _, record, _, released, now, journal_key, locs =
+    open_request(stock_key, record_key, window, journal_on, true)
   if failed then
     return failed
   end
@@ -92,46 +88,38 @@ local function confirm(KEYS, ARGV)
     return error_reply(UNKNOWNSKU)
   end
 
-  if not record then
-    -- Nothing was held under this id: revoke it, so a HOLD that arrives
-    -- after its CONFIRM holds nothing nobody would confirm.
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
-    return answer(4, stock, '', '', 0, released)
+  local code, does, order_no, expires, reason, event
+  failed, record, stock, released, now, code, does, order_no, expires, reason, event =
+    step_request('confirm', stock_key, record_key, record, nonce, stock, released, now,
+      settings, journal_key, locs)
+  if failed then
+    return failed
   end
-
-  if now == 0 then
-    now = now_ms()
-  end
-  local own
-  record, own, stock, released = release_own(stock_key, holds_key, held_key,
-    record_key, record, now, window, journal_key, stock, released)
-  local state = record.state
-  if state == 'X' then
-    if own == 0 then
-      replicate_again(replicate, record_key)
-    end
-    return answer(5, stock, record.order_no, '', record.expires, released)
-  end
-  if state == 'R' or state == 'V' then
-    replicate_again(replicate, record_key)
-    return answer(4, stock, '', '', 0, released)
-  end
-  if state == 'D' then
-    return answer(3, stock, '', 'request_id was used by a DEDUCT, which needs no CONFIRM', 0, released)
-  end
-  if state == 'C' then
-    replicate_again(replicate, record_key)
-    if record.nonce == nonce then
-      -- This very call, sent again: it confirmed the first time.
-      return answer(0, stock, record.order_no, '', record.expires, released,
-        held_for(record, now), 'confirmed')
-    end
-    return answer(1, stock, record.order_no, '', record.expires, released)
+  if does ~= CHANGES then
+    return answer(code, stock, order_no, reason, expires, released,
+      event and held_for(record, now) or 0, event)
   end
 
   -- HELD, in time. Writes: only after every check above has passed.
-  local held = unhold(held_key, record.qty)
   local id = sub(record_key, #req_prefix + 1)
+  if locs then
+    -- The units leave each location's held units.
+    local list = allocation_of(record.alloc)
+    if not all_present(locs, list) then
+      return error_reply(LOCGONE)
+    end
+    for i = 1, #list do
+      move(loc_name, locs, list[i][1], 0, -list[i][2], journal_key, 'confirm', id,
+        record.order_no)
+    end
+    unhold(held_key, record.qty)
+    call('ZREM', holds_key, id)
+    set_lasting(record_key, located_text(list, 'C', record.qty, nonce, record.aux,
+      record.order_no), window, true)
+    return answer(0, stock, record.order_no, '', record.expires, released,
+      held_for(record, now), 'confirmed')
+  end
+  local held = unhold(held_key, record.qty)
   if journal_key then
     journal(journal_key, 'confirm', id, '0', '-' .. record.qty, stock or 0, held,
       record.order_no)

@@ -71,17 +71,9 @@ local function hold(KEYS, ARGV)
   local stock_key, record_key = KEYS[1], KEYS[2]
   local qty_arg, order_no, ttl_arg, nonce = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 
-  local settings = SETTLED[ARGV[4]]
+  local settings, refused = enter(KEYS, ARGV[4], SETTINGS, SETTINGS_SHAPE, nonce)
   if not settings then
-    local bad
-    settings, bad = settle(ARGV[4], SETTINGS, SETTINGS_SHAPE)
-    if bad then
-      return bad
-    end
-  end
-  local bad = request_fault(KEYS, nonce)
-  if bad then
-    return bad
+    return refused
   end
   local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
   local holds_key, held_key = holds_name, held_name

@@ -49,6 +49,9 @@ SKU's expired holds back to stock (lua/common.lua, release_due).
 KEYS[1]  stock key           <prefix>:{<sku>}
 KEYS[2]  idempotency record  <prefix>:{<sku>}:req:<request_id>
 KEYS[3..6]          the SKU's holds, held units, journal marker, journal (see lua/deduct.lua)
+KEYS[7]  locations           <prefix>:{<sku>}:loc: for a SKU kept by location
+                             (lua/common.lua), whose request's units go back
+                             to the locations its record names
 ARGV[1]  settings            "<window> <missing> <flags>" (lua/deduct.lua
                              ARGV[3]): with replicate on, a reply stating an
                              existing record (0 and 4 for a call sent again,
@@ -75,6 +78,8 @@ Error replies (nothing changed):
                   give back") would let the real deduction go unreturned
   BADSTOCK ...    the stock value is not an integer
   BADRECORD ...   the record has a shape this version can't read
+  LOCGONE ...     a location the record names is missing from the SKU's
+                  locations hash (deleted behind stockgate's back)
 ]]
 
 --@common
@@ -95,26 +100,18 @@ local function revert(KEYS, ARGV)
   end
   local stock_key, record_key, nonce = KEYS[1], KEYS[2], ARGV[2]
 
-  local settings = SETTLED[ARGV[1]]
+  local settings, refused = enter(KEYS, ARGV[1], SETTINGS, SETTINGS_SHAPE, nonce, true)
   if not settings then
-    local bad
-    settings, bad = settle(ARGV[1], SETTINGS, SETTINGS_SHAPE)
-    if bad then
-      return bad
-    end
+    return refused
   end
-  local bad = request_fault(KEYS, nonce)
-  if bad then
-    return bad
-  end
-  local window, replicate, journal_on = settings.window, settings.replicate, settings.journal
+  local window, journal_on = settings.window, settings.journal
   local missing_zero = settings.missing_zero
   local holds_key, held_key = holds_name, held_name
 
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
-  local failed, stock, _, record, held, released, now, journal_key =
-    open_request(stock_key, record_key, window, journal_on)
+  local failed, stock, _, record, held, released, now, journal_key, locs =
+    open_request(stock_key, record_key, window, journal_on, true)
   if failed then
     return failed
   end
@@ -122,51 +119,43 @@ local function revert(KEYS, ARGV)
       or record.state == 'H' or record.state == 'C') then
     return error_reply(UNKNOWNSKU)
   end
-  local own = 0
-
-  if not record then
-    -- Empty rollback: nothing to give back, but remember the id so a late
-    -- DEDUCT or HOLD of it is refused instead of taking stock after its
-    -- cancel.
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
-    return answer(4, stock, '', '', 0, released)
+  local code, does, order_no, expires
+  failed, record, stock, released, now, code, does, order_no, expires = step_request('revert',
+    stock_key, record_key, record, nonce, stock, released, now, settings, journal_key, locs)
+  if failed then
+    return failed
   end
-
-  if record.state == 'H' then
-    if now == 0 then
-      now = now_ms()
-    end
-    record, own, stock, released = release_own(stock_key, holds_key, held_key,
-      record_key, record, now, window, journal_key, stock, released)
-  end
-  local state = record.state
-  if state == 'R' then
-    replicate_again(replicate, record_key)
-    local code = record.nonce == nonce and 0 or 1
-    return answer(code, stock, record.order_no, '', 0, released)
-  end
-  if state == 'V' then
-    replicate_again(replicate, record_key)
-    local code = record.nonce == nonce and 4 or 1
-    return answer(code, stock, '', '', 0, released)
-  end
-  if state == 'X' then
-    -- The hold ran out: its units went back to stock then.
-    if own == 0 then
-      replicate_again(replicate, record_key)
-    end
-    return answer(1, stock, record.order_no, '', record.expires, released)
+  if does ~= CHANGES then
+    return answer(code, stock, order_no, '', expires, released)
   end
 
   -- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.
   -- Writes: only after every check above has passed.
-  local remain = call('INCRBY', stock_key, record.qty)
+  local state = record.state
   local id = sub(record_key, #req_prefix + 1)
-  local event = ''
+  local event = state == 'H' and 'cancelled' or ''
+  if locs then
+    -- Every unit back where it came from.
+    local list = allocation_of(record.alloc)
+    if not all_present(locs, list) then
+      return error_reply(LOCGONE)
+    end
+    for i = 1, #list do
+      move(loc_name, locs, list[i][1], list[i][2], state == 'H' and -list[i][2] or 0,
+        journal_key, state == 'H' and 'cancel' or 'revert', id, record.order_no)
+    end
+    if state == 'H' then
+      unhold(held_key, record.qty)
+      call('ZREM', holds_key, id)
+    end
+    set_lasting(record_key, located_text(list, 'R', record.qty, nonce, '', record.order_no),
+      window, state == 'H')
+    return answer(0, total_of(locs), record.order_no, '', 0, released, 0, event)
+  end
+  local remain = call('INCRBY', stock_key, record.qty)
   if state == 'H' then
     held = unhold(held_key, record.qty)
     call('ZREM', holds_key, id)
-    event = 'cancelled'
     if journal_key then
       journal(journal_key, 'cancel', id, record.qty, '-' .. record.qty, remain, held,
         record.order_no)

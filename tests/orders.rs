@@ -826,10 +826,16 @@ impl Saga {
         };
         let mut cmd = redis::cmd("EVAL");
         let stock = stock_key(sku);
-        cmd.arg(body).arg(6).arg(&stock);
+        // The calls that may meet a SKU kept by location (all but DEDUCT
+        // and HOLD) declare its locations hash too.
+        let located = !matches!(script, "deduct" | "hold");
+        cmd.arg(body).arg(if located { 7 } else { 6 }).arg(&stock);
         cmd.arg(record_key(sku, &line_id(order)));
         for side in [&b":holds"[..], b":held", b":journal:on", b":journal"] {
             cmd.arg([stock.as_slice(), side].concat());
+        }
+        if located {
+            cmd.arg([stock.as_slice(), b":loc"].concat());
         }
         for arg in args {
             cmd.arg(*arg);

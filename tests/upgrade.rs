@@ -274,7 +274,8 @@ fn the_scripts_before_the_function_library_and_these_read_each_others_records() 
     let held = [stock.as_slice(), b":held"].concat();
     let nonces = std::cell::Cell::new(0u32);
     // A call of `body` on request `id`: the scripts before took four keys
-    // and their settings one by one, these five keys and one settings text.
+    // and their settings one by one, these six keys (seven: REVERT and
+    // CONFIRM) and one settings text.
     let call = |body: &str, before: bool, id: &str, caller: &[&str], settings: &[&str]| {
         nonces.set(nonces.get() + 1);
         let nonce = format!("{:x}", nonces.get());
@@ -288,13 +289,19 @@ fn the_scripts_before_the_function_library_and_these_read_each_others_records() 
                 .arg(&held);
             cmd.arg(caller).arg(settings).arg(&nonce).arg("0").arg("0");
         } else {
-            cmd.arg(6)
+            // REVERT and CONFIRM declare the SKU's locations hash too (a
+            // SKU of either kind is theirs).
+            let located = body == new.revert.body || body == new.confirm.body;
+            cmd.arg(if located { 7 } else { 6 })
                 .arg(&stock)
                 .arg(record_key(sku, id))
                 .arg(&holds)
                 .arg(&held)
                 .arg([stock.as_slice(), b":journal:on"].concat())
                 .arg([stock.as_slice(), b":journal"].concat());
+            if located {
+                cmd.arg([stock.as_slice(), b":loc"].concat());
+            }
             cmd.arg(caller)
                 .arg(format!("{} 00", settings.join(" ")))
                 .arg(&nonce);

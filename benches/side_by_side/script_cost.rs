@@ -156,7 +156,7 @@ impl Set {
                 self.call(name, calling, &keys, &args)
             }
             Era::Now => {
-                let keys = [
+                let mut keys = vec![
                     stock.to_owned(),
                     record.to_owned(),
                     format!("{stock}:holds"),
@@ -164,6 +164,11 @@ impl Set {
                     format!("{stock}:journal:on"),
                     format!("{stock}:journal"),
                 ];
+                // REVERT and CONFIRM serve a SKU of either kind, and declare
+                // its locations hash (stock::single::Keys::Located).
+                if matches!(name, "revert" | "confirm") {
+                    keys.push(format!("{stock}:loc"));
+                }
                 args.push(format!("{} 0{journal}", settings.join(" ")));
                 args.push(nonce.to_owned());
                 self.call(name, calling, &keys, &args)

@@ -14,16 +14,14 @@
 //! pipe (a sold-out SKU's DEDUCT as a read of its keys first, a hot SKU's
 //! DEDUCTs gathered into one call), with a completion its answer goes to;
 //! [`StockService::conclude`] reads the answer; anything unusual goes
-//! again through [`StockService::fallback`] (and a call whose script met a
-//! SKU kept by location goes on by location, when its command has a call
-//! for that: [`super::single::Single::by_location`]). Every end of a call
-//! goes through [`StockService::finish`], which records what it came to:
-//! its metrics and access log, the holds it moved, the sweep index.
+//! again through [`StockService::fallback`]. Every end of a call goes
+//! through [`StockService::finish`], which records what it came to: its
+//! metrics and access log, the holds it moved, the sweep index.
 //! [`StockService::run`] is the whole life awaited, for a caller with a
 //! task of its own.
 
 use super::books::AccessEntry;
-use super::single::{Field, OneRequest, Shape, Single, position};
+use super::single::{Field, OneRequest, Shape, position};
 use super::{StockCommand, StockService, coalesce, sold_out, wire};
 use crate::auth::Account;
 use crate::error::UpstreamError;
@@ -73,10 +71,6 @@ pub struct Call {
     deadline: tokio::time::Instant,
     /// A DEDUCT on a SKU seen short: read its keys first ([`sold_out`]).
     read_first: bool,
-    /// Its script met a SKU kept by location (LOCATED, nothing changed):
-    /// it goes on as its command's call by location
-    /// ([`super::single::Single::by_location`]).
-    by_location: bool,
     /// The user who sent it (for the access log): the account, a thin
     /// pointer, which every call moves around.
     user: Option<Arc<Account>>,
@@ -151,16 +145,6 @@ impl StockCall {
 
     fn order_line(&self) -> bool {
         matches!(self.on_behalf, OnBehalf::Line { .. })
-    }
-
-    /// What the call is, as its command describes it: the command's own
-    /// call, or its call by location.
-    fn described(&self) -> &'static Single {
-        let single = self.request.single;
-        match single.by_location {
-            Some(by_location) if self.by_location => by_location,
-            _ => single,
-        }
     }
 }
 
@@ -238,7 +222,6 @@ impl StockService {
             sent,
             deadline: sent + self.upstream.timeout(),
             read_first: false,
-            by_location: false,
             user: None,
             on_behalf,
         }))
@@ -256,7 +239,7 @@ impl StockService {
         let request = &call.request;
         let (sku, request_id) = (&request.sku, &request.request_id);
         if let Some(ttl) = &request.ttl
-            && call.described().places_hold
+            && call.request.single.places_hold
             && call.on_behalf != (OnBehalf::Line { swept: false })
         {
             self.sweeper
@@ -333,16 +316,12 @@ impl StockService {
     }
 
     pub(super) fn wire(&self, call: &StockCall) -> &wire::Wire {
-        let command = call.request.command;
-        match self.wires.by_location(command) {
-            Some(wire) if call.by_location => wire,
-            _ => self.wires.of(command, call.order_line()),
-        }
+        self.wires.of(call.request.command, call.order_line())
     }
 
     /// A node pipe's answer to `call` (or why there is none), read: the
     /// reply, or the fallback it calls for.
-    pub fn conclude(&self, mut call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
+    pub fn conclude(&self, call: StockCall, answer: Result<Answer, PipeError>) -> Concluded {
         if call.read_first {
             return self.conclude_read(call, answer);
         }
@@ -353,15 +332,11 @@ impl StockService {
             self.reload_coalesced(&call.request.sku);
         }
         match self.upstream.verdict(answer) {
+            // A DEDUCT or HOLD on a SKU kept by location, which names no
+            // location: nothing changed, and no call could change anything.
             Verdict::Settled(Err(fault)) if fault.is_located() => {
-                if call.by_location || call.request.single.by_location.is_none() {
-                    let result = Ok(StockReply::invalid(super::location::NAME_LOCATIONS));
-                    return Concluded::Answered(self.finish(&call, result));
-                }
-                // The same call, by location: the pipe keeps it in order
-                // behind this one, which changed nothing.
-                call.by_location = true;
-                Concluded::Fallback(call)
+                let result = Ok(StockReply::invalid(super::location::NAME_LOCATIONS));
+                Concluded::Answered(self.finish(&call, result))
             }
             Verdict::Settled(result) => Concluded::Answered(self.finish(&call, result)),
             Verdict::Fallback => Concluded::Fallback(call),
@@ -471,34 +446,30 @@ impl StockService {
 
     /// The slow path of a call: the redis crate, within what is left of its
     /// deadline.
-    pub async fn fallback(&self, mut call: StockCall) -> StockResult {
-        let result = self.resend(&mut call).await;
+    pub async fn fallback(&self, call: StockCall) -> StockResult {
+        let result = self.resend(&call).await;
         self.finish(&call, result)
     }
 
     /// `call` sent again through the redis crate, its outcome not yet
-    /// recorded; by location when its script meets a SKU kept by location
-    /// and its command has a call for that.
-    async fn resend(&self, call: &mut StockCall) -> StockResult {
-        loop {
-            let request = &call.request;
-            let wire = self.wire(call);
-            let keys = wire.keys(&self.keys, request);
-            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            let argv = wire.argv(call.described(), request, &call.nonce);
-            let result = self
-                .with_journal(&request.sku, call.deadline, || {
-                    self.upstream
-                        .eval_fallback(&wire.script, &keys, &argv, call.deadline)
-                })
-                .await;
-            if !matches!(&result, Err(fault) if fault.is_located()) {
-                return result;
+    /// recorded.
+    async fn resend(&self, call: &StockCall) -> StockResult {
+        let request = &call.request;
+        let wire = self.wire(call);
+        let keys = wire.keys(&self.keys, request);
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let argv = wire.argv(request.single, request, &call.nonce);
+        let result = self
+            .with_journal(&request.sku, call.deadline, || {
+                self.upstream
+                    .eval_fallback(&wire.script, &keys, &argv, call.deadline)
+            })
+            .await;
+        match result {
+            Err(fault) if fault.is_located() => {
+                Ok(StockReply::invalid(super::location::NAME_LOCATIONS))
             }
-            if call.by_location || request.single.by_location.is_none() {
-                return Ok(StockReply::invalid(super::location::NAME_LOCATIONS));
-            }
-            call.by_location = true;
+            result => result,
         }
     }
 
@@ -535,7 +506,7 @@ impl StockService {
     /// what a DEDUCT says of its SKU's stock ([`sold_out`]).
     fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
         let request = &call.request;
-        let single = call.described();
+        let single = request.single;
         let result = result.and_then(|reply| {
             if single.reply == Shape::Allocation
                 && reply.allocation.is_none()
@@ -616,7 +587,7 @@ impl StockService {
     }
 
     /// With `--reject-stale-ids`, refuses a request whose id (its
-    /// request_id, or a change's own change_id: [`Single::fresh`]) is a
+    /// request_id, or a change's own change_id: [`super::single::Single::fresh`]) is a
     /// time-ordered one made too long ago ([`StockService::fresh_id`]).
     fn fresh_request(&self, request: &OneRequest) -> Result<(), InvalidParam> {
         match request.single.fresh {
@@ -707,7 +678,7 @@ mod tests {
             let arg = |s: &str| Bytes::copy_from_slice(s.as_bytes());
             // Each call, and the ARGV its script's header documents (`S`
             // the settings, `N` the nonce), and the keys it names after
-            // the request's six.
+            // the request's six (their suffixes to the stock key).
             for (command, args, argv, more_keys) in [
                 (
                     StockCommand::Deduct,
@@ -725,19 +696,19 @@ mod tests {
                     StockCommand::Revert,
                     vec![arg("sku-9"), arg("req-77")],
                     &["S", "N"],
-                    &[],
+                    &[":loc"],
                 ),
                 (
                     StockCommand::Revert,
                     vec![arg("s"), arg("req-77")],
                     &["S", "N"],
-                    &[],
+                    &[":loc"],
                 ),
                 (
                     StockCommand::Confirm,
                     vec![arg("s"), arg("h-1")],
                     &["S", "N"],
-                    &[],
+                    &[":loc"],
                 ),
                 (
                     StockCommand::Hold,
@@ -755,19 +726,19 @@ mod tests {
                     StockCommand::Confirm,
                     vec![arg("sku-9"), arg("h-1")],
                     &["S", "N"],
-                    &[],
+                    &[":loc"],
                 ),
                 (
                     StockCommand::HoldExtend,
                     vec![arg("s"), arg("h-1"), arg("c-1"), arg("60000")],
                     &["extend", "60000", "S", "N"],
-                    &["stock:{s}:chg:c-1"],
+                    &[":loc", ":chg:c-1"],
                 ),
                 (
                     StockCommand::HoldShrink,
                     vec![arg("s"), arg("h-1"), arg("c-2"), arg("2")],
                     &["shrink", "2", "S", "N"],
-                    &["stock:{s}:chg:c-2"],
+                    &[":loc", ":chg:c-2"],
                 ),
                 (
                     StockCommand::DeductAt,
@@ -780,7 +751,7 @@ mod tests {
                         arg("w2"),
                     ],
                     &["deduct", "S", "N", "4", "SPLIT", "w1", "w2"],
-                    &["stock:{s}:loc"],
+                    &[":loc"],
                 ),
                 (
                     StockCommand::HoldAt,
@@ -793,7 +764,7 @@ mod tests {
                         arg("w9"),
                     ],
                     &["hold", "S", "N", "1", "WHOLE", "5000", "w9"],
-                    &["stock:{s}:loc"],
+                    &[":loc"],
                 ),
             ] {
                 let Some(Prepared::Call(mut call)) =
@@ -814,7 +785,7 @@ mod tests {
                 wire.encode(calling, &service.keys, request, &call.nonce, &mut hot);
                 let keys = wire.keys(&service.keys, request);
                 let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-                let fallback = wire.argv(call.described(), request, &call.nonce);
+                let fallback = wire.argv(call.request.single, request, &call.nonce);
                 wire.script.write_call(calling, &mut slow, &keys, &fallback);
                 assert_eq!(hot, slow, "{command:?}, durable {durable}, {calling:?}");
                 // What the script's header documents.
@@ -828,8 +799,12 @@ mod tests {
                     .collect();
                 assert_eq!(fallback, documented, "{command:?}");
                 let request_keys = service.keys.request_keys(&request.sku, &request.request_id);
+                let more: Vec<Vec<u8>> = more_keys
+                    .iter()
+                    .map(|suffix| [&request_keys.stock[..], suffix.as_bytes()].concat())
+                    .collect();
                 let mut named: Vec<&[u8]> = request_keys.all().to_vec();
-                named.extend(more_keys.iter().map(|k| k.as_bytes()));
+                named.extend(more.iter().map(Vec::as_slice));
                 assert_eq!(keys, named, "{command:?}");
                 let verb = if calling == Calling::Function {
                     &b"FCALL"[..]

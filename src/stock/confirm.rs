@@ -42,12 +42,11 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.confirm,
-        keys: Keys::Request,
+        keys: Keys::Located,
         argv: &[Arg::Settings, Arg::Nonce],
         settings: &[Setting::RetryWindow, Setting::MissingStock],
         fresh: Field::RequestId,
         reply: Shape::Expiry,
-        by_location: Some(&BY_LOCATION),
         ends_line: true,
         takes: false,
         places_hold: false,
@@ -55,22 +54,4 @@ pub static COMMAND: Command = Command {
         ends_hold: true,
     }),
     http: Http::fields("/v1/confirm", false),
-};
-
-/// A CONFIRM of a hold HOLD.AT placed: its units leave each location's
-/// held units (`lua/allocate.lua` "confirm").
-static BY_LOCATION: Single = Single {
-    fields: &FIELDS,
-    script: |scripts| &scripts.allocate,
-    keys: Keys::Located,
-    argv: &[Arg::Word("confirm"), Arg::Settings, Arg::Nonce],
-    settings: super::hold::HOLD_SETTINGS,
-    fresh: Field::RequestId,
-    reply: Shape::Expiry,
-    by_location: None,
-    ends_line: true,
-    takes: false,
-    places_hold: false,
-    extends_hold: false,
-    ends_hold: true,
 };

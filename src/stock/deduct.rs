@@ -49,7 +49,6 @@ pub static COMMAND: Command = Command {
         settings: &[Setting::RetryWindow, Setting::MaxQty, Setting::MissingStock],
         fresh: Field::RequestId,
         reply: Shape::Plain,
-        by_location: None,
         ends_line: false,
         takes: true,
         places_hold: false,

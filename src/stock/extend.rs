@@ -39,17 +39,14 @@ pub static COMMAND: Command = Command {
     answers: codes::CHANGES_HOLD,
     right: Right::Caller,
     gives_back: false,
-    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
-    // it on a SKU kept by location goes again by location once its own
-    // script answers LOCATED, and must land first.
-    footprint: Footprint::Sku,
+    footprint: Footprint::Piped,
     // `lua/change_hold.lua` "extend" with the caller's ttl_ms, then HOLD's
     // settings; its seventh key is the change's record (an order's line
     // extends without one: its order's intent records the change).
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.change_hold,
-        keys: Keys::Changed,
+        keys: Keys::LocatedChanged,
         argv: &[
             Arg::Word("extend"),
             Arg::Caller(Field::TtlMs),
@@ -59,7 +56,6 @@ pub static COMMAND: Command = Command {
         settings: HOLD_SETTINGS,
         fresh: Field::ChangeId,
         reply: Shape::Expiry,
-        by_location: Some(&BY_LOCATION),
         ends_line: false,
         takes: false,
         places_hold: false,
@@ -68,26 +64,4 @@ pub static COMMAND: Command = Command {
     }),
     // Strict: a shrink's `qty` sent here is refused, not left unread.
     http: Http::fields("/v1/hold/extend", true),
-};
-
-/// The extension of a hold HOLD.AT placed (`lua/allocate.lua` "extend").
-static BY_LOCATION: Single = Single {
-    fields: &FIELDS,
-    script: |scripts| &scripts.allocate,
-    keys: Keys::LocatedChanged,
-    argv: &[
-        Arg::Word("extend"),
-        Arg::Settings,
-        Arg::Nonce,
-        Arg::Caller(Field::TtlMs),
-    ],
-    settings: HOLD_SETTINGS,
-    fresh: Field::ChangeId,
-    reply: Shape::Expiry,
-    by_location: None,
-    ends_line: false,
-    takes: false,
-    places_hold: false,
-    extends_hold: true,
-    ends_hold: false,
 };

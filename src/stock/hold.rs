@@ -68,7 +68,6 @@ pub static COMMAND: Command = Command {
         settings: HOLD_SETTINGS,
         fresh: Field::RequestId,
         reply: Shape::Expiry,
-        by_location: None,
         ends_line: false,
         takes: false,
         places_hold: true,

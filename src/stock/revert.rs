@@ -40,12 +40,11 @@ pub static COMMAND: Command = Command {
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.revert,
-        keys: Keys::Request,
+        keys: Keys::Located,
         argv: &[Arg::Settings, Arg::Nonce],
         settings: &[Setting::RetryWindow, Setting::MissingStock],
         fresh: Field::RequestId,
         reply: Shape::Plain,
-        by_location: Some(&BY_LOCATION),
         ends_line: true,
         takes: false,
         places_hold: false,
@@ -53,22 +52,4 @@ pub static COMMAND: Command = Command {
         ends_hold: false,
     }),
     http: Http::fields("/v1/revert", false),
-};
-
-/// A REVERT of a request DEDUCT.AT or HOLD.AT made: every unit back where
-/// it came from (`lua/allocate.lua` "revert").
-static BY_LOCATION: Single = Single {
-    fields: &FIELDS,
-    script: |scripts| &scripts.allocate,
-    keys: Keys::Located,
-    argv: &[Arg::Word("revert"), Arg::Settings, Arg::Nonce],
-    settings: super::hold::HOLD_SETTINGS,
-    fresh: Field::RequestId,
-    reply: Shape::Plain,
-    by_location: None,
-    ends_line: true,
-    takes: false,
-    places_hold: false,
-    extends_hold: false,
-    ends_hold: false,
 };

@@ -75,14 +75,12 @@ pub(super) struct FastPaths {
 }
 
 /// The pre-encoded script call of each command on one request, by
-/// [`StockCommand`]: as the flags say, for an order's lines
+/// [`StockCommand`]: as the flags say, and for an order's lines
 /// (`--missing-stock zero` whatever the flag says, for the calls that end
-/// a line), and by location (a call whose script met a SKU kept by
-/// location: [`super::single::Single::by_location`]).
+/// a line).
 pub(super) struct Wires {
     plain: Vec<Option<wire::Wire>>,
     line: Vec<Option<wire::Wire>>,
-    by_location: Vec<Option<wire::Wire>>,
 }
 
 impl Wires {
@@ -91,11 +89,6 @@ impl Wires {
         wires[command as usize]
             .as_ref()
             .unwrap_or_else(|| unreachable!("{command:?} is a call on one request"))
-    }
-
-    /// The call of `command` by location, if it has one.
-    pub(super) fn by_location(&self, command: StockCommand) -> Option<&wire::Wire> {
-        self.by_location[command as usize].as_ref()
     }
 }
 
@@ -153,10 +146,6 @@ impl StockService {
         let wires = Wires {
             plain: wires_with(false),
             line: wires_with(true),
-            by_location: StockCommand::ALL
-                .iter()
-                .map(|&command| Some(wire_of(command.single()?.by_location?, false)))
-                .collect(),
         };
         let coalesce = (config.coalesce_deducts > 1).then(|| {
             Arc::new(coalesce::DeductJoin::new(

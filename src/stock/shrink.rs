@@ -40,16 +40,13 @@ pub static COMMAND: Command = Command {
     answers: codes::CHANGES_HOLD,
     right: Right::Caller,
     gives_back: false,
-    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
-    // it on a SKU kept by location goes again by location once its own
-    // script answers LOCATED, and must land first.
-    footprint: Footprint::Sku,
+    footprint: Footprint::Piped,
     // `lua/change_hold.lua` "shrink" with the caller's qty, then HOLD's
     // settings; its seventh key is the change's record.
     serve: Serve::Single(Single {
         fields: &FIELDS,
         script: |scripts| &scripts.change_hold,
-        keys: Keys::Changed,
+        keys: Keys::LocatedChanged,
         argv: &[
             Arg::Word("shrink"),
             Arg::Caller(Field::Qty),
@@ -59,7 +56,6 @@ pub static COMMAND: Command = Command {
         settings: HOLD_SETTINGS,
         fresh: Field::ChangeId,
         reply: Shape::Expiry,
-        by_location: Some(&BY_LOCATION),
         ends_line: false,
         takes: false,
         places_hold: false,
@@ -68,27 +64,4 @@ pub static COMMAND: Command = Command {
     }),
     // Strict: an extension's `ttl_ms` sent here is refused, not left unread.
     http: Http::fields("/v1/hold/shrink", true),
-};
-
-/// The shrink of a hold HOLD.AT placed: from the last location taken
-/// first (`lua/allocate.lua` "shrink").
-static BY_LOCATION: Single = Single {
-    fields: &FIELDS,
-    script: |scripts| &scripts.allocate,
-    keys: Keys::LocatedChanged,
-    argv: &[
-        Arg::Word("shrink"),
-        Arg::Settings,
-        Arg::Nonce,
-        Arg::Caller(Field::Qty),
-    ],
-    settings: HOLD_SETTINGS,
-    fresh: Field::ChangeId,
-    reply: Shape::Expiry,
-    by_location: None,
-    ends_line: false,
-    takes: false,
-    places_hold: false,
-    extends_hold: false,
-    ends_hold: false,
 };

@@ -33,12 +33,6 @@ pub struct Single {
     pub fresh: Field,
     /// How its reply is read and shown.
     pub reply: Shape,
-    /// When its script finds a SKU kept by location (`LOCATED`, nothing
-    /// changed) although the caller named none: the same call, by location
-    /// (REVERT, CONFIRM, HOLD.EXTEND, HOLD.SHRINK of a request HOLD.AT or
-    /// DEDUCT.AT made). `None`: such a call answers 3 (a DEDUCT or HOLD
-    /// must name the locations it takes from).
-    pub by_location: Option<&'static Single>,
     /// As one of an order's line calls it ends the line (CONFIRM, REVERT):
     /// it then takes a missing stock key as zero stock, whatever
     /// `--missing-stock` says, so that an order that named a SKU with none
@@ -63,14 +57,19 @@ pub struct Single {
 /// held, journal marker, journal: [`crate::keys::RequestKeys`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keys {
-    /// None.
+    /// None: a call that takes or holds from one number (DEDUCT, HOLD),
+    /// whose script answers `LOCATED` for a SKU kept by location, which
+    /// stockgate answers 3 ([`super::location::NAME_LOCATIONS`]).
     Request,
-    /// The SKU's locations hash (`lua/allocate.lua`).
+    /// The SKU's locations hash: a call whose script serves a SKU kept
+    /// either way (REVERT, CONFIRM: the request state machine of
+    /// `lua/common.lua`), or by location only (`lua/allocate.lua`).
     Located,
     /// The change's own record, when the request names a change (an
     /// order's line names none: its order's intent records the change).
     Changed,
-    /// The locations hash, then the change's record when there is one.
+    /// The locations hash, then the change's record when there is one
+    /// (HOLD.EXTEND, HOLD.SHRINK).
     LocatedChanged,
 }
 

@@ -44,10 +44,7 @@ pub static COMMAND: Command = Command {
     answers: codes::TAKES,
     right: Right::Caller,
     gives_back: false,
-    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
-    // it on a SKU kept by location goes again by location once its own
-    // script answers LOCATED, and must land first.
-    footprint: Footprint::Sku,
+    footprint: Footprint::Piped,
     // `lua/allocate.lua` "deduct" with HOLD's settings, then the caller's
     // qty, policy and locations; the SKU's locations hash is its seventh
     // key.
@@ -72,7 +69,6 @@ pub const DEDUCT_AT: Single = Single {
     settings: HOLD_SETTINGS,
     fresh: Field::RequestId,
     reply: Shape::Allocation,
-    by_location: None,
     ends_line: false,
     takes: false,
     places_hold: false,

@@ -43,10 +43,7 @@ pub static COMMAND: Command = Command {
     answers: codes::HOLDS,
     right: Right::Caller,
     gives_back: false,
-    // Not ordered by the node pipe alone: a REVERT or CONFIRM sent before
-    // it on a SKU kept by location goes again by location once its own
-    // script answers LOCATED, and must land first.
-    footprint: Footprint::Sku,
+    footprint: Footprint::Piped,
     // `lua/allocate.lua` "hold" with HOLD's settings, then the caller's
     // qty, policy, ttl_ms and locations; the SKU's locations hash is its
     // seventh key.
@@ -72,7 +69,6 @@ pub const HOLD_AT: Single = Single {
     settings: HOLD_SETTINGS,
     fresh: Field::RequestId,
     reply: Shape::Allocation,
-    by_location: None,
     ends_line: false,
     takes: false,
     places_hold: true,

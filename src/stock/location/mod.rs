@@ -6,11 +6,11 @@
 //!   over the locations a caller names, in its order: calls on one request
 //!   like any other ([`super::call`]), which an order's line on such a SKU
 //!   makes too.
-//! - REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a request made here go
-//!   on by location when their own script meets such a SKU (`LOCATED`,
-//!   nothing changed): their commands describe that call too
-//!   ([`super::single::Single::by_location`]). A DEDUCT or HOLD that names
-//!   no location answers 3 ([`NAME_LOCATIONS`]).
+//! - REVERT, CONFIRM, HOLD.EXTEND and HOLD.SHRINK of a request made here
+//!   are the request state machine's (`lua/common.lua`), which their own
+//!   scripts run for a SKU of either kind: they declare its locations
+//!   hash. A DEDUCT or HOLD that names no location answers 3
+//!   ([`NAME_LOCATIONS`]).
 //! - [`locations`]: STOCK.LOCATIONS, what each location holds; STOCK.GET
 //!   and the sweeper's release of such a SKU ([`StockService::read_by_location`]).
 //! - STOCK.SET and STOCK.ADD `... AT <location>` ([`StockService::change_location`]).
