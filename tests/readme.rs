@@ -26,6 +26,12 @@
 //!   the cluster, timings, SHAs, counts that other sections change.
 //! - The default ports `6390` (RESP), `8390` (HTTP) and `9390` (admin)
 //!   stand for the ports this test picks: write them as a user types them.
+//!   So do `6391` and `9392`, a second stockgate's (docs/operations.md's
+//!   users walkthrough starts one beside the dev cluster).
+//! - A command may start a server in the background (`... > log 2>&1 &`,
+//!   its output to a file, or this test waits for the pipe to close); the
+//!   page stops it, and this test stops whatever a command left running
+//!   once the pages are done, failed or not.
 //!   `STOCKGATE_UPSTREAM` is set to the dev cluster's seeds, as the dev
 //!   start-up message tells the user to do, so `stockgate check` and
 //!   `stockgate stock ...` need no `--upstream`.
@@ -97,6 +103,9 @@ const DEV_WATCHDOG: Duration = Duration::from_secs(90);
 const RESP_PORT: u16 = 6390;
 const HTTP_PORT: u16 = 8390;
 const ADMIN_PORT: u16 = 9390;
+/// A second stockgate's, beside the dev cluster (docs/operations.md).
+const SECOND_RESP_PORT: u16 = 6391;
+const SECOND_ADMIN_PORT: u16 = 9392;
 /// `deploy/dev.sh --mysql`'s MariaDB.
 const MARIADB_PORT: u16 = 3307;
 
@@ -351,7 +360,7 @@ struct Ports(Vec<(u16, u16)>);
 impl Ports {
     fn pick() -> Ports {
         let mut picked: Vec<u16> = Vec::new();
-        while picked.len() < 3 {
+        while picked.len() < 5 {
             let port = free_port();
             if !picked.contains(&port) {
                 picked.push(port);
@@ -361,6 +370,8 @@ impl Ports {
             (RESP_PORT, picked[0]),
             (HTTP_PORT, picked[1]),
             (ADMIN_PORT, picked[2]),
+            (SECOND_RESP_PORT, picked[3]),
+            (SECOND_ADMIN_PORT, picked[4]),
         ])
     }
 
@@ -477,9 +488,32 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Stockgate, Vec<String>), Str
     }
 }
 
+/// The process groups of the pages' commands that left something running
+/// when they ended (a server started with `&`; `timeout` leads a group per
+/// command): whatever is still there is stopped when the walk ends, passed
+/// or failed, so a page that fails before stopping its server leaves none.
+#[derive(Default)]
+struct Leftovers(Vec<i32>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for &group in &self.0 {
+            // A group whose processes all ended is gone: ESRCH, and nothing.
+            unsafe {
+                libc::kill(-group, libc::SIGTERM);
+            }
+        }
+    }
+}
+
 /// Runs one command of a page as a user would in a shell, stdout and stderr
 /// together.
-fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, String) {
+fn run_step(
+    command: &str,
+    dir: &Path,
+    env: &HashMap<&str, String>,
+    leftovers: &mut Leftovers,
+) -> (i32, String) {
     // --no-raw: redis-cli prints raw replies when stdout is not a terminal;
     // the README shows what a terminal shows.
     let script = format!(
@@ -514,6 +548,10 @@ fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, Str
         .read_to_string(&mut err)
         .unwrap();
     let status = child.wait().unwrap();
+    let group = child.id() as i32;
+    if unsafe { libc::kill(-group, 0) } == 0 {
+        leftovers.0.push(group);
+    }
     out.push_str(&err);
     (status.code().unwrap_or(-1), out)
 }
@@ -658,10 +696,11 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
     ]);
 
     let mut commands = 0;
+    let mut leftovers = Leftovers::default();
     for block in rest {
         for step in &block.steps {
             let command = ports.apply(&step.command);
-            let (status, output) = run_step(&command, &work, &env);
+            let (status, output) = run_step(&command, &work, &env, &mut leftovers);
             commands += 1;
             let got = normalize(output.lines());
             let want: Vec<String> = step.expected.iter().map(|l| ports.apply(l)).collect();
@@ -671,6 +710,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
             }
         }
     }
+    drop(leftovers);
     let log = stop_dev(dev);
     let norun: Vec<String> = readme.norun.iter().map(At::to_string).collect();
     println!(
