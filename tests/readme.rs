@@ -804,3 +804,107 @@ fn placeholders_match_what_they_promise() {
         "-p 41000 :41000/ 16390 63901"
     );
 }
+
+/// `stockgate dev` started with a password (`--requirepass`, its file) or
+/// a users file prints "Try it" commands that log in: run as printed, the
+/// placeholder filled in with the password as its user would, each answers
+/// the code its comment says (never NOAUTH or NOPERM), and no password is
+/// in what it prints.
+#[test]
+fn the_dev_start_up_commands_log_in() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    let (typed, in_file, reader, caller) = (
+        "typed-in-secret-1",
+        "filed-secret-2",
+        "reader-secret-3",
+        "caller-secret-4",
+    );
+    let file = dir.join("requirepass");
+    std::fs::write(&file, format!("{in_file}\n")).unwrap();
+    // The reader comes first: it may not DEDUCT, so the message must pass
+    // it over for the caller.
+    let users = dir.join("users.toml");
+    std::fs::write(
+        &users,
+        format!(
+            "[users.dashboard]\npasswords = [\"{reader}\"]\nrights = [\"reader\"]\n\n\
+             [users.checkout]\npasswords = [\"{caller}\"]\nrights = [\"caller\"]\n"
+        ),
+    )
+    .unwrap();
+    // The arguments, and the placeholder its user replaces with the
+    // password (none: the line reads the file itself).
+    let cases = [
+        (
+            format!("--requirepass {typed}"),
+            Some(("'<the --requirepass password>'", typed)),
+        ),
+        (format!("--requirepass-file {}", file.display()), None),
+        (
+            format!("--users-file {}", users.display()),
+            Some(("'<the password of checkout>'", caller)),
+        ),
+    ];
+    let mut leftovers = Leftovers::default();
+    let mut failures = Vec::new();
+    for (args, placeholder) in cases {
+        let step = Step {
+            at: At {
+                page: "the dev start-up message",
+                line: 0,
+            },
+            command: format!("deploy/dev.sh {args}"),
+            status: 0,
+            expected: Vec::new(),
+        };
+        let (_, dev, printed) = start_dev_on_free_ports(&step);
+        let printed = printed.join("\n");
+        for secret in [typed, in_file, reader, caller] {
+            assert!(
+                !printed.contains(secret),
+                "{args}: a password is printed:\n{printed}"
+            );
+        }
+        let try_it: Vec<&str> = printed
+            .lines()
+            .skip_while(|l| !l.starts_with("Try it"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::trim)
+            .collect();
+        let (login, commands) = try_it.split_first().expect("a Try it section");
+        assert!(
+            login.starts_with("export REDISCLI_AUTH="),
+            "{args}: no line logs redis-cli in:\n{printed}"
+        );
+        let login = match placeholder {
+            Some((placeholder, password)) => {
+                assert!(login.contains(placeholder), "{args}: {login}");
+                login.replace(placeholder, &format!("'{password}'"))
+            }
+            None => login.to_string(),
+        };
+        assert_eq!(commands.len(), 5, "{args}:\n{printed}");
+        for command in commands {
+            let (_, said) = command.split_once("# ").expect("each says its code");
+            let code = said.split(':').next().unwrap();
+            let (status, output) = run_step(
+                &format!("{login}\n{command}"),
+                dir,
+                &HashMap::new(),
+                &mut leftovers,
+            );
+            let first = output.lines().next().unwrap_or("");
+            if status != 0 || first != format!("1) (integer) {code}") {
+                failures.push(format!("{args}: $ {command}\n{output}"));
+            }
+        }
+        stop_dev(dev);
+    }
+    assert!(
+        failures.is_empty(),
+        "the dev start-up message's commands don't answer as it says:\n\n{}",
+        failures.join("\n\n")
+    );
+}
