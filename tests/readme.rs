@@ -57,6 +57,8 @@
 //!   blocks without a `$ `.
 //! - Use request ids (and skus, when the stock matters) of your own, or
 //!   give the units back: every page runs on one cluster, in order.
+//! - Every link between the pages leads to a file, and with a `#` to one of
+//!   its headings (GitHub's anchors).
 //!
 //! # Why a harness of its own, not trycmd or snapbox
 //!
@@ -907,4 +909,83 @@ fn the_dev_start_up_commands_log_in() {
         "the dev start-up message's commands don't answer as it says:\n\n{}",
         failures.join("\n\n")
     );
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation dropped
+/// (hyphens and underscores kept), spaces as hyphens.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// A page's lines outside fenced blocks, with their 1-based numbers.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut prose = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push((index + 1, line));
+        }
+    }
+    prose
+}
+
+/// Every link between the pages (the README, docs/, and the files they
+/// name) leads somewhere: its file exists, and its anchor is a heading of
+/// that page. Sections move between pages; a link left behind fails here.
+#[test]
+fn every_link_between_the_pages_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in markdown_pages() {
+        let text = read_page(&page);
+        for (number, line) in prose_lines(&text) {
+            for (at, _) in line.match_indices("](") {
+                let rest = &line[at + 2..];
+                let Some(end) = rest.find(')') else { continue };
+                let target = &rest[..end];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target, None),
+                };
+                let file = if path.is_empty() {
+                    repo().join(&page)
+                } else {
+                    repo().join(&page).parent().unwrap().join(path)
+                };
+                let at = format!("{page}:{number}: ({target})");
+                if !file.exists() {
+                    broken.push(format!("{at}: no such file"));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                let headings: Vec<String> = prose_lines(&std::fs::read_to_string(&file).unwrap())
+                    .into_iter()
+                    .filter_map(|(_, l)| l.strip_prefix('#'))
+                    .map(|l| anchor_of(l.trim_start_matches('#')))
+                    .collect();
+                if !headings.iter().any(|h| h == anchor) {
+                    broken.push(format!("{at}: no heading of that anchor"));
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "links that lead nowhere:\n{}",
+        broken.join("\n")
+    );
+    // A parse that found next to nothing would pass vacuously.
+    assert!(checked >= 100, "only {checked} links found");
 }
