@@ -2,6 +2,7 @@
 //! until a signal. See the crate docs (`src/lib.rs`) for the module map.
 
 use clap::Parser;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use stockgate::config::{
@@ -174,6 +175,12 @@ async fn dev(
     books: Option<SecretUrl>,
 ) -> Result<(), String> {
     let _logs = init_logging(proxy.log_format);
+    // The file holds the password only when --requirepass does not, as
+    // validate reads them.
+    let requirepass_file = proxy
+        .requirepass_file
+        .clone()
+        .filter(|_| proxy.requirepass.is_none());
     let options = RedisOptions {
         redis_server,
         ..RedisOptions::default()
@@ -186,9 +193,9 @@ async fn dev(
         upstream_mode: UpstreamMode::Cluster,
         scripts: ScriptCalls::Auto,
     })?;
-    let demo = [("demo-1", 100), ("demo-2", 5), ("demo-3", 0)];
+    let login = DevLogin::of(&config, requirepass_file);
     let mut conn = cluster.cluster_connection().map_err(|e| e.to_string())?;
-    for (sku, stock) in demo {
+    for (sku, stock) in DEMO_STOCK {
         let sku = stockgate::params::Sku::parse(sku.into()).expect("demo sku is valid");
         redis::cmd("SET")
             .arg(config.keys.stock_key(&sku))
@@ -201,13 +208,118 @@ async fn dev(
     if !server.wait_ready(Duration::from_secs(10)).await {
         return Err("the proxy did not become ready within 10s".into());
     }
-    println!("{}", dev_banner(&server, &seeds, books.as_ref()));
+    println!("{}", dev_banner(&server, &seeds, books.as_ref(), &login));
     let signal = wait_for_signal().await;
     stop(server, signal, grace).await;
     drop(cluster);
     eprintln!("cluster stopped");
     Ok(())
 }
+
+/// How the dev banner's commands log in, when `stockgate dev` was given
+/// `--requirepass` (or its file) or `--users-file`: without a login they
+/// would answer NOAUTH.
+///
+/// The banner never prints a password, not even the `--requirepass` the
+/// operator typed: it may as well have come from `STOCKGATE_REQUIREPASS`,
+/// and what the banner prints ends up in terminals' scrollback and CI
+/// logs. It has redis-cli read the password from `REDISCLI_AUTH`, set by a
+/// line with a placeholder to fill in, or by one that reads
+/// `--requirepass-file` itself (a file's path is no secret); the commands
+/// stay as they are, with no `-a`, which would put the password in the
+/// shell's history and the process list too.
+enum DevLogin {
+    /// No password anywhere: every connection is `default`, every right.
+    Open,
+    /// `default`, with the password of `--requirepass`, or in this file.
+    Requirepass(Option<PathBuf>),
+    /// A user of `--users-file` who may send the banner's commands.
+    User(String),
+    /// No user of `--users-file` may: their commands would answer NOPERM.
+    Nobody(PathBuf),
+}
+
+impl DevLogin {
+    /// `--requirepass`'s `default` first (every right on every SKU);
+    /// else the first user of the file, in its order, that has a password
+    /// and may DEDUCT and REVERT the demo SKUs.
+    fn of(config: &Config, requirepass_file: Option<PathBuf>) -> DevLogin {
+        use stockgate::stock::StockCommand;
+        if config.password.is_some() {
+            return DevLogin::Requirepass(requirepass_file);
+        }
+        let Some(file) = &config.users else {
+            return DevLogin::Open;
+        };
+        let may = |user: &stockgate::auth::UserSpec| {
+            let rights = [StockCommand::Deduct, StockCommand::Revert]
+                .iter()
+                .all(|c| user.grant.rights.allows(c.describe().right));
+            let skus = DEMO_STOCK
+                .iter()
+                .all(|(sku, _)| user.grant.allows_sku(sku.as_bytes()));
+            !user.passwords.is_empty() && rights && skus
+        };
+        match file.users.iter().find(|u| may(u)) {
+            Some(user) => DevLogin::User(user.name.clone()),
+            None => DevLogin::Nobody(file.path.clone()),
+        }
+    }
+
+    /// The "Try it" heading, and the line that gives redis-cli the
+    /// password.
+    fn heading(&self) -> String {
+        let (who, password) = match self {
+            DevLogin::Open => return "Try it:\n".into(),
+            DevLogin::Requirepass(None) => (
+                "as default".to_owned(),
+                "'<the --requirepass password>'".to_owned(),
+            ),
+            DevLogin::Requirepass(Some(file)) => {
+                // Absolute: dev.sh runs stockgate from the repository's root.
+                let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+                let quoted = file.display().to_string().replace('\'', r"'\''");
+                ("as default".to_owned(), format!("\"$(cat '{quoted}')\""))
+            }
+            DevLogin::User(name) => (
+                format!("as {name} of --users-file"),
+                format!("'<the password of {name}>'"),
+            ),
+            DevLogin::Nobody(file) => (
+                format!(
+                    "once a user of {} has a password and may DEDUCT and REVERT the demo SKUs \
+                     (until then these answer NOAUTH or NOPERM)",
+                    file.display()
+                ),
+                "'<its password>'".to_owned(),
+            ),
+        };
+        format!("Try it, {who}:\n  export REDISCLI_AUTH={password}\n")
+    }
+
+    /// What each redis-cli command needs after `-p <port>`: the user to
+    /// log in as, when it is not `default`.
+    fn user_flag(&self) -> String {
+        match self {
+            DevLogin::User(name) => format!(" --user {name}"),
+            DevLogin::Nobody(_) => " --user <user>".into(),
+            DevLogin::Open | DevLogin::Requirepass(_) => String::new(),
+        }
+    }
+
+    /// How an HTTP request logs in, when it must.
+    fn bearer(&self) -> Option<String> {
+        match self {
+            DevLogin::Open => None,
+            DevLogin::Requirepass(_) => Some("Bearer <password>".into()),
+            DevLogin::User(name) => Some(format!("Bearer {name}:<password>")),
+            DevLogin::Nobody(_) => Some("Bearer <user>:<password>".into()),
+        }
+    }
+}
+
+/// What `stockgate dev` seeds, and what its banner's commands take.
+const DEMO_STOCK: [(&str, i64); 3] = [("demo-1", 100), ("demo-2", 5), ("demo-3", 0)];
 
 /// What `stockgate dev` prints once it serves: where, what to type, and how
 /// the other tools reach the same cluster. The README shows it, and its
@@ -216,8 +328,13 @@ async fn dev(
 /// others, so everything the README and the docs/ pages show works on one
 /// dev cluster. The URLs print as any URL does: a password in `--books`
 /// shows as `***`, to be typed in by hand.
-fn dev_banner(server: &Server, seeds: &[SecretUrl], books: Option<&SecretUrl>) -> String {
-    let port = server.addr.port();
+fn dev_banner(
+    server: &Server,
+    seeds: &[SecretUrl],
+    books: Option<&SecretUrl>,
+    login: &DevLogin,
+) -> String {
+    let cli = format!("redis-cli -p {}{}", server.addr.port(), login.user_flag());
     let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
     let mut text = format!(
         "\nstockgate is serving DEDUCT on {addr} in front of a local cluster ({seeds}).\n",
@@ -225,21 +342,29 @@ fn dev_banner(server: &Server, seeds: &[SecretUrl], books: Option<&SecretUrl>) -
         seeds = seeds.join(", "),
     );
     if let Some(http) = server.http_addr {
+        let auth = login
+            .bearer()
+            .map(|token| format!(", with Authorization: {token}"))
+            .unwrap_or_default();
         text.push_str(&format!(
-            "HTTP/JSON API: POST http://{http}/v1/deduct, /v1/revert, /v1/hold, /v1/confirm and /v1/orders.\n"
+            "HTTP/JSON API: POST http://{http}/v1/deduct, /v1/revert, /v1/hold, /v1/confirm and /v1/orders{auth}.\n"
         ));
     }
     text.push_str(&format!(
-        "Demo stock: demo-1 = 100, demo-2 = 5, demo-3 = 0. Metrics: http://{admin}/metrics\n\n\
-         Try it:\n  \
-           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 0: deducted, remain 98\n  \
-           redis-cli -p {port} DEDUCT demo-1 2 order-1001 ORD-1001   # 1: duplicate, nothing changed\n  \
-           redis-cli -p {port} DEDUCT demo-3 1 order-1002            # 2: insufficient stock\n  \
-           redis-cli -p {port} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n  \
-           redis-cli -p {port} REVERT demo-1 order-1001              # 0: given back, remain 100\n\n\
+        "Demo stock: {demo}. Metrics: http://{admin}/metrics\n\n\
+         {heading}  \
+           {cli} DEDUCT demo-1 2 order-1001 ORD-1001   # 0: deducted, remain 98\n  \
+           {cli} DEDUCT demo-1 2 order-1001 ORD-1001   # 1: duplicate, nothing changed\n  \
+           {cli} DEDUCT demo-3 1 order-1002            # 2: insufficient stock\n  \
+           {cli} DEDUCT demo-1 0 order-1003            # 3: invalid qty\n  \
+           {cli} REVERT demo-1 order-1001              # 0: given back, remain 100\n\n\
          For `stockgate check` and `stockgate stock import|export` in another terminal:\n  \
            export STOCKGATE_UPSTREAM={upstream}\n\n",
+        demo = DEMO_STOCK
+            .map(|(sku, stock)| format!("{sku} = {stock}"))
+            .join(", "),
         admin = server.admin_addr,
+        heading = login.heading(),
         upstream = seeds.join(","),
     ));
     if let Some(url) = books {

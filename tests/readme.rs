@@ -26,6 +26,12 @@
 //!   the cluster, timings, SHAs, counts that other sections change.
 //! - The default ports `6390` (RESP), `8390` (HTTP) and `9390` (admin)
 //!   stand for the ports this test picks: write them as a user types them.
+//!   So do `6391` and `9392`, a second stockgate's (docs/operations.md's
+//!   users walkthrough starts one beside the dev cluster).
+//! - A command may start a server in the background (`... > log 2>&1 &`,
+//!   its output to a file, or this test waits for the pipe to close); the
+//!   page stops it, and this test stops whatever a command left running
+//!   once the pages are done, failed or not.
 //!   `STOCKGATE_UPSTREAM` is set to the dev cluster's seeds, as the dev
 //!   start-up message tells the user to do, so `stockgate check` and
 //!   `stockgate stock ...` need no `--upstream`.
@@ -51,6 +57,8 @@
 //!   blocks without a `$ `.
 //! - Use request ids (and skus, when the stock matters) of your own, or
 //!   give the units back: every page runs on one cluster, in order.
+//! - Every link between the pages leads to a file, and with a `#` to one of
+//!   its headings (GitHub's anchors).
 //!
 //! # Why a harness of its own, not trycmd or snapbox
 //!
@@ -97,6 +105,9 @@ const DEV_WATCHDOG: Duration = Duration::from_secs(90);
 const RESP_PORT: u16 = 6390;
 const HTTP_PORT: u16 = 8390;
 const ADMIN_PORT: u16 = 9390;
+/// A second stockgate's, beside the dev cluster (docs/operations.md).
+const SECOND_RESP_PORT: u16 = 6391;
+const SECOND_ADMIN_PORT: u16 = 9392;
 /// `deploy/dev.sh --mysql`'s MariaDB.
 const MARIADB_PORT: u16 = 3307;
 
@@ -351,7 +362,7 @@ struct Ports(Vec<(u16, u16)>);
 impl Ports {
     fn pick() -> Ports {
         let mut picked: Vec<u16> = Vec::new();
-        while picked.len() < 3 {
+        while picked.len() < 5 {
             let port = free_port();
             if !picked.contains(&port) {
                 picked.push(port);
@@ -361,6 +372,8 @@ impl Ports {
             (RESP_PORT, picked[0]),
             (HTTP_PORT, picked[1]),
             (ADMIN_PORT, picked[2]),
+            (SECOND_RESP_PORT, picked[3]),
+            (SECOND_ADMIN_PORT, picked[4]),
         ])
     }
 
@@ -477,9 +490,32 @@ fn start_dev(step: &Step, ports: &Ports) -> Result<(Stockgate, Vec<String>), Str
     }
 }
 
+/// The process groups of the pages' commands that left something running
+/// when they ended (a server started with `&`; `timeout` leads a group per
+/// command): whatever is still there is stopped when the walk ends, passed
+/// or failed, so a page that fails before stopping its server leaves none.
+#[derive(Default)]
+struct Leftovers(Vec<i32>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for &group in &self.0 {
+            // A group whose processes all ended is gone: ESRCH, and nothing.
+            unsafe {
+                libc::kill(-group, libc::SIGTERM);
+            }
+        }
+    }
+}
+
 /// Runs one command of a page as a user would in a shell, stdout and stderr
 /// together.
-fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, String) {
+fn run_step(
+    command: &str,
+    dir: &Path,
+    env: &HashMap<&str, String>,
+    leftovers: &mut Leftovers,
+) -> (i32, String) {
     // --no-raw: redis-cli prints raw replies when stdout is not a terminal;
     // the README shows what a terminal shows.
     let script = format!(
@@ -514,6 +550,10 @@ fn run_step(command: &str, dir: &Path, env: &HashMap<&str, String>) -> (i32, Str
         .read_to_string(&mut err)
         .unwrap();
     let status = child.wait().unwrap();
+    let group = child.id() as i32;
+    if unsafe { libc::kill(-group, 0) } == 0 {
+        leftovers.0.push(group);
+    }
     out.push_str(&err);
     (status.code().unwrap_or(-1), out)
 }
@@ -658,10 +698,11 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
     ]);
 
     let mut commands = 0;
+    let mut leftovers = Leftovers::default();
     for block in rest {
         for step in &block.steps {
             let command = ports.apply(&step.command);
-            let (status, output) = run_step(&command, &work, &env);
+            let (status, output) = run_step(&command, &work, &env, &mut leftovers);
             commands += 1;
             let got = normalize(output.lines());
             let want: Vec<String> = step.expected.iter().map(|l| ports.apply(l)).collect();
@@ -671,6 +712,7 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
             }
         }
     }
+    drop(leftovers);
     let log = stop_dev(dev);
     let norun: Vec<String> = readme.norun.iter().map(At::to_string).collect();
     println!(
@@ -763,4 +805,187 @@ fn placeholders_match_what_they_promise() {
         replace_port("-p 6390 :6390/ 16390 63901", 6390, 41000),
         "-p 41000 :41000/ 16390 63901"
     );
+}
+
+/// `stockgate dev` started with a password (`--requirepass`, its file) or
+/// a users file prints "Try it" commands that log in: run as printed, the
+/// placeholder filled in with the password as its user would, each answers
+/// the code its comment says (never NOAUTH or NOPERM), and no password is
+/// in what it prints.
+#[test]
+fn the_dev_start_up_commands_log_in() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    let (typed, in_file, reader, caller) = (
+        "typed-in-secret-1",
+        "filed-secret-2",
+        "reader-secret-3",
+        "caller-secret-4",
+    );
+    let file = dir.join("requirepass");
+    std::fs::write(&file, format!("{in_file}\n")).unwrap();
+    // The reader comes first: it may not DEDUCT, so the message must pass
+    // it over for the caller.
+    let users = dir.join("users.toml");
+    std::fs::write(
+        &users,
+        format!(
+            "[users.dashboard]\npasswords = [\"{reader}\"]\nrights = [\"reader\"]\n\n\
+             [users.checkout]\npasswords = [\"{caller}\"]\nrights = [\"caller\"]\n"
+        ),
+    )
+    .unwrap();
+    // The arguments, and the placeholder its user replaces with the
+    // password (none: the line reads the file itself).
+    let cases = [
+        (
+            format!("--requirepass {typed}"),
+            Some(("'<the --requirepass password>'", typed)),
+        ),
+        (format!("--requirepass-file {}", file.display()), None),
+        (
+            format!("--users-file {}", users.display()),
+            Some(("'<the password of checkout>'", caller)),
+        ),
+    ];
+    let mut leftovers = Leftovers::default();
+    let mut failures = Vec::new();
+    for (args, placeholder) in cases {
+        let step = Step {
+            at: At {
+                page: "the dev start-up message",
+                line: 0,
+            },
+            command: format!("deploy/dev.sh {args}"),
+            status: 0,
+            expected: Vec::new(),
+        };
+        let (_, dev, printed) = start_dev_on_free_ports(&step);
+        let printed = printed.join("\n");
+        for secret in [typed, in_file, reader, caller] {
+            assert!(
+                !printed.contains(secret),
+                "{args}: a password is printed:\n{printed}"
+            );
+        }
+        let try_it: Vec<&str> = printed
+            .lines()
+            .skip_while(|l| !l.starts_with("Try it"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::trim)
+            .collect();
+        let (login, commands) = try_it.split_first().expect("a Try it section");
+        assert!(
+            login.starts_with("export REDISCLI_AUTH="),
+            "{args}: no line logs redis-cli in:\n{printed}"
+        );
+        let login = match placeholder {
+            Some((placeholder, password)) => {
+                assert!(login.contains(placeholder), "{args}: {login}");
+                login.replace(placeholder, &format!("'{password}'"))
+            }
+            None => login.to_string(),
+        };
+        assert_eq!(commands.len(), 5, "{args}:\n{printed}");
+        for command in commands {
+            let (_, said) = command.split_once("# ").expect("each says its code");
+            let code = said.split(':').next().unwrap();
+            let (status, output) = run_step(
+                &format!("{login}\n{command}"),
+                dir,
+                &HashMap::new(),
+                &mut leftovers,
+            );
+            let first = output.lines().next().unwrap_or("");
+            if status != 0 || first != format!("1) (integer) {code}") {
+                failures.push(format!("{args}: $ {command}\n{output}"));
+            }
+        }
+        stop_dev(dev);
+    }
+    assert!(
+        failures.is_empty(),
+        "the dev start-up message's commands don't answer as it says:\n\n{}",
+        failures.join("\n\n")
+    );
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation dropped
+/// (hyphens and underscores kept), spaces as hyphens.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// A page's lines outside fenced blocks, with their 1-based numbers.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut prose = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push((index + 1, line));
+        }
+    }
+    prose
+}
+
+/// Every link between the pages (the README, docs/, and the files they
+/// name) leads somewhere: its file exists, and its anchor is a heading of
+/// that page. Sections move between pages; a link left behind fails here.
+#[test]
+fn every_link_between_the_pages_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in markdown_pages() {
+        let text = read_page(&page);
+        for (number, line) in prose_lines(&text) {
+            for (at, _) in line.match_indices("](") {
+                let rest = &line[at + 2..];
+                let Some(end) = rest.find(')') else { continue };
+                let target = &rest[..end];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target, None),
+                };
+                let file = if path.is_empty() {
+                    repo().join(&page)
+                } else {
+                    repo().join(&page).parent().unwrap().join(path)
+                };
+                let at = format!("{page}:{number}: ({target})");
+                if !file.exists() {
+                    broken.push(format!("{at}: no such file"));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                let headings: Vec<String> = prose_lines(&std::fs::read_to_string(&file).unwrap())
+                    .into_iter()
+                    .filter_map(|(_, l)| l.strip_prefix('#'))
+                    .map(|l| anchor_of(l.trim_start_matches('#')))
+                    .collect();
+                if !headings.iter().any(|h| h == anchor) {
+                    broken.push(format!("{at}: no heading of that anchor"));
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "links that lead nowhere:\n{}",
+        broken.join("\n")
+    );
+    // A parse that found next to nothing would pass vacuously.
+    assert!(checked >= 100, "only {checked} links found");
 }
