@@ -140,7 +140,7 @@ local function change_hold(KEYS, ARGV)
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
   local failed, stock, _, record, _, released, now, journal_key, locs =
-    open_request(stock_key, record_key, window, journal_on, true)
+    open_request(stock_key, record_key, window, journal_on, open_located)
   if failed then
     return failed
   end
@@ -173,20 +173,15 @@ local function change_hold(KEYS, ARGV)
 
   -- Only a hold's own expiry needs Redis time here: whether it ran out,
   -- and an extension's new expiry.
-  local code, does, order_no, expires, reason, event
-  failed, record, stock, released, now, code, does, order_no, expires, reason, event =
-    step_request(kind, stock_key, record_key, record, nonce, stock, released, now, settings,
-      journal_key, locs)
-  if failed then
-    return failed
-  end
-  if does ~= CHANGES then
-    return answer(code, stock, order_no, reason, expires, released)
+  local reply, event
+  reply, record, stock, released, now, event = step_request(kind, stock_key, record_key, record,
+    nonce, stock, released, now, settings, journal_key, locs)
+  if reply then
+    return reply
   end
 
   -- HELD, in time: its new expiry and qty, or why not.
-  local qty
-  expires, qty, reason = changed_hold(kind, record, amount, now, settings, order_line)
+  local expires, qty, reason = changed_hold(kind, record, amount, now, settings, order_line)
   if not expires then
     if qty == 1 then
       -- An order's line that lasts that long already.

@@ -102,7 +102,7 @@ end
 -- held, the journal and its marker (journal_of). Made once per SKU in a
 -- row, which a hot SKU's calls are.
 local known_stock, req_prefix, holds_name, held_name = false, nil, nil, nil
-local journal_name, marker_name, loc_name = nil, nil, nil
+local journal_name, marker_name = nil, nil
 
 local function sku_keys(stock_key)
   if stock_key ~= known_stock then
@@ -111,9 +111,13 @@ local function sku_keys(stock_key)
     holds_name, held_name = stock_key .. ':holds', stock_key .. ':held'
     journal_name = stock_key .. ':journal'
     marker_name = stock_key .. ':journal:on'
-    loc_name = stock_key .. ':loc'
   end
 end
+
+-- The locations hash of the SKU sku_keys was last called with: made (by
+-- side_keys_follow) only for the calls that may meet a SKU kept by
+-- location, so a DEDUCT on a new SKU builds no name it does not use.
+local loc_stock, loc_name = false, nil
 
 -- The record key must be the stock key plus ":req:<request_id>", so the
 -- record belongs to the SKU whose stock the call changes (and, in a
@@ -141,6 +145,9 @@ end
 -- on, and nothing after. Returns true when they are those of the stock
 -- key sku_keys was called with.
 local function side_keys_follow(keys, first, located)
+  if located and loc_stock ~= known_stock then
+    loc_stock, loc_name = known_stock, known_stock .. ':loc'
+  end
   return keys[first] == holds_name and keys[first + 1] == held_name
     and keys[first + 2] == marker_name and keys[first + 3] == journal_name
     and keys[first + 4] == (located and loc_name or nil)
@@ -631,7 +638,7 @@ end
 -- later call finds it there. Past that it leaves: only a hold placed by a
 -- version before 4.1 leaves an entry without a record (its record had a
 -- TTL, and nothing released it in time: its units are not known any
--- more; README "Upgrading").
+-- more; docs/operations.md, "Upgrading").
 local function release_expired(stock_key, holds_key, held_key, now, window, journal_key)
   local due = call('ZRANGEBYSCORE', holds_key, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
     RELEASE_BOUND)
@@ -691,158 +698,167 @@ end
 
 local LOCGONE = 'LOCGONE a location of this sku is missing from its hash; nothing was changed'
 
--- What only the calls on a SKU kept by location use, bound when one runs
--- (bind's rule): a DEDUCT by EVALSHA binds nothing it does not use.
+-- What only the calls on a SKU kept by location use, made by
+-- bind_located the first time such a call needs them: a function library
+-- keeps them, and a call by EVALSHA, whose whole chunk runs on every call
+-- (each function it defines a closure made again: src/script.rs,
+-- helpers_for), makes them only when it meets such a SKU, so a REVERT of
+-- a SKU that keeps one number pays for none of them.
 local gmatch, sort, concat
+local read_locations, total_of, location_ok, allocation_of, allocation_text, allocation_flat
+local all_present, move, located_text, release_located, release_due_located
 
 local function bind_located()
+  if move then
+    return
+  end
   gmatch, sort, concat = string.gmatch, table.sort, table.concat
-end
 
--- The locations hash as tables: units, held, floor by name, and the names
--- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
-local function read_locations(loc_key)
-  local flat = call('HGETALL', loc_key)
-  local units, held, floor, names = {}, {}, {}, {}
-  for i = 1, #flat, 2 do
-    local field, value = flat[i], to_number(flat[i + 1]) or 0
-    local name, part = match(field, '^([^:]+):(%a+)$')
-    if name == nil then
-      units[field] = value
-      names[#names + 1] = field
-    elseif part == 'held' then
-      held[name] = value
-    elseif part == 'floor' then
-      floor[name] = value
-    end
-  end
-  return {units = units, held = held, floor = floor, names = names}
-end
-
-local function total_of(locs)
-  local total = 0
-  for i = 1, #locs.names do
-    total = total + locs.units[locs.names[i]]
-  end
-  return total
-end
-
--- A location name: 1 to 64 of A-Z a-z 0-9 _ . - (so that its fields
--- ":held" and ":floor" can't be another location's).
-local function location_ok(name)
-  return name and #name >= 1 and #name <= 64 and not find(name, '[^%w_%.%-]')
-end
-
--- A record's allocation, "w1=2,w2=1", as a list of {name, units}.
-local function allocation_of(text)
-  local list = {}
-  for name, units in gmatch(text or '', '([^,=]+)=(%d+)') do
-    list[#list + 1] = {name, to_number(units)}
-  end
-  return list
-end
-
-local function allocation_text(list)
-  local parts = {}
-  for i = 1, #list do
-    parts[i] = list[i][1] .. '=' .. int_text(list[i][2])
-  end
-  return concat(parts, ',')
-end
-
-local function allocation_flat(list)
-  local flat = {}
-  for i = 1, #list do
-    flat[#flat + 1] = list[i][1]
-    flat[#flat + 1] = list[i][2]
-  end
-  return flat
-end
-
--- Whether every location of `list` is in the hash (LOCGONE otherwise).
-local function all_present(locs, list)
-  for i = 1, #list do
-    if locs.units[list[i][1]] == nil then
-      return false
-    end
-  end
-  return true
-end
-
--- Moves `units` at location `name`: `ds` to its available units, `dh` to
--- those held there, both signed numbers, keeping `locs` as the hash is
--- now, with its journal entry (format 2: the location's own numbers).
-local function move(loc_key, locs, name, ds, dh, journal_key, ev, id, order_no)
-  if ds ~= 0 then
-    locs.units[name] = call('HINCRBY', loc_key, name, int_text(ds))
-  end
-  if dh ~= 0 then
-    locs.held[name] = call('HINCRBY', loc_key, name .. ':held', int_text(dh))
-  end
-  if journal_key then
-    call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', '2 ' .. ev .. ' ' .. id .. ' '
-      .. int_text(ds) .. ' ' .. int_text(dh) .. ' ' .. int_text(locs.units[name]) .. ' '
-      .. int_text(locs.held[name] or 0) .. ' ' .. name .. ' ' .. (order_no or ''))
-  end
-end
-
--- A located record: the record's text with its allocation before it.
-local function located_text(list, state, qty, nonce, aux, order_no)
-  return '@' .. allocation_text(list) .. ';' .. record_text(state, qty, nonce, aux, order_no)
-end
-
--- Gives an expired hold's units back to their locations: its record
--- becomes EXPIRED, lasting a retry window, and leaves the holds set.
-local function release_located(stock_key, loc_key, locs, record_key, record, list, window,
-    journal_key)
-  local id = sub(record_key, #stock_key + 6)
-  for i = 1, #list do
-    move(loc_key, locs, list[i][1], list[i][2], -list[i][2], journal_key, 'expire', id,
-      record.order_no)
-  end
-  unhold(held_name, record.qty)
-  call('ZREM', holds_name, id)
-  set_lasting(record_key, located_text(list, 'X', record.qty, record.nonce, record.aux,
-    record.order_no), window, true)
-end
-
--- The SKU's holds that ran out by `now`, given back (at most
--- RELEASE_BOUND). Every location they name is checked before the first
--- write: LOCGONE (returned second) changes nothing. Returns how many.
-local function release_due_located(stock_key, loc_key, locs, now, window, journal_key)
-  local due = call('ZRANGEBYSCORE', holds_name, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
-    RELEASE_BOUND)
-  local todo = {}
-  for i = 1, #due, 2 do
-    local id = due[i]
-    local record_key = stock_key .. ':req:' .. id
-    local raw = call('GET', record_key)
-    local record = raw and parse_located(raw)
-    if record and record.state == 'H' and record.expires <= now then
-      local list = allocation_of(record.alloc)
-      if not all_present(locs, list) then
-        return 0, error_reply(LOCGONE)
+  -- The locations hash as tables: units, held, floor by name, and the names
+  -- in the hash's order. Read whole: a SKU has at most SKU_LOCATIONS.
+  read_locations = function(loc_key)
+    local flat = call('HGETALL', loc_key)
+    local units, held, floor, names = {}, {}, {}, {}
+    for i = 1, #flat, 2 do
+      local field, value = flat[i], to_number(flat[i + 1]) or 0
+      local name, part = match(field, '^([^:]+):(%a+)$')
+      if name == nil then
+        units[field] = value
+        names[#names + 1] = field
+      elseif part == 'held' then
+        held[name] = value
+      elseif part == 'floor' then
+        floor[name] = value
       end
-      todo[#todo + 1] = {record_key, record, list}
-    elseif record and record.state == 'H' then
-      todo[#todo + 1] = {false, id, record.expires}
-    elseif record or (not raw and to_number(due[i + 1]) + window < now) then
-      todo[#todo + 1] = {false, id, false}
+    end
+    return {units = units, held = held, floor = floor, names = names}
+  end
+
+  total_of = function(locs)
+    local total = 0
+    for i = 1, #locs.names do
+      total = total + locs.units[locs.names[i]]
+    end
+    return total
+  end
+
+  -- A location name: 1 to 64 of A-Z a-z 0-9 _ . - (so that its fields
+  -- ":held" and ":floor" can't be another location's).
+  location_ok = function(name)
+    return name and #name >= 1 and #name <= 64 and not find(name, '[^%w_%.%-]')
+  end
+
+  -- A record's allocation, "w1=2,w2=1", as a list of {name, units}.
+  allocation_of = function(text)
+    local list = {}
+    for name, units in gmatch(text or '', '([^,=]+)=(%d+)') do
+      list[#list + 1] = {name, to_number(units)}
+    end
+    return list
+  end
+
+  allocation_text = function(list)
+    local parts = {}
+    for i = 1, #list do
+      parts[i] = list[i][1] .. '=' .. int_text(list[i][2])
+    end
+    return concat(parts, ',')
+  end
+
+  allocation_flat = function(list)
+    local flat = {}
+    for i = 1, #list do
+      flat[#flat + 1] = list[i][1]
+      flat[#flat + 1] = list[i][2]
+    end
+    return flat
+  end
+
+  -- Whether every location of `list` is in the hash (LOCGONE otherwise).
+  all_present = function(locs, list)
+    for i = 1, #list do
+      if locs.units[list[i][1]] == nil then
+        return false
+      end
+    end
+    return true
+  end
+
+  -- Moves `units` at location `name`: `ds` to its available units, `dh` to
+  -- those held there, both signed numbers, keeping `locs` as the hash is
+  -- now, with its journal entry (format 2: the location's own numbers).
+  move = function(loc_key, locs, name, ds, dh, journal_key, ev, id, order_no)
+    if ds ~= 0 then
+      locs.units[name] = call('HINCRBY', loc_key, name, int_text(ds))
+    end
+    if dh ~= 0 then
+      locs.held[name] = call('HINCRBY', loc_key, name .. ':held', int_text(dh))
+    end
+    if journal_key then
+      call('XADD', journal_key, 'NOMKSTREAM', '*', 'e', '2 ' .. ev .. ' ' .. id .. ' '
+        .. int_text(ds) .. ' ' .. int_text(dh) .. ' ' .. int_text(locs.units[name]) .. ' '
+        .. int_text(locs.held[name] or 0) .. ' ' .. name .. ' ' .. (order_no or ''))
     end
   end
-  local released = 0
-  for i = 1, #todo do
-    local t = todo[i]
-    if t[1] then
-      release_located(stock_key, loc_key, locs, t[1], t[2], t[3], window, journal_key)
-      released = released + 1
-    elseif t[3] then
-      call('ZADD', holds_name, t[3], t[2])
-    else
-      call('ZREM', holds_name, t[2])
-    end
+
+  -- A located record: the record's text with its allocation before it.
+  located_text = function(list, state, qty, nonce, aux, order_no)
+    return '@' .. allocation_text(list) .. ';' .. record_text(state, qty, nonce, aux, order_no)
   end
-  return released
+
+  -- Gives an expired hold's units back to their locations: its record
+  -- becomes EXPIRED, lasting a retry window, and leaves the holds set.
+  release_located = function(stock_key, loc_key, locs, record_key, record, list, window,
+      journal_key)
+    local id = sub(record_key, #stock_key + 6)
+    for i = 1, #list do
+      move(loc_key, locs, list[i][1], list[i][2], -list[i][2], journal_key, 'expire', id,
+        record.order_no)
+    end
+    unhold(held_name, record.qty)
+    call('ZREM', holds_name, id)
+    set_lasting(record_key, located_text(list, 'X', record.qty, record.nonce, record.aux,
+      record.order_no), window, true)
+  end
+
+  -- The SKU's holds that ran out by `now`, given back (at most
+  -- RELEASE_BOUND). Every location they name is checked before the first
+  -- write: LOCGONE (returned second) changes nothing. Returns how many.
+  release_due_located = function(stock_key, loc_key, locs, now, window, journal_key)
+    local due = call('ZRANGEBYSCORE', holds_name, '-inf', now, 'WITHSCORES', 'LIMIT', '0',
+      RELEASE_BOUND)
+    local todo = {}
+    for i = 1, #due, 2 do
+      local id = due[i]
+      local record_key = stock_key .. ':req:' .. id
+      local raw = call('GET', record_key)
+      local record = raw and parse_located(raw)
+      if record and record.state == 'H' and record.expires <= now then
+        local list = allocation_of(record.alloc)
+        if not all_present(locs, list) then
+          return 0, error_reply(LOCGONE)
+        end
+        todo[#todo + 1] = {record_key, record, list}
+      elseif record and record.state == 'H' then
+        todo[#todo + 1] = {false, id, record.expires}
+      elseif record or (not raw and to_number(due[i + 1]) + window < now) then
+        todo[#todo + 1] = {false, id, false}
+      end
+    end
+    local released = 0
+    for i = 1, #todo do
+      local t = todo[i]
+      if t[1] then
+        release_located(stock_key, loc_key, locs, t[1], t[2], t[3], window, journal_key)
+        released = released + 1
+      elseif t[3] then
+        call('ZADD', holds_name, t[3], t[2])
+      else
+        call('ZREM', holds_name, t[2])
+      end
+    end
+    return released
+  end
 end
 
 -- open_request's work for a SKU kept by location: the journal decided,
@@ -888,8 +904,9 @@ end
 -- marker), then the SKU's expired holds given back (release_due, which
 -- gives nothing back where the stock key is missing: a script's
 -- UNKNOWNSKU may come after it). A SKU kept by location is read so too
--- (open_located) by the calls that declared its locations hash
--- (`located`); the others answer LOCATED, having changed nothing. Returns
+-- by the calls that declared its locations hash, which pass open_located
+-- as `located` (a script that does not name it is spliced without it:
+-- src/script.rs); the others answer LOCATED, having changed nothing. Returns
 -- the error reply; or nil, then the stock after the release, the
 -- record's raw text and the record (nil when none), the units still held,
 -- the holds released, now (0 when Redis time was not needed), the
@@ -906,7 +923,7 @@ local function open_request(stock_key, record_key, window, journal_on, located)
     if not located then
       return error_reply(LOCATEDSKU)
     end
-    return open_located(stock_key, raw, got[4], held, window, journal_on)
+    return located(stock_key, raw, got[4], held, window, journal_on)
   end
   held = held and to_number(held) or 0
   local record = raw and parse_record(raw)
@@ -1047,46 +1064,6 @@ local function request_step(op, record, own, nonce)
     op == 'confirm' and 'confirmed' or (op == 'extend' and 'extended' or 'shrunk')
 end
 
--- request_step for `op` on the request's `record` as read, once the
--- request's own hold that ran out (if it did) was released here, to its
--- stock (release_own) or to its locations (release_own_located, `locs`),
--- and what it does done but CHANGES, which is the script's: REVOKES
--- writes the record REVOKED, AGAIN writes it again for --wait-replicas.
--- Redis time is asked (`now`: 0 when not asked yet) where a hold's
--- expiry decides, and for a CONFIRM's time held. Returns the error to
--- return; or nil, then the record, the stock, the holds released and now
--- after it, and request_step's answer.
-local function step_request(op, stock_key, record_key, record, nonce, stock, released, now,
-    settings, journal_key, locs)
-  local own = 0
-  if record and (record.state == 'H' or op == 'confirm') then
-    if now == 0 then
-      now = now_ms()
-    end
-    if locs then
-      local failed
-      record, own, released, failed = release_own_located(stock_key, record_key, record, now,
-        settings.window, journal_key, locs, released)
-      if failed then
-        return failed
-      end
-      stock = total_of(locs)
-    else
-      record, own, stock, released = release_own(stock_key, holds_name, held_name,
-        record_key, record, now, settings.window, journal_key, stock, released)
-    end
-  end
-  local code, does, order_no, expires, reason, event = request_step(op, record, own, nonce)
-  if does == REVOKES then
-    -- Remembered, so that a DEDUCT or HOLD of the id that comes late (an
-    -- empty rollback's "hanging" try) takes nothing.
-    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
-  elseif does == AGAIN then
-    replicate_again(settings.replicate, record_key)
-  end
-  return nil, record, stock, released, now, code, does, order_no, expires, reason, event
-end
-
 -- What a HOLD.EXTEND or HOLD.SHRINK (`op`) of `amount` (a number) makes of
 -- a hold held in time (`record`), `now`: its new expiry and qty (a
 -- string); or nil, then the code and reason to answer instead, nothing
@@ -1158,6 +1135,59 @@ local function answer(code, stock, order_no, reason, expires_at, released, held_
     n = n - 1
   end
   return reply
+end
+
+-- How long a hold was held, never below 0: Redis time can step back (a
+-- failover to a primary whose clock is behind the old one's), and a hold
+-- then seems placed in the future.
+local function held_for(record, now)
+  local ms = now - record.held_at
+  return ms > 0 and ms or 0
+end
+
+-- request_step for `op` on the request's `record` as read, once the
+-- request's own hold that ran out (if it did) was released here, to its
+-- stock (release_own) or to its locations (release_own_located, `locs`).
+-- Redis time is asked (`now`: 0 when not asked yet) where a hold's
+-- expiry decides, and for a CONFIRM's time held. What the step does but
+-- CHANGES is done here (REVOKES writes the record REVOKED, AGAIN writes
+-- it again for --wait-replicas), and its reply returned: the call's
+-- answer. For CHANGES, which is the script's to do, returns nil, then
+-- the record, the stock, the holds released and now after it, and the
+-- event.
+local function step_request(op, stock_key, record_key, record, nonce, stock, released, now,
+    settings, journal_key, locs)
+  local own = 0
+  if record and (record.state == 'H' or op == 'confirm') then
+    if now == 0 then
+      now = now_ms()
+    end
+    if locs then
+      local failed
+      record, own, released, failed = release_own_located(stock_key, record_key, record, now,
+        settings.window, journal_key, locs, released)
+      if failed then
+        return failed
+      end
+      stock = total_of(locs)
+    else
+      record, own, stock, released = release_own(stock_key, holds_name, held_name,
+        record_key, record, now, settings.window, journal_key, stock, released)
+    end
+  end
+  local code, does, order_no, expires, reason, event = request_step(op, record, own, nonce)
+  if does == CHANGES then
+    return nil, record, stock, released, now, event
+  end
+  if does == REVOKES then
+    -- Remembered, so that a DEDUCT or HOLD of the id that comes late (an
+    -- empty rollback's "hanging" try) takes nothing.
+    call('SET', record_key, record_text('V', '0', nonce, '', ''), 'PX', settings.window_arg)
+  elseif does == AGAIN then
+    replicate_again(settings.replicate, record_key)
+  end
+  return answer(code, stock, order_no, reason, expires, released,
+    event and held_for(record, now) or 0, event)
 end
 
 

@@ -50,14 +50,6 @@ LOCGONE (a location the record names is missing from the SKU's hash).
 local SETTINGS = {'window', 'missing'}
 local SETTINGS_SHAPE = '^(%S+) (%S+) (%S+)$'
 
--- How long a hold was held, never below 0: Redis time can step back (a
--- failover to a primary whose clock is behind the old one's), and a hold
--- then seems placed in the future.
-local function held_for(record, now)
-  local ms = now - record.held_at
-  return ms > 0 and ms or 0
-end
-
 -- The reply of a hold confirmed (answer's shape: nothing after
 -- "confirmed" to leave off), one table made once (for a library), set by
 -- each call. Redis reads a function's reply before the next call runs.
@@ -80,7 +72,7 @@ local function confirm(KEYS, ARGV)
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
   local failed, stock, _, record, _, released, now, journal_key, locs =
-    open_request(stock_key, record_key, window, journal_on, true)
+    open_request(stock_key, record_key, window, journal_on, open_located)
   if failed then
     return failed
   end
@@ -88,16 +80,11 @@ local function confirm(KEYS, ARGV)
     return error_reply(UNKNOWNSKU)
   end
 
-  local code, does, order_no, expires, reason, event
-  failed, record, stock, released, now, code, does, order_no, expires, reason, event =
-    step_request('confirm', stock_key, record_key, record, nonce, stock, released, now,
-      settings, journal_key, locs)
-  if failed then
-    return failed
-  end
-  if does ~= CHANGES then
-    return answer(code, stock, order_no, reason, expires, released,
-      event and held_for(record, now) or 0, event)
+  local reply
+  reply, record, stock, released, now = step_request('confirm', stock_key, record_key, record,
+    nonce, stock, released, now, settings, journal_key, locs)
+  if reply then
+    return reply
   end
 
   -- HELD, in time. Writes: only after every check above has passed.

@@ -111,7 +111,7 @@ local function revert(KEYS, ARGV)
   -- The read, the stored data's checks and the SKU's expired holds given
   -- back, before anything is decided.
   local failed, stock, _, record, held, released, now, journal_key, locs =
-    open_request(stock_key, record_key, window, journal_on, true)
+    open_request(stock_key, record_key, window, journal_on, open_located)
   if failed then
     return failed
   end
@@ -119,14 +119,11 @@ local function revert(KEYS, ARGV)
       or record.state == 'H' or record.state == 'C') then
     return error_reply(UNKNOWNSKU)
   end
-  local code, does, order_no, expires
-  failed, record, stock, released, now, code, does, order_no, expires = step_request('revert',
-    stock_key, record_key, record, nonce, stock, released, now, settings, journal_key, locs)
-  if failed then
-    return failed
-  end
-  if does ~= CHANGES then
-    return answer(code, stock, order_no, '', expires, released)
+  local reply
+  reply, record, stock, released = step_request('revert', stock_key, record_key, record, nonce,
+    stock, released, now, settings, journal_key, locs)
+  if reply then
+    return reply
   end
 
   -- DEDUCTED, HELD (in time) or CONFIRMED: give the units back.

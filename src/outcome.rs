@@ -78,8 +78,8 @@ pub struct StockReply {
     /// Stock after the call (code 0), the current stock (other codes), or
     /// -1 when not known.
     pub remain: i64,
-    /// The order_no of the deduction this reply is about (see the README's
-    /// contract table); empty when there is none.
+    /// The order_no of the deduction this reply is about (see "DEDUCT and
+    /// REVERT" in docs/holds-and-orders.md); empty when there is none.
     pub order_no: Bytes,
     pub version: i64,
     /// The hold's expiry, in milliseconds of Redis time (0 when there is no
