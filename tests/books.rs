@@ -1524,15 +1524,18 @@ fn drain(cluster: &Stage, db: &BooksDb) -> (Option<i32>, String) {
     )
 }
 
-/// KEYS stock, locations, journal; ARGV the count of field/value words
-/// for the locations hash, those words, then the entries' texts. A SKU
-/// kept by location as a script changes it: the stock key says so, the
-/// locations move and their entries are appended in one atomic call.
+/// KEYS stock, locations, journal, held units; ARGV the SKU's held units
+/// after the call, the count of field/value words for the locations hash,
+/// those words, then the entries' texts. A SKU kept by location as a
+/// script changes it: the stock key says so, the locations and the SKU's
+/// held units (their sum) move and their entries are appended in one
+/// atomic call.
 const APPEND_AT: &str = "redis.call('SET', KEYS[1], 'loc')
-local n = tonumber(ARGV[1])
-if n > 0 then redis.call('HSET', KEYS[2], unpack(ARGV, 2, n + 1)) end
+redis.call('SET', KEYS[4], ARGV[1])
+local n = tonumber(ARGV[2])
+if n > 0 then redis.call('HSET', KEYS[2], unpack(ARGV, 3, n + 2)) end
 local ids = {}
-for i = n + 2, #ARGV do ids[#ids + 1] = redis.call('XADD', KEYS[3], '*', 'e', ARGV[i]) end
+for i = n + 3, #ARGV do ids[#ids + 1] = redis.call('XADD', KEYS[3], '*', 'e', ARGV[i]) end
 return ids";
 
 /// The journal of a SKU kept by location, written by hand in format 2
@@ -1582,12 +1585,15 @@ impl LocatedJournal {
             ));
         }
         let layout = &cluster.keys;
+        let held: i64 = self.units.values().map(|(_, held)| held).sum();
         let ids: Vec<String> = redis::cmd("EVAL")
             .arg(APPEND_AT)
-            .arg(3)
+            .arg(4)
             .arg(layout.stock_key(&self.sku))
             .arg(layout.locations_key(&self.sku))
             .arg(layout.journal_key(&self.sku))
+            .arg(layout.sku_keys(&self.sku).held)
+            .arg(held)
             .arg(fields.len())
             .arg(&fields)
             .arg(&texts)
@@ -1759,6 +1765,11 @@ async fn located_entries_keep_an_account_per_location(engine: Engine) {
         "{text}"
     );
     assert!(text.contains("loc-1 location w2: DRIFT:"), "{text}");
+    // That held unit is in no `:held` either: the SKU's own sum is off.
+    assert!(
+        text.contains("loc-1: DRIFT: redis held 0 over the sku, its locations hold 1"),
+        "{text}"
+    );
     assert!(text.contains("1 agree, 1 drift"), "{text}");
 }
 
@@ -1767,7 +1778,9 @@ both! { async fn allocations_through_stockgate_reach_the_books_per_location }
 /// made through stockgate with --journal (locations set and added to, a
 /// split allocation, a hold shrunk and confirmed, a revert) lands in the
 /// database with its location, the account per (sku, location) equals
-/// each location's units and held units in Redis, and reconcile agrees.
+/// each location's units and held units in Redis, and reconcile agrees;
+/// the SKU's held units made other than its locations' summed, by a raw
+/// write, are a drift.
 async fn allocations_through_stockgate_reach_the_books_per_location(engine: Engine) {
     let cluster = Stage::shared();
     let db = BooksDb::start(engine);
@@ -1859,6 +1872,30 @@ async fn allocations_through_stockgate_reach_the_books_per_location(engine: Engi
     let (code, text) = reconcile(&cluster, &db.url(), &["loc-e2e"]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("1 agree, 0 drift"), "{text}");
+
+    // A write around stockgate: the SKU's held units one more than its
+    // locations hold. Every location still agrees with its books; the
+    // SKU's own sum does not.
+    let held_key = cluster.keys.sku_keys(&sku).held;
+    let _: i64 = plain.incr(&held_key, 1).unwrap();
+    let (code, text) = reconcile(&cluster, &db.url(), &["loc-e2e"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(
+            "loc-e2e: DRIFT: redis held 4 over the sku, its locations hold 3 (held off by 1)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("location w"), "{text}");
+    assert!(text.contains("1 skus: 0 agree, 1 drift"), "{text}");
+    // The same units missing from `:held`: a drift the other way.
+    let _: i64 = plain.decr(&held_key, 2).unwrap();
+    let (code, text) = reconcile(&cluster, &db.url(), &["loc-e2e"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("held off by -1"), "{text}");
+    let _: i64 = plain.incr(&held_key, 1).unwrap();
+    let (code, text) = reconcile(&cluster, &db.url(), &["loc-e2e"]);
+    assert_eq!(code, 0, "{text}");
 }
 
 /// What a URL gets: the TLS version the server sees the session run

@@ -1170,6 +1170,404 @@ async fn orders_of_a_killed_stockgate_are_whole_or_nothing_after_their_retries(k
     }
 }
 
+/// Orders whose lines include SKUs kept by location
+/// (`<sku>{<POLICY>:<location>,...}`, docs/locations.md), cut short by a
+/// SIGKILL of their stockgate mid-order, their callers never retrying.
+/// The primary of one located SKU is stalled (SIGSTOP) while ORDERs,
+/// ORDER.HOLDs and ORDER.CONFIRMs of held orders run through the doomed
+/// stockgate, so that every one of them is in flight when it dies: begun,
+/// its lines on the other primaries placed (or confirmed), its line on
+/// the stalled primary sent and unanswered. Then the primary goes on,
+/// running those lines with nobody left to answer, and another
+/// stockgate's recovery ends each order by itself, the way its phase
+/// points: the ORDERs and ORDER.HOLDs back (ABORTED, every line given
+/// back or revoked), the ORDER.CONFIRMs forward (DONE, every line
+/// confirmed). Each location's units are exact, the
+/// SKU's held units its locations', and each line's journal entries are
+/// there exactly once, at the locations its record names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn located_orders_of_a_killed_stockgate_end_whole_without_a_retry() {
+    use stockgate::record::State;
+    const EACH: usize = 4;
+    // A long node timeout: the stalled primary is never failed over.
+    let options = stockgate::dev::RedisOptions {
+        node_timeout_ms: 30_000,
+        ..stockgate::dev::RedisOptions::of(ServerKind::Redis7)
+    };
+    let cluster = stockgate::dev::LocalCluster::start(3, 0, &options).expect("a test cluster");
+    let [a, b, c] = spread("lost");
+    let port_of = |key: &[u8]| {
+        cluster
+            .primary_for_slot(stockgate::keys::slot(key))
+            .expect("a primary serves the slot")
+            .port
+    };
+    let stalled_port = port_of(&stock_key(&a));
+    // Every order's intent, and its filing among the orders in flight, on
+    // the other primaries: only the located line on `a` waits.
+    let layout = layout();
+    let off_stalled = |id: &String| {
+        let rid = RequestId::parse(id.clone().into()).unwrap();
+        let filing = &layout.sweep_shards()[layout.order_shard_index(&rid)].orders;
+        port_of(&layout.order_key(&rid)) != stalled_port && port_of(filing) != stalled_port
+    };
+    let ids = |kind: &str| -> Vec<String> {
+        (0..)
+            .map(|n| format!("lost-{kind}-{n}"))
+            .filter(|id| off_stalled(id))
+            .take(EACH)
+            .collect()
+    };
+    let (taken, held_ids, confirmed) = (ids("t"), ids("h"), ids("c"));
+
+    // (sku, location, units): `a` splits over w1 (few) and w2, `b` holds
+    // the first of w2 (few) and w1 that can give a line whole, `c` keeps
+    // one number (its location '').
+    let places: Vec<(String, &str, i64)> = vec![
+        (a.clone(), "w1", 5),
+        (a.clone(), "w2", 100),
+        (b.clone(), "w1", 100),
+        (b.clone(), "w2", 3),
+        (c.clone(), "", 100),
+    ];
+    let survivor = proxy(cluster.seeds(), |config| {
+        config.journal = true;
+        config.admin_commands = true;
+    })
+    .await;
+    let mut conn = client(&survivor, false).await;
+    for (n, (sku, location, units)) in places.iter().enumerate() {
+        let mut set = redis::cmd("STOCK.SET");
+        set.arg(sku).arg(units).arg(format!("lost-set-{n}"));
+        if !location.is_empty() {
+            set.arg("AT").arg(*location);
+        }
+        let reply = parse(set.query_async(&mut conn).await.unwrap());
+        assert_eq!(reply.code, 0, "{sku} {location}: {reply:?}");
+    }
+    let lines = |i: usize| -> Vec<String> {
+        let qty = |line: usize| (1 + (i + line) % 3).to_string();
+        vec![
+            format!("{a}{{SPLIT:w1,w2}}"),
+            qty(0),
+            format!("{b}{{WHOLE:w2,w1}}"),
+            qty(1),
+            c.clone(),
+            qty(2),
+        ]
+    };
+    // The orders to confirm are held first, through the survivor.
+    for (i, id) in confirmed.iter().enumerate() {
+        let mut args = vec!["ORDER.HOLD".to_owned(), id.clone(), "600000".to_owned()];
+        args.extend(lines(i));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(must(&mut conn, &args).await.code, 0, "{id}");
+    }
+
+    // A timeout of 2 s: long enough that the doomed stockgate is killed
+    // before it gives up on the stalled line (its recovery is due 4 x 2 s
+    // + 5 s after each filing).
+    let doomed = Launch::serve(&cluster.seeds())
+        .args(["--journal", "true", "--timeout", "2s"])
+        .start();
+    // Watched through connections made before the stall: a new one could
+    // ask the stalled node for the slots, and wait.
+    let mut watch = cluster.cluster_connection().unwrap();
+    let stalled = cluster
+        .nodes
+        .iter()
+        .find(|node| node.port == stalled_port)
+        .unwrap();
+    stalled.pause();
+    let mut orders: Vec<Vec<String>> = Vec::new();
+    for (i, id) in taken.iter().enumerate() {
+        let mut args = vec!["ORDER".to_owned(), id.clone()];
+        args.extend(lines(i));
+        orders.push(args);
+    }
+    for (i, id) in held_ids.iter().enumerate() {
+        let mut args = vec!["ORDER.HOLD".to_owned(), id.clone(), "600000".to_owned()];
+        args.extend(lines(i));
+        orders.push(args);
+    }
+    for id in &confirmed {
+        orders.push(vec!["ORDER.CONFIRM".to_owned(), id.clone()]);
+    }
+    let addr = doomed.addr;
+    let callers: Vec<_> = orders
+        .into_iter()
+        .map(|args| {
+            tokio::spawn(async move {
+                let mut conn = client_at(addr, false).await;
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                send(&mut conn, &args).await
+            })
+        })
+        .collect();
+    // Every order mid-way: begun, its lines on `b` and `c` placed (or
+    // confirmed), its line on `a` sent to the stalled node.
+    let mut mid_way = |id: &String, phase: &str, state: char| {
+        let key = layout.order_key(&RequestId::parse(id.clone().into()).unwrap());
+        let begun: Option<String> = redis::cmd("HGET")
+            .arg(key)
+            .arg("p")
+            .query(&mut watch)
+            .unwrap();
+        begun.as_deref() == Some(phase)
+            && [&b, &c]
+                .iter()
+                .all(|sku| record_state(&mut watch, sku, &line_id(id)) == state)
+    };
+    loop_until_async(Duration::from_secs(30), || {
+        let all = taken.iter().all(|id| mid_way(id, "HOLDING", 'D'))
+            && held_ids.iter().all(|id| mid_way(id, "HOLDING", 'H'))
+            && confirmed.iter().all(|id| mid_way(id, "CONFIRMING", 'C'));
+        async move { all.then_some(()) }
+    })
+    .await;
+    doomed.kill();
+    // The lines it sent to the stalled node land now, its caller gone.
+    stalled.resume();
+    for caller in callers {
+        let answer = caller.await.unwrap();
+        assert!(answer.is_err(), "no order could answer: {answer:?}");
+    }
+
+    // Nobody retries: the survivor's recovery ends each order.
+    let rest: Vec<(&String, &str)> = taken
+        .iter()
+        .chain(&held_ids)
+        .map(|id| (id, "ABORTED"))
+        .chain(confirmed.iter().map(|id| (id, "DONE")))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let phases: Vec<(&String, Option<String>)> = rest
+            .iter()
+            .map(|(id, _)| (*id, intent_phase(&cluster, id)))
+            .collect();
+        if rest
+            .iter()
+            .zip(&phases)
+            .all(|((_, want), (_, phase))| phase.as_deref() == Some(*want))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every order came to rest as its phase points: {phases:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The survivor's recovery ended them (its count follows the step
+    // that ended each, a moment later).
+    loop_until_async(Duration::from_secs(10), || async {
+        (metric(
+            &survivor,
+            "stockgate_order_recoveries_total{result=\"ended\"}",
+        ) >= (3 * EACH) as u64)
+            .then_some(())
+    })
+    .await;
+    let on_a: String = taken
+        .iter()
+        .chain(&held_ids)
+        .chain(&confirmed)
+        .map(|id| line_state(&cluster, &a, id))
+        .collect();
+    eprintln!(
+        "[located-kill] killed mid-order: {EACH} ORDERs, {EACH} ORDER.HOLDs, {EACH} ORDER.CONFIRMs; their lines on the stalled sku ended {on_a}"
+    );
+    // (A line that landed after the kill is given back as R; one that
+    // never ran, revoked as V. The stalled node runs what its socket
+    // holds when it goes on.)
+    assert!(
+        on_a[..2 * EACH].contains('R'),
+        "no line landed after the kill: {on_a}"
+    );
+
+    // Every line whole with its order: given back or revoked, or
+    // confirmed; the lines on `b` and `c`, placed before the kill, given
+    // back.
+    let mut direct = cluster.cluster_connection().unwrap();
+    for id in taken.iter().chain(&held_ids) {
+        for sku in [&a, &b, &c] {
+            let state = line_state(&cluster, sku, id);
+            let placed = sku != &a;
+            assert!(
+                state == 'R' || (!placed && state == 'V'),
+                "{id} {sku}: {state}"
+            );
+        }
+    }
+    for id in &confirmed {
+        for sku in [&a, &b, &c] {
+            assert_eq!(line_state(&cluster, sku, id), 'C', "{id} {sku}");
+        }
+    }
+    for id in rest.iter().map(|(id, _)| id) {
+        let rid = RequestId::parse((*id).clone().into()).unwrap();
+        let filing = &layout.sweep_shards()[layout.order_shard_index(&rid)].orders;
+        let filed: Option<f64> = redis::cmd("ZSCORE")
+            .arg(filing)
+            .arg(*id)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(filed, None, "{id} is out of the orders in flight");
+    }
+
+    // The books of every location, from the records, and the journal.
+    let lines_of = |sku: &String| -> Vec<(String, stockgate::record::Record, bool)> {
+        let mut found = Vec::new();
+        for (id, held) in taken
+            .iter()
+            .map(|id| (id, false))
+            .chain(held_ids.iter().chain(&confirmed).map(|id| (id, true)))
+        {
+            let raw: Option<String> = redis::cmd("GET")
+                .arg(record_key(sku, &line_id(id)))
+                .query(&mut cluster.cluster_connection().unwrap())
+                .unwrap();
+            let raw = raw.unwrap_or_else(|| panic!("{id} {sku}: no record"));
+            let record = stockgate::record::Record::parse(&raw)
+                .unwrap_or_else(|| panic!("{id} {sku}: {raw}"));
+            found.push((line_id(id), record, held));
+        }
+        found
+    };
+    for sku in [&a, &b, &c] {
+        let records = lines_of(sku);
+        let journal: Vec<stockgate::journal::Entry> = stockgate::journal::stream::entries(
+            redis::cmd("XRANGE")
+                .arg([stock_key(sku), b":journal".to_vec()].concat())
+                .arg("-")
+                .arg("+")
+                .query(&mut direct)
+                .unwrap(),
+        )
+        .unwrap();
+        let units = located_units(&mut direct, sku);
+        // location -> units the confirmed lines took from it for good
+        let mut sold: HashMap<String, i64> = HashMap::new();
+        for (id, record, held) in &records {
+            let mut expected = Vec::new();
+            for (location, n) in allocation_of(record) {
+                let events: &[(&str, i64, i64)] = match (record.state, held) {
+                    (State::Reverted, false) => &[("deduct", -n, 0), ("revert", n, 0)],
+                    (State::Reverted, true) => &[("hold", -n, n), ("cancel", n, -n)],
+                    (State::Confirmed, _) => {
+                        *sold.entry(location.clone()).or_default() += n;
+                        &[("hold", -n, n), ("confirm", 0, -n)]
+                    }
+                    (state, _) => panic!("{sku} {id}: a line left {state:?}"),
+                };
+                for (event, ds, dh) in events {
+                    expected.push((event.to_string(), location.clone(), *ds, *dh));
+                }
+            }
+            let mut entries: Vec<(String, String, i64, i64)> = journal
+                .iter()
+                .filter(|entry| &entry.id == id)
+                .map(|entry| {
+                    (
+                        entry.event.name().to_owned(),
+                        entry.location.clone(),
+                        entry.stock_change,
+                        entry.held_change,
+                    )
+                })
+                .collect();
+            entries.sort();
+            expected.sort();
+            assert_eq!(
+                entries, expected,
+                "{sku} {id}: its journal entries, once each"
+            );
+        }
+        // Each location: what it started with is what it has, holds, and
+        // what the confirmed lines took from it; its journal runs from
+        // its set to exactly that.
+        for (_, location, initial) in places.iter().filter(|(s, ..)| s == sku) {
+            let (available, on_hold) = units[*location];
+            let out = sold.get(*location).copied().unwrap_or_default();
+            assert_eq!(
+                (available + on_hold + out, on_hold),
+                (*initial, 0),
+                "{sku} {location}: available {available}, held {on_hold}, confirmed {out}"
+            );
+            let mut account = (0, 0);
+            for entry in journal.iter().filter(|e| e.location == *location) {
+                if entry.event == stockgate::journal::Event::Set {
+                    account = (entry.stock, entry.held);
+                } else {
+                    account.0 += entry.stock_change;
+                    account.1 += entry.held_change;
+                }
+                assert_eq!(account, (entry.stock, entry.held), "{sku} {entry:?}");
+            }
+            assert_eq!(
+                account,
+                (available, on_hold),
+                "{sku} {location}: its journal"
+            );
+        }
+        assert_eq!(held(&cluster, sku), 0, "{sku}: nothing held");
+    }
+}
+
+/// What each location of `sku` has now, (available, held), by name; a
+/// SKU that keeps one number has the one location ''.
+fn located_units(
+    conn: &mut redis::cluster::ClusterConnection,
+    sku: &str,
+) -> HashMap<String, (i64, i64)> {
+    let stock: String = redis::cmd("GET").arg(stock_key(sku)).query(conn).unwrap();
+    let held: Option<i64> = redis::cmd("GET")
+        .arg([stock_key(sku), b":held".to_vec()].concat())
+        .query(conn)
+        .unwrap();
+    if stock != "loc" {
+        return [(String::new(), (stock.parse().unwrap(), held.unwrap_or(0)))].into();
+    }
+    let hash: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg([stock_key(sku), b":loc".to_vec()].concat())
+        .query(conn)
+        .unwrap();
+    let mut units: HashMap<String, (i64, i64)> = HashMap::new();
+    for (field, n) in hash {
+        match field.strip_suffix(":held") {
+            Some(location) => units.entry(location.to_owned()).or_default().1 = n,
+            None if !field.ends_with(":floor") => units.entry(field).or_default().0 = n,
+            None => {}
+        }
+    }
+    let at_locations: i64 = units.values().map(|(_, held)| held).sum();
+    assert_eq!(
+        held.unwrap_or(0),
+        at_locations,
+        "{sku}: held is its locations'"
+    );
+    units
+}
+
+/// The units a line's record keeps at each location: its allocation, or
+/// for a SKU that keeps one number its qty at ''.
+/// (A revoked line keeps nothing.)
+fn allocation_of(record: &stockgate::record::Record) -> Vec<(String, i64)> {
+    match &record.allocation {
+        None if record.state == stockgate::record::State::Revoked => Vec::new(),
+        None => vec![(String::new(), record.qty as i64)],
+        Some(allocation) => allocation
+            .split(',')
+            .filter(|part| !part.is_empty())
+            .map(|part| {
+                let (location, units) = part.split_once('=').expect("location=units");
+                (location.to_owned(), units.parse().expect("units"))
+            })
+            .collect(),
+    }
+}
+
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn orders_left_behind_in_every_phase_end_without_a_retry }
 /// Orders left behind in every phase, with nobody to retry them (issue
 /// 22, 2): as a stockgate that died mid-saga leaves them, filed among the

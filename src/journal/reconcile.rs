@@ -10,7 +10,9 @@
 //! newest one of that location the database holds are the ones not moved
 //! yet: applied to its account in order, they must give exactly Redis's
 //! units there. Entries the database already has (committed, not trimmed
-//! yet) are not counted twice.
+//! yet) are not counted twice. A SKU kept by location is also held to
+//! Redis's own sum: its units on hold (`:held`) are its locations' held
+//! units added up, whatever the books say.
 
 use super::database::{Account, Accounts, Books};
 use super::fault::JournalFault;
@@ -81,11 +83,48 @@ pub enum Verdict {
     Agrees,
     /// No entry anywhere: nothing to compare.
     Unjournaled,
-    /// One drift for each location that drifts (one, `''`, for a SKU
-    /// that keeps one number).
-    Drifts(Vec<Drift>),
+    /// Redis and the books differ, or Redis's held units disagree with
+    /// themselves.
+    Drifts(Drifts),
     /// Redis or the database could not be read for it.
     Unchecked(JournalFault),
+}
+
+/// What drifts in one SKU.
+#[derive(Debug, Clone, Default)]
+pub struct Drifts {
+    /// One drift for each location that drifts (one, `''`, for a SKU
+    /// that keeps one number).
+    pub locations: Vec<Drift>,
+    /// A SKU kept by location whose held units are not its locations'.
+    pub held: Option<HeldApart>,
+}
+
+/// A SKU kept by location whose units on hold (its `:held`, what
+/// STOCK.STATUS and the hold scripts read) are not the sum of its
+/// locations' held units (`<location>:held`, what its allocations give
+/// back): every script changes both in the same call, so only a write
+/// around stockgate parts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldApart {
+    /// The SKU's `:held`.
+    pub held: i64,
+    /// Its locations' held units, summed.
+    pub at_locations: i64,
+}
+
+/// The held units of a SKU kept by location, when its `:held` is not
+/// its locations' held units summed; None when they agree, or for a SKU
+/// that keeps one number (its `:held` is its only count of them).
+pub fn held_apart(units: &Units) -> Option<HeldApart> {
+    let Units::ByLocation { locations, held } = units else {
+        return None;
+    };
+    let at_locations = locations.values().map(|units| units.held).sum();
+    (*held != at_locations).then_some(HeldApart {
+        held: *held,
+        at_locations,
+    })
 }
 
 /// One location where Redis and the books differ.
@@ -227,18 +266,19 @@ async fn verdict(
     snapshot: Snapshot,
     accounts: Accounts,
 ) -> Result<Verdict, JournalFault> {
-    let Some(mut drifts) = drifts(&snapshot.units, snapshot.journal, &accounts) else {
-        return Ok(Verdict::Unjournaled);
+    let held = held_apart(&snapshot.units);
+    let locations = drifts(&snapshot.units, snapshot.journal, &accounts);
+    let mut locations = match (locations, held) {
+        (None, None) => return Ok(Verdict::Unjournaled),
+        (Some(locations), None) if locations.is_empty() => return Ok(Verdict::Agrees),
+        (locations, _) => locations.unwrap_or_default(),
     };
-    if drifts.is_empty() {
-        return Ok(Verdict::Agrees);
-    }
-    for drift in &mut drifts {
+    for drift in &mut locations {
         if drift.account.is_some() {
             drift.breaks = books.breaks(name, &drift.location, BREAKS_SHOWN).await?;
         }
     }
-    Ok(Verdict::Drifts(drifts))
+    Ok(Verdict::Drifts(Drifts { locations, held }))
 }
 
 /// The locations of a SKU where Redis and the books differ (their breaks
@@ -291,8 +331,8 @@ fn in_redis(units: &Units, location: &str) -> (Option<i64>, i64) {
         Units::One { .. } => (None, 0),
         // A SKU kept by location keeps no units of its own: what it had
         // as one number before its first location, its books say, is 0.
-        Units::ByLocation(_) if location.is_empty() => (Some(0), 0),
-        Units::ByLocation(locations) => locations
+        Units::ByLocation { .. } if location.is_empty() => (Some(0), 0),
+        Units::ByLocation { locations, .. } => locations
             .get(location)
             .map_or((None, 0), |units| (units.available, units.held)),
     }
@@ -317,7 +357,10 @@ pub fn render(report: &Report) -> String {
             }
             Verdict::Drifts(drifts) => {
                 drift += 1;
-                for d in drifts {
+                if let Some(apart) = drifts.held {
+                    render_held_apart(&mut out, sku, apart);
+                }
+                for d in &drifts.locations {
                     render_drift(&mut out, sku, d);
                 }
             }
@@ -382,6 +425,18 @@ fn render_drift(out: &mut String, sku: &str, d: &Drift) {
     if d.breaks.is_empty() {
         out.push_str("  every entry follows from the one before: the difference was made outside the journal (a write around stockgate, or an entry lost)\n");
     }
+}
+
+/// A SKU kept by location whose `:held` is not its locations' held
+/// units summed: `<sku>: DRIFT: held ...`.
+fn render_held_apart(out: &mut String, sku: &str, apart: HeldApart) {
+    out.push_str(&format!(
+        "{sku}: DRIFT: redis held {} over the sku, its locations hold {} (held off by {})\n",
+        apart.held,
+        apart.at_locations,
+        apart.held - apart.at_locations
+    ));
+    out.push_str("  a sku's held units are its locations' summed, each change of them made in one script call: the difference was made outside stockgate's scripts (a write around stockgate)\n");
 }
 
 fn describe(entry: &Entry) -> String {
@@ -471,15 +526,18 @@ mod tests {
         assert_eq!(report.exit_code(), 2);
         report.skus.push((
             "d".into(),
-            Verdict::Drifts(vec![Drift {
-                location: String::new(),
-                redis_stock: None,
-                redis_held: 0,
-                expected: Expected { stock: 1, held: 0 },
-                account: None,
-                pending: vec![],
-                breaks: vec![],
-            }]),
+            Verdict::Drifts(Drifts {
+                locations: vec![Drift {
+                    location: String::new(),
+                    redis_stock: None,
+                    redis_held: 0,
+                    expected: Expected { stock: 1, held: 0 },
+                    account: None,
+                    pending: vec![],
+                    breaks: vec![],
+                }],
+                held: None,
+            }),
         ));
         assert_eq!(report.exit_code(), 1);
     }
@@ -502,9 +560,10 @@ mod tests {
         }
     }
 
+    /// A SKU kept by location whose `:held` is its locations' summed.
     fn located(locations: &[(&str, Option<i64>, i64)]) -> Units {
-        Units::ByLocation(
-            locations
+        Units::ByLocation {
+            locations: locations
                 .iter()
                 .map(|(name, available, held)| {
                     (
@@ -516,7 +575,8 @@ mod tests {
                     )
                 })
                 .collect(),
-        )
+            held: locations.iter().map(|(_, _, held)| held).sum(),
+        }
     }
 
     #[test]
@@ -562,7 +622,13 @@ mod tests {
             ]
         );
         let mut report = Report::default();
-        report.skus.push(("sku-1".into(), Verdict::Drifts(found)));
+        report.skus.push((
+            "sku-1".into(),
+            Verdict::Drifts(Drifts {
+                locations: found,
+                held: None,
+            }),
+        ));
         let text = render(&report);
         assert!(
             text.contains("sku-1 location w1: DRIFT: redis stock no such location held 0"),
@@ -586,7 +652,13 @@ mod tests {
         let found = drifts(&one(Some(12)), journal.clone(), &Accounts::new()).unwrap();
         assert_eq!(found.len(), 1);
         let mut report = Report::default();
-        report.skus.push(("sku-2".into(), Verdict::Drifts(found)));
+        report.skus.push((
+            "sku-2".into(),
+            Verdict::Drifts(Drifts {
+                locations: found,
+                held: None,
+            }),
+        ));
         assert!(
             render(&report).starts_with("sku-2: DRIFT: redis stock 12 held 0"),
             "{}",
@@ -606,5 +678,46 @@ mod tests {
             (found[0].location.as_str(), found[0].redis_stock),
             ("", Some(0))
         );
+    }
+
+    #[test]
+    fn a_located_sku_s_held_units_are_its_locations_summed() {
+        let agreeing = located(&[("w1", Some(7), 2), ("w2", Some(4), 1), ("w3", None, 3)]);
+        assert_eq!(held_apart(&agreeing), None);
+        let Units::ByLocation { locations, .. } = agreeing else {
+            unreachable!()
+        };
+        let apart = Units::ByLocation { locations, held: 4 };
+        assert_eq!(
+            held_apart(&apart),
+            Some(HeldApart {
+                held: 4,
+                at_locations: 6
+            })
+        );
+        // A SKU that keeps one number has nothing to sum.
+        assert_eq!(
+            held_apart(&Units::One {
+                stock: Some(3),
+                held: 9
+            }),
+            None
+        );
+        let mut report = Report::default();
+        report.skus.push((
+            "sku-3".into(),
+            Verdict::Drifts(Drifts {
+                locations: Vec::new(),
+                held: held_apart(&apart),
+            }),
+        ));
+        let text = render(&report);
+        assert!(
+            text.starts_with(
+                "sku-3: DRIFT: redis held 4 over the sku, its locations hold 6 (held off by -2)\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(report.exit_code(), 1);
     }
 }

@@ -261,8 +261,13 @@ pub enum Units {
     One { stock: Option<i64>, held: i64 },
     /// A SKU kept by location (its stock key holds
     /// [`KEPT_BY_LOCATION`]): each location of its locations hash, by
-    /// name, with its available and held units.
-    ByLocation(BTreeMap<String, LocationUnits>),
+    /// name, with its available and held units, and the SKU's own held
+    /// units (its `:held`, which the scripts keep as the locations' held
+    /// units summed).
+    ByLocation {
+        locations: BTreeMap<String, LocationUnits>,
+        held: i64,
+    },
 }
 
 /// One location's units: its available units (None when the hash has a
@@ -326,13 +331,15 @@ pub async fn snapshot(
                 .map_err(|_| not_integer(what)),
         }
     };
+    let held = number(held, "the held units")?.unwrap_or(0);
     let units = match stock {
-        Value::BulkString(ref text) if text.as_slice() == KEPT_BY_LOCATION => {
-            Units::ByLocation(location_units(sku, locations)?)
-        }
+        Value::BulkString(ref text) if text.as_slice() == KEPT_BY_LOCATION => Units::ByLocation {
+            locations: location_units(sku, locations)?,
+            held,
+        },
         stock => Units::One {
             stock: number(stock, "the stock")?,
-            held: number(held, "the held units")?.unwrap_or(0),
+            held,
         },
     };
     Ok(Snapshot {

@@ -1,8 +1,9 @@
 //! SKUs kept by location (docs/locations.md) under faults: a primary
 //! killed mid-allocation, and the SKU's own slot moving under its
 //! allocations, then moving back with an expired hold's record left
-//! behind. Against Redis 7.0 only, for the suite's time (tests/locations.rs
-//! runs `lua/allocate.lua` on all four servers).
+//! behind. Each against Redis 7.0, Redis 8.2, Valkey 8.0 and Valkey 9.1
+//! (`matrix!`): a failover and a slot move are where the servers differ
+//! (a promoted replica's scripts, a script's keys met mid-migration).
 //!
 //! Its own small load ([`Allocations`]): clients allocate over three
 //! locations with floors (DEDUCT.AT, HOLD.AT, SPLIT and WHOLE), then
@@ -14,16 +15,25 @@
 //! it; its held units are the HELD records'; none below its floor; the
 //! SKU's held counter and holds set are its HELD records; and each
 //! request's record says what its last answers said (state, qty,
-//! allocation). The journal's format 2 entries are the books' to audit
-//! (tests/faults/books.rs), not this module's.
+//! allocation). The journal (every stockgate here runs `--journal`) is
+//! audited as the checker's conservation audit does a SKU that keeps one
+//! number (`checker::audit`, `journal_books`), per location: every entry
+//! is format 2 and names one of the SKU's locations, each location's
+//! entries run from its initial units, each moving the account by its
+//! changes to what it says it left, to exactly the units and held units
+//! the location has; and each request's entries at a location add up to
+//! what its record keeps there (a DEDUCTED or CONFIRMED record its units
+//! out, a HELD one out and held, any other nothing), so an entry written
+//! twice or lost is caught.
 
 use crate::harness::*;
 use redis::Value;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use stockgate::dev::LocalCluster;
+use stockgate::journal::{Entry, Event, FORMAT_AT_LOCATION};
 use stockgate::record::{Record, State};
 
 /// Each SKU's locations: (name, units, floor).
@@ -320,28 +330,31 @@ struct Books {
     places: BTreeMap<String, (i64, i64, i64)>,
     held: i64,
     holds: HashSet<String>,
+    /// Its journal, oldest first.
+    journal: Vec<Entry>,
 }
 
-/// One sku's locations, units held, holds and the records of `ids`, read
-/// in one script call: an atomic snapshot, so that a release by the
-/// sweeper (a short hold running out) can't fall between the books and
-/// the records it changes.
+/// One sku's locations, units held, holds, journal and the records of
+/// `ids`, read in one script call: an atomic snapshot, so that a release
+/// by the sweeper (a short hold running out) can't fall between the books
+/// and the records and entry it changes.
 fn snapshot(
     conn: &mut redis::cluster::ClusterConnection,
     sku: &str,
     ids: &[&str],
 ) -> (Books, Vec<Option<String>>) {
     const READ: &str = "local out = {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or false, \
-        redis.call('ZRANGE', KEYS[3], 0, -1)} \
-        for i = 4, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or false end \
+        redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('XRANGE', KEYS[4], '-', '+')} \
+        for i = 5, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or false end \
         return out";
     let stock_key = crate::support::stock_key(sku);
     let mut read = redis::cmd("EVAL");
     read.arg(READ)
-        .arg(3 + ids.len())
+        .arg(4 + ids.len())
         .arg([stock_key.as_slice(), b":loc"].concat())
         .arg([stock_key.as_slice(), b":held"].concat())
-        .arg([stock_key.as_slice(), b":holds"].concat());
+        .arg([stock_key.as_slice(), b":holds"].concat())
+        .arg([stock_key.as_slice(), b":journal"].concat());
     for id in ids {
         read.arg(crate::support::record_key(sku, id));
     }
@@ -350,7 +363,9 @@ fn snapshot(
         redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         _ => None,
     };
-    let records = got.split_off(3).iter().map(text).collect();
+    let records = got.split_off(4).iter().map(text).collect();
+    let journal = stockgate::journal::stream::entries(got.pop().expect("the journal"))
+        .expect("every entry of the journal reads");
     let list = |v: &redis::Value| match v {
         redis::Value::Array(items) => items.iter().filter_map(text).collect::<Vec<String>>(),
         _ => Vec::new(),
@@ -376,6 +391,7 @@ fn snapshot(
         places,
         held: text(&got[1]).and_then(|h| h.parse().ok()).unwrap_or(0),
         holds: list(&got[2]).into_iter().collect(),
+        journal,
     };
     (books, records)
 }
@@ -393,6 +409,8 @@ fn audit(cluster: &LocalCluster, skus: &[String], chains: &[Chain]) -> Vec<Strin
         // name -> units the records keep out for good, and on hold
         let (mut taken, mut on_hold) = (HashMap::<String, i64>::new(), HashMap::new());
         let (mut held_qty, mut held_ids) = (0, HashSet::new());
+        // (request, location) -> the (stock, held) change its record keeps
+        let mut kept: HashMap<(String, String), (i64, i64)> = HashMap::new();
         for (chain, raw) in mine.into_iter().zip(records) {
             let Some(raw) = raw else {
                 if chain.taken.is_some() && !chain.ran_out {
@@ -431,17 +449,21 @@ fn audit(cluster: &LocalCluster, skus: &[String], chains: &[Chain]) -> Vec<Strin
                     chain.id
                 ));
             }
-            let into = match record.state {
-                State::Deducted | State::Confirmed => &mut taken,
+            let (into, held) = match record.state {
+                State::Deducted | State::Confirmed => (&mut taken, false),
                 State::Held => {
                     held_qty += record.qty as i64;
                     held_ids.insert(chain.id.clone());
-                    &mut on_hold
+                    (&mut on_hold, true)
                 }
                 _ => continue,
             };
             for (name, units) in allocation {
-                *into.entry(name).or_default() += units;
+                *into.entry(name.clone()).or_default() += units;
+                kept.insert(
+                    (chain.id.clone(), name),
+                    (-units, if held { units } else { 0 }),
+                );
             }
         }
         for (name, initial, floor) in PLACES {
@@ -473,6 +495,81 @@ fn audit(cluster: &LocalCluster, skus: &[String], chains: &[Chain]) -> Vec<Strin
                 books.holds.len()
             ));
         }
+        violations.extend(journal_books(sku, &books, &kept));
+    }
+    violations
+}
+
+/// The journal's side of one sku's books (module docs): each location's
+/// account from its initial units through every entry of it to what the
+/// location has, and each request's entries at each location adding up
+/// to what its record keeps there (`kept`; absent: nothing).
+fn journal_books(
+    sku: &str,
+    books: &Books,
+    kept: &HashMap<(String, String), (i64, i64)>,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut accounts: HashMap<&str, (i64, i64)> = PLACES
+        .iter()
+        .map(|(name, initial, _)| (*name, (*initial, 0)))
+        .collect();
+    let mut moved: HashMap<(String, String), (i64, i64)> = HashMap::new();
+    for entry in &books.journal {
+        let Some(account) = accounts.get_mut(entry.location.as_str()) else {
+            violations.push(format!(
+                "{sku}: journal entry {} names no location of the sku: {entry:?}",
+                entry.stream_id()
+            ));
+            continue;
+        };
+        if entry.format != FORMAT_AT_LOCATION || entry.event == Event::Set {
+            violations.push(format!(
+                "{sku}: journal entry {} is not an allocation's: {entry:?}",
+                entry.stream_id()
+            ));
+        }
+        let after = (
+            account.0 + entry.stock_change,
+            account.1 + entry.held_change,
+        );
+        if after != (entry.stock, entry.held) {
+            violations.push(format!(
+                "{sku} {}: journal entry {} ({:?} {}) says stock {} held {}, the account before it moves to {after:?}",
+                entry.location,
+                entry.stream_id(),
+                entry.event,
+                entry.id,
+                entry.stock,
+                entry.held
+            ));
+        }
+        *account = (entry.stock, entry.held);
+        let net = moved
+            .entry((entry.id.clone(), entry.location.clone()))
+            .or_default();
+        net.0 += entry.stock_change;
+        net.1 += entry.held_change;
+    }
+    for (name, _, _) in PLACES {
+        let (available, held, _) = books.places[name];
+        if accounts[name] != (available, held) {
+            violations.push(format!(
+                "{sku} {name}: the journal's account ends at {:?}, the location has {available} available and {held} held",
+                accounts[name]
+            ));
+        }
+    }
+    let requests: BTreeSet<&(String, String)> = moved.keys().chain(kept.keys()).collect();
+    for key in requests {
+        let (id, location) = key;
+        let journaled = moved.get(key).copied().unwrap_or_default();
+        let recorded = kept.get(key).copied().unwrap_or_default();
+        if journaled != recorded {
+            violations.push(format!(
+                "{sku} {id} at {location}: its journal entries move stock and held by {journaled:?}, its record keeps {recorded:?}"
+            ));
+        }
     }
     violations
 }
@@ -493,31 +590,32 @@ fn summary(chains: &[Chain]) -> String {
     )
 }
 
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_primary_killed_mid_allocation_keeps_each_location_exact }
 /// A primary killed while 8 clients allocate SKUs kept by location on it,
 /// through a stockgate with `--wait-replicas 1` (so no acknowledged
 /// change may be lost, and the audit is strict): once its replica took
 /// over and it rejoined, every location of every SKU adds up, and every
-/// record agrees with the answers its request got.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_killed_mid_allocation_keeps_each_location_exact() {
+/// record agrees with the answers its request got, and the journal with
+/// both.
+async fn a_primary_killed_mid_allocation_keeps_each_location_exact(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let name = "loc-kill";
-    let mut cluster = cluster(1000, &[]);
+    let name = &format!("loc-kill-{kind}");
+    let mut cluster = cluster_of(kind, 1000, &[]);
     let victim = 0;
     let skus = skus_where(&cluster, name, 3, |o| o == victim);
     seed_located(&cluster, &skus);
     let server = stockgate_with(cluster.seeds(), TIMEOUT, Some(WAIT_ONE)).await;
     let load = Allocations::start(server.addr, name, &skus, 8, false).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
 
     let replica = replica_of(&cluster, victim);
     let killed = Instant::now();
     cluster.nodes[victim].kill();
     let promoted = wait_promoted(&cluster.nodes[replica], Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Writes on the shard wait for a replica again from here.
     let rejoined = rejoin(&mut cluster, victim, replica);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let chains = load.stop().await;
     eprintln!(
         "[{name}] promoted {} after the kill, rejoined {} later; {}",
@@ -534,17 +632,38 @@ async fn a_primary_killed_mid_allocation_keeps_each_location_exact() {
     server.stop_now();
 
     // The audit holds each location to its own books: a unit moved from
-    // one location to another, the SKU's total unchanged, is caught.
-    plant_a_moved_unit(&cluster, &skus[0]);
+    // one location to another, the SKU's total unchanged, is caught by
+    // the records and by the journal, at both.
+    plant_a_moved_unit(&cluster, &skus[0], 1);
+    let planted = audit(&cluster, &skus, &chains);
+    assert_eq!(planted.len(), 4, "{planted:#?}");
+    assert_eq!(
+        planted
+            .iter()
+            .filter(|v| v.contains("the journal's account ends"))
+            .count(),
+        2,
+        "{planted:#?}"
+    );
+    // And a journal entry written twice: its location's account breaks
+    // there, and its request's entries no longer add up to its record.
+    plant_a_moved_unit(&cluster, &skus[0], -1);
+    plant_an_entry_again(&cluster, &skus[0]);
     let planted = audit(&cluster, &skus, &chains);
     assert_eq!(planted.len(), 2, "{planted:#?}");
+    assert!(
+        planted
+            .iter()
+            .any(|v| v.contains("its journal entries move")),
+        "{planted:#?}"
+    );
 }
 
-/// Moves one unit of `sku` from w1 to w2 behind stockgate's back.
-fn plant_a_moved_unit(cluster: &LocalCluster, sku: &str) {
+/// Moves `units` of `sku` from w1 to w2 behind stockgate's back.
+fn plant_a_moved_unit(cluster: &LocalCluster, sku: &str, units: i64) {
     let mut conn = cluster.cluster_connection().expect("cluster connection");
     let loc_key = [crate::support::stock_key(sku).as_slice(), b":loc"].concat();
-    for (name, by) in [("w1", -1), ("w2", 1)] {
+    for (name, by) in [("w1", -units), ("w2", units)] {
         redis::cmd("HINCRBY")
             .arg(&loc_key)
             .arg(name)
@@ -554,6 +673,29 @@ fn plant_a_moved_unit(cluster: &LocalCluster, sku: &str) {
     }
 }
 
+/// Appends the last entry of `sku`'s journal to it again, as a change
+/// journaled twice would.
+fn plant_an_entry_again(cluster: &LocalCluster, sku: &str) {
+    let mut conn = cluster.cluster_connection().expect("cluster connection");
+    let journal = [crate::support::stock_key(sku).as_slice(), b":journal"].concat();
+    let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+        .arg(&journal)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query(&mut conn)
+        .expect("the journal's last entry");
+    let (_, fields) = last.first().expect("a journal with entries");
+    let mut again = redis::cmd("XADD");
+    again.arg(&journal).arg("*");
+    for (field, value) in fields {
+        again.arg(field).arg(value);
+    }
+    again.query::<String>(&mut conn).expect("XADD");
+}
+
+matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn a_located_sku_s_slot_moving_mid_allocation_keeps_each_location_exact }
 /// A SKU kept by location whose own slot moves to another primary, a few
 /// keys at a time, while 8 clients allocate it (holds of a second or two
 /// among them, running out meanwhile): its calls meet ASK and TRYAGAIN,
@@ -563,11 +705,10 @@ fn plant_a_moved_unit(cluster: &LocalCluster, sku: &str) {
 /// (which gives the SKU's expired holds back first, reading their
 /// records, the one key no call declares): the expired hold must stay
 /// filed until its record arrives, then go back to its locations once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_located_sku_s_slot_moving_mid_allocation_keeps_each_location_exact() {
+async fn a_located_sku_s_slot_moving_mid_allocation_keeps_each_location_exact(kind: ServerKind) {
     let _serial = SERIAL.lock().await;
-    let name = "loc-move";
-    let cluster = cluster(2000, &[]);
+    let name = &format!("loc-move-{kind}");
+    let cluster = cluster_of(kind, 2000, &[]);
     let (source, target) = (0, 1);
     let skus = skus_where(&cluster, name, 1, |o| o == source);
     let sku = skus[0].clone();
@@ -575,7 +716,7 @@ async fn a_located_sku_s_slot_moving_mid_allocation_keeps_each_location_exact() 
     seed_located(&cluster, &skus);
     let server = stockgate(cluster.seeds(), TIMEOUT).await;
     let load = Allocations::start(server.addr, name, &skus, 8, true).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
 
     let redirects = || {
         [source, target]
@@ -595,7 +736,7 @@ async fn a_located_sku_s_slot_moving_mid_allocation_keeps_each_location_exact() 
         Duration::from_millis(20),
         Duration::ZERO,
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut chains = load.stop().await;
     let met = redirects() - redirects_before;
     eprintln!(

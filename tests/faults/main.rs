@@ -20,11 +20,12 @@
 //! ```
 //!
 //! The upstream matrix: the checker's own test ([`baseline`]), the failover
-//! faults ([`failover`]), the resharding faults ([`reshard`]) and the
-//! function library's ([`functions`]) run against Redis 7.0, Redis 8.2,
-//! Valkey 8.0 and Valkey 9.1, as `<test>::redis7`, `::redis8`, `::valkey8`
-//! and `::valkey9` (`support::matrix!`); the other faults run against
-//! Redis 7.0 only. CI runs every cell.
+//! faults ([`failover`]), the resharding faults ([`reshard`]), the
+//! function library's ([`functions`]) and those of SKUs kept by location
+//! ([`locations`]) run against Redis 7.0, Redis 8.2, Valkey 8.0 and
+//! Valkey 9.1, as `<test>::redis7`, `::redis8`, `::valkey8` and
+//! `::valkey9` (`support::matrix!`); the other faults run against Redis
+//! 7.0 only. CI runs every cell.
 //!
 //! | module | faults |
 //! |---|---|
@@ -38,7 +39,7 @@
 //! | [`durability`] | acknowledged deductions lost in a failover, with and without `--wait-replicas` |
 //! | [`books`] | not a fault: the database as the third book (PostgreSQL, or MariaDB in the Valkey 8.0 cells), a sink killed and the database restarted mid-load, carried by the baseline, the killed primary and live resharding |
 //! | [`linear`] | not a fault: the linearizability lane that the killed primary, the manual failover and live resharding carry |
-//! | [`locations`] | 1 and 3 on SKUs kept by location: a primary killed mid-allocation; the SKU's own slot moving under its allocations, and back with an expired hold's record left behind (per-location books) |
+//! | [`locations`] | 1 and 3 on SKUs kept by location: a primary killed mid-allocation; the SKU's own slot moving under its allocations, and back with an expired hold's record left behind (per-location books, and the journal's format 2 entries) |
 //! | [`stuck`] | a node's open connections stuck for good (a black-holed flow) while new ones work: standalone and in a cluster |
 //!
 //! Linearizability (issue 23): beside its own load, each of
