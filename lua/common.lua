@@ -115,8 +115,8 @@ local function sku_keys(stock_key)
 end
 
 -- The locations hash of the SKU sku_keys was last called with: made (by
--- side_keys_follow) only for the calls that may meet a SKU kept by
--- location, so a DEDUCT on a new SKU builds no name it does not use.
+-- enter) only for the calls that may meet a SKU kept by location, so a
+-- DEDUCT on a new SKU builds no name it does not use.
 local loc_stock, loc_name = false, nil
 
 -- The record key must be the stock key plus ":req:<request_id>", so the
@@ -139,19 +139,15 @@ end
 
 -- A SKU's keys beside its stock key: its holds (a sorted set of the
 -- request_ids holding units, by expiry in milliseconds of Redis time), the
--- units held now, its journal's marker and its journal; then, for a call
--- that may meet a SKU kept by location (`located`), its locations hash. A
--- call declares them all, for request_fault's reason, from `keys[first]`
--- on, and nothing after. Returns true when they are those of the stock
--- key sku_keys was called with.
-local function side_keys_follow(keys, first, located)
-  if located and loc_stock ~= known_stock then
-    loc_stock, loc_name = known_stock, known_stock .. ':loc'
-  end
+-- units held now, its journal's marker and its journal; then `last`, when
+-- given (the locations hash, for a call that may meet a SKU kept by
+-- location). A call declares them all, for request_fault's reason, from
+-- `keys[first]` on, and nothing after. Returns true when they are those of
+-- the stock key sku_keys was called with.
+local function side_keys_follow(keys, first, last)
   return keys[first] == holds_name and keys[first + 1] == held_name
     and keys[first + 2] == marker_name and keys[first + 3] == journal_name
-    and keys[first + 4] == (located and loc_name or nil)
-    and not keys[first + (located and 5 or 4)]
+    and keys[first + 4] == last and not keys[first + (last and 5 or 4)]
 end
 
 -- An operator's op record key must be the stock key plus ":op:<op_id>".
@@ -256,8 +252,8 @@ end
 -- The checks every call on one request makes of its keys and of its
 -- nonce, once its settings passed. KEYS: the stock key, the record key
 -- (which must lie under it), then the SKU's holds, held units, journal
--- marker and journal, and with `located` its locations hash, which must
--- be the names sku_keys makes. The scripts
+-- marker and journal, and `last` after them when given (the locations
+-- hash), which must be the names sku_keys makes. The scripts
 -- use the names sku_keys makes; the keys are declared all the same because
 -- in a cluster only a declared key is checked before the call runs: while
 -- its slot migrates, a key the script touched undeclared, absent from this
@@ -270,13 +266,13 @@ end
 -- error to return, or nil. Leaves
 -- sku_keys set for KEYS[1]. Its helpers are written out, as every such
 -- call makes it.
-local function request_fault(keys, nonce, located)
+local function request_fault(keys, nonce, last)
   local stock_key, record_key = keys[1], keys[2]
   if stock_key ~= known_stock then
     sku_keys(stock_key)
   end
   if #record_key <= #req_prefix or find(record_key, req_prefix, 1, true) ~= 1
-      or not side_keys_follow(keys, 3, located) then
+      or not side_keys_follow(keys, 3, last) then
     return badcall('keys do not follow the stockgate key layout')
   end
   if not nonce or #nonce > 32 or not find(nonce, '^%x+$') then
@@ -289,8 +285,8 @@ end
 -- HOLD.SHRINK; DEDUCT writes it out) checks first, before it reads
 -- anything: its settings, the text `text` of words `names` in `shape`
 -- (settle: a library checks a settings text once), then its keys and
--- nonce (request_fault, `located` as it says). Returns the settings; or
--- nil and the error to return.
+-- nonce (request_fault; with `located`, the SKU's locations hash after
+-- its other keys). Returns the settings; or nil and the error to return.
 local function enter(keys, text, names, shape, nonce, located)
   local settings = SETTLED[text]
   if not settings then
@@ -300,7 +296,15 @@ local function enter(keys, text, names, shape, nonce, located)
       return nil, bad
     end
   end
-  local bad = request_fault(keys, nonce, located)
+  local last
+  if located then
+    local stock_key = keys[1]
+    if loc_stock ~= stock_key then
+      loc_stock, loc_name = stock_key, stock_key .. ':loc'
+    end
+    last = loc_name
+  end
+  local bad = request_fault(keys, nonce, last)
   if bad then
     return nil, bad
   end

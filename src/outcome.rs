@@ -176,13 +176,12 @@ impl StockReply {
 
     /// The reply as HOLD and CONFIRM show it (with the hold's expiry), or
     /// as DEDUCT and REVERT do (without).
-    pub fn with_expiry(mut self, shown: bool) -> Self {
+    pub fn show_expiry(&mut self, shown: bool) {
         self.expires_at = if shown {
             Some(self.expires_at.unwrap_or(0))
         } else {
             None
         };
-        self
     }
 
     /// Maps a script's reply from the redis crate, checking its shape.

@@ -490,7 +490,9 @@ mod tests {
             encoded(&hold, Protocol::Resp3),
             "*5\r\n:5\r\n:9\r\n$0\r\n\r\n:4\r\n:1790000000123\r\n"
         );
-        let refused = Reply::Stock(StockReply::invalid("ttl").with_expiry(true));
+        let mut refused = StockReply::invalid("ttl");
+        refused.show_expiry(true);
+        let refused = Reply::Stock(refused);
         assert_eq!(
             encoded(&refused, Protocol::Resp2),
             format!(

@@ -13,8 +13,8 @@
 //!   pipe calls).
 //! - `DEDUCT.AT, 2 locations` and `3 locations`: the same skus kept by
 //!   location, every location stocked, the call naming them all (`SPLIT`),
-//!   the first giving the unit: one `lua/allocate.lua` call, by the awaited
-//!   path ([`stockgate::stock::location`]).
+//!   the first giving the unit: one `lua/allocate.lua` call, a call on one
+//!   request like DEDUCT's, pre-encoded on the node pipes.
 //!
 //! A row's audit: every reply code 0, and Redis's stock (or locations'
 //! units) down by exactly the replies that said 0. The table shows the
@@ -38,7 +38,7 @@ fn name(locations: usize) -> String {
     }
 }
 
-struct AllocationRun {
+pub(crate) struct AllocationRun {
     locations: usize,
     depth: usize,
     per_second: f64,
@@ -95,7 +95,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
 
 /// `per_conn` deductions of qty 1 on each connection, fresh ids, skus
 /// drawn by `row` alone (every shape of a row takes the same skus).
-fn plan(
+pub(crate) fn plan(
     stockgate: &Stockgate,
     db: &Db,
     locations: usize,
@@ -136,6 +136,21 @@ fn measure(
     locations: usize,
     depth: usize,
 ) -> AllocationRun {
+    measure_with(runtime, stockgate, db, conns, locations, depth, &mut || {})
+}
+
+/// [`measure`], calling `hook` where the load generator probes: once the
+/// connections are open, and once every reply is in (the instructions
+/// mode zeroes and dumps its counters there).
+pub(crate) fn measure_with(
+    runtime: &tokio::runtime::Runtime,
+    stockgate: &Stockgate,
+    db: &mut Db,
+    conns: Vec<Conn>,
+    locations: usize,
+    depth: usize,
+    hook: &mut dyn FnMut(),
+) -> AllocationRun {
     let requests: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
     let pid = stockgate.pid();
     db.reset();
@@ -144,6 +159,7 @@ fn measure(
     }
     let (outcome, before, after) = runtime
         .block_on(loadgen::run_grouped(conns, depth, 1, || {
+            hook();
             probe(Some(pid), db)
         }))
         .unwrap_or_else(|e| {

@@ -33,6 +33,7 @@
 //! replaces.
 
 use crate::Knobs;
+use crate::allocation;
 use crate::fleet::{Fleet, Twemproxy, start_stockgate};
 use crate::orders;
 use crate::target::{Shape, Target, TargetId, plan};
@@ -46,6 +47,20 @@ pub struct Counts {
     pub requests: Vec<Count>,
     /// Per depth, through stockgate-cluster: an ORDER against three DEDUCTs.
     pub orders: Vec<OrderCount>,
+    /// Per depth, through stockgate-cluster: a DEDUCT.AT over two
+    /// locations against a DEDUCT.
+    pub allocations: Vec<AllocationCount>,
+}
+
+/// Two counted loads at one depth on one stockgate-cluster: DEDUCTs, then
+/// the same skus kept by two locations, DEDUCT.ATs naming both.
+pub struct AllocationCount {
+    pub depth: usize,
+    pub requests: u64,
+    /// Counted over the DEDUCTs.
+    pub deduct: u64,
+    /// Counted over the DEDUCT.ATs.
+    pub deduct_at: u64,
 }
 
 /// One counted load of single requests.
@@ -226,6 +241,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     let mut counts = Counts {
         requests: Vec::new(),
         orders: Vec::new(),
+        allocations: Vec::new(),
     };
     for id in wanted.into_iter().filter(|id| knobs.targets.contains(id)) {
         let name = format!("{}-callgrind", id.name());
@@ -313,6 +329,66 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     }
     if knobs.targets.contains(&TargetId::StockgateCluster) {
         counts.orders = count_orders(runtime, knobs, fleet, requests / 3);
+        counts.allocations = count_allocations(runtime, knobs, fleet, requests);
+    }
+    counts
+}
+
+/// The DEDUCT.AT rows: per depth, `requests` DEDUCTs of qty 1, then as
+/// many DEDUCT.ATs over two locations (the first gives), on the same skus
+/// kept by location, through a stockgate-cluster of their own under
+/// callgrind; each load counted as the DEDUCT rows are and audited as the
+/// allocation mode audits it.
+fn count_allocations(
+    runtime: &tokio::runtime::Runtime,
+    knobs: &Knobs,
+    fleet: &mut Fleet,
+    requests: usize,
+) -> Vec<AllocationCount> {
+    let name = "stockgate-cluster-allocation-callgrind";
+    let dir = fleet.dir.path().to_path_buf();
+    let stockgate = start_stockgate(
+        &callgrind(&dir, name),
+        &knobs.stockgate_bin,
+        name,
+        &fleet.cluster.seeds(),
+        "cluster",
+        &[],
+    );
+    let pid = stockgate.pid();
+    let db = &mut fleet.cluster_db;
+    let per_conn = requests.div_ceil(knobs.connections);
+    // Warm up both shapes.
+    for (row, locations) in [(9500, 0), (9501, 2)] {
+        let conns = allocation::plan(&stockgate, db, locations, knobs.connections, 10, row);
+        allocation::measure_with(runtime, &stockgate, db, conns, locations, 16, &mut || {});
+    }
+    let mut counts = Vec::new();
+    for &depth in &knobs.depths {
+        let row = 9600 + depth as u64;
+        let mut load = |locations: usize| {
+            let conns =
+                allocation::plan(&stockgate, db, locations, knobs.connections, per_conn, row);
+            let total: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
+            let (_, instructions) = counted(&dir, name, pid, |hook| {
+                allocation::measure_with(runtime, &stockgate, db, conns, locations, depth, hook)
+            });
+            (total, instructions)
+        };
+        let (total, deduct) = load(0);
+        let (_, deduct_at) = load(2);
+        let count = AllocationCount {
+            depth,
+            requests: total,
+            deduct,
+            deduct_at,
+        };
+        eprintln!(
+            "stockgate-cluster depth {depth:>2}: {:.0} instructions per DEDUCT, {:.0} per DEDUCT.AT over 2 locations",
+            count.deduct as f64 / total as f64,
+            count.deduct_at as f64 / total as f64,
+        );
+        counts.push(count);
     }
     counts
 }
@@ -425,6 +501,27 @@ pub fn render(counts: &Counts) -> String {
             count.per_request(),
             ratio
         );
+    }
+    if !counts.allocations.is_empty() {
+        out.push_str(
+            "\nInstructions per DEDUCT.AT (a stockgate-cluster of its own under callgrind, as \
+             above): over two locations, the first giving the unit, against a DEDUCT of the same \
+             skus:\n\n\
+             | depth | requests | instructions / DEDUCT | instructions / DEDUCT.AT | DEDUCT.AT / DEDUCT |\n\
+             |---:|---:|---:|---:|---:|\n",
+        );
+        for count in &counts.allocations {
+            let per = |n: u64| n as f64 / count.requests as f64;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {:.2}x |",
+                count.depth,
+                count.requests,
+                per(count.deduct),
+                per(count.deduct_at),
+                count.deduct_at as f64 / count.deduct as f64
+            );
+        }
     }
     if !counts.orders.is_empty() {
         out.push_str(

@@ -191,7 +191,9 @@ impl StockService {
                 Prepared::Call(call)
             }
             Err(invalid) => {
-                let reply = shown(single.reply, StockReply::invalid(invalid.0));
+                let mut reply = StockReply::invalid(invalid.0);
+                show(single.reply, &mut reply)
+                    .unwrap_or_else(|_| unreachable!("a code 3 shows without an allocation"));
                 let field = |f: Field| position(single, f).and_then(|i| args.get(i));
                 let entry = AccessEntry {
                     command,
@@ -507,18 +509,12 @@ impl StockService {
     fn finish(&self, call: &StockCall, result: StockResult) -> StockResult {
         let request = &call.request;
         let single = request.single;
-        let result = result.and_then(|reply| {
-            if single.reply == Shape::Allocation
-                && reply.allocation.is_none()
-                && reply.code != Code::Invalid
-            {
-                return Err(UpstreamError::new(
-                    crate::error::FaultKind::BadReply,
-                    "lua/allocate.lua answered without an allocation",
-                ));
-            }
-            Ok(shown(single.reply, reply))
-        });
+        let mut result = result;
+        if let Ok(reply) = &mut result
+            && let Err(fault) = show(single.reply, reply)
+        {
+            result = Err(fault);
+        }
         let metered = match call.on_behalf {
             OnBehalf::Caller => request.command,
             OnBehalf::Line { .. } => StockCommand::Order,
@@ -633,15 +629,22 @@ impl StockService {
     }
 }
 
-/// A reply as a call of `shape` shows it: with the hold's expiry or
+/// Makes `reply` what a call of `shape` shows: with the hold's expiry or
 /// without, and an allocation's always with one (empty for a call that
-/// took nothing).
-fn shown(shape: Shape, reply: StockReply) -> StockReply {
-    let mut reply = reply.with_expiry(shape != Shape::Plain);
+/// took nothing: a code 3). In place: a reply is a hundred bytes, and this
+/// is on every call's path.
+fn show(shape: Shape, reply: &mut StockReply) -> Result<(), UpstreamError> {
+    reply.show_expiry(shape != Shape::Plain);
     if shape == Shape::Allocation && reply.allocation.is_none() {
+        if reply.code != Code::Invalid {
+            return Err(UpstreamError::new(
+                crate::error::FaultKind::BadReply,
+                "lua/allocate.lua answered without an allocation",
+            ));
+        }
         reply.allocation = Some(Box::default());
     }
-    reply
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,19 +28,32 @@ use std::sync::Arc;
 const LINE_MOST: usize = 1 + 20 + 2;
 /// What a bulk string's header and CRLF take at most, besides its bytes.
 const LINE_MOST_BULK: usize = LINE_MOST + 2;
+/// The most of the caller's fields a script takes (HOLD.AT's four).
+const MOST_CALLER: usize = 4;
 
 /// One script's call on one request, pre-encoded.
 #[derive(Clone)]
 pub(super) struct Wire {
     pub(super) script: Arc<LuaScript>,
-    /// `FCALL <function>` and `EVALSHA <sha>`, encoded: the words after
-    /// the call's count, before its number of keys.
-    verbs: [Bytes; 2],
+    /// The call's head, per [`Calling`] and per whether the request names
+    /// a change (whose record is one more key): `*<n>` (when every call
+    /// has as many elements: see `counted`), the verb, the function or the
+    /// SHA, and the number of keys, encoded.
+    heads: [[Bytes; 2]; 2],
+    /// Whether `heads` hold the element count: not when the caller's
+    /// locations are arguments, one each, so the count is the request's.
+    counted: bool,
     keys: Keys,
     /// Its ARGV, each run of what every call has alike encoded once.
     pieces: Vec<Piece>,
+    /// The caller's fields among them, in order.
+    callers: Vec<Field>,
     /// How many ARGV elements every call has alike (words, settings, nonce).
     fixed_argc: usize,
+    /// What a call takes at most besides its keys and the bytes of the
+    /// caller's fields and nonce: its head and the encoded pieces, and a
+    /// bulk string's header and CRLF for each caller's field and the nonce.
+    most: usize,
     /// The settings, one argument, as they are (for the fallback).
     settings_arg: Vec<u8>,
     /// The settings one by one, as they are (for `lua/deduct_many.lua`,
@@ -74,13 +87,6 @@ impl Wire {
         flags: [&[u8]; 2],
     ) -> Wire {
         let script = (single.script)(scripts);
-        let verbs = [Calling::Function, Calling::Eval].map(|calling| {
-            let (verb, name) = script.named(calling);
-            let mut head = BytesMut::new();
-            reply::bulk_of(&mut head, verb.as_bytes());
-            reply::bulk_of(&mut head, name.as_bytes());
-            head.freeze()
-        });
         let joined_flags = flags.concat();
         let settings_arg = fixed
             .iter()
@@ -131,34 +137,71 @@ impl Wire {
         for arg in fixed.iter().chain(&flags) {
             reply::bulk_of(&mut split, arg);
         }
+        let counted = !single.argv.contains(&Arg::Caller(Field::Locations));
+        let fields: Vec<Field> = pieces
+            .iter()
+            .filter_map(|piece| match piece {
+                Piece::Caller(field) => Some(*field),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            fields.len() <= MOST_CALLER,
+            "a script takes at most {MOST_CALLER} of the caller's fields"
+        );
+        let callers = fields.len();
+        let heads = [Calling::Function, Calling::Eval].map(|calling| {
+            [false, true].map(|change| {
+                let key_count = key_count(single.keys, change);
+                let mut head = BytesMut::new();
+                if counted {
+                    script.write_head(calling, &mut head, key_count, callers + fixed_argc);
+                } else {
+                    // `*<n>` is the request's, written before these.
+                    let (verb, name) = script.named(calling);
+                    for word in [verb, name, &key_count.to_string()] {
+                        reply::bulk_of(&mut head, word.as_bytes());
+                    }
+                }
+                head.freeze()
+            })
+        });
+        let most = LINE_MOST
+            + heads.iter().flatten().map(Bytes::len).max().unwrap_or(0)
+            + pieces
+                .iter()
+                .map(|piece| match piece {
+                    Piece::Encoded { bytes, .. } => bytes.len(),
+                    Piece::Caller(_) | Piece::Nonce => LINE_MOST_BULK,
+                })
+                .sum::<usize>();
         Wire {
             script: script.clone(),
-            verbs,
+            heads,
+            counted,
             keys: single.keys,
             pieces,
+            callers: fields,
             fixed_argc,
+            most,
             settings_arg,
             fixed_args: fixed.iter().map(|a| a.to_vec()).collect(),
             split: split.freeze(),
         }
     }
 
-    fn verbs(&self, calling: Calling) -> &[u8] {
+    /// The head of a call on `request` (see [`Wire::heads`]).
+    fn head(&self, calling: Calling, request: &OneRequest) -> &[u8] {
+        let change = usize::from(self.names_change(request));
         match calling {
-            Calling::Function => &self.verbs[0],
-            Calling::Eval => &self.verbs[1],
+            Calling::Function => &self.heads[0][change],
+            Calling::Eval => &self.heads[1][change],
         }
     }
 
-    /// How many keys a call on `request` names.
-    fn key_count(&self, request: &OneRequest) -> usize {
-        let change = usize::from(request.change_id.is_some());
-        match self.keys {
-            Keys::Request => 6,
-            Keys::Located => 7,
-            Keys::Changed => 6 + change,
-            Keys::LocatedChanged => 7 + change,
-        }
+    /// Whether a call on `request` names its change's record.
+    fn names_change(&self, request: &OneRequest) -> bool {
+        request.change_id.is_some() && matches!(self.keys, Keys::Changed | Keys::LocatedChanged)
     }
 
     /// How many ARGV elements a call on `request` has.
@@ -190,19 +233,39 @@ impl Wire {
         buf: &mut BytesMut,
     ) -> LoneMarks {
         let (sku, request_id) = (&request.sku, &request.request_id);
-        let verbs = self.verbs(calling);
+        let head = self.head(calling, request);
         let stock = keys.stock_key_parts(sku);
         let record = keys.record_key_parts(sku, request_id);
         let side = keys.side_key_parts(sku);
         let located = matches!(self.keys, Keys::Located | Keys::LocatedChanged)
             .then(|| keys.locations_key_parts(sku));
-        let change = request
-            .change_id
-            .as_ref()
-            .filter(|_| matches!(self.keys, Keys::Changed | Keys::LocatedChanged))
-            .map(|change_id| keys.change_key_parts(sku, change_id));
-        let mut most = 2 * LINE_MOST
-            + verbs.len()
+        let change = match &request.change_id {
+            Some(change_id) if self.names_change(request) => {
+                Some(keys.change_key_parts(sku, change_id))
+            }
+            _ => None,
+        };
+        // The caller's fields, each looked up once (the locations aside:
+        // they are as many arguments as the request names).
+        let mut caller: [&[u8]; MOST_CALLER] = [b""; MOST_CALLER];
+        let mut caller_len = 0;
+        let mut located_args = 0;
+        for (slot, field) in caller.iter_mut().zip(&self.callers) {
+            if *field == Field::Locations {
+                located_args = request
+                    .locations()
+                    .iter()
+                    .map(|l| l.as_bytes().len() + LINE_MOST_BULK)
+                    .sum();
+            } else {
+                *slot = request.field(*field).unwrap_or_default();
+                caller_len += slot.len();
+            }
+        }
+        let most = self.most
+            + caller_len
+            + located_args
+            + nonce.len()
             + Spare::bulk_parts_most(&stock)
             + Spare::bulk_parts_most(&record)
             + side
@@ -211,26 +274,13 @@ impl Wire {
                 .sum::<usize>()
             + located.as_ref().map_or(0, |k| Spare::bulk_parts_most(k))
             + change.as_ref().map_or(0, |k| Spare::bulk_parts_most(k));
-        for piece in &self.pieces {
-            most += match piece {
-                Piece::Encoded { bytes, .. } => bytes.len(),
-                Piece::Caller(Field::Locations) => request
-                    .locations()
-                    .iter()
-                    .map(|l| l.as_bytes().len() + LINE_MOST_BULK)
-                    .sum(),
-                Piece::Caller(field) => {
-                    request.field(*field).map_or(0, <[u8]>::len) + LINE_MOST_BULK
-                }
-                Piece::Nonce => nonce.len() + LINE_MOST_BULK,
-            };
-        }
-        let key_count = self.key_count(request);
         let mut out = Spare::new(buf, most);
         let mut marks = LoneMarks::default();
-        out.line(b'*', (3 + key_count + self.arg_count(request)) as i64);
-        out.put(verbs);
-        out.bulk(itoa::Buffer::new().format(key_count).as_bytes());
+        if !self.counted {
+            let key_count = key_count(self.keys, change.is_some());
+            out.line(b'*', (3 + key_count + self.arg_count(request)) as i64);
+        }
+        out.put(head);
         marks[0] = out.written();
         out.bulk_parts(&stock);
         marks[1] = out.written();
@@ -247,6 +297,7 @@ impl Wire {
         }
         marks[3] = out.written();
         marks[4] = out.written();
+        let mut caller = caller.iter();
         for piece in &self.pieces {
             match piece {
                 Piece::Encoded { bytes, settings } => {
@@ -259,11 +310,12 @@ impl Wire {
                     }
                 }
                 Piece::Caller(Field::Locations) => {
+                    caller.next();
                     for location in request.locations() {
                         out.bulk(location.as_bytes());
                     }
                 }
-                Piece::Caller(field) => out.bulk(request.field(*field).unwrap_or_default()),
+                Piece::Caller(_) => out.bulk(caller.next().copied().unwrap_or_default()),
                 Piece::Nonce => out.bulk(nonce),
             }
         }
@@ -282,13 +334,7 @@ impl Wire {
         [stock, record, side, caller, nonce]: [&[u8]; 5],
         buf: &mut BytesMut,
     ) {
-        debug_assert_eq!(self.keys, Keys::Request);
-        let caller_count = self
-            .pieces
-            .iter()
-            .filter(|piece| matches!(piece, Piece::Caller(_)))
-            .count();
-        let verbs = self.verbs(calling);
+        debug_assert!(self.keys == Keys::Request && self.counted);
         let settings = self
             .pieces
             .iter()
@@ -300,21 +346,12 @@ impl Wire {
                 _ => None,
             })
             .unwrap_or_default();
-        let pieces = [
-            verbs,
-            b"$1\r\n6\r\n",
-            stock,
-            record,
-            side,
-            caller,
-            settings,
-            nonce,
-        ];
-        let mut out = Spare::new(
-            buf,
-            LINE_MOST + pieces.iter().map(|p| p.len()).sum::<usize>(),
-        );
-        out.line(b'*', (3 + 6 + caller_count + self.fixed_argc) as i64);
+        let head = match calling {
+            Calling::Function => &self.heads[0][0],
+            Calling::Eval => &self.heads[1][0],
+        };
+        let pieces = [head, stock, record, side, caller, settings, nonce];
+        let mut out = Spare::new(buf, pieces.iter().map(|p| p.len()).sum::<usize>());
         for piece in pieces {
             out.put(piece);
         }
@@ -380,5 +417,17 @@ impl Wire {
             }
         }
         argv
+    }
+}
+
+/// How many keys a call names: the request's six, then what `keys` adds
+/// (with `change`, the change's record).
+fn key_count(keys: Keys, change: bool) -> usize {
+    let change = usize::from(change);
+    match keys {
+        Keys::Request => 6,
+        Keys::Located => 7,
+        Keys::Changed => 6 + change,
+        Keys::LocatedChanged => 7 + change,
     }
 }
