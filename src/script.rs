@@ -524,7 +524,7 @@ scripts! {
     revert: new;
     hold: new;
     confirm: new;
-    /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/hold_change.rs`).
+    /// HOLD.EXTEND and HOLD.SHRINK (`src/stock/extend.rs`, `src/stock/shrink.rs`).
     change_hold: new;
     /// Every call on a SKU kept by location (`src/stock/location/`).
     allocate: new;

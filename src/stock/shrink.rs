@@ -16,7 +16,7 @@
 //! expires_at_ms]`: 0 given back (remain is the stock after it), 1 this
 //! change_id was applied, 3 invalid (also: the hold is confirmed),
 //! 4 reverted or revoked, 5 the hold ran out. `lua/change_hold.lua` has
-//! the script; [`super::hold_change`] the call.
+//! the script; [`super::call`] the call.
 
 use super::command::{Command, Footprint, Http, Serve, codes};
 use super::hold::HOLD_SETTINGS;
