@@ -43,10 +43,11 @@ pub(super) struct Replies {
     candidates: BTreeSet<u64>,
 }
 
-/// Up to this many requests in flight, none held, whether one must wait is
-/// a look at each earlier one; past it, or once one is held, the index
-/// answers ([`super::precedence`]). An order or a fallback in a short
-/// pipeline keeps no index.
+/// Up to this many requests in flight, whether one must wait, and which
+/// held one may go, is a look at each earlier one; past it the index
+/// answers ([`super::precedence`]). A short pipeline keeps no index, even
+/// with orders and held requests in it: keeping one costs each change of
+/// a slot more than a look at a few dozen does.
 const SCAN_MOST: usize = 64;
 
 /// What a slot's request touches ([`Touches`], without the SKU's name:
@@ -264,9 +265,9 @@ impl Replies {
         if let Some(precedence) = &mut self.index {
             precedence.set(ticket, entry, &mut self.candidates);
         }
-        // Few requests again, none held: a look at each is cheaper than
-        // keeping the index.
-        if self.held == 0 && self.slots.len() <= SCAN_MOST / 2 {
+        // Few requests again: a look at each is cheaper than keeping the
+        // index (the held ones are then found by a look too).
+        if self.slots.len() <= SCAN_MOST / 2 {
             self.index = None;
             self.candidates.clear();
         }
@@ -352,8 +353,15 @@ impl Replies {
         lines: Option<Box<Lines>>,
     ) {
         self.push_slot(protocol, kind, SlotState::Held(request), lines);
-        // A held request is let go by the changes the index names.
-        self.precedence();
+        self.index_when_long();
+    }
+
+    /// Past [`SCAN_MOST`] requests, the index, so that a held request is
+    /// let go by the changes it names; below, a look at each held one.
+    fn index_when_long(&mut self) {
+        if self.slots.len() > SCAN_MOST {
+            self.precedence();
+        }
     }
 
     /// Whether a request at `index` of `kind` on `sku` (an order's
@@ -386,8 +394,8 @@ impl Replies {
             (_, None) => TouchRef::Sku(sku),
         };
         let by_scan = || waits_by_scan((0..index).filter_map(|i| self.entry_of(i)), touch, how);
-        // A few requests, none held: a look at each, no index to keep.
-        if self.index.is_none() && self.held == 0 && self.slots.len() <= SCAN_MOST {
+        // A few requests: a look at each, no index to keep.
+        if self.index.is_none() && self.slots.len() <= SCAN_MOST {
             return by_scan();
         }
         let touch = touch.to_owned();
@@ -411,6 +419,14 @@ impl Replies {
             let mut index = Index::default();
             let mut none = BTreeSet::new();
             for i in 0..self.slots.len() {
+                // Held without an index, they were let go by a look at
+                // each: any of them may go now, as far as the index knows.
+                if matches!(
+                    self.slots[i].state,
+                    SlotState::Held(_) | SlotState::HeldFallback(_)
+                ) {
+                    self.candidates.insert(self.first + i as u64);
+                }
                 if let Some(entry) = self.entry_of(i) {
                     let entry = Entry {
                         touch: entry.touch.to_owned(),
@@ -441,8 +457,7 @@ impl Replies {
     pub(super) fn hold_fallback(&mut self, ticket: u64, call: StockCall) {
         if let Some(index) = self.index(ticket) {
             self.set_state(index, SlotState::HeldFallback(call));
-            // A held request is let go by the changes the index names.
-            self.precedence();
+            self.index_when_long();
         }
     }
 
@@ -455,13 +470,37 @@ impl Replies {
     }
 
     /// A held slot nothing holds back any more, taken out to be sent (its
-    /// slot pending meanwhile): of the held ones a change may have let go,
-    /// the first that may go.
+    /// slot pending meanwhile): the first that may go of the held ones a
+    /// change may have let go (with an index), or of them all (without).
     pub(super) fn take_releasable(&mut self) -> Option<(u64, Released)> {
+        if self.index.is_none() {
+            let mut next = 0;
+            while let Some(offset) = self.slots.range(next..).position(|slot| {
+                matches!(slot.state, SlotState::Held(_) | SlotState::HeldFallback(_))
+            }) {
+                let index = next + offset;
+                next = index + 1;
+                if let Some(released) = self.release_if_free(index) {
+                    return Some((self.first + index as u64, released));
+                }
+            }
+            return None;
+        }
         while let Some(ticket) = self.candidates.pop_first() {
             let Some(index) = self.index(ticket) else {
                 continue;
             };
+            if let Some(released) = self.release_if_free(index) {
+                return Some((ticket, released));
+            }
+        }
+        None
+    }
+
+    /// The held request at `index`, taken out to be sent, unless an
+    /// unfinished one before it still holds it back.
+    fn release_if_free(&mut self, index: usize) -> Option<Released> {
+        {
             let slot = &self.slots[index];
             // A held request is let go as a script call at most: whether it
             // reads first is known once it is checked, and a read let go
@@ -469,21 +508,19 @@ impl Replies {
             let how = match (&slot.state, slot.kind) {
                 (SlotState::Held(_), Kind::Piped) => Sending::Script,
                 (SlotState::Held(_) | SlotState::HeldFallback(_), _) => Sending::Alone,
-                _ => continue,
+                _ => return None,
             };
             let (kind, lines) = (slot.kind, slot.lines.clone());
             let sku = Bytes::copy_from_slice(slot.sku().unwrap_or_default());
             if self.must_wait(index, kind, &sku, lines.as_deref(), || how) {
-                continue;
+                return None;
             }
-            let released = match self.take_state(index, SlotState::Pending) {
-                SlotState::Held(request) => Released::Request(request),
-                SlotState::HeldFallback(call) => Released::Fallback(call),
-                _ => unreachable!("found held just above"),
-            };
-            return Some((ticket, released));
         }
-        None
+        Some(match self.take_state(index, SlotState::Pending) {
+            SlotState::Held(request) => Released::Request(request),
+            SlotState::HeldFallback(call) => Released::Fallback(call),
+            _ => unreachable!("found held just above"),
+        })
     }
 
     /// The call of `ticket` is with its node pipe now (its slot was
