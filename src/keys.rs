@@ -167,12 +167,14 @@ impl<'a> LocationField<'a> {
     }
 }
 
-/// How keys are named under one `--key-prefix`.
+/// How keys are named under one `--key-prefix`. Cloned for every task
+/// that names keys (each hold's mark in the sweep index among them), so a
+/// clone shares its names rather than copying its 4 × 64 shard keys.
 #[derive(Debug, Clone)]
 pub struct KeyLayout {
-    prefix: String,
+    prefix: std::sync::Arc<str>,
     /// The sweep index's shards, by shard number.
-    shards: Vec<SweepShard>,
+    shards: std::sync::Arc<[SweepShard]>,
 }
 
 impl KeyLayout {
@@ -188,7 +190,7 @@ impl KeyLayout {
                 "key prefix {prefix:?} must be 1 to 64 printable ASCII bytes without whitespace, '{{' or '}}'"
             ));
         }
-        let shards = (0..SWEEP_SHARDS)
+        let shards: Vec<SweepShard> = (0..SWEEP_SHARDS)
             .map(|k| {
                 let tag = shard_tag(k);
                 SweepShard {
@@ -200,8 +202,8 @@ impl KeyLayout {
             })
             .collect();
         let layout = KeyLayout {
-            prefix: prefix.to_owned(),
-            shards,
+            prefix: prefix.into(),
+            shards: shards.into(),
         };
         layout.verify_one_slot()?;
         Ok(layout)

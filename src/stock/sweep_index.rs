@@ -45,7 +45,7 @@ const RETRIES_KEPT: usize = 4096;
 /// Sends one mark.
 async fn deliver_mark(
     upstream: &crate::upstream::Upstream,
-    scripts: &crate::script::Scripts,
+    due_mark: &crate::script::LuaScript,
     keys: &crate::keys::KeyLayout,
     mark: &Mark,
 ) -> Result<(), UpstreamError> {
@@ -59,7 +59,7 @@ async fn deliver_mark(
     // and the redis crate's general path costs ~20 µs of CPU each.
     upstream
         .eval_piped(
-            &scripts.due_mark,
+            due_mark,
             &[&shard.due, &shard.marks],
             &[&mark.sku, at.as_bytes(), ttl.as_bytes()],
             tokio::time::Instant::now() + upstream.timeout(),
@@ -184,14 +184,14 @@ impl SweepIndex {
         };
         let ms = (ttl + ACTIVE_MARGIN).as_millis().to_string();
         let upstream = self.upstream.clone();
-        let scripts = self.scripts.clone();
+        let sweep_active = self.scripts.sweep_active.clone();
         let active = self.keys.sweep_active();
         let hints = self.hints.clone();
         runtime.spawn(async move {
             let number = index.to_string();
             if let Err(fault) = upstream
                 .eval(
-                    &scripts.sweep_active,
+                    &sweep_active,
                     &[&active],
                     &[number.as_bytes(), ms.as_bytes()],
                 )
@@ -246,11 +246,11 @@ impl SweepIndex {
             return;
         };
         let upstream = self.upstream.clone();
-        let scripts = self.scripts.clone();
+        let due_mark = self.scripts.due_mark.clone();
         let keys = self.keys.clone();
         let hints = self.hints.clone();
         runtime.spawn(async move {
-            if let Err(fault) = deliver_mark(&upstream, &scripts, &keys, &mark).await {
+            if let Err(fault) = deliver_mark(&upstream, &due_mark, &keys, &mark).await {
                 tracing::debug!(error = %fault, "could not mark a held sku in the sweep index; trying again at the next pass");
                 hints.retry(mark);
             }
@@ -266,7 +266,7 @@ impl SweepIndex {
     /// the next pass.
     pub(super) async fn resend_marks(&self) {
         for mark in self.hints.take_retries() {
-            if deliver_mark(&self.upstream, &self.scripts, &self.keys, &mark)
+            if deliver_mark(&self.upstream, &self.scripts.due_mark, &self.keys, &mark)
                 .await
                 .is_err()
             {

@@ -52,10 +52,8 @@ pub fn recover_after(service: &StockService) -> Duration {
 /// Before an order is filed: this stockgate looks at the order's shard
 /// until it is due and a while after, and the sweep leader is told of
 /// the shard.
-pub(super) fn watch_order(service: &StockService, id: &RequestId) {
-    service
-        .sweeper
-        .watch_shard(service.keys.order_shard_index(id), recover_after(service));
+pub(super) fn watch_order(service: &StockService, shard: usize) {
+    service.sweeper.watch_shard(shard, recover_after(service));
 }
 
 /// Files an order among the orders in flight, before its command
@@ -64,8 +62,9 @@ pub(super) fn watch_order(service: &StockService, id: &RequestId) {
 pub(super) async fn mark_order(
     service: &StockService,
     id: &RequestId,
+    shard: usize,
 ) -> Result<i64, UpstreamError> {
-    let shard = &service.keys.sweep_shards()[service.keys.order_shard_index(id)];
+    let shard = &service.keys.sweep_shards()[shard];
     let after = recover_after(service).as_millis().to_string();
     match service
         .upstream
@@ -85,13 +84,13 @@ pub(super) async fn mark_order(
 /// Takes an order that rests out of the orders in flight, unless an
 /// attempt filed it again since (`score`). Not awaited: an order left
 /// filed is looked at when due, found at rest, and taken out then.
-pub(super) fn unmark_order(service: &StockService, id: &RequestId, score: i64) {
+pub(super) fn unmark_order(service: &StockService, id: &RequestId, shard: usize, score: i64) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let upstream = service.upstream.clone();
     let script = service.scripts.order_due.clone();
-    let shard = service.keys.sweep_shards()[service.keys.order_shard_index(id)].clone();
+    let shard = service.keys.sweep_shards()[shard].clone();
     let id = id.as_bytes().to_vec();
     runtime.spawn(async move {
         let score = score.to_string();

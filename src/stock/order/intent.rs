@@ -343,7 +343,7 @@ impl Saga<'_> {
         };
         if let Some(ride) = ride {
             if ride == Ride::File {
-                filing::watch_order(self.service, &self.id.id);
+                filing::watch_order(self.service, self.shard);
             }
             match self.intent_call(op, Some(ride)).await {
                 Ok(intent) => {
@@ -356,7 +356,8 @@ impl Saga<'_> {
                 }
                 Err(fault) if fault.is_non_local_key() => {
                     if ride == Ride::File {
-                        let score = filing::mark_order(self.service, &self.id.id).await?;
+                        let score =
+                            filing::mark_order(self.service, &self.id.id, self.shard).await?;
                         self.filing = Filing::Filed(score);
                     }
                 }
@@ -384,7 +385,7 @@ impl Saga<'_> {
         ]);
         op.args(&mut digits, &mut args);
         if let Some(ride) = ride {
-            let shard = &keys.sweep_shards()[keys.order_shard_index(&self.id.id)];
+            let shard = &keys.sweep_shards()[self.shard];
             args.resize(7, b"");
             let (word, number): (&[u8], i64) = match ride {
                 Ride::File => (b"file", filing::recover_after(service).as_millis() as i64),

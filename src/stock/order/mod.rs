@@ -146,6 +146,9 @@ struct Saga<'a> {
     /// on it (a handful: a list, not a map).
     remains: Vec<(Sku, i64)>,
     filing: Filing,
+    /// The shard of the orders in flight the order is filed in (its
+    /// intent key's slot, hashed once).
+    shard: usize,
     deadline: tokio::time::Instant,
 }
 
@@ -236,7 +239,7 @@ async fn order_result(
     if result.is_ok()
         && let Filing::Filed(score) = saga.filing
     {
-        filing::unmark_order(service, &id.id, score);
+        filing::unmark_order(service, &id.id, saga.shard, score);
     }
     result
 }
@@ -250,6 +253,7 @@ impl<'a> Saga<'a> {
             made: Vec::new(),
             remains: Vec::new(),
             filing,
+            shard: service.keys.order_shard_index(&id.id),
             deadline: tokio::time::Instant::now() + filing::saga_budget(service),
         }
     }
