@@ -34,6 +34,9 @@ pub struct Applied {
     pub records: u64,
     /// Total stock decrease over every sku.
     pub stock_decrease: u64,
+    /// Units on hold over every sku (its `:held` counter): out of the
+    /// stock, not deducted for good.
+    pub held: u64,
 }
 
 impl Db {
@@ -121,6 +124,7 @@ impl Db {
         let mut applied = Applied {
             records: 0,
             stock_decrease: 0,
+            held: 0,
         };
         for (index, node) in self.nodes.iter_mut().enumerate() {
             let skus: Vec<&String> = self
@@ -154,6 +158,15 @@ impl Db {
                 .query(&mut node.conn)
                 .unwrap_or_else(|e| panic!("reading stock on {}: {e}", node.port));
             applied.stock_decrease += stocks.iter().map(|s| (START_STOCK - s) as u64).sum::<u64>();
+            let mut pipe = redis::pipe();
+            for sku in &skus {
+                let sku = Sku::parse(sku.to_string().into()).expect("valid sku");
+                pipe.get(self.layout.sku_keys(&sku).held);
+            }
+            let held: Vec<Option<u64>> = pipe
+                .query(&mut node.conn)
+                .unwrap_or_else(|e| panic!("reading held units on {}: {e}", node.port));
+            applied.held += held.into_iter().flatten().sum::<u64>();
         }
         applied
     }

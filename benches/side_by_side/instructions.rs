@@ -30,7 +30,11 @@
 //! way; each load audited as the `orders` mode audits it. `depth` is
 //! orders in flight per connection. The ratio of the two counts is how
 //! much more of stockgate an ORDER costs than the three DEDUCTs it
-//! replaces.
+//! replaces. Then the checkout flow, the same way: the same orders as
+//! ORDER.HOLD + ORDER.CONFIRM (written at once), against the same lines
+//! as three HOLDs, then, once all three answered, their three CONFIRMs
+//! (the `orders` mode's staged request; fresh ids), each load counted and
+//! audited the same way, and their ratio.
 
 use crate::Knobs;
 use crate::allocation;
@@ -77,8 +81,10 @@ impl Count {
     }
 }
 
-/// Two counted loads of the same orders at one depth: each a 3-line ORDER,
-/// then each as three DEDUCTs written at once.
+/// Four counted loads of the same orders at one depth: each a 3-line
+/// ORDER, then each as three DEDUCTs written at once; each an ORDER.HOLD
+/// and its ORDER.CONFIRM, then each as three HOLDs and, once they
+/// answered, their three CONFIRMs.
 pub struct OrderCount {
     pub depth: usize,
     pub orders: u64,
@@ -86,20 +92,34 @@ pub struct OrderCount {
     pub order: u64,
     /// Counted over the DEDUCTs, three per order.
     pub deducts: u64,
+    /// Counted over the ORDER.HOLDs and ORDER.CONFIRMs, one each per order.
+    pub hold_confirm: u64,
+    /// Counted over the HOLDs and CONFIRMs, three each per order.
+    pub holds_confirms: u64,
 }
 
 impl OrderCount {
+    fn per(&self, instructions: u64) -> f64 {
+        instructions as f64 / self.orders as f64
+    }
+
     pub fn per_order(&self) -> f64 {
-        self.order as f64 / self.orders as f64
+        self.per(self.order)
     }
 
     pub fn per_three_deducts(&self) -> f64 {
-        self.deducts as f64 / self.orders as f64
+        self.per(self.deducts)
     }
 
     /// stockgate's instructions per ORDER over three DEDUCTs'.
     pub fn ratio(&self) -> f64 {
         self.order as f64 / self.deducts as f64
+    }
+
+    /// stockgate's instructions per ORDER.HOLD + ORDER.CONFIRM over three
+    /// HOLDs' and three CONFIRMs'.
+    pub fn hold_ratio(&self) -> f64 {
+        self.hold_confirm as f64 / self.holds_confirms as f64
     }
 }
 
@@ -395,9 +415,10 @@ fn count_allocations(
 
 /// The ORDER rows: per depth, `orders` 3-line ORDERs (one sku of each
 /// primary, as the orders mode builds them), then the same orders as
-/// three DEDUCTs each, written at once (the same skus, fresh ids), each
-/// load counted as the DEDUCT rows are and audited as the orders mode
-/// audits it.
+/// three DEDUCTs each, written at once (the same skus, fresh ids); then
+/// the same orders as ORDER.HOLD + ORDER.CONFIRM, then as three HOLDs and
+/// their three CONFIRMs; each load counted as the DEDUCT rows are and
+/// audited as the orders mode audits it.
 ///
 /// They run on a stockgate-cluster of their own under callgrind, with
 /// `--timeout 60s`: under callgrind, 16 ORDERs in flight on each
@@ -424,14 +445,19 @@ fn count_orders(
     let db = &mut fleet.cluster_db;
     let by_node = orders::skus_by_node(db);
     let per_conn = orders.max(1).div_ceil(knobs.connections);
-    // Warm up both shapes: the intent calls and the order's paths are cold.
-    for (row, shape) in [(9000, orders::Shape::Order), (9001, orders::Shape::Deducts)] {
+    // Warm up every shape: the intent calls and the order's paths are cold.
+    for (row, shape) in [
+        (9000, orders::Shape::Order),
+        (9001, orders::Shape::Deducts),
+        (9002, orders::Shape::HoldConfirm),
+        (9003, orders::Shape::HoldsConfirms),
+    ] {
         let conns = orders::plan(stockgate, db, &by_node, shape, knobs.connections, 10, row);
         orders::measure_with(runtime, stockgate, db, conns, shape, 16, || {});
     }
     let mut counts = Vec::new();
     for &depth in &knobs.depths {
-        // One row number for both shapes: the same skus for each order.
+        // One row number for every shape: the same skus for each order.
         let row = 9100 + depth as u64;
         let mut load = |shape: orders::Shape| {
             let conns = orders::plan(
@@ -451,13 +477,19 @@ fn count_orders(
         };
         let (order_run, order) = load(orders::Shape::Order);
         let (deducts_run, deducts) = load(orders::Shape::Deducts);
+        let (hold_confirm_run, hold_confirm) = load(orders::Shape::HoldConfirm);
+        let (holds_confirms_run, holds_confirms) = load(orders::Shape::HoldsConfirms);
         let count = OrderCount {
             depth,
             orders: order_run.orders,
             order,
             deducts,
+            hold_confirm,
+            holds_confirms,
         };
-        assert_eq!(order_run.orders, deducts_run.orders, "the same orders");
+        for run in [&deducts_run, &hold_confirm_run, &holds_confirms_run] {
+            assert_eq!(order_run.orders, run.orders, "the same orders");
+        }
         eprintln!(
             "stockgate-cluster      depth {:>2}: {} orders, {:.0} instructions per ORDER, {:.0} per 3 DEDUCTs, {:.2}x ({:.1} s and {:.1} s under callgrind)",
             depth,
@@ -467,6 +499,16 @@ fn count_orders(
             count.ratio(),
             order_run.seconds,
             deducts_run.seconds,
+        );
+        eprintln!(
+            "stockgate-cluster      depth {:>2}: {} orders, {:.0} instructions per ORDER.HOLD + ORDER.CONFIRM, {:.0} per 3 HOLDs + 3 CONFIRMs, {:.2}x ({:.1} s and {:.1} s under callgrind)",
+            depth,
+            count.orders,
+            count.per(count.hold_confirm),
+            count.per(count.holds_confirms),
+            count.hold_ratio(),
+            hold_confirm_run.seconds,
+            holds_confirms_run.seconds,
         );
         counts.push(count);
     }
@@ -539,6 +581,24 @@ pub fn render(counts: &Counts) -> String {
                 count.per_order(),
                 count.per_three_deducts(),
                 count.ratio()
+            );
+        }
+        out.push_str(
+            "\nInstructions per ORDER.HOLD + ORDER.CONFIRM (the same stockgate-cluster, as above): \
+             the same orders held, then confirmed (both written at once), against the same lines \
+             as three HOLDs written at once and, once all three answered, their three CONFIRMs:\n\n\
+             | depth | orders | instructions / ORDER.HOLD + ORDER.CONFIRM | instructions / 3 HOLDs + 3 CONFIRMs | ORDER.HOLD + ORDER.CONFIRM / (3 HOLDs + 3 CONFIRMs) |\n\
+             |---:|---:|---:|---:|---:|\n",
+        );
+        for count in &counts.orders {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {:.2}x |",
+                count.depth,
+                count.orders,
+                count.per(count.hold_confirm),
+                count.per(count.holds_confirms),
+                count.hold_ratio()
             );
         }
     }

@@ -5,6 +5,9 @@
 //! every read sends as many new ones as replies came back, in one write (a
 //! closed loop, like a client pool with a pipeline). A request's latency is
 //! from the write that carried it to the read that completed its reply.
+//! [`run_grouped`] and [`run_staged`] are the same loop over requests of
+//! several commands: written together, or in stages, each stage once the
+//! one before it is answered (a caller's HOLDs, then its CONFIRMs).
 //!
 //! [`open_loop`]: requests go out at a fixed rate on a schedule, whatever
 //! the replies do, and a request's latency is from when it was due to be
@@ -32,6 +35,19 @@ pub struct Encoded {
     bytes: Vec<u8>,
     /// `ends[i]` is where request `i` ends in `bytes`.
     ends: Vec<usize>,
+    /// Every stage of every request, in order (a request of
+    /// [`Encoded::push`] or [`Encoded::push_group`] is one stage).
+    stages: Vec<Stage>,
+    /// `staged[i]` is the index in `stages` past request `i`'s last stage.
+    staged: Vec<usize>,
+}
+
+/// Commands of one request written together: where they end in the
+/// encoded bytes, and how many they are (hence replies).
+#[derive(Debug, Clone, Copy)]
+struct Stage {
+    end: usize,
+    commands: usize,
 }
 
 impl Encoded {
@@ -55,20 +71,49 @@ impl Encoded {
         &self.bytes[start..self.ends[to - 1]]
     }
 
+    /// The first and the last stage of request `i`, as indices of
+    /// [`Encoded::stage`].
+    fn stages_of(&self, i: usize) -> (usize, usize) {
+        let first = if i == 0 { 0 } else { self.staged[i - 1] };
+        (first, self.staged[i] - 1)
+    }
+
+    /// Stage `s`'s commands, as one slice, and how many they are.
+    fn stage(&self, s: usize) -> (&[u8], usize) {
+        let start = if s == 0 { 0 } else { self.stages[s - 1].end };
+        let Stage { end, commands } = self.stages[s];
+        (&self.bytes[start..end], commands)
+    }
+
     /// Appends one command as a RESP array of bulk strings.
     pub fn push(&mut self, args: &[&[u8]]) {
-        self.encode(args);
-        self.ends.push(self.bytes.len());
+        self.push_group(&[args]);
     }
 
     /// Appends several commands as one request: they go out in one write
     /// and the request is answered by their last reply (see
     /// [`run_grouped`]).
     pub fn push_group(&mut self, commands: &[&[&[u8]]]) {
-        for args in commands {
-            self.encode(args);
+        self.push_staged(&[commands]);
+    }
+
+    /// Appends a request made of stages, each of several commands: a
+    /// stage's commands go out in one write once every reply of the stage
+    /// before it is in, and the request is answered by its last stage's
+    /// last reply (see [`run_staged`]).
+    pub fn push_staged(&mut self, stages: &[&[&[&[u8]]]]) {
+        for commands in stages {
+            assert!(!commands.is_empty(), "a stage of no command");
+            for args in *commands {
+                self.encode(args);
+            }
+            self.stages.push(Stage {
+                end: self.bytes.len(),
+                commands: commands.len(),
+            });
         }
         self.ends.push(self.bytes.len());
+        self.staged.push(self.stages.len());
     }
 
     fn encode(&mut self, args: &[&[u8]]) {
@@ -215,9 +260,40 @@ pub async fn run_grouped<P>(
     conns: Vec<Conn>,
     depth: usize,
     group: usize,
-    mut probe: impl FnMut() -> P,
+    probe: impl FnMut() -> P,
 ) -> Result<(RunOutcome, P, P), String> {
     assert!(group >= 1);
+    run_each(conns, probe, |stream, requests| {
+        tokio::spawn(drive(stream, requests, depth, group))
+    })
+    .await
+}
+
+/// [`run`], where every request is made of stages (written with
+/// [`Encoded::push_staged`]): a request's first stage goes out when there
+/// is room, each next stage once every reply of the one before it is in,
+/// and `depth` counts requests in flight, whatever stage they are at. A
+/// request's latency runs from the write of its first stage to the last
+/// reply of its last. Every reply's code is counted.
+pub async fn run_staged<P>(
+    conns: Vec<Conn>,
+    depth: usize,
+    probe: impl FnMut() -> P,
+) -> Result<(RunOutcome, P, P), String> {
+    run_each(conns, probe, |stream, requests| {
+        tokio::spawn(drive_staged(stream, requests, depth))
+    })
+    .await
+}
+
+/// Opens the connections, calls `probe`, runs `spawn`'s task on each
+/// connection with its requests, waits for them all, and calls `probe`
+/// again.
+async fn run_each<P>(
+    conns: Vec<Conn>,
+    mut probe: impl FnMut() -> P,
+    spawn: impl Fn(TcpStream, Encoded) -> tokio::task::JoinHandle<Result<ConnOutcome, String>>,
+) -> Result<(RunOutcome, P, P), String> {
     let addrs: Vec<SocketAddr> = conns.iter().map(|c| c.addr).collect();
     let connecting = Instant::now();
     let streams = connect_all(&addrs).await.map_err(|e| e.to_string())?;
@@ -227,7 +303,7 @@ pub async fn run_grouped<P>(
     let tasks: Vec<_> = conns
         .into_iter()
         .zip(streams)
-        .map(|(conn, stream)| tokio::spawn(drive(stream, conn.requests, depth, group)))
+        .map(|(conn, stream)| spawn(stream, conn.requests))
         .collect();
     let (outcome, failure) = gather(tasks, connecting, started).await;
     let after = probe();
@@ -388,6 +464,103 @@ async fn drive(
                 .ok_or("a reply to a request never sent")?;
             tally.record(reply, now - started);
             answered += 1;
+        }
+    }
+    Ok(tally.done(stream, Instant::now()))
+}
+
+/// The replies a connection waits for from one stage it wrote: of which
+/// request stage, how many are still to come, and when the request's
+/// first stage was written.
+struct Awaited {
+    stage: usize,
+    /// The request's last stage.
+    last: usize,
+    left: usize,
+    started: Instant,
+}
+
+/// One connection of [`run_staged`]: keeps `depth` requests in flight,
+/// each stage written once the stage before it is answered, until all
+/// are answered. Replies on one connection come back in the order their
+/// commands were written, so the stages awaited are a queue.
+async fn drive_staged(
+    mut stream: TcpStream,
+    requests: Encoded,
+    depth: usize,
+) -> Result<ConnOutcome, String> {
+    let total = requests.len();
+    let mut tally = Tally::new();
+    // Requests whose first stage is written, and of those the answered.
+    let mut begun = 0;
+    let mut answered = 0;
+    let mut awaited: VecDeque<Awaited> = VecDeque::with_capacity(depth);
+    // Stages due because the one before was answered: (stage, last
+    // stage, the request's start).
+    let mut due: Vec<(usize, usize, Instant)> = Vec::with_capacity(depth);
+    let mut out = Vec::with_capacity(64 * 1024);
+    let mut input = BytesMut::with_capacity(64 * 1024);
+    while answered < total {
+        out.clear();
+        for (stage, last, started) in due.drain(..) {
+            let (bytes, commands) = requests.stage(stage);
+            out.extend_from_slice(bytes);
+            awaited.push_back(Awaited {
+                stage,
+                last,
+                left: commands,
+                started,
+            });
+        }
+        let fresh = awaited.len();
+        while begun - answered < depth && begun < total {
+            let (first, last) = requests.stages_of(begun);
+            let (bytes, commands) = requests.stage(first);
+            out.extend_from_slice(bytes);
+            awaited.push_back(Awaited {
+                stage: first,
+                last,
+                left: commands,
+                // Set once the write is done, below.
+                started: Instant::now(),
+            });
+            begun += 1;
+        }
+        if !out.is_empty() {
+            stream
+                .write_all(&out)
+                .await
+                .map_err(|e| format!("write: {e}"))?;
+            let now = Instant::now();
+            for first in awaited.iter_mut().skip(fresh) {
+                first.started = now;
+            }
+        }
+        read_some(&mut stream, &mut input, answered, total).await?;
+        let now = Instant::now();
+        while let Some((len, reply)) = parse_reply(&input)? {
+            input.advance(len);
+            let oldest = awaited
+                .front_mut()
+                .ok_or("a reply to a command never sent")?;
+            oldest.left -= 1;
+            if oldest.left > 0 {
+                tally.count(reply);
+                continue;
+            }
+            let Awaited {
+                stage,
+                last,
+                started,
+                ..
+            } = awaited.pop_front().expect("the stage just read");
+            if stage < last {
+                tally.count(reply);
+                due.push((stage + 1, last, started));
+            } else {
+                tally.record(reply, now - started);
+                answered += 1;
+            }
         }
     }
     Ok(tally.done(stream, Instant::now()))

@@ -6,7 +6,7 @@
 //! cargo bench --bench side_by_side                  # every mode below, in this order
 //! cargo bench --bench side_by_side -- throughput    # only the table
 //! cargo bench --bench side_by_side -- latency       # open loop: p50/p99/p99.9 at fixed rates
-//! cargo bench --bench side_by_side -- orders        # 3-line ORDERs against 3 DEDUCTs each
+//! cargo bench --bench side_by_side -- orders        # 3-line ORDERs against 3 DEDUCTs, 3 HOLDs + 3 CONFIRMs
 //! cargo bench --bench side_by_side -- allocation    # DEDUCT.AT over 2 and 3 locations beside DEDUCT
 //! cargo bench --bench side_by_side -- memory        # only the memory scenarios
 //! cargo bench --bench side_by_side -- instructions  # instructions per request and per ORDER, under callgrind
@@ -67,9 +67,11 @@
 //!
 //! The orders rows (`orders.rs`) put one 3-line ORDER (its lines on
 //! three primaries) through `stockgate-cluster` against the same work as
-//! three DEDUCTs written at once, and print orders per second, latency and
-//! CPU per order, and the ratio; their audit: every reply code 0, and the
-//! stock down by exactly 3 × the orders.
+//! three DEDUCTs written at once, and ORDER.HOLD + ORDER.CONFIRM against
+//! three HOLDs, then their three CONFIRMs, and print orders per second,
+//! latency and CPU per order, and the ratios; their audit: every reply
+//! code 0, and the stock down by exactly 3 × the orders, nothing left on
+//! hold.
 //!
 //! The throughput rows are a closed loop (`depth` requests in flight per
 //! connection): they find the most a target serves, and their latencies

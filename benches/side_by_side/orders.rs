@@ -1,5 +1,7 @@
 //! Orders per second: one 3-line ORDER against the same work as three
-//! DEDUCTs (issue 15), through `stockgate-cluster`.
+//! DEDUCTs (issue 15), and ORDER.HOLD + ORDER.CONFIRM against the same
+//! work as three HOLDs, then three CONFIRMs (issue 46), through
+//! `stockgate-cluster`.
 //!
 //! ```sh
 //! cargo bench --bench side_by_side -- orders
@@ -7,12 +9,12 @@
 //! ```
 //!
 //! Every order has three lines of qty 1, one sku from each primary's slots
-//! (so its lines are on three different primaries), and a fresh id. Three
+//! (so its lines are on three different primaries), and a fresh id. Four
 //! shapes of the same order, same connections and depth:
 //!
 //! - `ORDER`: `ORDER <id> <sku a> 1 <sku b> 1 <sku c> 1`, all or nothing,
-//!   the saga in stockgate (begin, hold every line, commit, confirm every
-//!   line, done: five script rounds, the lines of a round in parallel).
+//!   the saga in stockgate (begin, take every line, done: three script
+//!   rounds, the lines of a round in parallel).
 //! - `ORDER.HOLD + ORDER.CONFIRM`: the same lines held (ttl 600 s), then
 //!   confirmed: both written at once, the connection running the CONFIRM
 //!   after the HOLD answered (an order command waits for what came
@@ -23,14 +25,25 @@
 //!   order done at the last of the three replies. Cheaper, and not the
 //!   same guarantee: on a shortage or a crash between them, the caller
 //!   has to find out what was applied and revert it.
+//! - `3 × HOLD, then 3 × CONFIRM`: the checkout flow done by the caller
+//!   line by line, the baseline of ORDER.HOLD + ORDER.CONFIRM: three
+//!   `HOLD <sku> 1 <id>-<k> 600000 <order_no>` written at once, and once
+//!   all three have answered, the three `CONFIRM <sku> <id>-<k>` written at
+//!   once (a staged request, `loadgen::run_staged`); the order done at the
+//!   last CONFIRM's reply. The same guarantee missing as for the DEDUCTs.
 //!
-//! `depth` is orders in flight per connection (so `3 × depth` DEDUCTs). A
-//! row's latency is per order, from its write to its (last) reply; CPU is
-//! per order, stockgate's from `/proc`, Redis's from `INFO cpu` summed
-//! over the primaries. After every row the audit: every reply code 0, and
-//! the stock decrease, summed over every sku, exactly 3 × the orders (each
-//! answered 0). Rows are interleaved over `BENCH_REPEATS`, and the table
-//! shows the medians, with the ratio ORDER / 3 × DEDUCT.
+//! `depth` is orders in flight per connection (so up to `3 × depth`
+//! DEDUCTs, HOLDs or CONFIRMs). A row's latency is per order, from its
+//! first write to its last reply; CPU is per order, stockgate's from
+//! `/proc`, Redis's from `INFO cpu` summed over the primaries. After every
+//! row the audit: every reply code 0 (every one counted, a HOLD's as a
+//! CONFIRM's), and the stock decrease, summed over every sku, exactly 3 ×
+//! the orders (each answered 0), with no unit left on hold (the SKUs'
+//! `:held` counters all 0: every hold confirmed). Rows are interleaved
+//! over `BENCH_REPEATS`, and the table shows the medians, with the ratios
+//! ORDER / 3 × DEDUCT, ORDER.HOLD + ORDER.CONFIRM / 3 × DEDUCT and
+//! ORDER.HOLD + ORDER.CONFIRM / 3 × HOLD + 3 × CONFIRM, then each ratio
+//! against its targets (issues 25 and 46).
 //!
 //! `BENCH_ORDERS` (default the smaller of 20,000 and `BENCH_REQUESTS`)
 //! orders per row; `BENCH_CONNECTIONS`, `BENCH_DEPTHS`, `BENCH_REPEATS`
@@ -44,6 +57,10 @@ use crate::target::Rng;
 use crate::throughput::probe;
 use std::fmt::Write;
 
+/// How long the holds of an order last, ORDER.HOLD's and the caller's
+/// own HOLDs alike: far longer than any row runs.
+const HOLD_TTL_MS: &[u8] = b"600000";
+
 /// The shapes of one order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -52,16 +69,34 @@ pub enum Shape {
     /// an order command after everything before it).
     HoldConfirm,
     Deducts,
+    /// Three HOLDs written at once, then, once all three answered, their
+    /// three CONFIRMs (a staged request, [`loadgen::run_staged`]).
+    HoldsConfirms,
 }
 
 impl Shape {
-    const ALL: [Shape; 3] = [Shape::Order, Shape::HoldConfirm, Shape::Deducts];
+    const ALL: [Shape; 4] = [
+        Shape::Order,
+        Shape::HoldConfirm,
+        Shape::Deducts,
+        Shape::HoldsConfirms,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Shape::Order => "ORDER (3 lines)",
             Shape::HoldConfirm => "ORDER.HOLD + ORDER.CONFIRM",
             Shape::Deducts => "3 × DEDUCT, pipelined",
+            Shape::HoldsConfirms => "3 × HOLD, then 3 × CONFIRM, pipelined",
+        }
+    }
+
+    /// The shape as the baseline of a ratio.
+    fn baseline_name(self) -> &'static str {
+        match self {
+            Shape::Deducts => "3 × DEDUCT",
+            Shape::HoldsConfirms => "3 × HOLD + 3 × CONFIRM",
+            other => other.name(),
         }
     }
 
@@ -71,6 +106,7 @@ impl Shape {
             Shape::Order => "order",
             Shape::HoldConfirm => "hold-confirm",
             Shape::Deducts => "3-deducts",
+            Shape::HoldsConfirms => "3-holds-3-confirms",
         }
     }
 
@@ -80,18 +116,48 @@ impl Shape {
             Shape::Order => 1,
             Shape::HoldConfirm => 2,
             Shape::Deducts => 3,
+            Shape::HoldsConfirms => 6,
         }
     }
 }
 
-/// Issue 25's targets, as ratios of an order shape to three pipelined
-/// DEDUCTs: (what, column in the medians, the bound, whether the ratio
-/// must stay at or below it, the depths it applies to).
-const TARGETS: [(&str, usize, f64, bool, Option<usize>); 4] = [
-    ("Redis CPU per order", 4, 1.5, true, None),
-    ("stockgate CPU per order", 3, 2.0, true, None),
-    ("orders/s", 0, 0.6, false, None),
-    ("p50", 1, 2.0, true, Some(1)),
+/// The ratios the table shows: an order shape over the caller's own
+/// commands that do the same work.
+const PAIRS: [(Shape, Shape); 3] = [
+    (Shape::Order, Shape::Deducts),
+    (Shape::HoldConfirm, Shape::Deducts),
+    (Shape::HoldConfirm, Shape::HoldsConfirms),
+];
+
+/// One target: (the ratio's pair, what, column in the medians, the bound,
+/// whether the ratio must stay at or below it, the depth it applies to,
+/// every depth when `None`).
+type Target = (
+    (Shape, Shape),
+    &'static str,
+    usize,
+    f64,
+    bool,
+    Option<usize>,
+);
+
+/// The targets: issue 25's for both order shapes against three DEDUCTs
+/// (issue 46's for ORDER are the same, at every depth), and issue 46's
+/// for ORDER.HOLD + ORDER.CONFIRM against the HOLDs and CONFIRMs it is
+/// made of.
+const TARGETS: [Target; 12] = [
+    (PAIRS[0], "Redis CPU per order", 4, 1.5, true, None),
+    (PAIRS[0], "stockgate CPU per order", 3, 2.0, true, None),
+    (PAIRS[0], "orders/s", 0, 0.6, false, None),
+    (PAIRS[0], "p50", 1, 2.0, true, Some(1)),
+    (PAIRS[1], "Redis CPU per order", 4, 1.5, true, None),
+    (PAIRS[1], "stockgate CPU per order", 3, 2.0, true, None),
+    (PAIRS[1], "orders/s", 0, 0.6, false, None),
+    (PAIRS[1], "p50", 1, 2.0, true, Some(1)),
+    (PAIRS[2], "Redis CPU per order", 4, 1.4, true, None),
+    (PAIRS[2], "stockgate CPU per order", 3, 2.0, true, None),
+    (PAIRS[2], "orders/s", 0, 0.6, false, None),
+    (PAIRS[2], "p50", 1, 2.0, true, None),
 ];
 
 /// One measured row.
@@ -242,7 +308,7 @@ pub fn plan(
                         &[
                             b"ORDER.HOLD",
                             id.as_bytes(),
-                            b"600000",
+                            HOLD_TTL_MS,
                             skus[0],
                             b"1",
                             skus[1],
@@ -268,6 +334,28 @@ pub fn plan(
                             .collect();
                         let commands: Vec<&[&[u8]]> = commands.iter().map(|c| &c[..]).collect();
                         requests.push_group(&commands);
+                    }
+                    Shape::HoldsConfirms => {
+                        let order_no = format!("ORD-{c}-{n}");
+                        let ids: Vec<String> = (0..3).map(|k| format!("{id}-{k}")).collect();
+                        let holds: Vec<[&[u8]; 6]> = (0..3)
+                            .map(|k| {
+                                [
+                                    &b"HOLD"[..],
+                                    skus[k],
+                                    b"1",
+                                    ids[k].as_bytes(),
+                                    HOLD_TTL_MS,
+                                    order_no.as_bytes(),
+                                ]
+                            })
+                            .collect();
+                        let confirms: Vec<[&[u8]; 3]> = (0..3)
+                            .map(|k| [&b"CONFIRM"[..], skus[k], ids[k].as_bytes()])
+                            .collect();
+                        let holds: Vec<&[&[u8]]> = holds.iter().map(|c| &c[..]).collect();
+                        let confirms: Vec<&[&[u8]]> = confirms.iter().map(|c| &c[..]).collect();
+                        requests.push_staged(&[&holds, &confirms]);
                     }
                 }
             }
@@ -307,11 +395,17 @@ pub fn measure_with(
     let replies = orders * shape.group() as u64;
     let pid = stockgate.pid();
     db.reset();
+    let probed = || {
+        at_probe();
+        probe(Some(pid), db)
+    };
     let (outcome, before, after) = runtime
-        .block_on(loadgen::run_grouped(conns, depth, shape.group(), || {
-            at_probe();
-            probe(Some(pid), db)
-        }))
+        .block_on(async {
+            match shape {
+                Shape::HoldsConfirms => loadgen::run_staged(conns, depth, probed).await,
+                _ => loadgen::run_grouped(conns, depth, shape.group(), probed).await,
+            }
+        })
         .unwrap_or_else(|e| panic!("orders, {}: the load generator failed: {e}", shape.name()));
     let name = shape.name();
     assert_eq!(outcome.replies(), replies, "{name}: replies counted");
@@ -322,11 +416,15 @@ pub fn measure_with(
             outcome.codes, outcome.errors, outcome.first_error
         ));
     }
-    let decrease = db.audit().stock_decrease;
+    // A held unit is out of the stock too: the decrease is deducted for
+    // good only with nothing left on hold (every hold confirmed).
+    let applied = db.audit();
+    let decrease = applied.stock_decrease;
     let answered_orders = outcome.codes[0] / shape.group() as u64;
-    if decrease != 3 * answered_orders {
+    if decrease != 3 * answered_orders || applied.held != 0 {
         problems.push(format!(
-            "the stock went down by {decrease}, for {answered_orders} orders of 3 lines answered 0"
+            "the stock went down by {decrease} with {} units still on hold, for {answered_orders} orders of 3 lines answered 0",
+            applied.held
         ));
     }
     assert!(
@@ -352,7 +450,8 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### Orders: one 3-line ORDER against three DEDUCTs, through stockgate-cluster\n\n\
+        "### Orders: one 3-line ORDER against three DEDUCTs, ORDER.HOLD + ORDER.CONFIRM against \
+         three HOLDs then three CONFIRMs, through stockgate-cluster\n\n\
          {orders} orders per row (3 lines of qty 1, each on its own primary, fresh ids), \
          {conns} connections, median of {repeats} runs. Latency and CPU per order.\n\n\
          | depth | shape | orders/s | p50 µs | p99 µs | stockgate CPU µs/order | Redis CPU µs/order |\n\
@@ -378,7 +477,6 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
                 of(&|r| r.redis_cpu_us),
             ]
         };
-        let deducts = medians(Shape::Deducts);
         for shape in Shape::ALL {
             let m = medians(shape);
             let _ = writeln!(
@@ -392,29 +490,29 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
                 m[4]
             );
         }
-        for shape in [Shape::Order, Shape::HoldConfirm] {
-            let r = ratios(&medians(shape), &deducts);
+        for pair @ (shape, baseline) in PAIRS {
+            let r = ratios(&medians(shape), &medians(baseline));
             let _ = writeln!(
                 out,
-                "| {depth} | ratio {} / 3 × DEDUCT | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
-                shape.name(),
+                "| {depth} | ratio {} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+                ratio_name(pair),
                 r[0],
                 r[1],
                 r[2],
                 r[3],
                 r[4]
             );
-            ratio_rows.push((depth, shape, r));
+            ratio_rows.push((depth, pair, r));
         }
     }
     let _ = writeln!(
         out,
-        "\n### Orders against their targets (ratios to 3 × DEDUCT, this run)\n\n\
+        "\n### Orders against their targets (ratios within this run)\n\n\
          | depth | shape | target | bound | ratio | met |\n|---:|---|---|---:|---:|---|"
     );
-    for (depth, shape, r) in &ratio_rows {
-        for (what, column, bound, at_most, only) in TARGETS {
-            if only.is_some_and(|d| d != *depth) {
+    for &(depth, pair, r) in &ratio_rows {
+        for (of, what, column, bound, at_most, only) in TARGETS {
+            if of != pair || only.is_some_and(|d| d != depth) {
                 continue;
             }
             let ratio = r[column];
@@ -426,7 +524,7 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
             let _ = writeln!(
                 out,
                 "| {depth} | {} | {what} | {}{bound:.1}× | {ratio:.2}× | {} |",
-                shape.name(),
+                ratio_name(pair),
                 if at_most { "≤ " } else { "≥ " },
                 if met { "yes" } else { "**no**" }
             );
@@ -435,8 +533,13 @@ fn table(knobs: &Knobs, orders: usize, runs: &[OrdersRun]) -> String {
     out
 }
 
-/// Each median of an order shape over three DEDUCTs' (`[orders/s, p50,
+/// Each median of an order shape over its baseline's (`[orders/s, p50,
 /// p99, stockgate CPU, Redis CPU]`).
-fn ratios(order: &[f64; 5], deducts: &[f64; 5]) -> [f64; 5] {
-    std::array::from_fn(|i| order[i] / deducts[i])
+fn ratios(order: &[f64; 5], baseline: &[f64; 5]) -> [f64; 5] {
+    std::array::from_fn(|i| order[i] / baseline[i])
+}
+
+/// `<shape> / <baseline>`, as the table names a ratio.
+fn ratio_name((shape, baseline): (Shape, Shape)) -> String {
+    format!("{} / {}", shape.name(), baseline.baseline_name())
 }

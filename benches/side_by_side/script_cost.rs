@@ -19,7 +19,11 @@
 //! sends with its defaults, each a fresh request_id), and the dump's total
 //! is divided by the calls (or, coalesced, by the deductions). The rows
 //! always run in the same order on a fresh server, so each meets the same
-//! keyspace.
+//! keyspace. The order rows make each call of a 3-line ORDER, and of an
+//! ORDER.HOLD then its ORDER.CONFIRM, as stockgate's saga makes them (the
+//! intent's keys and arguments, each line's call of the line id), step by
+//! step over all the orders, and sum an order's steps; their baselines
+//! are the DEDUCT, HOLD and CONFIRM rows.
 //!
 //! The server's timer (`serverCron`) is left out of every figure: it runs
 //! ten times a second of wall time whatever the load, and under callgrind,
@@ -63,6 +67,14 @@ fn servers() -> Vec<ServerKind> {
 const WINDOW: &str = "86400000";
 const MAX_QTY: &str = "1000000";
 const MAX_HOLD: &str = "3600000";
+/// How long after its command an order counts as left behind, as its
+/// filing among the orders in flight rides along with an intent call
+/// (`lua/order.lua`, ARGV[10]; its value costs a call nothing).
+const FILED_AFTER: &str = "20000";
+/// An ORDER.HOLD's ttl, and how long its line holds last: the ttl and
+/// `stock::order::LINE_MARGIN_MS`.
+const ORDER_HOLD_TTL: &str = "600000";
+const ORDER_LINE_TTL: &str = "602000";
 /// Calls per row (a quarter more run first, unmeasured), and members of
 /// the coalesced rows.
 const CALLS: usize = 3000;
@@ -443,6 +455,63 @@ impl Meter {
     }
 }
 
+/// Runs intent calls that file their order (a begin, a confirm) as
+/// [`Meter::run`] does, each answering `phase`: their cost, and the score
+/// each order was filed at, for the call that takes it out. The
+/// unmeasured first calls are sent again for theirs (the intent as it
+/// is, filed again).
+fn filed_run(m: &mut Meter, label: &str, calls: Vec<redis::Cmd>, phase: &str) -> (f64, Vec<i64>) {
+    let warm = calls.len() / 5;
+    let (cost, measured) = m.run(label, calls.clone(), 1);
+    let warmed = m.send(&calls[..warm]);
+    let scores = warmed
+        .iter()
+        .chain(&measured)
+        .map(|reply| {
+            assert_eq!(
+                item(reply, 1),
+                &redis::Value::BulkString(phase.as_bytes().to_vec()),
+                "{label}: the order is {phase}"
+            );
+            match item(reply, 9) {
+                redis::Value::Int(score) => *score,
+                other => panic!("{label}: the filing's score, not {other:?}"),
+            }
+        })
+        .collect();
+    (cost, scores)
+}
+
+/// Item `i` of an array reply.
+fn item(reply: &redis::Value, i: usize) -> &redis::Value {
+    match reply {
+        redis::Value::Array(items) => items
+            .get(i)
+            .unwrap_or_else(|| panic!("a reply of {} items, no item {i}", items.len())),
+        other => panic!("an array reply, not {other:?}"),
+    }
+}
+
+/// Every reply of a line's call answered 0.
+fn assert_codes_0(what: &str, replies: &[redis::Value]) {
+    for reply in replies {
+        assert_eq!(item(reply, 0), &redis::Value::Int(0), "{what} answered 0");
+    }
+}
+
+/// Every advance moved its order to `phase` and took it out of the orders
+/// in flight.
+fn assert_rests(phase: &str, replies: &[redis::Value]) {
+    for reply in replies {
+        assert_eq!(
+            item(reply, 1),
+            &redis::Value::BulkString(phase.as_bytes().to_vec()),
+            "the order is {phase}"
+        );
+        assert_eq!(item(reply, 9), &redis::Value::Int(1), "taken out");
+    }
+}
+
 /// A table's cell: instructions, or nothing.
 fn cell(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
@@ -491,6 +560,7 @@ fn measure(kind: ServerKind, out: &mut String) {
     // Stock enough for every row; a journal where the rows want one.
     for sku in [
         "hot", "jhot", "hold-a", "hold-b", "hold-c", "hold-d", "line-a", "line-b", "line-c",
+        "hline-a", "hline-b", "hline-c",
     ] {
         m.set(&format!("stock:{{{sku}}}"), 1_000_000_000_000u64);
     }
@@ -813,7 +883,7 @@ fn measure(kind: ServerKind, out: &mut String) {
                         "8000",
                         "file",
                         filed,
-                        "20000",
+                        FILED_AFTER,
                     ]
                     .map(str::to_owned)
                     .into();
@@ -883,6 +953,133 @@ fn measure(kind: ServerKind, out: &mut String) {
                 };
                 assert_eq!(items.get(9), Some(&redis::Value::Int(1)), "taken out");
             }
+        }
+    }
+
+    // ORDER.HOLD, then ORDER.CONFIRM, of 3 lines as the saga runs them.
+    // ORDER.HOLD: begin (kind H, filing the order), one HOLD per line of
+    // the line id, advance HOLDING -> HELD (taking it out). ORDER.CONFIRM,
+    // an attempt of its own: confirm HELD -> CONFIRMING (filing it again),
+    // one CONFIRM per line (missing stock as zero, as an order's line
+    // ends), advance CONFIRMING -> DONE (taking it out).
+    let mut held_order = [[[0.0; 6]; 2]; 2];
+    let hline_skus = ["hline-a", "hline-b", "hline-c"];
+    for (e, set) in sets.iter().enumerate() {
+        for (c, calling) in CALLINGS.iter().copied().enumerate() {
+            let label = |what: &str| {
+                format!(
+                    "ORDER.HOLD + ORDER.CONFIRM {what} {} by {}",
+                    set.era.name(),
+                    calling.verb()
+                )
+            };
+            let orders: Vec<u64> = (0..ORDERS + ORDERS / 4).map(|_| id()).collect();
+            let intent = |o: u64| vec![format!("stock:{{order:o{o}}}:intent")];
+            let filed = "stock:{sweep-0-16}:orders";
+            // An intent call: the op, its own arguments (four, "" when
+            // unused), then the filing that rides along.
+            let intent_call = |o: u64, nonce: &str, op: [&str; 5], filing: (&str, &str)| {
+                let mut args: Vec<String> =
+                    vec![op[0].to_owned(), WINDOW.to_owned(), nonce.to_owned()];
+                args.extend(op[1..].iter().map(|a| a.to_string()));
+                args.extend([filing.0.to_owned(), filed.to_owned(), filing.1.to_owned()]);
+                set.call("order", calling, &intent(o), &args)
+            };
+            let line_calls = |script: &str,
+                              caller: &[&str],
+                              settings: &[&str],
+                              nonce: &dyn Fn(u64) -> String|
+             -> Vec<redis::Cmd> {
+                orders
+                    .iter()
+                    .flat_map(|&o| {
+                        hline_skus.map(|sku| {
+                            let stock = format!("stock:{{{sku}}}");
+                            set.request(
+                                script,
+                                calling,
+                                [&stock, &format!("{stock}:req:~ord:o{o}")],
+                                caller,
+                                settings,
+                                false,
+                                &nonce(o),
+                            )
+                        })
+                    })
+                    .collect()
+            };
+            let lines = hline_skus.map(|sku| format!("{sku} 1")).join(" ");
+            let begins: Vec<redis::Cmd> = orders
+                .iter()
+                .map(|&o| {
+                    intent_call(
+                        o,
+                        &format!("{o:x}"),
+                        ["begin", "H", &lines, ORDER_HOLD_TTL, ORDER_LINE_TTL],
+                        ("file", FILED_AFTER),
+                    )
+                })
+                .collect();
+            let (cost, held_scores) = filed_run(&mut m, &label("begin"), begins, "HOLDING");
+            held_order[e][c][0] = cost;
+            let holds = line_calls(
+                "hold",
+                &["1", "", ORDER_LINE_TTL],
+                &[MAX_HOLD, WINDOW, MAX_QTY, "error"],
+                &|o| format!("{o:x}"),
+            );
+            let (cost, replies) = m.run(&label("lines (HOLD each)"), holds, 1);
+            held_order[e][c][1] = cost;
+            assert_codes_0("a line's HOLD", &replies);
+            let advances: Vec<redis::Cmd> = orders
+                .iter()
+                .zip(&held_scores)
+                .map(|(&o, score)| {
+                    intent_call(
+                        o,
+                        &format!("{o:x}"),
+                        ["advance", "HOLDING", "HELD", "", ""],
+                        ("unfile", &score.to_string()),
+                    )
+                })
+                .collect();
+            let (cost, replies) = m.run(&label("advance to HELD"), advances, 1);
+            held_order[e][c][2] = cost;
+            assert_rests("HELD", &replies);
+            let confirms: Vec<redis::Cmd> = orders
+                .iter()
+                .map(|&o| {
+                    intent_call(
+                        o,
+                        &format!("c{o:x}"),
+                        ["confirm", "", "", "", ""],
+                        ("file", FILED_AFTER),
+                    )
+                })
+                .collect();
+            let (cost, confirm_scores) =
+                filed_run(&mut m, &label("confirm"), confirms, "CONFIRMING");
+            held_order[e][c][3] = cost;
+            let line_confirms =
+                line_calls("confirm", &[], &[WINDOW, "zero"], &|o| format!("c{o:x}"));
+            let (cost, replies) = m.run(&label("lines (CONFIRM each)"), line_confirms, 1);
+            held_order[e][c][4] = cost;
+            assert_codes_0("a line's CONFIRM", &replies);
+            let advances: Vec<redis::Cmd> = orders
+                .iter()
+                .zip(&confirm_scores)
+                .map(|(&o, score)| {
+                    intent_call(
+                        o,
+                        &format!("c{o:x}"),
+                        ["advance", "CONFIRMING", "DONE", "", ""],
+                        ("unfile", &score.to_string()),
+                    )
+                })
+                .collect();
+            let (cost, replies) = m.run(&label("advance to DONE"), advances, 1);
+            held_order[e][c][5] = cost;
+            assert_rests("DONE", &replies);
         }
     }
 
@@ -976,6 +1173,52 @@ fn measure(kind: ServerKind, out: &mut String) {
         ratio(1, 0),
         ratio(1, 1)
     );
+    let held_steps = [
+        "ORDER.HOLD: begin (kind H), filing the order",
+        "ORDER.HOLD: a line's HOLD",
+        "ORDER.HOLD: advance HOLDING -> HELD, taking it out",
+        "ORDER.CONFIRM: confirm HELD -> CONFIRMING, filing the order",
+        "ORDER.CONFIRM: a line's CONFIRM",
+        "ORDER.CONFIRM: advance CONFIRMING -> DONE, taking it out",
+    ];
+    for (s, step) in held_steps.iter().enumerate() {
+        row(
+            out,
+            step,
+            [
+                [held_order[0][0][s], held_order[0][1][s]],
+                [held_order[1][0][s], held_order[1][1][s]],
+            ],
+            "",
+        );
+    }
+    let held_whole = |e: usize, c: usize| {
+        let steps = &held_order[e][c];
+        steps[0] + 3.0 * steps[1] + steps[2] + steps[3] + 3.0 * steps[4] + steps[5]
+    };
+    let each = |f: &dyn Fn(usize, usize) -> f64| [[f(0, 0), f(0, 1)], [f(1, 0), f(1, 1)]];
+    row(
+        out,
+        "ORDER.HOLD + ORDER.CONFIRM of 3 lines (begin, 3 HOLDs, advance; confirm, 3 CONFIRMs, advance)",
+        each(&held_whole),
+        "",
+    );
+    let by_hand = |e: usize, c: usize| 3.0 * (hold[e][c] + confirm[e][c]);
+    row(
+        out,
+        "3 HOLDs + 3 CONFIRMs (the rows above)",
+        each(&by_hand),
+        "",
+    );
+    let held_ratio = |e: usize, c: usize| held_whole(e, c) / by_hand(e, c);
+    let _ = writeln!(
+        out,
+        "| ORDER.HOLD + ORDER.CONFIRM / (3 HOLDs + 3 CONFIRMs) | {:.2}× | {:.2}× | {:.2}× | {:.2}× | | |",
+        held_ratio(0, 0),
+        held_ratio(0, 1),
+        held_ratio(1, 0),
+        held_ratio(1, 1)
+    );
     let _ = writeln!(
         out,
         "\nCoalesced, now, by FCALL: {}.",
@@ -995,6 +1238,7 @@ fn measure(kind: ServerKind, out: &mut String) {
          | a coalesced deduction (32) ≤ 25,000 | {:.0} | {} |\n\
          | a coalesced deduction with the journal ≤ +20% | {} | {} |\n\
          | ORDER ≤ 1.5 × three DEDUCTs | {:.2}× | {} |\n\
+         | ORDER.HOLD + ORDER.CONFIRM ≤ 1.4 × (3 HOLDs + 3 CONFIRMs) | {:.2}× | {} |\n\
          | HOLD ≤ 75% of before | {:.0}% | {} |\n\
          | CONFIRM ≤ 75% of before | {:.0}% | {} |\n\
          | REVERT ≤ 75% of before | {:.0}% | {} |",
@@ -1008,6 +1252,8 @@ fn measure(kind: ServerKind, out: &mut String) {
         met(many_journal[1][f] <= 1.2 * many[1][f]),
         ratio(1, f),
         met(ratio(1, f) <= 1.5),
+        held_ratio(1, f),
+        met(held_ratio(1, f) <= 1.4),
         100.0 * hold[1][f] / hold[0][f],
         met(hold[1][f] <= 0.75 * hold[0][f]),
         100.0 * confirm[1][f] / confirm[0][f],
