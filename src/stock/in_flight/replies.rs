@@ -474,17 +474,9 @@ impl Replies {
     /// change may have let go (with an index), or of them all (without).
     pub(super) fn take_releasable(&mut self) -> Option<(u64, Released)> {
         if self.index.is_none() {
-            let mut next = 0;
-            while let Some(offset) = self.slots.range(next..).position(|slot| {
-                matches!(slot.state, SlotState::Held(_) | SlotState::HeldFallback(_))
-            }) {
-                let index = next + offset;
-                next = index + 1;
-                if let Some(released) = self.release_if_free(index) {
-                    return Some((self.first + index as u64, released));
-                }
-            }
-            return None;
+            let index = self.first_free_held()?;
+            let released = self.take_held(index);
+            return Some((self.first + index as u64, released));
         }
         while let Some(ticket) = self.candidates.pop_first() {
             let Some(index) = self.index(ticket) else {
@@ -497,30 +489,58 @@ impl Replies {
         None
     }
 
-    /// The held request at `index`, taken out to be sent, unless an
-    /// unfinished one before it still holds it back.
-    fn release_if_free(&mut self, index: usize) -> Option<Released> {
-        {
-            let slot = &self.slots[index];
-            // A held request is let go as a script call at most: whether it
-            // reads first is known once it is checked, and a read let go
-            // behind an unfinished read is answered by the script anyway.
-            let how = match (&slot.state, slot.kind) {
-                (SlotState::Held(_), Kind::Piped) => Sending::Script,
-                (SlotState::Held(_) | SlotState::HeldFallback(_), _) => Sending::Alone,
-                _ => return None,
+    /// Without an index: the first held request that nothing unfinished
+    /// before it holds back, by a look at each earlier one. A held request
+    /// that touches everything and must wait holds back every one after it.
+    fn first_free_held(&self) -> Option<usize> {
+        for index in 0..self.slots.len() {
+            let Some(how) = self.held_sending(index) else {
+                continue;
             };
-            let (kind, lines) = (slot.kind, slot.lines.clone());
-            let sku = Bytes::copy_from_slice(slot.sku().unwrap_or_default());
-            if self.must_wait(index, kind, &sku, lines.as_deref(), || how) {
+            let touch = self.entry_of(index).map_or(TouchRef::Nothing, |e| e.touch);
+            if !waits_by_scan((0..index).filter_map(|i| self.entry_of(i)), touch, how) {
+                return Some(index);
+            }
+            if touch == TouchRef::All {
                 return None;
             }
         }
-        Some(match self.take_state(index, SlotState::Pending) {
+        None
+    }
+
+    /// How a held request would be let go: as a script call at most.
+    /// Whether it reads first is known once it is checked, and a read let
+    /// go behind an unfinished read is answered by the script anyway.
+    /// `None` when the slot is not held.
+    fn held_sending(&self, index: usize) -> Option<Sending> {
+        let slot = &self.slots[index];
+        match (&slot.state, slot.kind) {
+            (SlotState::Held(_), Kind::Piped) => Some(Sending::Script),
+            (SlotState::Held(_) | SlotState::HeldFallback(_), _) => Some(Sending::Alone),
+            _ => None,
+        }
+    }
+
+    /// The held request at `index`, taken out to be sent, unless an
+    /// unfinished one before it still holds it back (by the index).
+    fn release_if_free(&mut self, index: usize) -> Option<Released> {
+        let how = self.held_sending(index)?;
+        let slot = &self.slots[index];
+        let (kind, lines) = (slot.kind, slot.lines.clone());
+        let sku = Bytes::copy_from_slice(slot.sku().unwrap_or_default());
+        if self.must_wait(index, kind, &sku, lines.as_deref(), || how) {
+            return None;
+        }
+        Some(self.take_held(index))
+    }
+
+    /// The held request at `index`, its slot pending meanwhile.
+    fn take_held(&mut self, index: usize) -> Released {
+        match self.take_state(index, SlotState::Pending) {
             SlotState::Held(request) => Released::Request(request),
             SlotState::HeldFallback(call) => Released::Fallback(call),
-            _ => unreachable!("found held just above"),
-        })
+            _ => unreachable!("a held slot"),
+        }
     }
 
     /// The call of `ticket` is with its node pipe now (its slot was
