@@ -452,8 +452,18 @@ fn count_orders(
         (9002, orders::Shape::HoldConfirm),
         (9003, orders::Shape::HoldsConfirms),
     ] {
-        let conns = orders::plan(stockgate, db, &by_node, shape, knobs.connections, 10, row);
-        orders::measure_with(runtime, stockgate, db, conns, shape, 16, || {});
+        let lines = orders::LINES;
+        let conns = orders::plan(
+            stockgate,
+            db,
+            &by_node,
+            shape,
+            lines,
+            knobs.connections,
+            10,
+            row,
+        );
+        orders::measure_with(runtime, stockgate, db, conns, shape, lines, 16, || {});
     }
     let mut counts = Vec::new();
     for &depth in &knobs.depths {
@@ -465,12 +475,22 @@ fn count_orders(
                 db,
                 &by_node,
                 shape,
+                orders::LINES,
                 knobs.connections,
                 per_conn,
                 row,
             );
             let (run, instructions) = counted(&dir, name, pid, |hook| {
-                orders::measure_with(runtime, stockgate, db, conns, shape, depth, hook)
+                orders::measure_with(
+                    runtime,
+                    stockgate,
+                    db,
+                    conns,
+                    shape,
+                    orders::LINES,
+                    depth,
+                    hook,
+                )
             });
             keep_dumps(&dir, name, &format!("{}-depth{depth}", shape.label()));
             (run, instructions)
