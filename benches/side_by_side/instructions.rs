@@ -35,10 +35,20 @@
 //! as three HOLDs, then, once all three answered, their three CONFIRMs
 //! (the `orders` mode's staged request; fresh ids), each load counted and
 //! audited the same way, and their ratio.
+//!
+//! An ORDER by its number of lines, on a stockgate-cluster of its own
+//! under callgrind after the ORDER rows: per depth, for 1, 3 and 10
+//! lines, `BENCH_CALLGRIND_REQUESTS / 3` ORDERs (qty 1 on distinct skus,
+//! the lines dealt to the primaries in turn, so a 3-line order is the
+//! ORDER rows' shape and a 10-line one has three or four skus of each
+//! primary; a fresh id each), then the same lines as that many DEDUCTs
+//! written at once (fresh ids); each load counted and audited as the
+//! ORDER rows are, and their ratio: what an order's own cost comes to as
+//! its lines grow.
 
 use crate::Knobs;
 use crate::allocation;
-use crate::fleet::{Fleet, Twemproxy, start_stockgate};
+use crate::fleet::{Fleet, Stockgate, Twemproxy, start_stockgate};
 use crate::orders;
 use crate::target::{Shape, Target, TargetId, plan};
 use crate::throughput::{measure, measure_with};
@@ -54,6 +64,39 @@ pub struct Counts {
     /// Per depth, through stockgate-cluster: a DEDUCT.AT over two
     /// locations against a DEDUCT.
     pub allocations: Vec<AllocationCount>,
+    /// Per depth and number of lines, through stockgate-cluster: an ORDER
+    /// against as many DEDUCTs as it has lines.
+    pub order_lines: Vec<OrderLinesCount>,
+}
+
+/// The numbers of lines of the orders counted by [`count_order_lines`].
+const ORDER_LINES: [usize; 3] = [1, 3, 10];
+
+/// Two counted loads of the same orders of `lines` lines at one depth:
+/// each an ORDER, then each as `lines` DEDUCTs written at once.
+pub struct OrderLinesCount {
+    pub depth: usize,
+    pub lines: usize,
+    pub orders: u64,
+    /// Counted over the ORDERs.
+    pub order: u64,
+    /// Counted over the DEDUCTs, `lines` per order.
+    pub deducts: u64,
+}
+
+impl OrderLinesCount {
+    pub fn per_order(&self) -> f64 {
+        self.order as f64 / self.orders as f64
+    }
+
+    pub fn per_deducts(&self) -> f64 {
+        self.deducts as f64 / self.orders as f64
+    }
+
+    /// stockgate's instructions per ORDER over its lines' DEDUCTs'.
+    pub fn ratio(&self) -> f64 {
+        self.order as f64 / self.deducts as f64
+    }
 }
 
 /// Two counted loads at one depth on one stockgate-cluster: DEDUCTs, then
@@ -262,6 +305,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
         requests: Vec::new(),
         orders: Vec::new(),
         allocations: Vec::new(),
+        order_lines: Vec::new(),
     };
     for id in wanted.into_iter().filter(|id| knobs.targets.contains(id)) {
         let name = format!("{}-callgrind", id.name());
@@ -350,6 +394,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
     if knobs.targets.contains(&TargetId::StockgateCluster) {
         counts.orders = count_orders(runtime, knobs, fleet, requests / 3);
         counts.allocations = count_allocations(runtime, knobs, fleet, requests);
+        counts.order_lines = count_order_lines(runtime, knobs, fleet, requests / 3);
     }
     counts
 }
@@ -413,17 +458,28 @@ fn count_allocations(
     counts
 }
 
+/// A stockgate-cluster under callgrind for counting orders, with
+/// `--timeout 60s`: under callgrind, 16 ORDERs in flight on each
+/// connection take longer than the default second to come to rest, and an
+/// order past its deadline is answered UPSTREAM and left to recovery.
+fn start_orders_stockgate(knobs: &Knobs, fleet: &Fleet, name: &str) -> Stockgate {
+    start_stockgate(
+        &callgrind(fleet.dir.path(), name),
+        &knobs.stockgate_bin,
+        name,
+        &fleet.cluster.seeds(),
+        "cluster",
+        &["--timeout", "60s"],
+    )
+}
+
 /// The ORDER rows: per depth, `orders` 3-line ORDERs (one sku of each
 /// primary, as the orders mode builds them), then the same orders as
 /// three DEDUCTs each, written at once (the same skus, fresh ids); then
 /// the same orders as ORDER.HOLD + ORDER.CONFIRM, then as three HOLDs and
 /// their three CONFIRMs; each load counted as the DEDUCT rows are and
-/// audited as the orders mode audits it.
-///
-/// They run on a stockgate-cluster of their own under callgrind, with
-/// `--timeout 60s`: under callgrind, 16 ORDERs in flight on each
-/// connection take longer than the default second to come to rest, and an
-/// order past its deadline is answered UPSTREAM and left to recovery.
+/// audited as the orders mode audits it. They run on a stockgate-cluster
+/// of their own ([`start_orders_stockgate`]).
 fn count_orders(
     runtime: &tokio::runtime::Runtime,
     knobs: &Knobs,
@@ -432,15 +488,7 @@ fn count_orders(
 ) -> Vec<OrderCount> {
     let name = "stockgate-cluster-orders-callgrind";
     let dir = fleet.dir.path().to_path_buf();
-    let stockgate = start_stockgate(
-        &callgrind(&dir, name),
-        &knobs.stockgate_bin,
-        name,
-        &fleet.cluster.seeds(),
-        "cluster",
-        &["--timeout", "60s"],
-    );
-    let stockgate = &stockgate;
+    let stockgate = &start_orders_stockgate(knobs, fleet, name);
     let pid = stockgate.pid();
     let db = &mut fleet.cluster_db;
     let by_node = orders::skus_by_node(db);
@@ -452,8 +500,18 @@ fn count_orders(
         (9002, orders::Shape::HoldConfirm),
         (9003, orders::Shape::HoldsConfirms),
     ] {
-        let conns = orders::plan(stockgate, db, &by_node, shape, knobs.connections, 10, row);
-        orders::measure_with(runtime, stockgate, db, conns, shape, 16, || {});
+        let lines = orders::LINES;
+        let conns = orders::plan(
+            stockgate,
+            db,
+            &by_node,
+            shape,
+            lines,
+            knobs.connections,
+            10,
+            row,
+        );
+        orders::measure_with(runtime, stockgate, db, conns, shape, lines, 16, || {});
     }
     let mut counts = Vec::new();
     for &depth in &knobs.depths {
@@ -465,12 +523,22 @@ fn count_orders(
                 db,
                 &by_node,
                 shape,
+                orders::LINES,
                 knobs.connections,
                 per_conn,
                 row,
             );
             let (run, instructions) = counted(&dir, name, pid, |hook| {
-                orders::measure_with(runtime, stockgate, db, conns, shape, depth, hook)
+                orders::measure_with(
+                    runtime,
+                    stockgate,
+                    db,
+                    conns,
+                    shape,
+                    orders::LINES,
+                    depth,
+                    hook,
+                )
             });
             keep_dumps(&dir, name, &format!("{}-depth{depth}", shape.label()));
             (run, instructions)
@@ -511,6 +579,95 @@ fn count_orders(
             holds_confirms_run.seconds,
         );
         counts.push(count);
+    }
+    counts
+}
+
+/// The rows of an ORDER by its number of lines: for each of
+/// [`ORDER_LINES`], per depth, `orders` ORDERs of that many lines (qty 1 on
+/// distinct skus dealt to the primaries in turn, as [`orders::plan`] builds
+/// them), then the same orders' lines as DEDUCTs written at once (the same
+/// skus, fresh ids); each load counted as the DEDUCT rows are and audited
+/// as the orders mode audits it, on a stockgate-cluster of their own
+/// ([`start_orders_stockgate`]) after a warm-up of every size.
+fn count_order_lines(
+    runtime: &tokio::runtime::Runtime,
+    knobs: &Knobs,
+    fleet: &mut Fleet,
+    orders: usize,
+) -> Vec<OrderLinesCount> {
+    let name = "stockgate-cluster-order-lines-callgrind";
+    let dir = fleet.dir.path().to_path_buf();
+    let stockgate = &start_orders_stockgate(knobs, fleet, name);
+    let pid = stockgate.pid();
+    let db = &mut fleet.cluster_db;
+    let by_node = orders::skus_by_node(db);
+    let per_conn = orders.max(1).div_ceil(knobs.connections);
+    let shapes = [orders::Shape::Order, orders::Shape::Deducts];
+    for lines in ORDER_LINES {
+        for shape in shapes {
+            let row = 19_000 + lines as u64;
+            let conns = orders::plan(
+                stockgate,
+                db,
+                &by_node,
+                shape,
+                lines,
+                knobs.connections,
+                10,
+                row,
+            );
+            orders::measure_with(runtime, stockgate, db, conns, shape, lines, 16, || {});
+        }
+    }
+    let mut counts = Vec::new();
+    for &depth in &knobs.depths {
+        for lines in ORDER_LINES {
+            // One row number for both shapes: the same skus for each order.
+            let row = 20_000 + 100 * lines as u64 + depth as u64;
+            let mut load = |shape: orders::Shape| {
+                let conns = orders::plan(
+                    stockgate,
+                    db,
+                    &by_node,
+                    shape,
+                    lines,
+                    knobs.connections,
+                    per_conn,
+                    row,
+                );
+                let (run, instructions) = counted(&dir, name, pid, |hook| {
+                    orders::measure_with(runtime, stockgate, db, conns, shape, lines, depth, hook)
+                });
+                keep_dumps(
+                    &dir,
+                    name,
+                    &format!("{}-{lines}-lines-depth{depth}", shape.label()),
+                );
+                (run, instructions)
+            };
+            let (order_run, order) = load(orders::Shape::Order);
+            let (deducts_run, deducts) = load(orders::Shape::Deducts);
+            assert_eq!(order_run.orders, deducts_run.orders, "the same orders");
+            let count = OrderLinesCount {
+                depth,
+                lines,
+                orders: order_run.orders,
+                order,
+                deducts,
+            };
+            eprintln!(
+                "stockgate-cluster      depth {:>2}: {} {lines}-line orders, {:.0} instructions per ORDER, {:.0} per {lines} DEDUCTs, {:.2}x ({:.1} s and {:.1} s under callgrind)",
+                depth,
+                count.orders,
+                count.per_order(),
+                count.per_deducts(),
+                count.ratio(),
+                order_run.seconds,
+                deducts_run.seconds,
+            );
+            counts.push(count);
+        }
     }
     counts
 }
@@ -599,6 +756,27 @@ pub fn render(counts: &Counts) -> String {
                 count.per(count.hold_confirm),
                 count.per(count.holds_confirms),
                 count.hold_ratio()
+            );
+        }
+    }
+    if !counts.order_lines.is_empty() {
+        out.push_str(
+            "\nInstructions per ORDER by its number of lines (a stockgate-cluster of its own under \
+             callgrind, as above): an ORDER of 1, 3 or 10 lines (qty 1, distinct skus dealt to the \
+             primaries in turn) against the same lines as that many DEDUCTs written at once:\n\n\
+             | depth | lines | orders | instructions / ORDER | instructions / lines × DEDUCT | ORDER / lines × DEDUCT |\n\
+             |---:|---:|---:|---:|---:|---:|\n",
+        );
+        for count in &counts.order_lines {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2}x |",
+                count.depth,
+                count.lines,
+                count.orders,
+                count.per_order(),
+                count.per_deducts(),
+                count.ratio()
             );
         }
     }

@@ -57,6 +57,10 @@ use crate::target::Rng;
 use crate::throughput::probe;
 use std::fmt::Write;
 
+/// Lines per order in the `orders` mode (the `instructions` mode also
+/// counts orders of other sizes).
+pub const LINES: usize = 3;
+
 /// How long the holds of an order last, ORDER.HOLD's and the caller's
 /// own HOLDs alike: far longer than any row runs.
 const HOLD_TTL_MS: &[u8] = b"600000";
@@ -110,13 +114,13 @@ impl Shape {
         }
     }
 
-    /// Commands, hence replies, per order.
-    fn group(self) -> usize {
+    /// Commands, hence replies, per order of `lines` lines.
+    fn group(self, lines: usize) -> usize {
         match self {
             Shape::Order => 1,
             Shape::HoldConfirm => 2,
-            Shape::Deducts => 3,
-            Shape::HoldsConfirms => 6,
+            Shape::Deducts => lines,
+            Shape::HoldsConfirms => 2 * lines,
         }
     }
 }
@@ -203,6 +207,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
             db,
             &by_node,
             shape,
+            LINES,
             knobs.connections,
             (per_conn / 10).max(1),
             row,
@@ -223,6 +228,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
                     db,
                     &by_node,
                     shape,
+                    LINES,
                     knobs.connections,
                     per_conn,
                     row,
@@ -251,7 +257,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, knobs: &Knobs, fleet: &mut Fleet) 
 }
 
 /// The skus of each of the cluster's three primaries (indices into the
-/// db's skus): an order takes one of each.
+/// db's skus): an order's lines go round them.
 pub fn skus_by_node(db: &Db) -> Vec<Vec<usize>> {
     let by_node: Vec<Vec<usize>> = (0..3)
         .map(|node| {
@@ -267,58 +273,59 @@ pub fn skus_by_node(db: &Db) -> Vec<Vec<usize>> {
     by_node
 }
 
-/// The orders of one row: `per_conn` on each of `conns` connections, ids
-/// `o<row>-<connection>-<n>` (DEDUCT `k` of one: `...-<n>-<k>`). The
-/// choice of skus follows from `row` alone, so every shape of one `row`
-/// takes the same skus.
+/// The orders of one row: `per_conn` on each of `conns` connections, each
+/// of `lines` lines of qty 1 on distinct skus, dealt to the primaries in
+/// turn (see [`order_skus`]); ids `o<row>-<connection>-<n>` (DEDUCT `k` of one: `...-<n>-<k>`).
+/// The choice of skus follows from `row` and `lines` alone, so every shape
+/// of one `row` takes the same skus.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     stockgate: &Stockgate,
     db: &Db,
     by_node: &[Vec<usize>],
     shape: Shape,
+    lines: usize,
     conns: usize,
     per_conn: usize,
     row: u64,
 ) -> Vec<Conn> {
+    assert!(lines >= 1, "orders: an order of no line");
+    assert!(
+        by_node
+            .iter()
+            .all(|owned| owned.len() >= lines.div_ceil(by_node.len())),
+        "orders: {lines} distinct skus per order need more skus per primary (raise BENCH_SKUS)"
+    );
     (0..conns)
         .map(|c| {
             let mut rng = Rng::new(row.wrapping_mul(0x9E37) ^ ((c as u64) << 32));
             let mut requests = Encoded::default();
             for n in 0..per_conn {
                 let id = format!("o{row}-{c}-{n}");
-                let skus: Vec<&[u8]> = by_node
-                    .iter()
-                    .map(|owned| db.skus[owned[rng.below(owned.len())]].0.as_bytes())
+                let skus: Vec<&[u8]> = order_skus(by_node, n * lines, lines, &mut rng)
+                    .into_iter()
+                    .map(|s| db.skus[s].0.as_bytes())
                     .collect();
+                let order_lines = || skus.iter().flat_map(|&sku| [sku, b"1"]);
                 match shape {
-                    Shape::Order => requests.push(&[
-                        b"ORDER",
-                        id.as_bytes(),
-                        skus[0],
-                        b"1",
-                        skus[1],
-                        b"1",
-                        skus[2],
-                        b"1",
-                    ]),
-                    Shape::HoldConfirm => requests.push_group(&[
-                        &[
-                            b"ORDER.HOLD",
-                            id.as_bytes(),
-                            HOLD_TTL_MS,
-                            skus[0],
-                            b"1",
-                            skus[1],
-                            b"1",
-                            skus[2],
-                            b"1",
-                        ],
-                        &[b"ORDER.CONFIRM", id.as_bytes()],
-                    ]),
+                    Shape::Order => {
+                        let order: Vec<&[u8]> = [&b"ORDER"[..], id.as_bytes()]
+                            .into_iter()
+                            .chain(order_lines())
+                            .collect();
+                        requests.push(&order);
+                    }
+                    Shape::HoldConfirm => {
+                        let hold: Vec<&[u8]> = [&b"ORDER.HOLD"[..], id.as_bytes(), HOLD_TTL_MS]
+                            .into_iter()
+                            .chain(order_lines())
+                            .collect();
+                        requests.push_group(&[&hold, &[b"ORDER.CONFIRM", id.as_bytes()]]);
+                    }
                     Shape::Deducts => {
                         let order_no = format!("ORD-{c}-{n}");
-                        let ids: Vec<String> = (0..3).map(|k| format!("{id}-{k}")).collect();
-                        let commands: Vec<[&[u8]; 5]> = (0..3)
+                        let ids: Vec<String> = (0..lines).map(|k| format!("{id}-{k}")).collect();
+                        let commands: Vec<[&[u8]; 5]> = (0..lines)
                             .map(|k| {
                                 [
                                     &b"DEDUCT"[..],
@@ -334,8 +341,8 @@ pub fn plan(
                     }
                     Shape::HoldsConfirms => {
                         let order_no = format!("ORD-{c}-{n}");
-                        let ids: Vec<String> = (0..3).map(|k| format!("{id}-{k}")).collect();
-                        let holds: Vec<[&[u8]; 6]> = (0..3)
+                        let ids: Vec<String> = (0..lines).map(|k| format!("{id}-{k}")).collect();
+                        let holds: Vec<[&[u8]; 6]> = (0..lines)
                             .map(|k| {
                                 [
                                     &b"HOLD"[..],
@@ -347,7 +354,7 @@ pub fn plan(
                                 ]
                             })
                             .collect();
-                        let confirms: Vec<[&[u8]; 3]> = (0..3)
+                        let confirms: Vec<[&[u8]; 3]> = (0..lines)
                             .map(|k| [&b"CONFIRM"[..], skus[k], ids[k].as_bytes()])
                             .collect();
                         let holds: Vec<&[&[u8]]> = holds.iter().map(|c| &c[..]).collect();
@@ -364,6 +371,26 @@ pub fn plan(
         .collect()
 }
 
+/// One order's skus (indices into the db's skus), its lines dealt to the
+/// primaries in turn from the connection's `dealt` lines before it: line
+/// `k` a random sku of primary `(dealt + k) mod 3` not already in the
+/// order. So every primary takes its share of 1-line orders, and a 3-line
+/// order is one draw per primary in the primaries' order.
+fn order_skus(by_node: &[Vec<usize>], dealt: usize, lines: usize, rng: &mut Rng) -> Vec<usize> {
+    let mut chosen: Vec<usize> = Vec::with_capacity(lines);
+    for k in 0..lines {
+        let owned = &by_node[(dealt + k) % by_node.len()];
+        loop {
+            let sku = owned[rng.below(owned.len())];
+            if !chosen.contains(&sku) {
+                chosen.push(sku);
+                break;
+            }
+        }
+    }
+    chosen
+}
+
 /// One row, from a fresh database, and its audit: a failed audit stops
 /// the benchmark.
 fn measure(
@@ -374,22 +401,26 @@ fn measure(
     shape: Shape,
     depth: usize,
 ) -> OrdersRun {
-    measure_with(runtime, stockgate, db, conns, shape, depth, || {})
+    measure_with(runtime, stockgate, db, conns, shape, LINES, depth, || {})
 }
 
-/// [`measure`], calling `at_probe` right before the load starts (with the
-/// connections open) and right after its last reply.
+/// [`measure`] of orders of `lines` lines (as [`plan`] built them),
+/// calling `at_probe` right before the load starts (with the connections
+/// open) and right after its last reply.
+#[allow(clippy::too_many_arguments)]
 pub fn measure_with(
     runtime: &tokio::runtime::Runtime,
     stockgate: &Stockgate,
     db: &mut Db,
     conns: Vec<Conn>,
     shape: Shape,
+    lines: usize,
     depth: usize,
     mut at_probe: impl FnMut(),
 ) -> OrdersRun {
     let orders: u64 = conns.iter().map(|c| c.requests.len() as u64).sum();
-    let replies = orders * shape.group() as u64;
+    let group = shape.group(lines);
+    let replies = orders * group as u64;
     let pid = stockgate.pid();
     db.reset();
     let probed = || {
@@ -400,7 +431,7 @@ pub fn measure_with(
         .block_on(async {
             match shape {
                 Shape::HoldsConfirms => loadgen::run_staged(conns, depth, probed).await,
-                _ => loadgen::run_grouped(conns, depth, shape.group(), probed).await,
+                _ => loadgen::run_grouped(conns, depth, group, probed).await,
             }
         })
         .unwrap_or_else(|e| panic!("orders, {}: the load generator failed: {e}", shape.name()));
@@ -417,16 +448,16 @@ pub fn measure_with(
     // good only with nothing left on hold (every hold confirmed).
     let applied = db.audit();
     let decrease = applied.stock_decrease;
-    let answered_orders = outcome.codes[0] / shape.group() as u64;
-    if decrease != 3 * answered_orders || applied.held != 0 {
+    let answered_orders = outcome.codes[0] / group as u64;
+    if decrease != lines as u64 * answered_orders || applied.held != 0 {
         problems.push(format!(
-            "the stock went down by {decrease} with {} units still on hold, for {answered_orders} orders of 3 lines answered 0",
+            "the stock went down by {decrease} with {} units still on hold, for {answered_orders} orders of {lines} lines answered 0",
             applied.held
         ));
     }
     assert!(
         problems.is_empty(),
-        "orders, {name}, depth {depth}: {}",
+        "orders, {name}, {lines} lines, depth {depth}: {}",
         problems.join("; ")
     );
     let per = |seconds: f64| seconds * 1e6 / orders as f64;
