@@ -13,8 +13,8 @@ use std::fmt;
 const MASK: &str = "***";
 
 /// `url` as it may be printed: its password replaced by `***`, and so is
-/// the value of every password-like query parameter (`password`,
-/// `sslpassword`, ...).
+/// the value of the first password-like query parameter (`password`,
+/// `sslpassword`, ...) with everything after it.
 ///
 /// The `url` crate reads it, as the redis and MySQL drivers do. A
 /// password's raw `/`, `?` or `#` ends the authority early, and a parser
@@ -25,7 +25,10 @@ const MASK: &str = "***";
 /// masked. Otherwise the URL prints as the parser reads it, which for a
 /// well-formed URL without a password is its own text.
 pub fn redact(url: &str) -> String {
-    let shown = match url::Url::parse(url) {
+    // The query's password first: a raw `@` in it would otherwise read as
+    // the end of a user part below, and what follows it as the host.
+    let url = &parameters_masked(url);
+    match url::Url::parse(url) {
         Ok(mut parsed) if !parsed[url::Position::BeforePath..].contains('@') => {
             match parsed.password() {
                 None => parsed.to_string(),
@@ -36,8 +39,7 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => userinfo_masked(url),
-    };
-    parameters_masked(&shown)
+    }
 }
 
 /// Refuses a URL with a `@` after its authority (which ends at the first
@@ -79,26 +81,27 @@ fn is_scheme(text: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-/// `url` with the value of each password-like query parameter masked. The
-/// query runs from the first `?` to the end, fragment included: a raw `#`
-/// in a parameter's password would otherwise start a fragment printed as
-/// it is.
+/// `url` with everything from the first password-like query parameter's
+/// value on masked: a raw `&` in that password would otherwise end it
+/// early, and what follows (`password=abc&def`: the `def`) could be the
+/// rest of it as well as a parameter of its own. The parameters before it
+/// are printed. The query runs from the first `?` to the end, fragment
+/// included: a raw `#` in a password would otherwise start a fragment
+/// printed as it is.
 fn parameters_masked(url: &str) -> String {
     let Some((base, query)) = url.split_once('?') else {
         return url.to_owned();
     };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| {
-            let key = pair.split_once('=').map_or(pair, |(key, _)| key);
-            if is_secret_parameter(key) {
-                format!("{key}={MASK}")
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect();
-    format!("{base}?{}", pairs.join("&"))
+    let mut shown = Vec::new();
+    for pair in query.split('&') {
+        let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+        if is_secret_parameter(key) {
+            shown.push(format!("{key}={MASK}"));
+            break;
+        }
+        shown.push(pair.to_owned());
+    }
+    format!("{base}?{}", shown.join("&"))
 }
 
 /// A query parameter whose value is a secret: its name (percent-decoded,
@@ -210,12 +213,22 @@ mod tests {
     #[test]
     fn password_parameters_are_masked() {
         assert_eq!(
-            redact("postgres://u@h/db?password=hunter2&sslmode=disable&sslpassword=k3y"),
-            "postgres://u@h/db?password=***&sslmode=disable&sslpassword=***"
+            redact("postgres://u@h/db?sslmode=disable&password=hunter2&sslpassword=k3y"),
+            "postgres://u@h/db?sslmode=disable&password=***"
         );
         assert_eq!(
             redact("postgres://u:pw@h/db?PassWord=a#b&x=1"),
-            "postgres://u:***@h/db?PassWord=***&x=1"
+            "postgres://u:***@h/db?PassWord=***"
+        );
+        // A raw `&` or `@` in a parameter's password: nothing after it is
+        // printed.
+        assert_eq!(
+            redact("postgres://u@h/db?password=abc&defg"),
+            "postgres://u@h/db?password=***"
+        );
+        assert_eq!(
+            redact("postgres://h/db?password=ab@cdef"),
+            "postgres://h/db?password=***"
         );
         assert_eq!(
             redact("postgres://u@h/db?pass%77ord=hunter2"),
@@ -377,14 +390,17 @@ mod tests {
             prop_assert_eq!(shown, expected);
         }
 
-        /// A password in a query parameter is masked, and only its value.
+        /// A password in a query parameter, raw or percent-encoded and
+        /// whatever it holds (a raw `&` or `#` among them), is masked:
+        /// its value and everything after it.
         #[test]
         fn no_password_parameter_is_printed(
             around in around(),
             password in password(),
+            encoded in any::<bool>(),
             name in prop::sample::select(vec!["password", "sslpassword", "Password"]),
         ) {
-            let written = percent_encoded(&password);
+            let written = if encoded { percent_encoded(&password) } else { password.clone() };
             let query = if around.query.is_empty() { "?" } else { "&" };
             let url = format!("{}{query}{name}={written}", around.url(None));
             let expected = format!("{}{query}{name}={MASK}", around.url(None));
