@@ -37,7 +37,8 @@ pub(super) enum Touch {
     Nothing,
     /// One SKU's keys (its name as sent).
     Sku(Bytes),
-    /// An order's intent and its lines' SKUs.
+    /// An order's intent and its lines' SKUs, sorted: two orders are
+    /// compared by one merge of their SKUs.
     Lines { id: Bytes, skus: Vec<Bytes> },
     /// Everything.
     All,
@@ -340,11 +341,14 @@ pub(super) fn waits_by_scan<'a2>(
             TouchRef::Nothing | TouchRef::All => (None, &[]),
         }
     };
-    // Whether two requests share a SKU.
+    // Whether two requests share a SKU (an order's SKUs are sorted).
     let share = |a: &TouchRef<'a2>, b: &TouchRef<'a2>| -> bool {
-        let ((a_one, a_many), (b_one, b_many)) = (skus(a), skus(b));
-        let has = |sku: &[u8]| b_one == Some(sku) || b_many.iter().any(|s| &s[..] == sku);
-        a_one.is_some_and(has) || a_many.iter().any(|s| has(s))
+        match (skus(a), skus(b)) {
+            ((Some(one), _), (_, many)) | ((_, many), (Some(one), _)) => {
+                many.binary_search_by(|s| s[..].cmp(one)).is_ok()
+            }
+            ((None, a_many), (None, b_many)) => sorted_share(a_many, b_many),
+        }
     };
     earlier.into_iter().any(|e| match (e.touch, touch) {
         (_, TouchRef::Nothing) => false,
@@ -363,6 +367,19 @@ pub(super) fn waits_by_scan<'a2>(
                 )
         }
     })
+}
+
+/// Whether two sorted lists of SKUs have one in common: one merge.
+fn sorted_share(a: &[Bytes], b: &[Bytes]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while let (Some(x), Some(y)) = (a.get(i), b.get(j)) {
+        match x[..].cmp(&y[..]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -461,9 +478,12 @@ mod tests {
         prop_oneof![
             4 => name.clone().prop_map(sku),
             1 => (prop_oneof![Just("o1"), Just("o2")], prop::collection::vec(name, 1..3)).prop_map(
-                |(id, skus)| Touch::Lines {
-                    id: Bytes::from_static(id.as_bytes()),
-                    skus: skus.into_iter().map(|s| Bytes::from_static(s.as_bytes())).collect(),
+                |(id, mut skus)| {
+                    skus.sort_unstable();
+                    Touch::Lines {
+                        id: Bytes::from_static(id.as_bytes()),
+                        skus: skus.into_iter().map(|s| Bytes::from_static(s.as_bytes())).collect(),
+                    }
                 }
             ),
             1 => Just(Touch::All),

@@ -88,13 +88,16 @@ impl Lines {
         let Touches::Lines { id, pairs } = touches else {
             return None;
         };
+        let mut skus: Vec<Bytes> = pairs
+            .iter()
+            .step_by(2)
+            .map(|word| word.slice(..crate::stock::order::lines::sku_of(word).len()))
+            .collect();
+        // Sorted, as the look at earlier requests compares them.
+        skus.sort_unstable();
         Some(Box::new(Lines {
             id: Bytes::copy_from_slice(id),
-            skus: pairs
-                .iter()
-                .step_by(2)
-                .map(|word| word.slice(..crate::stock::order::lines::sku_of(word).len()))
-                .collect(),
+            skus,
         }))
     }
 }
