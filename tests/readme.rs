@@ -377,6 +377,21 @@ impl Ports {
         ])
     }
 
+    /// New free ports in place of these README ports'.
+    fn pick_again(&mut self, readme_ports: &[u16]) {
+        for readme_port in readme_ports {
+            let port = loop {
+                let port = free_port();
+                if self.0.iter().all(|(_, taken)| *taken != port) {
+                    break port;
+                }
+            };
+            if let Some(entry) = self.0.iter_mut().find(|(r, _)| r == readme_port) {
+                entry.1 = port;
+            }
+        }
+    }
+
     fn real(&self, readme_port: u16) -> u16 {
         self.0.iter().find(|(r, _)| *r == readme_port).unwrap().1
     }
@@ -701,6 +716,14 @@ fn the_readme_runs_top_to_bottom_on_one_dev_cluster() {
     let mut leftovers = Leftovers::default();
     for block in rest {
         for step in &block.steps {
+            // The second stockgate's ports, picked free right before it
+            // starts: picked with the others, minutes earlier, another
+            // test's server may have taken one by then.
+            if step.command.contains("stockgate serve")
+                && step.command.contains(&SECOND_RESP_PORT.to_string())
+            {
+                ports.pick_again(&[SECOND_RESP_PORT, SECOND_ADMIN_PORT]);
+            }
             let command = ports.apply(&step.command);
             let (status, output) = run_step(&command, &work, &env, &mut leftovers);
             commands += 1;
