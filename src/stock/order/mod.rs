@@ -173,26 +173,32 @@ pub async fn order_call(
     };
     let timeout = service.upstream.timeout();
     let deadline = tokio::time::Instant::now() + timeout;
-    let saga = {
-        let service = service.clone();
-        let args = args.to_vec();
-        // Boxed: the saga's future is large, and spawning moved it whole
-        // several times.
-        tokio::spawn(Box::pin(async move {
-            let bound = filing::saga_bound(&service);
-            tokio::time::timeout(bound, order_result(&service, want, &args))
-                .await
-                .unwrap_or_else(|_| Err(filing::saga_overrun(bound)))
-        }))
+    let mut saga = SagaTask {
+        task: Some({
+            let service = service.clone();
+            let args = args.to_vec();
+            // Boxed: the saga's future is large, and spawning moved it whole
+            // several times.
+            tokio::spawn(Box::pin(async move {
+                order_result(&service, want, &args).await
+            }))
+        }),
+        bound_at: tokio::time::Instant::now() + filing::saga_bound(service),
     };
-    let result = match tokio::time::timeout_at(deadline, saga).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(panicked)) => Err(UpstreamError::new(
-            FaultKind::BadReply,
-            format!(
-                "the order's saga ended without an answer ({panicked}); stockgate's recovery ends the order"
-            ),
-        )),
+    let task = saga.task.as_mut().expect("the saga was just spawned");
+    let result = match tokio::time::timeout_at(deadline, task).await {
+        Ok(done) => {
+            saga.task = None;
+            match done {
+                Ok(result) => result,
+                Err(panicked) => Err(UpstreamError::new(
+                    FaultKind::BadReply,
+                    format!(
+                        "the order's saga ended without an answer ({panicked}); stockgate's recovery ends the order"
+                    ),
+                )),
+            }
+        }
         Err(_) => Err(UpstreamError::new(
             FaultKind::Timeout,
             format!(
@@ -213,6 +219,45 @@ pub async fn order_call(
         arrived.elapsed(),
     );
     result
+}
+
+/// An order's saga running as a task of its own, bounded as a whole
+/// ([`filing::saga_bound`]): its calls wait for their answers without a
+/// timer each (the node pipes answer every call by its deadline), and the
+/// bound guards only against a pipe that stopped.
+///
+/// One timer per order: while its caller waits, the caller's deadline is
+/// the only one, and it comes first. A saga still running when its caller
+/// stops waiting (the deadline passed, or the caller went away) is
+/// watched to its bound from then on, and ended there; whatever it left
+/// is [`recovery`]'s.
+struct SagaTask {
+    task: Option<tokio::task::JoinHandle<Result<OrderReply, UpstreamError>>>,
+    bound_at: tokio::time::Instant,
+}
+
+impl Drop for SagaTask {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        if task.is_finished() {
+            return;
+        }
+        let abort = task.abort_handle();
+        let bound_at = self.bound_at;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if tokio::time::timeout_at(bound_at, task).await.is_err() {
+                        tracing::debug!("an order's saga ran past its bound and was ended; stockgate's recovery ends the order");
+                        abort.abort();
+                    }
+                });
+            }
+            Err(_) => abort.abort(),
+        }
+    }
 }
 
 /// An order command's outcome, not recorded.
