@@ -47,8 +47,9 @@ begin:   ARGV[4] kind (T, H or D), ARGV[5] lines, ARGV[6] ttl_ms (H; else 0),
          ARGV[7] line ttl ms (how long the line holds last; T: the saga's)
 advance: ARGV[4] from, ARGV[5] to, ARGV[6] code, ARGV[7] short; to HELD
          after e has passed goes to ABORTING with code 5 instead
-confirm: HELD before e -> CONFIRMING, at or after e -> ABORTING (5); no
-         record -> REVOKED
+confirm: ARGV[4] the lines the request named ("" for none): when named
+         and not l, nothing moves; else HELD before e -> CONFIRMING, at
+         or after e -> ABORTING (5); no record -> REVOKED
 revert:  no record -> REVOKED; HOLDING, HELD (before e), CONFIRMING, DONE
          -> REVERTING; HELD at or after e -> ABORTING (5)
 try_extend: ARGV[4] change_id, ARGV[5] ttl_ms, ARGV[6] how long an order
@@ -379,6 +380,12 @@ local function order(KEYS, ARGV)
     if not p then
       revoke()
       return reply(1)
+    end
+    -- Lines named that are not the order's: the request was ordered on
+    -- its connection by those SKUs, so it may not touch others.
+    local named = ARGV[4]
+    if named and named ~= '' and named ~= l then
+      return reply(0)
     end
     if p == 'HELD' then
       if now < to_number(e) then

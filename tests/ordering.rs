@@ -79,8 +79,11 @@ enum Step {
         id: usize,
         lines: Vec<(usize, u8)>,
     },
+    /// ORDER.CONFIRM, naming its lines or not: named, it is ordered by
+    /// them alone, not after everything.
     OrderConfirm {
         id: usize,
+        lines: Option<Vec<(usize, u8)>>,
     },
     OrderRevert {
         id: usize,
@@ -129,7 +132,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (sku.clone(), -3i8..4, 0..2usize).prop_map(|(sku, by, op)| Step::Add { sku, by, op }),
         2 => (id.clone(), lines()).prop_map(|(id, lines)| Step::Order { id, lines }),
         1 => (id.clone(), lines()).prop_map(|(id, lines)| Step::OrderHold { id, lines }),
-        1 => id.clone().prop_map(|id| Step::OrderConfirm { id }),
+        1 => id.clone().prop_map(|id| Step::OrderConfirm { id, lines: None }),
+        // Lines named: the ORDER.HOLD's (the pipeline puts one of them
+        // right before it), or another line set (answered 3).
+        1 => (id.clone(), lines()).prop_map(|(id, lines)| Step::OrderConfirm { id, lines: Some(lines) }),
         1 => id.clone().prop_map(|id| Step::OrderRevert { id }),
         1 => (id.clone(), 0..CHANGES).prop_map(|(id, change)| Step::OrderExtend { id, change }),
         1 => id.clone().prop_map(|id| Step::OrderStatus { id }),
@@ -163,6 +169,18 @@ fn pipeline() -> impl Strategy<Value = Vec<Step>> {
                     },
                     step,
                 ],
+                Step::OrderConfirm {
+                    id,
+                    lines: Some(ref lines),
+                } => {
+                    // Every other one holds other lines than it names.
+                    let held = if id % 2 == 0 {
+                        lines.clone()
+                    } else {
+                        vec![(lines[0].0, lines[0].1 % 3 + 1)]
+                    };
+                    vec![Step::OrderHold { id, lines: held }, step]
+                }
                 step => vec![step],
             })
             .collect()
@@ -245,9 +263,13 @@ impl Step {
                     cmd.arg(sku(*s)).arg(*qty);
                 }
             }
-            Step::OrderConfirm { id: o } => {
+            Step::OrderConfirm { id: o, lines } => {
                 cmd = redis::cmd("ORDER.CONFIRM");
                 cmd.arg(order(*o));
+                // Named in reverse: any order of the lines is the order's.
+                for (s, qty) in lines.iter().flatten().rev() {
+                    cmd.arg(sku(*s)).arg(*qty);
+                }
             }
             Step::OrderRevert { id: o } => {
                 cmd = redis::cmd("ORDER.REVERT");

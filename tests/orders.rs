@@ -603,6 +603,94 @@ async fn an_order_hold_is_confirmed_whole_or_reverted_whole(kind: ServerKind) {
     assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "d-1"]).await.code, 3);
 }
 
+/// ORDER.CONFIRM may name the order's lines (as its ORDER.HOLD did, in any
+/// order): then it is ordered on its connection by those SKUs alone, and
+/// lines that are not the order's answer 3 and move nothing.
+#[tokio::test]
+async fn an_order_confirm_that_names_its_lines_confirms_only_those() {
+    let cluster = shared_cluster();
+    let [a, b, c] = spread("on");
+    for sku in [&a, &b, &c] {
+        set_stock(cluster, sku, 10);
+    }
+    let server = proxy(cluster.seeds(), |_| {}).await;
+    let mut conn = client(&server, false).await;
+    let hold = &["ORDER.HOLD", "n-1", "600000", &a, "1", &b, "2"];
+    assert_eq!(must(&mut conn, hold).await.code, 0);
+    // A line short, a line more, another quantity, an unknown SKU: 3, and
+    // the order still held.
+    for other in [
+        &["ORDER.CONFIRM", "n-1", &a, "1"][..],
+        &["ORDER.CONFIRM", "n-1", &a, "1", &b, "2", &c, "1"],
+        &["ORDER.CONFIRM", "n-1", &a, "1", &b, "1"],
+        &["ORDER.CONFIRM", "n-1", &a, "1", &c, "2"],
+    ] {
+        let refused = must(&mut conn, other).await;
+        assert_eq!(refused.code, 3, "{other:?}: {refused:?}");
+        assert!(
+            refused
+                .reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("not the order's"),
+            "{refused:?}"
+        );
+        assert_eq!(intent_phase(cluster, "n-1").as_deref(), Some("HELD"));
+        assert_eq!(line_state(cluster, &a, "n-1"), 'H');
+    }
+    // Malformed lines: 3 before anything is asked of Redis.
+    let odd = must(&mut conn, &["ORDER.CONFIRM", "n-1", &a]).await;
+    assert_eq!(odd.code, 3, "{odd:?}");
+    let confirmed = must(&mut conn, &["ORDER.CONFIRM", "n-1", &b, "2", &a, "1"]).await;
+    assert_eq!(confirmed.code, 0, "{confirmed:?}");
+    for (sku, stock) in [(&a, 9), (&b, 8)] {
+        assert_eq!(line_state(cluster, sku, "n-1"), 'C');
+        assert_eq!(held(cluster, sku), 0);
+        assert_eq!(get_stock(cluster, sku), Some(stock));
+    }
+    assert_eq!(
+        must(&mut conn, &["ORDER.CONFIRM", "n-1", &a, "1", &b, "2"])
+            .await
+            .code,
+        1
+    );
+    assert_eq!(must(&mut conn, &["ORDER.CONFIRM", "n-1"]).await.code, 1);
+    // Of an order never held, as without lines: revoked, and a late
+    // ORDER.HOLD of it gets 4.
+    assert_eq!(
+        must(&mut conn, &["ORDER.CONFIRM", "n-2", &c, "1"])
+            .await
+            .code,
+        4
+    );
+    assert_eq!(
+        must(&mut conn, &["ORDER.HOLD", "n-2", "600000", &c, "1"])
+            .await
+            .code,
+        4
+    );
+    assert_eq!(get_stock(cluster, &c), Some(10));
+
+    // Pipelined on one connection behind an ORDER.HOLD of other SKUs that
+    // waits for a DEDUCT's stock: each takes effect in the order sent.
+    let mut pipe = redis::pipe();
+    pipe.cmd("ORDER.HOLD")
+        .arg("n-3")
+        .arg(600_000)
+        .arg(&a)
+        .arg(1);
+    pipe.cmd("ORDER.CONFIRM").arg("n-3").arg(&a).arg(1);
+    pipe.cmd("STOCK.STATUS").arg(&a).arg(line_id("n-3"));
+    pipe.cmd("DEDUCT").arg(&c).arg(1).arg("n-4").arg("ORD");
+    let replies: Vec<Value> = pipe.query_async(&mut conn).await.unwrap();
+    assert_eq!(replies.len(), 4);
+    let status = format!("{:?}", replies[2]);
+    assert!(
+        status.contains("CONFIRMED"),
+        "the status after the confirm sees it: {status}"
+    );
+}
+
 matrix! { #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn order_holds_expiring_while_confirm_races_them }
 /// Order holds of 1000 ms, each raced by an ORDER.CONFIRM sent around its
 /// expiry: each answers 0 (every line confirmed) or 5 (every line given

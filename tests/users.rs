@@ -96,7 +96,7 @@ fn http(port: u16, method: &str, path: &str, auth: &str, body: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_user_gets_its_rights_and_a_denied_command_changes_nothing() {
     let cluster = shared_cluster();
-    for sku in ["shop-u1", "other-u1"] {
+    for sku in ["shop-u1", "shop-u2", "other-u1"] {
         set_stock(cluster, sku, 10);
     }
     let dir = tempfile::tempdir().unwrap();
@@ -159,6 +159,35 @@ async fn each_user_gets_its_rights_and_a_denied_command_changes_nothing() {
             "+PONG",
         ],
     );
+    // ORDER.CONFIRM by an order's id alone names no SKU to check: refused
+    // to a user limited to prefixes, who confirms by naming the lines.
+    let got = raw_until(
+        server.addr,
+        &pipeline(&[
+            &["AUTH", "checkout", "checkout-pw"],
+            &["ORDER.HOLD", "c4", "600000", "shop-u2", "1"],
+            &["ORDER.CONFIRM", "c4"],
+            &["ORDER.CONFIRM", "c4", "other-u1", "1"],
+            &["ORDER.CONFIRM", "c4", "shop-u2", "1"],
+            &["STOCK.GET", "shop-u2"],
+        ]),
+        "+PONG\r\n",
+    );
+    assert_in_order(
+        &got,
+        &[
+            "+OK",
+            "*5",
+            ":0",
+            "-NOPERM No permissions to access a key",
+            "-NOPERM No permissions to access a key",
+            "*5",
+            ":0",
+            ":9",
+            "+PONG",
+        ],
+    );
+    assert_eq!(held(cluster, "shop-u2"), 0, "{got}");
     // An operator corrects stock, and takes no part in the order flow.
     let got = raw_until(
         server.addr,

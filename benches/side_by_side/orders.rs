@@ -16,9 +16,10 @@
 //!   the saga in stockgate (begin, take every line, done: three script
 //!   rounds, the lines of a round in parallel).
 //! - `ORDER.HOLD + ORDER.CONFIRM`: the same lines held (ttl 600 s), then
-//!   confirmed: both written at once, the connection running the CONFIRM
-//!   after the HOLD answered (an order command waits for what came
-//!   before it); the order done at the CONFIRM's reply.
+//!   confirmed by an ORDER.CONFIRM that names them: both written at once,
+//!   the connection running the CONFIRM after the HOLD answered (they
+//!   touch the same order) and alongside the orders of other SKUs; the
+//!   order done at the CONFIRM's reply.
 //! - `3 × DEDUCT`: the caller's own saga without its compensation: three
 //!   `DEDUCT <sku> 1 <id>-<k> <order_no>` written at once, pipelined on one
 //!   connection (stockgate sends them to their primaries in parallel), the
@@ -69,8 +70,9 @@ const HOLD_TTL_MS: &[u8] = b"600000";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     Order,
-    /// ORDER.HOLD then ORDER.CONFIRM, written at once (the connection runs
-    /// an order command after everything before it).
+    /// ORDER.HOLD then ORDER.CONFIRM naming the same lines, written at
+    /// once (the connection runs the CONFIRM after its ORDER.HOLD, and
+    /// alongside the orders of other SKUs).
     HoldConfirm,
     Deducts,
     /// Three HOLDs written at once, then, once all three answered, their
@@ -320,7 +322,14 @@ pub fn plan(
                             .into_iter()
                             .chain(order_lines())
                             .collect();
-                        requests.push_group(&[&hold, &[b"ORDER.CONFIRM", id.as_bytes()]]);
+                        // Naming its lines, as a pipelining client does: a
+                        // bare ORDER.CONFIRM names no SKU, and waits for
+                        // every request before it on the connection.
+                        let confirm: Vec<&[u8]> = [&b"ORDER.CONFIRM"[..], id.as_bytes()]
+                            .into_iter()
+                            .chain(order_lines())
+                            .collect();
+                        requests.push_group(&[&hold, &confirm]);
                     }
                     Shape::Deducts => {
                         let order_no = format!("ORD-{c}-{n}");

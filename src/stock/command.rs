@@ -114,6 +114,9 @@ pub enum Footprint {
     /// and with the other commands of its order; an order on other SKUs
     /// goes alongside.
     Lines { pairs_from: usize },
+    /// [`Footprint::Lines`] when the request names lines (ORDER.CONFIRM's
+    /// are optional), [`Footprint::All`] when it names none.
+    LinesOrAll { pairs_from: usize },
     /// Everything: an order command that names no SKU.
     All,
 }

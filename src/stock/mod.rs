@@ -175,6 +175,11 @@ impl StockCommand {
                 id: first,
                 pairs: args.get(pairs_from..).unwrap_or_default(),
             },
+            Footprint::LinesOrAll { pairs_from } if args.len() > pairs_from => Touches::Lines {
+                id: first,
+                pairs: &args[pairs_from..],
+            },
+            Footprint::LinesOrAll { .. } => Touches::All,
             Footprint::All => Touches::All,
         }
     }

@@ -220,8 +220,10 @@ pub(super) enum IntentOp<'a> {
         to: Phase,
         abort: Option<(Code, &'a [u8])>,
     },
-    /// ORDER.CONFIRM's move.
-    Confirm,
+    /// ORDER.CONFIRM's move; `lines`, the canonical line set its request
+    /// named, if it named any: the move is made only when they are the
+    /// order's.
+    Confirm { lines: Option<&'a [u8]> },
     /// ORDER.REVERT's move.
     Revert,
     /// What an ORDER.EXTEND of `ttl` under `change_id` would come to now,
@@ -248,7 +250,7 @@ impl IntentOp<'_> {
             IntentOp::Read => b"read",
             IntentOp::Begin { .. } => b"begin",
             IntentOp::Advance { .. } => b"advance",
-            IntentOp::Confirm => b"confirm",
+            IntentOp::Confirm { .. } => b"confirm",
             IntentOp::Revert => b"revert",
             IntentOp::TryExtend { .. } => b"try_extend",
             IntentOp::Extend { .. } => b"extend",
@@ -259,7 +261,8 @@ impl IntentOp<'_> {
     /// `args` (the numbers spelled in `digits`): at most four.
     fn args<'a>(&'a self, digits: &'a mut [itoa::Buffer; 3], args: &mut Vec<&'a [u8]>) {
         match self {
-            IntentOp::Read | IntentOp::Confirm | IntentOp::Revert => {}
+            IntentOp::Read | IntentOp::Revert | IntentOp::Confirm { lines: None } => {}
+            IntentOp::Confirm { lines: Some(lines) } => args.push(lines),
             IntentOp::Begin {
                 lines,
                 hold,

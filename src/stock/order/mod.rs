@@ -337,8 +337,26 @@ impl<'a> Saga<'a> {
                     Err(invalid) => Ok(OrderReply::invalid(invalid.0)),
                 }
             }
+            Want::Confirm if args.len() > 1 => {
+                let lines = match parse_lines(&args[1..], max_qty, max_lines) {
+                    Ok(lines) => lines,
+                    Err(invalid) => return Ok(OrderReply::invalid(invalid.0)),
+                };
+                let text = canonical(&lines);
+                let intent = self
+                    .intent(IntentOp::Confirm { lines: Some(&text) })
+                    .await?;
+                // The script moved nothing: the order has other lines than
+                // these (a barrier the connection did not keep for them).
+                if intent.phase != Phase::Revoked && intent.lines != text {
+                    return Ok(OrderReply::invalid(
+                        "the lines named are not the order's (name its ORDER.HOLD's lines, or none)",
+                    ));
+                }
+                self.settle(want, intent, Some((&text, &lines))).await
+            }
             Want::Confirm => {
-                let intent = self.intent(IntentOp::Confirm).await?;
+                let intent = self.intent(IntentOp::Confirm { lines: None }).await?;
                 self.settle(want, intent, None).await
             }
             Want::Revert => {
@@ -453,7 +471,8 @@ impl<'a> Saga<'a> {
                     self.lines(lines, LineCall::Revert, 0).await,
                 ),
                 Phase::Held if want == Want::Confirm => {
-                    intent = self.intent(IntentOp::Confirm).await?;
+                    let named = known.map(|(text, _)| text);
+                    intent = self.intent(IntentOp::Confirm { lines: named }).await?;
                     continue;
                 }
                 _ => return Ok(self.answer(want, &intent, lines)),
