@@ -1708,3 +1708,61 @@ async fn stock_status_of_a_request_by_location_answers_the_sku_s_total(kind: Ser
     assert_eq!(none["stock"], Value::Int(12));
     drop(server);
 }
+
+/// A SKU that changes how it keeps its stock while STOCK.GET reads it (its
+/// keys rewritten behind stockgate's back, between one number 7 and one
+/// location of 5): every read shows one kind's stock, never a refusal's
+/// code read as a stock (a one-number SKU refused by the located read
+/// once showed 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_get_of_a_sku_changing_kind_shows_one_kind_s_stock() {
+    let (redis, server) = located_server(ServerKind::Redis7).await;
+    let mut conn = client(&server, false).await;
+    let set = send(&mut conn, &["STOCK.SET", "flips", "5", "f0", "AT", "w1"]).await;
+    assert_eq!(code(&set.unwrap()), 0);
+    let stock = String::from_utf8(stock_key("flips")).unwrap();
+    let (locs, parked) = (format!("{stock}:loc"), format!("{stock}:parked"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let mut direct = redis.node.connection().unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let flip = redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == 'loc' then \
+                   redis.call('RENAME', KEYS[2], KEYS[3]) redis.call('SET', KEYS[1], '7') \
+                 else \
+                   redis.call('RENAME', KEYS[3], KEYS[2]) redis.call('SET', KEYS[1], 'loc') \
+                 end return 1",
+            );
+            let mut flips = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: i64 = flip
+                    .key(&stock)
+                    .key(&locs)
+                    .key(&parked)
+                    .invoke(&mut direct)
+                    .unwrap();
+                flips += 1;
+            }
+            flips
+        })
+    };
+    let (mut plain, mut located, mut again) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        match send(&mut conn, &["STOCK.GET", "flips"]).await {
+            Ok(Value::Int(7)) => plain += 1,
+            Ok(Value::Int(5)) => located += 1,
+            Err(e) if e.code() == Some("TRYAGAIN") => again += 1,
+            other => panic!("STOCK.GET of a SKU changing kind answered {other:?}"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    assert!(flips > 100, "the SKU changed kind {flips} times");
+    assert!(
+        plain > 0 && located > 0,
+        "read as one number {plain} times, by location {located}, {again} told to try again"
+    );
+    drop(server);
+}

@@ -129,12 +129,44 @@ pub enum Correction {
 }
 
 /// `STOCK.GET <sku>`
+///
+/// A SKU that keeps one number is read by `lua/get.lua`, one kept by
+/// location by `lua/allocate.lua`; the first read says when the SKU is of
+/// the other kind. A SKU can change kind between the two reads (an
+/// operator's first `STOCK.SET ... AT`, or its keys written again behind
+/// stockgate's back): then the second read meets the first kind again,
+/// says so, and the reads go round again, a few times at most. What either
+/// refuses is never read as a stock.
 async fn get(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
     let sku = match Sku::parse(args[0].clone()) {
         Ok(sku) => sku,
         Err(invalid) => return Reply::error(format!("ERR {invalid}")),
     };
-    let keys = service.keys.sku_keys(&sku);
+    for _ in 0..GET_ROUNDS {
+        if let Read::Shown(reply) = one_number(service, &sku).await {
+            return reply;
+        }
+        if let Read::Shown(reply) = located_total(service, &sku).await {
+            return reply;
+        }
+    }
+    Reply::error("TRYAGAIN the sku changed how it keeps its stock while it was read; read it again")
+}
+
+/// How many times STOCK.GET reads a SKU by both kinds before it gives up.
+const GET_ROUNDS: usize = 3;
+
+/// What one of STOCK.GET's reads came to.
+enum Read {
+    /// The reply (the stock, nil, or an error).
+    Shown(Reply),
+    /// The SKU is of the other kind: the other read's to answer.
+    OtherKind,
+}
+
+/// STOCK.GET of a SKU that keeps one number (`lua/get.lua`).
+async fn one_number(service: &Arc<StockService>, sku: &Sku) -> Read {
+    let keys = service.keys.sku_keys(sku);
     let keys = keys.all();
     let settings = &service.settings;
     let args = [
@@ -142,49 +174,57 @@ async fn get(service: &Arc<StockService>, args: &[Bytes]) -> Reply {
         settings.journal_arg.as_bytes(),
     ];
     let upstream = &service.upstream;
-    match service
-        .with_journal(&sku, service.deadline(), || {
+    let reply = match service
+        .with_journal(sku, service.deadline(), || {
             upstream.eval(&service.scripts.get, &keys, &args)
         })
         .await
     {
         Ok(Value::Array(mut items)) if items.len() >= 4 => {
-            if let Value::Int(released) = items[3]
-                && released > 0
-            {
-                service
-                    .books
-                    .metrics
-                    .record_holds(HoldEvent::Expired, released as u64);
-            }
+            count_released(service, &items[3]);
             stock_value(items.swap_remove(0))
         }
         Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
-        Err(fault) if fault.is_located() => located_total(service, &sku).await,
+        Err(fault) if fault.is_located() => return Read::OtherKind,
         Err(fault) => Reply::Error(fault.reply_text()),
-    }
+    };
+    Read::Shown(reply)
 }
 
 /// STOCK.GET of a SKU kept by location: its total available over all its
-/// locations (`lua/allocate.lua` "get", the shape of `lua/get.lua`'s).
-async fn located_total(service: &Arc<StockService>, sku: &Sku) -> Reply {
-    match service.read_by_location("get", sku).await {
-        Ok(Value::Array(items)) if items.len() >= 4 => {
-            if let Value::Int(released) = items[3]
-                && released > 0
-            {
-                service
-                    .books
-                    .metrics
-                    .record_holds(HoldEvent::Expired, released as u64);
-            }
+/// locations (`lua/allocate.lua` "get", the shape of `lua/get.lua`'s:
+/// four elements). A SKU that keeps one number (or none) is refused there
+/// with a code 3 reply of more elements, or UNKNOWNSKU: the other kind.
+async fn located_total(service: &Arc<StockService>, sku: &Sku) -> Read {
+    let reply = match service.read_by_location("get", sku).await {
+        Ok(Value::Array(items)) if items.len() == 4 => {
+            count_released(service, &items[3]);
             match items[0] {
                 Value::Int(total) => Reply::Integer(total),
                 _ => Reply::error("BADREPLY STOCK.GET answered a total that is not an integer"),
             }
         }
+        Ok(Value::Array(items)) if matches!(items.first(), Some(Value::Int(3))) => {
+            return Read::OtherKind;
+        }
         Ok(other) => Reply::error(format!("BADREPLY STOCK.GET answered {other:?}")),
+        Err(fault) if fault.kind == crate::error::FaultKind::UnknownSku => {
+            return Read::OtherKind;
+        }
         Err(fault) => Reply::Error(fault.reply_text()),
+    };
+    Read::Shown(reply)
+}
+
+/// Holds a read gave back to stock, counted.
+fn count_released(service: &StockService, released: &Value) {
+    if let Value::Int(released) = *released
+        && released > 0
+    {
+        service
+            .books
+            .metrics
+            .record_holds(HoldEvent::Expired, released as u64);
     }
 }
 
