@@ -1052,7 +1052,9 @@ fn measure(kind: ServerKind, out: &mut String) {
                     intent_call(
                         o,
                         &format!("c{o:x}"),
-                        ["confirm", "", "", "", ""],
+                        // Naming the order's lines, as the bench's checkout
+                        // does (`-- orders`).
+                        ["confirm", &lines, "", "", ""],
                         ("file", FILED_AFTER),
                     )
                 })
