@@ -396,6 +396,12 @@ pub struct ProxyArgs {
     #[arg(long, env = "STOCKGATE_HTTP_LISTEN", num_args = 0..=1, default_missing_value = "127.0.0.1:8390")]
     pub http_listen: Option<SocketAddr>,
 
+    /// HTTP connections served at once, counted from their accept (a TLS
+    /// one's handshake included). Past it no connection is accepted until
+    /// one closes: the next wait in the kernel's listen queue.
+    #[arg(long, env = "STOCKGATE_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+
     /// HTTP address of /metrics, /healthz and /readyz.
     #[arg(long, env = "STOCKGATE_ADMIN_LISTEN", default_value = "127.0.0.1:9390")]
     pub admin_listen: SocketAddr,
@@ -613,6 +619,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub http_listen: Option<SocketAddr>,
+    pub http_max_connections: usize,
     pub upstream: UpstreamConfig,
     pub keys: KeyLayout,
     pub retry_window: Duration,
@@ -822,6 +829,9 @@ impl ProxyArgs {
                 ));
             }
         }
+        if self.http_max_connections == 0 {
+            return Err("--http-max-connections must be at least 1".into());
+        }
         if self.max_clients == 0 {
             return Err("--max-clients must be at least 1".into());
         }
@@ -834,6 +844,7 @@ impl ProxyArgs {
             listen: self.listen,
             admin_listen: self.admin_listen,
             http_listen: self.http_listen,
+            http_max_connections: self.http_max_connections,
             upstream,
             keys,
             retry_window: self.retry_window,

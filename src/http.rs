@@ -72,6 +72,7 @@
 
 use crate::auth::{Account, Users, WRONGPASS};
 use crate::error::{FaultClass, UpstreamError};
+use crate::net::Bounded;
 use crate::outcome::{Code, StockReply};
 use crate::session::hello::Gate;
 use crate::state::Shared;
@@ -99,7 +100,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Largest request body; more is a 400 before anything is parsed.
@@ -124,7 +124,7 @@ const RETRY_AFTER_SECS: u64 = 1;
 
 /// Serves until `drain` is cancelled, then finishes the requests in flight.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Bounded,
     tls: Option<Arc<ServerTls>>,
     shared: Arc<Shared>,
     drain: CancellationToken,
@@ -172,6 +172,31 @@ pub async fn serve(
     }
 }
 
+/// The HTTP face's plain listener: at most `--http-max-connections`
+/// connections at once ([`Bounded`]).
+impl axum::serve::Listener for Bounded {
+    type Io = crate::net::Counted<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match Bounded::accept(self).await {
+                Ok(accepted) => return accepted,
+                // Out of descriptors, or a connection reset before its
+                // accept: a pause, not a busy loop.
+                Err(err) => {
+                    tracing::warn!(%err, "accept failed (http)");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Bounded::local_addr(self)
+    }
+}
+
 /// Who is at the other end of an HTTP connection.
 #[derive(Clone, Debug)]
 struct Peer {
@@ -181,8 +206,8 @@ struct Peer {
     certificate: Option<String>,
 }
 
-impl Connected<IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Peer {
+impl Connected<IncomingStream<'_, Bounded>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, Bounded>) -> Peer {
         Peer {
             addr: *stream.remote_addr(),
             certificate: None,
@@ -194,7 +219,7 @@ impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Peer {
         Peer {
             addr: *stream.remote_addr(),
-            certificate: crate::tls::client_name(stream.io()),
+            certificate: crate::tls::client_name(stream.io().get_ref()),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Socket reads that skip the `recv` whose only news is "nothing more",
-//! and the TCP keepalive of upstream connections.
+//! the TCP keepalive of upstream connections, and a listener that keeps
+//! its connections within a bound ([`Bounded`]).
 //!
 //! tokio keeps a socket readable until a read fails with `WouldBlock`, so
 //! the usual loop (wait readable, read, wait readable, read) spends a
@@ -117,6 +118,110 @@ pub const KEEPALIVE_PROBES: u32 = 3;
 /// Turns [`upstream_keepalive`] on for `stream`.
 pub fn keep_alive(stream: &TcpStream) -> io::Result<()> {
     socket2::SockRef::from(stream).set_tcp_keepalive(&upstream_keepalive())
+}
+
+/// A connection that keeps its place among a [`Bounded`] listener's until
+/// it is dropped.
+pub struct Counted<T> {
+    io: T,
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<T> Counted<T> {
+    /// `io`, holding `place` while it lives (a TLS stream made from a
+    /// counted socket's, say).
+    pub fn new(io: T, place: tokio::sync::OwnedSemaphorePermit) -> Counted<T> {
+        Counted { io, _place: place }
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// The connection and its place, apart.
+    pub fn into_parts(self) -> (T, tokio::sync::OwnedSemaphorePermit) {
+        (self.io, self._place)
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A TCP listener with at most `places` of its connections open at once,
+/// counted from their accept: past it, it accepts none until one closes,
+/// and the next wait in the kernel's listen queue. (The HTTP face's: the
+/// RESP port counts its own, and tells the one too many.)
+pub struct Bounded {
+    listener: tokio::net::TcpListener,
+    places: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Bounded {
+    pub fn new(listener: tokio::net::TcpListener, places: usize) -> Bounded {
+        Bounded {
+            listener,
+            places: std::sync::Arc::new(tokio::sync::Semaphore::new(places)),
+        }
+    }
+
+    /// The next connection, once a place is free.
+    pub async fn accept(&self) -> io::Result<(Counted<TcpStream>, std::net::SocketAddr)> {
+        let place = self
+            .places
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the places are never closed");
+        let (stream, peer) = self.listener.accept().await?;
+        Ok((Counted::new(stream, place), peer))
+    }
+
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
 }
 
 #[cfg(test)]

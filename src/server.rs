@@ -116,7 +116,7 @@ pub async fn start(config: Config) -> io::Result<Server> {
     if let Some(http_listener) = http_listener {
         // Tracked with the connections: the drain waits for its requests.
         connections.spawn(http::serve(
-            http_listener,
+            crate::net::Bounded::new(http_listener, shared.config.http_max_connections),
             tls.clone(),
             shared.clone(),
             drain.clone(),

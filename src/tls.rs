@@ -17,6 +17,7 @@
 
 use crate::config::ListenerTls;
 use crate::metrics::Metrics;
+use crate::net::{Bounded, Counted};
 use crate::transport::{READ_CHUNK, Reader, Transport, make_room};
 use arc_swap::ArcSwap;
 use bytes::BytesMut;
@@ -201,15 +202,16 @@ fn name_of(cert: &CertificateDer<'_>) -> Option<String> {
 /// [`axum::serve::Listener`]). Each handshake runs in a task of its own, so
 /// a slow client never holds up the others' accepts.
 pub struct TlsListener {
-    handshaken: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+    handshaken: tokio::sync::mpsc::Receiver<(Counted<TlsStream<TcpStream>>, std::net::SocketAddr)>,
     local: std::net::SocketAddr,
 }
 
 impl TlsListener {
     /// Accepts on `listener` until `stop`, handing on each connection
-    /// whose handshake succeeds.
+    /// whose handshake succeeds. A connection keeps its place among the
+    /// listener's from its accept, its handshake included.
     pub fn new(
-        listener: tokio::net::TcpListener,
+        listener: Bounded,
         tls: Arc<ServerTls>,
         stop: CancellationToken,
     ) -> io::Result<TlsListener> {
@@ -229,10 +231,11 @@ impl TlsListener {
                     },
                 };
                 let (tls, done) = (tls.clone(), done.clone());
+                let (stream, place) = stream.into_parts();
                 tokio::spawn(async move {
                     match tls.accept(stream).await {
                         Ok(stream) => {
-                            let _ = done.send((stream, peer)).await;
+                            let _ = done.send((Counted::new(stream, place), peer)).await;
                         }
                         Err(err) => tracing::debug!(%peer, %err, "TLS handshake failed (http)"),
                     }
@@ -244,7 +247,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Counted<TlsStream<TcpStream>>;
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -652,3 +652,50 @@ async fn max_clients_bounds_tls_connections_from_their_accept() {
     let (status, log) = gate.stop();
     assert!(status.success(), "{log}");
 }
+
+/// The HTTP face keeps at most `--http-max-connections` connections,
+/// counted from their accept: a flood of idle connections past it waits in
+/// the kernel's listen queue, holding nothing of stockgate's, and once
+/// they go the face serves again.
+#[test]
+fn http_connections_are_bounded_from_their_accept() {
+    const MAX: usize = 4;
+    let http_port = free_port();
+    let gate = Launch::serve(&shared_cluster().seeds())
+        .args(["--http-listen", &format!("127.0.0.1:{http_port}")])
+        .args(["--http-max-connections", &MAX.to_string()])
+        .start();
+    let accepted = |gate: &Stockgate| {
+        gate.sockets()
+            .iter()
+            .filter(|s| !s.listening && s.local.port() == http_port)
+            .count()
+    };
+    let (status, _) = http_get(http_port, "/no-such-route").unwrap();
+    assert_eq!(status, 404);
+
+    let flood: Vec<TcpStream> = (0..50)
+        .map(|_| TcpStream::connect(("127.0.0.1", http_port)).unwrap())
+        .collect();
+    let mut most = 0;
+    let watched = Instant::now();
+    while most < MAX && watched.elapsed() < Duration::from_secs(20) {
+        most = most.max(accepted(&gate));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(most, MAX, "every place is taken by the flood");
+    for _ in 0..50 {
+        most = most.max(accepted(&gate));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        most,
+        MAX,
+        "no more than --http-max-connections accepted: {:#?}",
+        gate.sockets()
+    );
+
+    drop(flood);
+    let (status, _) = http_get(http_port, "/no-such-route").unwrap();
+    assert_eq!(status, 404, "served again once the flood is gone");
+}
