@@ -222,7 +222,11 @@ const SMALL_ARGS: usize = 8;
 /// or refuses with the reason; so this accepts only what that accepts,
 /// and frames it alike.
 fn scan_small(buf: &[u8], max_request: usize) -> Option<Small> {
-    // `*N\r\n`, N one digit.
+    // `*N\r\n`, N one digit. (The decoder looks at the `*` first; this
+    // frames only what it would, whoever calls it.)
+    if *buf.first()? != b'*' {
+        return None;
+    }
     let count = usize::from(buf.get(1)?.wrapping_sub(b'0'));
     if !(1..=SMALL_ARGS).contains(&count) || buf.get(2..4)? != b"\r\n" {
         return None;
@@ -616,6 +620,17 @@ mod tests {
                     .collect();
                 prop_assert_eq!(ranges, small_ranges);
             }
+        }
+    }
+
+    /// The case the property test once found: a well-formed request whose
+    /// leading `*` is flipped is no multibulk to either framing.
+    #[test]
+    fn a_request_without_its_star_is_not_framed_small() {
+        for lead in [b'\r', b'$', b'+', b'D'] {
+            let mut buf = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n".to_vec();
+            buf[0] = lead;
+            assert!(scan_small(&buf, 65536).is_none(), "{buf:?}");
         }
     }
 
