@@ -266,12 +266,33 @@ impl Stockgate {
     }
 
     /// Its TCP sockets now, as the kernel lists them.
+    ///
+    /// The kernel writes /proc/net/tcp a page at a time, so a read while
+    /// other processes open and close sockets can list one socket twice,
+    /// or miss one: each socket is kept once (by its inode), and the list
+    /// is read until two reads in a row agree.
     pub fn sockets(&self) -> Vec<Socket> {
+        let mut last = self.sockets_once();
+        for _ in 0..20 {
+            let now = self.sockets_once();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last.into_values().collect()
+    }
+
+    /// One read of its sockets, by inode.
+    fn sockets_once(&self) -> std::collections::BTreeMap<String, Socket> {
         let mut inodes = std::collections::HashSet::new();
         for fd in
             std::fs::read_dir(format!("/proc/{}/fd", self.pid())).expect("reads /proc/<pid>/fd")
         {
-            if let Ok(target) = std::fs::read_link(fd.unwrap().path()) {
+            let Ok(fd) = fd else {
+                continue;
+            };
+            if let Ok(target) = std::fs::read_link(fd.path()) {
                 let target = target.to_string_lossy().into_owned();
                 if let Some(inode) = target
                     .strip_prefix("socket:[")
@@ -281,7 +302,7 @@ impl Stockgate {
                 }
             }
         }
-        let mut sockets = Vec::new();
+        let mut sockets = std::collections::BTreeMap::new();
         for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
             let Ok(text) = std::fs::read_to_string(table) else {
                 continue;
@@ -289,11 +310,14 @@ impl Stockgate {
             for line in text.lines().skip(1) {
                 let fields: Vec<&str> = line.split_whitespace().collect();
                 if fields.len() > 9 && inodes.contains(fields[9]) {
-                    sockets.push(Socket {
-                        local: kernel_address(fields[1]),
-                        remote: kernel_address(fields[2]),
-                        listening: fields[3] == "0A",
-                    });
+                    sockets.insert(
+                        fields[9].to_owned(),
+                        Socket {
+                            local: kernel_address(fields[1]),
+                            remote: kernel_address(fields[2]),
+                            listening: fields[3] == "0A",
+                        },
+                    );
                 }
             }
         }
