@@ -473,6 +473,102 @@ fn start_orders_stockgate(knobs: &Knobs, fleet: &Fleet, name: &str) -> Stockgate
     )
 }
 
+/// What the order rows share: a stockgate-cluster of their own under
+/// callgrind ([`start_orders_stockgate`]), and which skus each primary
+/// owns.
+struct OrderLoads<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    stockgate: Stockgate,
+    by_node: Vec<Vec<usize>>,
+    dir: PathBuf,
+    name: &'static str,
+    connections: usize,
+}
+
+impl<'a> OrderLoads<'a> {
+    fn start(
+        runtime: &'a tokio::runtime::Runtime,
+        knobs: &Knobs,
+        fleet: &Fleet,
+        name: &'static str,
+    ) -> OrderLoads<'a> {
+        OrderLoads {
+            runtime,
+            stockgate: start_orders_stockgate(knobs, fleet, name),
+            by_node: orders::skus_by_node(&fleet.cluster_db),
+            dir: fleet.dir.path().to_path_buf(),
+            name,
+            connections: knobs.connections,
+        }
+    }
+
+    /// Ten orders of `shape` per connection at depth 16, not counted: the
+    /// paths they take warm.
+    fn warm(&self, db: &mut crate::db::Db, shape: orders::Shape, lines: usize, row: u64) {
+        let conns = orders::plan(
+            &self.stockgate,
+            db,
+            &self.by_node,
+            shape,
+            lines,
+            self.connections,
+            10,
+            row,
+        );
+        orders::measure_with(
+            self.runtime,
+            &self.stockgate,
+            db,
+            conns,
+            shape,
+            lines,
+            16,
+            || {},
+        );
+    }
+
+    /// `per_conn` orders of `shape` per connection at `depth`, counted as
+    /// the DEDUCT rows are and audited as the orders mode audits them; the
+    /// dumps kept under `label` (`BENCH_CALLGRIND_KEEP`).
+    #[allow(clippy::too_many_arguments)]
+    fn count(
+        &self,
+        db: &mut crate::db::Db,
+        shape: orders::Shape,
+        lines: usize,
+        per_conn: usize,
+        depth: usize,
+        row: u64,
+        label: &str,
+    ) -> (orders::OrdersRun, u64) {
+        let conns = orders::plan(
+            &self.stockgate,
+            db,
+            &self.by_node,
+            shape,
+            lines,
+            self.connections,
+            per_conn,
+            row,
+        );
+        let pid = self.stockgate.pid();
+        let counted = counted(&self.dir, self.name, pid, |hook| {
+            orders::measure_with(
+                self.runtime,
+                &self.stockgate,
+                db,
+                conns,
+                shape,
+                lines,
+                depth,
+                hook,
+            )
+        });
+        keep_dumps(&self.dir, self.name, label);
+        counted
+    }
+}
+
 /// The ORDER rows: per depth, `orders` 3-line ORDERs (one sku of each
 /// primary, as the orders mode builds them), then the same orders as
 /// three DEDUCTs each, written at once (the same skus, fresh ids); then
@@ -487,11 +583,8 @@ fn count_orders(
     orders: usize,
 ) -> Vec<OrderCount> {
     let name = "stockgate-cluster-orders-callgrind";
-    let dir = fleet.dir.path().to_path_buf();
-    let stockgate = &start_orders_stockgate(knobs, fleet, name);
-    let pid = stockgate.pid();
+    let loads = OrderLoads::start(runtime, knobs, fleet, name);
     let db = &mut fleet.cluster_db;
-    let by_node = orders::skus_by_node(db);
     let per_conn = orders.max(1).div_ceil(knobs.connections);
     // Warm up every shape: the intent calls and the order's paths are cold.
     for (row, shape) in [
@@ -500,48 +593,15 @@ fn count_orders(
         (9002, orders::Shape::HoldConfirm),
         (9003, orders::Shape::HoldsConfirms),
     ] {
-        let lines = orders::LINES;
-        let conns = orders::plan(
-            stockgate,
-            db,
-            &by_node,
-            shape,
-            lines,
-            knobs.connections,
-            10,
-            row,
-        );
-        orders::measure_with(runtime, stockgate, db, conns, shape, lines, 16, || {});
+        loads.warm(db, shape, orders::LINES, row);
     }
     let mut counts = Vec::new();
     for &depth in &knobs.depths {
         // One row number for every shape: the same skus for each order.
         let row = 9100 + depth as u64;
         let mut load = |shape: orders::Shape| {
-            let conns = orders::plan(
-                stockgate,
-                db,
-                &by_node,
-                shape,
-                orders::LINES,
-                knobs.connections,
-                per_conn,
-                row,
-            );
-            let (run, instructions) = counted(&dir, name, pid, |hook| {
-                orders::measure_with(
-                    runtime,
-                    stockgate,
-                    db,
-                    conns,
-                    shape,
-                    orders::LINES,
-                    depth,
-                    hook,
-                )
-            });
-            keep_dumps(&dir, name, &format!("{}-depth{depth}", shape.label()));
-            (run, instructions)
+            let label = format!("{}-depth{depth}", shape.label());
+            loads.count(db, shape, orders::LINES, per_conn, depth, row, &label)
         };
         let (order_run, order) = load(orders::Shape::Order);
         let (deducts_run, deducts) = load(orders::Shape::Deducts);
@@ -597,27 +657,13 @@ fn count_order_lines(
     orders: usize,
 ) -> Vec<OrderLinesCount> {
     let name = "stockgate-cluster-order-lines-callgrind";
-    let dir = fleet.dir.path().to_path_buf();
-    let stockgate = &start_orders_stockgate(knobs, fleet, name);
-    let pid = stockgate.pid();
+    let loads = OrderLoads::start(runtime, knobs, fleet, name);
     let db = &mut fleet.cluster_db;
-    let by_node = orders::skus_by_node(db);
     let per_conn = orders.max(1).div_ceil(knobs.connections);
     let shapes = [orders::Shape::Order, orders::Shape::Deducts];
     for lines in ORDER_LINES {
         for shape in shapes {
-            let row = 19_000 + lines as u64;
-            let conns = orders::plan(
-                stockgate,
-                db,
-                &by_node,
-                shape,
-                lines,
-                knobs.connections,
-                10,
-                row,
-            );
-            orders::measure_with(runtime, stockgate, db, conns, shape, lines, 16, || {});
+            loads.warm(db, shape, lines, 19_000 + lines as u64);
         }
     }
     let mut counts = Vec::new();
@@ -626,25 +672,8 @@ fn count_order_lines(
             // One row number for both shapes: the same skus for each order.
             let row = 20_000 + 100 * lines as u64 + depth as u64;
             let mut load = |shape: orders::Shape| {
-                let conns = orders::plan(
-                    stockgate,
-                    db,
-                    &by_node,
-                    shape,
-                    lines,
-                    knobs.connections,
-                    per_conn,
-                    row,
-                );
-                let (run, instructions) = counted(&dir, name, pid, |hook| {
-                    orders::measure_with(runtime, stockgate, db, conns, shape, lines, depth, hook)
-                });
-                keep_dumps(
-                    &dir,
-                    name,
-                    &format!("{}-{lines}-lines-depth{depth}", shape.label()),
-                );
-                (run, instructions)
+                let label = format!("{}-{lines}-lines-depth{depth}", shape.label());
+                loads.count(db, shape, lines, per_conn, depth, row, &label)
             };
             let (order_run, order) = load(orders::Shape::Order);
             let (deducts_run, deducts) = load(orders::Shape::Deducts);
