@@ -59,6 +59,22 @@ pub fn check_userinfo(url: &str) -> Result<(), &'static str> {
     }
 }
 
+/// Refuses a URL whose authority (from `://` to the first `/`, `?` or `#`)
+/// holds more than one `@`: a raw `@` in its password. tokio-postgres
+/// ends the user part at the first `@` and reads the rest of the password
+/// as the host, where the other drivers (the `url` crate's reading) end it
+/// at the last; percent-encoded (%40), every driver reads it right.
+pub fn check_single_at(url: &str) -> Result<(), &'static str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    if authority.matches('@').count() > 1 {
+        return Err(
+            "a `@` in the password, where the PostgreSQL driver ends the user part and reads the              rest as the host: percent-encode it (%40)",
+        );
+    }
+    Ok(())
+}
+
 /// `url` with everything from `://` (from its start when it has no
 /// scheme) to its last `@` masked.
 fn userinfo_masked(url: &str) -> String {
@@ -257,6 +273,26 @@ mod tests {
             "redis://127.0.0.1:6379",
         ] {
             assert!(check_userinfo(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_raw_at_in_a_password_is_found() {
+        for bad in [
+            "postgres://books:Mb2@zR8t@127.0.0.1:5432/books",
+            "postgresql://u:a@b@c@h/db",
+            "u:p@ss@h",
+        ] {
+            assert!(check_single_at(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "postgres://books:Mb2%40zR8t@127.0.0.1:5432/books",
+            "postgres://u@h/db?application_name=a@b",
+            "postgres://h/db?password=a@b",
+            "postgres://u:pw@h1:5432,h2:5433/db",
+            "postgres://h/db",
+        ] {
+            assert!(check_single_at(good).is_ok(), "{good}");
         }
     }
 

@@ -43,7 +43,11 @@ impl Target {
         crate::redact::check_userinfo(url).map_err(|why| format!("{}: {why}", redact(url)))?;
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
-            Some("postgres" | "postgresql") => PgTarget::parse(url).map(Target::Postgres),
+            Some("postgres" | "postgresql") => {
+                crate::redact::check_single_at(url)
+                    .map_err(|why| format!("{}: {why}", redact(url)))?;
+                PgTarget::parse(url).map(Target::Postgres)
+            }
             Some("mysql" | "mariadb") => MysqlTarget::parse(url).map(Target::Mysql),
             _ => Err(format!(
                 "{} is not a database URL stockgate reads: postgres://user[:password]@host[:port]/dbname[?sslmode=...] \
