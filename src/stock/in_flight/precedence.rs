@@ -66,6 +66,16 @@ impl Touch {
 }
 
 impl TouchRef<'_> {
+    /// Its kind alone, with no name borrowed (to compare kinds).
+    pub(super) fn kindless(self) -> TouchRef<'static> {
+        match self {
+            TouchRef::Nothing => TouchRef::Nothing,
+            TouchRef::Sku(_) => TouchRef::Sku(&[]),
+            TouchRef::Lines { .. } => TouchRef::Lines { id: &[], skus: &[] },
+            TouchRef::All => TouchRef::All,
+        }
+    }
+
     /// As the index keeps it.
     pub(super) fn to_owned(self) -> Touch {
         match self {
@@ -333,8 +343,14 @@ pub(super) fn waits_by_scan<'a2>(
     touch: TouchRef<'a2>,
     how: Sending,
 ) -> bool {
+    earlier.into_iter().any(|e| holds_back(&e, touch, how))
+}
+
+/// Whether the unfinished request `e` holds back a later one that touches
+/// `touch`, sent `how`: the rule for one pair ([`waits_by_scan`]).
+pub(super) fn holds_back<'a>(e: &EntryRef<'a>, touch: TouchRef<'a>, how: Sending) -> bool {
     // A request's SKUs: a single one's, or an order's lines'.
-    let skus = |t: &TouchRef<'a2>| -> (Option<&'a2 [u8]>, &'a2 [Bytes]) {
+    let skus = |t: &TouchRef<'a>| -> (Option<&'a [u8]>, &'a [Bytes]) {
         match *t {
             TouchRef::Sku(sku) => (Some(sku), &[]),
             TouchRef::Lines { skus, .. } => (None, skus),
@@ -342,7 +358,7 @@ pub(super) fn waits_by_scan<'a2>(
         }
     };
     // Whether two requests share a SKU (an order's SKUs are sorted).
-    let share = |a: &TouchRef<'a2>, b: &TouchRef<'a2>| -> bool {
+    let share = |a: &TouchRef<'a>, b: &TouchRef<'a>| -> bool {
         match (skus(a), skus(b)) {
             ((Some(one), _), (_, many)) | ((_, many), (Some(one), _)) => {
                 many.binary_search_by(|s| s[..].cmp(one)).is_ok()
@@ -350,7 +366,7 @@ pub(super) fn waits_by_scan<'a2>(
             ((None, a_many), (None, b_many)) => sorted_share(a_many, b_many),
         }
     };
-    earlier.into_iter().any(|e| match (e.touch, touch) {
+    match (e.touch, touch) {
         (_, TouchRef::Nothing) => false,
         // Even a request whose SKU is not known at this moment (being
         // settled) is before an `All`.
@@ -366,7 +382,7 @@ pub(super) fn waits_by_scan<'a2>(
                         | (Mode::Read, Sending::ReadFirst)
                 )
         }
-    })
+    }
 }
 
 /// Whether two sorted lists of SKUs have one in common: one merge.

@@ -2,10 +2,13 @@
 //! request behind each.
 
 use super::Request;
-use super::precedence::{Entry, EntryRef, Index, Mode, Sending, TouchRef, waits_by_scan};
+use super::precedence::{
+    Entry, EntryRef, Index, Mode, Sending, TouchRef, holds_back, waits_by_scan,
+};
 use crate::reply::{Protocol, Reply};
 use crate::stock::{StockCall, Touches};
 use bytes::{Bytes, BytesMut};
+use std::cell::Cell;
 use std::collections::{BTreeSet, VecDeque};
 
 /// The replies a connection owes, in request order. Each request gets the
@@ -113,6 +116,22 @@ pub(super) struct Slot {
     running_sku: Option<Bytes>,
     /// An order's footprint, while it is unfinished.
     lines: Option<Box<Lines>>,
+    /// Held: the earlier request that held it back when last looked at
+    /// ([`Replies::first_free_held`]).
+    blocker: Cell<Option<Blocker>>,
+}
+
+/// An unfinished request that holds a held one back, as it stood then:
+/// while it stands so, it holds it back still (the rule reads only what
+/// each touches and how it stands), and the held one needs no new look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blocker {
+    ticket: u64,
+    mode: Mode,
+    held: bool,
+    /// Which kind of touch it had ([`TouchRef`]'s variant): a request
+    /// being settled touches nothing, then its SKU again.
+    touch: std::mem::Discriminant<TouchRef<'static>>,
 }
 
 pub(super) enum SlotState {
@@ -290,6 +309,7 @@ impl Replies {
             kind,
             running_sku: None,
             lines,
+            blocker: Cell::new(None),
         });
         self.sync(self.slots.len() - 1);
     }
@@ -343,6 +363,7 @@ impl Replies {
             kind,
             running_sku: None,
             lines: None,
+            blocker: Cell::new(None),
         });
         self.sync(self.slots.len() - 1);
     }
@@ -495,13 +516,38 @@ impl Replies {
     /// Without an index: the first held request that nothing unfinished
     /// before it holds back, by a look at each earlier one. A held request
     /// that touches everything and must wait holds back every one after it.
+    ///
+    /// A held request remembers what held it back ([`Blocker`]): while that
+    /// one stands as it did, the held one is not looked at again. Each
+    /// change then costs a look only at the held requests whose blocker
+    /// changed, not at every one of them.
     fn first_free_held(&self) -> Option<usize> {
         for index in 0..self.slots.len() {
             let Some(how) = self.held_sending(index) else {
                 continue;
             };
             let touch = self.entry_of(index).map_or(TouchRef::Nothing, |e| e.touch);
-            if !waits_by_scan((0..index).filter_map(|i| self.entry_of(i)), touch, how) {
+            let blocker = &self.slots[index].blocker;
+            let remembered = blocker.get().is_some_and(|b| self.stands(b));
+            debug_assert!(
+                !remembered
+                    || waits_by_scan((0..index).filter_map(|i| self.entry_of(i)), touch, how),
+                "a held request's blocker stands, so it waits"
+            );
+            let waits = remembered || {
+                let found = (0..index).find_map(|i| {
+                    let e = self.entry_of(i)?;
+                    holds_back(&e, touch, how).then(|| Blocker {
+                        ticket: self.first + i as u64,
+                        mode: e.mode,
+                        held: e.held,
+                        touch: std::mem::discriminant(&e.touch.kindless()),
+                    })
+                });
+                blocker.set(found);
+                found.is_some()
+            };
+            if !waits {
                 return Some(index);
             }
             if touch == TouchRef::All {
@@ -509,6 +555,17 @@ impl Replies {
             }
         }
         None
+    }
+
+    /// Whether `blocker` is still unfinished and stands as it did.
+    fn stands(&self, blocker: Blocker) -> bool {
+        self.index(blocker.ticket)
+            .and_then(|i| self.entry_of(i))
+            .is_some_and(|e| {
+                e.mode == blocker.mode
+                    && e.held == blocker.held
+                    && std::mem::discriminant(&e.touch.kindless()) == blocker.touch
+            })
     }
 
     /// How a held request would be let go: as a script call at most.
