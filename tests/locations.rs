@@ -1094,7 +1094,19 @@ fn allocations_follow_a_plain_model_of_locations() {
 
 /// The locations of [`many_callers_allocating_through_two_stockgates_keep_each_location_exact`]:
 /// (name, units, floor).
-const WAREHOUSES: [(&str, i64, i64); 3] = [("w1", 200, 10), ("w2", 150, 20), ("w3", 30, 0)];
+/// `w0` is named by one request alone, caller 0's first: 5 units from
+/// `w0` then `w1`, which splits (3 and 2) whatever runs beside it. The
+/// others are named at random, and split where one named first runs dry
+/// (one to four of 192 requests, and now and then none).
+const WAREHOUSES: [(&str, i64, i64); 4] = [
+    ("w0", 3, 0),
+    ("w1", 200, 10),
+    ("w2", 150, 20),
+    ("w3", 30, 0),
+];
+
+/// The split [`WAREHOUSES`] promises: caller 0's first request.
+const SURE_SPLIT: [&str; 2] = ["w0", "w1"];
 
 /// A small xorshift generator: a caller's choices, replayed from its seed.
 struct Dice(u64);
@@ -1196,12 +1208,20 @@ async fn many_callers_allocating_through_two_stockgates_keep_each_location_exact
                     whole: dice.one_in(3),
                     ..Told::default()
                 };
-                let mut names: Vec<&'static str> = WAREHOUSES.iter().map(|w| w.0).collect();
+                let mut names: Vec<&'static str> = WAREHOUSES
+                    .iter()
+                    .map(|w| w.0)
+                    .filter(|name| *name != SURE_SPLIT[0])
+                    .collect();
                 for i in (1..names.len()).rev() {
                     names.swap(i, dice.below(i as u64 + 1) as usize);
                 }
                 names.truncate(1 + dice.below(3) as usize);
                 request.named = names;
+                if caller == 0 && n == 0 {
+                    (request.qty, request.whole) = (5, false);
+                    request.named = SURE_SPLIT.to_vec();
+                }
                 let via = dice.below(2) as usize;
                 let qty = request.qty.to_string();
                 let mut args = vec![
