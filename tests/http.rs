@@ -965,42 +965,50 @@ async fn orders_map_to_their_statuses_and_conform_to_the_openapi_document() {
     seen.borrow_mut().push(e);
     assert_eq!(stock(&cluster), before);
 
-    // Malformed bodies: 400 with an error, and Redis is never called.
-    let before = script_calls(&cluster);
-    for (body, why) in [
-        (&b"{not json"[..], "invalid request body"),
-        (br#"{"request_id": "m1"}"#, "missing field `lines`"),
-        (
-            br#"{"request_id": "m1", "lines": [{"sku": "x"}]}"#,
-            "missing field `qty`",
-        ),
-        (
-            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": "1"}]}"#,
-            "invalid type for qty",
-        ),
-        (
-            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": null}"#,
-            "invalid type for ttl_ms: null",
-        ),
-        (
-            br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": 1.5}"#,
-            "invalid type for ttl_ms",
-        ),
-        (
-            br#"{"request_id": "m1", "lines": {"sku": "x", "qty": 1}}"#,
-            "invalid type",
-        ),
-    ] {
-        let e = post(http, ORDERS, body);
-        assert_eq!(e.status, 400, "{e:?}");
-        let error = e.body["error"].as_str().unwrap();
-        assert!(error.contains(why), "{why:?} not in {error:?}");
-        assert!(e.body.get("code").is_none(), "{e:?}");
-        seen.borrow_mut().push(e);
-    }
-    assert_eq!(
-        script_calls(&cluster),
-        before,
+    // Malformed bodies: 400 with an error, and Redis is never called. The
+    // stockgate's background passes (the sweeper, the orders' recovery)
+    // call scripts too, at times of their own: the count is taken around
+    // the requests again, up to five times, until a window has none of
+    // theirs. A request that reached Redis would be in every window.
+    let malformed = || {
+        for (body, why) in [
+            (&b"{not json"[..], "invalid request body"),
+            (br#"{"request_id": "m1"}"#, "missing field `lines`"),
+            (
+                br#"{"request_id": "m1", "lines": [{"sku": "x"}]}"#,
+                "missing field `qty`",
+            ),
+            (
+                br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": "1"}]}"#,
+                "invalid type for qty",
+            ),
+            (
+                br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": null}"#,
+                "invalid type for ttl_ms: null",
+            ),
+            (
+                br#"{"request_id": "m1", "lines": [{"sku": "x", "qty": 1}], "ttl_ms": 1.5}"#,
+                "invalid type for ttl_ms",
+            ),
+            (
+                br#"{"request_id": "m1", "lines": {"sku": "x", "qty": 1}}"#,
+                "invalid type",
+            ),
+        ] {
+            let e = post(http, ORDERS, body);
+            assert_eq!(e.status, 400, "{e:?}");
+            let error = e.body["error"].as_str().unwrap();
+            assert!(error.contains(why), "{why:?} not in {error:?}");
+            assert!(e.body.get("code").is_none(), "{e:?}");
+            seen.borrow_mut().push(e);
+        }
+    };
+    assert!(
+        (0..5).any(|_| {
+            let before = script_calls(&cluster);
+            malformed();
+            script_calls(&cluster) == before
+        }),
         "no malformed request reached Redis"
     );
 
